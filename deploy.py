@@ -1,0 +1,13 @@
+"""
+sparkrig: configure DGX Spark (and other Blackwell) boxes, one concern after another.
+
+    pyinfra inventory/spark.py deploy.py
+
+Each line below is one concern; its module under operations/ holds the facts and
+operations, templates/<concern>/ its files, group_data/all.py its settings and
+tests/compliance/test_<concern>.py the controls that prove it.
+"""
+
+from operations.cuda_env import cuda_env
+
+cuda_env()  # CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ... for login shells and systemd units

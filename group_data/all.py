@@ -1,0 +1,40 @@
+"""
+Every sparkrig setting, with its default. Applies to all hosts.
+
+Override a setting for some hosts in group_data/<group>.py or in the inventory's
+host data. Settings are validated before any host is contacted: a bad value stops
+the run with a message that names the host, the key and what is allowed.
+Each concern's module under operations/ declares the same keys and defaults in
+its SETTINGS (tests/unit/test_settings.py keeps the two in step).
+"""
+
+# --- Hardware profile (operations/hardware.py) -------------------------------
+
+# Which entry of hardware_profiles describes the hosts. The lab inventory sets
+# "rtx50" (x86_64 hosts); a Hopper box uses "hopper".
+hardware_profile = "gb10"
+
+# The kinds of box sparkrig knows: CPU architecture, the GPU's compute capability,
+# and the TORCH_CUDA_ARCH_LIST that source builds target. Add your own kind here.
+hardware_profiles = {
+    "gb10": {"arch": "aarch64", "compute_capability": "12.1", "torch_cuda_arch_list": "12.1a"},
+    "rtx50": {"arch": "x86_64", "compute_capability": "12.0", "torch_cuda_arch_list": "12.0"},
+    "hopper": {"arch": "x86_64", "compute_capability": "9.0", "torch_cuda_arch_list": "9.0"},
+}
+
+# --- CUDA environment (operations/cuda_env.py) -------------------------------
+
+# The single KEY=VALUE file holding CUDA_HOME, PATH, LD_LIBRARY_PATH,
+# TORCH_CUDA_ARCH_LIST, TRITON_PTXAS_PATH, TRITON_PTXAS_BLACKWELL_PATH and
+# UV_NO_SYNC=1. Login shells read it through /etc/profile.d/sparkrig-cuda.sh;
+# systemd units read it with EnvironmentFile=.
+cuda_env_file = "/etc/sparkrig/cuda.env"
+
+# CUDA_HOME when the host has no /usr/local/cuda link and no /usr/local/cuda-X.Y
+# directory (the link's target, else the newest X.Y, wins when present).
+cuda_env_default_home = "/usr/local/cuda"
+
+# Extra variables for the same file, e.g. {"HF_HOME": "/data/hf"}. Names must be
+# valid variable names other than the managed ones above; values are literal
+# strings without single quotes or newlines.
+cuda_env_extra = {}

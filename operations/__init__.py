@@ -1,0 +1,12 @@
+"""
+sparkrig's concerns, one module each, in the order deploy.py applies them.
+
+Every concern module exposes a ``@deploy`` function (usable from any other
+pyinfra deploy), the facts it decides changes from, and ``SETTINGS``: its
+settings with their defaults, documented again in ``group_data/all.py``.
+"""
+
+from . import cuda_env, hardware
+
+# Every module that declares settings, in deploy order.
+CONCERNS = (hardware, cuda_env)

@@ -1,0 +1,181 @@
+"""
+CUDA environment: one KEY=VALUE file that login shells and systemd units both read.
+
+``cuda_env_file`` (default ``/etc/sparkrig/cuda.env``) is the single source of
+truth. ``/etc/profile.d/sparkrig-cuda.sh`` exports it into login shells, keeping
+what PATH and LD_LIBRARY_PATH already held after the file's entries; systemd
+units read the same file with ``EnvironmentFile=``. ``CUDA_HOME`` is read from
+the host: the target of ``/usr/local/cuda`` (followed through every link),
+else the newest ``/usr/local/cuda-X.Y``, else ``cuda_env_default_home``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FactBase, deploy
+
+from . import atomic, hardware
+from .settings import Setting, absolute_path, defaults, env_mapping
+
+PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
+CUDA_LINK = "/usr/local/cuda"
+# systemd's default PATH: what a unit would have had without the env file.
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MANAGED = (
+    "CUDA_HOME",
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "TORCH_CUDA_ARCH_LIST",
+    "TRITON_PTXAS_PATH",
+    "TRITON_PTXAS_BLACKWELL_PATH",
+    "UV_NO_SYNC",
+)
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:+,=@%-]*$")
+_TOOLKIT = re.compile(r"/cuda-(\d+)\.(\d+)$")
+
+
+def _extra_check(value: Any, data: Mapping[str, Any]) -> str | None:
+    allowed = env_mapping(value, data)
+    if allowed:
+        return allowed
+    clash = sorted(set(value) & set(MANAGED))
+    if clash:
+        return f"variables other than the ones sparkrig manages ({', '.join(clash)} is managed)"
+    return None
+
+
+SETTINGS = (
+    Setting(
+        "cuda_env_file",
+        "/etc/sparkrig/cuda.env",
+        "The env file (KEY=VALUE) login shells and systemd units (EnvironmentFile=) read.",
+        absolute_path,
+    ),
+    Setting(
+        "cuda_env_default_home",
+        "/usr/local/cuda",
+        "CUDA_HOME when the host has neither /usr/local/cuda nor any /usr/local/cuda-X.Y.",
+        absolute_path,
+    ),
+    Setting(
+        "cuda_env_extra",
+        {},
+        "Extra variables written to the env file, e.g. {'HF_HOME': '/data/hf'}.",
+        _extra_check,
+    ),
+)
+
+
+class CudaToolkits(FactBase):
+    """
+    Returns where ``/usr/local/cuda`` leads (every link followed; ``None`` when it is
+    missing or dangling) and the ``/usr/local/cuda-*`` toolkit directories.
+
+    .. code:: python
+
+        {"link": "/usr/local/cuda-13.0", "toolkits": ["/usr/local/cuda-12.8", "/usr/local/cuda-13.0"]}
+    """
+
+    def command(self) -> str:
+        return (
+            f"if [ -e {CUDA_LINK} ]; then echo link $(readlink -f {CUDA_LINK}); fi; "
+            f"for d in {CUDA_LINK}-*/; do [ -d \"$d\" ] && echo toolkit \"${{d%/}}\"; done; true"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        link, toolkits = None, []
+        for line in output:
+            kind, _, path = line.partition(" ")
+            if kind == "link" and path:
+                link = path
+            elif kind == "toolkit" and path:
+                toolkits.append(path)
+        return {"link": link, "toolkits": sorted(toolkits, key=toolkit_version)}
+
+    @staticmethod
+    def default() -> dict:
+        return {"link": None, "toolkits": []}
+
+
+def toolkit_version(path: str) -> tuple[int, int]:
+    """(major, minor) of a ``/usr/local/cuda-X.Y`` path; (-1, -1) when it has none."""
+    match = _TOOLKIT.search(path)
+    return (int(match[1]), int(match[2])) if match else (-1, -1)
+
+
+def resolve_cuda_home(toolkits: Mapping[str, Any], default: str) -> str:
+    """The link's target, else the newest versioned toolkit, else ``default``."""
+    if toolkits.get("link"):
+        return toolkits["link"]
+    versioned = [p for p in toolkits.get("toolkits", []) if toolkit_version(p) >= (0, 0)]
+    if versioned:
+        return max(versioned, key=toolkit_version)
+    return default
+
+
+def env_variables(
+    cuda_home: str, torch_cuda_arch_list: str, extra: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """The env file's variables, managed ones first in a fixed order, then extras sorted."""
+    managed = {
+        "CUDA_HOME": cuda_home,
+        "PATH": f"{cuda_home}/bin:{BASE_PATH}",
+        "LD_LIBRARY_PATH": f"{cuda_home}/lib64",
+        "TORCH_CUDA_ARCH_LIST": torch_cuda_arch_list,
+        "TRITON_PTXAS_PATH": f"{cuda_home}/bin/ptxas",
+        "TRITON_PTXAS_BLACKWELL_PATH": f"{cuda_home}/bin/ptxas",
+        "UV_NO_SYNC": "1",
+    }
+    return [(name, managed[name]) for name in MANAGED] + sorted(extra.items())
+
+
+def env_quote(value: str) -> str:
+    """Quote a value so sh's ``.`` and systemd's ``EnvironmentFile=`` read it alike.
+
+    Both take single-quoted text literally; settings validation has already
+    refused values holding a single quote or a newline.
+    """
+    return value if _SAFE_VALUE.match(value) else f"'{value}'"
+
+
+def render_env_file(variables: list[tuple[str, str]]) -> str:
+    return atomic.render(
+        "cuda_env/cuda.env.j2",
+        lines=[f"{name}={env_quote(value)}" for name, value in variables],
+    )
+
+
+def render_profile_script(env_file: str) -> str:
+    return atomic.render("cuda_env/profile.sh.j2", env_file=env_file)
+
+
+@deploy("CUDA environment", data_defaults=defaults(SETTINGS + hardware.SETTINGS))
+def cuda_env():
+    """
+    Write the CUDA env file and make login shells read it.
+
+    Settings: ``cuda_env_file``, ``cuda_env_default_home``, ``cuda_env_extra``,
+    ``hardware_profile`` (for ``TORCH_CUDA_ARCH_LIST``); see group_data/all.py.
+    """
+    cuda_home = resolve_cuda_home(host.get_fact(CudaToolkits), host.data.cuda_env_default_home)
+    profile = host.data.hardware_profiles[host.data.hardware_profile]
+    variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra)
+
+    atomic.file(
+        name=f"CUDA env file {host.data.cuda_env_file}",
+        dest=host.data.cuda_env_file,
+        content=render_env_file(variables),
+        mode=0o644,
+        validate=("sh", "-n"),
+    )
+    atomic.file(
+        name=f"Login shells read the CUDA env file ({PROFILE_SCRIPT})",
+        dest=PROFILE_SCRIPT,
+        content=render_profile_script(host.data.cuda_env_file),
+        mode=0o644,
+        validate=("sh", "-n"),
+    )

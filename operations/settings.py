@@ -1,0 +1,168 @@
+"""
+Settings: the schema every sparkrig setting is declared in, and its validation.
+
+Each concern module declares its settings as a tuple of :class:`Setting` named
+``SETTINGS``; its ``@deploy`` takes its ``data_defaults`` from them, and
+``group_data/all.py`` documents every one of them with the same default (a unit
+test keeps the two in step). :func:`validate_hosts` checks every host of a run
+before any host is contacted (``config.py`` calls :func:`validate_on_init`), so
+a bad value stops ``pyinfra`` with one message that names the
+host, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import posixpath
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra.api.exceptions import PyinfraError
+
+# A check receives the value and every resolved setting of the host (for
+# settings that depend on another, such as a profile name and the profile
+# table); it returns None when the value is fine, else what is allowed.
+Check = Callable[[Any, Mapping[str, Any]], "str | None"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its key, default, one-line documentation and check."""
+
+    key: str
+    default: Any
+    doc: str
+    check: Check
+
+
+class SettingsError(PyinfraError):
+    """A setting has a value sparkrig does not allow; raised before any change."""
+
+
+# Settings keys are namespaced by concern; an unknown key under one of these
+# prefixes is a typo, reported with the closest known key.
+PREFIXES = ("sparkrig_", "hardware_", "cuda_env_")
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# Checks --------------------------------------------------------------------
+
+
+def absolute_path(value: Any, _data: Mapping[str, Any]) -> str | None:
+    ok = (
+        isinstance(value, str)
+        and value.startswith("/")
+        and posixpath.normpath(value) == value
+        and not any(c in value for c in "\n\0'\"\\$`")
+    )
+    return None if ok else "a normalised absolute path without quotes, '$', '`' or '\\'"
+
+
+def one_of_keys(table_key: str) -> Check:
+    def check(value: Any, data: Mapping[str, Any]) -> str | None:
+        choices = sorted(data.get(table_key) or {})
+        if isinstance(value, str) and value in choices:
+            return None
+        return f"one of the profiles in {table_key}: {', '.join(choices) or '(none defined)'}"
+
+    return check
+
+
+def env_value_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be written to an env file both sh and systemd read."""
+    if not isinstance(value, str):
+        return "a string"
+    if any(c in value for c in "'\n\r\0"):
+        return "a string without single quotes, newlines or NUL bytes"
+    return None
+
+
+def env_mapping(value: Any, _data: Mapping[str, Any]) -> str | None:
+    allowed = (
+        "a mapping of environment variable names ([A-Za-z_][A-Za-z0-9_]*) to strings "
+        "without single quotes or newlines"
+    )
+    if not isinstance(value, Mapping):
+        return allowed
+    for name, item in value.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name) or env_value_problem(item):
+            return f"{allowed} (bad entry: {name!r})"
+    return None
+
+
+# Validation ----------------------------------------------------------------
+
+
+def defaults(settings: Iterable[Setting]) -> dict[str, Any]:
+    """The ``data_defaults`` of a deploy: each setting's key and default."""
+    return {setting.key: setting.default for setting in settings}
+
+
+def resolve(settings: Iterable[Setting], data: Mapping[str, Any]) -> dict[str, Any]:
+    """Every setting's effective value for a host: its data over the defaults."""
+    settings = tuple(settings)
+    resolved = defaults(settings)
+    resolved.update({s.key: data[s.key] for s in settings if s.key in data})
+    return resolved
+
+
+def problems(settings: Iterable[Setting], data: Mapping[str, Any]) -> list[str]:
+    """Every problem with one host's data, one line each, empty when valid."""
+    settings = tuple(settings)
+    resolved = resolve(settings, data)
+    known = {s.key for s in settings}
+    found = []
+    for key in sorted(k for k in data if isinstance(k, str) and k.startswith(PREFIXES)):
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            found.append(f"{key}: not a sparkrig setting{hint}")
+    for setting in settings:
+        value = resolved[setting.key]
+        allowed = setting.check(value, resolved)
+        if allowed:
+            found.append(f"{setting.key} = {value!r}: allowed is {allowed}")
+    return found
+
+
+def all_settings() -> tuple[Setting, ...]:
+    """The settings of every concern, in deploy order."""
+    from . import CONCERNS
+
+    return tuple(setting for concern in CONCERNS for setting in concern.SETTINGS)
+
+
+def validate_hosts(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
+    """Raise one :class:`SettingsError` listing every bad setting of every host."""
+    settings = all_settings()
+    lines = [
+        f"  host {name!r}: {problem}"
+        for name, data in hosts
+        for problem in problems(settings, data)
+    ]
+    if lines:
+        raise SettingsError(
+            "invalid sparkrig settings, nothing was changed on any host "
+            "(settings are documented in group_data/all.py):\n" + "\n".join(lines)
+        )
+
+
+def validate_on_init(state) -> None:
+    """Make pyinfra validate every targeted host's settings before it connects to any.
+
+    pyinfra loads ``config.py`` before it builds the inventory, and initialises the
+    state (inventory, ``--limit``) right before it connects. Validation runs at the
+    end of that initialisation, so an error stops the run with no host contacted.
+    """
+    init = state.init
+
+    def init_then_validate(*args, **kwargs):
+        init(*args, **kwargs)
+        validate_hosts(
+            (host.name, host.data.dict()) for host in state.inventory if state.is_host_in_limit(host)
+        )
+
+    state.init = init_then_validate

@@ -1,0 +1,202 @@
+"""CUDA environment: the fact, CUDA_HOME resolution, the env file, the login-shell script."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from operations import cuda_env as ce
+from tests.unit.pyinfra_fake import plan
+
+# Outputs of CudaToolkits' command recorded on real machines.
+DEVICE_H100 = ["link /usr/local/cuda-13.0", "toolkit /usr/local/cuda-13.0"]  # via /etc/alternatives
+UPDATED_SPARK = ["link /usr/local/cuda-13.1", "toolkit /usr/local/cuda-13.0", "toolkit /usr/local/cuda-13.1"]
+NO_LINK = ["toolkit /usr/local/cuda-12.9", "toolkit /usr/local/cuda-13.0", "toolkit /usr/local/cuda-12.10"]
+NO_CUDA: list[str] = []
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        (DEVICE_H100, {"link": "/usr/local/cuda-13.0", "toolkits": ["/usr/local/cuda-13.0"]}),
+        (UPDATED_SPARK, {"link": "/usr/local/cuda-13.1",
+                         "toolkits": ["/usr/local/cuda-13.0", "/usr/local/cuda-13.1"]}),
+        (NO_LINK, {"link": None, "toolkits": [
+            "/usr/local/cuda-12.9", "/usr/local/cuda-12.10", "/usr/local/cuda-13.0"]}),
+        (NO_CUDA, {"link": None, "toolkits": []}),
+    ],
+)
+def test_fact_parses_recorded_outputs(output, expected):
+    assert ce.CudaToolkits().process(output) == expected
+
+
+def test_fact_command_run_here_agrees_with_python():
+    """The real command on this machine (which may or may not have CUDA) against os.path."""
+    result = subprocess.run(["sh", "-c", ce.CudaToolkits().command()], capture_output=True, text=True)
+    assert result.returncode == 0
+    link = os.path.realpath("/usr/local/cuda") if os.path.exists("/usr/local/cuda") else None
+    toolkits = sorted((p.rstrip("/") for p in glob.glob("/usr/local/cuda-*/")), key=ce.toolkit_version)
+    assert ce.CudaToolkits().process(result.stdout.splitlines()) == {"link": link, "toolkits": toolkits}
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        (DEVICE_H100, "/usr/local/cuda-13.0"),
+        (UPDATED_SPARK, "/usr/local/cuda-13.1"),  # the link wins, never a hard-coded 13.0
+        (NO_LINK, "/usr/local/cuda-13.0"),  # newest by version, not by string order
+        (["toolkit /usr/local/cuda-13.0", "toolkit /usr/local/cuda-local"], "/usr/local/cuda-13.0"),
+        (["toolkit /usr/local/cuda-local"], "/opt/default"),
+        (NO_CUDA, "/opt/default"),
+    ],
+)
+def test_cuda_home_resolution(output, expected):
+    assert ce.resolve_cuda_home(ce.CudaToolkits().process(output), "/opt/default") == expected
+
+
+def test_env_variables_in_fixed_order_with_extras_sorted_after():
+    variables = ce.env_variables("/usr/local/cuda-13.0", "12.1a", {"ZED": "1", "HF_HOME": "/data/hf"})
+    assert variables == [
+        ("CUDA_HOME", "/usr/local/cuda-13.0"),
+        ("PATH", "/usr/local/cuda-13.0/bin:" + ce.BASE_PATH),
+        ("LD_LIBRARY_PATH", "/usr/local/cuda-13.0/lib64"),
+        ("TORCH_CUDA_ARCH_LIST", "12.1a"),
+        ("TRITON_PTXAS_PATH", "/usr/local/cuda-13.0/bin/ptxas"),
+        ("TRITON_PTXAS_BLACKWELL_PATH", "/usr/local/cuda-13.0/bin/ptxas"),
+        ("UV_NO_SYNC", "1"),
+        ("HF_HOME", "/data/hf"),
+        ("ZED", "1"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "quoted"),
+    [("/usr/local/cuda", "/usr/local/cuda"), ("9.0;12.0+PTX", "'9.0;12.0+PTX'"),
+     ("a b", "'a b'"), ("$HOME", "'$HOME'"), ("~/x", "'~/x'"), ("", "")],
+)
+def test_env_quote(value, quoted):
+    assert ce.env_quote(value) == quoted
+
+
+def _sourced(env_file, *names, shell="sh", env=None):
+    script = f"set -a; . '{env_file}'; " + "; ".join(f'printf "%s\\n" "${n}"' for n in names)
+    return subprocess.run([shell, "-c", script], capture_output=True, text=True, check=True,
+                          env=env or {}).stdout.splitlines()
+
+
+def test_env_file_values_read_back_literally_by_sh(tmp_path):
+    extra = {"WEIRD": "a b;c $HOME `x` \\n", "EMPTY": ""}
+    variables = ce.env_variables("/usr/local/cuda-13.0", "9.0;12.0+PTX", extra)
+    env_file = tmp_path / "cuda.env"
+    env_file.write_text(ce.render_env_file(variables))
+    names = [name for name, _ in variables]
+    assert _sourced(env_file, *names) == [value for _, value in variables]
+
+
+def _login(tmp_path, shell, before: dict[str, str], *names):
+    env_file = tmp_path / "cuda.env"
+    env_file.write_text(ce.render_env_file(ce.env_variables("/usr/local/cuda-13.0", "12.1a", {})))
+    profile = tmp_path / "profile.sh"
+    profile.write_text(ce.render_profile_script(str(env_file)))
+    script = f". '{profile}'; " + "; ".join(f'printf "%s\\n" "${{{n}-<unset>}}"' for n in names)
+    script += '; case $- in *a*) echo allexport-on;; *) echo allexport-off;; esac'
+    script += '; printf "[%s]\\n" "$IFS"; type _sparkrig_merge >/dev/null 2>&1 && echo leaked || echo clean'
+    result = subprocess.run([shell, "-c", script], capture_output=True, text=True, env=before)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash", "dash"])
+def test_login_shell_gets_the_file_with_its_own_path_kept(tmp_path, shell):
+    if not shutil.which(shell):
+        pytest.skip(f"{shell} is not installed on this machine")
+    before = {"PATH": "/home/me/.local/bin:/usr/bin:/bin:/usr/local/cuda-13.0/bin",
+              "LD_LIBRARY_PATH": "/opt/lib"}
+    out = _login(tmp_path, shell, before, "CUDA_HOME", "PATH", "LD_LIBRARY_PATH", "UV_NO_SYNC")
+    assert out[0] == "/usr/local/cuda-13.0"
+    assert out[1] == "/usr/local/cuda-13.0/bin:" + ce.BASE_PATH + ":/home/me/.local/bin"
+    assert out[2] == "/usr/local/cuda-13.0/lib64:/opt/lib"
+    assert out[3] == "1"
+    assert out[4:] == ["allexport-off", "[ \t", "]", "clean"]
+
+
+def test_login_shell_without_ld_library_path_gets_only_cuda_lib64(tmp_path):
+    out = _login(tmp_path, "sh", {"PATH": "/usr/bin:/bin"}, "LD_LIBRARY_PATH")
+    assert out[0] == "/usr/local/cuda-13.0/lib64"
+
+
+def test_profile_script_does_nothing_without_the_env_file(tmp_path):
+    profile = tmp_path / "profile.sh"
+    profile.write_text(ce.render_profile_script(str(tmp_path / "missing.env")))
+    result = subprocess.run(["sh", "-c", f". '{profile}'; echo \"$PATH|${{CUDA_HOME-unset}}\""],
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert result.stdout.strip() == "/usr/bin:/bin|unset"
+
+
+def _digest(text: str, mode=0o644) -> list[str]:
+    return [f"{mode:o} root root", f"{hashlib.sha256(text.encode()).hexdigest()}  /path"]
+
+
+def test_first_run_uploads_both_files_beside_their_destination_and_validates_them():
+    ops = plan(ce.cuda_env, data={"hardware_profile": "rtx50"},
+               responses={"readlink -f /usr/local/cuda": DEVICE_H100})
+    assert [op.name for op in ops] == [
+        "CUDA environment | CUDA env file /etc/sparkrig/cuda.env",
+        "CUDA environment | Login shells read the CUDA env file (/etc/profile.d/sparkrig-cuda.sh)",
+    ]
+    env_file = ops[0].uploads["/etc/sparkrig/.cuda.env.sparkrig-new"].decode()
+    assert "CUDA_HOME=/usr/local/cuda-13.0\n" in env_file
+    assert "TORCH_CUDA_ARCH_LIST=12.0\n" in env_file
+    assert ops[0].commands == [
+        "mkdir -p /etc/sparkrig",
+        "chown root:root /etc/sparkrig/.cuda.env.sparkrig-new && chmod 644 "
+        "/etc/sparkrig/.cuda.env.sparkrig-new && { sh -n /etc/sparkrig/.cuda.env.sparkrig-new || "
+        "{ rm -f /etc/sparkrig/.cuda.env.sparkrig-new ; false; }; } && mv -f "
+        "/etc/sparkrig/.cuda.env.sparkrig-new /etc/sparkrig/cuda.env",
+    ]
+    assert list(ops[1].uploads) == ["/etc/profile.d/.sparkrig-cuda.sh.sparkrig-new"]
+
+
+def test_converged_host_gets_no_commands():
+    env_text = ce.render_env_file(ce.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
+    profile_text = ce.render_profile_script("/etc/sparkrig/cuda.env")
+    ops = plan(ce.cuda_env, responses={
+        "readlink -f /usr/local/cuda": DEVICE_H100,
+        "sha256sum /etc/sparkrig/cuda.env": _digest(env_text),
+        "sha256sum /etc/profile.d/sparkrig-cuda.sh": _digest(profile_text),
+    })
+    assert [(op.commands, op.uploads) for op in ops] == [([], {}), ([], {})]
+
+
+def test_cuda_update_rewrites_the_env_file_only():
+    old_text = ce.render_env_file(ce.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
+    profile_text = ce.render_profile_script("/etc/sparkrig/cuda.env")
+    ops = plan(ce.cuda_env, responses={
+        "readlink -f /usr/local/cuda": UPDATED_SPARK,
+        "sha256sum /etc/sparkrig/cuda.env": _digest(old_text),
+        "sha256sum /etc/profile.d/sparkrig-cuda.sh": _digest(profile_text),
+    })
+    new_text = ops[0].uploads["/etc/sparkrig/.cuda.env.sparkrig-new"].decode()
+    assert "CUDA_HOME=/usr/local/cuda-13.1\n" in new_text
+    assert not ops[0].commands[0].startswith("mkdir")  # the file existed
+    assert (ops[1].commands, ops[1].uploads) == ([], {})
+
+
+def test_wrong_mode_only_is_fixed_without_rewriting():
+    env_text = ce.render_env_file(ce.env_variables("/usr/local/cuda", "12.1a", {}))
+    ops = plan(ce.cuda_env, responses={
+        "sha256sum /etc/sparkrig/cuda.env": _digest(env_text, mode=0o600),
+    })
+    assert ops[0].uploads == {}
+    assert ops[0].commands == ["chown root:root /etc/sparkrig/cuda.env && chmod 644 /etc/sparkrig/cuda.env"]
+
+
+def test_extra_variables_and_env_file_path_come_from_settings():
+    ops = plan(ce.cuda_env, data={"cuda_env_file": "/opt/sr/env", "cuda_env_extra": {"HF_HOME": "/data/hf x"}})
+    assert "HF_HOME='/data/hf x'\n" in ops[0].uploads["/opt/sr/.env.sparkrig-new"].decode()
+    assert "'/opt/sr/env'" in ops[1].uploads["/etc/profile.d/.sparkrig-cuda.sh.sparkrig-new"].decode()

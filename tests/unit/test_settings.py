@@ -1,0 +1,140 @@
+"""Settings: group_data/all.py documents every setting, and bad values stop the run early."""
+
+from __future__ import annotations
+
+import ast
+import runpy
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from operations import CONCERNS, cuda_env, hardware
+from operations.settings import SettingsError, all_settings, problems, resolve, validate_hosts
+
+REPO = Path(__file__).resolve().parents[2]
+ALL_PY = REPO / "group_data" / "all.py"
+
+
+def test_group_data_all_holds_every_setting_with_its_default():
+    documented = {
+        key: value for key, value in runpy.run_path(str(ALL_PY)).items() if not key.startswith("_")
+    }
+    assert documented == {s.key: s.default for s in all_settings()}
+
+
+def test_every_setting_in_group_data_all_has_a_comment_above_it():
+    lines = ALL_PY.read_text().splitlines()
+    for node in ast.parse(ALL_PY.read_text()).body:
+        if isinstance(node, ast.Assign):
+            above = lines[node.lineno - 2].strip()
+            assert above.startswith("#"), f"{node.targets[0].id} has no comment above it"
+
+
+def test_every_concern_setting_has_a_doc_and_a_unique_key():
+    keys = [s.key for s in all_settings()]
+    assert len(keys) == len(set(keys))
+    assert all(s.doc for concern in CONCERNS for s in concern.SETTINGS)
+
+
+def test_defaults_are_valid():
+    assert problems(all_settings(), {}) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"cuda_env_file": "etc/cuda.env"}, "cuda_env_file = 'etc/cuda.env': allowed is a normalised absolute path"),
+        ({"cuda_env_default_home": "/usr/local/../cuda"}, "cuda_env_default_home = '/usr/local/../cuda'"),
+        ({"cuda_env_file": "/etc/it's.env"}, "without quotes"),
+        ({"hardware_profile": "gb20"}, "allowed is one of the profiles in hardware_profiles: gb10, hopper, rtx50"),
+        ({"hardware_profiles": {"gb10": {"arch": "arm"}}}, "bad profile: 'gb10'"),
+        ({"cuda_env_extra": {"HF HOME": "/x"}}, "bad entry: 'HF HOME'"),
+        ({"cuda_env_extra": {"HF_HOME": "it's"}}, "bad entry: 'HF_HOME'"),
+        ({"cuda_env_extra": {"N": 3}}, "bad entry: 'N'"),
+        ({"cuda_env_extra": {"CUDA_HOME": "/opt/cuda"}}, "CUDA_HOME is managed"),
+        ({"cuda_env_fiel": "/x"}, "cuda_env_fiel: not a sparkrig setting (did you mean cuda_env_file?)"),
+    ],
+)
+def test_bad_values_say_key_and_what_is_allowed(data, expected):
+    found = problems(all_settings(), data)
+    assert len(found) == 1 and expected in found[0], found
+
+
+def test_other_keys_are_not_ours_to_judge():
+    assert problems(all_settings(), {"ssh_user": "spark", "_sudo": True, "my_thing": 1}) == []
+
+
+def test_a_custom_profile_is_accepted_and_selectable():
+    profiles = {**hardware.DEFAULT_PROFILES, "b200": {
+        "arch": "x86_64", "compute_capability": "10.0", "torch_cuda_arch_list": "10.0;12.0+PTX"}}
+    data = {"hardware_profiles": profiles, "hardware_profile": "b200"}
+    assert problems(all_settings(), data) == []
+    assert resolve(all_settings(), data)["hardware_profile"] == "b200"
+
+
+def test_validate_hosts_names_every_bad_host_in_one_error():
+    with pytest.raises(SettingsError) as raised:
+        validate_hosts([
+            ("good", {}),
+            ("spark-1", {"hardware_profile": "nope"}),
+            ("spark-2", {"cuda_env_file": "relative"}),
+        ])
+    message = str(raised.value)
+    assert "nothing was changed on any host" in message
+    assert "host 'spark-1': hardware_profile = 'nope'" in message
+    assert "host 'spark-2': cuda_env_file = 'relative'" in message
+    assert "good" not in message
+
+
+def test_deploy_data_defaults_come_from_the_settings():
+    assert cuda_env.cuda_env._inner.deploy_data == {
+        s.key: s.default for s in cuda_env.SETTINGS + hardware.SETTINGS
+    }
+
+
+def test_pyinfra_stops_on_a_bad_setting_before_contacting_any_host(tmp_path):
+    """The real CLI, a host that would answer on a local port, a bad setting: no connection."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    accepted = []
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(textwrap.dedent(f"""
+        sparks = [
+            ("spark-ok", {{"ssh_hostname": "127.0.0.1", "ssh_port": {port}}}),
+            ("spark-bad", {{"ssh_hostname": "127.0.0.1", "ssh_port": {port},
+                            "hardware_profile": "gb11"}}),
+        ]
+    """))
+    try:
+        result = subprocess.run(
+            [str(Path(sys.executable).parent / "pyinfra"), "-y", str(inventory), "deploy.py"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "host 'spark-bad': hardware_profile = 'gb11': allowed is one of the profiles" in output
+    assert "spark-ok'" not in output
+    assert accepted == [], "a host was contacted although the settings were invalid"
