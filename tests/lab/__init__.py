@@ -1,0 +1,45 @@
+"""The lab: real Debian systemd hosts on this machine, for converge and compliance tests.
+
+Each host is a Debian root file system booted with ``systemd-nspawn --boot``
+in its own network namespace, reachable from the controller over SSH (user
+``spark``, the lab's key, strict host key checking) and reaching the package
+registries through NAT. Run as root::
+
+    python -m tests.lab up [--hosts NAME:FLAVOUR,...]
+    python -m tests.lab status
+    python -m tests.lab ssh NAME [COMMAND...]
+    python -m tests.lab down
+
+or from Python (pytest fixtures)::
+
+    from tests import lab
+    hosts = lab.up()
+    lab.run_ssh("lab-deb12", "systemctl is-system-running")
+    lab.down()
+
+``up`` writes ``inventory.json``, ``known_hosts`` and ``ssh_config`` under
+:data:`LAB_DIR`; see :mod:`tests.lab.render` for their formats. Importing
+this package has no side effects and needs no privileges.
+"""
+
+from .config import LAB_DIR
+from .fleet import down, inventory_path, recreate, run_ssh, ssh_config_path, status, up
+from .model import DEFAULT_FLEET, FLAVOURS, LabHost
+from .system import LabCommandError, LabError, missing_requirements
+
+__all__ = [
+    "DEFAULT_FLEET",
+    "FLAVOURS",
+    "LAB_DIR",
+    "LabCommandError",
+    "LabError",
+    "LabHost",
+    "down",
+    "inventory_path",
+    "missing_requirements",
+    "recreate",
+    "run_ssh",
+    "ssh_config_path",
+    "status",
+    "up",
+]

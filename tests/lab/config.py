@@ -1,0 +1,47 @@
+"""Where the lab keeps its state, where it caches images, and its fixed names.
+
+Paths come from the environment once, at import time:
+
+- ``SPARKRIG_LAB_DIR`` (default ``/var/lib/sparkrig-lab``): hosts, SSH key,
+  inventory, state;
+- ``SPARKRIG_LAB_CACHE`` (default ``/var/cache/sparkrig-lab``): debootstrapped
+  images, kept across ``up``/``down``;
+- ``SPARKRIG_LAB_MIRROR`` (default ``http://deb.debian.org/debian``): the
+  Debian mirror used by debootstrap and by apt inside the hosts;
+- ``SPARKRIG_LAB_CUDA`` (default: where this machine's ``/usr/local/cuda``
+  leads): a real CUDA toolkit directory ``.../cuda-X.Y`` that flavours with
+  ``cuda_toolkit`` see read-only at ``/usr/local/cuda-X.Y``; empty for none.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LAB_DIR = Path(os.environ.get("SPARKRIG_LAB_DIR", "/var/lib/sparkrig-lab"))
+CACHE_DIR = Path(os.environ.get("SPARKRIG_LAB_CACHE", "/var/cache/sparkrig-lab"))
+MIRROR = os.environ.get("SPARKRIG_LAB_MIRROR", "http://deb.debian.org/debian")
+CONTROLLER_CUDA = os.environ.get("SPARKRIG_LAB_CUDA", os.path.realpath("/usr/local/cuda"))
+
+HOSTS_DIR = LAB_DIR / "hosts"
+SSH_KEY = LAB_DIR / "ssh" / "id_ed25519"
+KNOWN_HOSTS = LAB_DIR / "known_hosts"
+SSH_CONFIG = LAB_DIR / "ssh_config"
+INVENTORY = LAB_DIR / "inventory.json"
+STATE = LAB_DIR / "state.json"
+LOCK = LAB_DIR / "lock"
+
+SSH_USER = "spark"
+SSH_UID = 1000
+
+NETNS_PREFIX = "sparkrig-"
+VETH_PREFIX = "srlab"
+NFT_TABLE = "sparkrig_lab"
+SUBNET_PREFIX = "10.213"
+
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+CONTROLLER_RESOLV_CONF = Path("/etc/resolv.conf")
+CONTROLLER_CA_DIR = Path("/usr/local/share/ca-certificates")
+
+BOOT_TIMEOUT_S = 90.0
+STOP_GRACE_S = 20.0

@@ -1,0 +1,254 @@
+"""Cached Debian images, one per flavour, built with debootstrap.
+
+An image is a root file system under ``CACHE_DIR/images/<flavour>-<key>``.
+The key hashes everything that shapes the image: the suite, the packages,
+the mirror, :data:`RECIPE_VERSION` and the customisation steps (which embed
+the controller's CA certificates), so any change builds a new image.
+
+A build runs in ``CACHE_DIR/tmp`` and is renamed into ``images/`` only when
+complete: a directory under ``images/`` is always a finished image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import SSH_UID, SSH_USER
+from .model import FLAVOURS, Flavour
+from .system import LabError, remove_tree, run, tail, write_file
+
+log = logging.getLogger("sparkrig.lab")
+
+RECIPE_VERSION = 1
+
+PACKAGES: tuple[str, ...] = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "ca-certificates",
+    "iproute2",
+    "sudo",
+    "procps",
+    "libpam-systemd",
+)
+
+# Units that cannot work in a systemd-nspawn container and would fail the boot.
+MASKED_UNITS: tuple[str, ...] = ("systemd-modules-load.service",)
+
+DEBOOTSTRAP_TIMEOUT_S = 1200
+
+
+@dataclass(frozen=True)
+class WriteFile:
+    """Write ``content`` to ``path`` (absolute inside the image)."""
+
+    path: str
+    content: str
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class RemoveFiles:
+    """Delete the files matching ``pattern`` (a glob, absolute inside the image)."""
+
+    pattern: str
+
+
+@dataclass(frozen=True)
+class Chroot:
+    """Run ``argv`` chrooted into the image."""
+
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Systemctl:
+    """Run ``systemctl --root=IMAGE`` with ``argv``."""
+
+    argv: tuple[str, ...]
+
+
+Step = WriteFile | RemoveFiles | Chroot | Systemctl
+
+
+def recipe_steps(flavour: Flavour, mirror: str, ca_certs: Mapping[str, str]) -> tuple[Step, ...]:
+    """How a freshly debootstrapped tree becomes a lab image.
+
+    ``ca_certs`` maps file names to the PEM text of the controller's local CAs.
+    """
+    steps: list[Step] = [Systemctl(("mask", *MASKED_UNITS))]
+    if flavour.ssh_service == "ssh.socket":
+        steps += [Systemctl(("disable", "ssh.service")), Systemctl(("enable", "ssh.socket"))]
+    steps += [
+        # Empty: every host gets its own machine-id when it is made.
+        WriteFile("/etc/machine-id", "", 0o444),
+        RemoveFiles("/var/lib/dbus/machine-id"),
+        # Host keys are made per host, never shared through the image.
+        RemoveFiles("/etc/ssh/ssh_host_*"),
+        # pam_env warns at every login without it.
+        WriteFile("/etc/default/locale", "LANG=C.UTF-8\n"),
+        WriteFile(
+            "/etc/apt/sources.list",
+            f"deb {mirror} {flavour.suite} main\ndeb {mirror} {flavour.suite}-updates main\n",
+        ),
+    ]
+    steps += [
+        WriteFile(f"/usr/local/share/ca-certificates/{name}", pem)
+        for name, pem in sorted(ca_certs.items())
+    ]
+    steps += [
+        Chroot(("update-ca-certificates",)),
+        Chroot(
+            (
+                "useradd", "--create-home", "--uid", str(SSH_UID), "--user-group",
+                "--shell", "/bin/bash", SSH_USER,
+            )
+        ),
+        # '*' is no valid password (no password login) yet not "locked" for sshd.
+        Chroot(("usermod", "--password", "*", SSH_USER)),
+        WriteFile(f"/etc/sudoers.d/{SSH_USER}", f"{SSH_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n", 0o440),
+        Chroot(("visudo", "--check", "--file", f"/etc/sudoers.d/{SSH_USER}")),
+        Chroot(("apt-get", "clean")),
+    ]
+    return tuple(steps)
+
+
+def image_key(flavour: Flavour, mirror: str, steps: Sequence[Step]) -> str:
+    """A short hash of everything that makes up an image."""
+    recipe = {
+        "suite": flavour.suite,
+        "packages": list(PACKAGES),
+        "mirror": mirror,
+        "recipe_version": RECIPE_VERSION,
+        "steps": [repr(step) for step in steps],
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def controller_ca_certs(ca_dir: Path) -> dict[str, str]:
+    """The controller's local CA certificates (``*.crt`` in ``ca_dir``), by file name."""
+    if not ca_dir.is_dir():
+        return {}
+    return {path.name: path.read_text() for path in sorted(ca_dir.glob("*.crt"))}
+
+
+def ensure_images(
+    flavours: Sequence[str], cache_dir: Path, mirror: str, ca_dir: Path, hosts_dir: Path
+) -> dict[str, Path]:
+    """The image of each flavour, building the missing ones in parallel."""
+    ca_certs = controller_ca_certs(ca_dir)
+    wanted = {}
+    for name in sorted(set(flavours)):
+        flavour = FLAVOURS[name]
+        steps = recipe_steps(flavour, mirror, ca_certs)
+        path = cache_dir / "images" / f"{name}-{image_key(flavour, mirror, steps)}"
+        wanted[name] = (flavour, steps, path)
+    _remove_unfinished_builds(cache_dir, hosts_dir)
+    missing = [name for name, (_, _, path) in wanted.items() if not path.is_dir()]
+    if missing:
+        with ThreadPoolExecutor(max_workers=len(missing)) as pool:
+            futures = [
+                pool.submit(_build, *wanted[name], cache_dir, mirror, hosts_dir) for name in missing
+            ]
+            errors = [str(future.exception()) for future in futures if future.exception()]
+        if errors:
+            raise LabError("image build failed:\n" + "\n".join(errors))
+    return {name: path for name, (_, _, path) in wanted.items()}
+
+
+def _remove_unfinished_builds(cache_dir: Path, hosts_dir: Path) -> None:
+    tmp = cache_dir / "tmp"
+    if tmp.is_dir():
+        for leftover in tmp.iterdir():
+            log.info("removing unfinished image build %s", leftover)
+            remove_tree(leftover, hosts_dir)
+
+
+def _build(
+    flavour: Flavour,
+    steps: Sequence[Step],
+    final: Path,
+    cache_dir: Path,
+    mirror: str,
+    hosts_dir: Path,
+) -> None:
+    (cache_dir / "tmp").mkdir(parents=True, exist_ok=True)
+    (cache_dir / "images").mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=cache_dir / "tmp", prefix=f"{final.name}."))
+    root = work / "rootfs"
+    log_path = cache_dir / f"build-{flavour.name}.log"
+    log.info("building image %s (debootstrap %s, log %s)", final.name, flavour.suite, log_path)
+    started = time.monotonic()
+    try:
+        _debootstrap(flavour.suite, root, mirror, log_path)
+        for step in steps:
+            _apply(step, root)
+        root.rename(final)
+    finally:
+        remove_tree(work, hosts_dir)
+    _prune_old_images(final, hosts_dir)
+    log.info("image %s ready after %.0f s", final.name, time.monotonic() - started)
+
+
+def _debootstrap(suite: str, root: Path, mirror: str, log_path: Path) -> None:
+    argv = [
+        "debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+        suite, str(root), mirror,
+    ]
+    with open(log_path, "w") as log_file:
+        try:
+            result = subprocess.run(
+                argv, stdout=log_file, stderr=subprocess.STDOUT, timeout=DEBOOTSTRAP_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired as error:
+            raise LabError(f"debootstrap {suite} timed out; see {log_path}") from error
+    if result.returncode != 0:
+        raise LabError(
+            f"debootstrap {suite} failed (exit {result.returncode}); end of {log_path}:\n"
+            + tail(log_path, 25)
+        )
+
+
+def _apply(step: Step, root: Path) -> None:
+    try:
+        if isinstance(step, WriteFile):
+            target = root / step.path.lstrip("/")
+            if target.is_symlink():
+                target.unlink()
+            write_file(target, step.content, step.mode)
+        elif isinstance(step, RemoveFiles):
+            for path in root.glob(step.pattern.lstrip("/")):
+                path.unlink()
+        elif isinstance(step, Chroot):
+            run(["chroot", root, *step.argv])
+        else:
+            run(["systemctl", f"--root={root}", *step.argv])
+    except (OSError, LabError) as error:
+        raise LabError(f"image step {step} failed: {error}") from error
+
+
+def _prune_old_images(current: Path, hosts_dir: Path) -> None:
+    flavour = current.name.rsplit("-", 1)[0]
+    for other in current.parent.glob(f"{flavour}-*"):
+        if other != current and other.name.rsplit("-", 1)[0] == flavour:
+            log.info("removing outdated image %s", other.name)
+            remove_tree(other, hosts_dir)
+
+
+def copy_image(image: Path, rootfs: Path) -> None:
+    """Copy an image to a host's rootfs (a reflink where the file system can)."""
+    rootfs.parent.mkdir(parents=True, exist_ok=True)
+    if rootfs.exists():
+        raise LabError(f"{rootfs} exists already")
+    run(["cp", "-a", "--reflink=auto", image, rootfs], timeout=600)

@@ -1,0 +1,203 @@
+"""The lab's data model: flavours, hosts, the address plan and leftover names.
+
+Everything here is pure (no I/O), so it is covered by unit tests.
+
+Host number ``i`` (1-based, position in the fleet) gets network namespace
+``sparkrig-NAME``, root-side veth ``srlab<i>`` with ``10.213.<i>.1/24`` and,
+inside the namespace, ``eth0`` with ``10.213.<i>.2/24``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import NETNS_PREFIX, SUBNET_PREFIX, VETH_PREFIX
+
+MAX_HOSTS = 254
+_HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+_LAB_LINK = re.compile(rf"^{VETH_PREFIX}\d+c?$")
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """A kind of lab host: which Debian suite, and how sshd is started."""
+
+    name: str
+    suite: str
+    ssh_service: str
+    # Sees the controller's CUDA toolkit (config.CONTROLLER_CUDA), reached through
+    # /usr/local/cuda -> /etc/alternatives/cuda -> /usr/local/cuda-X.Y as on Ubuntu.
+    cuda_toolkit: bool = False
+
+
+FLAVOURS: dict[str, Flavour] = {
+    "debian12": Flavour("debian12", "bookworm", "ssh.service"),
+    "debian13": Flavour("debian13", "trixie", "ssh.socket", cuda_toolkit=True),
+}
+
+DEFAULT_FLEET: tuple[tuple[str, str], ...] = (("lab-deb12", "debian12"), ("lab-deb13", "debian13"))
+
+
+@dataclass
+class LabHost:
+    """One booted (or about to be booted) lab host."""
+
+    name: str
+    flavour: str
+    address: str
+    netns: str
+    veth: str
+    rootfs: Path
+    pid: int = 0
+
+    @property
+    def index(self) -> int:
+        """The host's number in the address plan (third octet of its address)."""
+        return int(self.address.split(".")[2])
+
+    @property
+    def gateway(self) -> str:
+        """The controller's address on this host's veth."""
+        return gateway_address(self.index)
+
+    @property
+    def ssh_service(self) -> str:
+        """The unit that starts sshd on this host (``ssh.service`` or ``ssh.socket``)."""
+        return FLAVOURS[self.flavour].ssh_service
+
+    def to_json(self) -> dict[str, object]:
+        """The host as stored in state.json."""
+        return {
+            "name": self.name,
+            "flavour": self.flavour,
+            "address": self.address,
+            "netns": self.netns,
+            "veth": self.veth,
+            "rootfs": str(self.rootfs),
+            "pid": self.pid,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> LabHost:
+        """The inverse of :meth:`to_json`."""
+        return cls(
+            name=str(data["name"]),
+            flavour=str(data["flavour"]),
+            address=str(data["address"]),
+            netns=str(data["netns"]),
+            veth=str(data["veth"]),
+            rootfs=Path(str(data["rootfs"])),
+            pid=int(str(data.get("pid", 0))),
+        )
+
+
+def _check_index(index: int) -> None:
+    if not 1 <= index <= MAX_HOSTS:
+        raise ValueError(f"lab host number {index} is outside 1..{MAX_HOSTS}")
+
+
+def host_address(index: int) -> str:
+    """The address of host number ``index`` (inside its namespace)."""
+    _check_index(index)
+    return f"{SUBNET_PREFIX}.{index}.2"
+
+
+def gateway_address(index: int) -> str:
+    """The controller's address on the veth of host number ``index``."""
+    _check_index(index)
+    return f"{SUBNET_PREFIX}.{index}.1"
+
+
+def veth_name(index: int) -> str:
+    """The root-namespace side of host number ``index``'s veth pair."""
+    _check_index(index)
+    return f"{VETH_PREFIX}{index}"
+
+
+def netns_name(host_name: str) -> str:
+    """The network namespace of a host."""
+    return f"{NETNS_PREFIX}{host_name}"
+
+
+def plan_fleet(fleet: Sequence[tuple[str, str]], hosts_dir: Path) -> list[LabHost]:
+    """Hosts for ``fleet`` (pairs of name and flavour), numbered from 1 in order."""
+    if not fleet:
+        raise ValueError("the fleet is empty")
+    if len(fleet) > MAX_HOSTS:
+        raise ValueError(f"the lab holds at most {MAX_HOSTS} hosts, not {len(fleet)}")
+    names = [name for name, _ in fleet]
+    if len(set(names)) != len(names):
+        raise ValueError(f"host names repeat in {names}")
+    hosts = []
+    for index, (name, flavour) in enumerate(fleet, start=1):
+        if not _HOST_NAME.match(name):
+            raise ValueError(
+                f"bad lab host name {name!r}: use 1-40 of a-z, 0-9 and '-', not at either end"
+            )
+        if flavour not in FLAVOURS:
+            raise ValueError(f"unknown flavour {flavour!r} for {name}; known: {sorted(FLAVOURS)}")
+        hosts.append(
+            LabHost(
+                name=name,
+                flavour=flavour,
+                address=host_address(index),
+                netns=netns_name(name),
+                veth=veth_name(index),
+                rootfs=hosts_dir / name / "rootfs",
+            )
+        )
+    return hosts
+
+
+def parse_fleet_spec(spec: str) -> list[tuple[str, str]]:
+    """Parse the CLI's ``name:flavour,name:flavour`` into pairs."""
+    pairs = []
+    for item in spec.split(","):
+        name, sep, flavour = item.strip().partition(":")
+        if not sep or not name or not flavour:
+            raise ValueError(f"bad fleet entry {item!r}: expected NAME:FLAVOUR")
+        pairs.append((name, flavour))
+    return pairs
+
+
+def is_lab_netns(name: str) -> bool:
+    """Whether a network namespace name is one the lab makes."""
+    return name.startswith(NETNS_PREFIX) and len(name) > len(NETNS_PREFIX)
+
+
+def is_lab_link(name: str) -> bool:
+    """Whether a root-namespace link name is one the lab makes (``srlab<i>``, ``srlab<i>c``)."""
+    return bool(_LAB_LINK.match(name.partition("@")[0]))
+
+
+def is_lab_nspawn(argv: Sequence[str], hosts_dir: Path) -> bool:
+    """Whether a command line is a ``systemd-nspawn`` booting a rootfs below ``hosts_dir``."""
+    if not argv or os.path.basename(argv[0]) != "systemd-nspawn":
+        return False
+    return any(_is_below(directory, hosts_dir) for directory in _nspawn_directories(argv))
+
+
+def nspawn_directory(argv: Sequence[str]) -> str | None:
+    """The ``-D``/``--directory`` of a ``systemd-nspawn`` command line, if any."""
+    directories = _nspawn_directories(argv)
+    return directories[-1] if directories else None
+
+
+def _nspawn_directories(argv: Sequence[str]) -> list[str]:
+    found = []
+    for i, arg in enumerate(argv):
+        if arg in ("-D", "--directory") and i + 1 < len(argv):
+            found.append(argv[i + 1])
+        elif arg.startswith("--directory="):
+            found.append(arg.split("=", 1)[1])
+        elif arg.startswith("-D") and len(arg) > 2:
+            found.append(arg[2:])
+    return found
+
+
+def _is_below(path: str, parent: Path) -> bool:
+    return Path(os.path.normpath(path)).is_relative_to(Path(os.path.normpath(parent)))

@@ -1,0 +1,98 @@
+"""The lab's network: a namespace and veth pair per host, one nftables table.
+
+Only objects named like the lab's (``sparkrig-*`` namespaces, ``srlab*``
+links, table ``inet sparkrig_lab``) are created or removed here; the rest of
+the controller's network configuration is never touched, except
+``net.ipv4.ip_forward``, which the lab records before it sets it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import IP_FORWARD, NFT_TABLE
+from .model import LabHost, is_lab_link, is_lab_netns
+from .render import parse_ip_forward_before, render_nft_ruleset
+from .system import run
+
+log = logging.getLogger("sparkrig.lab")
+
+
+def create_host_network(host: LabHost) -> None:
+    """The host's namespace, with ``eth0`` wired to ``srlab<i>`` in the root namespace."""
+    ns, veth, peer = host.netns, host.veth, f"{host.veth}c"
+    run(["ip", "netns", "add", ns])
+    run(["ip", "link", "add", veth, "type", "veth", "peer", "name", peer])
+    run(["ip", "link", "set", peer, "netns", ns])
+    run(["ip", "-n", ns, "link", "set", peer, "name", "eth0"])
+    run(["ip", "addr", "add", f"{host.gateway}/24", "dev", veth])
+    run(["ip", "link", "set", veth, "up"])
+    run(["ip", "-n", ns, "link", "set", "lo", "up"])
+    run(["ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0"])
+    run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+    run(["ip", "-n", ns, "route", "add", "default", "via", host.gateway])
+    run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+
+
+def lab_netns() -> list[str]:
+    """Network namespaces named like the lab's."""
+    out = run(["ip", "-j", "netns", "list"]).stdout.strip()
+    names = [entry["name"] for entry in json.loads(out or "[]")]
+    return sorted(name for name in names if is_lab_netns(name))
+
+
+def lab_links() -> list[str]:
+    """Root-namespace links named like the lab's veths."""
+    out = run(["ip", "-j", "link", "show"]).stdout.strip()
+    names = [entry["ifname"] for entry in json.loads(out or "[]")]
+    return sorted(name for name in names if is_lab_link(name))
+
+
+def netns_pids(ns: str) -> list[int]:
+    """Processes living in a network namespace."""
+    return [int(pid) for pid in run(["ip", "netns", "pids", ns]).stdout.split()]
+
+
+def delete_netns(ns: str) -> None:
+    """Remove a namespace (its eth0 and so the veth pair go with it)."""
+    run(["ip", "netns", "delete", ns])
+
+
+def delete_link(name: str) -> None:
+    """Remove a root-namespace link if it still exists."""
+    if name in lab_links():
+        run(["ip", "link", "delete", name])
+
+
+def nft_table_listing() -> str | None:
+    """``nft list table`` of the lab's table, or None when there is none."""
+    result = run(["nft", "list", "table", "inet", NFT_TABLE], check=False)
+    return result.stdout if result.returncode == 0 else None
+
+
+def install_nft(nameservers: Sequence[str], ip_forward_before: int) -> None:
+    """Load the lab's table (it must not exist yet)."""
+    run(["nft", "-f", "-"], input=render_nft_ruleset(nameservers, ip_forward_before))
+
+
+def delete_nft() -> int | None:
+    """Remove the lab's table if present; the ip_forward value its comment recorded."""
+    listing = nft_table_listing()
+    if listing is None:
+        return None
+    run(["nft", "delete", "table", "inet", NFT_TABLE])
+    return parse_ip_forward_before(listing)
+
+
+def read_ip_forward(path: Path = IP_FORWARD) -> int:
+    """The controller's ``net.ipv4.ip_forward``."""
+    return int(path.read_text().strip())
+
+
+def write_ip_forward(value: int, path: Path = IP_FORWARD) -> None:
+    """Set the controller's ``net.ipv4.ip_forward``."""
+    log.info("net.ipv4.ip_forward = %d", value)
+    path.write_text(f"{value}\n")

@@ -1,0 +1,392 @@
+"""The lab's pure parts: address plan, rendered files, nft rules, leftover matching, cache key."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.lab.cgroups import systemd_hierarchies
+from tests.lab.image import Chroot, Systemctl, WriteFile, image_key, recipe_steps
+from tests.lab.model import (
+    FLAVOURS,
+    LabHost,
+    gateway_address,
+    host_address,
+    is_lab_link,
+    is_lab_netns,
+    is_lab_nspawn,
+    nspawn_directory,
+    parse_fleet_spec,
+    plan_fleet,
+    veth_name,
+)
+from tests.lab.render import (
+    parse_ip_forward_before,
+    parse_nameservers,
+    parse_public_key,
+    passwd_ids,
+    render_inventory,
+    render_known_hosts,
+    render_nft_ruleset,
+    render_ssh_config,
+)
+from tests.lab.system import mounts_below
+
+HOSTS_DIR = Path("/var/lib/sparkrig-lab/hosts")
+KEY = Path("/var/lib/sparkrig-lab/ssh/id_ed25519")
+KNOWN = Path("/var/lib/sparkrig-lab/known_hosts")
+MIRROR = "http://deb.debian.org/debian"
+
+
+@pytest.fixture
+def fleet() -> list[LabHost]:
+    return plan_fleet([("lab-deb12", "debian12"), ("lab-deb13", "debian13")], HOSTS_DIR)
+
+
+# --- address plan ----------------------------------------------------------
+
+
+def test_fleet_numbers_hosts_from_one_in_order(fleet):
+    assert [(h.name, h.address, h.veth, h.netns, h.gateway) for h in fleet] == [
+        ("lab-deb12", "10.213.1.2", "srlab1", "sparkrig-lab-deb12", "10.213.1.1"),
+        ("lab-deb13", "10.213.2.2", "srlab2", "sparkrig-lab-deb13", "10.213.2.1"),
+    ]
+    assert fleet[0].rootfs == HOSTS_DIR / "lab-deb12" / "rootfs"
+    assert [h.ssh_service for h in fleet] == ["ssh.service", "ssh.socket"]
+
+
+def test_a_larger_fleet_gets_one_subnet_per_host():
+    hosts = plan_fleet([(f"bench{i}", "debian12") for i in range(1, 5)], HOSTS_DIR)
+    assert [h.address for h in hosts] == [f"10.213.{i}.2" for i in range(1, 5)]
+    assert [h.index for h in hosts] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("index", [0, 255])
+def test_host_numbers_stay_within_one_octet(index):
+    for allocate in (host_address, gateway_address, veth_name):
+        with pytest.raises(ValueError):
+            allocate(index)
+
+
+def test_veth_names_fit_the_kernel_limit():
+    assert len(veth_name(254) + "c") <= 15
+
+
+@pytest.mark.parametrize(
+    "fleet_spec, error",
+    [
+        ([], "empty"),
+        ([("a", "debian12"), ("a", "debian13")], "repeat"),
+        ([("Bad_Name", "debian12")], "bad lab host name"),
+        ([("-x", "debian12")], "bad lab host name"),
+        ([("x", "ubuntu")], "unknown flavour"),
+    ],
+)
+def test_bad_fleets_are_refused(fleet_spec, error):
+    with pytest.raises(ValueError, match=error):
+        plan_fleet(fleet_spec, HOSTS_DIR)
+
+
+def test_fleet_spec_of_the_command_line():
+    assert parse_fleet_spec("a:debian12, b:debian13") == [("a", "debian12"), ("b", "debian13")]
+    with pytest.raises(ValueError):
+        parse_fleet_spec("a")
+
+
+def test_host_round_trips_through_state_json(fleet):
+    host = replace(fleet[1], pid=4242)
+    assert LabHost.from_json(json.loads(json.dumps(host.to_json()))) == host
+
+
+# --- rendered files --------------------------------------------------------
+
+
+def test_ssh_config_has_one_strict_block_per_host(fleet):
+    text = render_ssh_config(fleet, KEY, KNOWN)
+    assert text.startswith(
+        "Host lab-deb12\n"
+        "  HostName 10.213.1.2\n"
+        "  User spark\n"
+        "  IdentityFile /var/lib/sparkrig-lab/ssh/id_ed25519\n"
+        "  IdentitiesOnly yes\n"
+        "  UserKnownHostsFile /var/lib/sparkrig-lab/known_hosts\n"
+        "  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n"
+        "\n"
+        "Host lab-deb13\n"
+        "  HostName 10.213.2.2\n"
+    )
+    assert text.count("StrictHostKeyChecking yes") == 2
+    assert "StrictHostKeyChecking no" not in text
+
+
+def test_known_hosts_lists_each_key_by_address_and_by_name(fleet):
+    keys = {
+        "lab-deb12": [("ssh-ed25519", "AAAA12"), ("ssh-rsa", "BBBB12")],
+        "lab-deb13": [("ssh-ed25519", "AAAA13")],
+    }
+    assert render_known_hosts(fleet, keys).splitlines() == [
+        "10.213.1.2 ssh-ed25519 AAAA12",
+        "10.213.1.2 ssh-rsa BBBB12",
+        "lab-deb12 ssh-ed25519 AAAA12",
+        "lab-deb12 ssh-rsa BBBB12",
+        "10.213.2.2 ssh-ed25519 AAAA13",
+        "lab-deb13 ssh-ed25519 AAAA13",
+    ]
+
+
+def test_public_key_comment_is_dropped():
+    assert parse_public_key("ssh-ed25519 AAAAC3Nz root@controller\n") == ("ssh-ed25519", "AAAAC3Nz")
+    with pytest.raises(ValueError):
+        parse_public_key("garbage")
+
+
+def test_inventory_json_has_the_documented_fields(fleet):
+    document = json.loads(render_inventory(fleet, KEY, KNOWN))
+    assert document == {
+        "hosts": [
+            {
+                "name": "lab-deb12",
+                "flavour": "debian12",
+                "address": "10.213.1.2",
+                "ssh_user": "spark",
+                "ssh_key": "/var/lib/sparkrig-lab/ssh/id_ed25519",
+                "known_hosts": "/var/lib/sparkrig-lab/known_hosts",
+                "ssh_service": "ssh.service",
+            },
+            {
+                "name": "lab-deb13",
+                "flavour": "debian13",
+                "address": "10.213.2.2",
+                "ssh_user": "spark",
+                "ssh_key": "/var/lib/sparkrig-lab/ssh/id_ed25519",
+                "known_hosts": "/var/lib/sparkrig-lab/known_hosts",
+                "ssh_service": "ssh.socket",
+            },
+        ]
+    }
+
+
+def test_nameservers_usable_by_the_hosts():
+    resolv = (
+        "# comment\nsearch example\nnameserver 10.255.255.53\nnameserver 127.0.0.53\n"
+        "nameserver ::1\nnameserver 2001:db8::1\nnameserver nonsense\nnameserver 1.1.1.1\n"
+    )
+    assert parse_nameservers(resolv) == ["10.255.255.53", "1.1.1.1"]
+
+
+def test_passwd_ids():
+    passwd = "root:x:0:0:root:/root:/bin/bash\nspark:x:1000:1000::/home/spark:/bin/bash\n"
+    assert passwd_ids(passwd, "spark") == (1000, 1000)
+    with pytest.raises(ValueError):
+        passwd_ids(passwd, "nobody")
+
+
+# --- nftables --------------------------------------------------------------
+
+
+def _rules(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines()]
+
+
+def test_nft_ruleset_is_one_table_with_nat_forward_and_input():
+    text = render_nft_ruleset(["10.255.255.53"], 0)
+    assert text.startswith("table inet sparkrig_lab {")
+    assert text.count("table ") == 1
+    assert "flush" not in text
+    rules = _rules(text)
+    assert 'ip saddr 10.213.0.0/16 oifname != "srlab*" masquerade' in rules
+    assert "type nat hook postrouting priority srcnat; policy accept;" in rules
+    assert rules.count("type filter hook forward priority filter; policy accept;") == 1
+    assert rules.count("type filter hook input priority filter; policy accept;") == 1
+
+
+def test_nft_forward_isolates_hosts_but_lets_dns_through_first():
+    rules = _rules(render_nft_ruleset(["10.255.255.53", "192.168.1.1"], 0))
+    dns_udp = 'iifname "srlab*" ip daddr { 10.255.255.53, 192.168.1.1 } udp dport 53 accept'
+    dns_tcp = dns_udp.replace("udp", "tcp")
+    private = (
+        'iifname "srlab*" ip daddr { 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, '
+        "169.254.0.0/16, 100.64.0.0/10 } drop"
+    )
+    order = [
+        "ct state established,related accept",
+        'iifname "srlab*" oifname "srlab*" drop',
+        dns_udp,
+        dns_tcp,
+        private,
+        'iifname "srlab*" accept',
+    ]
+    assert [rules.index(rule) for rule in order] == sorted(rules.index(rule) for rule in order)
+
+
+def test_nft_input_only_lets_replies_in_from_the_hosts():
+    rules = _rules(render_nft_ruleset(["10.255.255.53"], 0))
+    start = rules.index("chain input {")
+    assert rules[start + 2 : start + 4] == [
+        'iifname "srlab*" ct state established,related accept',
+        'iifname "srlab*" drop',
+    ]
+
+
+@pytest.mark.parametrize("before", [0, 1])
+def test_nft_table_comment_records_ip_forward(before):
+    assert parse_ip_forward_before(render_nft_ruleset(["10.255.255.53"], before)) == before
+    assert parse_ip_forward_before("table inet sparkrig_lab {\n}") is None
+
+
+def test_nft_ruleset_needs_a_nameserver():
+    with pytest.raises(ValueError):
+        render_nft_ruleset([], 0)
+
+
+# --- leftovers -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, ours",
+    [("sparkrig-lab-deb12", True), ("sparkrig-x", True), ("sparkrig-", False), ("docker", False)],
+)
+def test_lab_netns_names(name, ours):
+    assert is_lab_netns(name) is ours
+
+
+@pytest.mark.parametrize(
+    "name, ours",
+    [
+        ("srlab1", True),
+        ("srlab254", True),
+        ("srlab3c", True),
+        ("srlab2@if9", True),
+        ("srlab", False),
+        ("srlabx", False),
+        ("eth0", False),
+        ("xsrlab1", False),
+    ],
+)
+def test_lab_link_names(name, ours):
+    assert is_lab_link(name) is ours
+
+
+def _nspawn(directory_args: list[str]) -> list[str]:
+    return ["systemd-nspawn", "--boot", *directory_args, "--machine=x", "--console=read-only"]
+
+
+@pytest.mark.parametrize(
+    "argv, ours",
+    [
+        (_nspawn(["-D", "/var/lib/sparkrig-lab/hosts/lab-deb12/rootfs"]), True),
+        (_nspawn(["--directory=/var/lib/sparkrig-lab/hosts/a/rootfs"]), True),
+        (_nspawn(["-D/var/lib/sparkrig-lab/hosts/a/rootfs"]), True),
+        (["/usr/bin/systemd-nspawn", "-D", "/var/lib/sparkrig-lab/hosts/b/rootfs"], True),
+        (_nspawn(["-D", "/var/lib/machines/other"]), False),
+        (_nspawn(["-D", "/var/lib/sparkrig-lab/hosts-other/a"]), False),
+        (["vim", "-D", "/var/lib/sparkrig-lab/hosts/a/rootfs"], False),
+        ([], False),
+    ],
+)
+def test_lab_nspawn_command_lines(argv, ours):
+    assert is_lab_nspawn(argv, HOSTS_DIR) is ours
+
+
+def test_nspawn_directory():
+    assert nspawn_directory(_nspawn(["-D", "/a/rootfs"])) == "/a/rootfs"
+    assert nspawn_directory(["systemd-nspawn", "--boot"]) is None
+
+
+MOUNTINFO = """\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+42 27 254:0 /run/netns /run/netns rw,relatime shared:1 - ext4 /dev/vda rw
+50 22 0:50 / /var/cache/sparkrig-lab/tmp/x/rootfs/proc rw - proc proc rw
+51 22 0:51 / /var/cache/sparkrig-lab/tmp/x/rootfs/sys rw - sysfs sysfs rw
+52 51 0:52 / /var/cache/sparkrig-lab/tmp/x/rootfs/sys/fs/cgroup rw - cgroup2 cgroup2 rw
+53 22 0:53 / /var/cache/sparkrig-lab/tmp/x\\040y rw - tmpfs tmpfs rw
+54 22 0:54 / /var/cache/sparkrig-lab/tmp/xy rw - tmpfs tmpfs rw
+"""
+
+
+def test_mounts_below_a_tree_deepest_first():
+    assert mounts_below(MOUNTINFO, Path("/var/cache/sparkrig-lab/tmp/x")) == [
+        "/var/cache/sparkrig-lab/tmp/x/rootfs/sys/fs/cgroup",
+        "/var/cache/sparkrig-lab/tmp/x/rootfs/sys",
+        "/var/cache/sparkrig-lab/tmp/x/rootfs/proc",
+    ]
+    assert mounts_below(MOUNTINFO, Path("/var/cache/sparkrig-lab/tmp/x y")) == [
+        "/var/cache/sparkrig-lab/tmp/x y"
+    ]
+    assert mounts_below(MOUNTINFO, Path("/var/lib/sparkrig-lab")) == []
+
+
+def test_cgroup_hierarchies_systemd_uses():
+    mountinfo = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+    assert systemd_hierarchies(mountinfo) == [
+        Path("/sys/fs/cgroup/systemd"),
+        Path("/sys/fs/cgroup/unified"),
+    ]
+    unified = "30 23 0:27 / /sys/fs/cgroup rw shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+    assert systemd_hierarchies(unified) == [Path("/sys/fs/cgroup")]
+
+
+# --- image cache key -------------------------------------------------------
+
+
+def _key(flavour="debian12", mirror=MIRROR, ca=None, steps=None):
+    flavour_ = FLAVOURS[flavour]
+    steps = recipe_steps(flavour_, mirror, ca or {}) if steps is None else steps
+    return image_key(flavour_, mirror, steps)
+
+
+def test_image_key_is_stable():
+    assert _key() == _key()
+    assert len(_key()) == 16
+
+
+def test_image_key_changes_with_suite_mirror_and_ca_certs():
+    keys = {
+        _key(),
+        _key(flavour="debian13"),
+        _key(mirror="http://mirror.example/debian"),
+        _key(ca={"corp.crt": "-----BEGIN CERTIFICATE-----\n"}),
+    }
+    assert len(keys) == 4
+
+
+def test_image_key_changes_with_any_recipe_step():
+    steps = recipe_steps(FLAVOURS["debian12"], MIRROR, {})
+    assert _key(steps=steps + (Chroot(("true",)),)) != _key()
+    assert _key(steps=steps[1:]) != _key()
+
+
+def test_image_key_changes_with_recipe_version_and_packages(monkeypatch):
+    from tests.lab import image
+
+    base = _key()
+    monkeypatch.setattr(image, "RECIPE_VERSION", image.RECIPE_VERSION + 1)
+    assert _key() != base
+    monkeypatch.undo()
+    monkeypatch.setattr(image, "PACKAGES", image.PACKAGES + ("curl",))
+    assert _key() != base
+
+
+def test_recipe_steps_per_flavour():
+    bookworm = recipe_steps(FLAVOURS["debian12"], MIRROR, {"a.crt": "PEM"})
+    trixie = recipe_steps(FLAVOURS["debian13"], MIRROR, {})
+    assert Systemctl(("mask", "systemd-modules-load.service")) in bookworm
+    assert Systemctl(("enable", "ssh.socket")) in trixie
+    assert Systemctl(("disable", "ssh.service")) in trixie
+    assert not any(isinstance(s, Systemctl) and "ssh.socket" in s.argv for s in bookworm)
+    assert WriteFile("/usr/local/share/ca-certificates/a.crt", "PEM") in bookworm
+    sudoers = next(s for s in bookworm if isinstance(s, WriteFile) and "sudoers" in s.path)
+    assert (sudoers.path, sudoers.mode) == ("/etc/sudoers.d/spark", 0o440)
+    sources = next(
+        s for s in trixie if isinstance(s, WriteFile) and s.path == "/etc/apt/sources.list"
+    )
+    assert f"deb {MIRROR} trixie main" in sources.content
