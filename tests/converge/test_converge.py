@@ -1,0 +1,32 @@
+"""
+Converge and idempotence (Molecule's first two steps) against the lab fleet.
+
+The real deploy runs with the pyinfra CLI over SSH against fresh Debian 12
+(ssh.service) and Debian 13 (ssh.socket) hosts, then runs again: the second
+run must report zero changes on every host.
+"""
+
+import pytest
+
+from tests.conftest import LAB_INVENTORY
+from tests.support import run_deploy
+
+pytestmark = pytest.mark.lab
+
+
+def test_converge_succeeds_on_every_lab_host(lab_hosts, first_converge):
+    assert first_converge.returncode == 0, first_converge.log
+    assert first_converge.errors() == {}, first_converge.log
+    names = {host.name for host in lab_hosts}
+    assert first_converge.hosts() == names
+    # Fresh hosts: every one of them had something to change.
+    assert set(first_converge.changed()) == names, first_converge.log
+
+
+def test_second_converge_reports_zero_changes_on_every_host(first_converge):
+    assert first_converge.returncode == 0, "the first converge failed; see its test"
+    second = run_deploy(LAB_INVENTORY)
+    assert second.returncode == 0, second.log
+    changes = [f"{host}: {op}" for host, ops in sorted(second.changed().items()) for op in ops]
+    assert not changes, "the second run changed:\n  " + "\n  ".join(changes)
+    assert second.hosts() == set(first_converge.hosts())

@@ -1,0 +1,94 @@
+"""
+Helpers shared by the lab tests: run the real pyinfra CLI, read its JSON report,
+and turn a pyinfra inventory into testinfra targets with the same SSH settings.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+
+
+@dataclass
+class DeployResult:
+    """One `pyinfra --json` run: exit code, its report, and its log (stderr)."""
+
+    returncode: int
+    report: dict[str, Any] | None
+    log: str
+
+    def operations(self) -> list[dict[str, Any]]:
+        return ((self.report or {}).get("results") or {}).get("operations", [])
+
+    def changed(self) -> dict[str, list[str]]:
+        """host -> names of the operations that changed something on it."""
+        found: dict[str, list[str]] = {}
+        for op in self.operations():
+            for host in op["success"]:
+                found.setdefault(host, []).append(op["name"])
+        return found
+
+    def errors(self) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for op in self.operations():
+            for host in op["error"]:
+                found.setdefault(host, []).append(op["name"])
+        return found
+
+    def hosts(self) -> set[str]:
+        return {h for op in self.operations() for h in op["success"] + op["error"] + op["no_change"]}
+
+
+def run_deploy(inventory: str, *args: str, timeout: int = 1800) -> DeployResult:
+    """Run ``pyinfra -y --json INVENTORY deploy.py`` from the repository, as a user would."""
+    result = subprocess.run(
+        [PYINFRA, "-y", "--json", *args, inventory, "deploy.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )
+    try:
+        report = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        report = None
+    return DeployResult(result.returncode, report, result.stderr + result.stdout * (report is None))
+
+
+def inventory_host_data(inventory: str) -> dict[str, dict[str, Any]]:
+    """Every host of a pyinfra inventory file with its merged data (group_data included)."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    with ctx_state.use(State()):
+        loaded = make_inventory(str(Path(inventory).resolve()), cwd=str(REPO))
+    return {host.name: host.data.dict() for host in loaded}
+
+
+_SSH_OPTIONS = {
+    "ssh_hostname": "HostName",
+    "ssh_user": "User",
+    "ssh_port": "Port",
+    "ssh_key": "IdentityFile",
+    "ssh_known_hosts_file": "UserKnownHostsFile",
+    "ssh_strict_host_key_checking": "StrictHostKeyChecking",
+}
+
+
+def ssh_config_for(hosts: dict[str, dict[str, Any]]) -> str:
+    """An OpenSSH client config that reaches each host as pyinfra's data says to."""
+    lines = []
+    for name, data in hosts.items():
+        lines.append(f"Host {name}")
+        for key, option in _SSH_OPTIONS.items():
+            if data.get(key) is not None:
+                lines.append(f"  {option} {data[key]}")
+        lines.append("  BatchMode yes")
+    if (Path.home() / ".ssh" / "config").exists():
+        lines += ["Match all", "  Include ~/.ssh/config"]
+    return "\n".join(lines) + "\n"
