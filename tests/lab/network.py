@@ -16,7 +16,7 @@ from pathlib import Path
 from .config import IP_FORWARD, NFT_TABLE
 from .model import LabHost, is_lab_link, is_lab_netns
 from .render import parse_ip_forward_before, render_nft_ruleset
-from .system import run
+from .system import LabError, run
 
 log = logging.getLogger("sparkrig.lab")
 
@@ -62,9 +62,14 @@ def delete_netns(ns: str) -> None:
 
 
 def delete_link(name: str) -> None:
-    """Remove a root-namespace link if it still exists."""
-    if name in lab_links():
-        run(["ip", "link", "delete", name])
+    """Remove a root-namespace link if it still exists.
+
+    A deleted namespace takes its veth pair with it, asynchronously: the link can
+    vanish between listing and deleting, which is not an error.
+    """
+    result = run(["ip", "link", "delete", name], check=False)
+    if result.returncode != 0 and name in lab_links():
+        raise LabError(f"could not delete link {name}: {result.stderr.strip()}")
 
 
 def nft_table_listing() -> str | None:
