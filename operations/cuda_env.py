@@ -35,7 +35,7 @@ MANAGED = (
     "UV_NO_SYNC",
 )
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:+,=@%-]*$")
-_TOOLKIT = re.compile(r"/cuda-(\d+)\.(\d+)$")
+_TOOLKIT = re.compile(r"/cuda-(\d+)(?:\.(\d+))?$")
 
 
 def _extra_check(value: Any, data: Mapping[str, Any]) -> str | None:
@@ -102,9 +102,12 @@ class CudaToolkits(FactBase):
 
 
 def toolkit_version(path: str) -> tuple[int, int]:
-    """(major, minor) of a ``/usr/local/cuda-X.Y`` path; (-1, -1) when it has none."""
+    """(major, minor) of a ``/usr/local/cuda-X.Y`` path, minor -1 for ``cuda-X``
+    (Ubuntu's per-major alternative); (-1, -1) when the name holds no version."""
     match = _TOOLKIT.search(path)
-    return (int(match[1]), int(match[2])) if match else (-1, -1)
+    if not match:
+        return (-1, -1)
+    return (int(match[1]), int(match[2]) if match[2] else -1)
 
 
 def resolve_cuda_home(toolkits: Mapping[str, Any], default: str) -> str:

@@ -60,14 +60,19 @@ def run_deploy(inventory: str, *args: str, timeout: int = 1800) -> DeployResult:
 
 
 def inventory_host_data(inventory: str) -> dict[str, dict[str, Any]]:
-    """Every host of a pyinfra inventory file with its merged data (group_data included)."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    """Every host of a pyinfra inventory with its merged data (group_data included).
 
-    with ctx_state.use(State()):
-        loaded = make_inventory(str(Path(inventory).resolve()), cwd=str(REPO))
-    return {host.name: host.data.dict() for host in loaded}
+    Asked of the pyinfra CLI itself (``debug-inventory --json``, which also validates
+    the settings), in a subprocess: importing pyinfra's CLI would monkey-patch this
+    process with gevent.
+    """
+    result = subprocess.run(
+        [PYINFRA, str(Path(inventory).resolve()), "debug-inventory", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"pyinfra could not load {inventory}:\n{result.stderr}{result.stdout}")
+    return {host["name"]: host["data"] for host in json.loads(result.stdout)}
 
 
 _SSH_OPTIONS = {

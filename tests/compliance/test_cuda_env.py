@@ -7,6 +7,7 @@ independently of the code that converges (operations/cuda_env.py).
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -15,16 +16,15 @@ PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 
 
 def _cuda_home(host, settings) -> str:
-    """The rule: /usr/local/cuda's final target, else the newest cuda-X.Y, else the default."""
+    """The rule: /usr/local/cuda's final target, else the newest cuda-X.Y (or cuda-X), else
+    the configured default."""
     if host.file("/usr/local/cuda").exists:
         return host.check_output("readlink -f /usr/local/cuda")
-    listed = host.run("ls -d /usr/local/cuda-*.*").stdout.split()
     versions = []
-    for path in listed:
-        try:
-            versions.append((tuple(int(p) for p in path.rsplit("-", 1)[1].split(".")), path))
-        except ValueError:
-            continue
+    for path in host.run("ls -d /usr/local/cuda-*").stdout.split():
+        match = re.fullmatch(r"/usr/local/cuda-(\d+)(?:\.(\d+))?", path)
+        if match and host.file(path).is_directory:
+            versions.append(((int(match[1]), int(match[2] or -1)), path))
     return max(versions)[1] if versions else settings["cuda_env_default_home"]
 
 

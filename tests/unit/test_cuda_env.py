@@ -14,7 +14,9 @@ from operations import cuda_env as ce
 from tests.unit.pyinfra_fake import plan
 
 # Outputs of CudaToolkits' command recorded on real machines.
-DEVICE_H100 = ["link /usr/local/cuda-13.0", "toolkit /usr/local/cuda-13.0"]  # via /etc/alternatives
+# The lent H200 (Ubuntu 24.04): /usr/local/cuda -> /etc/alternatives/cuda -> /usr/local/cuda-13.0,
+# and Ubuntu's per-major /usr/local/cuda-13 beside it.
+DEVICE_H200 = ["link /usr/local/cuda-13.0", "toolkit /usr/local/cuda-13.0", "toolkit /usr/local/cuda-13"]
 UPDATED_SPARK = ["link /usr/local/cuda-13.1", "toolkit /usr/local/cuda-13.0", "toolkit /usr/local/cuda-13.1"]
 NO_LINK = ["toolkit /usr/local/cuda-12.9", "toolkit /usr/local/cuda-13.0", "toolkit /usr/local/cuda-12.10"]
 NO_CUDA: list[str] = []
@@ -23,7 +25,8 @@ NO_CUDA: list[str] = []
 @pytest.mark.parametrize(
     ("output", "expected"),
     [
-        (DEVICE_H100, {"link": "/usr/local/cuda-13.0", "toolkits": ["/usr/local/cuda-13.0"]}),
+        (DEVICE_H200, {"link": "/usr/local/cuda-13.0",
+                       "toolkits": ["/usr/local/cuda-13", "/usr/local/cuda-13.0"]}),
         (UPDATED_SPARK, {"link": "/usr/local/cuda-13.1",
                          "toolkits": ["/usr/local/cuda-13.0", "/usr/local/cuda-13.1"]}),
         (NO_LINK, {"link": None, "toolkits": [
@@ -47,11 +50,13 @@ def test_fact_command_run_here_agrees_with_python():
 @pytest.mark.parametrize(
     ("output", "expected"),
     [
-        (DEVICE_H100, "/usr/local/cuda-13.0"),
+        (DEVICE_H200, "/usr/local/cuda-13.0"),
         (UPDATED_SPARK, "/usr/local/cuda-13.1"),  # the link wins, never a hard-coded 13.0
         (NO_LINK, "/usr/local/cuda-13.0"),  # newest by version, not by string order
         (["toolkit /usr/local/cuda-13.0", "toolkit /usr/local/cuda-local"], "/usr/local/cuda-13.0"),
         (["toolkit /usr/local/cuda-local"], "/opt/default"),
+        (["toolkit /usr/local/cuda-13"], "/usr/local/cuda-13"),
+        (["toolkit /usr/local/cuda-13", "toolkit /usr/local/cuda-13.1"], "/usr/local/cuda-13.1"),
         (NO_CUDA, "/opt/default"),
     ],
 )
@@ -144,7 +149,7 @@ def _digest(text: str, mode=0o644) -> list[str]:
 
 def test_first_run_uploads_both_files_beside_their_destination_and_validates_them():
     ops = plan(ce.cuda_env, data={"hardware_profile": "rtx50"},
-               responses={"readlink -f /usr/local/cuda": DEVICE_H100})
+               responses={"readlink -f /usr/local/cuda": DEVICE_H200})
     assert [op.name for op in ops] == [
         "CUDA environment | CUDA env file /etc/sparkrig/cuda.env",
         "CUDA environment | Login shells read the CUDA env file (/etc/profile.d/sparkrig-cuda.sh)",
@@ -166,7 +171,7 @@ def test_converged_host_gets_no_commands():
     env_text = ce.render_env_file(ce.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
     profile_text = ce.render_profile_script("/etc/sparkrig/cuda.env")
     ops = plan(ce.cuda_env, responses={
-        "readlink -f /usr/local/cuda": DEVICE_H100,
+        "readlink -f /usr/local/cuda": DEVICE_H200,
         "sha256sum /etc/sparkrig/cuda.env": _digest(env_text),
         "sha256sum /etc/profile.d/sparkrig-cuda.sh": _digest(profile_text),
     })
