@@ -41,9 +41,6 @@ class SettingsError(PyinfraError):
     """A setting has a value sparkrig does not allow; raised before any change."""
 
 
-# Settings keys are namespaced by concern; an unknown key under one of these
-# prefixes is a typo, reported with the closest known key.
-PREFIXES = ("sparkrig_", "hardware_", "cuda_env_")
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -114,8 +111,11 @@ def problems(settings: Iterable[Setting], data: Mapping[str, Any]) -> list[str]:
     settings = tuple(settings)
     resolved = resolve(settings, data)
     known = {s.key for s in settings}
+    # Keys are namespaced by concern (cuda_env_*, swap_*, ...): an unknown key under
+    # a known namespace is a typo, reported with the closest known key.
+    prefixes = tuple({key.split("_", 1)[0] + "_" for key in known})
     found = []
-    for key in sorted(k for k in data if isinstance(k, str) and k.startswith(PREFIXES)):
+    for key in sorted(k for k in data if isinstance(k, str) and k.startswith(prefixes)):
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
