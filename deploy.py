@@ -9,5 +9,7 @@ tests/compliance/test_<concern>.py the controls that prove it.
 """
 
 from operations.cuda_env import cuda_env
+from operations.sshd_guard import sshd_guard
 
 cuda_env()  # CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ... for login shells and systemd units
+sshd_guard()  # sshd keeps memory under pressure; SSH sessions stay killable

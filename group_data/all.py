@@ -38,3 +38,15 @@ cuda_env_default_home = "/usr/local/cuda"
 # valid variable names other than the managed ones above; values are literal
 # strings without single quotes or newlines.
 cuda_env_extra = {}
+
+# --- SSH guard (operations/sshd_guard.py) ------------------------------------
+
+# Memory reserved for the unit that runs sshd (MemoryMin=, base-1024 K/M/G/T).
+# It covers the listener and pre-auth processes; sessions live in user slices.
+# The unit's OOMScoreAdjust is always set to 0: sshd protects its own listener,
+# and -1000 on the unit would make every SSH session unkillable.
+sshd_guard_memory_min = "128M"
+
+# Memory reserved for system.slice (MemoryMin=): a unit's reservation is capped
+# by its parent slice's, so this must be at least sshd_guard_memory_min.
+sshd_guard_system_slice_memory_min = "512M"

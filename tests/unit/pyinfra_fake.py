@@ -3,8 +3,9 @@ Run a sparkrig ``@deploy`` against pyinfra's ``@fake`` connector and return its 
 
 Facts are answered from recorded outputs (``responses``: a substring of the fact's
 command mapped to its output lines); nothing runs anywhere. The plan lists, per
-operation, the shell commands it would run and the files it would upload, so a
-test can assert exactly what a host would be asked to do.
+operation, the shell commands it would run (a Python callback as ``python: NAME``)
+and the files it would upload, so a test can assert exactly what a host would be
+asked to do.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pyinfra.api import Config, Inventory, State
-from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.context import ctx_host, ctx_state
@@ -43,6 +44,8 @@ def plan(deploy_func, data: dict | None = None, responses: dict | None = None) -
                     planned.uploads[command.dest] = command.src.getvalue()
                 elif isinstance(command, StringCommand):
                     planned.commands.append(command.get_raw_value())
+                elif isinstance(command, FunctionCommand):
+                    planned.commands.append(f"python: {command.function.__name__}")
                 else:  # pragma: no cover - sparkrig yields nothing else
                     raise AssertionError(f"unexpected command {command!r}")
         ops.append(planned)
