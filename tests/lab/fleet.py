@@ -134,14 +134,7 @@ def recreate(name: str) -> LabHost:
     """Destroy one host and boot it fresh from the cached image (new host keys)."""
     _require_runnable()
     with locked(LOCK):
-        state = _read_state()
-        if state is None:
-            raise LabError("the lab is not up (no state.json): run up first")
-        host = next((h for h in state.hosts if h.name == name), None)
-        if host is None:
-            raise LabError(f"no lab host {name!r}; hosts: {[h.name for h in state.hosts]}")
-        if host.netns not in network.lab_netns():
-            raise LabError(f"{host.netns} is gone: run up again")
+        state, host = _running_host(name)
         _stop_host(host)
         _remove_rootfs(host.rootfs)
         image = _images([host.flavour])[host.flavour]
@@ -151,6 +144,34 @@ def recreate(name: str) -> LabHost:
         _write_state(state)
         _wait_ready(host)
         return host
+
+
+def restart(name: str) -> LabHost:
+    """Shut one host down cleanly and boot it again from the same root file system.
+
+    What a reboot does to a real box: its files stay, its processes, /run and
+    /tmp do not.
+    """
+    _require_runnable()
+    with locked(LOCK):
+        state, host = _running_host(name)
+        _stop_host(host)
+        _boot(host)
+        _write_state(state)
+        _wait_ready(host)
+        return host
+
+
+def _running_host(name: str) -> tuple[_State, LabHost]:
+    state = _read_state()
+    if state is None:
+        raise LabError("the lab is not up (no state.json): run up first")
+    host = next((h for h in state.hosts if h.name == name), None)
+    if host is None:
+        raise LabError(f"no lab host {name!r}; hosts: {[h.name for h in state.hosts]}")
+    if host.netns not in network.lab_netns():
+        raise LabError(f"{host.netns} is gone: run up again")
+    return state, host
 
 
 def status() -> list[dict[str, Any]]:
