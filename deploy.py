@@ -10,6 +10,8 @@ tests/compliance/test_<concern>.py the controls that prove it.
 
 from operations.cuda_env import cuda_env
 from operations.sshd_guard import sshd_guard
+from operations.swap import swap
 
 cuda_env()  # CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ... for login shells and systemd units
+swap()  # no swap now, nothing that turns it on at boot
 sshd_guard()  # sshd keeps memory under pressure; SSH sessions stay killable

@@ -39,6 +39,19 @@ cuda_env_default_home = "/usr/local/cuda"
 # strings without single quotes or newlines.
 cuda_env_extra = {}
 
+# --- Swap (operations/swap.py) -----------------------------------------------
+
+# Turn swap off now and keep it off: every swap entry of /etc/fstab commented out
+# (the old file kept as /etc/fstab.sparkrig.bak), swap and zram units masked and
+# stopped, swapoff -a while swap is active. On GB10 swap turns memory pressure into
+# a freeze of the whole box instead of an OOM kill. False leaves swap as it is.
+swap_disable = True
+
+# Also delete, once swap is off, the swap files (regular files with a swap signature,
+# e.g. /swap.img) of the fstab entries sparkrig disabled. Off by default: deleting is
+# the one step that uncommenting a line cannot undo.
+swap_remove_files = False
+
 # --- SSH guard (operations/sshd_guard.py) ------------------------------------
 
 # Memory reserved for the unit that runs sshd (MemoryMin=, base-1024 K/M/G/T).

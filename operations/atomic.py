@@ -3,9 +3,9 @@ Atomic, validated file writes: the one way sparkrig puts a file on a host.
 
 The new content is uploaded beside its destination (same directory, so the
 final ``mv`` is an atomic rename), given its owner and mode, validated with a
-command of the caller's choosing, and only then renamed over the old file. A
-file whose content, owner and mode already match costs one remote command and
-changes nothing.
+command of the caller's choosing, and only then renamed over the old file (a
+copy of which may be kept as a backup). A file whose content, owner and mode
+already match costs one remote command and changes nothing.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def file(
     user: str = "root",
     group: str = "root",
     validate: tuple[str, ...] | None = None,
+    backup: str | None = None,
 ):
     """
     Write a file atomically, validating it before it replaces the old one.
@@ -92,6 +93,8 @@ def file(
     + group: group of the file
     + validate: a command run on the new file before it takes effect, the file's
       path appended as its last argument; a failure leaves the old file in place
+    + backup: where the old file is copied (``cp -p``) after the new one validated and
+      before it replaces the old one; only when the content changes and an old file exists
 
     **Example:**
 
@@ -129,8 +132,10 @@ def file(
         if validate
         else []
     )
+    keep = ["&& cp -p", QuoteString(dest), QuoteString(backup)] if backup and current else []
     yield StringCommand(
         "chown", owner, temp, "&& chmod", f"{wanted_mode:o}", temp,
         *check,
+        *keep,
         "&& mv -f", temp, QuoteString(dest),
     )

@@ -14,6 +14,24 @@ from tests.support import DeployResult, run_deploy
 
 LAB_INVENTORY = "inventory/lab.py"
 
+# The lab hosts start like a stock Spark: swap in /etc/fstab (Sparks ship with swap),
+# beside a line that merely names "swap" and must stay byte for byte. lab-deb12's file
+# has a CRLF line and no final newline, as hand-edited files do. `noauto`: the disk is
+# absent in the lab, and systemd would wait for it at boot.
+STOCK_FSTAB = {
+    "lab-deb12": (
+        b"# /etc/fstab: static file system information.\n"
+        b"/swap.img\tnone\tswap\tsw\t0\t0\n"
+        b"LABEL=SWAP   none  swap  defaults,pri=5  0 0\r\n"
+        b"/dev/sdb1 /mnt/swapdata ext4 noauto,nofail 0 2"
+    ),
+    "lab-deb13": (
+        b"UUID=5f3c9d3e-2a41-4b8e-9d0c-3f1e2a7b6c5d none swap sw,nofail 0 0\n"
+        b"# /dev/sdc2 none swap sw 0 0\n"
+        b"/dev/sdb1\t/mnt/swap\\040data\text4\tnoauto\t0\t2\n"
+    ),
+}
+
 
 def pytest_addoption(parser):
     parser.addoption("--keep-lab", action="store_true", help="leave the lab hosts running after the tests")
@@ -25,6 +43,9 @@ def lab_hosts(request):
     if missing:
         pytest.skip("the lab cannot run on this machine: " + "; ".join(missing))
     hosts = lab.up()
+    for host in hosts:
+        if host.name in STOCK_FSTAB:
+            lab.run_ssh(host.name, "sudo tee /etc/fstab >/dev/null", input=STOCK_FSTAB[host.name].decode())
     yield hosts
     if not request.config.getoption("--keep-lab"):
         lab.down()

@@ -183,10 +183,14 @@ def status() -> list[dict[str, Any]]:
 
 
 def run_ssh(
-    host_name: str, command: str, check: bool = True, timeout: float | None = 600
+    host_name: str,
+    command: str,
+    check: bool = True,
+    timeout: float | None = 600,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``command`` on a lab host as the lab's SSH user (a CompletedProcess)."""
-    return run(_ssh_argv(host_name, command), check=check, timeout=timeout)
+    return run(_ssh_argv(host_name, command), check=check, timeout=timeout, input=input)
 
 
 # --- bringing up -------------------------------------------------------------
