@@ -9,9 +9,13 @@ tests/compliance/test_<concern>.py the controls that prove it.
 """
 
 from operations.cuda_env import cuda_env
+from operations.jobs import jobs
 from operations.sshd_guard import sshd_guard
 from operations.swap import swap
+from operations.watchdog import watchdog
 
 cuda_env()  # CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ... for login shells and systemd units
 swap()  # no swap now, nothing that turns it on at boot
 sshd_guard()  # sshd keeps memory under pressure; SSH sessions stay killable
+watchdog()  # earlyoom kills the job before the box freezes
+jobs()  # spark-run, spark-preflight, spark-drop-caches and training.slice

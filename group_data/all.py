@@ -63,3 +63,55 @@ sshd_guard_memory_min = "128M"
 # Memory reserved for system.slice (MemoryMin=): a unit's reservation is capped
 # by its parent slice's, so this must be at least sshd_guard_memory_min.
 sshd_guard_system_slice_memory_min = "512M"
+
+# --- Memory watchdog (operations/watchdog.py) --------------------------------
+
+# Run earlyoom, from the distribution's package, as configured below. False stops
+# and disables it (e.g. where another OOM daemon is used); its package and files stay.
+watchdog_enabled = True
+
+# earlyoom's -M, in KiB: SIGTERM to the worst process once MemAvailable falls to
+# this, SIGKILL at half of it. 4 GiB (about 3 % of a 128 GB Spark) is several of
+# earlyoom's polls of headroom at the fastest fill rates its author measured, plus
+# time for a dying job to let go of its memory, and leaves the jobs the rest.
+# Raise it if a job allocates more than this in one step: an allocation bigger
+# than what is left fails before earlyoom can act. From earlyoom 1.8 (Debian 13)
+# the floor shrinks in proportion as non-process memory (GPU allocations on GB10,
+# tmpfs) grows: see README.
+watchdog_min_available_kib = 4194304
+
+# earlyoom's --prefer: a POSIX extended regex on the process name
+# (/proc/PID/comm, at most 15 characters) of the processes killed first:
+# python, python3, python3.12, PyTorch's renamed main thread (pt_main_thread,
+# which is also how `vllm serve` shows up), vLLM and its workers (VLLM::...),
+# Ray workers (ray::...). One word: no spaces or quotes; '$' only at the end of
+# an alternative.
+watchdog_prefer = r"^(python[0-9.]*|pt_main_thread|vllm|VLLM::.*|ray::.*)$"
+
+# earlyoom's --avoid: the process names killed only as a last resort: init and
+# systemd's daemons, sshd (and OpenSSH 9.8+'s sshd-session/sshd-auth), Docker,
+# containerd and its shims, D-Bus. Same form as watchdog_prefer.
+watchdog_avoid = r"^(init|systemd|systemd-.*|sshd|sshd-.*|dockerd|containerd.*|dbus-daemon)$"
+
+# earlyoom's -r: seconds between the memory reports it writes to its journal
+# (0: none). Kills are logged whatever this is.
+watchdog_report_interval_s = 3600
+
+# --- Job wrappers (operations/jobs.py) ---------------------------------------
+
+# MemoryMax of /etc/systemd/system/training.slice (all spark-run jobs together)
+# and of each spark-run job (spark-run --memory-max overrides it per job): bytes
+# with an optional K, M, G or T suffix (base 1024) such as "100G", a whole
+# percentage of physical memory such as "85%", or "infinity". 85% is about
+# 101 GiB on a 128 GB Spark, close to the usual 100G, and adapts to other boxes.
+# On GB10 it caps CPU-side memory and page cache only, not CUDA allocations.
+jobs_memory_max = "85%"
+
+# oom_score_adj of every spark-run job (choom -n, 1 to 1000): the kernel's OOM
+# killer and earlyoom pick the job before anything else.
+jobs_oom_score_adj = 500
+
+# spark-preflight fails its memory check below this much MemAvailable, in KiB
+# (64 GiB: half of a Spark; an idle one has about 115 GiB). spark-preflight
+# --min-available-kib overrides it for one run.
+jobs_preflight_min_available_kib = 67108864

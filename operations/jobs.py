@@ -1,0 +1,144 @@
+"""
+Job wrappers: commands in /usr/local/bin that start, check for and clean up after
+training runs, and the slice that caps the memory of every job.
+
+- ``spark-run [--memory-max SIZE] -- CMD…`` runs CMD as the caller, with the
+  caller's environment, in a transient scope below ``training.slice``
+  (``MemoryMax=jobs_memory_max``, ``MemorySwapMax=0``) and with
+  ``oom_score_adj`` ``jobs_oom_score_adj`` (``choom``), so the job dies first.
+  Only root can create the scope: for another user spark-run runs ``busctl``
+  through sudo, asking systemd to move spark-run's own process into the scope.
+- ``spark-preflight``: memory, swap, watchdog, stray vLLM/Ray processes, GPU; one
+  line per check, the failed checks' codes summed into the exit status.
+- ``spark-drop-caches``: ``sync`` and drop the page cache (root only).
+
+``/etc/systemd/system/training.slice`` caps all jobs together; systemd re-reads
+it only when it changed. On GB10 the caps count CPU-side memory and page cache,
+not CUDA allocations: the watchdog (operations/watchdog.py) covers those.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import systemd
+
+from . import atomic, watchdog
+from .settings import Setting, defaults
+from .watchdog import int_range, unit_file_validator
+
+SLICE = "training.slice"
+SLICE_FILE = f"/etc/systemd/system/{SLICE}"
+BIN_DIR = "/usr/local/bin"
+SLICE_DESCRIPTION = "Training jobs started by spark-run"
+
+_MEMORY_MAX = re.compile(r"^(infinity|([1-9]|[1-9][0-9]|100)%|([1-9][0-9]{0,14})([KMGT]?))$")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# Largest byte count spark-run's shell arithmetic takes (64-bit, with headroom).
+MAX_BYTES = 1 << 62
+
+
+def memory_max_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    allowed = (
+        "systemd's MemoryMax= as sparkrig takes it: bytes with an optional K, M, G or T "
+        "suffix (base 1024, at most 4 EiB) like '100G', a whole percentage of physical "
+        "memory from '1%' to '100%', or 'infinity'"
+    )
+    match = _MEMORY_MAX.match(value) if isinstance(value, str) else None
+    if not match:
+        return allowed
+    if match[3] and int(match[3]) * _UNITS[match[4]] > MAX_BYTES:
+        return allowed
+    return None
+
+
+SETTINGS = (
+    Setting(
+        "jobs_memory_max",
+        "85%",
+        "MemoryMax of training.slice (all jobs together) and of each spark-run job.",
+        memory_max_check,
+    ),
+    Setting(
+        "jobs_oom_score_adj",
+        500,
+        "oom_score_adj of spark-run jobs (choom -n): higher is killed sooner.",
+        int_range(1, 1000, "oom_score_adj"),
+    ),
+    Setting(
+        "jobs_preflight_min_available_kib",
+        64 * 1024 * 1024,
+        "spark-preflight fails when MemAvailable is below this many KiB.",
+        int_range(0, 1 << 40, "KiB; 67108864 is 64 GiB"),
+    ),
+)
+
+SLICE_VALIDATOR = unit_file_validator(
+    ["Unit", "Slice"],
+    {
+        "Description": SLICE_DESCRIPTION,
+        "MemoryMax": r"infinity|[0-9]+[KMGT]?|[0-9]+%",
+        "MemorySwapMax": "0",
+    },
+)
+
+
+def render_slice(memory_max: str) -> str:
+    return atomic.render("jobs/training.slice.j2", description=SLICE_DESCRIPTION, memory_max=memory_max)
+
+
+def render_commands(
+    memory_max: str, oom_score_adj: int, min_available_kib: int, watchdog_enabled: bool
+) -> dict[str, str]:
+    """Each command's name and script."""
+    return {
+        "spark-run": atomic.render(
+            "jobs/spark-run.sh.j2", slice=SLICE, memory_max=memory_max, oom_score_adj=oom_score_adj
+        ),
+        "spark-preflight": atomic.render(
+            "jobs/spark-preflight.sh.j2",
+            min_available_kib=min_available_kib,
+            watchdog_service=watchdog.SERVICE if watchdog_enabled else "",
+        ),
+        "spark-drop-caches": atomic.render("jobs/spark-drop-caches.sh.j2"),
+    }
+
+
+@deploy("Job wrappers", data_defaults=defaults(SETTINGS + watchdog.SETTINGS))
+def jobs():
+    """
+    Write training.slice and install spark-run, spark-preflight and spark-drop-caches.
+
+    Settings: ``jobs_memory_max``, ``jobs_oom_score_adj``, ``jobs_preflight_min_available_kib``,
+    and ``watchdog_enabled`` (spark-preflight skips its watchdog check when it is False);
+    see group_data/all.py.
+    """
+    slice_file = atomic.file(
+        name=f"Memory cap of every job ({SLICE_FILE})",
+        dest=SLICE_FILE,
+        content=render_slice(host.data.jobs_memory_max),
+        mode=0o644,
+        validate=SLICE_VALIDATOR,
+    )
+    systemd.daemon_reload(
+        name=f"Reload systemd: {SLICE} changed",
+        _if=slice_file.did_change,
+    )
+    commands = render_commands(
+        host.data.jobs_memory_max,
+        host.data.jobs_oom_score_adj,
+        host.data.jobs_preflight_min_available_kib,
+        host.data.watchdog_enabled,
+    )
+    for name, script in commands.items():
+        atomic.file(
+            name=f"{name} command ({BIN_DIR}/{name})",
+            dest=f"{BIN_DIR}/{name}",
+            content=script,
+            mode=0o755,
+            validate=("sh", "-n"),
+        )

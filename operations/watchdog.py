@@ -1,0 +1,230 @@
+"""
+Memory watchdog: earlyoom kills the biggest (preferably a training) process while
+the host still has memory to spare, instead of letting it freeze.
+
+On GB10 a GPU allocation that fails can wedge the whole machine before the kernel
+OOM killer acts, so the defence must act early. earlyoom comes from the
+distribution (Debian 12: 1.7, Debian 13: 1.8, Ubuntu 24.04/DGX OS 7: 1.7). Its
+arguments live in ``/etc/default/earlyoom`` (``EARLYOOM_ARGS``), which the
+packaged unit reads with ``EnvironmentFile=`` and splits into words:
+
+- ``-M watchdog_min_available_kib``: SIGTERM once MemAvailable falls to this
+  many KiB, SIGKILL at half of it;
+- ``-s 100``: free swap never holds it back (earlyoom acts only when memory AND
+  swap are low);
+- ``--prefer``/``--avoid``: regexes on the process name (``/proc/PID/comm``);
+- ``-r``: how often it logs a memory report.
+
+A drop-in gives earlyoom itself ``OOMScoreAdjust=-1000`` and ``Nice=-20``: the
+kernel never kills the watchdog, and it keeps polling under CPU load. earlyoom
+forks nothing, so nothing inherits the -1000 (unlike sshd's sessions). The
+service is restarted only when one of the two files changed.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, systemd
+from pyinfra.operations.util import any_changed
+
+from . import atomic
+from .settings import Setting, defaults
+
+PACKAGE = "earlyoom"
+SERVICE = "earlyoom.service"
+DEFAULT_FILE = "/etc/default/earlyoom"
+DROP_IN = "/etc/systemd/system/earlyoom.service.d/50-sparkrig.conf"
+OOM_SCORE_ADJUST = -1000
+NICE = -20
+# earlyoom's own -s: act on memory alone, however much swap is free.
+SWAP_PERCENT = 100
+
+# One word of earlyoom's command line: no whitespace, quotes or backslashes (systemd
+# splits $EARLYOOM_ARGS at whitespace and removes quotes), and '$' only where sh leaves
+# it alone inside double quotes (end of the regex or of an alternative).
+_REGEX_WORD = re.compile(r"^[A-Za-z0-9_.:^$|()*+?\[\]{},/-]+$")
+_DOLLAR_FOLLOWED = re.compile(r"\$[^|)]")
+_WORD = re.compile(r"^[A-Za-z0-9_./:,=+-]+$")
+
+
+def regex_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    allowed = (
+        "a POSIX extended regex over letters, digits and _.:^$|()*+?[]{},/- (no spaces or "
+        "quotes: it is one word of earlyoom's command line), with '$' only before '|', ')' "
+        "or at the end"
+    )
+    if not isinstance(value, str) or not _REGEX_WORD.match(value) or _DOLLAR_FOLLOWED.search(value):
+        return allowed
+    try:
+        with warnings.catch_warnings():  # POSIX classes such as [[:alpha:]] are fine here
+            warnings.simplefilter("ignore", FutureWarning)
+            re.compile(value)
+    except re.error as error:
+        return f"{allowed} ({error})"
+    return None
+
+
+def int_range(low: int, high: int, what: str) -> Any:
+    def check(value: Any, _data: Mapping[str, Any]) -> str | None:
+        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+        return None if ok else f"an integer from {low} to {high} ({what})"
+
+    return check
+
+
+def boolean(value: Any, _data: Mapping[str, Any]) -> str | None:
+    return None if isinstance(value, bool) else "True or False"
+
+
+SETTINGS = (
+    Setting(
+        "watchdog_enabled",
+        True,
+        "Run earlyoom; False stops and disables it (the package and its files stay).",
+        boolean,
+    ),
+    Setting(
+        "watchdog_min_available_kib",
+        4 * 1024 * 1024,
+        "earlyoom's -M: SIGTERM the worst process when MemAvailable falls to this many KiB "
+        "(SIGKILL at half).",
+        int_range(64 * 1024, 1024 * 1024 * 1024, "KiB; 4194304 is 4 GiB"),
+    ),
+    Setting(
+        "watchdog_prefer",
+        r"^(python[0-9.]*|pt_main_thread|vllm|VLLM::.*|ray::.*)$",
+        "earlyoom's --prefer: process names (/proc/PID/comm, 15 characters) killed first.",
+        regex_check,
+    ),
+    Setting(
+        "watchdog_avoid",
+        r"^(init|systemd|systemd-.*|sshd|sshd-.*|dockerd|containerd.*|dbus-daemon)$",
+        "earlyoom's --avoid: process names (/proc/PID/comm) killed only as a last resort.",
+        regex_check,
+    ),
+    Setting(
+        "watchdog_report_interval_s",
+        3600,
+        "earlyoom's -r: seconds between memory reports in its journal (0: none).",
+        int_range(0, 86400, "seconds"),
+    ),
+)
+
+
+def earlyoom_args(min_available_kib: int, report_interval_s: int, prefer: str, avoid: str) -> list[str]:
+    """earlyoom's arguments, as the words of its command line."""
+    return [
+        "-M", str(min_available_kib),
+        "-s", str(SWAP_PERCENT),
+        "-r", str(report_interval_s),
+        "--prefer", prefer,
+        "--avoid", avoid,
+    ]
+
+
+def args_word(word: str) -> str:
+    """One argument inside ``EARLYOOM_ARGS="..."``: plain, or single-quoted.
+
+    sh (``.``), systemd (``EnvironmentFile=`` then ``$EARLYOOM_ARGS`` split with
+    quote removal) and Debian's init script (``bash -c "exec earlyoom $EARLYOOM_ARGS"``)
+    all turn the quoted word back into the bare regex; settings validation keeps
+    quotes, backslashes and whitespace out of it.
+    """
+    return word if _WORD.match(word) else f"'{word}'"
+
+
+def render_default_file(args: Sequence[str]) -> str:
+    return atomic.render("watchdog/earlyoom.default.j2", args=" ".join(map(args_word, args)))
+
+
+def render_drop_in() -> str:
+    return atomic.render("watchdog/earlyoom.conf.j2", oom_score_adjust=OOM_SCORE_ADJUST, nice=NICE)
+
+
+def unit_file_validator(sections: Sequence[str], keys: Mapping[str, str]) -> tuple[str, ...]:
+    """A ``validate=`` command for :func:`atomic.file` that accepts a unit file (or drop-in)
+    holding only comments, blank lines, the given ``[sections]`` and ``KEY=VALUE`` lines
+    whose value matches ``keys[KEY]`` (a POSIX extended regex): a strict parse where
+    ``systemd-analyze verify`` would only warn about unknown keys and bad values.
+    """
+    patterns = [r"^$", r"^#", rf"^\[({'|'.join(sections)})\]$"]
+    patterns += [rf"^{key}=({value})$" for key, value in keys.items()]
+    # grep exits 1 when every line matched a pattern: anything else (a stray line: 0,
+    # an unreadable file: 2) fails the validation.
+    script = 'grep -Ev "$@"; [ $? -eq 1 ]'
+    return ("sh", "-c", script, "sh", *[arg for pattern in patterns for arg in ("-e", pattern)])
+
+
+DROP_IN_VALIDATOR = unit_file_validator(
+    ["Service"], {"OOMScoreAdjust": str(OOM_SCORE_ADJUST), "Nice": str(NICE)}
+)
+
+
+@deploy("Memory watchdog", data_defaults=defaults(SETTINGS))
+def watchdog():
+    """
+    Install earlyoom, configure it from the settings, protect it, keep it running.
+
+    Settings: ``watchdog_enabled``, ``watchdog_min_available_kib``, ``watchdog_prefer``,
+    ``watchdog_avoid``, ``watchdog_report_interval_s``; see group_data/all.py.
+    """
+    if not host.data.watchdog_enabled:
+        systemd.service(
+            name="earlyoom is stopped and disabled (watchdog_enabled is False)",
+            service=SERVICE,
+            running=False,
+            enabled=False,
+        )
+        return
+
+    apt.packages(
+        name="Install earlyoom",
+        packages=[PACKAGE],
+        # Refresh the package lists only when there is something to install.
+        update=PACKAGE not in host.get_fact(DebPackages),
+    )
+    drop_in = atomic.file(
+        name=f"earlyoom is never OOM-killed ({DROP_IN})",
+        dest=DROP_IN,
+        content=render_drop_in(),
+        mode=0o644,
+        validate=DROP_IN_VALIDATOR,
+    )
+    systemd.daemon_reload(
+        name="Reload systemd: the earlyoom drop-in changed",
+        _if=drop_in.did_change,
+    )
+    arguments = atomic.file(
+        name=f"earlyoom arguments ({DEFAULT_FILE})",
+        dest=DEFAULT_FILE,
+        content=render_default_file(
+            earlyoom_args(
+                host.data.watchdog_min_available_kib,
+                host.data.watchdog_report_interval_s,
+                host.data.watchdog_prefer,
+                host.data.watchdog_avoid,
+            )
+        ),
+        mode=0o644,
+        validate=("sh", "-n"),
+    )
+    systemd.service(
+        name="earlyoom is enabled and running",
+        service=SERVICE,
+        running=True,
+        enabled=True,
+    )
+    systemd.service(
+        name="Restart earlyoom: its arguments or drop-in changed",
+        service=SERVICE,
+        running=True,
+        restarted=True,
+        _if=any_changed(drop_in, arguments),
+    )

