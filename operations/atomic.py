@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 from io import BytesIO
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jinja2
@@ -139,3 +140,17 @@ def file(
         *keep,
         "&& mv -f", temp, QuoteString(dest),
     )
+
+
+def unit_file_validator(sections: Sequence[str], keys: Mapping[str, str]) -> tuple[str, ...]:
+    """A ``validate=`` command for :func:`atomic.file` that accepts a unit file (or drop-in)
+    holding only comments, blank lines, the given ``[sections]`` and ``KEY=VALUE`` lines
+    whose value matches ``keys[KEY]`` (a POSIX extended regex): a strict parse where
+    ``systemd-analyze verify`` would only warn about unknown keys and bad values.
+    """
+    patterns = [r"^$", r"^#", rf"^\[({'|'.join(sections)})\]$"]
+    patterns += [rf"^{key}=({value})$" for key, value in keys.items()]
+    # grep exits 1 when every line matched a pattern: anything else (a stray line: 0,
+    # an unreadable file: 2) fails the validation.
+    script = 'grep -Ev "$@"; [ $? -eq 1 ]'
+    return ("sh", "-c", script, "sh", *[arg for pattern in patterns for arg in ("-e", pattern)])

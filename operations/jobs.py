@@ -28,8 +28,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
 from . import atomic, watchdog
-from .settings import Setting, defaults
-from .watchdog import int_range, unit_file_validator
+from .settings import Setting, defaults, int_range
 
 SLICE = "training.slice"
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
@@ -77,7 +76,7 @@ SETTINGS = (
     ),
 )
 
-SLICE_VALIDATOR = unit_file_validator(
+SLICE_VALIDATOR = atomic.unit_file_validator(
     ["Unit", "Slice"],
     {
         "Description": SLICE_DESCRIPTION,

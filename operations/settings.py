@@ -58,6 +58,18 @@ def absolute_path(value: Any, _data: Mapping[str, Any]) -> str | None:
     return None if ok else "a normalised absolute path without quotes, '$', '`' or '\\'"
 
 
+def boolean(value: Any, _data: Mapping[str, Any]) -> str | None:
+    return None if isinstance(value, bool) else "True or False"
+
+
+def int_range(low: int, high: int, what: str) -> Check:
+    def check(value: Any, _data: Mapping[str, Any]) -> str | None:
+        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+        return None if ok else f"an integer from {low} to {high} ({what})"
+
+    return check
+
+
 def one_of_keys(table_key: str) -> Check:
     def check(value: Any, data: Mapping[str, Any]) -> str | None:
         choices = sorted(data.get(table_key) or {})

@@ -36,7 +36,7 @@ from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.exceptions import OperationError
 
 from . import atomic
-from .settings import Setting, defaults
+from .settings import Setting, boolean, defaults
 
 FSTAB = "/etc/fstab"
 FSTAB_BACKUP = "/etc/fstab.sparkrig.bak"
@@ -64,22 +64,18 @@ _DEVNODE_CHARS = frozenset(string.ascii_letters + string.digits + "#+-.:=@_")  #
 _UNIT_CHARS = frozenset((string.ascii_letters + string.digits + ":_.").encode())  # systemd keeps these
 
 
-def _boolean(value: Any, _data: Mapping[str, Any]) -> str | None:
-    return None if isinstance(value, bool) else "True or False"
-
-
 SETTINGS = (
     Setting(
         "swap_disable",
         True,
         "Turn swap off and keep it off (fstab entries, swap and zram units); False leaves swap alone.",
-        _boolean,
+        boolean,
     ),
     Setting(
         "swap_remove_files",
         False,
         "Also delete the swap files (e.g. /swap.img) of the fstab entries sparkrig disabled.",
-        _boolean,
+        boolean,
     ),
 )
 

@@ -35,7 +35,7 @@ from pyinfra.operations import apt, systemd
 from pyinfra.operations.util import any_changed
 
 from . import atomic
-from .settings import Setting, defaults
+from .settings import Setting, boolean, defaults, int_range
 
 PACKAGE = "earlyoom"
 SERVICE = "earlyoom.service"
@@ -69,18 +69,6 @@ def regex_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     except re.error as error:
         return f"{allowed} ({error})"
     return None
-
-
-def int_range(low: int, high: int, what: str) -> Any:
-    def check(value: Any, _data: Mapping[str, Any]) -> str | None:
-        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-        return None if ok else f"an integer from {low} to {high} ({what})"
-
-    return check
-
-
-def boolean(value: Any, _data: Mapping[str, Any]) -> str | None:
-    return None if isinstance(value, bool) else "True or False"
 
 
 SETTINGS = (
@@ -148,21 +136,7 @@ def render_drop_in() -> str:
     return atomic.render("watchdog/earlyoom.conf.j2", oom_score_adjust=OOM_SCORE_ADJUST, nice=NICE)
 
 
-def unit_file_validator(sections: Sequence[str], keys: Mapping[str, str]) -> tuple[str, ...]:
-    """A ``validate=`` command for :func:`atomic.file` that accepts a unit file (or drop-in)
-    holding only comments, blank lines, the given ``[sections]`` and ``KEY=VALUE`` lines
-    whose value matches ``keys[KEY]`` (a POSIX extended regex): a strict parse where
-    ``systemd-analyze verify`` would only warn about unknown keys and bad values.
-    """
-    patterns = [r"^$", r"^#", rf"^\[({'|'.join(sections)})\]$"]
-    patterns += [rf"^{key}=({value})$" for key, value in keys.items()]
-    # grep exits 1 when every line matched a pattern: anything else (a stray line: 0,
-    # an unreadable file: 2) fails the validation.
-    script = 'grep -Ev "$@"; [ $? -eq 1 ]'
-    return ("sh", "-c", script, "sh", *[arg for pattern in patterns for arg in ("-e", pattern)])
-
-
-DROP_IN_VALIDATOR = unit_file_validator(
+DROP_IN_VALIDATOR = atomic.unit_file_validator(
     ["Service"], {"OOMScoreAdjust": str(OOM_SCORE_ADJUST), "Nice": str(NICE)}
 )
 

@@ -10,12 +10,14 @@ asked to do.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
+from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import ctx_host, ctx_state
 
 
@@ -26,7 +28,7 @@ class PlannedOp:
     uploads: dict[str, bytes] = field(default_factory=dict)
 
 
-def plan(deploy_func, data: dict | None = None, responses: dict | None = None) -> list[PlannedOp]:
+def _fake_host(deploy_func, data: dict | None, responses: dict | None):
     host_data = {"fake_delay": 0, "fake_delay_jitter": 0, "fake_responses": responses or {}}
     host_data.update(data or {})
     inventory = Inventory(([("@fake/spark", host_data)], {}))
@@ -34,19 +36,54 @@ def plan(deploy_func, data: dict | None = None, responses: dict | None = None) -
     connect_all(state)
     add_deploy(state, deploy_func)
     (host,) = list(inventory)
+    return state, host
 
+
+def _record(planned: PlannedOp, command) -> None:
+    if isinstance(command, FileUploadCommand):
+        planned.uploads[command.dest] = command.src.getvalue()
+    elif isinstance(command, StringCommand):
+        planned.commands.append(command.get_raw_value())
+    elif isinstance(command, FunctionCommand):
+        planned.commands.append(f"python: {command.function.__name__}")
+    else:  # pragma: no cover - sparkrig yields nothing else
+        raise AssertionError(f"unexpected command {command!r}")
+
+
+def plan(deploy_func, data: dict | None = None, responses: dict | None = None) -> list[PlannedOp]:
+    """Every operation's commands as pyinfra plans them (``_if`` conditions not evaluated)."""
+    state, host = _fake_host(deploy_func, data, responses)
     ops = []
     for op_hash in state.get_op_order():
         planned = PlannedOp(name=" ".join(sorted(state.op_meta[op_hash].names)))
         with ctx_state.use(state), ctx_host.use(host):
             for command in state.get_op_data_for_host(host, op_hash).command_generator():
-                if isinstance(command, FileUploadCommand):
-                    planned.uploads[command.dest] = command.src.getvalue()
-                elif isinstance(command, StringCommand):
-                    planned.commands.append(command.get_raw_value())
-                elif isinstance(command, FunctionCommand):
-                    planned.commands.append(f"python: {command.function.__name__}")
-                else:  # pragma: no cover - sparkrig yields nothing else
-                    raise AssertionError(f"unexpected command {command!r}")
+                _record(planned, command)
         ops.append(planned)
     return ops
+
+
+def execute(deploy_func, data: dict | None = None, responses: dict | None = None) -> list[PlannedOp]:
+    """Like :func:`plan`, but as pyinfra executes: operations in order, each one completed
+    (every command succeeding) before the next is generated, so ``_if=op.did_change``
+    conditions are evaluated. Facts keep answering from ``responses``.
+    """
+    state, host = _fake_host(deploy_func, data, responses)
+    state.is_executing = True
+    ops = []
+    for op_hash in state.get_op_order():
+        op_data = state.get_op_data_for_host(host, op_hash)
+        planned = PlannedOp(name=" ".join(sorted(state.op_meta[op_hash].names)))
+        commands = []
+        with ctx_state.use(state), ctx_host.use(host):
+            for command in op_data.command_generator():
+                commands.append(command)
+                _record(planned, command)
+        op_data.operation_meta.set_complete(True, commands, CommandOutput([]))
+        ops.append(planned)
+    return ops
+
+
+def digest(text: str, mode: int = 0o644) -> list[str]:
+    """FileDigest's output for a file holding ``text``."""
+    return [f"{mode:o} root root", f"{hashlib.sha256(text.encode()).hexdigest()}  /path"]

@@ -13,7 +13,7 @@ import pytest
 
 from operations import jobs
 from operations.settings import defaults, problems
-from tests.unit.test_watchdog import digest, execute
+from tests.unit.pyinfra_fake import digest, execute
 
 DEFAULTS = defaults(jobs.SETTINGS)
 SCRIPTS = jobs.render_commands("85%", 500, 67108864, True)

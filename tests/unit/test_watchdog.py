@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 
 import pytest
-from pyinfra.api import Config, Inventory, State
-from pyinfra.api.command import FileUploadCommand, StringCommand
-from pyinfra.api.connect import connect_all
-from pyinfra.api.deploy import add_deploy
-from pyinfra.connectors.util import CommandOutput
-from pyinfra.context import ctx_host, ctx_state
 
 from operations import watchdog as wd
 from operations.settings import defaults, problems
-from tests.unit.pyinfra_fake import PlannedOp, plan
+from tests.unit.pyinfra_fake import PlannedOp, digest, execute, plan
 
 DEFAULTS = defaults(wd.SETTINGS)
 DEFAULT_ARGS = wd.earlyoom_args(
@@ -25,43 +18,6 @@ DEFAULT_ARGS = wd.earlyoom_args(
     DEFAULTS["watchdog_prefer"],
     DEFAULTS["watchdog_avoid"],
 )
-
-
-def execute(deploy_func, data: dict | None = None, responses: dict | None = None) -> list[PlannedOp]:
-    """Like :func:`plan`, but as pyinfra executes: operations in order, each one completed
-    (every command succeeding) before the next is generated, so ``_if=op.did_change``
-    conditions are evaluated. Facts keep answering from ``responses``.
-    """
-    host_data = {"fake_delay": 0, "fake_delay_jitter": 0, "fake_responses": responses or {}}
-    host_data.update(data or {})
-    inventory = Inventory(([("@fake/spark", host_data)], {}))
-    state = State(inventory, Config())
-    connect_all(state)
-    add_deploy(state, deploy_func)
-    (host,) = list(inventory)
-    state.is_executing = True
-
-    ops = []
-    for op_hash in state.get_op_order():
-        op_data = state.get_op_data_for_host(host, op_hash)
-        planned = PlannedOp(name=" ".join(sorted(state.op_meta[op_hash].names)))
-        commands = []
-        with ctx_state.use(state), ctx_host.use(host):
-            for command in op_data.command_generator():
-                commands.append(command)
-                if isinstance(command, FileUploadCommand):
-                    planned.uploads[command.dest] = command.src.getvalue()
-                else:
-                    assert isinstance(command, StringCommand), command
-                    planned.commands.append(command.get_raw_value())
-        op_data.operation_meta.set_complete(True, commands, CommandOutput([]))
-        ops.append(planned)
-    return ops
-
-
-def digest(text: str, mode: int = 0o644) -> list[str]:
-    """FileDigest's output for a file holding ``text``."""
-    return [f"{mode:o} root root", f"{hashlib.sha256(text.encode()).hexdigest()}  /path"]
 
 
 # Settings --------------------------------------------------------------------
