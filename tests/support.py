@@ -27,20 +27,20 @@ class DeployResult:
     def operations(self) -> list[dict[str, Any]]:
         return ((self.report or {}).get("results") or {}).get("operations", [])
 
-    def changed(self) -> dict[str, list[str]]:
-        """host -> names of the operations that changed something on it."""
+    def _by_host(self, outcome: str) -> dict[str, list[str]]:
         found: dict[str, list[str]] = {}
         for op in self.operations():
-            for host in op["success"]:
+            for host in op[outcome]:
                 found.setdefault(host, []).append(op["name"])
         return found
 
+    def changed(self) -> dict[str, list[str]]:
+        """host -> names of the operations that changed something on it."""
+        return self._by_host("success")
+
     def errors(self) -> dict[str, list[str]]:
-        found: dict[str, list[str]] = {}
-        for op in self.operations():
-            for host in op["error"]:
-                found.setdefault(host, []).append(op["name"])
-        return found
+        """host -> names of the operations that failed on it."""
+        return self._by_host("error")
 
     def hosts(self) -> set[str]:
         return {h for op in self.operations() for h in op["success"] + op["error"] + op["no_change"]}
