@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 from io import BytesIO
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,19 @@ _jinja = jinja2.Environment(
     keep_trailing_newline=True,
     autoescape=False,
 )
+
+
+_LITERAL_WORD = re.compile(r"^[A-Za-z0-9_./:+,=@%-]*$")
+
+
+def quote_literal(value: str) -> str:
+    """Quote a value so sh and systemd (``EnvironmentFile=``, ``$VAR`` splitting) read it
+    back literally: as it is when it holds only safe characters, else single-quoted.
+
+    Both take single-quoted text literally; callers' settings validation keeps single
+    quotes and newlines out of the value.
+    """
+    return value if _LITERAL_WORD.match(value) else f"'{value}'"
 
 
 def render(template: str, **context) -> str:

@@ -34,7 +34,6 @@ MANAGED = (
     "TRITON_PTXAS_BLACKWELL_PATH",
     "UV_NO_SYNC",
 )
-_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:+,=@%-]*$")
 _TOOLKIT = re.compile(r"/cuda-(\d+)(?:\.(\d+))?$")
 
 
@@ -136,19 +135,10 @@ def env_variables(
     return [(name, managed[name]) for name in MANAGED] + sorted(extra.items())
 
 
-def env_quote(value: str) -> str:
-    """Quote a value so sh's ``.`` and systemd's ``EnvironmentFile=`` read it alike.
-
-    Both take single-quoted text literally; settings validation has already
-    refused values holding a single quote or a newline.
-    """
-    return value if _SAFE_VALUE.match(value) else f"'{value}'"
-
-
 def render_env_file(variables: list[tuple[str, str]]) -> str:
     return atomic.render(
         "cuda_env/cuda.env.j2",
-        lines=[f"{name}={env_quote(value)}" for name, value in variables],
+        lines=[f"{name}={atomic.quote_literal(value)}" for name, value in variables],
     )
 
 

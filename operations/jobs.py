@@ -28,7 +28,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
 from . import atomic, watchdog
-from .settings import Setting, defaults, int_range
+from .settings import SIZE_UNITS, Setting, defaults, int_range
 
 SLICE = "training.slice"
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
@@ -36,7 +36,6 @@ BIN_DIR = "/usr/local/bin"
 SLICE_DESCRIPTION = "Training jobs started by spark-run"
 
 _MEMORY_MAX = re.compile(r"^(infinity|([1-9]|[1-9][0-9]|100)%|([1-9][0-9]{0,14})([KMGT]?))$")
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 # Largest byte count spark-run's shell arithmetic takes (64-bit, with headroom).
 MAX_BYTES = 1 << 62
 
@@ -50,7 +49,7 @@ def memory_max_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     match = _MEMORY_MAX.match(value) if isinstance(value, str) else None
     if not match:
         return allowed
-    if match[3] and int(match[3]) * _UNITS[match[4]] > MAX_BYTES:
+    if match[3] and int(match[3]) * SIZE_UNITS[match[4]] > MAX_BYTES:
         return allowed
     return None
 

@@ -43,6 +43,8 @@ class SettingsError(PyinfraError):
 
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# systemd's size suffixes (base 1024), as MemoryMin=/MemoryMax= read them.
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 # Checks --------------------------------------------------------------------

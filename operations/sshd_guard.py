@@ -25,18 +25,17 @@ from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, d
 from pyinfra.connectors.ssh import SSHConnector
 
 from . import atomic
-from .settings import Setting, defaults
+from .settings import SIZE_UNITS, Setting, defaults
 
 DROPIN_NAME = "zz-sparkrig.conf"  # read last: wins over earlier drop-ins such as the guides' oom.conf
 SLICE = "system.slice"
 _SIZE = re.compile(r"^(\d+)([KMGT]?)$")
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def size_bytes(value: str) -> int:
     """Bytes of a systemd size such as ``512M`` (base 1024, as systemd reads it)."""
     number, unit = _SIZE.match(value).groups()
-    return int(number) * _UNITS[unit]
+    return int(number) * SIZE_UNITS[unit]
 
 
 def _size_check(value: Any, _data: Mapping[str, Any]) -> str | None:

@@ -51,7 +51,6 @@ SWAP_PERCENT = 100
 # it alone inside double quotes (end of the regex or of an alternative).
 _REGEX_WORD = re.compile(r"^[A-Za-z0-9_.:^$|()*+?\[\]{},/-]+$")
 _DOLLAR_FOLLOWED = re.compile(r"\$[^|)]")
-_WORD = re.compile(r"^[A-Za-z0-9_./:,=+-]+$")
 
 
 def regex_check(value: Any, _data: Mapping[str, Any]) -> str | None:
@@ -117,19 +116,14 @@ def earlyoom_args(min_available_kib: int, report_interval_s: int, prefer: str, a
     ]
 
 
-def args_word(word: str) -> str:
-    """One argument inside ``EARLYOOM_ARGS="..."``: plain, or single-quoted.
-
-    sh (``.``), systemd (``EnvironmentFile=`` then ``$EARLYOOM_ARGS`` split with
-    quote removal) and Debian's init script (``bash -c "exec earlyoom $EARLYOOM_ARGS"``)
-    all turn the quoted word back into the bare regex; settings validation keeps
-    quotes, backslashes and whitespace out of it.
-    """
-    return word if _WORD.match(word) else f"'{word}'"
-
-
 def render_default_file(args: Sequence[str]) -> str:
-    return atomic.render("watchdog/earlyoom.default.j2", args=" ".join(map(args_word, args)))
+    """``EARLYOOM_ARGS="..."``: each argument plain or single-quoted, which sh (``.``),
+    systemd (``EnvironmentFile=`` then ``$EARLYOOM_ARGS`` split with quote removal) and
+    Debian's init script (``bash -c "exec earlyoom $EARLYOOM_ARGS"``) all turn back into
+    the bare word; settings validation keeps quotes, backslashes and whitespace out."""
+    return atomic.render(
+        "watchdog/earlyoom.default.j2", args=" ".join(map(atomic.quote_literal, args))
+    )
 
 
 def render_drop_in() -> str:

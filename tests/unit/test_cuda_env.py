@@ -85,7 +85,7 @@ def test_env_variables_in_fixed_order_with_extras_sorted_after():
      ("a b", "'a b'"), ("$HOME", "'$HOME'"), ("~/x", "'~/x'"), ("", "")],
 )
 def test_env_quote(value, quoted):
-    assert ce.env_quote(value) == quoted
+    assert ce.atomic.quote_literal(value) == quoted
 
 
 def _sourced(env_file, *names, shell="sh", env=None):
