@@ -18,7 +18,9 @@ or from Python (pytest fixtures)::
     lab.down()
 
 ``up`` writes ``inventory.json``, ``known_hosts`` and ``ssh_config`` under
-:data:`LAB_DIR`; see :mod:`tests.lab.render` for their formats. Importing
+:data:`LAB_DIR`; see :mod:`tests.lab.render` for their formats. It also
+serves the lab's signed apt repositories (stand-ins for Docker's and NVIDIA's,
+see :mod:`tests.lab.repo`) to each host at its ``apt_repo_url``. Importing
 this package has no side effects and needs no privileges.
 """
 

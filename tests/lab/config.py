@@ -5,7 +5,8 @@ Paths come from the environment once, at import time:
 - ``SPARKRIG_LAB_DIR`` (default ``/var/lib/sparkrig-lab``): hosts, SSH key,
   inventory, state;
 - ``SPARKRIG_LAB_CACHE`` (default ``/var/cache/sparkrig-lab``): debootstrapped
-  images, kept across ``up``/``down``;
+  images, the apt repositories' signing keys and built repositories, kept
+  across ``up``/``down``;
 - ``SPARKRIG_LAB_MIRROR`` (default ``http://deb.debian.org/debian``): the
   Debian mirror used by debootstrap and by apt inside the hosts;
 - ``SPARKRIG_LAB_CUDA`` (default: where this machine's ``/usr/local/cuda``
@@ -30,6 +31,9 @@ SSH_CONFIG = LAB_DIR / "ssh_config"
 INVENTORY = LAB_DIR / "inventory.json"
 STATE = LAB_DIR / "state.json"
 LOCK = LAB_DIR / "lock"
+REPO_CACHE = CACHE_DIR / "repo"
+REPO_SERVER_PID = LAB_DIR / "repo-server.pid"
+REPO_SERVER_LOG = LAB_DIR / "repo-server.log"
 
 SSH_USER = "spark"
 SSH_UID = 1000
@@ -38,6 +42,12 @@ NETNS_PREFIX = "sparkrig-"
 VETH_PREFIX = "srlab"
 NFT_TABLE = "sparkrig_lab"
 SUBNET_PREFIX = "10.213"
+
+# The lab's signed apt repositories (stand-ins for Docker's and NVIDIA's), served
+# over HTTP from the controller on each host's gateway address at this port.
+REPO_PORT = 8765
+DOCKER_STANDIN_PACKAGE = "sparkrig-lab-standin-docker-ce"
+TOOLKIT_STANDIN_PACKAGE = "sparkrig-lab-standin-nvidia-container-toolkit"
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 CONTROLLER_RESOLV_CONF = Path("/etc/resolv.conf")

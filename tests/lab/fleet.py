@@ -4,8 +4,13 @@
 left behind, found both through state.json and by name (``sparkrig-*``
 namespaces, ``srlab*`` links, the nft table, nspawn processes on a rootfs
 below ``LAB_DIR/hosts``, processes in the ``sparkrig-lab`` cgroups, host
-directories). ``down`` is that same cleanup. One lock file serialises all
-commands that change the lab.
+directories, the apt repository server by its pid file and its command line).
+``down`` is that same cleanup. One lock file serialises all commands that
+change the lab.
+
+``up`` also builds (once, cached) the lab's signed apt repositories and
+starts a detached HTTP server for them on every host's gateway address; it
+keeps serving through ``recreate`` and ``restart`` until ``down``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cgroups, network
+from . import cgroups, network, repo
 from .config import (
     BOOT_TIMEOUT_S,
     CACHE_DIR,
@@ -38,6 +43,10 @@ from .config import (
     LOCK,
     MIRROR,
     NETNS_PREFIX,
+    REPO_CACHE,
+    REPO_PORT,
+    REPO_SERVER_LOG,
+    REPO_SERVER_PID,
     SSH_CONFIG,
     SSH_KEY,
     SSH_USER,
@@ -45,7 +54,7 @@ from .config import (
     STOP_GRACE_S,
 )
 from .image import copy_image, ensure_images
-from .model import DEFAULT_FLEET, FLAVOURS, LabHost, plan_fleet
+from .model import DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, plan_fleet
 from .render import (
     parse_nameservers,
     parse_public_key,
@@ -80,10 +89,11 @@ NSPAWN_LOCK_DIR = Path("/run/systemd/nspawn/locks")
 
 @dataclass
 class _State:
-    """What state.json records: the hosts and the controller's ip_forward before the lab."""
+    """What state.json records: the hosts, the controller's ip_forward before the lab, the repos."""
 
     hosts: list[LabHost]
     ip_forward_before: int | None
+    apt_repo: AptRepo | None = None
 
 
 # --- public API ------------------------------------------------------------
@@ -135,11 +145,13 @@ def recreate(name: str) -> LabHost:
     _require_runnable()
     with locked(LOCK):
         state, host = _running_host(name)
+        if state.apt_repo is None:
+            raise LabError("state.json records no apt repository (an older lab): run up again")
         _stop_host(host)
         _remove_rootfs(host.rootfs)
         image = _images([host.flavour])[host.flavour]
         _make_rootfs(host, image, _ensure_ssh_key(), _controller_nameservers())
-        _write_client_files(state.hosts)
+        _write_client_files(state.hosts, state.apt_repo)
         _boot(host)
         _write_state(state)
         _wait_ready(host)
@@ -207,15 +219,17 @@ def _bring_up(hosts: list[LabHost]) -> list[LabHost]:
     LAB_DIR.mkdir(parents=True, exist_ok=True)
     pubkey = _ensure_ssh_key()
     images = _images([host.flavour for host in hosts])
+    apt_repo = repo.ensure_repo(REPO_CACHE, REPO_PORT)
     nameservers = _controller_nameservers()
     ip_forward_before = network.read_ip_forward()
-    state = _State(hosts, ip_forward_before)
+    state = _State(hosts, ip_forward_before, apt_repo)
     _write_state(state)
-    network.install_nft(nameservers, ip_forward_before)
+    network.install_nft(nameservers, ip_forward_before, apt_repo.port)
     if ip_forward_before != 1:
         network.write_ip_forward(1)
     _parallel(lambda host: _make_host(host, images[host.flavour], pubkey, nameservers), hosts)
-    _write_client_files(hosts)
+    repo.start_server(apt_repo, [host.gateway for host in hosts], REPO_SERVER_PID, REPO_SERVER_LOG)
+    _write_client_files(hosts, apt_repo)
     for host in hosts:
         _boot(host)
     _write_state(state)
@@ -325,12 +339,12 @@ def _host_keys(host: LabHost) -> list[tuple[str, str]]:
     return keys
 
 
-def _write_client_files(hosts: list[LabHost]) -> None:
+def _write_client_files(hosts: list[LabHost], apt_repo: AptRepo) -> None:
     """known_hosts, ssh_config and inventory.json for all ``hosts``."""
     keys = {host.name: _host_keys(host) for host in hosts}
     write_file(KNOWN_HOSTS, render_known_hosts(hosts, keys))
     write_file(SSH_CONFIG, render_ssh_config(hosts, SSH_KEY, KNOWN_HOSTS))
-    write_file(INVENTORY, render_inventory(hosts, SSH_KEY, KNOWN_HOSTS))
+    write_file(INVENTORY, render_inventory(hosts, SSH_KEY, KNOWN_HOSTS, apt_repo))
 
 
 def _console_log(host: LabHost) -> Path:
@@ -415,6 +429,7 @@ def _write_state(state: _State) -> None:
     document = {
         "ip_forward_before": state.ip_forward_before,
         "hosts": [host.to_json() for host in state.hosts],
+        "apt_repo": None if state.apt_repo is None else state.apt_repo.to_json(),
     }
     write_file(STATE, json.dumps(document, indent=2) + "\n")
 
@@ -424,9 +439,11 @@ def _read_state() -> _State | None:
     try:
         document = json.loads(STATE.read_text())
         before = document.get("ip_forward_before")
+        apt_repo = document.get("apt_repo")
         return _State(
             hosts=[LabHost.from_json(entry) for entry in document["hosts"]],
             ip_forward_before=None if before is None else int(before),
+            apt_repo=None if apt_repo is None else AptRepo.from_json(apt_repo),
         )
     except FileNotFoundError:
         return None
@@ -489,6 +506,7 @@ def _teardown() -> None:
     if HOSTS_DIR.is_dir():
         names |= {entry.name for entry in HOSTS_DIR.iterdir()}
 
+    repo.stop_server(REPO_SERVER_PID, REPO_CACHE)
     nspawn = lab_nspawn_pids(HOSTS_DIR)
     if nspawn:
         log.info("stopping systemd-nspawn %s", nspawn)
@@ -512,7 +530,7 @@ def _teardown() -> None:
             remove_tree(host_dir, HOSTS_DIR)
     for name in sorted(names):
         remove_tree(NSPAWN_PROPAGATE_DIR / name, HOSTS_DIR)
-    for path in (INVENTORY, SSH_CONFIG, KNOWN_HOSTS, STATE):
+    for path in (INVENTORY, SSH_CONFIG, KNOWN_HOSTS, STATE, REPO_SERVER_LOG):
         path.unlink(missing_ok=True)
 
 

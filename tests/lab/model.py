@@ -4,7 +4,8 @@ Everything here is pure (no I/O), so it is covered by unit tests.
 
 Host number ``i`` (1-based, position in the fleet) gets network namespace
 ``sparkrig-NAME``, root-side veth ``srlab<i>`` with ``10.213.<i>.1/24`` and,
-inside the namespace, ``eth0`` with ``10.213.<i>.2/24``.
+inside the namespace, ``eth0`` with ``10.213.<i>.2/24``. The lab's apt
+repositories are served at ``http://10.213.<i>.1:<REPO_PORT>`` to host ``i``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import NETNS_PREFIX, SUBNET_PREFIX, VETH_PREFIX
+
+REPO_SERVER_SCRIPT = "reposerver.py"
 
 MAX_HOSTS = 254
 _HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
@@ -95,6 +98,36 @@ class LabHost:
         )
 
 
+@dataclass(frozen=True)
+class AptRepo:
+    """The lab's apt repositories as ``up`` built and serves them."""
+
+    # The served directory: docker/linux/debian/... and nvidia/libnvidia-container/...
+    root: Path
+    docker_key_fingerprint: str
+    nvidia_key_fingerprint: str
+    port: int
+
+    def to_json(self) -> dict[str, object]:
+        """The repositories as stored in state.json."""
+        return {
+            "root": str(self.root),
+            "docker_key_fingerprint": self.docker_key_fingerprint,
+            "nvidia_key_fingerprint": self.nvidia_key_fingerprint,
+            "port": self.port,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> AptRepo:
+        """The inverse of :meth:`to_json`."""
+        return cls(
+            root=Path(str(data["root"])),
+            docker_key_fingerprint=str(data["docker_key_fingerprint"]),
+            nvidia_key_fingerprint=str(data["nvidia_key_fingerprint"]),
+            port=int(str(data["port"])),
+        )
+
+
 def _check_index(index: int) -> None:
     if not 1 <= index <= MAX_HOSTS:
         raise ValueError(f"lab host number {index} is outside 1..{MAX_HOSTS}")
@@ -110,6 +143,11 @@ def gateway_address(index: int) -> str:
     """The controller's address on the veth of host number ``index``."""
     _check_index(index)
     return f"{SUBNET_PREFIX}.{index}.1"
+
+
+def repo_url(index: int, port: int) -> str:
+    """Where host number ``index`` reaches the lab's apt repositories (no trailing slash)."""
+    return f"http://{gateway_address(index)}:{port}"
 
 
 def veth_name(index: int) -> str:
@@ -179,6 +217,16 @@ def is_lab_nspawn(argv: Sequence[str], hosts_dir: Path) -> bool:
     if not argv or os.path.basename(argv[0]) != "systemd-nspawn":
         return False
     return any(_is_below(directory, hosts_dir) for directory in _nspawn_directories(argv))
+
+
+def is_lab_repo_server(argv: Sequence[str], repo_cache: Path) -> bool:
+    """Whether a command line is the lab's apt repository server, serving below ``repo_cache``."""
+    # The interpreter, its options, then the script.
+    script = next((arg for arg in argv[1:] if not arg.startswith("-")), "")
+    if os.path.basename(script) != REPO_SERVER_SCRIPT:
+        return False
+    roots = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--root"]
+    return any(_is_below(root, repo_cache) for root in roots)
 
 
 def nspawn_directory(argv: Sequence[str]) -> str | None:

@@ -78,9 +78,9 @@ def nft_table_listing() -> str | None:
     return result.stdout if result.returncode == 0 else None
 
 
-def install_nft(nameservers: Sequence[str], ip_forward_before: int) -> None:
+def install_nft(nameservers: Sequence[str], ip_forward_before: int, repo_port: int) -> None:
     """Load the lab's table (it must not exist yet)."""
-    run(["nft", "-f", "-"], input=render_nft_ruleset(nameservers, ip_forward_before))
+    run(["nft", "-f", "-"], input=render_nft_ruleset(nameservers, ip_forward_before, repo_port))
 
 
 def delete_nft() -> int | None:

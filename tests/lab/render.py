@@ -1,4 +1,4 @@
-"""Text the lab writes or parses: ssh_config, known_hosts, inventory.json, nft.
+"""Text the lab writes or parses: ssh_config, known_hosts, inventory.json, nft, apt indexes.
 
 Pure functions only (no I/O), covered by unit tests. The formats of
 inventory.json, known_hosts and ssh_config are an interface used by the rest
@@ -7,14 +7,24 @@ of the project: change them only together with their readers.
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .config import NFT_TABLE, SSH_USER, SUBNET_PREFIX, VETH_PREFIX
-from .model import LabHost
+from .config import (
+    DOCKER_STANDIN_PACKAGE,
+    NFT_TABLE,
+    REPO_PORT,
+    SSH_USER,
+    SUBNET_PREFIX,
+    TOOLKIT_STANDIN_PACKAGE,
+    VETH_PREFIX,
+)
+from .model import AptRepo, LabHost, repo_url
 
 # Destinations lab hosts must not reach through the controller (besides DNS).
 PRIVATE_RANGES: tuple[str, ...] = (
@@ -68,9 +78,17 @@ def render_known_hosts(
     return "".join(line + "\n" for line in lines)
 
 
-def render_inventory(hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path) -> str:
-    """inventory.json: what the deploy and the tests need to reach each host."""
-    document = {
+def render_inventory(
+    hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path, apt_repo: AptRepo
+) -> str:
+    """inventory.json: what the deploy and the tests need to reach each host.
+
+    ``apt_repo_url`` is where the host reaches the lab's apt repositories: Docker's
+    ``https://download.docker.com`` and NVIDIA's ``https://nvidia.github.io``
+    become ``<apt_repo_url>/docker`` and ``<apt_repo_url>/nvidia``, the rest of
+    their URLs unchanged.
+    """
+    document: dict[str, object] = {
         "hosts": [
             {
                 "name": host.name,
@@ -80,9 +98,16 @@ def render_inventory(hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path)
                 "ssh_key": str(ssh_key),
                 "known_hosts": str(known_hosts),
                 "ssh_service": host.ssh_service,
+                "apt_repo_url": repo_url(host.index, apt_repo.port),
             }
             for host in hosts
-        ]
+        ],
+        "apt_repo": {
+            "docker_key_fingerprint": apt_repo.docker_key_fingerprint,
+            "nvidia_key_fingerprint": apt_repo.nvidia_key_fingerprint,
+            "docker_package": DOCKER_STANDIN_PACKAGE,
+            "toolkit_package": TOOLKIT_STANDIN_PACKAGE,
+        },
     }
     return json.dumps(document, indent=2) + "\n"
 
@@ -127,8 +152,14 @@ def passwd_ids(passwd: str, user: str) -> tuple[int, int]:
     raise ValueError(f"no user {user!r} in passwd")
 
 
-def render_nft_ruleset(nameservers: Sequence[str], ip_forward_before: int) -> str:
+def render_nft_ruleset(
+    nameservers: Sequence[str], ip_forward_before: int, repo_port: int = REPO_PORT
+) -> str:
     """The lab's one nftables table: NAT to the internet, and isolation of the hosts.
+
+    Of the controller, a host reaches only the apt repository server, at its own
+    gateway address: ``fib daddr . iif type local`` holds only for an address
+    of the interface the packet came in on.
 
     The table's comment records the controller's ``net.ipv4.ip_forward`` from
     before the lab, so ``down`` can restore it even when state.json is lost.
@@ -157,6 +188,7 @@ def render_nft_ruleset(nameservers: Sequence[str], ip_forward_before: int) -> st
 \tchain input {{
 \t\ttype filter hook input priority filter; policy accept;
 \t\t{lab} ct state established,related accept
+\t\t{lab} ip daddr {SUBNET_PREFIX}.0.0/16 tcp dport {repo_port} fib daddr . iif type local accept
 \t\t{lab} drop
 \t}}
 }}
@@ -167,3 +199,80 @@ def parse_ip_forward_before(nft_table_listing: str) -> int | None:
     """The ip_forward value recorded in the lab table's comment, if there is one."""
     match = _IP_FORWARD_COMMENT.search(nft_table_listing)
     return int(match.group(1)) if match else None
+
+
+# --- apt repositories ----------------------------------------------------------
+
+_WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def render_deb822(fields: Mapping[str, str]) -> str:
+    """One deb822 stanza (a control file, a Packages entry, a Release file).
+
+    A value's later lines are continuation lines: each gets a leading space,
+    and an empty one becomes `` .``.
+    """
+    lines = []
+    for name, value in fields.items():
+        first, *rest = value.split("\n")
+        lines.append(f"{name}: {first}".rstrip())
+        lines.extend(f" {line}" if line.strip() else " ." for line in rest)
+    return "".join(line + "\n" for line in lines)
+
+
+def render_packages_entry(control: Mapping[str, str], filename: str, deb: bytes) -> str:
+    """A package's stanza in a Packages index: its control fields, then where and what the .deb is.
+
+    The Description stays last, as dpkg-scanpackages writes it.
+    """
+    fields = {name: value for name, value in control.items() if name != "Description"}
+    fields.update(Filename=filename, Size=str(len(deb)), SHA256=hashlib.sha256(deb).hexdigest())
+    if "Description" in control:
+        fields["Description"] = control["Description"]
+    return render_deb822(fields)
+
+
+def render_packages(entries: Sequence[str]) -> str:
+    """A Packages index of stanzas from :func:`render_packages_entry`."""
+    return "\n".join(entries)
+
+
+def release_date(when: datetime.datetime) -> str:
+    """A Release file's Date (RFC 2822 in UTC, English names whatever the locale)."""
+    utc = when.astimezone(datetime.timezone.utc)
+    return (
+        f"{_WEEKDAYS[utc.weekday()]}, {utc.day:02d} {_MONTHS[utc.month - 1]} {utc.year} "
+        f"{utc:%H:%M:%S} UTC"
+    )
+
+
+def render_release(fields: Mapping[str, str], indexes: Mapping[str, bytes]) -> str:
+    """A Release file: ``fields``, then the SHA256 and size of every index file.
+
+    ``indexes`` maps paths relative to the Release file's directory to contents.
+    """
+    sums = "".join(
+        f" {hashlib.sha256(data).hexdigest()} {len(data):>8} {path}\n"
+        for path, data in sorted(indexes.items())
+    )
+    return render_deb822(fields) + "SHA256:\n" + sums
+
+
+def parse_gpg_fingerprints(colons: str) -> dict[str, str]:
+    """``{user id: primary key fingerprint}`` of ``gpg --with-colons --list-keys`` output."""
+    found: dict[str, str] = {}
+    fingerprint: str | None = None
+    expect_fingerprint = False
+    for line in colons.splitlines():
+        fields = line.split(":")
+        record = fields[0]
+        if record in ("pub", "sec"):
+            fingerprint, expect_fingerprint = None, True
+        elif record in ("sub", "ssb"):
+            expect_fingerprint = False
+        elif record == "fpr" and expect_fingerprint and len(fields) > 9:
+            fingerprint, expect_fingerprint = fields[9], False
+        elif record == "uid" and fingerprint and len(fields) > 9:
+            found[fields[9].replace("\\x3a", ":")] = fingerprint
+    return found

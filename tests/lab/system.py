@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .model import is_lab_nspawn, nspawn_directory
+from .model import is_lab_nspawn, is_lab_repo_server, nspawn_directory
 
 log = logging.getLogger("sparkrig.lab")
 
@@ -35,6 +35,10 @@ REQUIRED_PROGRAMS: dict[str, str] = {
     "ssh-keygen": "openssh-client",
     "chroot": "coreutils",
     "umount": "mount",
+    "dpkg-deb": "dpkg",
+    "gpg": "gnupg",
+    "gpg-agent": "gnupg",
+    "gpgconf": "gnupg",
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;:?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
@@ -199,6 +203,22 @@ def lab_nspawn_pids(hosts_dir: Path, under: Path | None = None) -> list[int]:
         if under is None or (directory and Path(directory).is_relative_to(under)):
             found.append(pid)
     return sorted(found)
+
+
+def lab_repo_server_pids(repo_cache: Path, pid_file: Path) -> list[int]:
+    """Live apt repository servers of the lab: serving below ``repo_cache``, or in ``pid_file``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and is_lab_repo_server(cmdline(int(entry.name)), repo_cache):
+            found.add(int(entry.name))
+    try:
+        recorded = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        recorded = 0
+    # Whatever it serves: a pid file may outlive a change of SPARKRIG_LAB_CACHE.
+    if recorded > 0 and is_lab_repo_server(cmdline(recorded), Path("/")):
+        found.add(recorded)
+    return sorted(pid for pid in found if pid_alive(pid))
 
 
 def stop_processes(pids: Sequence[int], grace: float) -> None:

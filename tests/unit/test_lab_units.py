@@ -12,6 +12,7 @@ from tests.lab.cgroups import systemd_hierarchies
 from tests.lab.image import Chroot, Systemctl, WriteFile, image_key, recipe_steps
 from tests.lab.model import (
     FLAVOURS,
+    AptRepo,
     LabHost,
     gateway_address,
     host_address,
@@ -145,7 +146,8 @@ def test_public_key_comment_is_dropped():
 
 
 def test_inventory_json_has_the_documented_fields(fleet):
-    document = json.loads(render_inventory(fleet, KEY, KNOWN))
+    apt_repo = AptRepo(Path("/var/cache/sparkrig-lab/repo/site-x"), "D" * 40, "E" * 40, 8765)
+    document = json.loads(render_inventory(fleet, KEY, KNOWN, apt_repo))
     assert document == {
         "hosts": [
             {
@@ -156,6 +158,7 @@ def test_inventory_json_has_the_documented_fields(fleet):
                 "ssh_key": "/var/lib/sparkrig-lab/ssh/id_ed25519",
                 "known_hosts": "/var/lib/sparkrig-lab/known_hosts",
                 "ssh_service": "ssh.service",
+                "apt_repo_url": "http://10.213.1.1:8765",
             },
             {
                 "name": "lab-deb13",
@@ -165,8 +168,15 @@ def test_inventory_json_has_the_documented_fields(fleet):
                 "ssh_key": "/var/lib/sparkrig-lab/ssh/id_ed25519",
                 "known_hosts": "/var/lib/sparkrig-lab/known_hosts",
                 "ssh_service": "ssh.socket",
+                "apt_repo_url": "http://10.213.2.1:8765",
             },
-        ]
+        ],
+        "apt_repo": {
+            "docker_key_fingerprint": "D" * 40,
+            "nvidia_key_fingerprint": "E" * 40,
+            "docker_package": "sparkrig-lab-standin-docker-ce",
+            "toolkit_package": "sparkrig-lab-standin-nvidia-container-toolkit",
+        },
     }
 
 
@@ -223,11 +233,12 @@ def test_nft_forward_isolates_hosts_but_lets_dns_through_first():
     assert [rules.index(rule) for rule in order] == sorted(rules.index(rule) for rule in order)
 
 
-def test_nft_input_only_lets_replies_in_from_the_hosts():
-    rules = _rules(render_nft_ruleset(["10.255.255.53"], 0))
+def test_nft_input_only_lets_replies_and_the_apt_repository_in_from_the_hosts():
+    rules = _rules(render_nft_ruleset(["10.255.255.53"], 0, 8765))
     start = rules.index("chain input {")
-    assert rules[start + 2 : start + 4] == [
+    assert rules[start + 2 : start + 5] == [
         'iifname "srlab*" ct state established,related accept',
+        'iifname "srlab*" ip daddr 10.213.0.0/16 tcp dport 8765 fib daddr . iif type local accept',
         'iifname "srlab*" drop',
     ]
 
