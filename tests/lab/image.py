@@ -41,6 +41,8 @@ PACKAGES: tuple[str, ...] = (
     "sudo",
     "procps",
     "libpam-systemd",
+    # A static busybox, to `docker import` a tiny test image inside the hosts.
+    "busybox-static",
 )
 
 # Units that cannot work in a systemd-nspawn container and would fail the boot.
