@@ -127,18 +127,19 @@ def _readme(name: str, real: str, what: str) -> PackageFile:
 DOCKER_STANDIN = StandinPackage(
     name=DOCKER_STANDIN_PACKAGE,
     version="1.0",
-    depends="docker.io",
+    # Debian 13's docker.io (26) leaves the client to docker-cli; Debian 12's (20.10) holds it.
+    depends="docker.io, docker-cli | docker.io (<< 26~)",
     summary="sparkrig lab stand-in for Docker's docker-ce (installs Debian's docker.io)",
     description=(
         "A package of the sparkrig test lab, served from the lab's copy of Docker's\n"
-        "apt repository layout. It holds only this notice; its dependency brings\n"
-        "Debian's own docker.io."
+        "apt repository layout. It holds only this notice; its dependencies bring\n"
+        "Debian's own docker.io (and docker-cli where Debian ships the client apart)."
     ),
     files=(
         _readme(
             DOCKER_STANDIN_PACKAGE,
             "Docker's docker-ce",
-            "It holds only this file and depends on Debian's docker.io.",
+            "It holds only this file and depends on Debian's docker.io and docker client.",
         ),
     ),
 )

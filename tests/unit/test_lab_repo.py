@@ -121,7 +121,7 @@ def test_docker_standin_control():
     control = repo.control_fields(repo.DOCKER_STANDIN)
     assert control["Package"] == "sparkrig-lab-standin-docker-ce"
     assert (control["Version"], control["Architecture"]) == ("1.0", "all")
-    assert control["Depends"] == "docker.io"
+    assert control["Depends"] == "docker.io, docker-cli | docker.io (<< 26~)"
     assert control["Description"].splitlines()[0] == (
         "sparkrig lab stand-in for Docker's docker-ce (installs Debian's docker.io)"
     )
