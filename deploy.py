@@ -8,6 +8,7 @@ operations, templates/<concern>/ its files, group_data/all.py its settings and
 tests/compliance/test_<concern>.py the controls that prove it.
 """
 
+from operations.containers import containers
 from operations.cuda_env import cuda_env
 from operations.jobs import jobs
 from operations.sshd_guard import sshd_guard
@@ -19,3 +20,4 @@ swap()  # no swap now, nothing that turns it on at boot
 sshd_guard()  # sshd keeps memory under pressure; SSH sessions stay killable
 watchdog()  # earlyoom kills the job before the box freezes
 jobs()  # spark-run, spark-preflight, spark-drop-caches and training.slice
+containers()  # Docker, the NVIDIA container toolkit and the nvidia runtime in daemon.json

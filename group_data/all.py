@@ -115,3 +115,63 @@ jobs_oom_score_adj = 500
 # (64 GiB: half of a Spark; an idle one has about 115 GiB). spark-preflight
 # --min-available-kib overrides it for one run.
 jobs_preflight_min_available_kib = 67108864
+
+# --- Containers: Docker and the NVIDIA container toolkit (operations/containers.py)
+
+# Where Docker comes from: "docker-ce" (Docker's apt repository, below),
+# "distro" (the distribution's docker.io, and docker-cli where the client is packaged
+# apart, as on Debian 13) or "preinstalled" (DGX OS ships Docker:
+# sparkrig only checks that dockerd is there and wires it up).
+containers_docker_source = "docker-ce"
+
+# Docker's apt repository, or your mirror of it, with its layout (dists/CODENAME/
+# stable). {os} is the host's /etc/os-release ID (ubuntu, debian), {codename} its
+# VERSION_CODENAME and {arch} its dpkg architecture (arm64 on a Spark, amd64).
+containers_docker_repo_url = "https://download.docker.com/linux/{os}"
+
+# Where the host downloads the key that signs that repository (same placeholders).
+containers_docker_key_url = "https://download.docker.com/linux/{os}/gpg"
+
+# The primary fingerprint that key must have (Docker's release key). A key with
+# another fingerprint is refused; only this key goes into the repository's keyring.
+containers_docker_key_fingerprint = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+
+# The packages installed from Docker's repository (source "docker-ce").
+containers_docker_ce_packages = [
+    "docker-ce",
+    "docker-ce-cli",
+    "containerd.io",
+    "docker-buildx-plugin",
+    "docker-compose-plugin",
+]
+
+# Where the NVIDIA container toolkit comes from: "nvidia" (NVIDIA's apt
+# repository, below) or "preinstalled" (checked: nvidia-container-runtime exists).
+containers_toolkit_source = "nvidia"
+
+# NVIDIA's flat apt repository of the toolkit (suite "/"), or your mirror of it.
+containers_toolkit_repo_url = "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}"
+
+# Where the host downloads the key that signs it.
+containers_toolkit_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
+
+# The primary fingerprint that key must have (NVIDIA's libnvidia-container key).
+containers_toolkit_key_fingerprint = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
+
+# The packages installed from NVIDIA's repository (toolkit source "nvidia").
+containers_toolkit_packages = ["nvidia-container-toolkit"]
+
+# True: "nvidia" becomes Docker's default runtime (every container gets the
+# NVIDIA hook without --gpus or --runtime). False: it is not the default (a
+# default-runtime of your own is kept). The runtime is registered either way.
+containers_nvidia_default_runtime = False
+
+# Users added to the docker group, e.g. ["spark"]. Opt-in: membership is
+# root-equivalent (a member can start a privileged container that mounts /).
+# The users must exist; nobody is ever removed from the group.
+containers_docker_users = []
+
+# The image the compliance suite runs: `docker run --rm IMAGE true`, and on a host
+# with a GPU `docker run --rm --gpus all IMAGE nvidia-smi -L` (the toolkit mounts
+# nvidia-smi into any image). It must be present or pullable on the host.
+containers_check_image = "ubuntu:24.04"

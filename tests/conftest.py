@@ -7,6 +7,8 @@ a tool missing). ``--keep-lab`` leaves the fleet up after the run for a look.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests import lab
@@ -32,6 +34,15 @@ STOCK_FSTAB = {
     ),
 }
 
+# ... and with a daemon.json of the user's own, which the deploy must merge into, not
+# replace (Debian 12's docker.io is 20.10: no dockerd --validate there).
+STOCK_DAEMON_JSON = {
+    "lab-deb12": {"log-driver": "json-file", "log-opts": {"max-size": "10m", "max-file": "3"},
+                  "live-restore": True},
+    "lab-deb13": {"data-root": "/var/lib/docker-data", "log-driver": "local",
+                  "default-address-pools": [{"base": "10.240.0.0/16", "size": 24}]},
+}
+
 
 def pytest_addoption(parser):
     parser.addoption("--keep-lab", action="store_true", help="leave the lab hosts running after the tests")
@@ -46,6 +57,9 @@ def lab_hosts(request):
     for host in hosts:
         if host.name in STOCK_FSTAB:
             lab.run_ssh(host.name, "sudo tee /etc/fstab >/dev/null", input=STOCK_FSTAB[host.name].decode())
+        if host.name in STOCK_DAEMON_JSON:
+            lab.run_ssh(host.name, "sudo mkdir -p /etc/docker && sudo tee /etc/docker/daemon.json >/dev/null",
+                        input=json.dumps(STOCK_DAEMON_JSON[host.name], indent=4) + "\n")
     yield hosts
     if not request.config.getoption("--keep-lab"):
         lab.down()

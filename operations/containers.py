@@ -1,0 +1,851 @@
+"""
+Containers: the Docker engine and the NVIDIA container toolkit, wired together
+without clobbering what the host already has.
+
+- Docker comes from the source the settings name: ``docker-ce`` (Docker's apt
+  repository), ``distro`` (the distribution's ``docker.io``) or ``preinstalled``
+  (DGX OS: verified, never installed). The toolkit comes from NVIDIA's apt
+  repository, or is verified when ``preinstalled``.
+- Each repository is a deb822 ``.sources`` file with its own ``Signed-By``
+  keyring. The key is fetched on the host, its primary fingerprint compared with
+  the setting, and only that key is written to the keyring. Repository and key
+  URLs are settings, with ``{os}``, ``{codename}`` and ``{arch}`` filled in from
+  the host (``/etc/os-release``, ``dpkg --print-architecture``), so a fleet can
+  point at its own mirror.
+- ``/etc/docker/daemon.json`` is merged, never overwritten: the ``nvidia``
+  runtime is registered (an existing registration, such as ``nvidia-ctk``'s, is
+  kept), optionally made the default, and every other key stays as the user set
+  it. The result is checked with ``dockerd --validate`` (or parsed as JSON where
+  dockerd is older than 23.0) before it replaces the old file, whose copy is kept
+  as ``daemon.json.sparkrig-old``; Docker restarts only when it changed.
+- CDI: where the toolkit ships ``nvidia-cdi-refresh.path`` (1.18+), it is enabled
+  and keeps ``/var/run/cdi/nvidia.yaml`` current; otherwise, on a host with a GPU
+  and ``nvidia-ctk``, ``/etc/cdi/nvidia.yaml`` is generated once.
+- Users named in ``containers_docker_users`` join the ``docker`` group. That group
+  is root-equivalent: its members can start a privileged container.
+
+The concern's state is read with two facts (one remote command each); Docker's
+service state and the installed packages come from facts other concerns already
+read.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
+from pyinfra.facts.files import File
+from pyinfra.operations import apt, systemd
+
+from . import atomic
+from .settings import Setting, boolean, defaults
+
+DOCKER_SOURCES = ("docker-ce", "distro", "preinstalled")
+TOOLKIT_SOURCES = ("nvidia", "preinstalled")
+DISTRO_PACKAGES = ("docker.io",)
+# Debian 13 ships the docker client apart from the engine, as a recommendation of docker.io.
+DISTRO_CLI = "docker-cli"
+SERVICE = "docker.service"
+GROUP = "docker"
+DAEMON_JSON = "/etc/docker/daemon.json"
+DAEMON_JSON_BACKUP = "/etc/docker/daemon.json.sparkrig-old"
+NVIDIA_RUNTIME = {"path": "nvidia-container-runtime", "args": []}
+CDI_REFRESH = "nvidia-cdi-refresh.path"
+CDI_STATIC_SPEC = "/etc/cdi/nvidia.yaml"
+KEYRING_DIR = "/etc/apt/keyrings"
+SOURCES_DIR = "/etc/apt/sources.list.d"
+# The placeholders a repository or key URL may hold, filled in from the host.
+URL_FIELDS = ("os", "codename", "arch")
+# What fetches a repository key and reads its fingerprint on the host.
+KEY_TOOLS = ("ca-certificates", "curl", "gnupg")
+
+
+# Settings ------------------------------------------------------------------
+
+_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/{}-]*)?$")
+_FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
+_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9.+-]+$")
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# A docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
+_IMAGE = re.compile(
+    r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+)
+
+
+def one_of(*choices: str):
+    def check(value: Any, _data: Mapping[str, Any]) -> str | None:
+        return None if value in choices else "one of " + ", ".join(repr(c) for c in choices)
+
+    return check
+
+
+def url_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    allowed = (
+        "an http:// or https:// URL without quotes, spaces or query, whose only placeholders "
+        "are {os}, {codename} and {arch}"
+    )
+    if not isinstance(value, str) or not _URL.match(value):
+        return allowed
+    try:
+        value.format(**{field: "x" for field in URL_FIELDS})
+    except (KeyError, IndexError, ValueError):
+        return allowed
+    return None
+
+
+def fingerprint_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    ok = isinstance(value, str) and _FINGERPRINT.match(value)
+    return None if ok else "an OpenPGP v4 fingerprint: 40 upper-case hex digits, no spaces"
+
+
+def packages_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    ok = (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(p, str) and _PACKAGE.match(p) for p in value)
+    )
+    return None if ok else "a non-empty list of Debian package names"
+
+
+def users_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    ok = isinstance(value, (list, tuple)) and all(isinstance(u, str) and _USER.match(u) for u in value)
+    return None if ok else "a list of user names ([a-z_][a-z0-9_-]*, at most 32 characters)"
+
+
+def image_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    ok = isinstance(value, str) and _IMAGE.match(value)
+    return None if ok else "a docker image reference such as 'ubuntu:24.04' or 'registry:5000/team/image:tag'"
+
+
+SETTINGS = (
+    Setting(
+        "containers_docker_source",
+        "docker-ce",
+        "Where Docker comes from: 'docker-ce' (Docker's apt repository), 'distro' (the "
+        "distribution's docker.io) or 'preinstalled' (verified only, as on DGX OS).",
+        one_of(*DOCKER_SOURCES),
+    ),
+    Setting(
+        "containers_docker_repo_url",
+        "https://download.docker.com/linux/{os}",
+        "Docker's apt repository (or your mirror of it); suite = the host's codename, "
+        "component 'stable'.",
+        url_check,
+    ),
+    Setting(
+        "containers_docker_key_url",
+        "https://download.docker.com/linux/{os}/gpg",
+        "Where the host fetches the key that signs containers_docker_repo_url.",
+        url_check,
+    ),
+    Setting(
+        "containers_docker_key_fingerprint",
+        "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+        "The primary fingerprint that key must have (Docker's release key).",
+        fingerprint_check,
+    ),
+    Setting(
+        "containers_docker_ce_packages",
+        ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"],
+        "Packages installed from containers_docker_repo_url when the source is 'docker-ce'.",
+        packages_check,
+    ),
+    Setting(
+        "containers_toolkit_source",
+        "nvidia",
+        "Where the NVIDIA container toolkit comes from: 'nvidia' (NVIDIA's apt repository) "
+        "or 'preinstalled' (verified only).",
+        one_of(*TOOLKIT_SOURCES),
+    ),
+    Setting(
+        "containers_toolkit_repo_url",
+        "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}",
+        "NVIDIA's flat apt repository of the container toolkit (or your mirror of it).",
+        url_check,
+    ),
+    Setting(
+        "containers_toolkit_key_url",
+        "https://nvidia.github.io/libnvidia-container/gpgkey",
+        "Where the host fetches the key that signs containers_toolkit_repo_url.",
+        url_check,
+    ),
+    Setting(
+        "containers_toolkit_key_fingerprint",
+        "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+        "The primary fingerprint that key must have (NVIDIA's libnvidia-container key).",
+        fingerprint_check,
+    ),
+    Setting(
+        "containers_toolkit_packages",
+        ["nvidia-container-toolkit"],
+        "Packages installed from containers_toolkit_repo_url when the toolkit source is 'nvidia'.",
+        packages_check,
+    ),
+    Setting(
+        "containers_nvidia_default_runtime",
+        False,
+        "True: 'nvidia' is Docker's default runtime. False: it is not (another default is kept).",
+        boolean,
+    ),
+    Setting(
+        "containers_docker_users",
+        [],
+        "Users added to the docker group. The group is root-equivalent; the users must exist.",
+        users_check,
+    ),
+    Setting(
+        "containers_check_image",
+        "ubuntu:24.04",
+        "The image the compliance suite runs (`true`; with --gpus all, nvidia-smi on GPU hosts).",
+        image_check,
+    ),
+)
+
+
+# Repositories --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AptRepository:
+    """One vendor apt repository: where it is, what signs it, and its files on the host."""
+
+    name: str
+    url: str
+    suite: str
+    components: tuple[str, ...]
+    key_url: str
+    fingerprint: str
+
+    @property
+    def keyring(self) -> str:
+        return f"{KEYRING_DIR}/sparkrig-{self.name}.gpg"
+
+    @property
+    def sources_file(self) -> str:
+        return f"{SOURCES_DIR}/sparkrig-{self.name}.sources"
+
+
+REPOSITORY_NAMES = ("docker", "nvidia-container-toolkit")
+
+
+def repositories(data: Mapping[str, Any], release: Mapping[str, str]) -> list[AptRepository]:
+    """The repositories a host's settings ask for, URLs filled in from ``release``
+    (``{"os": "ubuntu", "codename": "noble", "arch": "arm64"}``)."""
+    found = []
+    if data["containers_docker_source"] == "docker-ce":
+        found.append(AptRepository(
+            "docker",
+            data["containers_docker_repo_url"].format(**release),
+            release["codename"],
+            ("stable",),
+            data["containers_docker_key_url"].format(**release),
+            data["containers_docker_key_fingerprint"],
+        ))
+    if data["containers_toolkit_source"] == "nvidia":
+        found.append(AptRepository(
+            "nvidia-container-toolkit",
+            data["containers_toolkit_repo_url"].format(**release),
+            "/",  # a flat repository: no dists/, no components
+            (),
+            data["containers_toolkit_key_url"].format(**release),
+            data["containers_toolkit_key_fingerprint"],
+        ))
+    return found
+
+
+def render_sources(repo: AptRepository, arch: str) -> str:
+    return atomic.render(
+        "containers/repository.sources.j2",
+        name=repo.name,
+        url=repo.url,
+        suite=repo.suite,
+        components=" ".join(repo.components),
+        arch=arch,
+        keyring=repo.keyring,
+        fingerprint=repo.fingerprint,
+    )
+
+
+def source_uris(line: str) -> list[str]:
+    """The URIs of one apt source line: one-line (``deb [opts] URI suite ...``) or
+    deb822 (``URIs: A B``)."""
+    line = line.strip()
+    if line.startswith("URIs:"):
+        return line[len("URIs:"):].split()
+    words = re.sub(r"\[[^\]]*\]", " ", line).split()
+    return words[1:2] if words and words[0] in ("deb", "deb-src") else []
+
+
+def foreign_sources(entries: Sequence[tuple[str, str]], repo: AptRepository) -> list[str]:
+    """The files other than sparkrig's own that already configure ``repo``'s URI: apt
+    refuses two entries of one repository with different Signed-By keyrings."""
+    want = repo.url.rstrip("/")
+    return sorted({
+        path for path, line in entries
+        if path != repo.sources_file and any(uri.rstrip("/") == want for uri in source_uris(line))
+    })
+
+
+# Facts ---------------------------------------------------------------------
+
+
+def _lines(output: list[str]) -> dict[str, list[str]]:
+    values: dict[str, list[str]] = {}
+    for line in output:
+        key, _, value = line.partition("=")
+        values.setdefault(key, []).append(value.strip())
+    return values
+
+
+def _group_members(entry: str) -> list[str] | None:
+    """The members of a ``getent group`` entry, ``None`` for no entry."""
+    fields = entry.split(":")
+    return [m for m in fields[3].split(",") if m] if len(fields) == 4 else None
+
+
+def _decode(values: dict[str, list[str]], key: str) -> str | None:
+    return base64.b64decode(values[key][0]).decode() if key in values else None
+
+
+class ContainerHost(FactBase):
+    """
+    Returns, in one command, what the containers concern decides from: the host's
+    release, which of the given packages are installed, Docker's daemon.json and
+    service, the docker group, and the NVIDIA pieces present.
+
+    ``daemon_json`` is the file's text (``None``: no file); ``group_members`` is
+    ``None`` when there is no docker group; ``users`` lists the given users that exist;
+    ``available`` the given packages that apt knows.
+
+    .. code:: python
+
+        {"os": "ubuntu", "codename": "noble", "arch": "arm64",
+         "installed": ["docker-ce", "nvidia-container-toolkit"], "available": [],
+         "daemon_json": '{"log-driver": "json-file"}\\n',
+         "docker_active": True, "docker_enabled": True,
+         "group_members": ["alice"], "users": ["alice", "bob"],
+         "dockerd": "/usr/bin/dockerd", "nvidia_runtime": "/usr/bin/nvidia-container-runtime",
+         "nvidia_ctk": "/usr/bin/nvidia-ctk", "gpu": True,
+         "cdi_refresh": "enabled active", "cdi_static_spec": False}
+    """
+
+    def command(
+        self, packages: Sequence[str] = (), users: Sequence[str] = (), available: Sequence[str] = ()
+    ) -> StringCommand:
+        parts = [
+            ". /etc/os-release; echo os=$ID; echo codename=$VERSION_CODENAME;",
+            "echo arch=$(dpkg --print-architecture);",
+        ]
+        if packages:
+            parts += [
+                "dpkg-query -W -f 'pkg=${Package} ${db:Status-Abbrev}\\n'",
+                *map(QuoteString, packages), "2>/dev/null;",
+            ]
+        if available:
+            parts += [
+                "for p in", *map(QuoteString, available),
+                "; do apt-cache show --no-all-versions \"$p\" >/dev/null 2>&1 && echo available=$p; done;",
+            ]
+        parts += [
+            f"[ -f {DAEMON_JSON} ] && echo daemon_json=$(base64 -w0 {DAEMON_JSON});",
+            f"echo docker=$(systemctl is-enabled {SERVICE} 2>/dev/null) $(systemctl is-active {SERVICE});",
+            f"echo group=$(getent group {GROUP});",
+        ]
+        if users:
+            parts += [
+                "for u in", *map(QuoteString, users),
+                "; do getent passwd \"$u\" >/dev/null && echo user=$u; done;",
+            ]
+        parts += [
+            "echo dockerd=$(command -v dockerd);",
+            "echo nvidia_runtime=$(command -v nvidia-container-runtime);",
+            "echo nvidia_ctk=$(command -v nvidia-ctk);",
+            "[ -e /dev/nvidiactl ] && echo gpu=1;",
+            f"[ -f /lib/systemd/system/{CDI_REFRESH} ] || [ -f /usr/lib/systemd/system/{CDI_REFRESH} ]",
+            f"&& echo cdi_refresh=$(systemctl is-enabled {CDI_REFRESH}) $(systemctl is-active {CDI_REFRESH});",
+            f"[ -f {CDI_STATIC_SPEC} ] && echo cdi_static_spec=1; true",
+        ]
+        return StringCommand(*parts)
+
+    def process(self, output: list[str]):
+        values = _lines(output)
+
+        def one(key: str) -> str:
+            return values.get(key, [""])[0]
+
+        docker = one("docker").split()
+        return {
+            "os": one("os"),
+            "codename": one("codename"),
+            "arch": one("arch"),
+            # "ii " (wanted: install, state: installed) is an installed package.
+            "installed": [p.split()[0] for p in values.get("pkg", []) if p.split()[1:2] == ["ii"]],
+            "available": values.get("available", []),
+            "daemon_json": _decode(values, "daemon_json"),
+            "docker_enabled": docker[:1] == ["enabled"],
+            "docker_active": docker[-1:] == ["active"],
+            "group_members": _group_members(one("group")),
+            "users": values.get("user", []),
+            "dockerd": one("dockerd") or None,
+            "nvidia_runtime": one("nvidia_runtime") or None,
+            "nvidia_ctk": one("nvidia_ctk") or None,
+            "gpu": one("gpu") == "1",
+            "cdi_refresh": one("cdi_refresh") or None,
+            "cdi_static_spec": one("cdi_static_spec") == "1",
+        }
+
+
+class DockerDaemonJson(FactBase):
+    """
+    Returns the text of Docker's ``/etc/docker/daemon.json``, ``None`` when there is none.
+
+    .. code:: python
+
+        '{\\n  "log-driver": "json-file"\\n}\\n'
+    """
+
+    def command(self) -> str:
+        return f"[ -f {DAEMON_JSON} ] && echo daemon_json=$(base64 -w0 {DAEMON_JSON}); true"
+
+    def process(self, output: list[str]):
+        return _decode(_lines(output), "daemon_json")
+
+
+class GroupMembers(FactBase):
+    """
+    Returns a group's members and which of the given users exist; ``members`` is
+    ``None`` when there is no such group.
+
+    .. code:: python
+
+        {"members": ["alice"], "users": ["alice", "bob"]}
+    """
+
+    def command(self, group: str, users: Sequence[str] = ()) -> StringCommand:
+        return StringCommand(
+            "echo group=$(getent group", QuoteString(group), ");",
+            "for u in", *map(QuoteString, users), "; do getent passwd \"$u\" >/dev/null && echo user=$u; done",
+        )
+
+    def process(self, output: list[str]):
+        values = _lines(output)
+        return {"members": _group_members(values.get("group", [""])[0]), "users": values.get("user", [])}
+
+
+class SparkrigAptRepositories(FactBase):
+    """
+    Returns sparkrig's repository files (keyrings and sources, by repository name) and
+    every apt source entry on the host, to find repositories configured twice.
+
+    ``fingerprints`` lists the keyring's primary key fingerprints (``None``: no
+    keyring, or no gpg to read it); ``sources`` is the sources file's sha256 and mode.
+
+    .. code:: python
+
+        {"docker": {"fingerprints": ["9DC8…CD88"], "sources": ["5e0c…", 0o644]},
+         "nvidia-container-toolkit": {"fingerprints": None, "sources": None},
+         "entries": [("/etc/apt/sources.list.d/docker.list",
+                      "deb [arch=arm64] https://download.docker.com/linux/ubuntu noble stable")]}
+    """
+
+    def command(self, names: Sequence[str] = REPOSITORY_NAMES) -> StringCommand:
+        parts = ["t=$(mktemp -d);"]
+        for name in names:
+            keyring = QuoteString(f"{KEYRING_DIR}/sparkrig-{name}.gpg")
+            sources = QuoteString(f"{SOURCES_DIR}/sparkrig-{name}.sources")
+            parts += [
+                "if [ -f", keyring, "] && command -v gpg >/dev/null; then",
+                "echo key", QuoteString(name),
+                "$(gpg --homedir \"$t\" --batch --with-colons --show-keys", keyring,
+                "2>/dev/null | awk -F: '$1==\"pub\"{p=1;next} $1==\"fpr\"&&p{print $10} {p=0}'); fi;",
+                "[ -f", sources, "] && echo src", QuoteString(name),
+                "$(sha256sum <", sources, "| cut -d' ' -f1) $(stat -c %a", sources, ");",
+            ]
+        parts += [
+            "rm -rf \"$t\";",
+            "grep -s -H -E '^[[:space:]]*(deb|deb-src|URIs:)[[:space:]]' /etc/apt/sources.list",
+            f"{SOURCES_DIR}/*.list {SOURCES_DIR}/*.sources | sed 's/^/entry /'; true",
+        ]
+        return StringCommand(*parts)
+
+    @staticmethod
+    def default():
+        return {"entries": [], **{name: {"fingerprints": None, "sources": None} for name in REPOSITORY_NAMES}}
+
+    def process(self, output: list[str]):
+        found = self.default()
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "entry":
+                path, _, entry = rest.partition(":")
+                found["entries"].append((path, entry))
+                continue
+            name, *words = rest.split()
+            repo = found.setdefault(name, {"fingerprints": None, "sources": None})
+            if kind == "key":
+                repo["fingerprints"] = words
+            elif kind == "src" and len(words) == 2:
+                repo["sources"] = [words[0], int(words[1], 8)]
+        return found
+
+
+# daemon.json ---------------------------------------------------------------
+
+
+def merged_daemon_config(current: Mapping[str, Any], default_runtime: bool) -> dict[str, Any]:
+    """``current`` with the nvidia runtime registered (an existing registration kept)
+    and ``default-runtime`` set to nvidia, or no longer nvidia; every other key as it was."""
+    config = copy.deepcopy(dict(current))
+    runtimes = config.setdefault("runtimes", {})
+    if not isinstance(runtimes, dict):
+        raise ValueError('"runtimes" is not a JSON object')
+    runtimes.setdefault("nvidia", copy.deepcopy(NVIDIA_RUNTIME))
+    if default_runtime:
+        config["default-runtime"] = "nvidia"
+    elif config.get("default-runtime") == "nvidia":
+        del config["default-runtime"]
+    return config
+
+
+def parse_daemon_json(text: str | None) -> dict[str, Any]:
+    """The daemon.json object (``{}`` without a file); ValueError saying why it is unusable."""
+    if text is None or not text.strip():
+        return {}
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"it is not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError("it is not a JSON object")
+    return config
+
+
+def daemon_json_change(text: str | None, default_runtime: bool) -> str | None:
+    """The new daemon.json for a host whose file holds ``text`` (``None``: no file), or
+    ``None`` when it is right already; ValueError when the file is unusable."""
+    current = parse_daemon_json(text)
+    wanted = merged_daemon_config(current, default_runtime)
+    if text is not None and wanted == current:
+        return None
+    return json.dumps(wanted, indent=2) + "\n"
+
+
+# dockerd >= 23 checks the whole configuration; an older one (Debian 12's 20.10) has no
+# --validate, and the file is then at least parsed as JSON. $1: the new file.
+DAEMON_JSON_CHECK = (
+    'if dockerd --help 2>/dev/null | grep -q -e --validate; then '
+    'dockerd --validate --config-file "$1"; '
+    'else python3 -c "import json, sys; json.load(open(sys.argv[1]))" "$1"; fi'
+)
+
+
+# Operations ----------------------------------------------------------------
+
+
+def refuse(message: str) -> StringCommand:
+    """A command that fails this host's operation with ``message`` on stderr; other
+    hosts go on."""
+    return StringCommand("echo", QuoteString(f"sparkrig: {message}"), ">&2; exit 1")
+
+
+@operation()
+def refused(message: str) -> Iterator[StringCommand]:
+    """
+    Fail this host with a message: what sparkrig will not do, and why; other hosts go on.
+
+    + message: printed on the host's stderr, prefixed with ``sparkrig:``
+    """
+    yield refuse(message)
+
+
+# $1 key URL, $2 expected primary fingerprint, $3 keyring. The key is imported into a
+# scratch keyring and only the expected key is exported: a key file that carries other
+# keys does not widen what the repository may be signed with.
+FETCH_KEY = r"""
+t=$(mktemp -d) || exit 1
+trap 'gpgconf --homedir "$t" --kill all 2>/dev/null; rm -rf "$t"' EXIT
+curl -fsSL --retry 3 -o "$t/key" "$1" || { echo "sparkrig: cannot download $1" >&2; exit 1; }
+got=$(gpg --homedir "$t" --batch --with-colons --show-keys "$t/key" 2>/dev/null |
+      awk -F: '$1=="pub"{p=1;next} $1=="fpr"&&p{print $10} {p=0}')
+case " $(echo $got) " in
+  *" $2 "*) ;;
+  *) echo "sparkrig: the key at $1 has fingerprint(s) '$(echo $got)', not $2: refusing it" >&2; exit 1 ;;
+esac
+gpg --homedir "$t" --batch --quiet --import "$t/key" 2>/dev/null &&
+gpg --homedir "$t" --batch --export "$2" > "$t/keyring" &&
+[ -s "$t/keyring" ] || { echo "sparkrig: cannot export key $2 from $1" >&2; exit 1; }
+mkdir -p "$(dirname "$3")" &&
+install -m 644 -o root -g root "$t/keyring" "$3.sparkrig-new" &&
+mv -f "$3.sparkrig-new" "$3"
+"""
+
+
+@operation()
+def repository_key(repository: str, url: str, fingerprint: str, keyring: str):
+    """
+    Install an apt repository's signing key, after checking its primary fingerprint.
+
+    + repository: the repository's name in sparkrig (``docker``, ``nvidia-container-toolkit``)
+    + url: where the host downloads the key (armored or binary)
+    + fingerprint: the primary key fingerprint the key must have (40 hex digits)
+    + keyring: the keyring file the repository's ``Signed-By`` names
+
+    **Example:**
+
+    .. code:: python
+
+        containers.repository_key(
+            repository="docker", url="https://download.docker.com/linux/ubuntu/gpg",
+            fingerprint="9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+            keyring="/etc/apt/keyrings/sparkrig-docker.gpg",
+        )
+    """
+    current = host.get_fact(SparkrigAptRepositories, names=(repository,))[repository]["fingerprints"]
+    if current == [fingerprint]:
+        host.noop(f"{keyring} holds key {fingerprint}")
+        return
+    yield StringCommand("sh", "-c", QuoteString(FETCH_KEY), "fetch-key",
+                        QuoteString(url), QuoteString(fingerprint), QuoteString(keyring))
+
+
+@operation()
+def daemon_config(default_runtime: bool = False):
+    """
+    Merge the nvidia runtime into Docker's daemon.json, keeping every other key.
+
+    + default_runtime: make ``nvidia`` the default runtime (False: make sure it is not)
+
+    **Example:**
+
+    .. code:: python
+
+        containers.daemon_config(default_runtime=True)
+    """
+    try:
+        content = daemon_json_change(host.get_fact(DockerDaemonJson), default_runtime)
+    except ValueError as error:
+        yield refuse(f"{DAEMON_JSON}: {error}; sparkrig merges into it and never overwrites it: "
+                     "fix or remove it, then run again")
+        return
+    if content is None:
+        host.noop(f"{DAEMON_JSON} registers the nvidia runtime")
+        return
+    yield from atomic.file._inner(
+        dest=DAEMON_JSON,
+        content=content,
+        mode=0o644,
+        validate=("sh", "-c", DAEMON_JSON_CHECK, "daemon-json-check"),
+        backup=DAEMON_JSON_BACKUP,
+    )
+
+
+@operation()
+def group_members(group: str, users: Sequence[str]):
+    """
+    Add existing users to a group (never removes anyone, never creates a user).
+
+    + group: the group, created as a system group when missing
+    + users: user names; a name without an account fails the operation
+
+    **Example:**
+
+    .. code:: python
+
+        containers.group_members(group="docker", users=["alice"])
+    """
+    found = host.get_fact(GroupMembers, group=group, users=tuple(users))
+    missing = [user for user in users if user not in found["users"]]
+    if missing:
+        yield refuse(f"no such user on this host: {', '.join(missing)} (containers_docker_users)")
+        return
+    members = found["members"]
+    if members is None:
+        yield StringCommand("groupadd", "--system", QuoteString(group))
+        members = []
+    joining = [user for user in users if user not in members]
+    if not joining:
+        host.noop(f"{', '.join(users)} in group {group}")
+        return
+    for user in joining:
+        yield StringCommand("gpasswd", "-a", QuoteString(user), QuoteString(group))
+
+
+@operation()
+def static_cdi_spec(path: str = CDI_STATIC_SPEC):
+    """
+    Generate a CDI specification of the host's GPUs with ``nvidia-ctk`` when there is none.
+
+    + path: where the specification is written
+
+    **Example:**
+
+    .. code:: python
+
+        containers.static_cdi_spec()
+    """
+    if host.get_fact(File, path=path):
+        host.noop(f"{path} exists")
+        return
+    yield StringCommand("nvidia-ctk", "cdi", "generate", QuoteString(f"--output={path}"))
+
+
+# The deploy ----------------------------------------------------------------
+
+
+def wanted_packages(data: Any) -> list[str]:
+    """The packages the host's sources ask for, Docker's first."""
+    packages: list[str] = []
+    if data.containers_docker_source == "distro":
+        packages += DISTRO_PACKAGES
+    elif data.containers_docker_source == "docker-ce":
+        packages += data.containers_docker_ce_packages
+    if data.containers_toolkit_source == "nvidia":
+        packages += data.containers_toolkit_packages
+    return packages
+
+
+@deploy("Docker and the NVIDIA container toolkit", data_defaults=defaults(SETTINGS))
+def containers():
+    """
+    Install (or verify) Docker and the NVIDIA container toolkit, register the nvidia
+    runtime in daemon.json, keep Docker running, set up CDI and the docker group.
+
+    Settings: ``containers_*``; see group_data/all.py. The host is read once
+    (:class:`ContainerHost`, plus :class:`SparkrigAptRepositories` when a repository
+    is used); an operation is added only where that reading shows work to do, and it
+    reads its own state again when it runs.
+    """
+    data = host.data
+    packages = wanted_packages(data)
+    distro = data.containers_docker_source == "distro"
+    found = host.get_fact(
+        ContainerHost,
+        packages=(*packages, *KEY_TOOLS, *([DISTRO_CLI] if distro else [])),
+        users=tuple(data.containers_docker_users),
+        available=(DISTRO_CLI,) if distro else (),
+    )
+    if distro and DISTRO_CLI in found["available"] + found["installed"]:
+        packages.insert(len(DISTRO_PACKAGES), DISTRO_CLI)
+    if data.containers_docker_source == "preinstalled" and not found["dockerd"]:
+        refused(
+            name="Docker is preinstalled",
+            message="containers_docker_source is 'preinstalled' but this host has no dockerd",
+        )
+        return
+    if data.containers_toolkit_source == "preinstalled" and not found["nvidia_runtime"]:
+        refused(
+            name="The NVIDIA container toolkit is preinstalled",
+            message="containers_toolkit_source is 'preinstalled' but this host has no "
+            "nvidia-container-runtime",
+        )
+        return
+
+    release = {field: found[field] for field in URL_FIELDS}
+    repos = repositories({s.key: getattr(data, s.key) for s in SETTINGS}, release)
+    existing = host.get_fact(SparkrigAptRepositories) if repos else SparkrigAptRepositories.default()
+    for repo in repos:
+        conflicts = foreign_sources(existing["entries"], repo)
+        if conflicts:
+            refused(
+                name=f"The {repo.name} repository is configured once",
+                message=f"{repo.url} is already configured in {', '.join(conflicts)}; apt refuses "
+                "one repository with two keyrings: remove that file, or set the source to "
+                "'preinstalled' to keep it",
+            )
+            return
+
+    stale_keys = [repo for repo in repos if existing[repo.name]["fingerprints"] != [repo.fingerprint]]
+    tools = [p for p in KEY_TOOLS if p not in found["installed"]]
+    if stale_keys and tools:
+        apt.packages(
+            name="Install what fetches and checks repository keys",
+            packages=tools,
+            update=True,
+            no_recommends=True,
+        )
+    for repo in stale_keys:
+        repository_key(
+            name=f"Signing key of the {repo.name} repository ({repo.keyring})",
+            repository=repo.name,
+            url=repo.key_url,
+            fingerprint=repo.fingerprint,
+            keyring=repo.keyring,
+        )
+    stale_sources = []
+    for repo in repos:
+        content = render_sources(repo, found["arch"])
+        if existing[repo.name]["sources"] == [hashlib.sha256(content.encode()).hexdigest(), 0o644]:
+            continue
+        stale_sources.append(repo)
+        atomic.file(
+            name=f"The {repo.name} repository ({repo.sources_file})",
+            dest=repo.sources_file,
+            content=content,
+            mode=0o644,
+        )
+
+    missing = [p for p in packages if p not in found["installed"]]
+    if missing or stale_keys or stale_sources:
+        apt.packages(
+            name="Install Docker and the NVIDIA container toolkit",
+            packages=packages,
+            # Fresh package lists when a repository changed or a package is missing.
+            update=True,
+            no_recommends=True,
+        )
+
+    try:
+        new_config = daemon_json_change(found["daemon_json"], data.containers_nvidia_default_runtime)
+    except ValueError:
+        new_config = "refused"  # daemon_config says why, and fails this host
+    config = None
+    if new_config is not None:
+        config = daemon_config(
+            name=f"Register the nvidia runtime in {DAEMON_JSON} (other keys kept)",
+            default_runtime=data.containers_nvidia_default_runtime,
+        )
+    # A package installed in this run may start or not start Docker: check again then.
+    if missing or not (found["docker_active"] and found["docker_enabled"]):
+        systemd.service(
+            name="Docker is enabled and running",
+            service=SERVICE,
+            running=True,
+            enabled=True,
+        )
+    if config is not None:
+        systemd.service(
+            name=f"Restart Docker: {DAEMON_JSON} changed",
+            service=SERVICE,
+            running=True,
+            restarted=True,
+            _if=config.did_change,
+        )
+
+    if found["cdi_refresh"] is not None:
+        if found["cdi_refresh"] != "enabled active":
+            systemd.service(
+                name=f"CDI specification kept current by {CDI_REFRESH}",
+                service=CDI_REFRESH,
+                running=True,
+                enabled=True,
+            )
+    elif found["nvidia_ctk"] and found["gpu"] and not found["cdi_static_spec"]:
+        static_cdi_spec(name=f"CDI specification of the GPUs ({CDI_STATIC_SPEC})")
+
+    users = data.containers_docker_users
+    members = found["group_members"] or []
+    if any(user not in members for user in users):
+        group_members(
+            name=f"{', '.join(users)} in the docker group (root-equivalent)",
+            group=GROUP,
+            users=users,
+        )

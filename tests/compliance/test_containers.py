@@ -1,0 +1,235 @@
+"""
+Container controls: Docker runs and starts at boot, the nvidia runtime is registered
+(and the default when asked), a container really runs (with the GPUs where there are
+any), the user's own daemon.json survived, the vendor repositories are trusted with
+their own key alone, and only the named users hold the root-equivalent docker group.
+
+What the host must look like is worked out here from the settings, independently of
+the code that converges (operations/containers.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.compliance.conftest import inventory_name
+
+SERVICE = "docker.service"
+DAEMON_JSON = "/etc/docker/daemon.json"
+BACKUP = "/etc/docker/daemon.json.sparkrig-old"
+# The stand-in image the lab imports (busybox-static, from the lab image): the lab has
+# no registry access for Docker Hub.
+LAB_IMAGE_ROOTFS = "mkdir -p {d}/bin && cp /bin/busybox {d}/bin/ && ln -sf busybox {d}/bin/true && ln -sf busybox {d}/bin/sh"
+
+
+@pytest.fixture
+def docker(host):
+    """The host, which must have Docker: every host sparkrig converges runs it."""
+    if not host.file("/run/systemd/system").is_directory:
+        pytest.skip("this host does not run systemd (no /run/systemd/system): Docker cannot run as a service")
+    with host.sudo():
+        assert host.run("command -v dockerd").rc == 0, "dockerd is not installed"
+    return host
+
+
+def _sudo(host, command: str, *args) -> str:
+    with host.sudo():
+        return host.check_output(command, *args)
+
+
+def _info(host, template: str) -> str:
+    return _sudo(host, "docker info --format %s", template)
+
+
+@pytest.fixture
+def check_image(docker, settings, host_data):
+    """The image the controls run; a lab host (no registry) imports its stand-in when it is missing."""
+    image = settings["containers_check_image"]
+    lab_host = "lab_flavour" in host_data.get(inventory_name(docker), {})
+    with docker.sudo():
+        present = docker.run("docker image inspect %s", image).rc == 0
+        if not present and lab_host:
+            d = "/tmp/sparkrig-lab-image"
+            docker.check_output(
+                f"rm -rf {d} && {LAB_IMAGE_ROOTFS.format(d=d)} && tar -C {d} -c . | docker import - %s", image)
+    return image
+
+
+def test_docker_is_enabled_and_running(docker):
+    """Protects against training containers that do not come back after a reboot:
+    docker.service must be enabled as well as running."""
+    service = docker.service(SERVICE)
+    assert service.is_running, f"{SERVICE} is not running"
+    assert service.is_enabled, f"{SERVICE} is not enabled: it will not start at boot"
+
+
+def test_nvidia_runtime_is_registered(docker):
+    """Protects against "unknown or invalid runtime name: nvidia" (seen on Sparks whose
+    toolkit was installed but never registered with Docker)."""
+    runtimes = json.loads(_info(docker, "{{json .Runtimes}}"))
+    assert "nvidia" in runtimes, f"docker info lists the runtimes {sorted(runtimes)}, not nvidia"
+
+
+def test_default_runtime_is_as_configured(docker, settings):
+    """Protects against GPU containers that silently run without the NVIDIA hook (nvidia
+    not the default when asked), and against a default changed behind the user's back."""
+    default = _info(docker, "{{.DefaultRuntime}}").strip()
+    if settings["containers_nvidia_default_runtime"]:
+        assert default == "nvidia", f"the default runtime is {default}, containers_nvidia_default_runtime is True"
+    else:
+        assert default != "nvidia", "nvidia is the default runtime, containers_nvidia_default_runtime is False"
+
+
+def test_user_daemon_json_keys_survived(docker):
+    """Protects against a deploy that overwrites the user's daemon.json (log driver, data
+    root, registry mirrors): every key of the file sparkrig last replaced is still there
+    with its value, apart from the runtime settings sparkrig manages."""
+    if not docker.file(BACKUP).exists:
+        pytest.skip(f"no {BACKUP}: sparkrig never replaced an existing daemon.json on this host")
+    before = json.loads(_sudo(docker, "cat %s", BACKUP))
+    after = json.loads(_sudo(docker, "cat %s", DAEMON_JSON))
+    managed = {"default-runtime"}
+    for key, value in before.items():
+        if key in managed:
+            continue
+        if key == "runtimes":
+            for name, runtime in value.items():
+                assert after["runtimes"].get(name) == runtime, f"runtime {name} changed or lost"
+            continue
+        assert key in after, f"{DAEMON_JSON} lost the user's key {key!r}"
+        assert after[key] == value, f"{DAEMON_JSON} changed the user's {key!r}: {value!r} -> {after[key]!r}"
+
+
+def test_daemon_json_is_root_owned_and_not_writable_by_others(docker):
+    """Protects against privilege escalation: whoever can write daemon.json chooses the
+    binaries dockerd runs as root (runtimes) and where it keeps its data."""
+    config = docker.file(DAEMON_JSON)
+    assert config.exists, f"{DAEMON_JSON} is missing: the nvidia runtime cannot be registered"
+    assert (config.user, config.group) == ("root", "root")
+    assert config.mode & 0o022 == 0, f"{DAEMON_JSON} is writable by group or others: {oct(config.mode)}"
+
+
+def test_docker_api_is_not_exposed_on_tcp(docker):
+    """Protects against remote root: Docker's API on a TCP socket without TLS lets anyone
+    who reaches the port run a privileged container."""
+    pid = _sudo(docker, "systemctl show --property MainPID --value %s", SERVICE).strip()
+    cmdline = _sudo(docker, "tr '\\0' ' ' < /proc/%s/cmdline", pid)
+    assert "tcp://" not in cmdline, f"dockerd listens on TCP: {cmdline}"
+    hosts = json.loads(_sudo(docker, "cat %s", DAEMON_JSON)).get("hosts", [])
+    assert not [h for h in hosts if h.startswith("tcp://")], f"daemon.json asks for TCP hosts: {hosts}"
+    sock = docker.file("/run/docker.sock")
+    assert sock.is_socket and sock.user == "root" and sock.mode & 0o007 == 0, "docker.sock is open to others"
+
+
+def test_a_container_runs_with_the_nvidia_runtime(docker, check_image):
+    """Protects against a runtime that is registered but broken (wrong path, missing
+    binary): a container started with --runtime=nvidia must run to completion."""
+    with docker.sudo():
+        result = docker.run("docker run --rm --runtime=nvidia %s true", check_image)
+    assert result.rc == 0, f"docker run --runtime=nvidia {check_image} true failed: {result.stderr}"
+
+
+def test_gpus_are_visible_in_a_container(docker, check_image):
+    """Protects against containers that start but see no GPU: the toolkit's hook (or CDI)
+    must hand the GPUs and nvidia-smi to the container."""
+    if not docker.file("/dev/nvidiactl").exists:
+        pytest.skip("this host has no NVIDIA GPU (/dev/nvidiactl is missing): nothing to hand to a container")
+    with docker.sudo():
+        result = docker.run("docker run --rm --gpus all %s nvidia-smi -L", check_image)
+    assert result.rc == 0, f"docker run --gpus all {check_image} nvidia-smi -L failed: {result.stderr}"
+    assert "GPU 0:" in result.stdout
+
+
+def test_cdi_specification_is_kept(docker):
+    """Protects against "unresolvable CDI devices": with CDI, a container's GPUs are only
+    as current as the specification; nvidia-cdi-refresh (toolkit 1.18+) keeps it current."""
+    refresh = docker.service("nvidia-cdi-refresh.path")
+    if refresh.exists:
+        assert refresh.is_enabled and refresh.is_running, "nvidia-cdi-refresh.path is not enabled and active"
+        return
+    if not (docker.file("/dev/nvidiactl").exists and docker.run("command -v nvidia-ctk").rc == 0):
+        pytest.skip("no GPU or no nvidia-ctk on this host: there is no CDI specification to keep")
+    assert docker.file("/etc/cdi/nvidia.yaml").exists, "/etc/cdi/nvidia.yaml is missing"
+
+
+def test_configured_users_are_in_the_docker_group(docker, settings):
+    """Protects against the "permission denied ... docker.sock" that sends users to sudo
+    for every container, for exactly the users the settings name (membership is
+    root-equivalent)."""
+    users = settings["containers_docker_users"]
+    if not users:
+        pytest.skip("containers_docker_users is empty: nobody is meant to join the docker group")
+    for user in users:
+        assert "docker" in docker.user(user).groups, f"{user} is not in the docker group"
+
+
+def _release(host) -> dict[str, str]:
+    os_release = dict(
+        line.split("=", 1) for line in host.file("/etc/os-release").content_string.splitlines() if "=" in line
+    )
+    return {
+        "os": os_release["ID"].strip('"'),
+        "codename": os_release.get("VERSION_CODENAME", "").strip('"'),
+        "arch": host.check_output("dpkg --print-architecture"),
+    }
+
+
+def _repositories(settings) -> list[dict[str, str]]:
+    repos = []
+    if settings["containers_docker_source"] == "docker-ce":
+        repos.append({"name": "docker", "url": settings["containers_docker_repo_url"],
+                      "fingerprint": settings["containers_docker_key_fingerprint"],
+                      "packages": settings["containers_docker_ce_packages"]})
+    if settings["containers_toolkit_source"] == "nvidia":
+        repos.append({"name": "nvidia-container-toolkit", "url": settings["containers_toolkit_repo_url"],
+                      "fingerprint": settings["containers_toolkit_key_fingerprint"],
+                      "packages": settings["containers_toolkit_packages"]})
+    return repos
+
+
+def test_vendor_repositories_trust_their_own_key_alone(docker, settings):
+    """Protects against packages signed by the wrong key: each vendor repository is
+    trusted only with its own keyring (Signed-By), and that keyring holds exactly the
+    key whose fingerprint the settings name; neither file is writable by others."""
+    repos = _repositories(settings)
+    if not repos:
+        pytest.skip("both sources are 'preinstalled' or 'distro': no vendor repository is configured")
+    release = _release(docker)
+    for repo in repos:
+        sources = docker.file(f"/etc/apt/sources.list.d/sparkrig-{repo['name']}.sources")
+        keyring = f"/etc/apt/keyrings/sparkrig-{repo['name']}.gpg"
+        assert sources.exists, f"{sources.path} is missing"
+        fields = dict(line.split(": ", 1) for line in sources.content_string.splitlines()
+                      if ": " in line and not line.startswith("#"))
+        assert fields["URIs"] == repo["url"].format(**release)
+        assert fields["Signed-By"] == keyring
+        listing = docker.check_output(
+            "t=$(mktemp -d) && gpg --homedir $t --batch --with-colons --show-keys %s; rm -rf $t", keyring)
+        primary = [line.split(":")[9] for i, line in enumerate(listing.splitlines()[1:], 1)
+                   if line.startswith("fpr") and listing.splitlines()[i - 1].startswith("pub")]
+        assert primary == [repo["fingerprint"]], f"{keyring} holds {primary}, not {repo['fingerprint']}"
+        for path in (sources.path, keyring):
+            f = docker.file(path)
+            assert f.user == "root" and f.mode & 0o022 == 0, f"{path} is writable by others"
+
+
+def test_packages_come_from_the_configured_repository(docker, settings):
+    """Protects against a vendor package silently installed from somewhere else (a stale
+    list, another mirror): the installed version's origin is the configured repository."""
+    repos = _repositories(settings)
+    if not repos:
+        pytest.skip("both sources are 'preinstalled' or 'distro': no vendor repository is configured")
+    release = _release(docker)
+    for repo in repos:
+        url = repo["url"].format(**release).rstrip("/")
+        for package in repo["packages"]:
+            policy = docker.check_output("apt-cache policy %s", package)
+            lines = policy.splitlines()
+            installed = next(line.split(":", 1)[1].strip() for line in lines if "Installed:" in line)
+            assert installed != "(none)", f"{package} is not installed"
+            at = next(i for i, line in enumerate(lines) if line.strip().startswith(("*** " + installed)))
+            origins = [line.split()[1] for line in lines[at + 1:] if line.startswith("        ")]
+            assert any(origin.rstrip("/").startswith(url) for origin in origins), (
+                f"{package} {installed} comes from {origins}, not {url}")
