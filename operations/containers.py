@@ -24,9 +24,10 @@ without clobbering what the host already has.
 - Users named in ``containers_docker_users`` join the ``docker`` group. That group
   is root-equivalent: its members can start a privileged container.
 
-The concern's state is read with two facts (one remote command each); Docker's
-service state and the installed packages come from facts other concerns already
-read.
+The concern reads the host once, with two facts (:class:`ContainerHost`,
+:class:`SparkrigAptRepositories`: one remote command each), and adds an operation
+only where they show work to do; that operation reads its own state again when it
+runs. A converged host costs those two commands.
 """
 
 from __future__ import annotations
@@ -804,11 +805,11 @@ def containers():
         )
 
     try:
-        new_config = daemon_json_change(found["daemon_json"], data.containers_nvidia_default_runtime)
+        config_stale = daemon_json_change(found["daemon_json"], data.containers_nvidia_default_runtime) is not None
     except ValueError:
-        new_config = "refused"  # daemon_config says why, and fails this host
+        config_stale = True  # unusable: daemon_config says why, and fails this host
     config = None
-    if new_config is not None:
+    if config_stale:
         config = daemon_config(
             name=f"Register the nvidia runtime in {DAEMON_JSON} (other keys kept)",
             default_runtime=data.containers_nvidia_default_runtime,
