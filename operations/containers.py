@@ -47,7 +47,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, systemd
 
 from . import atomic
-from .settings import Setting, boolean, defaults
+from .settings import Setting, boolean, defaults, one_of
 
 DOCKER_SOURCES = ("docker-ce", "distro", "preinstalled")
 TOOLKIT_SOURCES = ("nvidia", "preinstalled")
@@ -67,6 +67,9 @@ SOURCES_DIR = "/etc/apt/sources.list.d"
 URL_FIELDS = ("os", "codename", "arch")
 # What fetches a repository key and reads its fingerprint on the host.
 KEY_TOOLS = ("ca-certificates", "curl", "gnupg")
+# Reads `gpg --with-colons --show-keys` and prints the primary keys' fingerprints (the
+# "fpr" record right after a "pub" one), not the subkeys'.
+PRIMARY_FINGERPRINTS = """awk -F: '$1=="pub"{p=1;next} $1=="fpr"&&p{print $10} {p=0}'"""
 
 
 # Settings ------------------------------------------------------------------
@@ -80,13 +83,6 @@ _IMAGE = re.compile(
     r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
     r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
 )
-
-
-def one_of(*choices: str):
-    def check(value: Any, _data: Mapping[str, Any]) -> str | None:
-        return None if value in choices else "one of " + ", ".join(repr(c) for c in choices)
-
-    return check
 
 
 def url_check(value: Any, _data: Mapping[str, Any]) -> str | None:
@@ -467,7 +463,7 @@ class SparkrigAptRepositories(FactBase):
                 "if [ -f", keyring, "] && command -v gpg >/dev/null; then",
                 "echo key", QuoteString(name),
                 "$(gpg --homedir \"$t\" --batch --with-colons --show-keys", keyring,
-                "2>/dev/null | awk -F: '$1==\"pub\"{p=1;next} $1==\"fpr\"&&p{print $10} {p=0}'); fi;",
+                "2>/dev/null |", PRIMARY_FINGERPRINTS, "); fi;",
                 "[ -f", sources, "] && echo src", QuoteString(name),
                 "$(sha256sum <", sources, "| cut -d' ' -f1) $(stat -c %a", sources, ");",
             ]
@@ -576,7 +572,7 @@ t=$(mktemp -d) || exit 1
 trap 'gpgconf --homedir "$t" --kill all 2>/dev/null; rm -rf "$t"' EXIT
 curl -fsSL --retry 3 -o "$t/key" "$1" || { echo "sparkrig: cannot download $1" >&2; exit 1; }
 got=$(gpg --homedir "$t" --batch --with-colons --show-keys "$t/key" 2>/dev/null |
-      awk -F: '$1=="pub"{p=1;next} $1=="fpr"&&p{print $10} {p=0}')
+      PRIMARY_FINGERPRINTS)
 case " $(echo $got) " in
   *" $2 "*) ;;
   *) echo "sparkrig: the key at $1 has fingerprint(s) '$(echo $got)', not $2: refusing it" >&2; exit 1 ;;
@@ -587,7 +583,7 @@ gpg --homedir "$t" --batch --export "$2" > "$t/keyring" &&
 mkdir -p "$(dirname "$3")" &&
 install -m 644 -o root -g root "$t/keyring" "$3.sparkrig-new" &&
 mv -f "$3.sparkrig-new" "$3"
-"""
+""".replace("PRIMARY_FINGERPRINTS", PRIMARY_FINGERPRINTS)
 
 
 @operation()

@@ -72,6 +72,13 @@ def int_range(low: int, high: int, what: str) -> Check:
     return check
 
 
+def one_of(*choices: str) -> Check:
+    def check(value: Any, _data: Mapping[str, Any]) -> str | None:
+        return None if value in choices else "one of " + ", ".join(repr(c) for c in choices)
+
+    return check
+
+
 def one_of_keys(table_key: str) -> Check:
     def check(value: Any, data: Mapping[str, Any]) -> str | None:
         choices = sorted(data.get(table_key) or {})
