@@ -14,7 +14,7 @@ import hashlib
 import posixpath
 import re
 from io import BytesIO
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import jinja2
@@ -168,3 +168,19 @@ def unit_file_validator(sections: Sequence[str], keys: Mapping[str, str]) -> tup
     # an unreadable file: 2) fails the validation.
     script = 'grep -Ev "$@"; [ $? -eq 1 ]'
     return ("sh", "-c", script, "sh", *[arg for pattern in patterns for arg in ("-e", pattern)])
+
+
+def refuse(message: str) -> StringCommand:
+    """A command that fails this host's operation with ``message`` on stderr; other
+    hosts go on."""
+    return StringCommand("echo", QuoteString(f"sparkrig: {message}"), ">&2; exit 1")
+
+
+@operation()
+def refused(message: str) -> Iterator[StringCommand]:
+    """
+    Fail this host with a message: what sparkrig will not do, and why; other hosts go on.
+
+    + message: printed on the host's stderr, prefixed with ``sparkrig:``
+    """
+    yield refuse(message)

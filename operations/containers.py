@@ -37,7 +37,7 @@ import copy
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, systemd
 
 from . import atomic
+from .atomic import refuse, refused
 from .settings import Setting, boolean, defaults, one_of
 
 DOCKER_SOURCES = ("docker-ce", "distro", "preinstalled")
@@ -546,22 +547,6 @@ DAEMON_JSON_CHECK = (
 
 
 # Operations ----------------------------------------------------------------
-
-
-def refuse(message: str) -> StringCommand:
-    """A command that fails this host's operation with ``message`` on stderr; other
-    hosts go on."""
-    return StringCommand("echo", QuoteString(f"sparkrig: {message}"), ">&2; exit 1")
-
-
-@operation()
-def refused(message: str) -> Iterator[StringCommand]:
-    """
-    Fail this host with a message: what sparkrig will not do, and why; other hosts go on.
-
-    + message: printed on the host's stderr, prefixed with ``sparkrig:``
-    """
-    yield refuse(message)
 
 
 # $1 key URL, $2 expected primary fingerprint, $3 keyring. The key is imported into a
