@@ -8,16 +8,20 @@ operations, templates/<concern>/ its files, group_data/all.py its settings and
 tests/compliance/test_<concern>.py the controls that prove it.
 """
 
+from operations.ca_certificates import ca_certificates
 from operations.containers import containers
 from operations.cuda_env import cuda_env
 from operations.jobs import jobs
+from operations.python_stack import python_stack
 from operations.sshd_guard import sshd_guard
 from operations.swap import swap
 from operations.watchdog import watchdog
 
+ca_certificates()  # extra CA certificates (a TLS-intercepting proxy's) in the system store
 cuda_env()  # CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ... for login shells and systemd units
 swap()  # no swap now, nothing that turns it on at boot
 sshd_guard()  # sshd keeps memory under pressure; SSH sessions stay killable
 watchdog()  # earlyoom kills the job before the box freezes
 jobs()  # spark-run, spark-preflight, spark-drop-caches and training.slice
 containers()  # Docker, the NVIDIA container toolkit and the nvidia runtime in daemon.json
+python_stack()  # uv, and a venv with cu130 PyTorch, a pinned vLLM and extras, from the manifest

@@ -8,6 +8,10 @@ Each concern's module under operations/ declares the same keys and defaults in
 its SETTINGS (tests/unit/test_settings.py keeps the two in step).
 """
 
+from pathlib import Path as _Path
+
+from operations.python_stack import load_manifest as _load_manifest
+
 # --- Hardware profile (operations/hardware.py) -------------------------------
 
 # Which entry of hardware_profiles describes the hosts. The lab inventory sets
@@ -175,3 +179,52 @@ containers_docker_users = []
 # with a GPU `docker run --rm --gpus all IMAGE nvidia-smi -L` (the toolkit mounts
 # nvidia-smi into any image). It must be present or pullable on the host.
 containers_check_image = "ubuntu:24.04"
+
+# --- Extra CA certificates (operations/ca_certificates.py) ------------------
+
+# CA certificates the hosts trust besides the system's, by name: the PEM text of
+# one certificate each, e.g. {"corp-proxy": open("files/corp-proxy.crt").read()}.
+# Needed behind a TLS-intercepting proxy: apt, curl, Docker and pip read the
+# system store, and uv does because sparkrig runs it with UV_SYSTEM_CERTS=1.
+# Written to /usr/local/share/ca-certificates/sparkrig-<name>.crt; a name
+# removed here is removed from the hosts.
+ca_certificates_extra = {}
+
+# --- Python stack (operations/python_stack.py) --------------------------------
+
+# The versions manifest: Python, the torch index and versions, vLLM's wheel per
+# architecture with its sha256, extra packages, profiles. It lives in
+# group_data/python_stack.yml (documented there); bump the stack by editing it.
+python_stack = _load_manifest(_Path(__file__).with_name("python_stack.yml"))
+
+# Profiles of the manifest a host installs too, e.g. ["unsloth"].
+python_stack_profiles = []
+
+# The virtualenv's directory. It is made anew (uv venv --clear) when its Python
+# is not the manifest's; an existing non-venv directory is refused, never wiped.
+python_venv_path = "/opt/sparkrig/venv"
+
+# The user who owns the venv (and uv's cache); uv runs as this user. A Spark's
+# owner usually sets their own login, e.g. "spark". The user must exist.
+python_venv_owner = "root"
+
+# How uv finds the venv's Python: "system" (a system interpreter of the
+# manifest's version first, a uv-managed download only if none), "only-system"
+# (never download), "managed" or "only-managed".
+python_venv_python_preference = "system"
+
+# The package index for uv itself and every package the manifest does not pin
+# to another index: PyPI, or your mirror of it.
+python_index_url = "https://pypi.org/simple"
+
+# The uv release installed into /opt/sparkrig/uv (linked from /usr/local/bin/uv
+# when that name is free).
+python_uv_version = "0.13.9"
+
+# sha256 of the uv wheels pip may install for that release (manylinux aarch64
+# and x86_64, as PyPI lists them); change them with python_uv_version.
+python_uv_sha256 = [
+    "5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe",
+    "ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375",
+    "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19",
+]

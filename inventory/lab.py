@@ -7,7 +7,9 @@ ordinary user with sudo, with strict host key checking.
 """
 
 import json as _json
+from pathlib import Path as _Path
 
+from operations.python_stack import load_manifest as _load_manifest
 from tests.lab import inventory_path as _inventory_path
 
 if not _inventory_path().exists():
@@ -49,6 +51,53 @@ def _containers(host: dict) -> dict:
     }
 
 
+# The controller reaches the registries through a TLS-intercepting proxy, and so do
+# the lab hosts: they trust its CA through the deploy (the images hold none).
+_CONTROLLER_CA_DIR = _Path("/usr/local/share/ca-certificates")
+_ca_certificates = {
+    _path.stem: _path.read_text() for _path in sorted(_CONTROLLER_CA_DIR.glob("*.crt"))
+}
+
+# Python of each flavour's system interpreter (the venv uses it: no downloads here).
+_PYTHON = {"debian12": "3.11", "debian13": "3.13"}
+
+
+def _python_stack(host: dict) -> dict:
+    """The Python stack in the lab: the real manifest with what the lab cannot have
+    replaced. PyTorch comes from the lab's wheelhouse (this machine's CPU wheel, on the
+    host whose Python matches it; none otherwise, and the torch controls skip), vLLM is
+    the wheelhouse's STAND-IN wheel (URL + sha256, like a vLLM release wheel), and
+    everything else comes from PyPI for real. Debian 13's venv is owned by the
+    ordinary user and takes a profile."""
+    house = _inventory.get("wheelhouse") or {}
+    url = host["apt_repo_url"]
+    python = _PYTHON[host["flavour"]]
+    manifest = _load_manifest()
+    manifest["python"] = python
+    tag = "cp" + python.replace(".", "")
+    torch = [w for w in house.get("torch", []) if w["python"] == tag]
+    manifest["torch"] = (
+        {"index_url": url + house["simple"], "packages": {"torch": torch[-1]["version"]}}
+        if torch
+        else None
+    )
+    standin = house.get("vllm_standin")
+    manifest["vllm"] = (
+        {
+            "name": standin["name"],
+            "version": standin["version"],
+            "wheels": {"x86_64": {"url": url + standin["path"], "sha256": standin["sha256"]}},
+        }
+        if standin
+        else None
+    )
+    manifest["profiles"]["lab"] = {"six": "1.17.0"}
+    data = {"python_stack": manifest, "python_venv_python_preference": "only-system"}
+    if host["flavour"] == "debian13":
+        data.update(python_venv_owner="spark", python_stack_profiles=["lab"])
+    return data
+
+
 lab = [
     (
         _host["name"],
@@ -62,7 +111,9 @@ lab = [
             # The lab hosts are x86_64 without a GPU: they stand in for RTX 50xx boxes.
             "hardware_profile": "rtx50",
             "lab_flavour": _host["flavour"],
+            "ca_certificates_extra": _ca_certificates,
             **_containers(_host),
+            **_python_stack(_host),
         },
     )
     for _host in _inventory["hosts"]

@@ -6,7 +6,19 @@ pyinfra deploy), the facts it decides changes from, and ``SETTINGS``: its
 settings with their defaults, documented again in ``group_data/all.py``.
 """
 
-from . import containers, cuda_env, hardware, jobs, sshd_guard, swap, watchdog
+from . import (
+    ca_certificates,
+    containers,
+    cuda_env,
+    hardware,
+    jobs,
+    python_stack,
+    sshd_guard,
+    swap,
+    watchdog,
+)
 
 # Every module that declares settings, in deploy order.
-CONCERNS = (hardware, cuda_env, swap, sshd_guard, watchdog, jobs, containers)
+CONCERNS = (
+    hardware, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, python_stack,
+)

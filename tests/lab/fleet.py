@@ -29,11 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cgroups, network, repo
+from . import cgroups, network, repo, wheelhouse
 from .config import (
     BOOT_TIMEOUT_S,
     CACHE_DIR,
-    CONTROLLER_CA_DIR,
     CONTROLLER_CUDA,
     CONTROLLER_RESOLV_CONF,
     HOSTS_DIR,
@@ -239,7 +238,7 @@ def _bring_up(hosts: list[LabHost]) -> list[LabHost]:
 
 
 def _images(flavours: Sequence[str]) -> dict[str, Path]:
-    return ensure_images(flavours, CACHE_DIR, MIRROR, CONTROLLER_CA_DIR, HOSTS_DIR)
+    return ensure_images(flavours, CACHE_DIR, MIRROR, HOSTS_DIR)
 
 
 def _ensure_ssh_key() -> str:
@@ -344,7 +343,9 @@ def _write_client_files(hosts: list[LabHost], apt_repo: AptRepo) -> None:
     keys = {host.name: _host_keys(host) for host in hosts}
     write_file(KNOWN_HOSTS, render_known_hosts(hosts, keys))
     write_file(SSH_CONFIG, render_ssh_config(hosts, SSH_KEY, KNOWN_HOSTS))
-    write_file(INVENTORY, render_inventory(hosts, SSH_KEY, KNOWN_HOSTS, apt_repo))
+    write_file(INVENTORY, render_inventory(
+        hosts, SSH_KEY, KNOWN_HOSTS, apt_repo, wheelhouse.read_description(apt_repo.root)
+    ))
 
 
 def _console_log(host: LabHost) -> Path:

@@ -2,8 +2,10 @@
 
 An image is a root file system under ``CACHE_DIR/images/<flavour>-<key>``.
 The key hashes everything that shapes the image: the suite, the packages,
-the mirror, :data:`RECIPE_VERSION` and the customisation steps (which embed
-the controller's CA certificates), so any change builds a new image.
+the mirror, :data:`RECIPE_VERSION` and the customisation steps, so any change
+builds a new image. Images hold no CA certificate of the controller's: the lab
+inventory hands them to the deploy (``ca_certificates_extra``), as a fleet behind
+a TLS-intercepting proxy would.
 
 A build runs in ``CACHE_DIR/tmp`` and is renamed into ``images/`` only when
 complete: a directory under ``images/`` is always a finished image.
@@ -17,7 +19,7 @@ import logging
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ from .system import LabError, remove_tree, run, tail, write_file
 
 log = logging.getLogger("sparkrig.lab")
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 PACKAGES: tuple[str, ...] = (
     "systemd",
@@ -84,11 +86,8 @@ class Systemctl:
 Step = WriteFile | RemoveFiles | Chroot | Systemctl
 
 
-def recipe_steps(flavour: Flavour, mirror: str, ca_certs: Mapping[str, str]) -> tuple[Step, ...]:
-    """How a freshly debootstrapped tree becomes a lab image.
-
-    ``ca_certs`` maps file names to the PEM text of the controller's local CAs.
-    """
+def recipe_steps(flavour: Flavour, mirror: str) -> tuple[Step, ...]:
+    """How a freshly debootstrapped tree becomes a lab image."""
     steps: list[Step] = [Systemctl(("mask", *MASKED_UNITS))]
     if flavour.ssh_service == "ssh.socket":
         steps += [Systemctl(("disable", "ssh.service")), Systemctl(("enable", "ssh.socket"))]
@@ -106,11 +105,6 @@ def recipe_steps(flavour: Flavour, mirror: str, ca_certs: Mapping[str, str]) -> 
         ),
     ]
     steps += [
-        WriteFile(f"/usr/local/share/ca-certificates/{name}", pem)
-        for name, pem in sorted(ca_certs.items())
-    ]
-    steps += [
-        Chroot(("update-ca-certificates",)),
         Chroot(
             (
                 "useradd", "--create-home", "--uid", str(SSH_UID), "--user-group",
@@ -138,22 +132,14 @@ def image_key(flavour: Flavour, mirror: str, steps: Sequence[Step]) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def controller_ca_certs(ca_dir: Path) -> dict[str, str]:
-    """The controller's local CA certificates (``*.crt`` in ``ca_dir``), by file name."""
-    if not ca_dir.is_dir():
-        return {}
-    return {path.name: path.read_text() for path in sorted(ca_dir.glob("*.crt"))}
-
-
 def ensure_images(
-    flavours: Sequence[str], cache_dir: Path, mirror: str, ca_dir: Path, hosts_dir: Path
+    flavours: Sequence[str], cache_dir: Path, mirror: str, hosts_dir: Path
 ) -> dict[str, Path]:
     """The image of each flavour, building the missing ones in parallel."""
-    ca_certs = controller_ca_certs(ca_dir)
     wanted = {}
     for name in sorted(set(flavours)):
         flavour = FLAVOURS[name]
-        steps = recipe_steps(flavour, mirror, ca_certs)
+        steps = recipe_steps(flavour, mirror)
         path = cache_dir / "images" / f"{name}-{image_key(flavour, mirror, steps)}"
         wanted[name] = (flavour, steps, path)
     _remove_unfinished_builds(cache_dir, hosts_dir)

@@ -79,14 +79,19 @@ def render_known_hosts(
 
 
 def render_inventory(
-    hosts: Sequence[LabHost], ssh_key: Path, known_hosts: Path, apt_repo: AptRepo
+    hosts: Sequence[LabHost],
+    ssh_key: Path,
+    known_hosts: Path,
+    apt_repo: AptRepo,
+    wheelhouse: Mapping[str, object] | None = None,
 ) -> str:
     """inventory.json: what the deploy and the tests need to reach each host.
 
     ``apt_repo_url`` is where the host reaches the lab's apt repositories: Docker's
     ``https://download.docker.com`` and NVIDIA's ``https://nvidia.github.io``
     become ``<apt_repo_url>/docker`` and ``<apt_repo_url>/nvidia``, the rest of
-    their URLs unchanged.
+    their URLs unchanged. ``wheelhouse`` (paths below the same URL) describes the
+    lab's Python wheels (tests/lab/wheelhouse.py).
     """
     document: dict[str, object] = {
         "hosts": [
@@ -108,6 +113,7 @@ def render_inventory(
             "docker_package": DOCKER_STANDIN_PACKAGE,
             "toolkit_package": TOOLKIT_STANDIN_PACKAGE,
         },
+        "wheelhouse": dict(wheelhouse or {}),
     }
     return json.dumps(document, indent=2) + "\n"
 

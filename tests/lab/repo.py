@@ -13,6 +13,9 @@ holding clearly named stand-in packages:
   ``gpgkey``, and the flat repository ``stable/deb/amd64/`` (apt source
   ``Suites: /``) with its indexes and the package side by side.
 
+The same site serves the lab's Python wheelhouse under ``wheels/``
+(tests/lab/wheelhouse.py).
+
 Everything lives under ``CACHE_DIR/repo``: ``gnupg/`` holds the two signing
 keys (made once, kept across ``up``/``down``), ``site-<key>/`` is the served
 tree, where the key hashes the recipe (the packages, the suites,
@@ -42,7 +45,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import DOCKER_STANDIN_PACKAGE, STOP_GRACE_S, TOOLKIT_STANDIN_PACKAGE
+from . import wheelhouse
+from .config import DOCKER_STANDIN_PACKAGE, LOCAL_WHEEL_DIR, STOP_GRACE_S, TOOLKIT_STANDIN_PACKAGE
 from .model import FLAVOURS, REPO_SERVER_SCRIPT, AptRepo
 from .render import (
     parse_gpg_fingerprints,
@@ -275,6 +279,7 @@ def repo_key(fingerprints: Mapping[str, str]) -> str:
         "suites": suites(),
         "recipe_version": RECIPE_VERSION,
         "fingerprints": dict(sorted(fingerprints.items())),
+        "wheelhouse": wheelhouse.recipe(wheelhouse.local_torch_wheels(LOCAL_WHEEL_DIR)),
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -355,6 +360,7 @@ def _build(final: Path, gnupg: Path, fingerprints: Mapping[str, str]) -> None:
         now = datetime.datetime.now(datetime.timezone.utc)
         for path, data in site_files(debs, release_date(now)).items():
             _write_bytes(site / path, data)
+        wheelhouse.build(site, wheelhouse.local_torch_wheels(LOCAL_WHEEL_DIR))
         try:
             for repo, public_key in PUBLIC_KEYS.items():
                 target = site / public_key

@@ -147,7 +147,8 @@ def test_public_key_comment_is_dropped():
 
 def test_inventory_json_has_the_documented_fields(fleet):
     apt_repo = AptRepo(Path("/var/cache/sparkrig-lab/repo/site-x"), "D" * 40, "E" * 40, 8765)
-    document = json.loads(render_inventory(fleet, KEY, KNOWN, apt_repo))
+    house = {"simple": "/wheels/simple", "torch": [], "vllm_standin": {"name": "x"}}
+    document = json.loads(render_inventory(fleet, KEY, KNOWN, apt_repo, house))
     assert document == {
         "hosts": [
             {
@@ -177,6 +178,7 @@ def test_inventory_json_has_the_documented_fields(fleet):
             "docker_package": "sparkrig-lab-standin-docker-ce",
             "toolkit_package": "sparkrig-lab-standin-nvidia-container-toolkit",
         },
+        "wheelhouse": house,
     }
 
 
@@ -349,9 +351,9 @@ def test_cgroup_hierarchies_systemd_uses():
 # --- image cache key -------------------------------------------------------
 
 
-def _key(flavour="debian12", mirror=MIRROR, ca=None, steps=None):
+def _key(flavour="debian12", mirror=MIRROR, steps=None):
     flavour_ = FLAVOURS[flavour]
-    steps = recipe_steps(flavour_, mirror, ca or {}) if steps is None else steps
+    steps = recipe_steps(flavour_, mirror) if steps is None else steps
     return image_key(flavour_, mirror, steps)
 
 
@@ -360,18 +362,13 @@ def test_image_key_is_stable():
     assert len(_key()) == 16
 
 
-def test_image_key_changes_with_suite_mirror_and_ca_certs():
-    keys = {
-        _key(),
-        _key(flavour="debian13"),
-        _key(mirror="http://mirror.example/debian"),
-        _key(ca={"corp.crt": "-----BEGIN CERTIFICATE-----\n"}),
-    }
-    assert len(keys) == 4
+def test_image_key_changes_with_suite_and_mirror():
+    keys = {_key(), _key(flavour="debian13"), _key(mirror="http://mirror.example/debian")}
+    assert len(keys) == 3
 
 
 def test_image_key_changes_with_any_recipe_step():
-    steps = recipe_steps(FLAVOURS["debian12"], MIRROR, {})
+    steps = recipe_steps(FLAVOURS["debian12"], MIRROR)
     assert _key(steps=steps + (Chroot(("true",)),)) != _key()
     assert _key(steps=steps[1:]) != _key()
 
@@ -388,13 +385,14 @@ def test_image_key_changes_with_recipe_version_and_packages(monkeypatch):
 
 
 def test_recipe_steps_per_flavour():
-    bookworm = recipe_steps(FLAVOURS["debian12"], MIRROR, {"a.crt": "PEM"})
-    trixie = recipe_steps(FLAVOURS["debian13"], MIRROR, {})
+    bookworm = recipe_steps(FLAVOURS["debian12"], MIRROR)
+    trixie = recipe_steps(FLAVOURS["debian13"], MIRROR)
     assert Systemctl(("mask", "systemd-modules-load.service")) in bookworm
     assert Systemctl(("enable", "ssh.socket")) in trixie
     assert Systemctl(("disable", "ssh.service")) in trixie
     assert not any(isinstance(s, Systemctl) and "ssh.socket" in s.argv for s in bookworm)
-    assert WriteFile("/usr/local/share/ca-certificates/a.crt", "PEM") in bookworm
+    # The controller's CA certificates reach hosts through the deploy, never the image.
+    assert not any(isinstance(s, WriteFile) and "ca-certificates" in s.path for s in bookworm)
     sudoers = next(s for s in bookworm if isinstance(s, WriteFile) and "sudoers" in s.path)
     assert (sudoers.path, sudoers.mode) == ("/etc/sudoers.d/spark", 0o440)
     sources = next(

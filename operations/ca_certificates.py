@@ -1,0 +1,169 @@
+"""
+Extra CA certificates: the roots a fleet behind a TLS-intercepting proxy must trust.
+
+Each entry of ``ca_certificates_extra`` becomes
+``/usr/local/share/ca-certificates/sparkrig-<name>.crt`` (root, 0644), and
+``update-ca-certificates`` adds it to the system store that apt, curl, Docker and
+pip read. uv reads that store too, because sparkrig runs it with
+``UV_SYSTEM_CERTS=1`` (operations/python_stack.py). Entries removed from the
+setting are removed from the host. A converged host costs one remote command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
+from pyinfra.operations import apt
+
+from . import atomic
+from .settings import Setting, defaults
+
+CERT_DIR = "/usr/local/share/ca-certificates"
+LINK_DIR = "/etc/ssl/certs"
+PREFIX = "sparkrig-"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_PEM = re.compile(
+    r"^-----BEGIN CERTIFICATE-----\n[A-Za-z0-9+/=\n]+-----END CERTIFICATE-----\n?$"
+)
+
+
+def extra_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    allowed = (
+        "a mapping of names ([A-Za-z0-9._-], up to 64 characters) to the PEM text of ONE "
+        "certificate (-----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----)"
+    )
+    if not isinstance(value, Mapping):
+        return allowed
+    for name, pem in value.items():
+        if not (isinstance(name, str) and _NAME.match(name) and isinstance(pem, str)):
+            return f"{allowed} (bad entry: {name!r})"
+        if not _PEM.match(pem.strip() + "\n"):
+            return f"{allowed} (entry {name!r} is not one PEM certificate)"
+    return None
+
+
+SETTINGS = (
+    Setting(
+        "ca_certificates_extra",
+        {},
+        "CA certificates the hosts trust besides the system's, by name: PEM text of one certificate.",
+        extra_check,
+    ),
+)
+
+
+def cert_file(name: str) -> str:
+    return f"{CERT_DIR}/{PREFIX}{name}.crt"
+
+
+def pem_content(pem: str) -> str:
+    """The file's content: the PEM text with exactly one trailing newline."""
+    return pem.strip() + "\n"
+
+
+class SparkrigCaCertificates(FactBase):
+    """
+    Returns the CA files sparkrig wrote (``sparkrig-*.crt``) with their sha256, mode and
+    owner, whether ``update-ca-certificates`` linked each into the store, and whether
+    the tool is installed.
+
+    .. code:: python
+
+        {"tool": True, "files": {"/usr/local/share/ca-certificates/sparkrig-corp.crt":
+            {"sha256": "3f...", "mode": 0o644, "user": "root", "linked": True}}}
+    """
+
+    def command(self) -> str:
+        return (
+            f"command -v update-ca-certificates >/dev/null && echo tool; "
+            f"for f in {CERT_DIR}/{PREFIX}*.crt; do [ -f \"$f\" ] || continue; "
+            f"n=${{f##*/}}; l=no; [ -L \"{LINK_DIR}/${{n%.crt}}.pem\" ] && l=yes; "
+            "echo file $(sha256sum < \"$f\" | cut -d' ' -f1) $(stat -c '%a %U' \"$f\") $l \"$f\"; "
+            "done; true"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        found = self.default()
+        for line in output:
+            if line == "tool":
+                found["tool"] = True
+                continue
+            parts = line.split(" ", 5)
+            if len(parts) == 6 and parts[0] == "file":
+                _, sha, mode, user, linked, path = parts
+                found["files"][path] = {
+                    "sha256": sha,
+                    "mode": int(mode, 8),
+                    "user": user,
+                    "linked": linked == "yes",
+                }
+        return found
+
+    @staticmethod
+    def default() -> dict:
+        return {"tool": False, "files": {}}
+
+
+@operation()
+def refresh_store(remove: Sequence[str] = ()):
+    """
+    Rebuild the system CA store from the certificate directories.
+
+    + remove: certificate files to delete first (no longer trusted)
+
+    **Example:**
+
+    .. code:: python
+
+        refresh_store(name="Refresh the CA store", remove=["/usr/local/share/ca-certificates/old.crt"])
+    """
+    if remove:
+        yield StringCommand("rm", "-f", *[QuoteString(path) for path in remove])
+    # --fresh: the links of removed certificates go too.
+    yield StringCommand("update-ca-certificates", "--fresh")
+
+
+@deploy("Extra CA certificates", data_defaults=defaults(SETTINGS))
+def ca_certificates():
+    """
+    Make the hosts trust the CA certificates of ``ca_certificates_extra``, and no
+    certificate sparkrig wrote earlier that the setting no longer names.
+
+    Settings: ``ca_certificates_extra``; see group_data/all.py.
+    """
+    wanted = {cert_file(name): pem_content(pem) for name, pem in host.data.ca_certificates_extra.items()}
+    found = host.get_fact(SparkrigCaCertificates)
+    if wanted and not found["tool"]:
+        apt.packages(
+            name="Install ca-certificates",
+            packages=["ca-certificates"],
+            update=True,
+            no_recommends=True,
+        )
+    changed = False
+    for path, content in sorted(wanted.items()):
+        current = found["files"].get(path)
+        digest = hashlib.sha256(content.encode()).hexdigest()
+        if current and (current["sha256"], current["mode"], current["user"]) == (digest, 0o644, "root"):
+            changed = changed or not current["linked"]
+            continue
+        changed = True
+        atomic.file(
+            name=f"CA certificate {path}",
+            dest=path,
+            content=content,
+            mode=0o644,
+            validate=("openssl", "x509", "-noout", "-in"),
+        )
+    stale = sorted(set(found["files"]) - set(wanted))
+    if changed or stale:
+        refresh_store(
+            name="Refresh the system CA store (update-ca-certificates)"
+            + (f", without {', '.join(stale)}" if stale else ""),
+            remove=stale,
+        )

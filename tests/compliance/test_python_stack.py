@@ -1,0 +1,225 @@
+"""
+Python stack controls: uv pinned, the venv holding exactly the manifest's pins, and on a GPU
+host a CUDA 13 PyTorch that really computes on the device.
+
+The expected values are worked out here from the settings and the manifest, independently
+of the code that converges (operations/python_stack.py): nothing of it is imported.
+The GPU controls skip on a host without an NVIDIA GPU, saying so; on the lent H100 they
+run with testinfra's local backend (README, "Python stack").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+UV = "/opt/sparkrig/uv/bin/uv"
+UV_TOOL = "/opt/sparkrig/uv"
+NO_CHANGES = "Would make no changes"
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@pytest.fixture
+def manifest(settings) -> dict:
+    return settings["python_stack"]
+
+
+@pytest.fixture
+def venv(settings) -> str:
+    return settings["python_venv_path"]
+
+
+@pytest.fixture
+def pins(manifest, settings) -> dict[str, str]:
+    """Every package the manifest pins for this host, by normalised name."""
+    found = {}
+    if manifest.get("torch"):
+        found.update(manifest["torch"]["packages"])
+    if manifest.get("vllm"):
+        found[manifest["vllm"]["name"]] = manifest["vllm"]["version"]
+    found.update(manifest.get("packages") or {})
+    for profile in settings["python_stack_profiles"]:
+        found.update(manifest["profiles"][profile])
+    return {_normal(name): version for name, version in found.items()}
+
+
+def _python(host, venv: str, code: str) -> str:
+    """Run ``code`` with the venv's Python; its stdout."""
+    return host.check_output(f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}")
+
+
+def _installed(host, venv: str) -> dict[str, str]:
+    code = (
+        "import importlib.metadata as m, json\n"
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    )
+    return {_normal(k): v for k, v in json.loads(_python(host, venv, code)).items()}
+
+
+def _same_version(installed: str, pinned: str) -> bool:
+    """PEP 440 '==': a pin without a local label matches any local label (2.11.0+cu130)."""
+    return installed == pinned or ("+" not in pinned and installed.split("+")[0] == pinned)
+
+
+def test_uv_is_the_pinned_release(host, settings):
+    """Protects against a drifting installer: another uv resolves the same manifest
+    differently, and a uv fetched by `curl | sh` was never checked against a hash."""
+    assert host.check_output(f"{UV} --version").split()[1] == settings["python_uv_version"]
+
+
+def test_uv_tool_environment_is_root_owned_and_not_writable_by_others(host):
+    """Protects against privilege escalation: every deploy runs this uv, partly as root."""
+    for path in (UV_TOOL, f"{UV_TOOL}/bin", UV):
+        f = host.file(path)
+        assert f.user == "root" and f.mode & 0o022 == 0, f"{path}: {f.user} {f.mode:o}"
+
+
+def test_venv_has_the_configured_owner_and_python(host, settings, manifest, venv):
+    """Protects against a venv the user cannot maintain (wrong owner) or wheels built for
+    another interpreter (cp312 wheels in a 3.11 venv fail at import)."""
+    assert host.file(f"{venv}/pyvenv.cfg").is_file, f"{venv} is no virtualenv"
+    assert host.file(venv).user == settings["python_venv_owner"]
+    version = _python(host, venv, "import sys; print('%d.%d' % sys.version_info[:2])")
+    assert version == manifest["python"]
+
+
+def test_every_pinned_package_is_at_its_pinned_version(host, venv, pins):
+    """Protects against the day lost to a silently replaced torch: each pinned package
+    (torch, torchvision, torchaudio, vLLM, extras, profiles) is at the manifest's version."""
+    installed = _installed(host, venv)
+    wrong = {
+        name: (installed.get(name), pinned)
+        for name, pinned in pins.items()
+        if name not in installed or not _same_version(installed[name], pinned)
+    }
+    assert not wrong, f"installed vs pinned: {wrong}"
+
+
+def test_vllm_came_from_the_pinned_wheel(host, settings, manifest, venv):
+    """Protects against a vLLM built against another torch: the wheel installed is the one
+    the manifest names, by URL (its sha256 was checked at install)."""
+    vllm = manifest.get("vllm")
+    if not vllm or not vllm.get("wheels"):
+        pytest.skip("the manifest pins no vLLM wheel URL for this host")
+    arch = settings["hardware_profiles"][settings["hardware_profile"]]["arch"]
+    code = (
+        "import importlib.metadata as m, json\n"
+        f"print(json.loads(m.distribution({vllm['name']!r}).read_text('direct_url.json'))['url'])"
+    )
+    assert _python(host, venv, code) == vllm["wheels"][arch]["url"]
+
+
+def test_flash_attn_is_not_installed(host, venv):
+    """Protects against a broken attention path: flash-attn has no sm_121 kernels and is
+    CUDA 12 only; PyTorch's SDPA is the supported path on a Spark."""
+    assert "flash-attn" not in _installed(host, venv)
+
+
+def test_venv_holds_exactly_its_lock(host, settings, venv):
+    """Protects against drift (a hand-installed or upgraded package): uv's own dry run of
+    the lock the deploy made says nothing would change."""
+    lock = f"{venv}/sparkrig/requirements.lock"
+    command = (
+        f"runuser -u {shlex.quote(settings['python_venv_owner'])} -- env UV_CACHE_DIR=/var/cache/sparkrig/uv "
+        f"{UV} pip sync --no-config --offline --dry-run --require-hashes "
+        f"--python {shlex.quote(venv + '/bin/python')} {shlex.quote(lock)}"
+    )
+    with host.sudo():
+        result = host.run(command)
+    assert result.rc == 0 and NO_CHANGES in result.stderr, result.stderr
+
+
+def test_uv_run_never_resyncs_for_the_owner(host, settings):
+    """Protects against `uv run` silently replacing hand-built packages by re-syncing a
+    project (seeds 001 to 003): UV_NO_SYNC=1 in the owner's login shell."""
+    owner = shlex.quote(settings["python_venv_owner"])
+    with host.sudo():
+        value = host.check_output(f"runuser -l {owner} -c 'echo UV_NO_SYNC=$UV_NO_SYNC'")
+    assert value.splitlines()[-1] == "UV_NO_SYNC=1"
+
+
+@pytest.fixture
+def torch_pin(pins) -> str:
+    if "torch" not in pins:
+        pytest.skip(
+            "this host's manifest pins no torch (in the lab: the machine's wheel folder "
+            "holds no torch wheel for this host's Python)"
+        )
+    return pins["torch"]
+
+
+def test_torch_imports_at_its_pinned_version(host, venv, torch_pin):
+    """Protects against a venv that installs but cannot import torch (a missing shared
+    library, a wheel for another platform)."""
+    assert _same_version(_python(host, venv, "import torch; print(torch.__version__)"), torch_pin)
+
+
+# GPU controls -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def gpu(host, torch_pin) -> None:
+    if not host.exists("nvidia-smi"):
+        pytest.skip("no NVIDIA GPU on this host (nvidia-smi not found): GPU controls need one")
+
+
+def test_gpu_torch_is_a_cuda_13_build(host, venv, gpu):
+    """Protects against PyPI's CPU-only aarch64 torch, or a cu12x / cu132 build picked by
+    uv's `auto` backend: the Spark's stack is CUDA 13.0."""
+    assert _python(host, venv, "import torch; print(torch.version.cuda)").startswith("13.")
+
+
+def test_gpu_is_available_with_the_profiles_capability(host, settings, venv, gpu):
+    """Protects against a box deployed with another box's profile (sm_121 kernels on an
+    sm_120 card): torch sees the GPU, of the compute capability the profile names."""
+    code = (
+        "import torch\n"
+        "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
+        "print('%d.%d' % torch.cuda.get_device_capability(0))"
+    )
+    profile = settings["hardware_profiles"][settings["hardware_profile"]]
+    assert _python(host, venv, code) == profile["compute_capability"]
+
+
+GPU_WORK = """
+import torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+c = a @ b
+ref = a.float() @ b.float()
+err = ((c.float() - ref).abs().max() / ref.abs().max()).item()
+assert c.dtype == torch.bfloat16 and c.is_cuda and err < 2e-2, err
+q, k, v = (torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+mask = torch.ones(256, 256, device="cuda", dtype=torch.bool).tril()
+w = (q.float() @ k.float().transpose(-2, -1) / 8.0).masked_fill(~mask, float("-inf")).softmax(-1)
+sdpa_err = (out.float() - w @ v.float()).abs().max().item()
+torch.cuda.synchronize()
+assert out.shape == q.shape and out.is_cuda and sdpa_err < 5e-2, sdpa_err
+print(f"matmul_rel_err={err:.2e} sdpa_max_err={sdpa_err:.2e} device={torch.cuda.get_device_name(0)}")
+"""
+
+
+def test_gpu_bf16_matmul_and_sdpa_run_and_are_right(host, venv, gpu):
+    """Protects against a stack that imports but cannot compute: kernels missing for this
+    GPU ("no kernel image is available"), or wrong results, in the two operations every
+    LLM workload needs: a bf16 matmul and scaled_dot_product_attention."""
+    assert "matmul_rel_err=" in _python(host, venv, GPU_WORK)
+
+
+def test_gpu_vllm_imports(host, manifest, venv, gpu):
+    """Protects against a vLLM built for another torch or CUDA (undefined symbols at
+    import): it imports, at the pinned version."""
+    vllm = manifest.get("vllm")
+    if not vllm or vllm["name"] != "vllm":
+        pytest.skip("the manifest installs no vLLM on this host")
+    version = _python(host, venv, "import vllm; print(vllm.__version__)")
+    assert _same_version(version, vllm["version"])
