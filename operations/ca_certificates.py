@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pyinfra import host
@@ -21,7 +21,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.operations import apt
 
 from . import atomic
-from .settings import Setting, defaults
+from .settings import Setting, defaults, mapping_of
 
 CERT_DIR = "/usr/local/share/ca-certificates"
 LINK_DIR = "/etc/ssl/certs"
@@ -32,19 +32,19 @@ _PEM = re.compile(
 )
 
 
-def extra_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    allowed = (
-        "a mapping of names ([A-Za-z0-9._-], up to 64 characters) to the PEM text of ONE "
-        "certificate (-----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----)"
-    )
-    if not isinstance(value, Mapping):
-        return allowed
-    for name, pem in value.items():
-        if not (isinstance(name, str) and _NAME.match(name) and isinstance(pem, str)):
-            return f"{allowed} (bad entry: {name!r})"
-        if not _PEM.match(pem.strip() + "\n"):
-            return f"{allowed} (entry {name!r} is not one PEM certificate)"
+def _entry_problem(name: Any, pem: Any) -> str | None:
+    if not (isinstance(name, str) and _NAME.match(name) and isinstance(pem, str)):
+        return f"bad entry: {name!r}"
+    if not _PEM.match(pem.strip() + "\n"):
+        return f"entry {name!r} is not one PEM certificate"
     return None
+
+
+extra_check = mapping_of(
+    "a mapping of names ([A-Za-z0-9._-], up to 64 characters) to the PEM text of ONE "
+    "certificate (-----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----)",
+    _entry_problem,
+)
 
 
 SETTINGS = (

@@ -98,17 +98,31 @@ def env_value_problem(value: Any) -> str | None:
     return None
 
 
-def env_mapping(value: Any, _data: Mapping[str, Any]) -> str | None:
-    allowed = (
-        "a mapping of environment variable names ([A-Za-z_][A-Za-z0-9_]*) to strings "
-        "without single quotes or newlines"
-    )
-    if not isinstance(value, Mapping):
-        return allowed
-    for name, item in value.items():
-        if not isinstance(name, str) or not ENV_NAME.match(name) or env_value_problem(item):
-            return f"{allowed} (bad entry: {name!r})"
-    return None
+def mapping_of(allowed: str, entry_problem: Callable[[Any, Any], "str | None"]) -> Check:
+    """A check for a mapping whose every entry passes ``entry_problem(key, value)``
+    (which returns None, or what is wrong with that entry)."""
+
+    def check(value: Any, _data: Mapping[str, Any]) -> str | None:
+        if not isinstance(value, Mapping):
+            return allowed
+        for name, item in value.items():
+            problem = entry_problem(name, item)
+            if problem:
+                return f"{allowed} ({problem})"
+        return None
+
+    return check
+
+
+env_mapping = mapping_of(
+    "a mapping of environment variable names ([A-Za-z_][A-Za-z0-9_]*) to strings "
+    "without single quotes or newlines",
+    lambda name, item: (
+        f"bad entry: {name!r}"
+        if not isinstance(name, str) or not ENV_NAME.match(name) or env_value_problem(item)
+        else None
+    ),
+)
 
 
 # Validation ----------------------------------------------------------------
