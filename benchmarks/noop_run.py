@@ -1,0 +1,222 @@
+"""
+How fast a converged fleet is checked: the no-change run and the compliance suite.
+
+    uv run python -m benchmarks.noop_run                    # hosts 1,4,8; RTT 0 and 50 ms
+    uv run python -m benchmarks.noop_run --hosts 1 --runs 3 --rtt-ms 50
+
+For each fleet size it boots a fresh lab fleet (Debian 12 and 13 alternating), converges
+it, checks that a second run changes nothing, then, for each added round-trip time,
+measures:
+
+- the no-change run of the full deploy (`pyinfra -y inventory deploy.py`): wall time,
+  median of ``--runs`` runs, each of which must report zero changes;
+- the remote commands per host, counted from pyinfra's own debug output (one
+  "Running command on HOST" line per command; the SSH connection itself is not one);
+- the compliance suite (`pytest tests/compliance --inventory`): wall time, per host,
+  and the commands testinfra ran per host (counted by ``benchmarks/count_commands.py``).
+
+Latency comes from ``benchmarks/relay.py``, a delaying TCP relay on 127.0.0.1 in front of
+each lab host's sshd (``netem`` is not available here). It prints one Markdown table and
+tears the lab down. Not a test: nothing here passes or fails on a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests import lab
+from tests.lab.config import KNOWN_HOSTS
+
+REPO = Path(__file__).resolve().parent.parent
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+COMMAND_LINE = re.compile(r"Running command on ([^:]+):")
+FLAVOURS = ("debian12", "debian13")
+
+
+@dataclass
+class Row:
+    hosts: int
+    rtt_ms: float
+    deploy_s: float
+    deploy_runs: list[float]
+    commands: dict[str, int]
+    compliance_s: float
+    compliance_commands: dict[str, int]
+    compliance_outcome: str
+
+
+def fleet(size: int) -> list[tuple[str, str]]:
+    return [(f"bench-{i}", FLAVOURS[(i - 1) % 2]) for i in range(1, size + 1)]
+
+
+def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, **kwargs)
+
+
+def deploy(inventory: Path | str, *args: str) -> tuple[float, subprocess.CompletedProcess]:
+    started = time.monotonic()
+    result = run([PYINFRA, "-y", *args, str(inventory), "deploy.py"], timeout=3600)
+    return time.monotonic() - started, result
+
+
+def changes(result: subprocess.CompletedProcess) -> int:
+    """Operations that changed something, from `pyinfra --json`'s report."""
+    report = json.loads(result.stdout)
+    return sum(len(op["success"]) for op in report["results"]["operations"])
+
+
+class Relays:
+    """``benchmarks.relay`` in front of every host, or nothing at RTT 0."""
+
+    def __init__(self, hosts: list[dict], rtt_ms: float):
+        self.process = None
+        self.ports: dict[str, int] = {}
+        if rtt_ms <= 0:
+            return
+        pairs = [f"127.0.0.1:0={host['address']}:22" for host in hosts]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.relay", "--rtt-ms", str(rtt_ms), *pairs],
+            cwd=REPO, stdout=subprocess.PIPE, text=True,
+        )
+        line = self.process.stdout.readline().split()
+        if not line or line[0] != "ready":
+            self.close()
+            raise RuntimeError("the relay did not start")
+        for host, pair in zip(hosts, line[1:]):
+            self.ports[host["name"]] = int(pair.split("=")[0].rsplit(":", 1)[1])
+
+    def close(self) -> None:
+        if self.process:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+def write_inventory(directory: Path, hosts: list[dict], ports: dict[str, int]) -> Path:
+    """The lab inventory, with each host reached through its relay port (when there is one)."""
+    known = Path(KNOWN_HOSTS).read_text().splitlines()
+    lines = []
+    for host in hosts:
+        port = ports.get(host["name"])
+        for line in known:
+            if port and line.split(" ", 1)[0] == host["address"]:
+                lines.append(f"[127.0.0.1]:{port} {line.split(' ', 1)[1]}")
+    (directory / "known_hosts").write_text("\n".join(lines + known) + "\n")
+    inventory = directory / "bench_inventory.py"
+    inventory.write_text(
+        "import json\n"
+        "from inventory.lab import lab as _lab\n"
+        f"_ports = json.loads({json.dumps(json.dumps(ports))})\n"
+        "lab = []\n"
+        "for _name, _data in _lab:\n"
+        "    if _name in _ports:\n"
+        "        _data = {**_data, 'ssh_hostname': '127.0.0.1', 'ssh_port': _ports[_name],\n"
+        f"                 'ssh_known_hosts_file': {str(directory / 'known_hosts')!r}}}\n"
+        "    lab.append((_name, _data))\n"
+    )
+    return inventory
+
+
+def measure(size: int, rtt_ms: float, runs: int, hosts: list[dict], compliance: bool) -> Row:
+    relays = Relays(hosts, rtt_ms)
+    try:
+        with tempfile.TemporaryDirectory(prefix="sparkrig-bench-") as tmp:
+            inventory = write_inventory(Path(tmp), hosts, relays.ports)
+            times = []
+            for _ in range(runs):
+                seconds, result = deploy(inventory, "--json")
+                if result.returncode != 0 or changes(result):
+                    raise RuntimeError(f"the no-change run changed something or failed:\n{result.stderr[-3000:]}")
+                times.append(seconds)
+            _, debug = deploy(inventory, "--debug")
+            commands = Counter(COMMAND_LINE.findall(debug.stderr + debug.stdout))
+            compliance_s, counted, outcome = float("nan"), {}, "not measured"
+            if compliance:
+                counts = Path(tmp) / "counts.json"
+                started = time.monotonic()
+                result = run(
+                    [sys.executable, "-m", "pytest", "-q", "--durations=8", "-p", "benchmarks.count_commands",
+                     "-p", "no:cacheprovider", "tests/compliance", "--inventory", str(inventory)],
+                    timeout=3600, env={**os.environ, "SPARKRIG_BENCH_COUNTS": str(counts)},
+                )
+                compliance_s = time.monotonic() - started
+                outcome = (result.stdout.strip().splitlines() or ["?"])[-1].strip("= ")
+                slowest = result.stdout.split("slowest", 1)[-1].split("\n\n", 1)[0]
+                print(f"bench: slowest controls at {rtt_ms:g} ms:{slowest}", file=sys.stderr, flush=True)
+                counted = json.loads(counts.read_text()) if counts.exists() else {}
+    finally:
+        relays.close()
+    return Row(size, rtt_ms, statistics.median(times), times, dict(commands), compliance_s, counted, outcome)
+
+
+def _seconds(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1f} s"
+
+
+def _span(values) -> str:
+    found = sorted(set(values))
+    if not found:
+        return "?"
+    return str(found[0]) if len(found) == 1 else f"{found[0]}-{found[-1]}"
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| hosts | added RTT | no-change deploy (median) | runs | remote commands per host | "
+        "compliance suite | per host | testinfra commands per host | suite result |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.hosts} | {row.rtt_ms:g} ms | {row.deploy_s:.2f} s | "
+            f"{', '.join(f'{t:.2f}' for t in row.deploy_runs)} | "
+            f"{_span(row.commands.values())} | "
+            f"{_seconds(row.compliance_s)} | {_seconds(row.compliance_s / row.hosts)} | "
+            f"{_span(row.compliance_commands.values())} | {row.compliance_outcome} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--hosts", default="1,4,8", help="fleet sizes, comma-separated")
+    parser.add_argument("--rtt-ms", default="0,50", help="added round-trip times, comma-separated")
+    parser.add_argument("--runs", type=int, default=5, help="no-change runs per measurement")
+    parser.add_argument(
+        "--compliance-hosts", default="1",
+        help="fleet sizes at which the compliance suite is measured too (comma-separated, '' for none)",
+    )
+    args = parser.parse_args(argv)
+    rows = []
+    try:
+        for size in (int(n) for n in args.hosts.split(",")):
+            print(f"bench: {size} host(s): lab up and first converge", file=sys.stderr, flush=True)
+            lab.up(fleet(size))
+            hosts = json.loads(lab.inventory_path().read_text())["hosts"]
+            seconds, first = deploy("inventory/lab.py")
+            if first.returncode != 0:
+                raise RuntimeError(f"the first converge failed:\n{first.stderr[-3000:]}")
+            print(f"bench: first converge of {size} host(s) took {seconds:.0f} s", file=sys.stderr, flush=True)
+            for rtt in (float(r) for r in args.rtt_ms.split(",")):
+                compliance = str(size) in args.compliance_hosts.split(",")
+                rows.append(measure(size, rtt, args.runs, hosts, compliance))
+                print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    finally:
+        lab.down()
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
