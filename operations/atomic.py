@@ -78,6 +78,78 @@ class FileDigest(FactBase):
         }
 
 
+class HostState(FactBase):
+    """
+    Returns, in one command, what a concern's converged state is made of: the sha256,
+    mode, owner and group of files (``None`` where no regular file is), whether units
+    are active and enabled (``systemctl is-active`` / ``is-enabled``), and the version of
+    installed packages (``None`` where not installed).
+
+    .. code:: python
+
+        {"files": {"/etc/default/earlyoom": {"sha256": "9f…", "mode": 0o644,
+                                             "user": "root", "group": "root"}},
+         "units": {"earlyoom.service": {"active": "active", "enabled": "enabled"}},
+         "packages": {"earlyoom": "1.7-1"}}
+    """
+
+    def command(
+        self, paths: Sequence[str] = (), units: Sequence[str] = (), packages: Sequence[str] = ()
+    ) -> StringCommand:
+        bits: list = []
+        for path in paths:
+            q = QuoteString(path)
+            bits += [
+                "if [ -f", q, "]; then echo file $(stat -c '%a %U %G'", q, ")",
+                "$(sha256sum <", q, "| cut -d' ' -f1)", q, "; else echo nofile", q, "; fi;",
+            ]
+        for unit in units:
+            q = QuoteString(unit)
+            bits += [
+                "a=$(systemctl is-active", q, "2>/dev/null); e=$(systemctl is-enabled", q,
+                "2>/dev/null); echo unit ${a:-unknown} ${e:-unknown}", q, ";",
+            ]
+        if packages:
+            bits += [
+                "dpkg-query -W -f='package ${db:Status-Abbrev} ${Version} ${Package}\\n'",
+                *[QuoteString(p) for p in packages], "2>/dev/null;",
+            ]
+        return StringCommand(*bits, "true")
+
+    def process(self, output: list[str]) -> dict:
+        found: dict = {"files": {}, "units": {}, "packages": {}}
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "file":
+                mode, user, group, sha, path = rest.split(" ", 4)
+                found["files"][path] = {"sha256": sha, "mode": int(mode, 8), "user": user, "group": group}
+            elif kind == "nofile":
+                found["files"][rest] = None
+            elif kind == "unit":
+                active, enabled, unit = rest.split(" ", 2)
+                found["units"][unit] = {"active": active, "enabled": enabled}
+            elif kind == "package":
+                # "ii  1.7-1 earlyoom": the status abbreviation ends in a space.
+                words = rest.split()
+                found["packages"][words[-1]] = words[-2] if words[0] == "ii" and len(words) == 3 else None
+        return found
+
+    @staticmethod
+    def default() -> dict:
+        return {"files": {}, "units": {}, "packages": {}}
+
+
+def up_to_date(
+    state: Mapping | None, content: str | bytes, mode: int | str = 0o644, user: str = "root", group: str = "root"
+) -> bool:
+    """Whether a file of :class:`HostState` (or :class:`FileDigest`) already has this
+    content, mode and owner: :func:`file` would change nothing."""
+    data = content.encode() if isinstance(content, str) else content
+    return bool(state) and (state["sha256"], state["mode"], state["user"], state["group"]) == (
+        hashlib.sha256(data).hexdigest(), _mode(mode), user, group,
+    )
+
+
 def _mode(mode: int | str) -> int:
     return mode if isinstance(mode, int) else int(str(mode), 8)
 

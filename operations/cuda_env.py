@@ -158,17 +158,14 @@ def cuda_env():
     profile = host.data.hardware_profiles[host.data.hardware_profile]
     variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra)
 
-    atomic.file(
-        name=f"CUDA env file {host.data.cuda_env_file}",
-        dest=host.data.cuda_env_file,
-        content=render_env_file(variables),
-        mode=0o644,
-        validate=("sh", "-n"),
-    )
-    atomic.file(
-        name=f"Login shells read the CUDA env file ({PROFILE_SCRIPT})",
-        dest=PROFILE_SCRIPT,
-        content=render_profile_script(host.data.cuda_env_file),
-        mode=0o644,
-        validate=("sh", "-n"),
-    )
+    files = {
+        host.data.cuda_env_file: (f"CUDA env file {host.data.cuda_env_file}", render_env_file(variables)),
+        PROFILE_SCRIPT: (
+            f"Login shells read the CUDA env file ({PROFILE_SCRIPT})",
+            render_profile_script(host.data.cuda_env_file),
+        ),
+    }
+    state = host.get_fact(atomic.HostState, paths=tuple(files))["files"]
+    for dest, (name, content) in files.items():
+        if not atomic.up_to_date(state.get(dest), content):
+            atomic.file(name=name, dest=dest, content=content, mode=0o644, validate=("sh", "-n"))

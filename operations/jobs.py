@@ -115,27 +115,33 @@ def jobs():
     and ``watchdog_enabled`` (spark-preflight skips its watchdog check when it is False);
     see group_data/all.py.
     """
-    slice_file = atomic.file(
-        name=f"Memory cap of every job ({SLICE_FILE})",
-        dest=SLICE_FILE,
-        content=render_slice(host.data.jobs_memory_max),
-        mode=0o644,
-        validate=SLICE_VALIDATOR,
-    )
-    systemd.daemon_reload(
-        name=f"Reload systemd: {SLICE} changed",
-        _if=slice_file.did_change,
-    )
     commands = render_commands(
         host.data.jobs_memory_max,
         host.data.jobs_oom_score_adj,
         host.data.jobs_preflight_min_available_kib,
         host.data.watchdog_enabled,
     )
+    slice_text = render_slice(host.data.jobs_memory_max)
+    paths = {name: f"{BIN_DIR}/{name}" for name in commands}
+    state = host.get_fact(atomic.HostState, paths=(SLICE_FILE, *paths.values()))["files"]
+    if not atomic.up_to_date(state.get(SLICE_FILE), slice_text):
+        slice_file = atomic.file(
+            name=f"Memory cap of every job ({SLICE_FILE})",
+            dest=SLICE_FILE,
+            content=slice_text,
+            mode=0o644,
+            validate=SLICE_VALIDATOR,
+        )
+        systemd.daemon_reload(
+            name=f"Reload systemd: {SLICE} changed",
+            _if=slice_file.did_change,
+        )
     for name, script in commands.items():
+        if atomic.up_to_date(state.get(paths[name]), script, mode=0o755):
+            continue
         atomic.file(
-            name=f"{name} command ({BIN_DIR}/{name})",
-            dest=f"{BIN_DIR}/{name}",
+            name=f"{name} command ({paths[name]})",
+            dest=paths[name],
             content=script,
             mode=0o755,
             validate=("sh", "-n"),

@@ -171,6 +171,14 @@ def dropin_path(unit: str) -> str:
     return f"/etc/systemd/system/{unit}.d/{DROPIN_NAME}"
 
 
+def dropin_contents(unit: str, memory_min: str, slice_memory_min: str) -> dict[str, str]:
+    """The drop-in of the sshd unit and of system.slice, by unit."""
+    return {
+        unit: atomic.render("sshd_guard/service.conf.j2", memory_min=memory_min),
+        SLICE: atomic.render("sshd_guard/slice.conf.j2", memory_min=slice_memory_min),
+    }
+
+
 def _verified_dropin(unit: str, content: str):
     return atomic.file._inner(
         dest=dropin_path(unit),
@@ -221,10 +229,8 @@ def guard(
 
         sshd_guard.guard(unit="ssh.service", memory_min="128M", slice_memory_min="512M")
     """
-    changes = [
-        *_verified_dropin(unit, atomic.render("sshd_guard/service.conf.j2", memory_min=memory_min)),
-        *_verified_dropin(SLICE, atomic.render("sshd_guard/slice.conf.j2", memory_min=slice_memory_min)),
-    ]
+    dropins = dropin_contents(unit, memory_min, slice_memory_min)
+    changes = [*_verified_dropin(unit, dropins[unit]), *_verified_dropin(SLICE, dropins[SLICE])]
     if not changes and not restart_pending:
         return
     if active:
@@ -253,6 +259,13 @@ def sshd_guard():
         return
     if unit["per_connection"]:
         host.noop("ssh.socket starts one sshd per connection (Accept=yes): no sshd listener to guard")
+        return
+    dropins = dropin_contents(
+        unit["service"], host.data.sshd_guard_memory_min, host.data.sshd_guard_system_slice_memory_min
+    )
+    files = host.get_fact(atomic.HostState, paths=tuple(dropin_path(u) for u in dropins))["files"]
+    converged = all(atomic.up_to_date(files.get(dropin_path(u)), text) for u, text in dropins.items())
+    if converged and not unit["restart_pending"]:
         return
     guard(
         name=f"Reserve memory for {unit['service']}, keep its sessions killable",

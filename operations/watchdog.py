@@ -30,7 +30,6 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, systemd
 from pyinfra.operations.util import any_changed
 
@@ -143,56 +142,69 @@ def watchdog():
     Settings: ``watchdog_enabled``, ``watchdog_min_available_kib``, ``watchdog_prefer``,
     ``watchdog_avoid``, ``watchdog_report_interval_s``; see group_data/all.py.
     """
+    state = host.get_fact(
+        atomic.HostState, paths=(DROP_IN, DEFAULT_FILE), units=(SERVICE,), packages=(PACKAGE,)
+    )
+    unit = state["units"].get(SERVICE, {})
     if not host.data.watchdog_enabled:
-        systemd.service(
-            name="earlyoom is stopped and disabled (watchdog_enabled is False)",
-            service=SERVICE,
-            running=False,
-            enabled=False,
-        )
+        if unit.get("active") == "active" or unit.get("enabled") == "enabled":
+            systemd.service(
+                name="earlyoom is stopped and disabled (watchdog_enabled is False)",
+                service=SERVICE,
+                running=False,
+                enabled=False,
+            )
         return
 
-    apt.packages(
-        name="Install earlyoom",
-        packages=[PACKAGE],
-        # Refresh the package lists only when there is something to install.
-        update=PACKAGE not in host.get_fact(DebPackages),
+    installed = state["packages"].get(PACKAGE) is not None
+    if not installed:
+        apt.packages(name="Install earlyoom", packages=[PACKAGE], update=True)
+    drop_in_text = render_drop_in()
+    arguments_text = render_default_file(
+        earlyoom_args(
+            host.data.watchdog_min_available_kib,
+            host.data.watchdog_report_interval_s,
+            host.data.watchdog_prefer,
+            host.data.watchdog_avoid,
+        )
     )
-    drop_in = atomic.file(
-        name=f"earlyoom is never OOM-killed ({DROP_IN})",
-        dest=DROP_IN,
-        content=render_drop_in(),
-        mode=0o644,
-        validate=DROP_IN_VALIDATOR,
-    )
-    systemd.daemon_reload(
-        name="Reload systemd: the earlyoom drop-in changed",
-        _if=drop_in.did_change,
-    )
-    arguments = atomic.file(
-        name=f"earlyoom arguments ({DEFAULT_FILE})",
-        dest=DEFAULT_FILE,
-        content=render_default_file(
-            earlyoom_args(
-                host.data.watchdog_min_available_kib,
-                host.data.watchdog_report_interval_s,
-                host.data.watchdog_prefer,
-                host.data.watchdog_avoid,
+    changed = []
+    if not atomic.up_to_date(state["files"].get(DROP_IN), drop_in_text):
+        drop_in = atomic.file(
+            name=f"earlyoom is never OOM-killed ({DROP_IN})",
+            dest=DROP_IN,
+            content=drop_in_text,
+            mode=0o644,
+            validate=DROP_IN_VALIDATOR,
+        )
+        systemd.daemon_reload(
+            name="Reload systemd: the earlyoom drop-in changed",
+            _if=drop_in.did_change,
+        )
+        changed.append(drop_in)
+    if not atomic.up_to_date(state["files"].get(DEFAULT_FILE), arguments_text):
+        changed.append(
+            atomic.file(
+                name=f"earlyoom arguments ({DEFAULT_FILE})",
+                dest=DEFAULT_FILE,
+                content=arguments_text,
+                mode=0o644,
+                validate=("sh", "-n"),
             )
-        ),
-        mode=0o644,
-        validate=("sh", "-n"),
-    )
-    systemd.service(
-        name="earlyoom is enabled and running",
-        service=SERVICE,
-        running=True,
-        enabled=True,
-    )
-    systemd.service(
-        name="Restart earlyoom: its arguments or drop-in changed",
-        service=SERVICE,
-        running=True,
-        restarted=True,
-        _if=any_changed(drop_in, arguments),
-    )
+        )
+    # A package installed in this run may or may not start it: check again then.
+    if not installed or (unit.get("active"), unit.get("enabled")) != ("active", "enabled"):
+        systemd.service(
+            name="earlyoom is enabled and running",
+            service=SERVICE,
+            running=True,
+            enabled=True,
+        )
+    if changed:
+        systemd.service(
+            name="Restart earlyoom: its arguments or drop-in changed",
+            service=SERVICE,
+            running=True,
+            restarted=True,
+            _if=any_changed(*changed),
+        )

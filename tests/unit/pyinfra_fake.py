@@ -87,3 +87,25 @@ def execute(deploy_func, data: dict | None = None, responses: dict | None = None
 def digest(text: str, mode: int = 0o644) -> list[str]:
     """FileDigest's output for a file holding ``text``."""
     return [f"{mode:o} root root", f"{hashlib.sha256(text.encode()).hexdigest()}  /path"]
+
+
+# atomic.HostState's command holds this; its response is built by host_state().
+HOST_STATE = "echo nofile"
+
+
+def host_state(files: dict | None = None, units: dict | None = None, packages: dict | None = None) -> list[str]:
+    """HostState's output: ``files`` maps a path to its text, or ``(text, mode)``, or None
+    (no file); ``units`` a unit to ``(active, enabled)`` booleans; ``packages`` a package
+    to its installed version, or None (not installed)."""
+    lines = []
+    for path, spec in (files or {}).items():
+        if spec is None:
+            lines.append(f"nofile {path}")
+            continue
+        text, mode = spec if isinstance(spec, tuple) else (spec, 0o644)
+        lines.append(f"file {mode:o} root root {hashlib.sha256(text.encode()).hexdigest()} {path}")
+    for unit, (active, enabled) in (units or {}).items():
+        lines.append(f"unit {'active' if active else 'inactive'} {'enabled' if enabled else 'disabled'} {unit}")
+    for name, version in (packages or {}).items():
+        lines.append(f"package ii  {version} {name}" if version else f"package un  {name}")
+    return lines

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from operations import cuda_env as ce
-from tests.unit.pyinfra_fake import plan
+from tests.unit.pyinfra_fake import HOST_STATE, host_state, plan
 
 # Outputs of CudaToolkits' command recorded on real machines.
 # The lent H200 (Ubuntu 24.04): /usr/local/cuda -> /etc/alternatives/cuda -> /usr/local/cuda-13.0,
@@ -147,6 +147,19 @@ def _digest(text: str, mode=0o644) -> list[str]:
     return [f"{mode:o} root root", f"{hashlib.sha256(text.encode()).hexdigest()}  /path"]
 
 
+def _files(env=None, profile=None, env_mode=0o644) -> dict:
+    """The concern's one HostState read of both files, and each file's FileDigest (read by
+    the file operations it adds)."""
+    files = {"/etc/sparkrig/cuda.env": None if env is None else (env, env_mode),
+             "/etc/profile.d/sparkrig-cuda.sh": profile}
+    responses = {HOST_STATE: host_state(files=files)}
+    if env is not None:
+        responses["sha256sum /etc/sparkrig/cuda.env"] = _digest(env, mode=env_mode)
+    if profile is not None:
+        responses["sha256sum /etc/profile.d/sparkrig-cuda.sh"] = _digest(profile)
+    return responses
+
+
 def test_first_run_uploads_both_files_beside_their_destination_and_validates_them():
     ops = plan(ce.cuda_env, data={"hardware_profile": "rtx50"},
                responses={"readlink -f /usr/local/cuda": DEVICE_H200})
@@ -167,37 +180,32 @@ def test_first_run_uploads_both_files_beside_their_destination_and_validates_the
     assert list(ops[1].uploads) == ["/etc/profile.d/.sparkrig-cuda.sh.sparkrig-new"]
 
 
-def test_converged_host_gets_no_commands():
+def test_converged_host_gets_no_operation():
     env_text = ce.render_env_file(ce.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
     profile_text = ce.render_profile_script("/etc/sparkrig/cuda.env")
     ops = plan(ce.cuda_env, responses={
-        "readlink -f /usr/local/cuda": DEVICE_H200,
-        "sha256sum /etc/sparkrig/cuda.env": _digest(env_text),
-        "sha256sum /etc/profile.d/sparkrig-cuda.sh": _digest(profile_text),
+        "readlink -f /usr/local/cuda": DEVICE_H200, **_files(env_text, profile_text),
     })
-    assert [(op.commands, op.uploads) for op in ops] == [([], {}), ([], {})]
+    assert ops == []
 
 
 def test_cuda_update_rewrites_the_env_file_only():
     old_text = ce.render_env_file(ce.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
     profile_text = ce.render_profile_script("/etc/sparkrig/cuda.env")
     ops = plan(ce.cuda_env, responses={
-        "readlink -f /usr/local/cuda": UPDATED_SPARK,
-        "sha256sum /etc/sparkrig/cuda.env": _digest(old_text),
-        "sha256sum /etc/profile.d/sparkrig-cuda.sh": _digest(profile_text),
+        "readlink -f /usr/local/cuda": UPDATED_SPARK, **_files(old_text, profile_text),
     })
+    assert [op.name for op in ops] == ["CUDA environment | CUDA env file /etc/sparkrig/cuda.env"]
     new_text = ops[0].uploads["/etc/sparkrig/.cuda.env.sparkrig-new"].decode()
     assert "CUDA_HOME=/usr/local/cuda-13.1\n" in new_text
     assert not ops[0].commands[0].startswith("mkdir")  # the file existed
-    assert (ops[1].commands, ops[1].uploads) == ([], {})
 
 
 def test_wrong_mode_only_is_fixed_without_rewriting():
     env_text = ce.render_env_file(ce.env_variables("/usr/local/cuda", "12.1a", {}))
-    ops = plan(ce.cuda_env, responses={
-        "sha256sum /etc/sparkrig/cuda.env": _digest(env_text, mode=0o600),
-    })
-    assert ops[0].uploads == {}
+    profile_text = ce.render_profile_script("/etc/sparkrig/cuda.env")
+    ops = plan(ce.cuda_env, responses=_files(env_text, profile_text, env_mode=0o600))
+    assert len(ops) == 1 and ops[0].uploads == {}
     assert ops[0].commands == ["chown root:root /etc/sparkrig/cuda.env && chmod 644 /etc/sparkrig/cuda.env"]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from operations import jobs
 from operations.settings import defaults, problems
-from tests.unit.pyinfra_fake import digest, execute
+from tests.unit.pyinfra_fake import HOST_STATE, digest, execute, host_state
 
 DEFAULTS = defaults(jobs.SETTINGS)
 SCRIPTS = jobs.render_commands("85%", 500, 67108864, True)
@@ -357,10 +357,15 @@ def test_drop_caches_takes_no_arguments(tmp_path):
 # Plans -------------------------------------------------------------------------
 
 
-def _converged(memory_max="85%", oom=500, kib=67108864, watchdog=True) -> dict:
-    responses = {f"sha256sum {jobs.SLICE_FILE}": digest(jobs.render_slice(memory_max))}
+def _converged(memory_max="85%", oom=500, kib=67108864, watchdog=True, modes=None) -> dict:
+    """The concern's one HostState read, and each file's FileDigest (read by the file
+    operations the concern adds)."""
+    files = {jobs.SLICE_FILE: (jobs.render_slice(memory_max), 0o644)}
     for name, text in jobs.render_commands(memory_max, oom, kib, watchdog).items():
-        responses[f"sha256sum {jobs.BIN_DIR}/{name}"] = digest(text, mode=0o755)
+        files[f"{jobs.BIN_DIR}/{name}"] = (text, (modes or {}).get(name, 0o755))
+    responses = {HOST_STATE: host_state(files=files)}
+    for path, (text, mode) in files.items():
+        responses[f"sha256sum {path}"] = digest(text, mode=mode)
     return responses
 
 
@@ -386,9 +391,9 @@ def test_first_run_writes_the_slice_reloads_systemd_and_installs_three_commands(
         " && { sh -n /usr/local/bin/.spark-run.sparkrig-new ||")
 
 
-def test_converged_host_gets_no_commands():
-    ops = execute(jobs.jobs, responses=_converged())
-    assert [(op.commands, op.uploads) for op in ops] == [([], {})] * 5
+def test_converged_host_gets_no_operation():
+    """One command reads the four files; nothing else runs."""
+    assert execute(jobs.jobs, responses=_converged()) == []
 
 
 def test_new_memory_cap_rewrites_slice_and_spark_run_only_and_reloads_systemd():
@@ -410,8 +415,6 @@ def test_disabling_the_watchdog_rewrites_spark_preflight_only():
 
 
 def test_wrong_mode_is_fixed_without_rewriting():
-    responses = _converged()
-    responses[f"sha256sum {jobs.BIN_DIR}/spark-run"] = digest(SCRIPTS["spark-run"], mode=0o777)
-    ops = _by_name(execute(jobs.jobs, responses=responses))
+    ops = _by_name(execute(jobs.jobs, responses=_converged(modes={"spark-run": 0o777})))
     assert ops["spark-run command (/usr/local/bin/spark-run)"].commands == [
         "chown root:root /usr/local/bin/spark-run && chmod 755 /usr/local/bin/spark-run"]

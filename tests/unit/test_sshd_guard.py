@@ -8,7 +8,7 @@ import pytest
 
 from operations import sshd_guard as sg
 from operations.settings import all_settings, problems
-from tests.unit.pyinfra_fake import plan
+from tests.unit.pyinfra_fake import HOST_STATE, host_state, plan
 
 FACT = "systemctl show -p Id,LoadState"
 
@@ -129,6 +129,10 @@ def _converged(extra=()):
     slice_ = sg.atomic.render("sshd_guard/slice.conf.j2", memory_min="512M")
     return {
         FACT: DEBIAN13_SOCKET + list(extra),
+        HOST_STATE: host_state(files={
+            "/etc/systemd/system/ssh.service.d/zz-sparkrig.conf": service,
+            "/etc/systemd/system/system.slice.d/zz-sparkrig.conf": slice_,
+        }),
         "sha256sum /etc/systemd/system/ssh.service.d/zz-sparkrig.conf": _digest(service),
         "sha256sum /etc/systemd/system/system.slice.d/zz-sparkrig.conf": _digest(slice_),
     }
@@ -160,8 +164,9 @@ def test_first_run_checks_sshd_first_then_writes_verified_dropins_and_restarts()
     ]
 
 
-def test_converged_host_gets_no_commands():
-    assert _guard_op(_converged()).commands == []
+def test_converged_host_gets_no_operation():
+    """Two commands read the unit and both drop-ins; nothing else runs."""
+    assert plan(sg.sshd_guard, responses=_converged()) == []
 
 
 def test_a_restart_left_pending_by_a_failed_run_is_done_without_rewriting():

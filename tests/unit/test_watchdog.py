@@ -9,7 +9,7 @@ import pytest
 
 from operations import watchdog as wd
 from operations.settings import defaults, problems
-from tests.unit.pyinfra_fake import PlannedOp, digest, execute, plan
+from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, execute, host_state, plan
 
 DEFAULTS = defaults(wd.SETTINGS)
 DEFAULT_ARGS = wd.earlyoom_args(
@@ -188,16 +188,18 @@ DEBIAN_DEFAULT_FILE = 'EARLYOOM_ARGS="-r 3600"\n'
 
 
 def _host(installed=True, running=True, enabled=True, args_text=None, drop_in_text=None) -> dict:
-    responses = {
+    """The host as the concern's one HostState command reads it, and as the facts of the
+    operations it adds (apt's DebPackages, systemd's status) read it when they run."""
+    return {
+        HOST_STATE: host_state(
+            files={wd.DEFAULT_FILE: args_text, wd.DROP_IN: drop_in_text},
+            units={wd.SERVICE: (running, enabled)},
+            packages={wd.PACKAGE: "1.7-1+b1" if installed else None},
+        ),
         "dpkg -l": INSTALLED if installed else [],
         STATUS: ["Id=earlyoom.service", f"SubState={'running' if running else 'dead'}"],
         ENABLED: ["Id=earlyoom.service", f"UnitFileState={'enabled' if enabled else 'disabled'}"],
     }
-    if args_text is not None:
-        responses[f"sha256sum {wd.DEFAULT_FILE}"] = digest(args_text)
-    if drop_in_text is not None:
-        responses[f"sha256sum {wd.DROP_IN}"] = digest(drop_in_text)
-    return responses
 
 
 CONVERGED = _host(args_text=wd.render_default_file(DEFAULT_ARGS), drop_in_text=wd.render_drop_in())
@@ -229,28 +231,29 @@ def test_fresh_host_gets_earlyoom_installed_with_fresh_package_lists():
 
 
 def test_package_default_config_is_replaced_and_earlyoom_restarted():
-    ops = execute(wd.watchdog, responses=_host(args_text=DEBIAN_DEFAULT_FILE))
+    ops = execute(wd.watchdog, responses=_host(args_text=DEBIAN_DEFAULT_FILE, drop_in_text=wd.render_drop_in()))
     commands = _commands(ops)
-    assert commands["Install earlyoom"] == []  # installed: no apt-get, not even update
+    # Installed and running: no apt-get, not even an update; no start.
+    assert list(commands) == [
+        f"earlyoom arguments ({wd.DEFAULT_FILE})", "Restart earlyoom: its arguments or drop-in changed"]
     assert commands[f"earlyoom arguments ({wd.DEFAULT_FILE})"][-1].endswith(
         "sh -n /etc/default/.earlyoom.sparkrig-new || { rm -f /etc/default/.earlyoom.sparkrig-new "
         "; false; }; } && mv -f /etc/default/.earlyoom.sparkrig-new /etc/default/earlyoom")
-    assert commands["earlyoom is enabled and running"] == []
     assert commands["Restart earlyoom: its arguments or drop-in changed"] == [
         "systemctl restart earlyoom.service"]
 
 
-def test_converged_host_gets_no_commands():
-    ops = execute(wd.watchdog, responses=CONVERGED)
-    assert [(op.commands, op.uploads) for op in ops] == [([], {})] * 6
+def test_converged_host_gets_no_operation():
+    """One command reads files, unit and package; nothing else runs."""
+    assert execute(wd.watchdog, responses=CONVERGED) == []
 
 
 def test_new_threshold_rewrites_arguments_and_restarts_without_daemon_reload():
     ops = execute(wd.watchdog, data={"watchdog_min_available_kib": 8388608}, responses=CONVERGED)
     commands = _commands(ops)
-    upload = ops[3].uploads["/etc/default/.earlyoom.sparkrig-new"].decode()
+    upload = ops[0].uploads["/etc/default/.earlyoom.sparkrig-new"].decode()
     assert 'EARLYOOM_ARGS="-M 8388608 -s 100 ' in upload
-    assert commands["Reload systemd: the earlyoom drop-in changed"] == []
+    assert "Reload systemd: the earlyoom drop-in changed" not in commands
     assert commands["Restart earlyoom: its arguments or drop-in changed"] == [
         "systemctl restart earlyoom.service"]
 
@@ -264,18 +267,21 @@ def test_changed_drop_in_reloads_systemd_then_restarts():
 
 
 def test_stopped_earlyoom_is_started_and_not_restarted_when_nothing_changed():
-    responses = {**CONVERGED, STATUS: ["Id=earlyoom.service", "SubState=dead"]}
+    responses = _host(
+        running=False, args_text=wd.render_default_file(DEFAULT_ARGS), drop_in_text=wd.render_drop_in()
+    )
     commands = _commands(execute(wd.watchdog, responses=responses))
-    assert commands["earlyoom is enabled and running"] == ["systemctl start earlyoom.service"]
-    assert commands["Restart earlyoom: its arguments or drop-in changed"] == []
+    assert commands == {"earlyoom is enabled and running": ["systemctl start earlyoom.service"]}
 
 
 def test_restart_is_decided_at_execution_not_at_plan_time():
     """The restart depends on what the file operations did (``_if=``): planning alone
-    cannot know it, so a plan lists it; the executed run on a converged host does not."""
-    planned = _commands(plan(wd.watchdog, responses=CONVERGED))
+    cannot know it, so a plan lists it; a converged host plans nothing at all."""
+    responses = _host(args_text=DEBIAN_DEFAULT_FILE, drop_in_text=wd.render_drop_in())
+    planned = _commands(plan(wd.watchdog, responses=responses))
     assert planned["Restart earlyoom: its arguments or drop-in changed"] == [
         "systemctl restart earlyoom.service"]
+    assert plan(wd.watchdog, responses=CONVERGED) == []
 
 
 def test_disabled_watchdog_is_stopped_and_disabled_and_nothing_is_written():
@@ -286,5 +292,5 @@ def test_disabled_watchdog_is_stopped_and_disabled_and_nothing_is_written():
 
 
 def test_disabled_watchdog_on_a_host_without_earlyoom_changes_nothing():
-    ops = execute(wd.watchdog, data={"watchdog_enabled": False}, responses={"dpkg -l": []})
-    assert [(op.commands, op.uploads) for op in ops] == [([], {})]
+    responses = _host(installed=False, running=False, enabled=False)
+    assert execute(wd.watchdog, data={"watchdog_enabled": False}, responses=responses) == []
