@@ -115,9 +115,8 @@ def write_inventory(directory: Path, hosts: list[dict], ports: dict[str, int]) -
     (directory / "known_hosts").write_text("\n".join(lines + known) + "\n")
     inventory = directory / "bench_inventory.py"
     inventory.write_text(
-        "import json\n"
         "from inventory.lab import lab as _lab\n"
-        f"_ports = json.loads({json.dumps(json.dumps(ports))})\n"
+        f"_ports = {dict(ports)!r}\n"
         "lab = []\n"
         "for _name, _data in _lab:\n"
         "    if _name in _ports:\n"

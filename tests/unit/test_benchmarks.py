@@ -1,0 +1,75 @@
+"""The benchmarks' own parts: the delaying relay really delays and passes bytes intact,
+and the derived inventory points each host at its relay with a matching known_hosts."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from benchmarks import noop_run
+from tests.support import REPO
+
+
+def _echo_server() -> tuple[socket.socket, int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+def test_relay_adds_the_round_trip_time_and_keeps_every_byte():
+    server, port = _echo_server()
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.relay", "--rtt-ms", "200", f"127.0.0.1:0=127.0.0.1:{port}"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        ready = relay.stdout.readline().split()
+        assert ready[0] == "ready"
+        relay_port = int(ready[1].split("=")[0].rsplit(":", 1)[1])
+        payload = bytes(range(256)) * 4096  # 1 MiB, in many chunks
+        with socket.create_connection(("127.0.0.1", relay_port)) as conn:
+            started = time.monotonic()
+            conn.sendall(b"x")
+            assert conn.recv(1) == b"x"
+            elapsed = time.monotonic() - started
+            conn.sendall(payload)
+            received = b""
+            while len(received) < len(payload):
+                received += conn.recv(65536)
+        assert elapsed >= 0.2, elapsed  # never less than the added round trip
+        assert received == payload
+    finally:
+        relay.terminate()
+        relay.wait(timeout=10)
+        server.close()
+
+
+def test_the_bench_inventory_reaches_each_host_through_its_relay(tmp_path, monkeypatch):
+    known = tmp_path / "lab_known_hosts"
+    known.write_text("10.213.1.2 ssh-ed25519 AAAAone\n10.213.2.2 ssh-ed25519 AAAAtwo\n")
+    monkeypatch.setattr(noop_run, "KNOWN_HOSTS", known)
+    hosts = [{"name": "bench-1", "address": "10.213.1.2"}, {"name": "bench-2", "address": "10.213.2.2"}]
+    inventory = noop_run.write_inventory(tmp_path, hosts, {"bench-1": 40001})
+    lines = (tmp_path / "known_hosts").read_text().splitlines()
+    assert "[127.0.0.1]:40001 ssh-ed25519 AAAAone" in lines
+    assert not any(line.startswith("[127.0.0.1]") and "AAAAtwo" in line for line in lines)
+    text = inventory.read_text()
+    assert "_ports = {'bench-1': 40001}" in text and "from inventory.lab import lab" in text
+
+
+def test_the_table_spans_command_counts_and_marks_unmeasured_suites():
+    row = noop_run.Row(4, 50, 2.5, [2.4, 2.5, 2.6], {"a": 11, "b": 12}, float("nan"), {}, "not measured")
+    line = noop_run.table([row]).splitlines()[-1]
+    assert line == "| 4 | 50 ms | 2.50 s | 2.40, 2.50, 2.60 | 11-12 | - | - | ? | not measured |"
