@@ -32,14 +32,20 @@ def pytest_addoption(parser):
 
 
 # One SSH connection per host for the whole suite. testinfra asks ssh for
-# ControlMaster=auto but names no ControlPath, so without one every command pays a
-# whole SSH handshake (about 0.2 s here, 10 round trips over a slow link).
-CONTROL_PATH = "-o ControlPath=/tmp/sparkrig-ssh-%C"
+# ControlMaster=auto but names no ControlPath (and its --ssh-extra-args never reaches
+# the hosts it makes), so without this every command pays a whole SSH handshake:
+# about 0.25 s here, and 5 round trips more over a slow link.
+MULTIPLEX = "Host *\n  ControlMaster auto\n  ControlPath /tmp/sparkrig-ssh-%C\n  ControlPersist 60s\n\n"
+
+
+def multiplexed(ssh_config: Path, out: Path) -> Path:
+    """``ssh_config`` with connection sharing for every host, written to ``out``."""
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(MULTIPLEX + ssh_config.read_text())
+    return out
 
 
 def pytest_configure(config):
-    if not config.option.ssh_extra_args:
-        config.option.ssh_extra_args = CONTROL_PATH
     inventory = config.getoption("--inventory")
     if config.option.hosts:
         config.sparkrig_targets = "hosts"
@@ -49,11 +55,12 @@ def pytest_configure(config):
         hosts = inventory_host_data(inventory)
         ssh_config = Path(config.rootpath) / ".pytest_cache" / "sparkrig-ssh-config"
         ssh_config.parent.mkdir(exist_ok=True)
-        ssh_config.write_text(ssh_config_for(hosts))
+        ssh_config.write_text(MULTIPLEX + ssh_config_for(hosts))
         names = list(hosts)
     else:
         config.sparkrig_targets = "lab"
-        ssh_config = lab.ssh_config_path()
+        # Written once the lab is up (_lab_ssh_config): the lab's own, multiplexed.
+        ssh_config = Path(config.rootpath) / ".pytest_cache" / "sparkrig-lab-ssh-config"
         names = [name for name, _flavour in lab.DEFAULT_FLEET]
     config.option.hosts = ",".join(testinfra_spec(name) for name in names)
     config.option.ssh_config = str(ssh_config)
@@ -81,6 +88,15 @@ def host_data(request) -> dict[str, dict]:
             pytest.fail("the lab converge failed, so no control can be checked:\n" + result.log[-3000:])
         return inventory_host_data(str(REPO / LAB_INVENTORY))
     return inventory_host_data(request.config.getoption("--inventory"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lab_ssh_config(request):
+    """In lab mode: the lab up and converged, and its SSH config copied, multiplexed, to
+    where the suite's hosts read it, before the first control runs."""
+    if request.config.sparkrig_targets == "lab":
+        request.getfixturevalue("host_data")
+        multiplexed(lab.ssh_config_path(), Path(request.config.option.ssh_config))
 
 
 @pytest.fixture
