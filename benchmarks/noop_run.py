@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtt-ms", default="0,50", help="added round-trip times, comma-separated")
     parser.add_argument("--runs", type=int, default=5, help="no-change runs per measurement")
     parser.add_argument(
-        "--compliance-hosts", default="1",
+        "--compliance-hosts", default="1,4,8",
         help="fleet sizes at which the compliance suite is measured too (comma-separated, '' for none)",
     )
     args = parser.parse_args(argv)

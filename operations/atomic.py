@@ -228,6 +228,21 @@ def file(
     )
 
 
+def unit_file(
+    name: str, dest: str, content: str, validate: tuple[str, ...], reload_name: str, state: Mapping | None
+):
+    """A systemd unit file or drop-in: written (validated, atomically) only when its
+    :class:`HostState` entry ``state`` differs, then ``systemctl daemon-reload`` if the
+    write changed it. Returns the file operation, or None when the file was up to date."""
+    from pyinfra.operations import systemd
+
+    if up_to_date(state, content):
+        return None
+    op = file(name=name, dest=dest, content=content, mode=0o644, validate=validate)
+    systemd.daemon_reload(name=reload_name, _if=op.did_change)
+    return op
+
+
 def unit_file_validator(sections: Sequence[str], keys: Mapping[str, str]) -> tuple[str, ...]:
     """A ``validate=`` command for :func:`atomic.file` that accepts a unit file (or drop-in)
     holding only comments, blank lines, the given ``[sections]`` and ``KEY=VALUE`` lines

@@ -25,7 +25,6 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
 
 from . import atomic, watchdog
 from .settings import SIZE_UNITS, Setting, defaults, int_range
@@ -124,18 +123,14 @@ def jobs():
     slice_text = render_slice(host.data.jobs_memory_max)
     paths = {name: f"{BIN_DIR}/{name}" for name in commands}
     state = host.get_fact(atomic.HostState, paths=(SLICE_FILE, *paths.values()))["files"]
-    if not atomic.up_to_date(state.get(SLICE_FILE), slice_text):
-        slice_file = atomic.file(
-            name=f"Memory cap of every job ({SLICE_FILE})",
-            dest=SLICE_FILE,
-            content=slice_text,
-            mode=0o644,
-            validate=SLICE_VALIDATOR,
-        )
-        systemd.daemon_reload(
-            name=f"Reload systemd: {SLICE} changed",
-            _if=slice_file.did_change,
-        )
+    atomic.unit_file(
+        name=f"Memory cap of every job ({SLICE_FILE})",
+        dest=SLICE_FILE,
+        content=slice_text,
+        validate=SLICE_VALIDATOR,
+        reload_name=f"Reload systemd: {SLICE} changed",
+        state=state.get(SLICE_FILE),
+    )
     for name, script in commands.items():
         if atomic.up_to_date(state.get(paths[name]), script, mode=0o755):
             continue

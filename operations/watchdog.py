@@ -168,20 +168,15 @@ def watchdog():
             host.data.watchdog_avoid,
         )
     )
-    changed = []
-    if not atomic.up_to_date(state["files"].get(DROP_IN), drop_in_text):
-        drop_in = atomic.file(
-            name=f"earlyoom is never OOM-killed ({DROP_IN})",
-            dest=DROP_IN,
-            content=drop_in_text,
-            mode=0o644,
-            validate=DROP_IN_VALIDATOR,
-        )
-        systemd.daemon_reload(
-            name="Reload systemd: the earlyoom drop-in changed",
-            _if=drop_in.did_change,
-        )
-        changed.append(drop_in)
+    drop_in = atomic.unit_file(
+        name=f"earlyoom is never OOM-killed ({DROP_IN})",
+        dest=DROP_IN,
+        content=drop_in_text,
+        validate=DROP_IN_VALIDATOR,
+        reload_name="Reload systemd: the earlyoom drop-in changed",
+        state=state["files"].get(DROP_IN),
+    )
+    changed = [drop_in] if drop_in else []
     if not atomic.up_to_date(state["files"].get(DEFAULT_FILE), arguments_text):
         changed.append(
             atomic.file(
