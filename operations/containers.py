@@ -48,7 +48,7 @@ from pyinfra.operations import apt, systemd
 
 from . import atomic
 from .atomic import refuse, refused
-from .settings import Setting, boolean, defaults, one_of
+from .settings import USER_NAME, Setting, boolean, defaults, one_of
 
 DOCKER_SOURCES = ("docker-ce", "distro", "preinstalled")
 TOOLKIT_SOURCES = ("nvidia", "preinstalled")
@@ -78,7 +78,6 @@ PRIMARY_FINGERPRINTS = """awk -F: '$1=="pub"{p=1;next} $1=="fpr"&&p{print $10} {
 _URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/{}-]*)?$")
 _FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9.+-]+$")
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 # A docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
 _IMAGE = re.compile(
     r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
@@ -115,7 +114,7 @@ def packages_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 
 
 def users_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, (list, tuple)) and all(isinstance(u, str) and _USER.match(u) for u in value)
+    ok = isinstance(value, (list, tuple)) and all(isinstance(u, str) and USER_NAME.match(u) for u in value)
     return None if ok else "a list of user names ([a-z_][a-z0-9_-]*, at most 32 characters)"
 
 

@@ -36,7 +36,7 @@ from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand,
 from pyinfra.operations import apt
 
 from . import atomic, hardware
-from .settings import Setting, absolute_path, defaults, one_of
+from .settings import USER_NAME, Setting, absolute_path, defaults, one_of
 
 MANIFEST = Path(__file__).resolve().parent.parent / "group_data" / "python_stack.yml"
 UV_TOOL = "/opt/sparkrig/uv"
@@ -57,7 +57,6 @@ _PYTHON = re.compile(r"^3\.[0-9]+$")
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _URL = re.compile(r"^https?://[^\s'\"\\`$;#?]+$")
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _UV_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 
 
@@ -167,7 +166,7 @@ def profiles_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def user_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and _USER.match(value)
+    ok = isinstance(value, str) and USER_NAME.match(value)
     return None if ok else "a user name ([a-z_][a-z0-9_-]*, at most 32 characters) that exists on the host"
 
 
@@ -292,7 +291,6 @@ def major_minor(version: str | None) -> str | None:
 _STACK_SCRIPT = r"""
 s="$v/sparkrig"
 [ -x {uv} ] && echo "uv $({uv} --version 2>/dev/null | cut -d' ' -f2)"
-[ -L {link} ] && echo "link $(readlink {link})"
 [ -e {link} ] && echo "link_exists yes"
 python3 -c 'import ensurepip' 2>/dev/null && echo "venv_module yes"
 [ -d {cache} ] && echo "cache_owner $(stat -c %U {cache})"
@@ -317,14 +315,14 @@ true
 class PythonStack(FactBase):
     """
     Returns the state of uv and of one virtualenv, read in one command: uv's version,
-    where ``/usr/local/bin/uv`` links, whether ``python3 -m venv`` can make a tool
+    whether ``/usr/local/bin/uv`` is taken, whether ``python3 -m venv`` can make a tool
     environment, the venv's Python, owner and usability, the sha256 of its
     requirements.in, the input its lock was made from, and the last line of an
     offline ``uv pip sync --dry-run`` of the lock (run as the owner).
 
     .. code:: python
 
-        {"uv": "0.13.9", "link": "/opt/sparkrig/uv/bin/uv", "link_exists": True,
+        {"uv": "0.13.9", "link_exists": True,
          "venv_module": True, "cache_owner": "spark", "owner_exists": True, "occupied": True, "python": "3.12.3",
          "owner": "spark", "usable": True, "input": "9a...", "locked": "9a...",
          "plan": "Would make no changes"}
@@ -348,7 +346,7 @@ class PythonStack(FactBase):
     @staticmethod
     def default() -> dict:
         return {
-            "uv": None, "link": None, "link_exists": False, "venv_module": False,
+            "uv": None, "link_exists": False, "venv_module": False,
             "cache_owner": None, "owner_exists": False, "occupied": False, "python": None, "owner": None, "usable": False,
             "input": None, "locked": None, "plan": None,
         }
@@ -545,7 +543,6 @@ def python_stack():
     owner = data.python_venv_owner
     found = host.get_fact(PythonStack, venv=data.python_venv_path, owner=owner)
 
-    uv_wanted = render_uv_requirements(data.python_uv_version, data.python_uv_sha256)
     # The pins file is read only when uv is (re)installed: the uv version tells the rest.
     if found["uv"] != data.python_uv_version:
         if not found["venv_module"]:
@@ -558,7 +555,7 @@ def python_stack():
         atomic.file(
             name=f"uv {data.python_uv_version} and its sha256 ({UV_REQUIREMENTS})",
             dest=UV_REQUIREMENTS,
-            content=uv_wanted,
+            content=render_uv_requirements(data.python_uv_version, data.python_uv_sha256),
             mode=0o644,
         )
     link_free = not found["link_exists"]

@@ -43,6 +43,8 @@ class SettingsError(PyinfraError):
 
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A login name as useradd accepts it by default (at most 32 characters).
+USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 # systemd's size suffixes (base 1024), as MemoryMin=/MemoryMax= read them.
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 

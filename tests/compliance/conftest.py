@@ -38,11 +38,10 @@ def pytest_addoption(parser):
 MULTIPLEX = "Host *\n  ControlMaster auto\n  ControlPath /tmp/sparkrig-ssh-%C\n  ControlPersist 60s\n\n"
 
 
-def multiplexed(ssh_config: Path, out: Path) -> Path:
-    """``ssh_config`` with connection sharing for every host, written to ``out``."""
+def write_multiplexed(ssh_config: str, out: Path) -> None:
+    """The text of an SSH config, with connection sharing for every host, written to ``out``."""
     out.parent.mkdir(exist_ok=True)
-    out.write_text(MULTIPLEX + ssh_config.read_text())
-    return out
+    out.write_text(MULTIPLEX + ssh_config)
 
 
 def pytest_configure(config):
@@ -54,8 +53,7 @@ def pytest_configure(config):
         config.sparkrig_targets = "inventory"
         hosts = inventory_host_data(inventory)
         ssh_config = Path(config.rootpath) / ".pytest_cache" / "sparkrig-ssh-config"
-        ssh_config.parent.mkdir(exist_ok=True)
-        ssh_config.write_text(MULTIPLEX + ssh_config_for(hosts))
+        write_multiplexed(ssh_config_for(hosts), ssh_config)
         names = list(hosts)
     else:
         config.sparkrig_targets = "lab"
@@ -96,7 +94,7 @@ def _lab_ssh_config(request):
     where the suite's hosts read it, before the first control runs."""
     if request.config.sparkrig_targets == "lab":
         request.getfixturevalue("host_data")
-        multiplexed(lab.ssh_config_path(), Path(request.config.option.ssh_config))
+        write_multiplexed(lab.ssh_config_path().read_text(), Path(request.config.option.ssh_config))
 
 
 @pytest.fixture
