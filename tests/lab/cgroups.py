@@ -18,9 +18,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from .config import CGROUP_PARENT
 from .system import LabError, unescape_mount_path
-
-CGROUP_PARENT = "sparkrig-lab"
 
 
 def systemd_hierarchies(mountinfo: str) -> list[Path]:

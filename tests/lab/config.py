@@ -11,7 +11,15 @@ Paths come from the environment once, at import time:
   Debian mirror used by debootstrap and by apt inside the hosts;
 - ``SPARKRIG_LAB_CUDA`` (default: where this machine's ``/usr/local/cuda``
   leads): a real CUDA toolkit directory ``.../cuda-X.Y`` that flavours with
-  ``cuda_toolkit`` see read-only at ``/usr/local/cuda-X.Y``; empty for none.
+  ``cuda_toolkit`` see read-only at ``/usr/local/cuda-X.Y``; empty for none;
+- ``SPARKRIG_LAB_ID`` (default: none): a digit 1-9 that makes this a separate lab
+  beside the default one, with names and addresses of its own (namespaces
+  ``sparkrig<ID>-*``, links ``sr<ID>lab*``, table ``sparkrig_lab<ID>``, subnet
+  ``10.<213+ID>``, cgroup ``sparkrig-lab<ID>``, its own state directory and
+  apt repository server), so two checkouts can run their lab tests at once;
+  the image cache is shared. ``down`` of one never touches the other. Set the
+  controller's ``net.ipv4.ip_forward`` to 1 before running several: each lab
+  restores the value it found when it goes down.
 """
 
 from __future__ import annotations
@@ -19,7 +27,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-LAB_DIR = Path(os.environ.get("SPARKRIG_LAB_DIR", "/var/lib/sparkrig-lab"))
+
+def lab_id(value: str) -> str:
+    """The lab's instance suffix: "" for the default lab, else one digit 1-9."""
+    if value not in ("", *"123456789"):
+        raise ValueError(f"SPARKRIG_LAB_ID must be one digit 1-9 (or unset), not {value!r}")
+    return value
+
+
+LAB_ID = lab_id(os.environ.get("SPARKRIG_LAB_ID", ""))
+_SUFFIX = f"-{LAB_ID}" if LAB_ID else ""
+
+LAB_DIR = Path(os.environ.get("SPARKRIG_LAB_DIR", f"/var/lib/sparkrig-lab{_SUFFIX}"))
 CACHE_DIR = Path(os.environ.get("SPARKRIG_LAB_CACHE", "/var/cache/sparkrig-lab"))
 MIRROR = os.environ.get("SPARKRIG_LAB_MIRROR", "http://deb.debian.org/debian")
 CONTROLLER_CUDA = os.environ.get("SPARKRIG_LAB_CUDA", os.path.realpath("/usr/local/cuda"))
@@ -31,17 +50,18 @@ SSH_CONFIG = LAB_DIR / "ssh_config"
 INVENTORY = LAB_DIR / "inventory.json"
 STATE = LAB_DIR / "state.json"
 LOCK = LAB_DIR / "lock"
-REPO_CACHE = CACHE_DIR / "repo"
+REPO_CACHE = CACHE_DIR / f"repo{_SUFFIX}"
 REPO_SERVER_PID = LAB_DIR / "repo-server.pid"
 REPO_SERVER_LOG = LAB_DIR / "repo-server.log"
 
 SSH_USER = "spark"
 SSH_UID = 1000
 
-NETNS_PREFIX = "sparkrig-"
-VETH_PREFIX = "srlab"
-NFT_TABLE = "sparkrig_lab"
-SUBNET_PREFIX = "10.213"
+NETNS_PREFIX = f"sparkrig{LAB_ID}-"
+VETH_PREFIX = f"sr{LAB_ID}lab"
+NFT_TABLE = f"sparkrig_lab{LAB_ID}"
+SUBNET_PREFIX = f"10.{213 + int(LAB_ID or 0)}"
+CGROUP_PARENT = f"sparkrig-lab{LAB_ID}"
 
 # The lab's signed apt repositories (stand-ins for Docker's and NVIDIA's), served
 # over HTTP from the controller on each host's gateway address at this port.

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -399,3 +403,33 @@ def test_recipe_steps_per_flavour():
         s for s in trixie if isinstance(s, WriteFile) and s.path == "/etc/apt/sources.list"
     )
     assert f"deb {MIRROR} trixie main" in sources.content
+
+
+# --- SPARKRIG_LAB_ID: a second lab beside the default one --------------------------
+
+
+def _lab_names(lab_id: str) -> subprocess.CompletedProcess[str]:
+    code = ("from tests.lab import config as c; print(c.LAB_DIR, c.REPO_CACHE.name, c.NETNS_PREFIX, "
+            "c.VETH_PREFIX, c.NFT_TABLE, c.SUBNET_PREFIX, c.CGROUP_PARENT)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKRIG_LAB")}
+    return subprocess.run([sys.executable, "-c", code], env={**env, "SPARKRIG_LAB_ID": lab_id},
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
+
+
+def test_default_lab_keeps_its_names():
+    out = _lab_names("").stdout.split()
+    assert out == ["/var/lib/sparkrig-lab", "repo", "sparkrig-", "srlab", "sparkrig_lab", "10.213", "sparkrig-lab"]
+
+
+def test_a_lab_id_gives_names_no_default_lab_pattern_matches():
+    out = _lab_names("3").stdout.split()
+    assert out == ["/var/lib/sparkrig-lab-3", "repo-3", "sparkrig3-", "sr3lab", "sparkrig_lab3", "10.216", "sparkrig-lab3"]
+    default_link, default_netns = re.compile(r"^srlab\d+c?$"), "sparkrig-"
+    assert not default_link.match("sr3lab1") and not default_link.match("sr3lab1c")
+    assert not "sparkrig3-lab-deb12".startswith(default_netns)
+
+
+@pytest.mark.parametrize("bad", ["0", "10", "a", "-1"])
+def test_a_bad_lab_id_is_refused(bad):
+    result = _lab_names(bad)
+    assert result.returncode != 0 and "SPARKRIG_LAB_ID must be one digit 1-9" in result.stderr
