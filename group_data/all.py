@@ -180,6 +180,13 @@ containers_docker_users = []
 # nvidia-smi into any image). It must be present or pullable on the host.
 containers_check_image = "ubuntu:24.04"
 
+# --- Debian packages (operations/packages.py) --------------------------------
+
+# How long a package install waits for the dpkg and apt locks, in seconds, before
+# it fails that host (other hosts go on) with the lock and the process holding it.
+# A freshly booted box is busy with unattended-upgrades for minutes. 0: fail at once.
+packages_dpkg_lock_timeout_s = 300
+
 # --- Extra CA certificates (operations/ca_certificates.py) ------------------
 
 # CA certificates the hosts trust besides the system's, by name: the PEM text of

@@ -18,9 +18,9 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
-from pyinfra.operations import apt
 
 from . import atomic
+from .packages import installed as install_packages
 from .settings import Setting, defaults, mapping_of
 
 CERT_DIR = "/usr/local/share/ca-certificates"
@@ -139,12 +139,7 @@ def ca_certificates():
     wanted = {cert_file(name): pem_content(pem) for name, pem in host.data.ca_certificates_extra.items()}
     found = host.get_fact(SparkrigCaCertificates)
     if wanted and not found["tool"]:
-        apt.packages(
-            name="Install ca-certificates",
-            packages=["ca-certificates"],
-            update=True,
-            no_recommends=True,
-        )
+        install_packages(name="Install ca-certificates", packages=["ca-certificates"])
     changed = False
     for path, content in sorted(wanted.items()):
         current = found["files"].get(path)

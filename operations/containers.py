@@ -44,9 +44,10 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.files import File
-from pyinfra.operations import apt, systemd
+from pyinfra.operations import systemd
 
 from . import atomic
+from .packages import installed as install_packages
 from .atomic import refuse, refused
 from .settings import USER_NAME, Setting, boolean, defaults, one_of
 
@@ -747,12 +748,7 @@ def containers():
     stale_keys = [repo for repo in repos if existing[repo.name]["fingerprints"] != [repo.fingerprint]]
     tools = [p for p in KEY_TOOLS if p not in found["installed"]]
     if stale_keys and tools:
-        apt.packages(
-            name="Install what fetches and checks repository keys",
-            packages=tools,
-            update=True,
-            no_recommends=True,
-        )
+        install_packages(name="Install what fetches and checks repository keys", packages=tools)
     for repo in stale_keys:
         repository_key(
             name=f"Signing key of the {repo.name} repository ({repo.keyring})",
@@ -776,13 +772,8 @@ def containers():
 
     missing = [p for p in packages if p not in found["installed"]]
     if missing or stale_keys or stale_sources:
-        apt.packages(
-            name="Install Docker and the NVIDIA container toolkit",
-            packages=packages,
-            # Fresh package lists when a repository changed or a package is missing.
-            update=True,
-            no_recommends=True,
-        )
+        # Fresh package lists when a repository changed or a package is missing.
+        install_packages(name="Install Docker and the NVIDIA container toolkit", packages=missing)
 
     try:
         config_stale = daemon_json_change(found["daemon_json"], data.containers_nvidia_default_runtime) is not None

@@ -33,9 +33,9 @@ from typing import Any
 import yaml
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, deploy, operation
-from pyinfra.operations import apt
 
 from . import atomic, hardware
+from .packages import installed as install_packages
 from .settings import USER_NAME, Setting, absolute_path, defaults, one_of
 
 MANIFEST = Path(__file__).resolve().parent.parent / "group_data" / "python_stack.yml"
@@ -546,12 +546,7 @@ def python_stack():
     # The pins file is read only when uv is (re)installed: the uv version tells the rest.
     if found["uv"] != data.python_uv_version:
         if not found["venv_module"]:
-            apt.packages(
-                name="Install python3-venv (uv's tool environment)",
-                packages=["python3-venv"],
-                update=True,
-                no_recommends=True,
-            )
+            install_packages(name="Install python3-venv (uv's tool environment)", packages=["python3-venv"])
         atomic.file(
             name=f"uv {data.python_uv_version} and its sha256 ({UV_REQUIREMENTS})",
             dest=UV_REQUIREMENTS,

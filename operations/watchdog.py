@@ -30,10 +30,11 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, systemd
+from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
 from . import atomic
+from .packages import installed as install_packages
 from .settings import Setting, boolean, defaults, int_range
 
 PACKAGE = "earlyoom"
@@ -158,7 +159,7 @@ def watchdog():
 
     installed = state["packages"].get(PACKAGE) is not None
     if not installed:
-        apt.packages(name="Install earlyoom", packages=[PACKAGE], update=True)
+        install_packages(name="Install earlyoom", packages=[PACKAGE])
     drop_in_text = render_drop_in()
     arguments_text = render_default_file(
         earlyoom_args(

@@ -1,0 +1,108 @@
+"""
+Debian packages, installed the one way every concern installs them.
+
+A freshly booted box is often busy with apt already: unattended-upgrades and
+apt-daily hold the dpkg and apt locks for minutes after boot. apt-get fails at
+once when a lock is held, which would fail a fleet rollout on every box that
+happens to be upgrading. So sparkrig waits, a bounded time, for every lock to be
+free; past that it fails the host with a message naming the lock and the process
+holding it (other hosts go on). A dpkg run that was interrupted (a box that lost
+power mid-deploy) is completed with ``dpkg --configure -a`` before the install,
+as apt itself would demand.
+
+Concerns decide from their own facts whether a package is missing; this
+operation only runs when one is, so a converged host costs nothing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from .settings import Setting, int_range
+
+TIMEOUT_KEY = "packages_dpkg_lock_timeout_s"
+DEFAULT_TIMEOUT_S = 300
+
+# The locks apt and dpkg take (lists for `apt-get update`, archives for downloads).
+LOCKS = (
+    "/var/lib/dpkg/lock-frontend",
+    "/var/lib/dpkg/lock",
+    "/var/lib/apt/lists/lock",
+    "/var/cache/apt/archives/lock",
+)
+
+# Waits until none of the locks is held (read from /proc/locks: apt and dpkg take
+# POSIX record locks, which `flock` cannot see), at most $1 seconds; then names the
+# holder and fails. Arguments: timeout, then the lock files.
+WAIT_FOR_LOCKS = r"""
+timeout=$1; shift
+holder() {
+  for lock in "$@"; do
+    [ -e "$lock" ] || continue
+    inode=$(stat -Lc %i "$lock") || continue
+    pid=$(awk -v inode="$inode" '$2 == "->" { next } { n = split($6, dev, ":"); if (dev[n] == inode && $5 > 0) { print $5; exit } }' /proc/locks)
+    if [ -n "$pid" ]; then
+      echo "$lock is held by process $pid ($(cat /proc/$pid/comm 2>/dev/null || echo gone))"
+      return 0
+    fi
+  done
+  return 1
+}
+waited=0
+while held=$(holder "$@"); do
+  if [ "$waited" -ge "$timeout" ]; then
+    echo "sparkrig: $held, still after ${timeout} s (packages_dpkg_lock_timeout_s): not installing; run again once it is free (unattended-upgrades holds it for minutes after a boot)" >&2
+    exit 75
+  fi
+  [ $((waited % 30)) -eq 0 ] && echo "sparkrig: waiting for the package manager: $held" >&2
+  sleep 1
+  waited=$((waited + 1))
+done
+"""
+
+
+def install_command(packages: Sequence[str], timeout_s: int, no_recommends: bool = True) -> StringCommand:
+    """The one remote command: wait for the locks, finish an interrupted dpkg run,
+    fresh lists, install. apt also waits (the rest of the timeout) should another
+    process take the lock between the check and the install. No packages: the lists only."""
+    apt = ["DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "-y", "-o", f"DPkg::Lock::Timeout={timeout_s}"]
+    install = ["install", *(["--no-install-recommends"] if no_recommends else [])]
+    return StringCommand(
+        "sh", "-c", QuoteString(WAIT_FOR_LOCKS), "sparkrig-wait-for-apt", str(timeout_s), *LOCKS,
+        "&&", "DEBIAN_FRONTEND=noninteractive", "dpkg", "--configure", "-a",
+        "&&", *apt, "update",
+        *(["&&", *apt, *install, *[QuoteString(p) for p in packages]] if packages else []),
+    )
+
+
+@operation()
+def installed(packages: Sequence[str], no_recommends: bool = True) -> Iterator[StringCommand]:
+    """
+    Install Debian packages the caller found missing, with fresh package lists, waiting a
+    bounded time for the dpkg and apt locks.
+
+    + packages: the package names (the caller decided from its facts that some are missing)
+    + no_recommends: install without recommended packages
+
+    **Example:**
+
+    .. code:: python
+
+        packages.installed(name="Install earlyoom", packages=["earlyoom"])
+    """
+    # From any deploy: the setting's default where the caller's data_defaults lack it.
+    timeout = host.data.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S)
+    yield install_command(packages, timeout, no_recommends)
+
+
+SETTINGS = (
+    Setting(
+        TIMEOUT_KEY,
+        DEFAULT_TIMEOUT_S,
+        "Seconds a package install waits for the dpkg/apt locks before it fails that host.",
+        int_range(0, 3600, "seconds"),
+    ),
+)
