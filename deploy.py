@@ -11,12 +11,14 @@ tests/compliance/test_<concern>.py the controls that prove it.
 from operations.ca_certificates import ca_certificates
 from operations.containers import containers
 from operations.cuda_env import cuda_env
+from operations.hardware import hardware
 from operations.jobs import jobs
 from operations.python_stack import python_stack
 from operations.sshd_guard import sshd_guard
 from operations.swap import swap
 from operations.watchdog import watchdog
 
+hardware()  # the box is the kind its profile says (or "auto" detects it); else it stops here
 ca_certificates()  # extra CA certificates (a TLS-intercepting proxy's) in the system store
 cuda_env()  # CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ... for login shells and systemd units
 swap()  # no swap now, nothing that turns it on at boot

@@ -14,8 +14,11 @@ from operations.python_stack import load_manifest as _load_manifest
 
 # --- Hardware profile (operations/hardware.py) -------------------------------
 
-# Which entry of hardware_profiles describes the hosts. The lab inventory sets
-# "rtx50" (x86_64 hosts); a Hopper box uses "hopper".
+# Which entry of hardware_profiles describes the hosts, or "auto": the one profile
+# whose architecture and compute capability match what the box reports (uname -m,
+# nvidia-smi). Set it per group (group_data/<group>.py) on a mixed fleet. Either way
+# the box is checked first: a host that contradicts its profile fails before anything
+# changes on it. The lab inventory sets "rtx50" (x86_64 hosts); a Hopper box "hopper".
 hardware_profile = "gb10"
 
 # The kinds of box sparkrig knows: CPU architecture, the GPU's compute capability,

@@ -155,7 +155,7 @@ def cuda_env():
     ``hardware_profile`` (for ``TORCH_CUDA_ARCH_LIST``); see group_data/all.py.
     """
     cuda_home = resolve_cuda_home(host.get_fact(CudaToolkits), host.data.cuda_env_default_home)
-    profile = host.data.hardware_profiles[host.data.hardware_profile]
+    profile = hardware.host_profile()
     variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra)
 
     files = {

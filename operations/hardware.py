@@ -1,19 +1,29 @@
 """
-Hardware profiles: what each kind of box is, as data.
+Hardware profiles: what each kind of box is, as data, checked against the box.
 
 A profile names the CPU architecture, the GPU's compute capability and the
 ``TORCH_CUDA_ARCH_LIST`` that builds for it. Hosts pick one with
-``hardware_profile``; the table itself is a setting, so a fleet can add its own
-kind of box without touching code.
+``hardware_profile`` (per host, or per group in ``group_data/<group>.py``), or
+``"auto"`` to take the one profile that matches what the box reports; the table
+itself is a setting, so a fleet can add its own kind of box without touching code.
+
+``hardware()`` runs first in deploy.py: it reads the box (``uname -m``,
+``nvidia-smi``) and fails that host, before anything changes on it, when the box
+contradicts its profile (an RTX workstation given the gb10 profile would get
+aarch64 wheels and the wrong CUDA arch list). Other hosts go on.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from .settings import Setting, one_of_keys
+from pyinfra import host
+from pyinfra.api import FactBase, StringCommand, deploy
+
+from .atomic import refused
+from .settings import Setting, defaults
 
 ARCHES = ("aarch64", "x86_64")
 PROFILE_FIELDS = ("arch", "compute_capability", "torch_cuda_arch_list")
@@ -53,12 +63,101 @@ def profiles_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     return None
 
 
+AUTO = "auto"
+
+
+def profile_name_check(value: Any, data: Mapping[str, Any]) -> str | None:
+    choices = sorted(data.get("hardware_profiles") or {})
+    if isinstance(value, str) and (value == AUTO or value in choices):
+        return None
+    return f"{AUTO!r} or one of the profiles in hardware_profiles: {', '.join(choices) or '(none defined)'}"
+
+
+class HardwareIdentity(FactBase):
+    """
+    Returns what the box says it is: its CPU architecture and, where ``nvidia-smi``
+    answers, each GPU's compute capability and name (an empty list without a GPU or driver).
+
+    .. code:: python
+
+        {"arch": "aarch64", "gpus": [{"compute_capability": "12.1", "name": "NVIDIA GB10"}]}
+    """
+
+    def command(self) -> StringCommand:
+        return StringCommand(
+            "uname -m; command -v nvidia-smi >/dev/null 2>&1 &&",
+            "nvidia-smi --query-gpu=compute_cap,name --format=csv,noheader 2>/dev/null || true",
+        )
+
+    def process(self, output: Sequence[str]) -> dict[str, Any]:
+        lines = [line.strip() for line in output if line.strip()]
+        gpus = []
+        for line in lines[1:]:
+            capability, _, name = (part.strip() for part in line.partition(","))
+            if _CAPABILITY.match(capability):
+                gpus.append({"compute_capability": capability, "name": name})
+        return {"arch": lines[0] if lines else "", "gpus": gpus}
+
+
+def describe(identity: Mapping[str, Any]) -> str:
+    """The box in words: ``aarch64, GPU NVIDIA GB10 (12.1)`` or ``x86_64, no GPU visible``."""
+    gpus = ", ".join(f"GPU {g['name']} ({g['compute_capability']})" for g in identity["gpus"])
+    return f"{identity['arch']}, {gpus or 'no GPU visible (no nvidia-smi, or no driver)'}"
+
+
+def contradiction(name: str, profile: Mapping[str, Any], identity: Mapping[str, Any]) -> str | None:
+    """Why the box is not what profile ``name`` says, or None. Without a visible GPU only
+    the architecture can be checked."""
+    wrong = []
+    if identity["arch"] != profile["arch"]:
+        wrong.append(f"architecture {profile['arch']}")
+    capabilities = sorted({g["compute_capability"] for g in identity["gpus"]})
+    if capabilities and capabilities != [profile["compute_capability"]]:
+        wrong.append(f"compute capability {profile['compute_capability']}")
+    if not wrong:
+        return None
+    return (f"hardware_profile {name!r} says {' and '.join(wrong)}, but the box is "
+            f"{describe(identity)}: set hardware_profile for this host or its group "
+            f"(or \"auto\"); nothing was changed on it")
+
+
+def choose_profile(profiles: Mapping[str, Mapping[str, Any]], identity: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """``hardware_profile = "auto"``: the one profile the box matches, as (name, None), or
+    (None, why no single profile matches)."""
+    matching = sorted(name for name, profile in profiles.items()
+                      if contradiction(name, profile, identity) is None)
+    if len(matching) == 1:
+        return matching[0], None
+    if not matching:
+        return None, (f"hardware_profile \"auto\": no profile in hardware_profiles matches the box "
+                      f"({describe(identity)}): add one, or set hardware_profile")
+    return None, (f"hardware_profile \"auto\" cannot choose between {', '.join(matching)} for the box "
+                  f"({describe(identity)}): set hardware_profile for this host or its group")
+
+
+def _resolve_auto(identity: Mapping[str, Any]) -> str | None:
+    """Keep the profile ``"auto"`` chose in the host's data, for the concerns after
+    ``hardware()``; why none could be chosen, or None."""
+    chosen, problem = choose_profile(host.data.hardware_profiles, identity)
+    # An undecidable box is failed by hardware(); the concerns after it still need a
+    # profile to prepare the operations that will then not run on it.
+    host.data.hardware_profile = chosen or sorted(host.data.hardware_profiles)[0]
+    return problem
+
+
+def host_profile() -> dict[str, Any]:
+    """The current host's profile (``"auto"`` resolved from the box, once per run)."""
+    if host.data.hardware_profile == AUTO:
+        _resolve_auto(host.get_fact(HardwareIdentity))
+    return dict(host.data.hardware_profiles[host.data.hardware_profile])
+
+
 SETTINGS = (
     Setting(
         "hardware_profile",
         "gb10",
-        "Which profile of hardware_profiles describes the host.",
-        one_of_keys("hardware_profiles"),
+        "Which profile of hardware_profiles describes the host, or \"auto\" to detect it.",
+        profile_name_check,
     ),
     Setting(
         "hardware_profiles",
@@ -67,3 +166,21 @@ SETTINGS = (
         profiles_check,
     ),
 )
+
+
+@deploy("Hardware profile", data_defaults=defaults(SETTINGS))
+def hardware():
+    """
+    Check that the box is the kind its ``hardware_profile`` says, or choose its profile
+    for ``"auto"``: a contradiction fails this host before anything changes on it.
+
+    Settings: ``hardware_profile``, ``hardware_profiles``; see group_data/all.py.
+    """
+    identity = host.get_fact(HardwareIdentity)
+    name = host.data.hardware_profile
+    if name == AUTO:
+        problem = _resolve_auto(identity)
+    else:
+        problem = contradiction(name, host.data.hardware_profiles[name], identity)
+    if problem:
+        refused(name="The box is the hardware its profile says", message=problem)

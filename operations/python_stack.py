@@ -35,6 +35,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, deploy, operation
 
 from . import atomic, hardware
+from .atomic import refused
 from .packages import installed as install_packages
 from .settings import USER_NAME, Setting, absolute_path, defaults, one_of
 
@@ -538,7 +539,12 @@ def python_stack():
     """
     data = host.data
     manifest = data.python_stack
-    arch = data.hardware_profiles[data.hardware_profile]["arch"]
+    arch = hardware.host_profile()["arch"]
+    # Checked before any connection for a named profile; for "auto", now that the box said.
+    problem = manifest_problem(manifest, arch)
+    if problem:
+        refused(name="The versions manifest fits this box", message=f"python_stack: {problem}")
+        return
     requirements = render_requirements(manifest, data.python_stack_profiles, arch, data.python_index_url)
     owner = data.python_venv_owner
     found = host.get_fact(PythonStack, venv=data.python_venv_path, owner=owner)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from operations.hardware import AUTO, HardwareIdentity, choose_profile
 from operations.settings import all_settings, resolve
 from tests import lab
 from tests.conftest import LAB_INVENTORY
@@ -105,6 +106,24 @@ def settings(host, host_data) -> dict:
         data = {k: v for k, v in runpy.run_path(str(REPO / "group_data" / "all.py")).items()
                 if not k.startswith("_")}
     return resolve(all_settings(), data)
+
+
+@pytest.fixture
+def identity(host) -> dict:
+    """What the host under test says it is (operations.hardware.HardwareIdentity's shape)."""
+    command = HardwareIdentity().command().get_raw_value()
+    return HardwareIdentity().process(host.check_output(command).splitlines())
+
+
+@pytest.fixture
+def profile(settings, identity) -> dict:
+    """The host's hardware profile; for "auto", the one the box matches (as the deploy chose)."""
+    name = settings["hardware_profile"]
+    if name == AUTO:
+        name, problem = choose_profile(settings["hardware_profiles"], identity)
+        if name is None:
+            pytest.fail(problem)
+    return settings["hardware_profiles"][name]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -29,9 +29,8 @@ def _cuda_home(host, settings) -> str:
 
 
 @pytest.fixture
-def expected(host, settings) -> dict[str, str]:
+def expected(host, settings, profile) -> dict[str, str]:
     home = _cuda_home(host, settings)
-    profile = settings["hardware_profiles"][settings["hardware_profile"]]
     return {
         "CUDA_HOME": home,
         "LD_LIBRARY_PATH": f"{home}/lib64",

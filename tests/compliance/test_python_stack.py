@@ -101,13 +101,13 @@ def test_every_pinned_package_is_at_its_pinned_version(host, venv, pins):
     assert not wrong, f"installed vs pinned: {wrong}"
 
 
-def test_vllm_came_from_the_pinned_wheel(host, settings, manifest, venv):
+def test_vllm_came_from_the_pinned_wheel(host, profile, manifest, venv):
     """Protects against a vLLM built against another torch: the wheel installed is the one
     the manifest names, by URL (its sha256 was checked at install)."""
     vllm = manifest.get("vllm")
     if not vllm or not vllm.get("wheels"):
         pytest.skip("the manifest pins no vLLM wheel URL for this host")
-    arch = settings["hardware_profiles"][settings["hardware_profile"]]["arch"]
+    arch = profile["arch"]
     code = (
         "import importlib.metadata as m, json\n"
         f"print(json.loads(m.distribution({vllm['name']!r}).read_text('direct_url.json'))['url'])"
@@ -175,7 +175,7 @@ def test_gpu_torch_is_a_cuda_13_build(host, venv, gpu):
     assert _python(host, venv, "import torch; print(torch.version.cuda)").startswith("13.")
 
 
-def test_gpu_is_available_with_the_profiles_capability(host, settings, venv, gpu):
+def test_gpu_is_available_with_the_profiles_capability(host, profile, venv, gpu):
     """Protects against a box deployed with another box's profile (sm_121 kernels on an
     sm_120 card): torch sees the GPU, of the compute capability the profile names."""
     code = (
@@ -183,7 +183,6 @@ def test_gpu_is_available_with_the_profiles_capability(host, settings, venv, gpu
         "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
         "print('%d.%d' % torch.cuda.get_device_capability(0))"
     )
-    profile = settings["hardware_profiles"][settings["hardware_profile"]]
     assert _python(host, venv, code) == profile["compute_capability"]
 
 

@@ -51,7 +51,7 @@ def test_defaults_are_valid():
         ({"cuda_env_file": "etc/cuda.env"}, "cuda_env_file = 'etc/cuda.env': allowed is a normalised absolute path"),
         ({"cuda_env_default_home": "/usr/local/../cuda"}, "cuda_env_default_home = '/usr/local/../cuda'"),
         ({"cuda_env_file": "/etc/it's.env"}, "without quotes"),
-        ({"hardware_profile": "gb20"}, "allowed is one of the profiles in hardware_profiles: gb10, hopper, rtx50"),
+        ({"hardware_profile": "gb20"}, "allowed is 'auto' or one of the profiles in hardware_profiles: gb10, hopper, rtx50"),
         ({"hardware_profiles": {"gb10": {"arch": "arm"}}}, "bad profile: 'gb10'"),
         ({"cuda_env_extra": {"HF HOME": "/x"}}, "bad entry: 'HF HOME'"),
         ({"cuda_env_extra": {"HF_HOME": "it's"}}, "bad entry: 'HF_HOME'"),
@@ -135,6 +135,6 @@ def test_pyinfra_stops_on_a_bad_setting_before_contacting_any_host(tmp_path):
         listener.close()
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
-    assert "host 'spark-bad': hardware_profile = 'gb11': allowed is one of the profiles" in output
+    assert "host 'spark-bad': hardware_profile = 'gb11': allowed is 'auto' or one of the profiles" in output
     assert "spark-ok'" not in output
     assert accepted == [], "a host was contacted although the settings were invalid"
