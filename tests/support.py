@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from operations.rollout import limit_hosts
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
@@ -59,8 +62,9 @@ def run_deploy(inventory: str, *args: str, timeout: int = 1800) -> DeployResult:
     return DeployResult(result.returncode, report, result.stderr + result.stdout * (report is None))
 
 
-def inventory_host_data(inventory: str) -> dict[str, dict[str, Any]]:
-    """Every host of a pyinfra inventory with its merged data (group_data included).
+def inventory_host_data(inventory: str, limit: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Every host of a pyinfra inventory with its merged data (group_data included),
+    restricted as pyinfra's ``--limit`` restricts a deploy (see :func:`limit_hosts`).
 
     Asked of the pyinfra CLI itself (``debug-inventory --json``, which also validates
     the settings), in a subprocess: importing pyinfra's CLI would monkey-patch this
@@ -72,7 +76,9 @@ def inventory_host_data(inventory: str) -> dict[str, dict[str, Any]]:
     )
     if result.returncode != 0:
         raise RuntimeError(f"pyinfra could not load {inventory}:\n{result.stderr}{result.stdout}")
-    return {host["name"]: host["data"] for host in json.loads(result.stdout)}
+    hosts = json.loads(result.stdout)
+    chosen = limit_hosts({host["name"]: host["groups"] for host in hosts}, limit)
+    return {host["name"]: host["data"] for host in hosts if host["name"] in chosen}
 
 
 _SSH_OPTIONS = {

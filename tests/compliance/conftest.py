@@ -1,11 +1,15 @@
 """
 Targets of the compliance suite: every host of a pyinfra inventory, over SSH.
 
-    pytest tests/compliance --inventory inventory/spark.py
+    pytest tests/compliance --inventory inventory/spark.py [--limit GROUP_OR_HOST] [--junitxml report.xml]
 
 reaches each host with the inventory's own SSH settings (ssh_hostname, ssh_user,
 ssh_port, ssh_key, known hosts) through testinfra's ``ssh://`` backend, and checks
 it against the settings pyinfra would deploy to it (group_data included).
+``--limit`` picks hosts as pyinfra's does (a group, or a host name glob). With
+several hosts the controls run in parallel, one pytest-xdist worker per host (at
+most 8; ``-n N`` chooses another number, ``-n 0`` none), and the run ends with a
+table of passed/failed/skipped controls per host.
 testinfra's own ``--hosts`` also works; the hosts are then checked against
 group_data/all.py alone. With neither, the suite targets the local lab: it boots
 and converges the lab fleet first.
@@ -13,6 +17,7 @@ and converges the lab fleet first.
 
 from __future__ import annotations
 
+import re
 import runpy
 from pathlib import Path
 
@@ -30,6 +35,28 @@ def pytest_addoption(parser):
         "--inventory",
         help="pyinfra inventory whose hosts the compliance suite checks (default: the local lab)",
     )
+    parser.addoption(
+        "--limit", action="append", default=[],
+        help="with --inventory: only these hosts, as pyinfra's --limit (group or host glob; "
+             "comma-separated or repeated)",
+    )
+
+
+MAX_WORKERS = 8
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """With --inventory, one xdist worker per host (hosts in parallel, each host's controls in
+    one worker over one SSH connection), unless -n was given."""
+    inventory = config.getoption("--inventory")
+    if not inventory or not config.pluginmanager.hasplugin("xdist") or config.option.numprocesses is not None:
+        return
+    hosts = inventory_host_data(inventory, config.getoption("--limit"))
+    config.sparkrig_inventory_hosts = hosts
+    if len(hosts) > 1:
+        config.option.numprocesses = min(len(hosts), MAX_WORKERS)
+        config.option.dist = "loadgroup"
 
 
 # One SSH connection per host for the whole suite. testinfra asks ssh for
@@ -52,7 +79,9 @@ def pytest_configure(config):
         return
     if inventory:
         config.sparkrig_targets = "inventory"
-        hosts = inventory_host_data(inventory)
+        hosts = getattr(config, "sparkrig_inventory_hosts", None)
+        if hosts is None:
+            hosts = inventory_host_data(inventory, config.getoption("--limit"))
         ssh_config = Path(config.rootpath) / ".pytest_cache" / "sparkrig-ssh-config"
         write_multiplexed(ssh_config_for(hosts), ssh_config)
         names = list(hosts)
@@ -86,7 +115,7 @@ def host_data(request) -> dict[str, dict]:
         if result.returncode != 0:
             pytest.fail("the lab converge failed, so no control can be checked:\n" + result.log[-3000:])
         return inventory_host_data(str(REPO / LAB_INVENTORY))
-    return inventory_host_data(request.config.getoption("--inventory"))
+    return inventory_host_data(request.config.getoption("--inventory"), request.config.getoption("--limit"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -127,9 +156,80 @@ def profile(settings, identity) -> dict:
 
 
 def pytest_collection_modifyitems(config, items):
-    """In lab mode the controls need the lab: mark them so `-m "not lab"` leaves them out."""
-    if config.sparkrig_targets == "lab":
-        here = Path(__file__).parent
-        for item in items:
-            if here in Path(item.fspath).parents:
-                item.add_marker(pytest.mark.lab)
+    """In lab mode the controls need the lab: mark them so `-m "not lab"` leaves them out.
+    Every control is grouped by its host, so xdist's loadgroup runs a host's controls in
+    one worker."""
+    here = Path(__file__).parent
+    for item in items:
+        if here not in Path(item.fspath).parents:
+            continue
+        if config.sparkrig_targets == "lab":
+            item.add_marker(pytest.mark.lab)
+        target = host_of(item.nodeid)
+        if target:
+            item.add_marker(pytest.mark.xdist_group(target))
+
+
+# --- the per-host table ----------------------------------------------------------
+
+def host_of(nodeid: str) -> str | None:
+    """The inventory name in a control's test id (``test_x[ssh://lab-deb12]`` ->
+    ``lab-deb12``, ``[local://]`` -> ``@local``), or None."""
+    match = re.search(r"\[(ssh://([^\]]+)|local://)\]?", nodeid)
+    if not match:
+        return None
+    return match.group(2) or "@local"
+
+
+class HostTable:
+    """Outcome of every control, per host: passed, failed, skipped (a control counts once,
+    by its worst phase)."""
+
+    def __init__(self):
+        self.outcomes: dict[str, dict[str, str]] = {}
+
+    def add(self, report) -> None:
+        target = host_of(report.nodeid)
+        if target is None:
+            return
+        control = report.nodeid.split("::")[-1].split("[")[0]
+        module = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
+        key = f"{module}::{control}"
+        known = self.outcomes.setdefault(target, {})
+        if report.failed:
+            known[key] = "failed"
+        elif report.skipped and known.get(key) != "failed":
+            known[key] = "skipped"
+        elif report.when == "call" and report.passed and key not in known:
+            known[key] = "passed"
+
+    def lines(self) -> list[str]:
+        rows = [("host", "passed", "failed", "skipped")]
+        failures = []
+        for target in sorted(self.outcomes):
+            counts = {o: 0 for o in ("passed", "failed", "skipped")}
+            for control, outcome in sorted(self.outcomes[target].items()):
+                counts[outcome] += 1
+                if outcome == "failed":
+                    failures.append(f"  {target}: {control}")
+            rows.append((target, *(str(counts[o]) for o in ("passed", "failed", "skipped"))))
+        width = max(len(r[0]) for r in rows)
+        out = [f"{r[0]:<{width}}  {r[1]:>6}  {r[2]:>6}  {r[3]:>7}" for r in rows]
+        return out + (["failed controls:", *failures] if failures else [])
+
+
+_TABLE = HostTable()
+
+
+def pytest_runtest_logreport(report):
+    """Every report, also those xdist's workers send to the controller."""
+    _TABLE.add(report)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    table = _TABLE
+    if not table.outcomes or hasattr(config, "workerinput"):
+        return
+    terminalreporter.section("sparkrig compliance, per host")
+    for line in table.lines():
+        terminalreporter.write_line(line)
