@@ -118,3 +118,8 @@ lab = [
     )
     for _host in _inventory["hosts"]
 ]
+
+# Groups by flavour, for --limit (pyinfra's and the compliance suite's): e.g.
+# `--limit debian13` targets the Debian 13 hosts.
+debian12 = [_host["name"] for _host in _inventory["hosts"] if _host["flavour"] == "debian12"]
+debian13 = [_host["name"] for _host in _inventory["hosts"] if _host["flavour"] == "debian13"]

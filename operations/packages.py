@@ -69,7 +69,9 @@ def install_command(packages: Sequence[str], timeout_s: int, no_recommends: bool
     fresh lists, install. apt also waits (the rest of the timeout) should another
     process take the lock between the check and the install. No packages: the lists only."""
     apt = ["DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "-y", "-o", f"DPkg::Lock::Timeout={timeout_s}"]
-    install = ["install", *(["--no-install-recommends"] if no_recommends else [])]
+    # A conffile sparkrig changed (e.g. /etc/default/earlyoom) is kept on a reinstall, never prompted for.
+    keep = ["-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
+    install = [*keep, "install", *(["--no-install-recommends"] if no_recommends else [])]
     return StringCommand(
         "sh", "-c", QuoteString(WAIT_FOR_LOCKS), "sparkrig-wait-for-apt", str(timeout_s), *LOCKS,
         "&&", "DEBIAN_FRONTEND=noninteractive", "dpkg", "--configure", "-a",

@@ -90,7 +90,7 @@ def failed_hosts(hosts: Sequence[str], report: dict | None) -> list[str]:
 def run_batch(inventory: str, hosts: Sequence[str], extra: Sequence[str]) -> BatchResult:
     """``pyinfra -y --json --limit HOSTS INVENTORY deploy.py``; its log goes to our stderr."""
     result = subprocess.run(
-        [PYINFRA, "-y", "--json", "--limit", ",".join(hosts), *extra, inventory, "deploy.py"],
+        [PYINFRA, "-y", "--json", *[arg for h in hosts for arg in ("--limit", h)], *extra, inventory, "deploy.py"],
         cwd=REPO, stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -127,10 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1, help="hosts per batch (default 1)")
     parser.add_argument("--limit", action="append", default=[],
                         help="only these hosts: a group or host glob, as pyinfra's --limit")
-    parser.add_argument("pyinfra_args", nargs=argparse.REMAINDER,
-                        help="after --: more pyinfra options for every batch (e.g. --data k=v)")
-    args = parser.parse_args(argv)
-    extra = [a for a in args.pyinfra_args if a != "--"]
+    parser.epilog = "Options after -- go to every batch's pyinfra run, e.g. -- --data hardware_profile=auto"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     try:
         return rollout(args.inventory, args.batch, args.limit, extra)
     except ValueError as error:

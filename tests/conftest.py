@@ -8,6 +8,7 @@ a tool missing). ``--keep-lab`` leaves the fleet up after the run for a look.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -46,6 +47,8 @@ STOCK_DAEMON_JSON = {
 
 def pytest_addoption(parser):
     parser.addoption("--keep-lab", action="store_true", help="leave the lab hosts running after the tests")
+    parser.addoption("--reuse-lab", action="store_true",
+                     help="use the lab left up by --keep-lab as it is (no fresh boot); implies --keep-lab")
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +56,12 @@ def lab_hosts(request):
     missing = lab.missing_requirements()
     if missing:
         pytest.skip("the lab cannot run on this machine: " + "; ".join(missing))
+    if request.config.getoption("--reuse-lab"):
+        running = {h["name"]: h for h in lab.status()}
+        if set(running) != {name for name, _ in lab.DEFAULT_FLEET} or not all(h["ssh_ok"] for h in running.values()):
+            pytest.fail(f"--reuse-lab: the lab is not up with every host reachable: {running}")
+        yield [SimpleNamespace(**h) for h in running.values()]
+        return
     hosts = lab.up()
     for host in hosts:
         if host.name in STOCK_FSTAB:

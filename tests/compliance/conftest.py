@@ -91,6 +91,7 @@ def pytest_configure(config):
         ssh_config = Path(config.rootpath) / ".pytest_cache" / "sparkrig-lab-ssh-config"
         names = [name for name, _flavour in lab.DEFAULT_FLEET]
     config.option.hosts = ",".join(testinfra_spec(name) for name in names)
+    _TABLE.names = list(names)
     config.option.ssh_config = str(ssh_config)
 
 
@@ -165,31 +166,34 @@ def pytest_collection_modifyitems(config, items):
             continue
         if config.sparkrig_targets == "lab":
             item.add_marker(pytest.mark.lab)
-        target = host_of(item.nodeid)
-        if target:
-            item.add_marker(pytest.mark.xdist_group(target))
+        callspec = getattr(item, "callspec", None)
+        if callspec and "_testinfra_host" in callspec.params:
+            item.add_marker(pytest.mark.xdist_group(inventory_name(callspec.params["_testinfra_host"])))
 
 
 # --- the per-host table ----------------------------------------------------------
 
-def host_of(nodeid: str) -> str | None:
-    """The inventory name in a control's test id (``test_x[ssh://lab-deb12]`` ->
-    ``lab-deb12``, ``[local://]`` -> ``@local``), or None."""
-    match = re.search(r"\[(ssh://([^\]]+)|local://)\]?", nodeid)
-    if not match:
-        return None
-    return match.group(2) or "@local"
+def host_of(nodeid: str, names) -> str | None:
+    """The inventory name in a control's test id, or None. testinfra's id comes first in the
+    brackets (``[ssh://NAME]``, ``[local://]``), joined by "-" to other parameters, so the
+    longest of the known ``names`` that fits wins (host names contain "-" too)."""
+    if "[local://" in nodeid:
+        return "@local"
+    fits = [name for name in names
+            if f"[ssh://{name}]" in nodeid or f"[ssh://{name}-" in nodeid]
+    return max(fits, key=len) if fits else None
 
 
 class HostTable:
     """Outcome of every control, per host: passed, failed, skipped (a control counts once,
     by its worst phase)."""
 
-    def __init__(self):
+    def __init__(self, names=()):
+        self.names = list(names)
         self.outcomes: dict[str, dict[str, str]] = {}
 
     def add(self, report) -> None:
-        target = host_of(report.nodeid)
+        target = host_of(report.nodeid, self.names)
         if target is None:
             return
         control = report.nodeid.split("::")[-1].split("[")[0]

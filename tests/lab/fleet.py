@@ -157,6 +157,17 @@ def recreate(name: str) -> LabHost:
         return host
 
 
+def kill(name: str) -> None:
+    """Cut one host's power: SIGKILL its nspawn and everything it ran, no shutdown. Its
+    files stay as they were at that instant (half-written ones too); ``restart`` boots it."""
+    _require_runnable()
+    with locked(LOCK):
+        _state, host = _running_host(name)
+        kill_processes(lab_nspawn_pids(HOSTS_DIR, under=host.rootfs))
+        _kill_leftovers(cgroups.pids(host.name), [host.netns])
+        log.info("%s: killed", host.name)
+
+
 def restart(name: str) -> LabHost:
     """Shut one host down cleanly and boot it again from the same root file system.
 

@@ -42,7 +42,12 @@ FLAVOURS: dict[str, Flavour] = {
     "debian13": Flavour("debian13", "trixie", "ssh.socket", cuda_toolkit=True),
 }
 
-DEFAULT_FLEET: tuple[tuple[str, str], ...] = (("lab-deb12", "debian12"), ("lab-deb13", "debian13"))
+# Four hosts, two of each flavour: the fleet tests kill, recreate and drift the "-b"
+# hosts while the first two keep what the other tests set up on them.
+DEFAULT_FLEET: tuple[tuple[str, str], ...] = (
+    ("lab-deb12", "debian12"), ("lab-deb13", "debian13"),
+    ("lab-deb12-b", "debian12"), ("lab-deb13-b", "debian13"),
+)
 
 
 @dataclass

@@ -45,9 +45,14 @@ def test_a_batch_fails_on_an_operation_error_or_an_unreached_host():
 
 
 def test_host_ids_are_read_from_testinfra_ids():
-    assert host_of("tests/compliance/test_swap.py::test_x[ssh://lab-deb12]") == "lab-deb12"
-    assert host_of("tests/compliance/test_swap.py::test_x[local://]") == "@local"
-    assert host_of("tests/unit/test_swap.py::test_y[1]") is None
+    names = ["lab-deb12", "lab-deb12-b"]
+    assert host_of("tests/compliance/test_swap.py::test_x[ssh://lab-deb12]", names) == "lab-deb12"
+    assert host_of("tests/compliance/test_swap.py::test_x[ssh://lab-deb12-b]", names) == "lab-deb12-b"
+    # Another parameter after testinfra's id, joined by "-": the longest known name wins.
+    assert host_of("tests/compliance/test_jobs.py::test_y[ssh://lab-deb12-b-spark-run]", names) == "lab-deb12-b"
+    assert host_of("tests/compliance/test_jobs.py::test_y[ssh://lab-deb12-spark-run]", names) == "lab-deb12"
+    assert host_of("tests/compliance/test_swap.py::test_x[local://]", names) == "@local"
+    assert host_of("tests/unit/test_swap.py::test_y[1]", names) is None
 
 
 def _report(nodeid, when, outcome):
@@ -56,7 +61,7 @@ def _report(nodeid, when, outcome):
 
 
 def test_the_table_counts_each_control_once_by_its_worst_phase():
-    table = HostTable()
+    table = HostTable(["h1", "h2"])
     a, b = "tests/compliance/test_swap.py::test_off[ssh://{}]", "tests/compliance/test_jobs.py::test_gpu[ssh://{}]"
     for host in ("h1", "h2"):
         table.add(_report(a.format(host), "setup", "passed"))
@@ -68,3 +73,22 @@ def test_the_table_counts_each_control_once_by_its_worst_phase():
     assert lines[1].split() == ["h1", "1", "0", "1"]
     assert lines[2].split() == ["h2", "0", "1", "1"]
     assert lines[3:] == ["failed controls:", "  h2: test_swap.py::test_off"]
+
+
+def test_rollout_options_go_anywhere_and_pyinfra_options_after_a_double_dash(monkeypatch):
+    from operations import rollout
+    seen = {}
+    monkeypatch.setattr(rollout, "rollout", lambda inv, batch, limit, extra: seen.update(
+        inventory=inv, batch=batch, limit=limit, extra=extra) or 0)
+    assert rollout.main(["inventory/lab.py", "--batch", "2", "--limit", "debian12", "--", "--data", "a=1"]) == 0
+    assert seen == {"inventory": "inventory/lab.py", "batch": 2, "limit": ["debian12"], "extra": ["--data", "a=1"]}
+
+
+def test_a_group_takes_its_settings_from_group_data(tmp_path):
+    """group_data/workstations.py gives the workstations group the rtx50 profile; others keep gb10."""
+    from tests.support import inventory_host_data
+    inventory = tmp_path / "fleet.py"
+    inventory.write_text('sparks = [("spark-01", {})]\nworkstations = [("ws-01", {})]\n')
+    hosts = inventory_host_data(str(inventory))
+    assert {name: data["hardware_profile"] for name, data in hosts.items()} == {"spark-01": "gb10", "ws-01": "rtx50"}
+    assert list(inventory_host_data(str(inventory), ["workstations"])) == ["ws-01"]

@@ -78,7 +78,8 @@ def test_the_command_waits_completes_dpkg_updates_then_installs():
     assert steps == [
         "DEBIAN_FRONTEND=noninteractive dpkg --configure -a",
         "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 update",
-        "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 install "
+        "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 "
+        "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold install "
         "--no-install-recommends earlyoom docker-cli",
     ]
 

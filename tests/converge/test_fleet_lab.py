@@ -1,0 +1,286 @@
+"""
+Fleets in the lab: four hosts of both flavours, faults that stay on one host, drift the
+compliance suite finds and the next converge fixes, and a box reprovisioned from scratch.
+
+The fault tests work on the "-b" hosts (lab-deb12-b, lab-deb13-b) and leave every host
+converged, so the compliance suite that runs after them checks the whole fleet again.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from operations.sshd_guard import DROPIN_NAME
+from tests import lab
+from tests.compliance.conftest import host_of
+from tests.conftest import LAB_INVENTORY
+from tests.support import PYINFRA, REPO, DeployResult, run_deploy
+
+pytestmark = pytest.mark.lab
+
+FLEET = {"lab-deb12", "lab-deb13", "lab-deb12-b", "lab-deb13-b"}
+
+
+@dataclass
+class SuiteRun:
+    """One run of the compliance suite in its own pytest: exit code, output, and each
+    host's controls with their outcome (from its JUnit XML)."""
+
+    returncode: int
+    output: str
+    outcomes: dict[str, dict[str, str]]
+
+    def failed(self, host: str) -> set[str]:
+        return {control for control, outcome in self.outcomes[host].items() if outcome == "failed"}
+
+
+def run_suite(tmp_path: Path, *args: str) -> SuiteRun:
+    """``pytest tests/compliance --inventory inventory/lab.py --junitxml ...``, as a user runs it."""
+    junit = tmp_path / f"compliance-{time.monotonic_ns()}.xml"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/compliance", "--inventory", LAB_INVENTORY,
+         f"--junitxml={junit}", "-q", "-rfs", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=1500,
+    )
+    outcomes: dict[str, dict[str, str]] = {}
+    if junit.exists():
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            target = host_of(f"x::{case.get('name', '')}", FLEET)
+            if target is None:
+                continue
+            control = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{case.get('name').split('[')[0]}"
+            outcome = ("failed" if case.find("failure") is not None or case.find("error") is not None
+                       else "skipped" if case.find("skipped") is not None else "passed")
+            outcomes.setdefault(target, {})[control] = outcome
+    return SuiteRun(result.returncode, result.stdout + result.stderr, outcomes)
+
+
+def _assert_converged(result: DeployResult, hosts: set[str]) -> None:
+    assert result.returncode == 0, result.log
+    assert result.errors() == {}, result.log
+    assert result.hosts() == hosts
+
+
+# --- the whole fleet ------------------------------------------------------------------
+
+
+def test_the_fleet_passes_the_suite_run_through_its_inventory_in_parallel(first_converge, tmp_path):
+    assert first_converge.returncode == 0, first_converge.log
+    suite = run_suite(tmp_path)
+    assert suite.returncode == 0, suite.output[-6000:]
+    assert set(suite.outcomes) == FLEET
+    for host, controls in suite.outcomes.items():
+        assert not suite.failed(host)
+        assert sum(o == "passed" for o in controls.values()) >= 40, (host, controls)
+    # One worker per host, and the per-host table at the end.
+    assert "4 workers" in suite.output, suite.output[:2000]
+    table = suite.output.split("sparkrig compliance, per host", 1)[1]
+    assert all(f"\n{host} " in table for host in FLEET), table
+
+
+def test_a_rolling_rollout_goes_batch_by_batch_and_converges_everything(first_converge):
+    result = subprocess.run([sys.executable, "-m", "operations.rollout", LAB_INVENTORY, "--batch", "2",
+                             "--limit", "debian12,debian13"],
+                            cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "rollout: batch 1/2: lab-deb12, lab-deb13\n" in result.stderr
+    assert "rollout: batch 2/2: lab-deb12-b, lab-deb13-b\n" in result.stderr
+    assert "rollout: all 4 hosts converged" in result.stderr
+
+
+# --- one host's fault stays on that host ------------------------------------------------
+
+
+def test_an_unreachable_host_is_reported_the_others_finish_and_a_rerun_converges_it(first_converge):
+    down = "lab-deb12-b"
+    lab.kill(down)
+    try:
+        result = run_deploy(LAB_INVENTORY)
+        assert result.returncode != 0
+        assert result.hosts() == FLEET - {down}, result.log
+        assert result.errors() == {} and result.changed() == {}, result.log
+        assert down in result.log and "Could not connect" in result.log, result.log[-3000:]
+
+        rollout = subprocess.run([sys.executable, "-m", "operations.rollout", LAB_INVENTORY,
+                                  "--limit", f"{down},lab-deb13-b"],
+                                 cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert rollout.returncode == 1
+        assert f"rollout: batch 1 FAILED on {down}; stopped. Not started: lab-deb13-b" in rollout.stderr
+        assert "batch 2/2" not in rollout.stderr
+    finally:
+        lab.restart(down)
+    _assert_converged(run_deploy(LAB_INVENTORY, "--limit", down), {down})
+
+
+STANDIN_NVIDIA_SMI = "/usr/local/bin/nvidia-smi"
+
+
+def test_a_box_that_contradicts_its_profile_stops_before_anything_changes(first_converge):
+    """The lab's hosts have no GPU: a STAND-IN nvidia-smi (named as such, removed after)
+    reports an sm_120 card, as an RTX 50xx box's does."""
+    host = "lab-deb13-b"
+    script = "#!/bin/sh\n# sparkrig lab STAND-IN for nvidia-smi: no GPU here\necho '12.0, sparkrig-lab stand-in GPU'\n"
+    lab.run_ssh(host, f"sudo tee {STANDIN_NVIDIA_SMI} >/dev/null && sudo chmod 755 {STANDIN_NVIDIA_SMI}",
+                input=script)
+    try:
+        wrong = run_deploy(LAB_INVENTORY, "--limit", host, "--data", "hardware_profile=hopper")
+        assert wrong.returncode != 0
+        assert ("--> Starting operation: Hardware profile | The box is the hardware its profile says"
+                in wrong.log), wrong.log
+        assert ("hardware_profile 'hopper' says compute capability 9.0, but the box is x86_64, "
+                "GPU sparkrig-lab stand-in GPU (12.0)") in wrong.log
+        # The first operation failed the only host (pyinfra: "No hosts remaining!"), so no
+        # other ran: had the hopper profile changed anything (its arch list 9.0 in the CUDA
+        # env file), the run with the host's own profile would change it back.
+        assert "No hosts remaining" in wrong.log
+        _assert_converged(same := run_deploy(LAB_INVENTORY, "--limit", host), {host})
+        assert same.changed() == {}, same.log
+
+        auto = run_deploy(LAB_INVENTORY, "--limit", host, "--data", "hardware_profile=auto")
+        # "auto" reads the box and takes rtx50, the profile it was converged with: no change.
+        _assert_converged(auto, {host})
+        assert auto.changed() == {}, auto.log
+    finally:
+        lab.run_ssh(host, f"sudo rm -f {STANDIN_NVIDIA_SMI}")
+
+
+# Holds dpkg's frontend lock as apt does (a POSIX record lock), the way unattended-upgrades
+# holds it for minutes after a fresh boot.
+HOLD_DPKG_LOCK = (
+    "import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); "
+    "fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(900)"
+)
+
+
+def test_a_held_dpkg_lock_fails_that_host_after_a_bounded_wait(first_converge):
+    host = "lab-deb13-b"
+    unit = "sparkrig-test-holds-dpkg-lock"
+    # A package the deploy must install again.
+    lab.run_ssh(host, "sudo DEBIAN_FRONTEND=noninteractive apt-get -q -y remove earlyoom >/dev/null")
+    lab.run_ssh(host, f"sudo systemd-run --unit={unit} --description='stand-in for unattended-upgrades' "
+                      f"python3 -c {shlex.quote(HOLD_DPKG_LOCK)}")
+    try:
+        started = time.monotonic()
+        # With a neighbour, which must finish: the lock is held on one box only.
+        result = run_deploy(LAB_INVENTORY, "--limit", host, "--limit", "lab-deb13",
+                            "--data", "packages_dpkg_lock_timeout_s=5")
+        assert result.returncode != 0
+        # The install failed; pyinfra lists the operations the failed host then skipped too.
+        assert list(result.errors()) == [host], result.log
+        assert result.errors()[host][0] == "Memory watchdog | Install earlyoom", result.log
+        assert "lab-deb13" in result.hosts() and "lab-deb13" not in result.changed(), result.log
+        assert "/var/lib/dpkg/lock-frontend is held by process" in result.log
+        assert "(python3), still after 5 s (packages_dpkg_lock_timeout_s)" in result.log
+        assert time.monotonic() - started < 120
+    finally:
+        lab.run_ssh(host, f"sudo systemctl stop {unit}", check=False)
+    rerun = run_deploy(LAB_INVENTORY, "--limit", host)
+    _assert_converged(rerun, {host})
+    assert "Memory watchdog | Install earlyoom" in rerun.changed()[host]
+    _assert_converged(run_deploy(LAB_INVENTORY, "--limit", host), {host})
+
+
+def test_a_host_killed_mid_deploy_converges_on_the_next_run_with_no_half_written_file(first_converge, tmp_path):
+    host = "lab-deb12-b"
+    lab.recreate(host)  # a fresh box: a whole deploy's work to interrupt
+    deploy = subprocess.Popen([PYINFRA, "-y", "--json", LAB_INVENTORY, "deploy.py"], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Cut the power while dpkg is unpacking on it (the worst moment for a package manager).
+        deadline = time.monotonic() + 900
+        while lab.run_ssh(host, "pgrep -x dpkg", check=False, timeout=30).returncode != 0:
+            assert deploy.poll() is None, "the deploy ended before dpkg ran on " + host
+            assert time.monotonic() < deadline, "dpkg never ran on " + host
+            time.sleep(0.3)
+        lab.kill(host)
+        out, err = deploy.communicate(timeout=1800)
+    finally:
+        deploy.kill()
+
+    result = DeployResult(deploy.returncode, json.loads(out) if out.strip() else None, err)
+    assert result.returncode != 0
+    others = FLEET - {host}
+    assert not set(result.errors()) & others, result.log
+    assert result.hosts() >= others
+
+    lab.restart(host)
+    rerun = run_deploy(LAB_INVENTORY, "--limit", host)
+    _assert_converged(rerun, {host})
+    leftovers = lab.run_ssh(host, "sudo find / -xdev -name '.*.sparkrig-new' -print").stdout
+    assert leftovers == "", f"half-written files remain: {leftovers}"
+    assert lab.run_ssh(host, "sudo dpkg --audit").stdout.strip() == ""
+    _assert_converged(run_deploy(LAB_INVENTORY, "--limit", host), {host})
+    suite = run_suite(tmp_path, "--limit", host)
+    assert suite.returncode == 0, suite.output[-6000:]
+    assert set(suite.outcomes) == {host}
+
+
+def test_a_reinstalled_box_reaches_a_green_suite_in_one_run(first_converge, tmp_path):
+    host = "lab-deb13-b"
+    lab.recreate(host)  # destroyed and installed afresh: new root file system, new host keys
+    first = run_deploy(LAB_INVENTORY, "--limit", host)
+    _assert_converged(first, {host})
+    assert first.changed().get(host), "a fresh box had nothing to change"
+    suite = run_suite(tmp_path, "--limit", host)
+    assert suite.returncode == 0, suite.output[-6000:]
+    assert set(suite.outcomes) == {host}
+    second = run_deploy(LAB_INVENTORY, "--limit", host)
+    _assert_converged(second, {host})
+    assert second.changed() == {}, second.log
+
+
+# --- drift ------------------------------------------------------------------------------
+
+DRIFT = "lab-deb12-b"  # Debian 12: ssh.service, Debian's docker.io
+DROPIN = f"/etc/systemd/system/ssh.service.d/{DROPIN_NAME}"
+REMOVE_NVIDIA_RUNTIME = (
+    "import json; p = '/etc/docker/daemon.json'; d = json.load(open(p)); d['runtimes'].pop('nvidia'); "
+    "d.pop('runtimes') if not d['runtimes'] else None; open(p, 'w').write(json.dumps(d, indent=2))"
+)
+
+# What the drift below must fail, and only that.
+DRIFTED_CONTROLS = {
+    "test_swap.py::test_fstab_has_no_active_swap_entry",
+    "test_sshd_guard.py::test_sshd_unit_and_system_slice_reserve_memory",
+    "test_containers.py::test_nvidia_runtime_is_registered",
+    "test_containers.py::test_a_container_runs_with_the_nvidia_runtime",
+}
+
+
+def test_drift_fails_exactly_its_controls_and_one_converge_fixes_exactly_those(first_converge, tmp_path):
+    # By hand, outside sparkrig: swap back in fstab, the SSH drop-in edited, the runtime removed.
+    lab.run_ssh(DRIFT, "echo '/swap.img none swap sw 0 0' | sudo tee -a /etc/fstab >/dev/null")
+    lab.run_ssh(DRIFT, f"sudo sed -i 's/^MemoryMin=.*/MemoryMin=1M/' {DROPIN} && sudo systemctl daemon-reload")
+    lab.run_ssh(DRIFT, f"sudo python3 -c {shlex.quote(REMOVE_NVIDIA_RUNTIME)} && sudo systemctl restart docker")
+
+    drifted = run_suite(tmp_path, "--limit", DRIFT)
+    assert drifted.returncode != 0
+    assert set(drifted.outcomes) == {DRIFT}
+    assert drifted.failed(DRIFT) == DRIFTED_CONTROLS, drifted.output[-6000:]
+
+    fixed = run_deploy(LAB_INVENTORY, "--limit", DRIFT)
+    _assert_converged(fixed, {DRIFT})
+    assert sorted(fixed.changed()[DRIFT]) == sorted(DRIFT_FIXES), fixed.log
+
+    clean = run_suite(tmp_path, "--limit", DRIFT)
+    assert clean.returncode == 0, clean.output[-6000:]
+    assert not clean.failed(DRIFT)
+    _assert_converged(run_deploy(LAB_INVENTORY, "--limit", DRIFT), {DRIFT})
+
+
+# What the converge after that drift must change, and only that.
+DRIFT_FIXES = [
+    "Swap off | Swap off now and at every boot (fstab entries, swap and zram units)",
+    "SSH guard | Reserve memory for ssh.service, keep its sessions killable",
+    "Docker and the NVIDIA container toolkit | Register the nvidia runtime in /etc/docker/daemon.json (other keys kept)",
+    "Docker and the NVIDIA container toolkit | Restart Docker: /etc/docker/daemon.json changed",
+]
