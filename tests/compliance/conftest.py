@@ -17,6 +17,7 @@ and converges the lab fleet first.
 
 from __future__ import annotations
 
+import os
 import re
 import runpy
 from pathlib import Path
@@ -52,6 +53,8 @@ def pytest_cmdline_main(config):
     inventory = config.getoption("--inventory")
     if not inventory or not config.pluginmanager.hasplugin("xdist") or config.option.numprocesses is not None:
         return
+    if hasattr(config, "workerinput") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # an xdist worker: it runs this hook too, and must not start workers of its own
     hosts = inventory_host_data(inventory, config.getoption("--limit"))
     config.sparkrig_inventory_hosts = hosts
     if len(hosts) > 1:

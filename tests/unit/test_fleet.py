@@ -92,3 +92,28 @@ def test_a_group_takes_its_settings_from_group_data(tmp_path):
     hosts = inventory_host_data(str(inventory))
     assert {name: data["hardware_profile"] for name, data in hosts.items()} == {"spark-01": "gb10", "ws-01": "rtx50"}
     assert list(inventory_host_data(str(inventory), ["workstations"])) == ["ws-01"]
+
+
+def test_the_suite_starts_workers_in_the_controller_only(monkeypatch):
+    """xdist's workers run pytest_cmdline_main too: a worker that started workers of its own
+    would multiply processes without end."""
+    from tests.compliance import conftest
+
+    def config(**extra):
+        option = SimpleNamespace(numprocesses=None, dist="no")
+        plugins = SimpleNamespace(hasplugin=lambda name: True)
+        return SimpleNamespace(option=option, pluginmanager=plugins,
+                               getoption=lambda name: {"--inventory": "inv.py", "--limit": []}[name], **extra)
+
+    monkeypatch.setattr(conftest, "inventory_host_data", lambda inv, limit: {"a": {}, "b": {}, "c": {}})
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    controller = config()
+    conftest.pytest_cmdline_main(controller)
+    assert (controller.option.numprocesses, controller.option.dist) == (3, "loadgroup")
+    worker = config(workerinput={"workerid": "gw0"})
+    conftest.pytest_cmdline_main(worker)
+    assert (worker.option.numprocesses, worker.option.dist) == (None, "no")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    other = config()
+    conftest.pytest_cmdline_main(other)
+    assert other.option.numprocesses is None
