@@ -12,6 +12,7 @@ from . import (
     cuda_env,
     hardware,
     jobs,
+    ngc,
     python_stack,
     sshd_guard,
     swap,
@@ -20,5 +21,5 @@ from . import (
 
 # Every module that declares settings, in deploy order.
 CONCERNS = (
-    hardware, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, python_stack,
+    hardware, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, ngc, python_stack,
 )
