@@ -335,7 +335,11 @@ def image_pulled(image: str):
 
         ngc.image_pulled(image="nvcr.io/nvidia/pytorch:25.09-py3@sha256:…")
     """
-    if host.get_fact(NgcHost, pinned=image)["pinned"]:
+    found = host.get_fact(NgcHost, pinned=image)
+    if not found["docker"]:
+        yield atomic.refuse("ngc_enabled needs Docker (the containers concern): there is no docker command")
+        return
+    if found["pinned"]:
         host.noop(f"{image} is present")
         return
     yield StringCommand("docker", "pull", "--quiet", QuoteString(image))
@@ -434,10 +438,8 @@ def ngc():
         user=data.ngc_jupyter_user if jupyter else "",
         directory=data.ngc_jupyter_dir if jupyter else "",
     )
-    if not found["docker"]:
-        atomic.refused(name="Docker is there for the NGC containers",
-                       message="ngc_enabled needs Docker (the containers concern): no docker command here")
-        return
+    # No docker yet on a fresh host: the containers concern installs it in this run, and
+    # image_pulled checks again (and fails the host if there is still none) when it runs.
     paths = [LAUNCHER, *([DOCKERFILE] if dockerfile else []), JUPYTER_UNIT_FILE]
     state = host.get_fact(atomic.HostState, paths=paths, units=(JUPYTER_UNIT,))
     image_ops = []
