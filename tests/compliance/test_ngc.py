@@ -102,12 +102,10 @@ def test_secrets_reach_the_container_but_not_docker_inspect(ngc, launcher_user):
     the container and nowhere in its configuration."""
     secret = "sparkrig-check-" + hashlib.sha256(str(time.time()).encode()).hexdigest()[:16]
     name = "sparkrig-secret-check"
-    start = (
-        f"cd && HF_TOKEN={secret} nohup spark-container --name {name} -- "
-        "sh -c 'echo \"$HF_TOKEN\" > /tmp/seen; sleep 60' >/dev/null 2>&1 &"
-    )
     with ngc.sudo(launcher_user):
-        ngc.run("bash -c %s", start)
+        # setsid -f: started in its own session, so the SSH command returns at once.
+        ngc.run("cd && HF_TOKEN=%s setsid -f spark-container --name %s -- sh -c %s </dev/null >/dev/null 2>&1",
+                secret, name, 'echo "$HF_TOKEN" > /tmp/seen; sleep 30')
     try:
         seen = ""
         for _ in range(40):

@@ -273,6 +273,13 @@ def test_launcher_usage_errors(launcher, args, code, message):
     assert result.returncode == code and message in result.stderr and argv == []
 
 
+def test_a_project_path_docker_cannot_mount_is_refused(launcher):
+    odd = launcher.project / "run:2"
+    odd.mkdir()
+    result, argv, _ = launcher.run("--project", str(odd), "--", "true")
+    assert result.returncode == 2 and "holds ':'" in result.stderr and argv == []
+
+
 def test_only_the_allowed_users_may_launch(tmp_path):
     script = tmp_path / "spark-container"
     script.write_text(ngc.render_launcher(_data(ngc_users=["someone-else"])))
