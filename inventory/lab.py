@@ -64,6 +64,8 @@ def _ngc(host: dict) -> dict:
     return {
         "ngc_enabled": True,
         "ngc_base_image": f"{server}/{registry['name']}:{registry['tag']}@{registry['digest']}",
+        # Built on the host (FROM the stand-in, labelled): the stand-in has no pip, so no packages.
+        "ngc_build": "packages",
         "ngc_users": ["spark"],
         # An nspawn container cannot grant unlimited locked memory to its containers.
         "ngc_memlock_unlimited": False,

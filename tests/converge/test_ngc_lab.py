@@ -56,6 +56,23 @@ def test_a_removed_image_is_pulled_again_and_then_left_alone(data):
     assert settled.changed() == {}, settled.log
 
 
+def test_an_image_not_built_from_the_recipe_is_rebuilt_and_used(data):
+    """A sparkrig/ngc:local made by hand (here: the bare base, tagged) has no recipe label:
+    the next converge builds it again from the Dockerfile, and spark-container runs it."""
+    image = data["ngc_image"]
+    assert data["ngc_build"] == "packages"
+    _docker(f"tag {data['ngc_base_image']} {image}")
+    again = run_deploy(LAB_INVENTORY, "--limit", HOST)
+    assert again.returncode == 0, again.log
+    assert any("Build sparkrig/ngc:local" in op for op in again.changed().get(HOST, [])), again.changed()
+    label = _docker(f"image inspect --format '{{{{index .Config.Labels \"sparkrig.recipe\"}}}}' {image}").stdout
+    recipe = lab.run_ssh(HOST, "sha256sum < /etc/sparkrig/ngc/Dockerfile").stdout.split()[0]
+    assert label.strip() == recipe
+    settled = run_deploy(LAB_INVENTORY, "--limit", HOST)
+    assert settled.returncode == 0, settled.log
+    assert settled.changed() == {}, settled.log
+
+
 def test_a_checkpoint_survives_the_container_and_training_resumes(data):
     """Seed 000: train, stop, resume from the checkpoint on the host."""
     script = (
