@@ -283,11 +283,12 @@ class NgcHost(FactBase):
          "directory": True, "token": {"user": "spark", "mode": 0o600, "size": 64}}
     """
 
-    def command(self, pinned: str, built: str = "", user: str = "", directory: str = "",
+    def command(self, pinned: str = "", built: str = "", user: str = "", directory: str = "",
                 token: str = TOKEN_FILE) -> StringCommand:
         bits: list = ["command -v docker >/dev/null && echo docker=1;"]
-        bits += ["docker image inspect --format", QuoteString("pinned={{.Id}}"), QuoteString(pinned),
-                 "2>/dev/null;"]
+        if pinned:
+            bits += ["docker image inspect --format", QuoteString("pinned={{.Id}}"), QuoteString(pinned),
+                     "2>/dev/null;"]
         if built:
             label = '{{index .Config.Labels "' + RECIPE_LABEL + '"}}'
             bits += ["docker image inspect --format", QuoteString(f"built={{{{.Id}}}} {label}"),
@@ -365,7 +366,7 @@ def image_built(tag: str, dockerfile: str, recipe: str, context: str = BUILD_DIR
         ngc.image_built(tag="sparkrig/ngc:local", dockerfile="/etc/sparkrig/ngc/Dockerfile",
                         recipe="9f86d08…")
     """
-    built = host.get_fact(NgcHost, pinned=tag, built=tag)["built"]
+    built = host.get_fact(NgcHost, built=tag)["built"]
     if built and built["recipe"] == recipe:
         host.noop(f"{tag} is built from this recipe")
         return
@@ -399,7 +400,7 @@ def jupyter_token(path: str, user: str):
 
         ngc.jupyter_token(path="/var/lib/sparkrig/jupyter/token", user="spark")
     """
-    token = host.get_fact(NgcHost, pinned="", token=path)["token"]
+    token = host.get_fact(NgcHost, token=path)["token"]
     if token and token["user"] == user and token["mode"] == 0o600 and token["size"] > 0:
         host.noop(f"{path} is {user}'s, mode 0600")
         return
@@ -420,8 +421,9 @@ def ngc():
     Pull (or build) the pinned NGC image, install spark-container, and run JupyterLab
     on 127.0.0.1 when asked.
 
-    Settings: ``ngc_*``, and ``cuda_env_file`` (passed into containers) and the
-    hardware profile's ``torch_cuda_arch_list`` (the Unsloth build); see group_data/all.py.
+    Settings: ``ngc_*``, ``cuda_env_file`` (its portable variables are passed into
+    containers) and the hardware profile's ``compute_capability`` (the Unsloth build's
+    TORCH_CUDA_ARCH_LIST, as seed 000 builds xformers); see group_data/all.py.
     """
     data = host.data
     if not data.ngc_enabled:
