@@ -161,3 +161,25 @@ def test_jupyter_token_file_is_private(jupyter, settings):
         assert token.user == settings["ngc_jupyter_user"]
         assert token.mode == 0o600, f"{TOKEN} has mode {oct(token.mode)}"
         assert token.size >= 32, f"{TOKEN} holds a token of {token.size} bytes"
+
+
+def test_jupyter_wants_its_token_and_offers_the_images_python(jupyter, settings):
+    """Protects against a notebook server anyone on the host can use (no token, or another
+    one than the file's), and against notebooks that run without the image's Python: the API
+    refuses a request without the token, and with the file's token lists a python3 kernel."""
+    if settings["ngc_jupyter_server"] != "jupyterlab":
+        pytest.skip(f"ngc_jupyter_server is {settings['ngc_jupyter_server']!r}: the lab's stand-in "
+                    "HTTP server has neither a token nor kernels")
+    url = f"http://127.0.0.1:{settings['ngc_jupyter_port']}/api/kernelspecs"
+    status = ""
+    for _ in range(60):  # JupyterLab may be starting
+        status = jupyter.run("curl -s -o /dev/null -w '%%{http_code}' %s", url).stdout
+        if status not in ("", "000"):
+            break
+        time.sleep(1)
+    assert status in ("401", "403"), f"{url} answered {status} without a token"
+    # The token goes to curl on its standard input (printf is a shell builtin): never in argv.
+    with jupyter.sudo():
+        specs = jupyter.check_output(
+            "printf 'header = \"Authorization: token %%s\"\\n' \"$(cat %s)\" | curl -sf -K - %s", TOKEN, url)
+    assert "python3" in json.loads(specs)["kernelspecs"], specs
