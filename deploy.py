@@ -13,6 +13,7 @@ from operations.containers import containers
 from operations.cuda_env import cuda_env
 from operations.hardware import hardware
 from operations.jobs import jobs
+from operations.ngc import ngc
 from operations.python_stack import python_stack
 from operations.sshd_guard import sshd_guard
 from operations.swap import swap
@@ -26,4 +27,5 @@ sshd_guard()  # sshd keeps memory under pressure; SSH sessions stay killable
 watchdog()  # earlyoom kills the job before the box freezes
 jobs()  # spark-run, spark-preflight, spark-drop-caches and training.slice
 containers()  # Docker, the NVIDIA container toolkit and the nvidia runtime in daemon.json
+ngc()  # NGC training containers: pinned image, spark-container, Jupyter on 127.0.0.1 (off by default)
 python_stack()  # uv, and a venv with cu130 PyTorch, a pinned vLLM and extras, from the manifest

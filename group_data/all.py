@@ -238,3 +238,76 @@ python_uv_sha256 = [
     "ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375",
     "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19",
 ]
+
+# --- NGC training containers (operations/ngc.py) -----------------------------
+
+# Set up the container workflow of seeds 000 and 004 at all: the pinned image,
+# spark-container, and (with ngc_jupyter) JupyterLab. Off by default; it needs
+# Docker from the containers concern.
+ngc_enabled = False
+
+# The base image, pinned by digest, never by a moving tag alone, e.g.
+# "nvcr.io/nvidia/pytorch:25.09-py3@sha256:<64 hex digits>" (read the digest with
+# `docker buildx imagetools inspect nvcr.io/nvidia/pytorch:25.09-py3`). Pulled when
+# Docker does not have it at that digest, never otherwise. Required when ngc_enabled.
+ngc_base_image = ""
+
+# What runs: "none" (the base image as it is), "packages" (the base plus
+# ngc_pip_packages) or "unsloth" (seed 000's Unsloth-on-Spark recipe: Triton at a
+# fixed commit, xformers v0.0.33 for the profile's compute capability, unsloth,
+# bitsandbytes 0.48.0, transformers 4.56.2, trl 0.22.2; plus ngc_pip_packages).
+# Built on the host from /etc/sparkrig/ngc/Dockerfile, again only when it changes.
+ngc_build = "none"
+
+# Pinned pip requirements ("name==version") installed into the image's own Python
+# (never a venv: it would hide the image's CUDA builds). No flash-attn.
+ngc_pip_packages = []
+
+# The name the built image gets (ngc_build other than "none").
+ngc_image = "sparkrig/ngc:local"
+
+# Run containers with --ulimit memlock=-1, as NVIDIA's PyTorch containers want
+# (pinned memory for CUDA). False only where the host cannot grant it: the lab's
+# hosts are nspawn containers without CAP_SYS_RESOURCE ("error setting rlimit type 8").
+ngc_memlock_unlimited = True
+
+# Users who may run spark-container, e.g. ["spark"]. Launching needs Docker, so
+# each must also be in containers_docker_users (root-equivalent). Root always may.
+ngc_users = []
+
+# Where the project (spark-container's current directory, or --project) is mounted
+# in the container; it is also the working directory.
+ngc_project_mount = "/workspace/project"
+
+# The Hugging Face cache on the host, "~/" being the caller's home, mounted at
+# /cache/huggingface with HF_HOME pointing there: models are downloaded once.
+ngc_hf_cache = "~/.cache/huggingface"
+
+# A host directory mounted over the project's outputs/ (checkpoints on a bigger
+# disk, e.g. "/data/outputs" or "~/outputs"). "": outputs stay in the project.
+ngc_outputs = ""
+
+# Secrets spark-container passes in, by variable name: from the caller's
+# environment, else from ~/.config/sparkrig/secrets/NAME (the caller's, mode 0600).
+# Each is mounted read-only as a 0600 file and exported inside the container only,
+# never given as --env (docker inspect would show it).
+ngc_secrets = ["HF_TOKEN", "WANDB_API_KEY"]
+
+# Run JupyterLab as sparkrig-jupyter.service: the image's Jupyter and Python, on the
+# host network bound to 127.0.0.1 only (reach it with `ssh -L 8888:127.0.0.1:8888`),
+# its token in /var/lib/sparkrig/jupyter/token (mode 0600), Restart=always.
+ngc_jupyter = False
+
+# The user Jupyter runs as: one of ngc_users; owns the token file. Required when
+# ngc_jupyter.
+ngc_jupyter_user = ""
+
+# The directory Jupyter serves (mounted as the project). "": the user's home.
+ngc_jupyter_dir = ""
+
+# Jupyter's port on 127.0.0.1.
+ngc_jupyter_port = 8888
+
+# "jupyterlab" (the image's JupyterLab). "stand-in-httpd" is for the lab only: a
+# busybox HTTP server in the same unit, because the lab's stand-in image has no Jupyter.
+ngc_jupyter_server = "jupyterlab"

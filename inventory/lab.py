@@ -51,6 +51,32 @@ def _containers(host: dict) -> dict:
     }
 
 
+def _ngc(host: dict) -> dict:
+    """The NGC container workflow in the lab, on lab-deb13 (docker-ce stand-in, user spark
+    in the docker group; other hosts and fleets, such as the benchmarks', leave it off).
+    nvcr.io is out of reach, so the base image is the lab registry's STAND-IN (a busybox
+    image, tests/lab/registry.py), pulled by digest from the repository server (that
+    address is an insecure registry in the host's own daemon.json, see tests/conftest.py),
+    and Jupyter is the STAND-IN busybox HTTP server in the same unit."""
+    registry = _inventory.get("registry") or {}
+    if host["name"] != "lab-deb13" or not registry:
+        return {}
+    server = host["apt_repo_url"].split("://", 1)[1]
+    return {
+        "ngc_enabled": True,
+        "ngc_base_image": f"{server}/{registry['name']}:{registry['tag']}@{registry['digest']}",
+        # Built on the host (FROM the stand-in, labelled): the stand-in has no pip, so no packages.
+        "ngc_build": "packages",
+        "ngc_users": ["spark"],
+        # An nspawn container cannot grant unlimited locked memory to its containers.
+        "ngc_memlock_unlimited": False,
+        "ngc_jupyter": True,
+        "ngc_jupyter_user": "spark",
+        "ngc_jupyter_port": 8888,
+        "ngc_jupyter_server": "stand-in-httpd",
+    }
+
+
 # The controller reaches the registries through a TLS-intercepting proxy, and so do
 # the lab hosts: they trust its CA through the deploy (the images hold none).
 _CONTROLLER_CA_DIR = _Path("/usr/local/share/ca-certificates")
@@ -113,6 +139,7 @@ lab = [
             "lab_flavour": _host["flavour"],
             "ca_certificates_extra": _ca_certificates,
             **_containers(_host),
+            **_ngc(_host),
             **_python_stack(_host),
         },
     )

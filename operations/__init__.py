@@ -12,6 +12,7 @@ from . import (
     cuda_env,
     hardware,
     jobs,
+    ngc,
     packages,
     python_stack,
     sshd_guard,
@@ -21,5 +22,6 @@ from . import (
 
 # Every module that declares settings, in deploy order.
 CONCERNS = (
-    hardware, packages, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, python_stack,
+    hardware, packages, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, ngc,
+    python_stack,
 )

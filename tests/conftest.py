@@ -45,6 +45,17 @@ STOCK_DAEMON_JSON = {
 }
 
 
+def stock_daemon_json(name: str) -> dict:
+    """The daemon.json a lab host starts with. lab-deb13 also trusts the lab's registry
+    (plain HTTP on the repository server), as a fleet trusts its own private registry:
+    its NGC stand-in image is pulled from there by digest."""
+    config = dict(STOCK_DAEMON_JSON[name])
+    if name == "lab-deb13":
+        hosts = {h["name"]: h for h in json.loads(lab.inventory_path().read_text())["hosts"]}
+        config["insecure-registries"] = [hosts[name]["apt_repo_url"].split("://", 1)[1]]
+    return config
+
+
 def pytest_addoption(parser):
     parser.addoption("--keep-lab", action="store_true", help="leave the lab hosts running after the tests")
     parser.addoption("--reuse-lab", action="store_true",
@@ -68,7 +79,7 @@ def lab_hosts(request):
             lab.run_ssh(host.name, "sudo tee /etc/fstab >/dev/null", input=STOCK_FSTAB[host.name].decode())
         if host.name in STOCK_DAEMON_JSON:
             lab.run_ssh(host.name, "sudo mkdir -p /etc/docker && sudo tee /etc/docker/daemon.json >/dev/null",
-                        input=json.dumps(STOCK_DAEMON_JSON[host.name], indent=4) + "\n")
+                        input=json.dumps(stock_daemon_json(host.name), indent=4) + "\n")
     yield hosts
     if not request.config.getoption("--keep-lab"):
         lab.down()

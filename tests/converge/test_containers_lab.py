@@ -11,7 +11,7 @@ import shlex
 import pytest
 
 from tests import lab
-from tests.conftest import LAB_INVENTORY, STOCK_DAEMON_JSON
+from tests.conftest import LAB_INVENTORY, STOCK_DAEMON_JSON, stock_daemon_json
 from tests.support import inventory_host_data, run_deploy
 
 pytestmark = pytest.mark.lab
@@ -22,13 +22,13 @@ RUNTIME = {"nvidia": {"path": "nvidia-container-runtime", "args": []}}
 def test_user_daemon_json_is_merged_and_docker_runs_with_it(first_converge, name):
     assert first_converge.returncode == 0, first_converge.log
     config = json.loads(lab.run_ssh(name, "sudo cat /etc/docker/daemon.json").stdout)
-    expected = {**STOCK_DAEMON_JSON[name], "runtimes": RUNTIME}
+    expected = {**stock_daemon_json(name), "runtimes": RUNTIME}
     if inventory_host_data(LAB_INVENTORY)[name].get("containers_nvidia_default_runtime"):
         expected["default-runtime"] = "nvidia"
     assert config == expected
     # The old file, byte for byte, beside it.
     backup = lab.run_ssh(name, "sudo cat /etc/docker/daemon.json.sparkrig-old").stdout
-    assert json.loads(backup) == STOCK_DAEMON_JSON[name]
+    assert json.loads(backup) == stock_daemon_json(name)
     # The running dockerd has read the merged file (it was restarted after the merge):
     # its data root and log driver are the user's, and it knows the nvidia runtime.
     info = json.loads(lab.run_ssh(name, "sudo docker info --format '{{json .}}'").stdout)

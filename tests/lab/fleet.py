@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cgroups, network, repo, wheelhouse
+from . import cgroups, network, registry, repo, wheelhouse
 from .config import (
     BOOT_TIMEOUT_S,
     CACHE_DIR,
@@ -230,6 +230,8 @@ def _bring_up(hosts: list[LabHost]) -> list[LabHost]:
     pubkey = _ensure_ssh_key()
     images = _images([host.flavour for host in hosts])
     apt_repo = repo.ensure_repo(REPO_CACHE, REPO_PORT)
+    busybox = [images[flavour] / "bin" / "busybox" for flavour in sorted(images)]
+    registry.build(apt_repo.root, next(path for path in busybox if path.is_file()))
     nameservers = _controller_nameservers()
     ip_forward_before = network.read_ip_forward()
     state = _State(hosts, ip_forward_before, apt_repo)
@@ -355,7 +357,8 @@ def _write_client_files(hosts: list[LabHost], apt_repo: AptRepo) -> None:
     write_file(KNOWN_HOSTS, render_known_hosts(hosts, keys))
     write_file(SSH_CONFIG, render_ssh_config(hosts, SSH_KEY, KNOWN_HOSTS))
     write_file(INVENTORY, render_inventory(
-        hosts, SSH_KEY, KNOWN_HOSTS, apt_repo, wheelhouse.read_description(apt_repo.root)
+        hosts, SSH_KEY, KNOWN_HOSTS, apt_repo, wheelhouse.read_description(apt_repo.root),
+        registry.read_description(apt_repo.root),
     ))
 
 

@@ -7,7 +7,9 @@ runs as ``python3 -I reposerver.py``)::
 
 It listens on ``ADDRESS:PORT`` for each address (one socket each, never on
 all addresses) and answers GET and HEAD with the files below ``DIR``;
-anything else is refused, and so are directory listings. Requests are logged
+anything else is refused, and so are directory listings. Below ``/v2/`` it
+answers as a read-only Docker registry does (tests/lab/registry.py): ``/v2/`` itself
+with 200, manifests with their media type. Requests are logged
 to stderr, which the lab sends to a log file. When every socket is bound it
 writes a line starting with :data:`READY` so the lab knows it is serving.
 """
@@ -16,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import io
 import os
 import sys
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 READY = "listening on"
+# The media type of the manifests the lab's registry serves (tests/lab/registry.py).
+MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 
 
 class _Server(ThreadingHTTPServer):
@@ -33,6 +38,25 @@ class _ReadOnlyFiles(SimpleHTTPRequestHandler):
     """Files below the root for GET and HEAD (the only methods it has), no listings."""
 
     server_version = "sparkrig-lab-apt"
+
+    def end_headers(self) -> None:
+        if self.path.startswith("/v2/"):
+            self.send_header("Docker-Distribution-API-Version", "registry/2.0")
+        super().end_headers()
+
+    def send_head(self):
+        if self.path.split("?")[0] in ("/v2", "/v2/"):  # the registry API's version check
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            return io.BytesIO(b"{}")
+        return super().send_head()
+
+    def guess_type(self, path) -> str:
+        if "/v2/" in str(path) and "/manifests/" in str(path):
+            return MANIFEST_TYPE
+        return super().guess_type(path)
 
     def list_directory(self, path: str | os.PathLike[str]) -> None:
         self.send_error(404, "no directory listings here")

@@ -160,7 +160,8 @@ def test_public_key_comment_is_dropped():
 def test_inventory_json_has_the_documented_fields(fleet):
     apt_repo = AptRepo(Path("/var/cache/sparkrig-lab/repo/site-x"), "D" * 40, "E" * 40, 8765)
     house = {"simple": "/wheels/simple", "torch": [], "vllm_standin": {"name": "x"}}
-    document = json.loads(render_inventory(fleet, KEY, KNOWN, apt_repo, house))
+    registry = {"name": "sparkrig-lab/ngc-stand-in", "tag": "stand-in", "digest": "sha256:" + "f" * 64}
+    document = json.loads(render_inventory(fleet, KEY, KNOWN, apt_repo, house, registry))
     assert document == {
         "hosts": [
             {
@@ -191,6 +192,7 @@ def test_inventory_json_has_the_documented_fields(fleet):
             "toolkit_package": "sparkrig-lab-standin-nvidia-container-toolkit",
         },
         "wheelhouse": house,
+        "registry": registry,
     }
 
 

@@ -1,0 +1,185 @@
+"""
+NGC container controls: the pinned image is there at its digest (and a built image
+carries its recipe), spark-container is installed where nobody else can change it, a
+command run through it leaves its files on the host, secrets stay out of
+``docker inspect``, and Jupyter listens on loopback only with a private token.
+
+What the host must look like is worked out here from the settings, independently of
+the code that converges (operations/ngc.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import pytest
+
+LAUNCHER = "/usr/local/bin/spark-container"
+TOKEN = "/var/lib/sparkrig/jupyter/token"
+UNIT = "sparkrig-jupyter.service"
+
+
+@pytest.fixture
+def ngc(host, settings):
+    """The host, where the NGC workflow is turned on."""
+    if not settings["ngc_enabled"]:
+        pytest.skip("ngc_enabled is False for this host: no NGC container workflow to check")
+    return host
+
+
+@pytest.fixture
+def launcher_user(ngc, settings):
+    """A user allowed to launch (the first of ngc_users)."""
+    if not settings["ngc_users"]:
+        pytest.skip("ngc_users is empty: only root may launch, and the controls run as a user")
+    return settings["ngc_users"][0]
+
+
+def _as(host, user: str, script: str):
+    """Run ``script`` with bash as ``user`` in a login shell (their HOME and groups)."""
+    with host.sudo(user):
+        return host.run("cd && bash -c %s", script)
+
+
+def test_base_image_is_present_at_the_pinned_digest(ngc, settings):
+    """Protects against training on whatever a moving tag pointed to that day, and a first
+    launch that waits for a 20 GB pull: the base image is there, at the pinned digest."""
+    image = settings["ngc_base_image"]
+    repository, digest = image.split("@")
+    repository = repository.rsplit(":", 1)[0] if ":" in repository.split("/")[-1] else repository
+    with ngc.sudo():
+        out = ngc.run("docker image inspect --format '{{json .RepoDigests}}' %s", image)
+    assert out.rc == 0, f"{image} is not present: {out.stderr}"
+    assert f"{repository}@{digest}" in json.loads(out.stdout), f"{image} is present under {out.stdout}"
+
+
+def test_built_image_carries_its_recipe(ngc, settings):
+    """Protects against an image built from an older Dockerfile (or by hand) posing as the
+    configured one: the built image is labelled with the sha256 of the Dockerfile on the host."""
+    if settings["ngc_build"] == "none":
+        pytest.skip("ngc_build is 'none': the base image runs as it is, nothing is built")
+    with ngc.sudo():
+        dockerfile = ngc.check_output("cat /etc/sparkrig/ngc/Dockerfile")
+        digest = ngc.check_output("sha256sum < /etc/sparkrig/ngc/Dockerfile").split()[0]
+        label = ngc.check_output(
+            "docker image inspect --format '{{index .Config.Labels \"sparkrig.recipe\"}}' %s", settings["ngc_image"])
+    assert f"FROM {settings['ngc_base_image']}" in dockerfile, "the Dockerfile is not FROM the pinned base image"
+    assert label == digest, "the image was not built from the Dockerfile on the host"
+
+
+def test_launcher_is_root_owned_and_not_writable_by_others(ngc):
+    """Protects against privilege escalation: every allowed user runs spark-container with
+    Docker access, so whoever can change it runs code as them (and as root, through Docker)."""
+    launcher = ngc.file(LAUNCHER)
+    assert launcher.exists, f"{LAUNCHER} is missing"
+    assert (launcher.user, launcher.group) == ("root", "root")
+    assert launcher.mode == 0o755, f"{LAUNCHER} has mode {oct(launcher.mode)}"
+    assert ngc.run("bash -n %s", LAUNCHER).rc == 0
+
+
+def test_launcher_round_trip_keeps_data_on_the_host(ngc, launcher_user, settings):
+    """Protects against losing checkpoints with the container (seed 000's persistence
+    requirement), and against files the user cannot delete: what a command writes under
+    the project is on the host afterwards, owned by the caller."""
+    project = "sparkrig-ngc-check"
+    script = (
+        f"rm -rf {project} && mkdir {project} && cd {project} && "
+        "spark-container -- sh -c 'mkdir -p outputs && echo step-500 > outputs/checkpoint && pwd' && "
+        "cat outputs/checkpoint && stat -c %U outputs/checkpoint"
+    )
+    result = _as(ngc, launcher_user, script)
+    _as(ngc, launcher_user, f"rm -rf {project}")
+    assert result.rc == 0, f"spark-container failed: {result.stderr}"
+    lines = result.stdout.split()
+    assert lines == [settings["ngc_project_mount"], "step-500", launcher_user], result.stdout
+
+
+def test_secrets_reach_the_container_but_not_docker_inspect(ngc, launcher_user):
+    """Protects against tokens visible to every docker group member through ``docker
+    inspect`` (``-e TOKEN=value``): a secret from the caller's environment is there inside
+    the container and nowhere in its configuration."""
+    secret = "sparkrig-check-" + hashlib.sha256(str(time.time()).encode()).hexdigest()[:16]
+    name = "sparkrig-secret-check"
+    with ngc.sudo(launcher_user):
+        # setsid -f: started in its own session, so the SSH command returns at once.
+        ngc.run("cd && HF_TOKEN=%s setsid -f spark-container --name %s -- sh -c %s </dev/null >/dev/null 2>&1",
+                secret, name, 'echo "$HF_TOKEN" > /tmp/seen; sleep 30')
+    try:
+        seen = ""
+        for _ in range(40):
+            with ngc.sudo():
+                seen = ngc.run("docker exec %s cat /tmp/seen", name).stdout.strip()
+            if seen:
+                break
+            time.sleep(0.5)
+        with ngc.sudo():
+            inspect = ngc.check_output("docker inspect %s", name)
+        assert seen == secret, "HF_TOKEN did not reach the container"
+        assert secret not in inspect, "docker inspect shows the secret"
+    finally:
+        with ngc.sudo():
+            ngc.run("docker rm --force %s", name)
+
+
+@pytest.fixture
+def jupyter(ngc, settings):
+    if not settings["ngc_jupyter"]:
+        pytest.skip("ngc_jupyter is False for this host: no Jupyter service to check")
+    return ngc
+
+
+def test_jupyter_listens_on_loopback_only(jupyter, settings):
+    """Protects against a notebook server (which runs any code it is sent) open to the
+    network: the service is enabled and running, and every socket on its port is bound to
+    127.0.0.1 or ::1."""
+    service = jupyter.service(UNIT)
+    assert service.is_enabled and service.is_running, f"{UNIT} is not enabled and running"
+    port = settings["ngc_jupyter_port"]
+    listeners = []
+    for _ in range(30):  # the container may be starting
+        with jupyter.sudo():
+            out = jupyter.check_output("ss -ltnH 'sport = :%s'", str(port))
+        listeners = [line.split()[3] for line in out.splitlines() if line.strip()]
+        if listeners:
+            break
+        time.sleep(1)
+    assert listeners, f"nothing listens on port {port}"
+    exposed = [a for a in listeners if not a.startswith(("127.0.0.1:", "[::1]:"))]
+    assert not exposed, f"Jupyter's port {port} is bound beyond loopback: {exposed}"
+    assert jupyter.run("bash -c %s", f"exec 3<>/dev/tcp/127.0.0.1/{port}").rc == 0, "no answer on 127.0.0.1"
+
+
+def test_jupyter_token_file_is_private(jupyter, settings):
+    """Protects against a token anyone on the host can read (and so open the notebook
+    server), or a missing one that leaves Jupyter to make up its own: the token file is the
+    Jupyter user's, mode 0600, and not empty."""
+    with jupyter.sudo():
+        token = jupyter.file(TOKEN)
+        assert token.exists, f"{TOKEN} is missing"
+        assert token.user == settings["ngc_jupyter_user"]
+        assert token.mode == 0o600, f"{TOKEN} has mode {oct(token.mode)}"
+        assert token.size >= 32, f"{TOKEN} holds a token of {token.size} bytes"
+
+
+def test_jupyter_wants_its_token_and_offers_the_images_python(jupyter, settings):
+    """Protects against a notebook server anyone on the host can use (no token, or another
+    one than the file's), and against notebooks that run without the image's Python: the API
+    refuses a request without the token, and with the file's token lists a python3 kernel."""
+    if settings["ngc_jupyter_server"] != "jupyterlab":
+        pytest.skip(f"ngc_jupyter_server is {settings['ngc_jupyter_server']!r}: the lab's stand-in "
+                    "HTTP server has neither a token nor kernels")
+    url = f"http://127.0.0.1:{settings['ngc_jupyter_port']}/api/kernelspecs"
+    status = ""
+    for _ in range(60):  # JupyterLab may be starting
+        status = jupyter.run("curl -s -o /dev/null -w '%%{http_code}' %s", url).stdout
+        if status not in ("", "000"):
+            break
+        time.sleep(1)
+    assert status in ("401", "403"), f"{url} answered {status} without a token"
+    # The token goes to curl on its standard input (printf is a shell builtin): never in argv.
+    with jupyter.sudo():
+        specs = jupyter.check_output(
+            "printf 'header = \"Authorization: token %%s\"\\n' \"$(cat %s)\" | curl -sf -K - %s", TOKEN, url)
+    assert "python3" in json.loads(specs)["kernelspecs"], specs
