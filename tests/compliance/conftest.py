@@ -199,9 +199,9 @@ class HostTable:
         target = host_of(report.nodeid, self.names)
         if target is None:
             return
-        control = report.nodeid.split("::")[-1].split("[")[0]
-        module = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
-        key = f"{module}::{control}"
+        # module::control[params]: a parametrized control counts once per parameter, as pytest counts.
+        path, _, test = report.nodeid.partition("::")
+        key = f"{path.rsplit('/', 1)[-1]}::{test}"
         known = self.outcomes.setdefault(target, {})
         if report.failed:
             known[key] = "failed"

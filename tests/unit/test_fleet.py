@@ -72,7 +72,7 @@ def test_the_table_counts_each_control_once_by_its_worst_phase():
     assert lines[0].split() == ["host", "passed", "failed", "skipped"]
     assert lines[1].split() == ["h1", "1", "0", "1"]
     assert lines[2].split() == ["h2", "0", "1", "1"]
-    assert lines[3:] == ["failed controls:", "  h2: test_swap.py::test_off"]
+    assert lines[3:] == ["failed controls:", "  h2: test_swap.py::test_off[ssh://h2]"]
 
 
 def test_rollout_options_go_anywhere_and_pyinfra_options_after_a_double_dash(monkeypatch):

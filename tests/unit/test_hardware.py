@@ -99,3 +99,16 @@ def test_auto_is_a_valid_setting_and_a_typo_is_not():
     assert problems(hw.SETTINGS, {"hardware_profile": "Auto"}) == [
         "hardware_profile = 'Auto': allowed is 'auto' or one of the profiles in hardware_profiles: "
         "gb10, hopper, rtx50"]
+
+
+# HardwareIdentity's output as read on the lent H100 (Ubuntu 24.04, driver 580.159.04, 2026-11-23).
+H100 = ["x86_64", "9.0, NVIDIA H100 80GB HBM3"]
+
+
+def test_a_real_h100_is_hopper_and_contradicts_gb10_and_rtx50():
+    box = _process(H100)
+    assert box == {"arch": "x86_64", "gpus": [{"compute_capability": "9.0", "name": "NVIDIA H100 80GB HBM3"}]}
+    assert hw.choose_profile(PROFILES, box) == ("hopper", None)
+    assert "architecture aarch64 and compute capability 12.1" in hw.contradiction("gb10", PROFILES["gb10"], box)
+    assert "says compute capability 12.0, but the box is x86_64, GPU NVIDIA H100 80GB HBM3 (9.0)" in \
+        hw.contradiction("rtx50", PROFILES["rtx50"], box)
