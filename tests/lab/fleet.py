@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cgroups, network, repo, wheelhouse
+from . import cgroups, network, repo, sourcebuild, wheelhouse
 from .config import (
     BOOT_TIMEOUT_S,
     CACHE_DIR,
@@ -344,7 +344,8 @@ def _write_client_files(hosts: list[LabHost], apt_repo: AptRepo) -> None:
     write_file(KNOWN_HOSTS, render_known_hosts(hosts, keys))
     write_file(SSH_CONFIG, render_ssh_config(hosts, SSH_KEY, KNOWN_HOSTS))
     write_file(INVENTORY, render_inventory(
-        hosts, SSH_KEY, KNOWN_HOSTS, apt_repo, wheelhouse.read_description(apt_repo.root)
+        hosts, SSH_KEY, KNOWN_HOSTS, apt_repo, wheelhouse.read_description(apt_repo.root),
+        sourcebuild.read_description(apt_repo.root),
     ))
 
 

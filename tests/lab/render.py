@@ -84,6 +84,7 @@ def render_inventory(
     known_hosts: Path,
     apt_repo: AptRepo,
     wheelhouse: Mapping[str, object] | None = None,
+    sources: Mapping[str, object] | None = None,
 ) -> str:
     """inventory.json: what the deploy and the tests need to reach each host.
 
@@ -91,7 +92,8 @@ def render_inventory(
     ``https://download.docker.com`` and NVIDIA's ``https://nvidia.github.io``
     become ``<apt_repo_url>/docker`` and ``<apt_repo_url>/nvidia``, the rest of
     their URLs unchanged. ``wheelhouse`` (paths below the same URL) describes the
-    lab's Python wheels (tests/lab/wheelhouse.py).
+    lab's Python wheels (tests/lab/wheelhouse.py), ``sources`` the git repository of
+    the lab's source-build project (tests/lab/sourcebuild.py).
     """
     document: dict[str, object] = {
         "hosts": [
@@ -114,6 +116,7 @@ def render_inventory(
             "toolkit_package": TOOLKIT_STANDIN_PACKAGE,
         },
         "wheelhouse": dict(wheelhouse or {}),
+        "sources": dict(sources or {}),
     }
     return json.dumps(document, indent=2) + "\n"
 

@@ -152,7 +152,8 @@ def test_public_key_comment_is_dropped():
 def test_inventory_json_has_the_documented_fields(fleet):
     apt_repo = AptRepo(Path("/var/cache/sparkrig-lab/repo/site-x"), "D" * 40, "E" * 40, 8765)
     house = {"simple": "/wheels/simple", "torch": [], "vllm_standin": {"name": "x"}}
-    document = json.loads(render_inventory(fleet, KEY, KNOWN, apt_repo, house))
+    sources = {"name": "sparkrig-lab-ext", "path": "/sources/sparkrig-lab-ext.git", "refs": {}}
+    document = json.loads(render_inventory(fleet, KEY, KNOWN, apt_repo, house, sources))
     assert document == {
         "hosts": [
             {
@@ -183,6 +184,7 @@ def test_inventory_json_has_the_documented_fields(fleet):
             "toolkit_package": "sparkrig-lab-standin-nvidia-container-toolkit",
         },
         "wheelhouse": house,
+        "sources": sources,
     }
 
 
