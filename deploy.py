@@ -13,6 +13,7 @@ from operations.containers import containers
 from operations.cuda_env import cuda_env
 from operations.jobs import jobs
 from operations.python_stack import python_stack
+from operations.source_builds import source_builds
 from operations.sshd_guard import sshd_guard
 from operations.swap import swap
 from operations.watchdog import watchdog
@@ -25,3 +26,4 @@ watchdog()  # earlyoom kills the job before the box freezes
 jobs()  # spark-run, spark-preflight, spark-drop-caches and training.slice
 containers()  # Docker, the NVIDIA container toolkit and the nvidia runtime in daemon.json
 python_stack()  # uv, and a venv with cu130 PyTorch, a pinned vLLM and extras, from the manifest
+source_builds()  # optional Triton/xformers/vLLM from source: built once per fleet, detached

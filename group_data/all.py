@@ -11,6 +11,7 @@ its SETTINGS (tests/unit/test_settings.py keeps the two in step).
 from pathlib import Path as _Path
 
 from operations.python_stack import load_manifest as _load_manifest
+from operations.source_builds import load_catalogue as _load_catalogue
 
 # --- Hardware profile (operations/hardware.py) -------------------------------
 
@@ -228,3 +229,27 @@ python_uv_sha256 = [
     "ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375",
     "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19",
 ]
+
+# --- Source builds (operations/source_builds.py) -------------------------------
+
+# The catalogue of builds a host may turn on: Triton, xformers and vLLM, each
+# with its repository URL, pinned ref (commit or tag), build environment, steps
+# and the apt packages it needs. It lives in group_data/source_builds.yml
+# (documented there); point `url` at a mirror or a local clone if you have one.
+source_builds = _load_catalogue(_Path(__file__).with_name("source_builds.yml"))
+
+# Which builds of the catalogue a host builds and installs into its venv, e.g.
+# ["triton", "xformers"]. Off by default. Each build takes 20 to 60 minutes and
+# many GB of memory on a Spark (README, "Source builds"); one host of each
+# architecture and profile builds it, the others receive its wheel.
+source_builds_enabled = []
+
+# True: a deploy that starts a build (or finds one running) waits for it, printing
+# a progress line every minute (pyinfra -v shows them). False: it returns at
+# once; a later deploy reports the build's result and installs its wheel.
+source_builds_wait = True
+
+# Where the controller keeps built wheels (by build and stamp) to upload them to
+# the other hosts of the fleet instead of building there too. `~` is the home
+# of the user running pyinfra.
+source_builds_controller_cache = "~/.cache/sparkrig/wheels"

@@ -13,6 +13,7 @@ from . import (
     hardware,
     jobs,
     python_stack,
+    source_builds,
     sshd_guard,
     swap,
     watchdog,
@@ -21,4 +22,5 @@ from . import (
 # Every module that declares settings, in deploy order.
 CONCERNS = (
     hardware, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, python_stack,
+    source_builds,
 )

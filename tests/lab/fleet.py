@@ -19,6 +19,7 @@ import json
 import re
 import logging
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -51,6 +52,7 @@ from .config import (
     SSH_USER,
     STATE,
     STOP_GRACE_S,
+    WHEEL_CACHE,
 )
 from .image import copy_image, ensure_images
 from .model import DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, plan_fleet
@@ -534,6 +536,7 @@ def _teardown() -> None:
         remove_tree(NSPAWN_PROPAGATE_DIR / name, HOSTS_DIR)
     for path in (INVENTORY, SSH_CONFIG, KNOWN_HOSTS, STATE, REPO_SERVER_LOG):
         path.unlink(missing_ok=True)
+    shutil.rmtree(WHEEL_CACHE, ignore_errors=True)
 
 
 def _remove_rootfs(rootfs: Path) -> None:
