@@ -68,8 +68,10 @@ UNIT_PREFIX = "sparkrig-build-"
 KEY_LENGTH = 16
 TAIL_LINES = 30
 PROGRESS_EVERY_S = 60
-# The build's unit: nice, first to die under memory pressure, never in swap.
+# The build's unit: nice, first to die under memory pressure, never in swap, and stopped
+# (a failed build) when it runs longer than any real build should, so no deploy waits forever.
 UNIT_NICE = 10
+UNIT_RUNTIME_MAX = "6h"
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -552,6 +554,7 @@ def build(
         properties = [
             f"Nice={UNIT_NICE}", f"OOMScoreAdjust={oom_score_adj}", "MemorySwapMax=0",
             f"EnvironmentFile=-{cuda_env_file}", f"WorkingDirectory={d}",
+            f"RuntimeMaxSec={UNIT_RUNTIME_MAX}",
         ]
         if memory_max:
             properties.append(f"MemoryMax={memory_max}")

@@ -284,7 +284,7 @@ def test_a_fresh_host_builds_detached_in_training_slice_waits_and_installs():
     assert f"systemd-run --quiet --collect --unit {unit}" in build
     assert "--slice training.slice --uid spark" in build
     for prop in ("Nice=10", "OOMScoreAdjust=600", "MemorySwapMax=0", "MemoryMax=2G",
-                 "EnvironmentFile=-/etc/sparkrig/cuda.env"):
+                 "EnvironmentFile=-/etc/sparkrig/cuda.env", "RuntimeMaxSec=6h"):
         assert f"--property {prop}" in build, prop
     assert "--setenv MAX_JOBS=2" in build and "--setenv UV_SYSTEM_CERTS=1" in build
     assert 'while case "$(systemctl is-active "$u"' in build and "journalctl -u" in build
