@@ -7,8 +7,9 @@ repository URL, ref (a commit or a tag), build environment, build steps, build
 requirements and the apt packages it needs. All are off; a host or group turns
 builds on by name with ``source_builds_enabled``.
 
-- **Stamp.** A build's key hashes everything that makes its wheel: URL, ref,
-  environment, steps, requirements, the host's architecture and hardware profile,
+- **Stamp.** A build's key hashes everything that makes its wheel: ref (and the URL
+  for a tag; a commit id names the same sources on any mirror), environment, steps,
+  requirements, the host's architecture and hardware profile,
   the venv's Python (unless the wheel is abi3) and torch version (if it compiles
   against torch). Hosts of one key share one wheel.
 - **Detached.** The build runs on the host as a transient systemd service,
@@ -20,7 +21,8 @@ builds on by name with ``source_builds_enabled``.
 - **Wheelhouse.** The build ends in ``/var/lib/sparkrig/wheelhouse/<name>/<key>/``:
   the wheel and ``stamp.json`` (URL, ref, commit, environment, wheel, version,
   sha256). The venv installs it through python_stack's requirements
-  (``package @ file:///…whl --hash=sha256:…``), so ``uv pip sync`` keeps it.
+  (``package @ file:///…whl --hash=sha256:…``), so ``uv pip sync`` keeps it. While a
+  new ref builds, the venv keeps the wheel it has.
 - **Once per fleet.** Among the hosts of this run that share a key, the first in
   inventory order builds; its wheel is fetched into the controller's cache
   (``source_builds_controller_cache``) and uploaded to the others, which never
@@ -678,20 +680,17 @@ def install(data: Mapping[str, Any]):
 _DEPENDS = SETTINGS + python_stack.SETTINGS + hardware.SETTINGS + jobs.SETTINGS + cuda_env.SETTINGS
 
 
-def _peers(key_of, name: str, key: str) -> list:
-    """The hosts of this run that want build ``name`` with ``key``, in inventory order."""
+def _peers(name: str, key: str) -> list[str]:
+    """The hosts of this run that want build ``name`` with ``key``, in inventory order
+    (from their settings alone: no host is contacted)."""
     state = host.state
-    peers = []
-    for other in state.inventory:
-        if not state.is_host_in_limit(other) or other in state.failed_hosts:
-            continue
-        if key_of(other).get(name) == key:
-            peers.append(other)
-    return peers
-
-
-def _keys_of(other) -> dict[str, str]:
-    return wanted(resolve(_DEPENDS, other.data.dict()))
+    return [
+        other.name
+        for other in state.inventory
+        if state.is_host_in_limit(other)
+        and other not in state.failed_hosts
+        and wanted(resolve(_DEPENDS, other.data.dict())).get(name) == key
+    ]
 
 
 @deploy("Source builds", data_defaults=defaults(_DEPENDS))
@@ -711,8 +710,8 @@ def source_builds():
     pending = False
     for name, key in builds.items():
         state = (found.get(name) or {}).get("state", "absent")
-        peers = _peers(_keys_of, name, key)
-        builder = peers[0].name if peers else host.name
+        peers = _peers(name, key)
+        builder = peers[0] if peers else host.name
         building = builder == host.name  # `host` is a context proxy: compare names
         in_cache = cached(cache_root(cache), name, key) is not None
         share = len(peers) > 1 and not in_cache

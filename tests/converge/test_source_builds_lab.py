@@ -40,7 +40,8 @@ def _sh(host: str, command: str, check: bool = True) -> str:
 
 def _answer(host: str) -> str:
     code = "import sparkrig_lab_ext as m; print(m.answer())"
-    return _sh(host, f"{VENV}/bin/python -c {shlex.quote(code)}").strip()
+    # -B: no __pycache__ owned by root in a venv its owner must be able to sync.
+    return _sh(host, f"{VENV}/bin/python -B -c {shlex.quote(code)}").strip()
 
 
 def _installed(host: str) -> dict[str, str]:
