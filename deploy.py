@@ -15,6 +15,7 @@ from operations.hardware import hardware
 from operations.jobs import jobs
 from operations.ngc import ngc
 from operations.python_stack import python_stack
+from operations.source_builds import source_builds
 from operations.sshd_guard import sshd_guard
 from operations.swap import swap
 from operations.watchdog import watchdog
@@ -29,3 +30,4 @@ jobs()  # spark-run, spark-preflight, spark-drop-caches and training.slice
 containers()  # Docker, the NVIDIA container toolkit and the nvidia runtime in daemon.json
 ngc()  # NGC training containers: pinned image, spark-container, Jupyter on 127.0.0.1 (off by default)
 python_stack()  # uv, and a venv with cu130 PyTorch, a pinned vLLM and extras, from the manifest
+source_builds()  # optional Triton/xformers/vLLM from source: built once per fleet, detached

@@ -11,6 +11,7 @@ its SETTINGS (tests/unit/test_settings.py keeps the two in step).
 from pathlib import Path as _Path
 
 from operations.python_stack import load_manifest as _load_manifest
+from operations.source_builds import load_catalogue as _load_catalogue
 
 # --- Hardware profile (operations/hardware.py) -------------------------------
 
@@ -311,3 +312,27 @@ ngc_jupyter_port = 8888
 # "jupyterlab" (the image's JupyterLab). "stand-in-httpd" is for the lab only: a
 # busybox HTTP server in the same unit, because the lab's stand-in image has no Jupyter.
 ngc_jupyter_server = "jupyterlab"
+
+# --- Source builds (operations/source_builds.py) -------------------------------
+
+# The catalogue of builds a host may turn on: Triton, xformers and vLLM, each
+# with its repository URL, pinned ref (commit or tag), build environment, steps
+# and the apt packages it needs. It lives in group_data/source_builds.yml
+# (documented there); point `url` at a mirror or a local clone if you have one.
+source_builds = _load_catalogue(_Path(__file__).with_name("source_builds.yml"))
+
+# Which builds of the catalogue a host builds and installs into its venv, e.g.
+# ["triton", "xformers"]. Off by default. Each build takes 20 to 60 minutes and
+# many GB of memory on a Spark (README, "Source builds"); one host of each
+# architecture and profile builds it, the others receive its wheel.
+source_builds_enabled = []
+
+# True: a deploy that starts a build (or finds one running) waits for it, printing
+# a progress line every minute (pyinfra -v shows them). False: it returns at
+# once; a later deploy reports the build's result and installs its wheel.
+source_builds_wait = True
+
+# Where the controller keeps built wheels (by build and stamp) to upload them to
+# the other hosts of the fleet instead of building there too. `~` is the home
+# of the user running pyinfra.
+source_builds_controller_cache = "~/.cache/sparkrig/wheels"

@@ -10,7 +10,9 @@ import json as _json
 from pathlib import Path as _Path
 
 from operations.python_stack import load_manifest as _load_manifest
+from operations.source_builds import load_catalogue as _load_catalogue
 from tests.lab import inventory_path as _inventory_path
+from tests.lab.config import WHEEL_CACHE as _WHEEL_CACHE
 
 if not _inventory_path().exists():
     raise SystemExit(
@@ -124,6 +126,40 @@ def _python_stack(host: dict) -> dict:
     return data
 
 
+# The lab's own source build: a small real C extension (tests/lab/sourcebuild.py) in a
+# git repository the lab serves over HTTP, pinned by commit, built for the stable ABI
+# (one wheel fits Python 3.11 and 3.13), so the whole fleet shares one build. The real
+# builds (Triton, xformers, vLLM) stay in the catalogue, off: no GitHub, no GPU here.
+_sources = _inventory.get("sources") or {}
+LAB_BUILD = "lab-ext"
+
+
+def _source_builds(host: dict) -> dict:
+    if not _sources:
+        return {}
+    catalogue = _load_catalogue()
+    catalogue[LAB_BUILD] = {
+        "url": host["apt_repo_url"] + _sources["path"],
+        "ref": _sources["refs"]["v1.0"]["commit"],
+        "package": _sources["name"],
+        "env": {"MAX_JOBS": "2"},
+        "steps": ["python -c 'import setuptools; print(\"setuptools\", setuptools.__version__)'"],
+        "build_requirements": ["setuptools>=61"],
+        "build_packages": ["git", "gcc", "libc6-dev", "python3-dev"],
+        "submodules": False,
+        "subdirectory": ".",
+        "uses_torch": False,
+        "abi3": True,
+        "memory_max": "2G",
+    }
+    return {
+        "source_builds": catalogue,
+        "source_builds_enabled": [LAB_BUILD],
+        # The controller keeps the fleet's wheels in the lab's state (emptied by up and down).
+        "source_builds_controller_cache": str(_WHEEL_CACHE),
+    }
+
+
 lab = [
     (
         _host["name"],
@@ -141,6 +177,7 @@ lab = [
             **_containers(_host),
             **_ngc(_host),
             **_python_stack(_host),
+            **_source_builds(_host),
         },
     )
     for _host in _inventory["hosts"]

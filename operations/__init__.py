@@ -15,6 +15,7 @@ from . import (
     ngc,
     packages,
     python_stack,
+    source_builds,
     sshd_guard,
     swap,
     watchdog,
@@ -23,5 +24,5 @@ from . import (
 # Every module that declares settings, in deploy order.
 CONCERNS = (
     hardware, packages, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, ngc,
-    python_stack,
+    python_stack, source_builds,
 )

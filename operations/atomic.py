@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+import shlex
 from io import BytesIO
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -29,6 +30,8 @@ _jinja = jinja2.Environment(
     keep_trailing_newline=True,
     autoescape=False,
 )
+# `{{ value | q }}`: one word for sh, whatever the value holds.
+_jinja.filters["q"] = shlex.quote
 
 
 _LITERAL_WORD = re.compile(r"^[A-Za-z0-9_./:+,=@%-]*$")

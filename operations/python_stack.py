@@ -71,6 +71,11 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def package_name(name: str) -> bool:
+    """Whether ``name`` is a package name sparkrig accepts."""
+    return bool(_NAME.match(name))
+
+
 # Checks --------------------------------------------------------------------
 
 
@@ -257,15 +262,26 @@ def pins(manifest: Mapping[str, Any], profiles: Sequence[str]) -> dict[str, str]
 
 
 def render_requirements(
-    manifest: Mapping[str, Any], profiles: Sequence[str], arch: str, index_url: str
+    manifest: Mapping[str, Any],
+    profiles: Sequence[str],
+    arch: str,
+    index_url: str,
+    built: Mapping[str, str] | None = None,
 ) -> str:
-    """The requirements.in of a host: index options, then one exact pin per package."""
-    wanted = pins(manifest, profiles)
+    """The requirements.in of a host: index options, then one exact pin per package.
+
+    ``built`` maps normalised package names to the requirement lines of wheels built
+    from source (operations/source_builds.py); each replaces the manifest's pin of the
+    same package, if any."""
+    built = built or {}
+    wanted = {**pins(manifest, profiles), **{name: None for name in built}}
     vllm = manifest.get("vllm")
     wheel = (vllm.get("wheels") or {}).get(arch) if vllm else None
     lines = []
     for name, version in sorted(wanted.items()):
-        if vllm and wheel and name == normalise(vllm["name"]):
+        if name in built:
+            lines.append(built[name])
+        elif vllm and wheel and name == normalise(vllm["name"]):
             lines.append(f"{name} @ {wheel['url']} --hash=sha256:{wheel['sha256']}")
         else:
             lines.append(f"{name}=={version}")
@@ -406,6 +422,22 @@ def uv_tool(version: str, index_url: str, present: str | None = None, link: bool
         )
 
 
+def virtualenv_arguments(data: Mapping[str, Any], built: Mapping[str, str]) -> dict[str, Any]:
+    """The arguments of :func:`virtualenv` for a host's resolved settings ``data``, with
+    the requirement lines of its built wheels (``built``, see :func:`render_requirements`)."""
+    manifest = data["python_stack"]
+    arch = data["hardware_profiles"][data["hardware_profile"]]["arch"]
+    return {
+        "path": data["python_venv_path"],
+        "owner": data["python_venv_owner"],
+        "python": manifest["python"],
+        "requirements": render_requirements(
+            manifest, data["python_stack_profiles"], arch, data["python_index_url"], built
+        ),
+        "python_preference": data["python_venv_python_preference"],
+    }
+
+
 @operation()
 def virtualenv(
     path: str,
@@ -537,6 +569,8 @@ def python_stack():
 
     Settings: ``python_*``; see group_data/all.py and group_data/python_stack.yml.
     """
+    from . import source_builds  # it builds on this module
+
     data = host.data
     manifest = data.python_stack
     arch = hardware.host_profile()["arch"]
@@ -545,7 +579,10 @@ def python_stack():
     if problem:
         refused(name="The versions manifest fits this box", message=f"python_stack: {problem}")
         return
-    requirements = render_requirements(manifest, data.python_stack_profiles, arch, data.python_index_url)
+    requirements = render_requirements(
+        manifest, data.python_stack_profiles, arch, data.python_index_url,
+        source_builds.host_requirement_lines(),
+    )
     owner = data.python_venv_owner
     found = host.get_fact(PythonStack, venv=data.python_venv_path, owner=owner)
 

@@ -53,6 +53,9 @@ LOCK = LAB_DIR / "lock"
 REPO_CACHE = CACHE_DIR / f"repo{_SUFFIX}"
 REPO_SERVER_PID = LAB_DIR / "repo-server.pid"
 REPO_SERVER_LOG = LAB_DIR / "repo-server.log"
+# The controller's cache of the fleet's source-build wheels (source_builds_controller_cache
+# in inventory/lab.py): emptied by up and down, so a fresh lab builds for real.
+WHEEL_CACHE = LAB_DIR / "wheel-cache"
 
 SSH_USER = "spark"
 SSH_UID = 1000

@@ -19,6 +19,7 @@ import json
 import re
 import logging
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cgroups, network, registry, repo, wheelhouse
+from . import cgroups, network, registry, repo, sourcebuild, wheelhouse
 from .config import (
     BOOT_TIMEOUT_S,
     CACHE_DIR,
@@ -51,6 +52,7 @@ from .config import (
     SSH_USER,
     STATE,
     STOP_GRACE_S,
+    WHEEL_CACHE,
 )
 from .image import copy_image, ensure_images
 from .model import DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, plan_fleet
@@ -358,7 +360,7 @@ def _write_client_files(hosts: list[LabHost], apt_repo: AptRepo) -> None:
     write_file(SSH_CONFIG, render_ssh_config(hosts, SSH_KEY, KNOWN_HOSTS))
     write_file(INVENTORY, render_inventory(
         hosts, SSH_KEY, KNOWN_HOSTS, apt_repo, wheelhouse.read_description(apt_repo.root),
-        registry.read_description(apt_repo.root),
+        registry.read_description(apt_repo.root), sourcebuild.read_description(apt_repo.root),
     ))
 
 
@@ -547,6 +549,7 @@ def _teardown() -> None:
         remove_tree(NSPAWN_PROPAGATE_DIR / name, HOSTS_DIR)
     for path in (INVENTORY, SSH_CONFIG, KNOWN_HOSTS, STATE, REPO_SERVER_LOG):
         path.unlink(missing_ok=True)
+    shutil.rmtree(WHEEL_CACHE, ignore_errors=True)
 
 
 def _remove_rootfs(rootfs: Path) -> None:

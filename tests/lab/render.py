@@ -85,6 +85,7 @@ def render_inventory(
     apt_repo: AptRepo,
     wheelhouse: Mapping[str, object] | None = None,
     registry: Mapping[str, object] | None = None,
+    sources: Mapping[str, object] | None = None,
 ) -> str:
     """inventory.json: what the deploy and the tests need to reach each host.
 
@@ -93,7 +94,8 @@ def render_inventory(
     become ``<apt_repo_url>/docker`` and ``<apt_repo_url>/nvidia``, the rest of
     their URLs unchanged. ``wheelhouse`` (paths below the same URL) describes the
     lab's Python wheels (tests/lab/wheelhouse.py), ``registry`` the stand-in image the
-    lab's registry serves at ``<apt_repo_url>/v2/`` (tests/lab/registry.py).
+    lab's registry serves at ``<apt_repo_url>/v2/`` (tests/lab/registry.py), ``sources``
+    the git repository of the lab's source-build project (tests/lab/sourcebuild.py).
     """
     document: dict[str, object] = {
         "hosts": [
@@ -117,6 +119,7 @@ def render_inventory(
         },
         "wheelhouse": dict(wheelhouse or {}),
         "registry": dict(registry or {}),
+        "sources": dict(sources or {}),
     }
     return json.dumps(document, indent=2) + "\n"
 

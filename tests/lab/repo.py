@@ -14,7 +14,8 @@ holding clearly named stand-in packages:
   ``Suites: /``) with its indexes and the package side by side.
 
 The same site serves the lab's Python wheelhouse under ``wheels/``
-(tests/lab/wheelhouse.py).
+(tests/lab/wheelhouse.py) and the git repository of its source-build project
+under ``sources/`` (tests/lab/sourcebuild.py).
 
 Everything lives under ``CACHE_DIR/repo``: ``gnupg/`` holds the two signing
 keys (made once, kept across ``up``/``down``), ``site-<key>/`` is the served
@@ -45,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import wheelhouse
+from . import sourcebuild, wheelhouse
 from .config import DOCKER_STANDIN_PACKAGE, LOCAL_WHEEL_DIR, STOP_GRACE_S, TOOLKIT_STANDIN_PACKAGE
 from .model import FLAVOURS, REPO_SERVER_SCRIPT, AptRepo
 from .render import (
@@ -280,6 +281,7 @@ def repo_key(fingerprints: Mapping[str, str]) -> str:
         "recipe_version": RECIPE_VERSION,
         "fingerprints": dict(sorted(fingerprints.items())),
         "wheelhouse": wheelhouse.recipe(wheelhouse.local_torch_wheels(LOCAL_WHEEL_DIR)),
+        "sources": [sourcebuild.RECIPE_VERSION, sourcebuild.COMMITS],
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -361,6 +363,7 @@ def _build(final: Path, gnupg: Path, fingerprints: Mapping[str, str]) -> None:
         for path, data in site_files(debs, release_date(now)).items():
             _write_bytes(site / path, data)
         wheelhouse.build(site, wheelhouse.local_torch_wheels(LOCAL_WHEEL_DIR))
+        sourcebuild.build(site)
         try:
             for repo, public_key in PUBLIC_KEYS.items():
                 target = site / public_key

@@ -39,6 +39,7 @@ REQUIRED_PROGRAMS: dict[str, str] = {
     "gpg": "gnupg",
     "gpg-agent": "gnupg",
     "gpgconf": "gnupg",
+    "git": "git",  # the source-build project's repository (tests/lab/sourcebuild.py)
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;:?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")

@@ -11,10 +11,11 @@ asked to do.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from pyinfra.api import Config, Inventory, State
-from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
+from pyinfra.api.command import FileDownloadCommand, FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.connectors.util import CommandOutput
@@ -41,7 +42,10 @@ def _fake_host(deploy_func, data: dict | None, responses: dict | None):
 
 def _record(planned: PlannedOp, command) -> None:
     if isinstance(command, FileUploadCommand):
-        planned.uploads[command.dest] = command.src.getvalue()
+        src = command.src
+        planned.uploads[command.dest] = src.getvalue() if hasattr(src, "getvalue") else Path(src).read_bytes()
+    elif isinstance(command, FileDownloadCommand):
+        planned.commands.append(f"download: {command.src} -> {command.dest}")
     elif isinstance(command, StringCommand):
         planned.commands.append(command.get_raw_value())
     elif isinstance(command, FunctionCommand):

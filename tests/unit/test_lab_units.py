@@ -161,7 +161,8 @@ def test_inventory_json_has_the_documented_fields(fleet):
     apt_repo = AptRepo(Path("/var/cache/sparkrig-lab/repo/site-x"), "D" * 40, "E" * 40, 8765)
     house = {"simple": "/wheels/simple", "torch": [], "vllm_standin": {"name": "x"}}
     registry = {"name": "sparkrig-lab/ngc-stand-in", "tag": "stand-in", "digest": "sha256:" + "f" * 64}
-    document = json.loads(render_inventory(fleet, KEY, KNOWN, apt_repo, house, registry))
+    sources = {"name": "sparkrig-lab-ext", "path": "/sources/sparkrig-lab-ext.git", "refs": {}}
+    document = json.loads(render_inventory(fleet, KEY, KNOWN, apt_repo, house, registry, sources))
     assert document == {
         "hosts": [
             {
@@ -193,6 +194,7 @@ def test_inventory_json_has_the_documented_fields(fleet):
         },
         "wheelhouse": house,
         "registry": registry,
+        "sources": sources,
     }
 
 

