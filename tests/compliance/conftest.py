@@ -51,14 +51,20 @@ def pytest_cmdline_main(config):
     """With --inventory, one xdist worker per host (hosts in parallel, each host's controls in
     one worker over one SSH connection), unless -n was given."""
     inventory = config.getoption("--inventory")
-    if not inventory or not config.pluginmanager.hasplugin("xdist") or config.option.numprocesses is not None:
+    if not inventory or not config.pluginmanager.hasplugin("xdist"):
         return
     if hasattr(config, "workerinput") or os.environ.get("PYTEST_XDIST_WORKER"):
         return  # an xdist worker: it runs this hook too, and must not start workers of its own
+    if config.option.numprocesses is not None:  # -n given: keep it, group by host
+        if config.option.numprocesses and config.option.dist in ("no", "load"):
+            config.option.dist = "loadgroup"
+        return
     hosts = inventory_host_data(inventory, config.getoption("--limit"))
     config.sparkrig_inventory_hosts = hosts
     if len(hosts) > 1:
         config.option.numprocesses = min(len(hosts), MAX_WORKERS)
+    if config.option.numprocesses:
+        # A host's controls in one worker: they share that host's connection and files.
         config.option.dist = "loadgroup"
 
 
@@ -159,11 +165,18 @@ def profile(settings, identity) -> dict:
     return settings["hardware_profiles"][name]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """In lab mode the controls need the lab: mark them so `-m "not lab"` leaves them out.
     Every control is grouped by its host, so xdist's loadgroup runs a host's controls in
-    one worker."""
+    one worker (first: xdist's worker reads the groups in this same hook, and host
+    controls that share files on the host, such as the lab's image import, must not run
+    at once)."""
     here = Path(__file__).parent
+    if config.sparkrig_targets == "inventory" and os.environ.get("PYTEST_XDIST_WORKER"):
+        # xdist's worker derives loadgroup from its own command line, which lacks the
+        # --dist the controller was given in pytest_cmdline_main: group by host here too.
+        config.option.loadgroup = True
     for item in items:
         if here not in Path(item.fspath).parents:
             continue
@@ -201,6 +214,7 @@ class HostTable:
             return
         # module::control[params]: a parametrized control counts once per parameter, as pytest counts.
         path, _, test = report.nodeid.partition("::")
+        test = test.rsplit("]@", 1)[0] + "]" if "]@" in test else test  # xdist's group suffix
         key = f"{path.rsplit('/', 1)[-1]}::{test}"
         known = self.outcomes.setdefault(target, {})
         if report.failed:

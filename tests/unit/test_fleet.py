@@ -67,7 +67,7 @@ def test_the_table_counts_each_control_once_by_its_worst_phase():
         table.add(_report(a.format(host), "setup", "passed"))
         table.add(_report(a.format(host), "call", "passed" if host == "h1" else "failed"))
         table.add(_report(a.format(host), "teardown", "passed"))
-        table.add(_report(b.format(host), "setup", "skipped"))
+        table.add(_report(b.format(host) + f"@{host}", "setup", "skipped"))  # as xdist's loadgroup ids
     lines = table.lines()
     assert lines[0].split() == ["host", "passed", "failed", "skipped"]
     assert lines[1].split() == ["h1", "1", "0", "1"]
@@ -117,3 +117,43 @@ def test_the_suite_starts_workers_in_the_controller_only(monkeypatch):
     other = config()
     conftest.pytest_cmdline_main(other)
     assert other.option.numprocesses is None
+
+
+GROUPED = '''
+import os, pytest
+
+@pytest.mark.parametrize("i", range(6))
+@pytest.mark.parametrize("host", ["h1", "h2"])
+def test_control(request, host, i):
+    with open(os.environ["GROUPED_LOG"], "a") as log:
+        log.write(f"{host} {os.environ['PYTEST_XDIST_WORKER']}\\n")
+'''
+
+GROUPING_CONFTEST = '''
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(item.callspec.params["host"]))
+'''
+
+
+def test_xdist_keeps_each_group_on_one_worker(tmp_path):
+    """The compliance suite relies on --dist=loadgroup to keep a host's controls in one
+    worker; pytest 9.2 with pytest-xdist 3.8 silently stopped honouring it (xdist issue
+    1386), which this catches."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    (tmp_path / "conftest.py").write_text(GROUPING_CONFTEST)
+    log = tmp_path / "ran.log"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q",
+                             "-p", "no:cacheprovider", str(tmp_path)], capture_output=True, text=True,
+                            cwd=tmp_path, env={**os.environ, "GROUPED_LOG": str(log)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = [line.split() for line in log.read_text().splitlines()]
+    assert len(ran) == 12
+    workers = {host: {worker for h, worker in ran if h == host} for host in ("h1", "h2")}
+    assert all(len(w) == 1 for w in workers.values()), workers
