@@ -60,6 +60,7 @@ from .render import (
     parse_nameservers,
     parse_public_key,
     passwd_ids,
+    render_daemon_json,
     render_etc_hosts,
     render_inventory,
     render_known_hosts,
@@ -309,6 +310,7 @@ def _make_rootfs(host: LabHost, image: Path, pubkey: str, nameservers: list[str]
     os.chown(ssh_dir, uid, gid)
     os.chmod(ssh_dir, 0o700)
     write_file(ssh_dir / "authorized_keys", pubkey + "\n", 0o600, uid, gid)
+    _write_in_root(root, "etc/docker/daemon.json", render_daemon_json(host))
     toolkit = cuda_toolkit(host)
     if toolkit:
         _link_cuda_toolkit(root, toolkit)

@@ -288,3 +288,10 @@ def parse_gpg_fingerprints(colons: str) -> dict[str, str]:
         elif record == "uid" and fingerprint and len(fields) > 9:
             found[fields[9].replace("\\x3a", ":")] = fingerprint
     return found
+
+
+def render_daemon_json(host: LabHost, repo_port: int = REPO_PORT) -> str:
+    """The /etc/docker/daemon.json a lab host starts with: its Docker trusts the lab's
+    registry (the stand-in for nvcr.io, plain HTTP on the repository server at the host's
+    gateway), as a fleet trusts its own private registry. The deploy merges into it."""
+    return json.dumps({"insecure-registries": [f"{host.gateway}:{repo_port}"]}, indent=4) + "\n"

@@ -445,3 +445,11 @@ def test_a_lab_id_gives_names_no_default_lab_pattern_matches():
 def test_a_bad_lab_id_is_refused(bad):
     result = _lab_names(bad)
     assert result.returncode != 0 and "SPARKRIG_LAB_ID must be one digit 1-9" in result.stderr
+
+
+def test_every_lab_host_starts_trusting_the_labs_registry_at_its_own_gateway():
+    """Without it a lab brought up by hand (README: up, then deploy) cannot pull the NGC
+    stand-in image by digest from the lab's plain-HTTP registry."""
+    from tests.lab.render import render_daemon_json
+    (host,) = plan_fleet([("lab-deb13", "debian13")], HOSTS_DIR)
+    assert json.loads(render_daemon_json(host, 8765)) == {"insecure-registries": ["10.213.1.1:8765"]}
