@@ -688,8 +688,18 @@ def _peers(name: str, key: str) -> list[str]:
         for other in state.inventory
         if state.is_host_in_limit(other)
         and other not in state.failed_hosts
-        and wanted(resolve(_DEPENDS, other.data.dict())).get(name) == key
+        and known_key(resolve(_DEPENDS, other.data.dict()), name) == key
     ]
+
+
+def known_key(data: Mapping[str, Any], name: str) -> str | None:
+    """The key of build ``name`` for a host's resolved settings, or None when it cannot be
+    known from settings alone: a host whose hardware_profile is "auto" and whose box
+    hardware() has not read yet (pyinfra prepares hosts one after another, in inventory
+    order, so the hosts before this one are resolved and the first of a key still builds)."""
+    if data["hardware_profile"] not in data["hardware_profiles"]:
+        return None
+    return wanted(data).get(name)
 
 
 @deploy("Source builds", data_defaults=defaults(_DEPENDS))

@@ -355,3 +355,12 @@ def test_every_build_script_passes_shellcheck_as_posix_sh(tmp_path, name):
     path.write_text(sb.render_build_script(name, sb.wanted(data)[name], data))
     result = subprocess.run(["shellcheck", "-s", "sh", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_a_peer_whose_profile_is_still_auto_has_no_known_key():
+    """Another host of the run whose box hardware() has not read yet must not break the
+    current host's plan (its key is unknown, so it is not counted as a peer)."""
+    data = _data()
+    name = next(iter(data["source_builds_enabled"]))
+    assert sb.known_key(data, name) == sb.wanted(data)[name]
+    assert sb.known_key({**data, "hardware_profile": "auto"}, name) is None
