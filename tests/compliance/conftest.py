@@ -18,7 +18,6 @@ and converges the lab fleet first.
 from __future__ import annotations
 
 import os
-import re
 import runpy
 from pathlib import Path
 
@@ -76,9 +75,12 @@ MULTIPLEX = "Host *\n  ControlMaster auto\n  ControlPath /tmp/sparkrig-ssh-%C\n 
 
 
 def write_multiplexed(ssh_config: str, out: Path) -> None:
-    """The text of an SSH config, with connection sharing for every host, written to ``out``."""
+    """The text of an SSH config, with connection sharing for every host, written to ``out``
+    atomically (each xdist worker writes it too, while others may be reading it)."""
     out.parent.mkdir(exist_ok=True)
-    out.write_text(MULTIPLEX + ssh_config)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    tmp.write_text(MULTIPLEX + ssh_config)
+    os.replace(tmp, out)
 
 
 def pytest_configure(config):
