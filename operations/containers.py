@@ -80,7 +80,7 @@ _URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/{}-]*)?$"
 _FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9.+-]+$")
 # A docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
-_IMAGE = re.compile(
+IMAGE_REFERENCE = re.compile(
     r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
     r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
 )
@@ -120,7 +120,7 @@ def users_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 
 
 def image_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and _IMAGE.match(value)
+    ok = isinstance(value, str) and IMAGE_REFERENCE.match(value)
     return None if ok else "a docker image reference such as 'ubuntu:24.04' or 'registry:5000/team/image:tag'"
 
 

@@ -36,8 +36,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from . import atomic, containers, cuda_env, hardware
-from .containers import _IMAGE
+from . import atomic, containers, cuda_env, hardware, python_stack
+from .containers import IMAGE_REFERENCE
 from .settings import ENV_NAME, USER_NAME, Setting, absolute_path, boolean, defaults, int_range, one_of
 
 BUILDS = ("none", "packages", "unsloth")
@@ -68,7 +68,7 @@ _HOME_PATH = re.compile(r"^~(/[A-Za-z0-9._-]+)+$")
 def pinned_image_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if value == "" and not data.get("ngc_enabled"):
         return None
-    ok = isinstance(value, str) and _IMAGE.match(value) and "@sha256:" in value
+    ok = isinstance(value, str) and IMAGE_REFERENCE.match(value) and "@sha256:" in value
     return None if ok else (
         "an image reference pinned by digest, such as "
         "'nvcr.io/nvidia/pytorch:25.09-py3@sha256:<64 hex digits>' (required when ngc_enabled)"
@@ -76,7 +76,7 @@ def pinned_image_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def local_image_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and _IMAGE.match(value) and "@" not in value
+    ok = isinstance(value, str) and IMAGE_REFERENCE.match(value) and "@" not in value
     return None if ok else "a local image name with an optional tag, such as 'sparkrig/ngc:local' (no digest)"
 
 
@@ -84,7 +84,7 @@ def requirements_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     ok = isinstance(value, (list, tuple)) and all(isinstance(r, str) and _REQUIREMENT.match(r) for r in value)
     if not ok:
         return "a list of pinned requirements 'name==version' (extras allowed: 'name[extra]==version')"
-    if any(re.split(r"[\[=]", r)[0].lower().replace("_", "-") == "flash-attn" for r in value):
+    if any(python_stack.normalise(re.split(r"[\[=]", r)[0]) in python_stack.REFUSED for r in value):
         return "a list without flash-attn (no sm_121 kernels, CUDA 12 only: use PyTorch SDPA)"
     return None
 

@@ -52,16 +52,30 @@ def batches(hosts: Sequence[str], size: int) -> list[list[str]]:
     return [list(hosts[i:i + size]) for i in range(0, len(hosts), size)]
 
 
-def inventory_groups(inventory: str) -> dict[str, list[str]]:
-    """Each host of the inventory, in order, with its groups (asked of pyinfra's CLI, which
-    also validates every host's settings)."""
+def read_inventory(inventory: str, timeout: float = 120) -> list[dict]:
+    """Every host of a pyinfra inventory, in order: ``{"name", "groups", "data"}``, its data
+    merged as pyinfra merges it (group_data included).
+
+    Asked of the pyinfra CLI itself (``debug-inventory --json``, which also validates every
+    host's settings), in a subprocess: importing pyinfra's CLI would monkey-patch this
+    process with gevent. Raises RuntimeError with pyinfra's output when it cannot load it.
+    """
     result = subprocess.run(
         [PYINFRA, str(Path(inventory).resolve()), "debug-inventory", "--json"],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
     )
     if result.returncode != 0:
-        raise SystemExit(f"rollout: pyinfra could not load {inventory}:\n{result.stderr}{result.stdout}")
-    return {host["name"]: host["groups"] for host in json.loads(result.stdout)}
+        raise RuntimeError(f"pyinfra could not load {inventory}:\n{result.stderr}{result.stdout}")
+    return json.loads(result.stdout)
+
+
+def inventory_groups(inventory: str) -> dict[str, list[str]]:
+    """Each host of the inventory, in order, with its groups."""
+    try:
+        hosts = read_inventory(inventory)
+    except RuntimeError as error:
+        raise SystemExit(f"rollout: {error}") from None
+    return {host["name"]: host["groups"] for host in hosts}
 
 
 @dataclass

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from operations.rollout import limit_hosts
-
-REPO = Path(__file__).resolve().parents[1]
-PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+# The repository and the pyinfra CLI of this environment: the same for the deploy side.
+from operations.rollout import PYINFRA, REPO, limit_hosts, read_inventory
 
 
 @dataclass
@@ -66,17 +63,9 @@ def inventory_host_data(inventory: str, limit: Sequence[str] = ()) -> dict[str, 
     """Every host of a pyinfra inventory with its merged data (group_data included),
     restricted as pyinfra's ``--limit`` restricts a deploy (see :func:`limit_hosts`).
 
-    Asked of the pyinfra CLI itself (``debug-inventory --json``, which also validates
-    the settings), in a subprocess: importing pyinfra's CLI would monkey-patch this
-    process with gevent.
+    Read by :func:`operations.rollout.read_inventory` (pyinfra's ``debug-inventory``).
     """
-    result = subprocess.run(
-        [PYINFRA, str(Path(inventory).resolve()), "debug-inventory", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"pyinfra could not load {inventory}:\n{result.stderr}{result.stdout}")
-    hosts = json.loads(result.stdout)
+    hosts = read_inventory(inventory)
     chosen = limit_hosts({host["name"]: host["groups"] for host in hosts}, limit)
     return {host["name"]: host["data"] for host in hosts if host["name"] in chosen}
 
