@@ -126,11 +126,14 @@ jobs_preflight_min_available_kib = 67108864
 
 # --- Containers: Docker and the NVIDIA container toolkit (operations/containers.py)
 
-# Where Docker comes from: "docker-ce" (Docker's apt repository, below),
-# "distro" (the distribution's docker.io, and docker-cli where the client is packaged
-# apart, as on Debian 13) or "preinstalled" (DGX OS ships Docker:
-# sparkrig only checks that dockerd is there and wires it up).
-containers_docker_source = "docker-ce"
+# Where Docker comes from: "auto" keeps an installed Docker (DGX OS ships one: it is
+# wired up, never reinstalled) and otherwise installs the packages below from a
+# source the host already has, or else from Docker's apt repository (below), which
+# is never added where a file already names that origin. "docker-ce" (Docker's
+# repository), "distro" (the distribution's docker.io, and docker-cli where the client
+# is packaged apart, as on Debian 13) or "preinstalled" (sparkrig only checks that
+# dockerd is there and wires it up) choose one way for every host.
+containers_docker_source = "auto"
 
 # Docker's apt repository, or your mirror of it, with its layout (dists/CODENAME/
 # stable). {os} is the host's /etc/os-release ID (ubuntu, debian), {codename} its
@@ -153,9 +156,12 @@ containers_docker_ce_packages = [
     "docker-compose-plugin",
 ]
 
-# Where the NVIDIA container toolkit comes from: "nvidia" (NVIDIA's apt
-# repository, below) or "preinstalled" (checked: nvidia-container-runtime exists).
-containers_toolkit_source = "nvidia"
+# Where the NVIDIA container toolkit comes from: "auto" keeps an installed toolkit
+# (DGX OS ships one) and otherwise installs it from a source the host already has
+# (NVIDIA's CUDA repository carries it too), or else from NVIDIA's apt repository
+# (below); "nvidia" (that repository) or "preinstalled" (checked:
+# nvidia-container-runtime exists) choose one way for every host.
+containers_toolkit_source = "auto"
 
 # NVIDIA's flat apt repository of the toolkit (suite "/"), or your mirror of it.
 containers_toolkit_repo_url = "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}"

@@ -11,6 +11,7 @@ from pathlib import Path as _Path
 
 from operations.python_stack import load_manifest as _load_manifest
 from operations.source_builds import load_catalogue as _load_catalogue
+from tests.lab import FLAVOURS as _FLAVOURS
 from tests.lab import inventory_path as _inventory_path
 from tests.lab.config import WHEEL_CACHE as _WHEEL_CACHE
 
@@ -27,27 +28,33 @@ _repo = _inventory["apt_repo"]
 def _containers(host: dict) -> dict:
     """Docker and the toolkit in the lab, which cannot reach Docker's or NVIDIA's
     repositories: the lab serves signed repositories laid out like theirs, holding
-    STAND-IN packages named as such (sparkrig-lab-standin-*). Debian 12 takes Docker
-    from the distribution (docker.io, for real); Debian 13 from the lab's docker-ce-like
-    repository, whose stand-in package installs Debian's docker.io."""
+    STAND-IN packages named as such (sparkrig-lab-standin-*). The DGX OS hosts (flavours
+    dgxos and gb10) keep the default sources ("auto"): they start with Docker and the
+    toolkit installed from the lab's DGX OS stand-in source (tests/lab/dgxos.py), which
+    the deploy must keep. Debian 12 takes Docker from the distribution (docker.io, for
+    real); Debian 13 from the lab's docker-ce-like repository, whose stand-in package
+    installs Debian's docker.io."""
     url = host["apt_repo_url"]
     data = {
         "containers_toolkit_repo_url": url + "/nvidia/libnvidia-container/stable/deb/{arch}",
         "containers_toolkit_key_url": url + "/nvidia/libnvidia-container/gpgkey",
         "containers_toolkit_key_fingerprint": _repo["nvidia_key_fingerprint"],
         "containers_toolkit_packages": [_repo["toolkit_package"]],
+        "containers_docker_repo_url": url + "/docker/linux/{os}",
+        "containers_docker_key_url": url + "/docker/linux/{os}/gpg",
+        "containers_docker_key_fingerprint": _repo["docker_key_fingerprint"],
+        "containers_docker_ce_packages": [_repo["docker_package"]],
         # No Docker Hub from the lab: the compliance suite imports this image from busybox.
         "containers_check_image": "sparkrig-lab/busybox:stand-in",
     }
+    if _FLAVOURS[host["flavour"]].dgx_os:
+        return data
     if host["flavour"] == "debian12":
         return {**data, "containers_docker_source": "distro"}
     return {
         **data,
         "containers_docker_source": "docker-ce",
-        "containers_docker_repo_url": url + "/docker/linux/{os}",
-        "containers_docker_key_url": url + "/docker/linux/{os}/gpg",
-        "containers_docker_key_fingerprint": _repo["docker_key_fingerprint"],
-        "containers_docker_ce_packages": [_repo["docker_package"]],
+        "containers_toolkit_source": "nvidia",
         "containers_nvidia_default_runtime": True,
         "containers_docker_users": ["spark"],
     }
@@ -86,8 +93,10 @@ _ca_certificates = {
     _path.stem: _path.read_text() for _path in sorted(_CONTROLLER_CA_DIR.glob("*.crt"))
 }
 
-# Python of each flavour's system interpreter (the venv uses it: no downloads here).
-_PYTHON = {"debian12": "3.11", "debian13": "3.13"}
+# Python of each suite's system interpreter (the venv uses it: no downloads here).
+_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
+# Machine names of the flavours' Debian architectures, as the manifest keys wheels.
+_MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}
 
 
 def _python_stack(host: dict) -> dict:
@@ -99,11 +108,13 @@ def _python_stack(host: dict) -> dict:
     ordinary user and takes a profile."""
     house = _inventory.get("wheelhouse") or {}
     url = host["apt_repo_url"]
-    python = _PYTHON[host["flavour"]]
+    flavour = _FLAVOURS[host["flavour"]]
+    python = _PYTHON[flavour.suite]
     manifest = _load_manifest()
     manifest["python"] = python
     tag = "cp" + python.replace(".", "")
-    torch = [w for w in house.get("torch", []) if w["python"] == tag]
+    machine = _MACHINE[flavour.arch]
+    torch = [w for w in house.get("torch", []) if w["python"] == tag and w["file"].endswith(f"_{machine}.whl")]
     manifest["torch"] = (
         {"index_url": url + house["simple"], "packages": {"torch": torch[-1]["version"]}}
         if torch
@@ -114,7 +125,9 @@ def _python_stack(host: dict) -> dict:
         {
             "name": standin["name"],
             "version": standin["version"],
-            "wheels": {"x86_64": {"url": url + standin["path"], "sha256": standin["sha256"]}},
+            "wheels": {
+                machine: {"url": url + standin["path"], "sha256": standin["sha256"]}
+            },
         }
         if standin
         else None
@@ -170,9 +183,13 @@ lab = [
             "ssh_known_hosts_file": _host["known_hosts"],
             "ssh_strict_host_key_checking": "yes",
             "_sudo": True,
-            # The lab hosts are x86_64 without a GPU: they stand in for RTX 50xx boxes.
-            "hardware_profile": "rtx50",
+            # The x86_64 lab hosts have no GPU: they stand in for RTX 50xx boxes. The
+            # gb10 flavour keeps the default profile (gb10): its STAND-IN nvidia-smi
+            # reports a GB10.
+            **({} if _FLAVOURS[_host["flavour"]].gpu_standin else {"hardware_profile": "rtx50"}),
             "lab_flavour": _host["flavour"],
+            # Runs under qemu-user (tests/lab/binfmt.py): the controls say what it cannot show.
+            **({"lab_emulated": "qemu-user"} if _FLAVOURS[_host["flavour"]].emulated else {}),
             "ca_certificates_extra": _ca_certificates,
             **_containers(_host),
             **_ngc(_host),
@@ -183,7 +200,16 @@ lab = [
     for _host in _inventory["hosts"]
 ]
 
-# Groups by flavour, for --limit (pyinfra's and the compliance suite's): e.g.
-# `--limit debian13` targets the Debian 13 hosts.
-debian12 = [_host["name"] for _host in _inventory["hosts"] if _host["flavour"] == "debian12"]
-debian13 = [_host["name"] for _host in _inventory["hosts"] if _host["flavour"] == "debian13"]
+# Groups, for --limit (pyinfra's and the compliance suite's): e.g. `--limit debian13`
+# targets the Debian 13 hosts; debian12 holds the x86_64 Debian 12 hosts (DGX OS-like
+# lab-deb12-b too), gb10 the emulated aarch64 Spark.
+def _group(suite: str, arch: str) -> list[str]:
+    return [
+        _host["name"] for _host in _inventory["hosts"]
+        if (_FLAVOURS[_host["flavour"]].suite, _FLAVOURS[_host["flavour"]].arch) == (suite, arch)
+    ]
+
+
+debian12 = _group("bookworm", "amd64")
+debian13 = _group("trixie", "amd64")
+gb10 = _group("bookworm", "arm64")

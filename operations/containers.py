@@ -2,10 +2,14 @@
 Containers: the Docker engine and the NVIDIA container toolkit, wired together
 without clobbering what the host already has.
 
-- Docker comes from the source the settings name: ``docker-ce`` (Docker's apt
-  repository), ``distro`` (the distribution's ``docker.io``) or ``preinstalled``
-  (DGX OS: verified, never installed). The toolkit comes from NVIDIA's apt
-  repository, or is verified when ``preinstalled``.
+- Docker comes from the source the settings name: ``auto`` (the default: what is
+  installed is kept, as on DGX OS; where Docker is absent it is installed from a
+  source the host already has, else from Docker's apt repository), ``docker-ce``
+  (Docker's apt repository), ``distro`` (the distribution's ``docker.io``) or
+  ``preinstalled`` (verified, never installed). The toolkit likewise: ``auto``,
+  ``nvidia`` (NVIDIA's apt repository) or ``preinstalled``. A vendor repository
+  is never added a second time: under ``auto``, a file the host already has for
+  the same origin (any URL below the setting's, any file name) is used as it is.
 - Each repository is a deb822 ``.sources`` file with its own ``Signed-By``
   keyring. The key is fetched on the host, its primary fingerprint compared with
   the setting, and only that key is written to the keyring. Repository and key
@@ -51,8 +55,11 @@ from .packages import installed as install_packages
 from .atomic import refuse, refused
 from .settings import USER_NAME, Setting, boolean, defaults, one_of
 
-DOCKER_SOURCES = ("docker-ce", "distro", "preinstalled")
-TOOLKIT_SOURCES = ("nvidia", "preinstalled")
+DOCKER_SOURCES = ("auto", "docker-ce", "distro", "preinstalled")
+TOOLKIT_SOURCES = ("auto", "nvidia", "preinstalled")
+# What "auto" resolves to, besides the vendor repository or "preinstalled": the
+# packages are absent, and installed from a source the host already has.
+HOST_SOURCE = "host"
 DISTRO_PACKAGES = ("docker.io",)
 # Debian 13 ships the docker client apart from the engine, as a recommendation of docker.io.
 DISTRO_CLI = "docker-cli"
@@ -127,9 +134,10 @@ def image_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 SETTINGS = (
     Setting(
         "containers_docker_source",
-        "docker-ce",
-        "Where Docker comes from: 'docker-ce' (Docker's apt repository), 'distro' (the "
-        "distribution's docker.io) or 'preinstalled' (verified only, as on DGX OS).",
+        "auto",
+        "Where Docker comes from: 'auto' (keep an installed Docker, as DGX OS's; else install "
+        "from a source the host has, else from Docker's apt repository), 'docker-ce' (Docker's "
+        "apt repository), 'distro' (the distribution's docker.io) or 'preinstalled' (verified only).",
         one_of(*DOCKER_SOURCES),
     ),
     Setting(
@@ -159,9 +167,10 @@ SETTINGS = (
     ),
     Setting(
         "containers_toolkit_source",
-        "nvidia",
-        "Where the NVIDIA container toolkit comes from: 'nvidia' (NVIDIA's apt repository) "
-        "or 'preinstalled' (verified only).",
+        "auto",
+        "Where the NVIDIA container toolkit comes from: 'auto' (keep an installed toolkit; else "
+        "install from a source the host has, else from NVIDIA's apt repository), 'nvidia' "
+        "(NVIDIA's apt repository) or 'preinstalled' (verified only).",
         one_of(*TOOLKIT_SOURCES),
     ),
     Setting(
@@ -214,7 +223,10 @@ SETTINGS = (
 
 @dataclass(frozen=True)
 class AptRepository:
-    """One vendor apt repository: where it is, what signs it, and its files on the host."""
+    """One vendor apt repository: where it is, what signs it, and its files on the host.
+
+    ``origin`` is the URL setting up to its first placeholder, without the scheme
+    (``download.docker.com/linux``): any source below it is the same vendor's."""
 
     name: str
     url: str
@@ -222,6 +234,7 @@ class AptRepository:
     components: tuple[str, ...]
     key_url: str
     fingerprint: str
+    origin: str = ""
 
     @property
     def keyring(self) -> str:
@@ -235,9 +248,14 @@ class AptRepository:
 REPOSITORY_NAMES = ("docker", "nvidia-container-toolkit")
 
 
+def url_origin(template: str) -> str:
+    """A repository URL setting up to its first placeholder, without scheme or final '/'."""
+    return template.split("://", 1)[-1].split("{", 1)[0].rstrip("/")
+
+
 def repositories(data: Mapping[str, Any], release: Mapping[str, str]) -> list[AptRepository]:
-    """The repositories a host's settings ask for, URLs filled in from ``release``
-    (``{"os": "ubuntu", "codename": "noble", "arch": "arm64"}``)."""
+    """The repositories a host's (resolved) sources ask for, URLs filled in from
+    ``release`` (``{"os": "ubuntu", "codename": "noble", "arch": "arm64"}``)."""
     found = []
     if data["containers_docker_source"] == "docker-ce":
         found.append(AptRepository(
@@ -247,6 +265,7 @@ def repositories(data: Mapping[str, Any], release: Mapping[str, str]) -> list[Ap
             ("stable",),
             data["containers_docker_key_url"].format(**release),
             data["containers_docker_key_fingerprint"],
+            url_origin(data["containers_docker_repo_url"]),
         ))
     if data["containers_toolkit_source"] == "nvidia":
         found.append(AptRepository(
@@ -256,8 +275,41 @@ def repositories(data: Mapping[str, Any], release: Mapping[str, str]) -> list[Ap
             (),
             data["containers_toolkit_key_url"].format(**release),
             data["containers_toolkit_key_fingerprint"],
+            url_origin(data["containers_toolkit_repo_url"]),
         ))
     return found
+
+
+def resolve_sources(data: Mapping[str, Any], found: Mapping[str, Any]) -> dict[str, str]:
+    """The Docker and toolkit sources to act on: the settings, with ``auto`` decided
+    from the host (:class:`ContainerHost`). ``auto`` keeps what sparkrig configured
+    itself (its own sources file), else keeps what is installed (``preinstalled``),
+    else installs from a source the host already has (:data:`HOST_SOURCE`) when apt
+    knows the package, else takes the vendor repository."""
+    resolved = {}
+    for key, vendor, binary, repo in (
+        ("containers_docker_source", "docker-ce", "dockerd", "docker"),
+        ("containers_toolkit_source", "nvidia", "nvidia_runtime", "nvidia-container-toolkit"),
+    ):
+        source = data[key]
+        if source == "auto":
+            if repo in found["own_sources"]:
+                source = vendor
+            elif found[binary]:
+                source = "preinstalled"
+            elif vendor_package(data, key) in found["available"]:
+                source = HOST_SOURCE
+            else:
+                source = vendor
+        resolved[key] = source
+    return resolved
+
+
+def vendor_package(data: Mapping[str, Any], key: str) -> str:
+    """The first package the vendor repository of a source setting installs."""
+    if key == "containers_docker_source":
+        return data["containers_docker_ce_packages"][0]
+    return data["containers_toolkit_packages"][0]
 
 
 def render_sources(repo: AptRepository, arch: str) -> str:
@@ -283,13 +335,21 @@ def source_uris(line: str) -> list[str]:
     return words[1:2] if words and words[0] in ("deb", "deb-src") else []
 
 
+def same_origin(uri: str, repo: AptRepository) -> bool:
+    """Whether a source URI is ``repo``'s or another of the same vendor's (any scheme,
+    any path below the origin)."""
+    plain = uri.split("://", 1)[-1].rstrip("/")
+    origin = repo.origin or repo.url.split("://", 1)[-1].rstrip("/")
+    return plain == origin or plain.startswith(origin + "/")
+
+
 def foreign_sources(entries: Sequence[tuple[str, str]], repo: AptRepository) -> list[str]:
-    """The files other than sparkrig's own that already configure ``repo``'s URI: apt
-    refuses two entries of one repository with different Signed-By keyrings."""
-    want = repo.url.rstrip("/")
+    """The files other than sparkrig's own that already configure ``repo``'s origin:
+    apt refuses two entries of one repository with different Signed-By keyrings, and
+    a second copy of a vendor's repository is never wanted."""
     return sorted({
         path for path, line in entries
-        if path != repo.sources_file and any(uri.rstrip("/") == want for uri in source_uris(line))
+        if path != repo.sources_file and any(same_origin(uri, repo) for uri in source_uris(line))
     })
 
 
@@ -318,16 +378,20 @@ class ContainerHost(FactBase):
     """
     Returns, in one command, what the containers concern decides from: the host's
     release, which of the given packages are installed, Docker's daemon.json and
-    service, the docker group, and the NVIDIA pieces present.
+    service, the docker group, the NVIDIA pieces present, and which of sparkrig's
+    repository files exist.
 
     ``daemon_json`` is the file's text (``None``: no file); ``group_members`` is
     ``None`` when there is no docker group; ``users`` lists the given users that exist;
-    ``available`` the given packages that apt knows.
+    ``available`` the given packages that apt knows, of ``available`` and of the
+    ``candidates`` (pairs of a program and a package) whose program is missing;
+    ``own_sources`` names the repositories with a sparkrig sources file.
 
     .. code:: python
 
         {"os": "ubuntu", "codename": "noble", "arch": "arm64",
          "installed": ["docker-ce", "nvidia-container-toolkit"], "available": [],
+         "own_sources": [],
          "daemon_json": '{"log-driver": "json-file"}\\n',
          "docker_active": True, "docker_enabled": True,
          "group_members": ["alice"], "users": ["alice", "bob"],
@@ -337,7 +401,11 @@ class ContainerHost(FactBase):
     """
 
     def command(
-        self, packages: Sequence[str] = (), users: Sequence[str] = (), available: Sequence[str] = ()
+        self,
+        packages: Sequence[str] = (),
+        users: Sequence[str] = (),
+        available: Sequence[str] = (),
+        candidates: Sequence[tuple[str, str]] = (),
     ) -> StringCommand:
         parts = [
             ". /etc/os-release; echo os=$ID; echo codename=$VERSION_CODENAME;",
@@ -353,6 +421,14 @@ class ContainerHost(FactBase):
                 "for p in", *map(QuoteString, available),
                 "; do apt-cache show --no-all-versions \"$p\" >/dev/null 2>&1 && echo available=$p; done;",
             ]
+        for program, package in candidates:
+            parts += [
+                "command -v", QuoteString(program), ">/dev/null 2>&1 || { apt-cache show --no-all-versions",
+                QuoteString(package), ">/dev/null 2>&1 && echo available=" + package, "; };",
+            ]
+        parts += [
+            "for r in", *REPOSITORY_NAMES, f"; do [ -f {SOURCES_DIR}/sparkrig-$r.sources ] && echo own=$r; done;",
+        ]
         parts += [
             f"[ -f {DAEMON_JSON} ] && echo daemon_json=$(base64 -w0 {DAEMON_JSON});",
             f"echo docker=$(systemctl is-enabled {SERVICE} 2>/dev/null) $(systemctl is-active {SERVICE});",
@@ -388,6 +464,7 @@ class ContainerHost(FactBase):
             # "ii " (wanted: install, state: installed) is an installed package.
             "installed": [p.split()[0] for p in values.get("pkg", []) if p.split()[1:2] == ["ii"]],
             "available": values.get("available", []),
+            "own_sources": values.get("own", []),
             "daemon_json": _decode(values, "daemon_json"),
             "docker_enabled": docker[:1] == ["enabled"],
             "docker_active": docker[-1:] == ["active"],
@@ -683,14 +760,15 @@ def static_cdi_spec(path: str = CDI_STATIC_SPEC):
 # The deploy ----------------------------------------------------------------
 
 
-def wanted_packages(data: Any) -> list[str]:
-    """The packages the host's sources ask for, Docker's first."""
+def wanted_packages(data: Any, sources: Mapping[str, str]) -> list[str]:
+    """The packages the host's (resolved) sources ask for, Docker's first."""
     packages: list[str] = []
-    if data.containers_docker_source == "distro":
+    docker, toolkit = sources["containers_docker_source"], sources["containers_toolkit_source"]
+    if docker == "distro":
         packages += DISTRO_PACKAGES
-    elif data.containers_docker_source == "docker-ce":
+    elif docker in ("docker-ce", HOST_SOURCE):
         packages += data.containers_docker_ce_packages
-    if data.containers_toolkit_source == "nvidia":
+    if toolkit in ("nvidia", HOST_SOURCE):
         packages += data.containers_toolkit_packages
     return packages
 
@@ -707,14 +785,28 @@ def containers():
     reads its own state again when it runs.
     """
     data = host.data
-    packages = wanted_packages(data)
+    settings = {s.key: getattr(data, s.key) for s in SETTINGS}
     distro = data.containers_docker_source == "distro"
+    # Every package any source could ask for: "auto" is decided from this reading.
+    candidates = [
+        (program, vendor_package(settings, key))
+        for key, program in (("containers_docker_source", "dockerd"),
+                             ("containers_toolkit_source", "nvidia-container-runtime"))
+        if settings[key] == "auto"
+    ]
     found = host.get_fact(
         ContainerHost,
-        packages=(*packages, *KEY_TOOLS, *([DISTRO_CLI] if distro else [])),
+        packages=(
+            *dict.fromkeys([*data.containers_docker_ce_packages, *DISTRO_PACKAGES,
+                            *data.containers_toolkit_packages, *KEY_TOOLS,
+                            *([DISTRO_CLI] if distro else [])]),
+        ),
         users=tuple(data.containers_docker_users),
         available=(DISTRO_CLI,) if distro else (),
+        candidates=tuple(candidates),
     )
+    sources = resolve_sources(settings, found)
+    packages = wanted_packages(data, sources)
     if distro and DISTRO_CLI in found["available"] + found["installed"]:
         packages.insert(len(DISTRO_PACKAGES), DISTRO_CLI)
     if data.containers_docker_source == "preinstalled" and not found["dockerd"]:
@@ -732,10 +824,15 @@ def containers():
         return
 
     release = {field: found[field] for field in URL_FIELDS}
-    repos = repositories({s.key: getattr(data, s.key) for s in SETTINGS}, release)
+    repos = repositories({**settings, **sources}, release)
     existing = host.get_fact(SparkrigAptRepositories) if repos else SparkrigAptRepositories.default()
-    for repo in repos:
+    for repo in list(repos):
         conflicts = foreign_sources(existing["entries"], repo)
+        key = "containers_docker_source" if repo.name == "docker" else "containers_toolkit_source"
+        if conflicts and settings[key] == "auto" and repo.name not in found["own_sources"]:
+            # The host has this vendor's repository already: install from it as it is.
+            repos.remove(repo)
+            continue
         if conflicts:
             refused(
                 name=f"The {repo.name} repository is configured once",

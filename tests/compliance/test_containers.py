@@ -11,6 +11,7 @@ the code that converges (operations/containers.py).
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -47,7 +48,11 @@ def _info(host, template: str) -> str:
 def check_image(docker, settings, host_data):
     """The image the controls run; a lab host (no registry) imports its stand-in when it is missing."""
     image = settings["containers_check_image"]
-    lab_host = "lab_flavour" in host_data.get(inventory_name(docker), {})
+    data = host_data.get(inventory_name(docker), {})
+    lab_host = "lab_flavour" in data
+    if data.get("lab_emulated"):
+        pytest.skip("lab host under qemu-user emulation: containerd's runc shim cannot start a container "
+                    "there ('failed to start shim: invalid argument'); a real GB10 runs them natively")
     with docker.sudo():
         present = docker.run("docker image inspect %s", image).rc == 0
         if not present and lab_host:
@@ -176,26 +181,64 @@ def _release(host) -> dict[str, str]:
     }
 
 
-def _repositories(settings) -> list[dict[str, str]]:
-    repos = []
-    if settings["containers_docker_source"] == "docker-ce":
-        repos.append({"name": "docker", "url": settings["containers_docker_repo_url"],
-                      "fingerprint": settings["containers_docker_key_fingerprint"],
-                      "packages": settings["containers_docker_ce_packages"]})
-    if settings["containers_toolkit_source"] == "nvidia":
-        repos.append({"name": "nvidia-container-toolkit", "url": settings["containers_toolkit_repo_url"],
-                      "fingerprint": settings["containers_toolkit_key_fingerprint"],
-                      "packages": settings["containers_toolkit_packages"]})
-    return repos
+def _vendors(settings) -> list[dict[str, str]]:
+    return [
+        {"name": "docker", "source": settings["containers_docker_source"], "vendor": "docker-ce",
+         "url": settings["containers_docker_repo_url"],
+         "fingerprint": settings["containers_docker_key_fingerprint"],
+         "packages": settings["containers_docker_ce_packages"]},
+        {"name": "nvidia-container-toolkit", "source": settings["containers_toolkit_source"], "vendor": "nvidia",
+         "url": settings["containers_toolkit_repo_url"],
+         "fingerprint": settings["containers_toolkit_key_fingerprint"],
+         "packages": settings["containers_toolkit_packages"]},
+    ]
+
+
+def _repositories(settings, host) -> list[dict[str, str]]:
+    """The vendor repositories sparkrig must have configured: those the settings name, and
+    under "auto" those whose sparkrig sources file exists (auto chose the vendor's)."""
+    return [
+        repo for repo in _vendors(settings)
+        if repo["source"] == repo["vendor"] or (
+            repo["source"] == "auto" and host.file(f"/etc/apt/sources.list.d/sparkrig-{repo['name']}.sources").exists)
+    ]
+
+
+def _source_entries(host) -> list[tuple[str, str]]:
+    """(file, URI) of every apt source entry on the host."""
+    listing = host.run("grep -s -H -E '^[[:space:]]*(deb|deb-src|URIs:)[[:space:]]' "
+                       "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources")
+    entries = []
+    for line in listing.stdout.splitlines():
+        path, _, entry = line.partition(":")
+        words = re.sub(r"\[[^\]]*\]", " ", entry).split()  # one-line options: [arch=... signed-by=...]
+        if words[:1] == ["URIs:"]:
+            entries += [(path, uri) for uri in words[1:]]
+        elif len(words) > 1:
+            entries.append((path, words[1]))
+    return entries
+
+
+def test_no_vendor_repository_is_configured_twice(docker, settings):
+    """Protects against a second copy of a repository the box already has (DGX OS ships
+    its own sources): apt then refuses to work ("Conflicting values set for option
+    Signed-By"), and upgrades stop. At most one file names each vendor's origin."""
+    entries = _source_entries(docker)
+    for repo in _vendors(settings):
+        origin = repo["url"].split("://", 1)[-1].split("{", 1)[0].rstrip("/")
+        files = sorted({path for path, uri in entries
+                        if (uri.split("://", 1)[-1].rstrip("/") + "/").startswith(origin + "/")})
+        assert len(files) <= 1, f"{origin} is configured in {len(files)} files: {files}"
 
 
 def test_vendor_repositories_trust_their_own_key_alone(docker, settings):
     """Protects against packages signed by the wrong key: each vendor repository is
     trusted only with its own keyring (Signed-By), and that keyring holds exactly the
     key whose fingerprint the settings name; neither file is writable by others."""
-    repos = _repositories(settings)
+    repos = _repositories(settings, docker)
     if not repos:
-        pytest.skip("both sources are 'preinstalled' or 'distro': no vendor repository is configured")
+        pytest.skip("no vendor repository is configured by sparkrig here (sources 'preinstalled' or 'distro', "
+                    "or 'auto' keeping what the host had)")
     release = _release(docker)
     for repo in repos:
         sources = docker.file(f"/etc/apt/sources.list.d/sparkrig-{repo['name']}.sources")
@@ -218,9 +261,10 @@ def test_vendor_repositories_trust_their_own_key_alone(docker, settings):
 def test_packages_come_from_the_configured_repository(docker, settings):
     """Protects against a vendor package silently installed from somewhere else (a stale
     list, another mirror): the installed version's origin is the configured repository."""
-    repos = _repositories(settings)
+    repos = _repositories(settings, docker)
     if not repos:
-        pytest.skip("both sources are 'preinstalled' or 'distro': no vendor repository is configured")
+        pytest.skip("no vendor repository is configured by sparkrig here (sources 'preinstalled' or 'distro', "
+                    "or 'auto' keeping what the host had)")
     release = _release(docker)
     for repo in repos:
         url = repo["url"].format(**release).rstrip("/")

@@ -165,8 +165,8 @@ def test_torch_imports_at_its_pinned_version(host, venv, torch_pin):
 
 @pytest.fixture
 def gpu(host, torch_pin) -> None:
-    if not host.exists("nvidia-smi"):
-        pytest.skip("no NVIDIA GPU on this host (nvidia-smi not found): GPU controls need one")
+    if not host.file("/dev/nvidiactl").exists:
+        pytest.skip("no NVIDIA GPU on this host (/dev/nvidiactl is missing): GPU controls need one")
 
 
 def test_gpu_torch_is_a_cuda_13_build(host, venv, gpu):

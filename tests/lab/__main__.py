@@ -8,7 +8,7 @@ import os
 import sys
 
 from . import down, missing_requirements, ssh_config_path, status, up
-from .model import parse_fleet_spec
+from .model import FLAVOURS, parse_fleet_spec
 from .system import LabError
 
 
@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tests.lab", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     boot = commands.add_parser("up", help="boot a fresh lab (removing leftovers first)")
-    boot.add_argument("--hosts", help="fleet as NAME:FLAVOUR,... (flavours: debian12, debian13)")
+    boot.add_argument("--hosts", help=f"fleet as NAME:FLAVOUR,... (flavours: {', '.join(FLAVOURS)})")
     boot.add_argument(
         "--keep-on-failure", action="store_true", help="leave a failed lab up to inspect it"
     )

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cgroups, network, registry, repo, sourcebuild, wheelhouse
+from . import binfmt, cgroups, dgxos, network, registry, repo, sourcebuild, wheelhouse
 from .config import (
     BOOT_TIMEOUT_S,
     CACHE_DIR,
@@ -55,7 +55,7 @@ from .config import (
     WHEEL_CACHE,
 )
 from .image import copy_image, ensure_images
-from .model import DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, plan_fleet
+from .model import DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, plan_fleet, repo_url
 from .render import (
     parse_nameservers,
     parse_public_key,
@@ -151,12 +151,15 @@ def recreate(name: str) -> LabHost:
             raise LabError("state.json records no apt repository (an older lab): run up again")
         _stop_host(host)
         _remove_rootfs(host.rootfs)
+        _register_emulation([host])
         image = _images([host.flavour])[host.flavour]
         _make_rootfs(host, image, _ensure_ssh_key(), _controller_nameservers())
+        _write_starting_state(host, state.apt_repo)
         _write_client_files(state.hosts, state.apt_repo)
         _boot(host)
         _write_state(state)
         _wait_ready(host)
+        _install_starting_stack(host)
         return host
 
 
@@ -231,6 +234,7 @@ def _bring_up(hosts: list[LabHost]) -> list[LabHost]:
     started = time.monotonic()
     LAB_DIR.mkdir(parents=True, exist_ok=True)
     pubkey = _ensure_ssh_key()
+    _register_emulation(hosts)
     images = _images([host.flavour for host in hosts])
     apt_repo = repo.ensure_repo(REPO_CACHE, REPO_PORT)
     busybox = [images[flavour] / "bin" / "busybox" for flavour in sorted(images)]
@@ -243,14 +247,47 @@ def _bring_up(hosts: list[LabHost]) -> list[LabHost]:
     if ip_forward_before != 1:
         network.write_ip_forward(1)
     _parallel(lambda host: _make_host(host, images[host.flavour], pubkey, nameservers), hosts)
+    for host in hosts:
+        _write_starting_state(host, apt_repo)
     repo.start_server(apt_repo, [host.gateway for host in hosts], REPO_SERVER_PID, REPO_SERVER_LOG)
     _write_client_files(hosts, apt_repo)
     for host in hosts:
         _boot(host)
     _write_state(state)
     _parallel(_wait_ready, hosts)
+    _parallel(_install_starting_stack, hosts)
     log.info("lab up: %d hosts in %.0f s", len(hosts), time.monotonic() - started)
     return hosts
+
+
+def _register_emulation(hosts: Sequence[LabHost]) -> None:
+    """qemu-user's binfmt_misc entry, where a host's architecture is foreign here."""
+    arches = {FLAVOURS[host.flavour].arch for host in hosts}
+    problems = binfmt.missing(arches)
+    if problems:
+        raise LabError("the lab cannot run here: " + "; ".join(problems))
+    if any(binfmt.needs_emulation(arch) for arch in arches):
+        binfmt.ensure()
+
+
+def _write_starting_state(host: LabHost, apt_repo: AptRepo) -> None:
+    """The files a host starts with beyond its image (DGX OS's sources, a GPU stand-in)."""
+    key = (apt_repo.root / repo.PUBLIC_KEYS["dgx"]).read_text()
+    files = dgxos.rootfs_files(
+        FLAVOURS[host.flavour], repo_url(host.index, apt_repo.port), repo.DGX_ORIGIN, key
+    )
+    for path, (content, mode) in files.items():
+        _write_in_root(host.rootfs, path.lstrip("/"), content, mode)
+
+
+def _install_starting_stack(host: LabHost) -> None:
+    """Docker and the toolkit from the DGX OS stand-in source, on a ``dgx_os`` host."""
+    if not FLAVOURS[host.flavour].dgx_os:
+        return
+    started = time.monotonic()
+    run_ssh(host.name, dgxos.install_command(), timeout=600)
+    log.info("%s: DGX OS's Docker and toolkit (stand-ins) installed in %.0f s", host.name,
+             time.monotonic() - started)
 
 
 def _images(flavours: Sequence[str]) -> dict[str, Path]:
@@ -537,6 +574,7 @@ def _teardown() -> None:
     for link in network.lab_links():
         network.delete_link(link)
 
+    binfmt.remove()
     recorded = network.delete_nft()
     if state is not None and state.ip_forward_before is not None:
         recorded = state.ip_forward_before

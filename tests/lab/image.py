@@ -52,6 +52,15 @@ MASKED_UNITS: tuple[str, ...] = ("systemd-modules-load.service",)
 
 DEBOOTSTRAP_TIMEOUT_S = 1200
 
+# Debian 12's units that load credentials, and those that need a network namespace of
+# their own: neither works under qemu-user emulation (foreign-architecture images).
+EMULATION_NO_CREDENTIALS: tuple[str, ...] = (
+    "procps.service", "systemd-firstboot.service", "systemd-sysctl.service",
+    "systemd-sysusers.service", "systemd-tmpfiles-clean.service",
+    "systemd-tmpfiles-setup-dev.service", "systemd-tmpfiles-setup.service",
+)
+EMULATION_MASKED_UNITS: tuple[str, ...] = ("e2scrub_reap.service",)
+
 
 @dataclass(frozen=True)
 class WriteFile:
@@ -91,6 +100,18 @@ def recipe_steps(flavour: Flavour, mirror: str) -> tuple[Step, ...]:
     steps: list[Step] = [Systemctl(("mask", *MASKED_UNITS))]
     if flavour.ssh_service == "ssh.socket":
         steps += [Systemctl(("disable", "ssh.service")), Systemctl(("enable", "ssh.socket"))]
+    if flavour.emulated:
+        # Under qemu-user, systemd 252 cannot set up a unit's credentials ("Failed to set
+        # up credentials: Invalid argument") nor its private network namespace: the units
+        # that ask for them fail at boot. The credentials they load are optional; the
+        # namespaced e2scrub_reap has nothing to do on the lab's file system.
+        steps += [
+            WriteFile(f"/etc/systemd/system/{unit}.d/sparkrig-lab-emulation.conf",
+                      "# sparkrig lab: qemu-user cannot set up credentials (tests/lab/image.py)\n"
+                      "[Service]\nLoadCredential=\n")
+            for unit in EMULATION_NO_CREDENTIALS
+        ]
+        steps.append(Systemctl(("mask", *EMULATION_MASKED_UNITS)))
     steps += [
         # Empty: every host gets its own machine-id when it is made.
         WriteFile("/etc/machine-id", "", 0o444),
@@ -124,11 +145,13 @@ def image_key(flavour: Flavour, mirror: str, steps: Sequence[Step]) -> str:
     """A short hash of everything that makes up an image."""
     recipe = {
         "suite": flavour.suite,
-        "packages": list(PACKAGES),
+        "packages": list(PACKAGES) + list(flavour.extra_packages),
         "mirror": mirror,
         "recipe_version": RECIPE_VERSION,
         "steps": [repr(step) for step in steps],
     }
+    if flavour.emulated:
+        recipe["arch"] = flavour.arch
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -140,14 +163,15 @@ def ensure_images(
     for name in sorted(set(flavours)):
         flavour = FLAVOURS[name]
         steps = recipe_steps(flavour, mirror)
-        path = cache_dir / "images" / f"{name}-{image_key(flavour, mirror, steps)}"
+        path = cache_dir / "images" / f"{flavour.image_name}-{image_key(flavour, mirror, steps)}"
         wanted[name] = (flavour, steps, path)
     _remove_unfinished_builds(cache_dir, hosts_dir)
-    missing = [name for name, (_, _, path) in wanted.items() if not path.is_dir()]
+    # Flavours that share an image build it once.
+    missing = {path: (flavour, steps, path) for flavour, steps, path in wanted.values() if not path.is_dir()}
     if missing:
         with ThreadPoolExecutor(max_workers=len(missing)) as pool:
             futures = [
-                pool.submit(_build, *wanted[name], cache_dir, mirror, hosts_dir) for name in missing
+                pool.submit(_build, *build, cache_dir, mirror, hosts_dir) for build in missing.values()
             ]
             errors = [str(future.exception()) for future in futures if future.exception()]
         if errors:
@@ -175,11 +199,12 @@ def _build(
     (cache_dir / "images").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=cache_dir / "tmp", prefix=f"{final.name}."))
     root = work / "rootfs"
-    log_path = cache_dir / f"build-{flavour.name}.log"
-    log.info("building image %s (debootstrap %s, log %s)", final.name, flavour.suite, log_path)
+    log_path = cache_dir / f"build-{flavour.image_name}.log"
+    log.info("building image %s (debootstrap %s %s, log %s)", final.name, flavour.suite, flavour.arch,
+             log_path)
     started = time.monotonic()
     try:
-        _debootstrap(flavour.suite, root, mirror, log_path)
+        _debootstrap(flavour, root, mirror, log_path)
         for step in steps:
             _apply(step, root)
         root.rename(final)
@@ -189,9 +214,11 @@ def _build(
     log.info("image %s ready after %.0f s", final.name, time.monotonic() - started)
 
 
-def _debootstrap(suite: str, root: Path, mirror: str, log_path: Path) -> None:
+def _debootstrap(flavour: Flavour, root: Path, mirror: str, log_path: Path) -> None:
+    suite = flavour.suite
     argv = [
-        "debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+        "debootstrap", "--variant=minbase", f"--arch={flavour.arch}",
+        f"--include={','.join(PACKAGES + flavour.extra_packages)}",
         suite, str(root), mirror,
     ]
     with open(log_path, "w") as log_file:
@@ -227,9 +254,9 @@ def _apply(step: Step, root: Path) -> None:
 
 
 def _prune_old_images(current: Path, hosts_dir: Path) -> None:
-    flavour = current.name.rsplit("-", 1)[0]
-    for other in current.parent.glob(f"{flavour}-*"):
-        if other != current and other.name.rsplit("-", 1)[0] == flavour:
+    image = current.name.rsplit("-", 1)[0]
+    for other in current.parent.glob(f"{image}-*"):
+        if other != current and other.name.rsplit("-", 1)[0] == image:
             log.info("removing outdated image %s", other.name)
             remove_tree(other, hosts_dir)
 

@@ -27,7 +27,8 @@ _LAB_LINK = re.compile(rf"^{VETH_PREFIX}\d+c?$")
 
 @dataclass(frozen=True)
 class Flavour:
-    """A kind of lab host: which Debian suite, and how sshd is started."""
+    """A kind of lab host: which Debian suite and architecture, how sshd is started,
+    and what the host holds before any deploy."""
 
     name: str
     suite: str
@@ -35,18 +36,54 @@ class Flavour:
     # Sees the controller's CUDA toolkit (config.CONTROLLER_CUDA), reached through
     # /usr/local/cuda -> /etc/alternatives/cuda -> /usr/local/cuda-X.Y as on Ubuntu.
     cuda_toolkit: bool = False
+    # Debian's name of the host's architecture; a foreign one runs under qemu-user
+    # (tests/lab/binfmt.py).
+    arch: str = "amd64"
+    # The cached image it boots from (default: its own name); flavours that differ only
+    # in their starting state share one.
+    image: str = ""
+    # Packages the image holds beyond image.PACKAGES.
+    extra_packages: tuple[str, ...] = ()
+    # Starts like a stock DGX OS box (tests/lab/dgxos.py): Docker and the NVIDIA
+    # container toolkit installed from an apt source the deploy did not write, pinned in
+    # /etc/apt/preferences.d; nobody in the docker group; the nvidia runtime not registered.
+    dgx_os: bool = False
+    # The STAND-IN nvidia-smi it carries (tests/lab/dgxos.py), as "compute capability, name".
+    gpu_standin: str = ""
+
+    @property
+    def emulated(self) -> bool:
+        """Runs under qemu-user: the lab's controllers are x86_64 (tests/lab/binfmt.py)."""
+        return self.arch != "amd64"
+
+    @property
+    def image_name(self) -> str:
+        """The name of the cached image this flavour boots from."""
+        return self.image or self.name
 
 
 FLAVOURS: dict[str, Flavour] = {
     "debian12": Flavour("debian12", "bookworm", "ssh.service"),
     "debian13": Flavour("debian13", "trixie", "ssh.socket", cuda_toolkit=True),
+    # Debian 12 amd64 in DGX OS's starting state (the same image as debian12).
+    "dgxos": Flavour("dgxos", "bookworm", "ssh.service", image="debian12", dgx_os=True),
+    # The stock Spark as near as this machine gets: aarch64 under qemu-user emulation
+    # (Debian 13 arm64 does not boot there: systemd 257's executor fails under qemu),
+    # DGX OS's starting state, and a STAND-IN nvidia-smi reporting a GB10. Debian's
+    # docker.io is in its image: installing it at every boot under emulation is slow.
+    "gb10": Flavour(
+        "gb10", "bookworm", "ssh.service", arch="arm64", image="debian12-arm64",
+        extra_packages=("docker.io",), dgx_os=True, gpu_standin="12.1, NVIDIA GB10",
+    ),
 }
 
-# Four hosts, two of each flavour: the fleet tests kill, recreate and drift the "-b"
-# hosts while the first two keep what the other tests set up on them.
+# Five hosts. The fleet tests kill, recreate and drift the "-b" hosts while the first
+# two keep what the other tests set up on them; lab-deb12-b starts as DGX OS does, and
+# lab-gb10 is the emulated stock Spark, deployed with sparkrig's default settings.
 DEFAULT_FLEET: tuple[tuple[str, str], ...] = (
     ("lab-deb12", "debian12"), ("lab-deb13", "debian13"),
-    ("lab-deb12-b", "debian12"), ("lab-deb13-b", "debian13"),
+    ("lab-deb12-b", "dgxos"), ("lab-deb13-b", "debian13"),
+    ("lab-gb10", "gb10"),
 )
 
 
@@ -112,6 +149,7 @@ class AptRepo:
     docker_key_fingerprint: str
     nvidia_key_fingerprint: str
     port: int
+    dgx_key_fingerprint: str = ""
 
     def to_json(self) -> dict[str, object]:
         """The repositories as stored in state.json."""
@@ -120,6 +158,7 @@ class AptRepo:
             "docker_key_fingerprint": self.docker_key_fingerprint,
             "nvidia_key_fingerprint": self.nvidia_key_fingerprint,
             "port": self.port,
+            "dgx_key_fingerprint": self.dgx_key_fingerprint,
         }
 
     @classmethod
@@ -130,6 +169,7 @@ class AptRepo:
             docker_key_fingerprint=str(data["docker_key_fingerprint"]),
             nvidia_key_fingerprint=str(data["nvidia_key_fingerprint"]),
             port=int(str(data["port"])),
+            dgx_key_fingerprint=str(data.get("dgx_key_fingerprint", "")),
         )
 
 

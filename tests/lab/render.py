@@ -24,7 +24,7 @@ from .config import (
     TOOLKIT_STANDIN_PACKAGE,
     VETH_PREFIX,
 )
-from .model import AptRepo, LabHost, repo_url
+from .model import FLAVOURS, AptRepo, LabHost, repo_url
 
 # Destinations lab hosts must not reach through the controller (besides DNS).
 PRIVATE_RANGES: tuple[str, ...] = (
@@ -293,5 +293,12 @@ def parse_gpg_fingerprints(colons: str) -> dict[str, str]:
 def render_daemon_json(host: LabHost, repo_port: int = REPO_PORT) -> str:
     """The /etc/docker/daemon.json a lab host starts with: its Docker trusts the lab's
     registry (the stand-in for nvcr.io, plain HTTP on the repository server at the host's
-    gateway), as a fleet trusts its own private registry. The deploy merges into it."""
-    return json.dumps({"insecure-registries": [f"{host.gateway}:{repo_port}"]}, indent=4) + "\n"
+    gateway), as a fleet trusts its own private registry. The deploy merges into it.
+
+    On a host under qemu-user emulation dockerd cannot program nftables ("Failed to
+    initialize nft: Protocol not supported") and starts only without iptables and its
+    bridge: a fact of the emulated lab, in the host's own file, never a sparkrig setting."""
+    config: dict[str, object] = {"insecure-registries": [f"{host.gateway}:{repo_port}"]}
+    if FLAVOURS[host.flavour].emulated:
+        config.update({"iptables": False, "ip6tables": False, "bridge": "none"})
+    return json.dumps(config, indent=4) + "\n"

@@ -10,8 +10,15 @@ holding clearly named stand-in packages:
   and ``dists/<suite>/stable/binary-amd64/Packages{,.gz}`` for each lab suite,
   the package in ``pool/stable/``;
 - ``nvidia/libnvidia-container``, like ``https://nvidia.github.io/libnvidia-container``:
-  ``gpgkey``, and the flat repository ``stable/deb/amd64/`` (apt source
-  ``Suites: /``) with its indexes and the package side by side.
+  ``gpgkey``, and the flat repositories ``stable/deb/<arch>/`` (apt source
+  ``Suites: /``) with their indexes and the package side by side;
+- ``dgx/baseos``, a flat repository standing in for the NVIDIA-configured
+  sources DGX OS installs its stack from (``gpgkey`` beside it), holding both
+  stand-in packages: the ``dgx_os`` flavours' hosts are given it, pinned, and
+  install Docker and the toolkit from it before any deploy (tests/lab/dgxos.py).
+
+Every index covers each architecture of the lab's flavours (amd64, and arm64
+for the emulated ``gb10``); the packages themselves are ``Architecture: all``.
 
 The same site serves the lab's Python wheelhouse under ``wheels/``
 (tests/lab/wheelhouse.py) and the git repository of its source-build project
@@ -74,21 +81,35 @@ log = logging.getLogger("sparkrig.lab")
 RECIPE_VERSION = 1
 
 MAINTAINER = "sparkrig lab <sparkrig-lab@localhost.invalid>"
-ARCHITECTURE = "amd64"
 
-# The two signing keys, by the repository they sign.
+# The signing keys, by the repository they sign.
 KEY_UIDS: dict[str, str] = {
     "docker": "sparkrig lab docker repository key (stand-in)",
     "nvidia": "sparkrig lab nvidia repository key (stand-in)",
+    "dgx": "sparkrig lab DGX OS repository key (stand-in)",
 }
 
 DOCKER_ROOT = "docker/linux/debian"
 DOCKER_COMPONENT = "stable"
 NVIDIA_ROOT = "nvidia/libnvidia-container"
-NVIDIA_FLAT = f"{NVIDIA_ROOT}/stable/deb/{ARCHITECTURE}"
+DGX_ROOT = "dgx"
+DGX_FLAT = f"{DGX_ROOT}/baseos"
+DGX_ORIGIN = "sparkrig lab (stand-in for DGX OS)"
 
 # Where each repository's armored public key is served, below the site.
-PUBLIC_KEYS: dict[str, str] = {"docker": f"{DOCKER_ROOT}/gpg", "nvidia": f"{NVIDIA_ROOT}/gpgkey"}
+PUBLIC_KEYS: dict[str, str] = {
+    "docker": f"{DOCKER_ROOT}/gpg", "nvidia": f"{NVIDIA_ROOT}/gpgkey", "dgx": f"{DGX_ROOT}/gpgkey",
+}
+
+
+def architectures() -> list[str]:
+    """The Debian architectures of the lab's flavours."""
+    return sorted({flavour.arch for flavour in FLAVOURS.values()})
+
+
+def nvidia_flat(arch: str) -> str:
+    """The NVIDIA-like flat repository of one architecture, below the site."""
+    return f"{NVIDIA_ROOT}/stable/deb/{arch}"
 
 SERVER_START_TIMEOUT_S = 15.0
 
@@ -225,14 +246,16 @@ def site_files(debs: Mapping[str, bytes], date: str) -> dict[str, bytes]:
     )
     files[f"{DOCKER_ROOT}/{docker_pool_path(DOCKER_STANDIN)}"] = debs[DOCKER_STANDIN.name]
     for suite in suites():
-        binary = f"{DOCKER_COMPONENT}/binary-{ARCHITECTURE}"
-        indexes = _packages_files(binary, render_packages([docker_entry]))
+        indexes = {}
+        for arch in architectures():
+            binary = f"{DOCKER_COMPONENT}/binary-{arch}"
+            indexes.update(_packages_files(binary, render_packages([docker_entry])))
         release = {
             "Origin": "sparkrig lab (stand-in for Docker)",
             "Label": "sparkrig lab Docker stand-in",
             "Suite": suite,
             "Codename": suite,
-            "Architectures": ARCHITECTURE,
+            "Architectures": " ".join(architectures()),
             "Components": DOCKER_COMPONENT,
             "Date": date,
             "Description": "sparkrig lab stand-in for Docker's apt repository",
@@ -245,17 +268,36 @@ def site_files(debs: Mapping[str, bytes], date: str) -> dict[str, bytes]:
     toolkit_entry = render_packages_entry(
         control_fields(TOOLKIT_STANDIN), f"./{TOOLKIT_STANDIN.deb_name}", debs[TOOLKIT_STANDIN.name]
     )
-    indexes = _packages_files("", render_packages([toolkit_entry]))
+    for arch in architectures():
+        flat = nvidia_flat(arch)
+        indexes = _packages_files("", render_packages([toolkit_entry]))
+        release = {
+            "Origin": "sparkrig lab (stand-in for NVIDIA)",
+            "Label": "sparkrig lab NVIDIA container toolkit stand-in",
+            "Architectures": arch,
+            "Date": date,
+            "Description": "sparkrig lab stand-in for NVIDIA's libnvidia-container apt repository",
+        }
+        files[f"{flat}/Release"] = render_release(release, indexes).encode()
+        files.update({f"{flat}/{path}": data for path, data in indexes.items()})
+        files[f"{flat}/{TOOLKIT_STANDIN.deb_name}"] = debs[TOOLKIT_STANDIN.name]
+
+    entries = [
+        render_packages_entry(control_fields(package), f"./{package.deb_name}", debs[package.name])
+        for package in STANDINS
+    ]
+    indexes = _packages_files("", render_packages(entries))
     release = {
-        "Origin": "sparkrig lab (stand-in for NVIDIA)",
-        "Label": "sparkrig lab NVIDIA container toolkit stand-in",
-        "Architectures": ARCHITECTURE,
+        "Origin": DGX_ORIGIN,
+        "Label": "sparkrig lab DGX OS stand-in",
+        "Architectures": " ".join(architectures()),
         "Date": date,
-        "Description": "sparkrig lab stand-in for NVIDIA's libnvidia-container apt repository",
+        "Description": "sparkrig lab stand-in for the NVIDIA-configured apt sources of DGX OS",
     }
-    files[f"{NVIDIA_FLAT}/Release"] = render_release(release, indexes).encode()
-    files.update({f"{NVIDIA_FLAT}/{path}": data for path, data in indexes.items()})
-    files[f"{NVIDIA_FLAT}/{TOOLKIT_STANDIN.deb_name}"] = debs[TOOLKIT_STANDIN.name]
+    files[f"{DGX_FLAT}/Release"] = render_release(release, indexes).encode()
+    files.update({f"{DGX_FLAT}/{path}": data for path, data in indexes.items()})
+    for package in STANDINS:
+        files[f"{DGX_FLAT}/{package.deb_name}"] = debs[package.name]
     return files
 
 
@@ -269,7 +311,8 @@ def release_files() -> dict[str, list[str]]:
     """The Release files each key signs, by repository, below the site."""
     return {
         "docker": [f"{DOCKER_ROOT}/dists/{suite}/Release" for suite in suites()],
-        "nvidia": [f"{NVIDIA_FLAT}/Release"],
+        "nvidia": [f"{nvidia_flat(arch)}/Release" for arch in architectures()],
+        "dgx": [f"{DGX_FLAT}/Release"],
     }
 
 
@@ -278,6 +321,7 @@ def repo_key(fingerprints: Mapping[str, str]) -> str:
     recipe = {
         "packages": [repr(package) for package in STANDINS],
         "suites": suites(),
+        "architectures": architectures(),
         "recipe_version": RECIPE_VERSION,
         "fingerprints": dict(sorted(fingerprints.items())),
         "wheelhouse": wheelhouse.recipe(wheelhouse.local_torch_wheels(LOCAL_WHEEL_DIR)),
@@ -306,7 +350,7 @@ def ensure_repo(cache_dir: Path, port: int) -> AptRepo:
             if other != site:
                 log.info("removing outdated apt repositories %s", other.name)
                 shutil.rmtree(other)
-    return AptRepo(site, fingerprints["docker"], fingerprints["nvidia"], port)
+    return AptRepo(site, fingerprints["docker"], fingerprints["nvidia"], port, fingerprints["dgx"])
 
 
 def _gpg(home: Path, *args: str | os.PathLike[str]) -> str:

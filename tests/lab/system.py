@@ -40,6 +40,7 @@ REQUIRED_PROGRAMS: dict[str, str] = {
     "gpg-agent": "gnupg",
     "gpgconf": "gnupg",
     "git": "git",  # the source-build project's repository (tests/lab/sourcebuild.py)
+    "qemu-aarch64-static": "qemu-user-static",  # the emulated aarch64 host (tests/lab/binfmt.py)
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;:?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")

@@ -18,6 +18,8 @@ from operations.settings import defaults, problems
 from tests.unit.pyinfra_fake import PlannedOp, digest, execute, plan
 
 DEFAULTS = defaults(ct.SETTINGS)
+# The vendors' repositories chosen outright (the default, "auto", decides from the host).
+VENDOR = {**DEFAULTS, "containers_docker_source": "docker-ce", "containers_toolkit_source": "nvidia"}
 NOBLE_ARM = {"os": "ubuntu", "codename": "noble", "arch": "arm64"}
 
 
@@ -31,8 +33,8 @@ def test_defaults_are_valid():
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        ({"containers_docker_source": "snap"}, "allowed is one of 'docker-ce', 'distro', 'preinstalled'"),
-        ({"containers_toolkit_source": "distro"}, "allowed is one of 'nvidia', 'preinstalled'"),
+        ({"containers_docker_source": "snap"}, "allowed is one of 'auto', 'docker-ce', 'distro', 'preinstalled'"),
+        ({"containers_toolkit_source": "distro"}, "allowed is one of 'auto', 'nvidia', 'preinstalled'"),
         ({"containers_docker_repo_url": "ftp://mirror/docker"}, "allowed is an http:// or https:// URL"),
         ({"containers_docker_repo_url": "https://mirror/{distro}"}, "placeholders are {os}, {codename}"),
         ({"containers_toolkit_key_url": "https://mirror/key'; rm -rf /"}, "without quotes, spaces"),
@@ -67,15 +69,16 @@ def test_image_references_are_allowed(image):
 
 
 def test_default_repositories_are_the_vendors_with_host_values_filled_in():
-    docker, toolkit = ct.repositories(DEFAULTS, NOBLE_ARM)
+    docker, toolkit = ct.repositories(VENDOR, NOBLE_ARM)
     assert docker == ct.AptRepository(
         "docker", "https://download.docker.com/linux/ubuntu", "noble", ("stable",),
         "https://download.docker.com/linux/ubuntu/gpg", "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+        "download.docker.com/linux",
     )
     assert toolkit == ct.AptRepository(
         "nvidia-container-toolkit", "https://nvidia.github.io/libnvidia-container/stable/deb/arm64",
         "/", (), "https://nvidia.github.io/libnvidia-container/gpgkey",
-        "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+        "C95B321B61E88C1809C4F759DDCAE044F796ECB0", "nvidia.github.io/libnvidia-container/stable/deb",
     )
     assert docker.keyring == "/etc/apt/keyrings/sparkrig-docker.gpg"
     assert toolkit.sources_file == "/etc/apt/sources.list.d/sparkrig-nvidia-container-toolkit.sources"
@@ -92,7 +95,7 @@ def test_only_the_repositories_the_sources_need(docker, toolkit, names):
 
 
 def test_sources_files_are_deb822_with_their_own_keyring():
-    docker, toolkit = ct.repositories(DEFAULTS, NOBLE_ARM)
+    docker, toolkit = ct.repositories(VENDOR, NOBLE_ARM)
     text = ct.render_sources(docker, "arm64")
     assert text.splitlines()[2:] == [
         "Types: deb",
@@ -111,7 +114,7 @@ def test_sources_files_are_deb822_with_their_own_keyring():
 def test_apt_reads_both_sources_files_as_intended(tmp_path):
     parts = tmp_path / "sources.list.d"
     parts.mkdir()
-    for repo in ct.repositories(DEFAULTS, NOBLE_ARM):
+    for repo in ct.repositories(VENDOR, NOBLE_ARM):
         (parts / Path(repo.sources_file).name).write_text(ct.render_sources(repo, "arm64"))
     result = subprocess.run(
         ["apt-get", "indextargets", "--no-release-info", "--format", "$(URI)",
@@ -141,7 +144,7 @@ def test_source_uris_in_both_formats(line, uris):
 
 
 def test_a_repository_configured_by_another_file_is_found_and_our_own_file_is_not():
-    docker, _ = ct.repositories(DEFAULTS, NOBLE_ARM)
+    docker, _ = ct.repositories(VENDOR, NOBLE_ARM)
     entries = [
         (docker.sources_file, "URIs: https://download.docker.com/linux/ubuntu"),
         ("/etc/apt/sources.list.d/docker.list",
@@ -335,7 +338,7 @@ def test_container_host_fact_reads_a_dgx_os_like_host():
     assert ct.ContainerHost().process(output) == {
         "os": "ubuntu", "codename": "noble", "arch": "arm64",
         "installed": ["docker-ce", "nvidia-container-toolkit"],  # curl: removed, config left
-        "available": [],
+        "available": [], "own_sources": [],
         "daemon_json": daemon_json, "docker_enabled": True, "docker_active": True,
         "group_members": ["alice", "bob"], "users": ["alice"], "dockerd": "/usr/bin/dockerd",
         "nvidia_runtime": "/usr/bin/nvidia-container-runtime", "nvidia_ctk": "/usr/bin/nvidia-ctk",
@@ -399,8 +402,10 @@ def _host(
     state += encoded
     state += [f"dockerd={'/usr/bin/dockerd' if dockerd else ''}",
               f"nvidia_runtime={'/usr/bin/nvidia-container-runtime' if runtime else ''}", *extra_state]
+    if sources:  # sparkrig's own sources files: "auto" keeps using its repositories
+        state += [f"own={name}" for name in ct.REPOSITORY_NAMES]
     repos = []
-    for repo in ct.repositories(DEFAULTS, NOBLE_ARM | {"arch": arch}):
+    for repo in ct.repositories(VENDOR, NOBLE_ARM | {"arch": arch}):
         if keys:
             repos.append(f"key {repo.name} {repo.fingerprint}")
         if sources:
@@ -431,7 +436,9 @@ def test_converged_host_gets_no_operations_at_all():
 
 
 def test_fresh_ubuntu_host_gets_keys_sources_packages_runtime_and_a_restart():
-    ops = execute(ct.containers, responses=_host(keys=False, sources=False, running=False))
+    # "auto" on a host without Docker or the toolkit, whose sources know neither: the vendors'.
+    ops = execute(ct.containers, responses=_host(keys=False, sources=False, running=False,
+                                                 dockerd=False, runtime=False))
     commands = _commands(ops)
     assert list(commands) == [
         "Install what fetches and checks repository keys",
@@ -514,7 +521,8 @@ def test_a_changed_key_fingerprint_fetches_the_key_and_refreshes_package_lists()
 def test_a_repository_configured_elsewhere_is_refused_before_any_change():
     entry = ("/etc/apt/sources.list.d/docker.list",
              "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu noble stable")
-    ops = execute(ct.containers, responses=_host(keys=False, sources=False, extra_entries=[entry]))
+    ops = execute(ct.containers, data=VENDOR,
+                  responses=_host(keys=False, sources=False, extra_entries=[entry]))
     assert [(op.name, op.commands) for op in ops] == [(
         "Docker and the NVIDIA container toolkit | The docker repository is configured once",
         ["echo 'sparkrig: https://download.docker.com/linux/ubuntu is already configured in "
@@ -601,3 +609,94 @@ def test_cdi(lines, expected):
     responses[ENABLED] = CONVERGED[ENABLED] + ["Id=nvidia-cdi-refresh.path", "UnitFileState=disabled"]
     ops = execute(ct.containers, responses=responses)
     assert [op.commands for op in ops] == ([] if expected is None else [expected])
+
+
+# "auto" (the default) -----------------------------------------------------------
+
+
+def test_auto_keeps_dgx_os_docker_and_toolkit_and_only_wires_them_up():
+    """DGX OS: both installed from sources sparkrig did not write; nobody in the group, no
+    runtime registered. Nothing is installed, no repository read or written."""
+    responses = _host(installed=["docker-ce", "nvidia-container-toolkit"], daemon_json="{}",
+                      keys=False, sources=False)
+    del responses[REPO_STATE]  # reading sparkrig's repositories would fail the test
+    commands = _commands(execute(ct.containers, responses=responses))
+    assert list(commands) == [
+        "Register the nvidia runtime in /etc/docker/daemon.json (other keys kept)",
+        "Restart Docker: /etc/docker/daemon.json changed",
+    ]
+
+
+def test_auto_installs_from_a_source_the_host_already_has():
+    # The toolkit is in NVIDIA's CUDA repository the host has: no repository added for it.
+    responses = _host(installed=PACKAGES[:5], daemon_json=MERGED, runtime=False, keys=False, sources=False,
+                      extra_state=["available=nvidia-container-toolkit"])
+    commands = _commands(execute(ct.containers, responses=responses))
+    # Docker is checked again after any install (a package may stop or start it).
+    assert list(commands) == ["Install Docker and the NVIDIA container toolkit", "Docker is enabled and running"]
+    assert commands["Install Docker and the NVIDIA container toolkit"][0].endswith(
+        "install --no-install-recommends nvidia-container-toolkit")
+
+
+@pytest.mark.parametrize("uri", [
+    "https://download.docker.com/linux/ubuntu",
+    "http://download.docker.com/linux/ubuntu/",  # another scheme, a final slash
+    "https://download.docker.com/linux/debian",  # the same vendor's other tree
+])
+def test_auto_never_adds_a_repository_of_an_origin_the_host_has(uri):
+    entry = ("/etc/apt/sources.list.d/docker.list", f"deb [arch=arm64] {uri} noble stable")
+    responses = _host(daemon_json=MERGED, dockerd=False, keys=False, sources=False, extra_entries=[entry],
+                      installed=["nvidia-container-toolkit"])
+    commands = _commands(execute(ct.containers, responses=responses))
+    assert not any("repository" in name for name in commands), list(commands)
+    assert commands["Install Docker and the NVIDIA container toolkit"][0].endswith(
+        "install --no-install-recommends docker-ce docker-ce-cli containerd.io docker-buildx-plugin "
+        "docker-compose-plugin")
+
+
+def test_auto_keeps_the_repository_sparkrig_added_itself():
+    # Docker came from sparkrig's repository on an earlier run: its key is still checked.
+    responses = dict(CONVERGED)
+    responses[REPO_STATE] = [line.replace("9DC858229FC7DD38854AE2D88D81803C0EBFCD88", "0" * 40)
+                             for line in CONVERGED[REPO_STATE]]
+    commands = _commands(execute(ct.containers, responses=responses))
+    assert "Signing key of the docker repository (/etc/apt/keyrings/sparkrig-docker.gpg)" in commands
+
+
+@pytest.mark.parametrize(("found", "expected"), [
+    ({"own_sources": [], "dockerd": "/usr/bin/dockerd", "nvidia_runtime": "/usr/bin/x", "available": []},
+     ("preinstalled", "preinstalled")),
+    ({"own_sources": ["docker"], "dockerd": "/usr/bin/dockerd", "nvidia_runtime": None, "available": []},
+     ("docker-ce", "nvidia")),
+    ({"own_sources": [], "dockerd": None, "nvidia_runtime": None,
+      "available": ["docker-ce", "nvidia-container-toolkit"]}, (ct.HOST_SOURCE, ct.HOST_SOURCE)),
+])
+def test_auto_resolves_from_the_host(found, expected):
+    resolved = ct.resolve_sources(DEFAULTS, found)
+    assert (resolved["containers_docker_source"], resolved["containers_toolkit_source"]) == expected
+    # A source named outright is taken as it is.
+    assert ct.resolve_sources(VENDOR, found) == {
+        "containers_docker_source": "docker-ce", "containers_toolkit_source": "nvidia"}
+
+
+@pytest.mark.parametrize(("uri", "same"), [
+    ("https://download.docker.com/linux/ubuntu", True),
+    ("download.docker.com/linux", True),
+    ("https://download.docker.com/linuxextra/ubuntu", False),  # not below the origin
+    ("https://download.docker.com.evil.example/linux/ubuntu", False),
+    ("https://mirror.example/docker/linux/ubuntu", False),
+])
+def test_same_origin(uri, same):
+    docker, _ = ct.repositories(VENDOR, NOBLE_ARM)
+    assert ct.same_origin(uri, docker) is same
+
+
+def test_container_host_fact_probes_candidates_only_where_the_program_is_missing():
+    command = ct.ContainerHost().command(
+        candidates=(("sh", "dpkg"), ("no-such-program-x", "dpkg"))).get_raw_value()
+    result = subprocess.run(["dash", "-c", command], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    found = ct.ContainerHost().process(result.stdout.splitlines())
+    if shutil.which("apt-cache"):
+        assert found["available"] == ["dpkg"]  # once: `sh` exists, so its probe is skipped
+    assert found["own_sources"] == []

@@ -45,6 +45,8 @@ DATE = "Sat, 01 Jun 2024 12:00:00 UTC"
 DEBS = {"sparkrig-lab-standin-docker-ce": b"docker deb", repo.TOOLKIT_STANDIN.name: b"toolkit deb"}
 DOCKER = "docker/linux/debian"
 FLAT = "nvidia/libnvidia-container/stable/deb/amd64"
+FLAT_ARM64 = "nvidia/libnvidia-container/stable/deb/arm64"
+DGX = "dgx/baseos"
 
 
 def _sha256(data: bytes) -> str:
@@ -171,24 +173,38 @@ def test_installed_size_rounds_each_file_up_to_a_kib():
 
 def test_site_layout_is_docker_and_nvidia_like():
     files = repo.site_files(DEBS, DATE)
-    expected = {f"{FLAT}/{name}" for name in ("Release", "Packages", "Packages.gz")}
-    expected.add(f"{FLAT}/sparkrig-lab-standin-nvidia-container-toolkit_1.0_all.deb")
+    expected = set()
+    for flat in (FLAT, FLAT_ARM64, DGX):
+        expected |= {f"{flat}/{name}" for name in ("Release", "Packages", "Packages.gz")}
+        expected.add(f"{flat}/sparkrig-lab-standin-nvidia-container-toolkit_1.0_all.deb")
+    expected.add(f"{DGX}/sparkrig-lab-standin-docker-ce_1.0_all.deb")
     expected.add(f"{DOCKER}/pool/stable/sparkrig-lab-standin-docker-ce_1.0_all.deb")
     for suite in ("bookworm", "trixie"):
-        expected |= {
-            f"{DOCKER}/dists/{suite}/Release",
-            f"{DOCKER}/dists/{suite}/stable/binary-amd64/Packages",
-            f"{DOCKER}/dists/{suite}/stable/binary-amd64/Packages.gz",
-        }
+        expected.add(f"{DOCKER}/dists/{suite}/Release")
+        for arch in ("amd64", "arm64"):
+            expected |= {
+                f"{DOCKER}/dists/{suite}/stable/binary-{arch}/Packages",
+                f"{DOCKER}/dists/{suite}/stable/binary-{arch}/Packages.gz",
+            }
     assert set(files) == expected
     assert repo.release_files() == {
         "docker": [f"{DOCKER}/dists/bookworm/Release", f"{DOCKER}/dists/trixie/Release"],
-        "nvidia": [f"{FLAT}/Release"],
+        "nvidia": [f"{FLAT}/Release", f"{FLAT_ARM64}/Release"],
+        "dgx": [f"{DGX}/Release"],
     }
     assert repo.PUBLIC_KEYS == {
         "docker": f"{DOCKER}/gpg",
         "nvidia": "nvidia/libnvidia-container/gpgkey",
+        "dgx": "dgx/gpgkey",
     }
+
+
+def test_dgx_os_standin_repository_holds_both_standins_for_every_architecture():
+    files = repo.site_files(DEBS, DATE)
+    fields = _stanza(files[f"{DGX}/Release"].decode())
+    assert fields["Origin"] == repo.DGX_ORIGIN and fields["Architectures"] == "amd64 arm64"
+    names = [_stanza(entry)["Package"] for entry in files[f"{DGX}/Packages"].decode().strip().split("\n\n")]
+    assert names == ["sparkrig-lab-standin-docker-ce", "sparkrig-lab-standin-nvidia-container-toolkit"]
 
 
 @pytest.mark.parametrize("suite", ["bookworm", "trixie"])
@@ -197,10 +213,11 @@ def test_docker_release_and_packages(suite):
     release = files[f"{DOCKER}/dists/{suite}/Release"].decode()
     fields = _stanza(release)
     assert (fields["Suite"], fields["Codename"]) == (suite, suite)
-    assert (fields["Components"], fields["Architectures"]) == ("stable", "amd64")
+    assert (fields["Components"], fields["Architectures"]) == ("stable", "amd64 arm64")
     assert fields["Date"] == DATE
     sums = _release_sums(release)
-    assert set(sums) == {"stable/binary-amd64/Packages", "stable/binary-amd64/Packages.gz"}
+    assert set(sums) == {f"stable/binary-{arch}/{name}" for arch in ("amd64", "arm64")
+                         for name in ("Packages", "Packages.gz")}
     for path, (digest, size) in sums.items():
         data = files[f"{DOCKER}/dists/{suite}/{path}"]
         assert (digest, size) == (_sha256(data), len(data))
