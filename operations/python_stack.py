@@ -309,7 +309,8 @@ _STACK_SCRIPT = r"""
 s="$v/sparkrig"
 [ -x {uv} ] && echo "uv $({uv} --version 2>/dev/null | cut -d' ' -f2)"
 [ -e {link} ] && echo "link_exists yes"
-python3 -c 'import ensurepip' 2>/dev/null && echo "venv_module yes"
+python3 -c 'import ensurepip' 2>/dev/null &&
+  case "$(dpkg-query -W -f '${{db:Status-Abbrev}}' python3-venv 2>/dev/null)" in ""|ii*) echo "venv_module yes";; esac
 [ -d {cache} ] && echo "cache_owner $(stat -c %U {cache})"
 id -u "$o" >/dev/null 2>&1 && echo "owner_exists yes"
 [ -d "$v" ] && [ -n "$(ls -A "$v")" ] && echo "occupied yes"

@@ -1,5 +1,5 @@
 """
-Fleets in the lab: four hosts of both flavours, faults that stay on one host, drift the
+Fleets in the lab: the five hosts of every flavour, faults that stay on one host, drift the
 compliance suite finds and the next converge fixes, and a box reprovisioned from scratch.
 
 The fault tests work on the "-b" hosts (lab-deb12-b, lab-deb13-b) and leave every host
@@ -27,7 +27,7 @@ from tests.support import PYINFRA, REPO, DeployResult, run_deploy
 
 pytestmark = pytest.mark.lab
 
-FLEET = {"lab-deb12", "lab-deb13", "lab-deb12-b", "lab-deb13-b"}
+FLEET = {name for name, _flavour in lab.DEFAULT_FLEET}
 
 
 @dataclass
@@ -240,7 +240,7 @@ def test_a_reinstalled_box_reaches_a_green_suite_in_one_run(first_converge, tmp_
 
 # --- drift ------------------------------------------------------------------------------
 
-DRIFT = "lab-deb12-b"  # Debian 12: ssh.service, Debian's docker.io
+DRIFT = "lab-deb12-b"  # Debian 12: ssh.service; DGX OS's starting state (Debian's docker.io)
 DROPIN = f"/etc/systemd/system/ssh.service.d/{DROPIN_NAME}"
 REMOVE_NVIDIA_RUNTIME = (
     "import json; p = '/etc/docker/daemon.json'; d = json.load(open(p)); d['runtimes'].pop('nvidia'); "

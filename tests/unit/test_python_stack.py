@@ -238,3 +238,23 @@ def test_an_owner_that_does_not_exist_is_refused():
     assert venv.commands == [
         "echo 'sparkrig: python_venv_owner ghost is no user on this host: create it first' >&2; exit 1"
     ]
+
+
+@pytest.mark.parametrize(("status", "usable"), [("ii ", True), ("iU ", False), ("iF ", False), ("", True)])
+def test_venv_module_needs_python3_venv_fully_installed(tmp_path, status, usable):
+    """A box that lost power while dpkg unpacked python3-venv has ensurepip's files but an
+    unconfigured package: the deploy must install it again (completing dpkg), not skip it."""
+    import os
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text("#!/bin/sh\nexit 0\n")  # `import ensurepip` succeeds
+    (bin_dir / "dpkg-query").write_text(f"#!/bin/sh\nprintf '{status}'\n[ -n '{status}' ]\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    line = next(i for i, text in enumerate(ps._STACK_SCRIPT.splitlines()) if "ensurepip" in text)
+    script = "\n".join(ps._STACK_SCRIPT.splitlines()[line:line + 2])
+    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert ("venv_module yes" in result.stdout) is usable
