@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from types import SimpleNamespace
 
 import pytest
 
-from operations.rollout import batches, failed_hosts, limit_hosts
+from operations.rollout import PYINFRA, batches, failed_hosts, limit_hosts
 from tests.compliance.conftest import HostTable, host_of
 
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
@@ -39,9 +41,24 @@ def test_a_batch_fails_on_an_operation_error_or_an_unreached_host():
     report = {"results": {"operations": [
         {"name": "x", "success": ["a"], "no_change": ["b"], "error": []},
         {"name": "y", "success": [], "no_change": ["a"], "error": ["b"]},
-    ]}}
-    assert failed_hosts(["a", "b", "c"], report) == ["b", "c"]  # c: in no result, never reached
+    ], "failed_hosts": ["b", "c"]}}
+    assert failed_hosts(["a", "b", "c"], report) == ["b", "c"]  # c: failed, never reached
     assert failed_hosts(["a"], report) == []
+    assert failed_hosts(["a"], {"results": None}) == ["a"]  # pyinfra stopped before running
+
+
+def test_a_host_with_nothing_to_do_converged_and_an_unreachable_one_failed(tmp_path):
+    """pyinfra's own --json report of a host that gets no operation (as with swap_disable
+    False and nothing else to do) and of a host whose SSH port is closed."""
+    (tmp_path / "inventory.py").write_text(
+        'here = [("@local", {})]\n'
+        'gone = [("127.0.0.1", {"ssh_port": 1, "ssh_connect_retries": 0})]\n')
+    (tmp_path / "deploy.py").write_text('from pyinfra import host\nhost.noop("nothing to do")\n')
+    result = subprocess.run([PYINFRA, "-y", "--json", "inventory.py", "deploy.py"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    report = json.loads(result.stdout)
+    assert report["results"]["operations"] == []
+    assert failed_hosts(["@local", "127.0.0.1"], report) == ["127.0.0.1"]
 
 
 def test_host_ids_are_read_from_testinfra_ids():
