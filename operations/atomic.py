@@ -34,7 +34,7 @@ _jinja = jinja2.Environment(
 _jinja.filters["q"] = shlex.quote
 
 
-_LITERAL_WORD = re.compile(r"^[A-Za-z0-9_./:+,=@%-]*$")
+_LITERAL_WORD = re.compile(r"[A-Za-z0-9_./:+,=@%-]*")
 
 
 def quote_literal(value: str) -> str:
@@ -44,7 +44,7 @@ def quote_literal(value: str) -> str:
     Both take single-quoted text literally; callers' settings validation keeps single
     quotes and newlines out of the value.
     """
-    return value if _LITERAL_WORD.match(value) else f"'{value}'"
+    return value if _LITERAL_WORD.fullmatch(value) else f"'{value}'"
 
 
 def render(template: str, **context) -> str:

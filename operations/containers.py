@@ -76,13 +76,13 @@ PRIMARY_FINGERPRINTS = """awk -F: '$1=="pub"{p=1;next} $1=="fpr"&&p{print $10} {
 
 # Settings ------------------------------------------------------------------
 
-_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/{}-]*)?$")
-_FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
-_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9.+-]+$")
+_URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/{}-]*)?")
+_FINGERPRINT = re.compile(r"[0-9A-F]{40}")
+_PACKAGE = re.compile(r"[a-z0-9][a-z0-9.+-]+")
 # A docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
 IMAGE_REFERENCE = re.compile(
-    r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+    r"([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
 )
 
 
@@ -91,7 +91,7 @@ def url_check(value: Any, _data: Mapping[str, Any]) -> str | None:
         "an http:// or https:// URL without quotes, spaces or query, whose only placeholders "
         "are {os}, {codename} and {arch}"
     )
-    if not isinstance(value, str) or not _URL.match(value):
+    if not isinstance(value, str) or not _URL.fullmatch(value):
         return allowed
     try:
         value.format(**{field: "x" for field in URL_FIELDS})
@@ -101,7 +101,7 @@ def url_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 
 
 def fingerprint_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and _FINGERPRINT.match(value)
+    ok = isinstance(value, str) and _FINGERPRINT.fullmatch(value)
     return None if ok else "an OpenPGP v4 fingerprint: 40 upper-case hex digits, no spaces"
 
 
@@ -109,18 +109,18 @@ def packages_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     ok = (
         isinstance(value, (list, tuple))
         and value
-        and all(isinstance(p, str) and _PACKAGE.match(p) for p in value)
+        and all(isinstance(p, str) and _PACKAGE.fullmatch(p) for p in value)
     )
     return None if ok else "a non-empty list of Debian package names"
 
 
 def users_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, (list, tuple)) and all(isinstance(u, str) and USER_NAME.match(u) for u in value)
+    ok = isinstance(value, (list, tuple)) and all(isinstance(u, str) and USER_NAME.fullmatch(u) for u in value)
     return None if ok else "a list of user names ([a-z_][a-z0-9_-]*, at most 32 characters)"
 
 
 def image_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and IMAGE_REFERENCE.match(value)
+    ok = isinstance(value, str) and IMAGE_REFERENCE.fullmatch(value)
     return None if ok else "a docker image reference such as 'ubuntu:24.04' or 'registry:5000/team/image:tag'"
 
 

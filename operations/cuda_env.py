@@ -34,7 +34,7 @@ MANAGED = (
     "TRITON_PTXAS_BLACKWELL_PATH",
     "UV_NO_SYNC",
 )
-_TOOLKIT = re.compile(r"/cuda-(\d+)(?:\.(\d+))?$")
+_TOOLKIT = re.compile(r"/cuda-(\d+)(?:\.(\d+))?\Z")
 
 
 def _extra_check(value: Any, data: Mapping[str, Any]) -> str | None:

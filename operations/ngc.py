@@ -61,14 +61,14 @@ UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "bitsandbytes==0.48.0", "transform
 
 # Settings ------------------------------------------------------------------
 
-_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+$")
-_HOME_PATH = re.compile(r"^~(/[A-Za-z0-9._-]+)+$")
+_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+")
+_HOME_PATH = re.compile(r"~(/[A-Za-z0-9._-]+)+")
 
 
 def pinned_image_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if value == "" and not data.get("ngc_enabled"):
         return None
-    ok = isinstance(value, str) and IMAGE_REFERENCE.match(value) and "@sha256:" in value
+    ok = isinstance(value, str) and IMAGE_REFERENCE.fullmatch(value) and "@sha256:" in value
     return None if ok else (
         "an image reference pinned by digest, such as "
         "'nvcr.io/nvidia/pytorch:25.09-py3@sha256:<64 hex digits>' (required when ngc_enabled)"
@@ -76,12 +76,12 @@ def pinned_image_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def local_image_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and IMAGE_REFERENCE.match(value) and "@" not in value
+    ok = isinstance(value, str) and IMAGE_REFERENCE.fullmatch(value) and "@" not in value
     return None if ok else "a local image name with an optional tag, such as 'sparkrig/ngc:local' (no digest)"
 
 
 def requirements_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, (list, tuple)) and all(isinstance(r, str) and _REQUIREMENT.match(r) for r in value)
+    ok = isinstance(value, (list, tuple)) and all(isinstance(r, str) and _REQUIREMENT.fullmatch(r) for r in value)
     if not ok:
         return "a list of pinned requirements 'name==version' (extras allowed: 'name[extra]==version')"
     if any(python_stack.normalise(re.split(r"[\[=]", r)[0]) in python_stack.REFUSED for r in value):
@@ -91,7 +91,7 @@ def requirements_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 
 def launch_users_check(value: Any, data: Mapping[str, Any]) -> str | None:
     allowed = "a list of user names, each also in containers_docker_users (launching needs Docker access)"
-    if not isinstance(value, (list, tuple)) or not all(isinstance(u, str) and USER_NAME.match(u) for u in value):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(u, str) and USER_NAME.fullmatch(u) for u in value):
         return allowed
     docker_users = data.get("containers_docker_users")
     if docker_users is not None and any(u not in docker_users for u in value):
@@ -100,7 +100,7 @@ def launch_users_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def home_path_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    if isinstance(value, str) and _HOME_PATH.match(value):
+    if isinstance(value, str) and _HOME_PATH.fullmatch(value):
         return None
     if absolute_path(value, _data) is None and value != "/":
         return None
@@ -117,14 +117,14 @@ def mount_point_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def secrets_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, (list, tuple)) and all(isinstance(s, str) and ENV_NAME.match(s) for s in value)
+    ok = isinstance(value, (list, tuple)) and all(isinstance(s, str) and ENV_NAME.fullmatch(s) for s in value)
     return None if ok else "a list of environment variable names ([A-Za-z_][A-Za-z0-9_]*)"
 
 
 def jupyter_user_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if value == "" and not data.get("ngc_jupyter"):
         return None
-    ok = isinstance(value, str) and USER_NAME.match(value) and value in (data.get("ngc_users") or [])
+    ok = isinstance(value, str) and USER_NAME.fullmatch(value) and value in (data.get("ngc_users") or [])
     return None if ok else "one of ngc_users (required when ngc_jupyter)"
 
 
@@ -251,7 +251,7 @@ JUPYTER_VALIDATOR = atomic.unit_file_validator(
         "Description": re.escape(JUPYTER_DESCRIPTION),
         "After": "docker.service network-online.target",
         "Requires": "docker.service",
-        "User": USER_NAME.pattern.strip("^$"),
+        "User": USER_NAME.pattern,
         "WorkingDirectory": "/[A-Za-z0-9._/-]*",
         "ExecStartPre": f"-/usr/bin/docker rm --force {JUPYTER_CONTAINER}",
         "ExecStart": (

@@ -53,12 +53,12 @@ LOCK_STAMP = "# sparkrig-input: "
 REFUSED = {"flash-attn": "no sm_121 kernels and CUDA 12 only; PyTorch SDPA replaces it"}
 UV_ENV = ("UV_SYSTEM_CERTS=1", "UV_NATIVE_TLS=1", f"UV_CACHE_DIR={UV_CACHE}", "UV_NO_PROGRESS=1")
 
-_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)$")
-_PYTHON = re.compile(r"^3\.[0-9]+$")
-_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_URL = re.compile(r"^https?://[^\s'\"\\`$;#?]+$")
-_UV_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)")
+_PYTHON = re.compile(r"3\.[0-9]+")
+_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_URL = re.compile(r"https?://[^\s'\"\\`$;#?]+")
+_UV_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 
 def load_manifest(path: Path | str = MANIFEST) -> dict:
@@ -73,7 +73,7 @@ def normalise(name: str) -> str:
 
 def package_name(name: str) -> bool:
     """Whether ``name`` is a package name sparkrig accepts."""
-    return bool(_NAME.match(name))
+    return bool(_NAME.fullmatch(name))
 
 
 # Checks --------------------------------------------------------------------
@@ -83,11 +83,11 @@ def _pins_problem(pins: Any, where: str) -> str | None:
     if not isinstance(pins, Mapping):
         return f"{where} must map package names to exact versions"
     for name, version in pins.items():
-        if not (isinstance(name, str) and _NAME.match(name)):
+        if not (isinstance(name, str) and _NAME.fullmatch(name)):
             return f"{where}: {name!r} is not a package name"
         if normalise(name) in REFUSED:
             return f"{where}: {name} is never installed ({REFUSED[normalise(name)]})"
-        if not (isinstance(version, str) and _VERSION.match(version)):
+        if not (isinstance(version, str) and _VERSION.fullmatch(version)):
             return f"{where}: {name} needs an exact version as a quoted string, not {version!r}"
     return None
 
@@ -100,13 +100,13 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
     unknown = set(manifest) - {"python", "torch", "vllm", "packages", "profiles"}
     if unknown:
         return f"unknown manifest keys: {', '.join(sorted(map(str, unknown)))}"
-    if not (isinstance(manifest.get("python"), str) and _PYTHON.match(manifest["python"])):
+    if not (isinstance(manifest.get("python"), str) and _PYTHON.fullmatch(manifest["python"])):
         return "python must be a quoted major.minor version such as '3.12'"
     torch = manifest.get("torch")
     if torch is not None:
         if not isinstance(torch, Mapping) or set(torch) != {"index_url", "packages"}:
             return "torch must hold index_url and packages (or be null)"
-        if not (isinstance(torch["index_url"], str) and _URL.match(torch["index_url"])):
+        if not (isinstance(torch["index_url"], str) and _URL.fullmatch(torch["index_url"])):
             return "torch.index_url must be an http(s) URL; never uv's 'auto' backend"
         problem = _pins_problem(torch["packages"], "torch.packages")
         if problem:
@@ -123,14 +123,17 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
         wheels = vllm.get("wheels")
         if wheels is not None and not isinstance(wheels, Mapping):
             return "vllm.wheels must map CPU architectures to {url, sha256}"
-        if wheels is not None and arch is not None:
-            wheel = wheels.get(arch)
+        if wheels is not None and arch is not None and not isinstance(wheels.get(arch), Mapping):
+            return f"vllm.wheels has no {{url, sha256}} entry for this host's architecture {arch}"
+        for wheel_arch, wheel in (wheels or {}).items():
+            if wheel_arch not in hardware.ARCHES:
+                return f"vllm.wheels: {wheel_arch!r} is not one of {', '.join(hardware.ARCHES)}"
             if not isinstance(wheel, Mapping) or set(wheel) != {"url", "sha256"}:
-                return f"vllm.wheels has no {{url, sha256}} entry for this host's architecture {arch}"
-            if not (isinstance(wheel["url"], str) and _URL.match(wheel["url"])):
-                return f"vllm.wheels.{arch}.url must be an http(s) URL without query or fragment"
-            if not (isinstance(wheel["sha256"], str) and _SHA256.match(wheel["sha256"])):
-                return f"vllm.wheels.{arch}.sha256 must be 64 lower-case hex digits"
+                return f"vllm.wheels.{wheel_arch} must hold url and sha256"
+            if not (isinstance(wheel["url"], str) and _URL.fullmatch(wheel["url"])):
+                return f"vllm.wheels.{wheel_arch}.url must be an http(s) URL without query or fragment"
+            if not (isinstance(wheel["sha256"], str) and _SHA256.fullmatch(wheel["sha256"])):
+                return f"vllm.wheels.{wheel_arch}.sha256 must be 64 lower-case hex digits"
     problem = _pins_problem(manifest.get("packages") or {}, "packages")
     if problem:
         return problem
@@ -172,22 +175,22 @@ def profiles_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def user_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and USER_NAME.match(value)
+    ok = isinstance(value, str) and USER_NAME.fullmatch(value)
     return None if ok else "a user name ([a-z_][a-z0-9_-]*, at most 32 characters) that exists on the host"
 
 
 def index_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and _URL.match(value)
+    ok = isinstance(value, str) and _URL.fullmatch(value)
     return None if ok else "an http(s) URL of a package index (PEP 503), e.g. https://pypi.org/simple"
 
 
 def uv_version_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and _UV_VERSION.match(value)
+    ok = isinstance(value, str) and _UV_VERSION.fullmatch(value)
     return None if ok else "a uv release as X.Y.Z, e.g. '0.13.9'"
 
 
 def hashes_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, list) and value and all(isinstance(h, str) and _SHA256.match(h) for h in value)
+    ok = isinstance(value, list) and value and all(isinstance(h, str) and _SHA256.fullmatch(h) for h in value)
     return None if ok else "a non-empty list of sha256 digests (64 lower-case hex digits)"
 
 

@@ -76,13 +76,13 @@ PROGRESS_EVERY_S = 60
 UNIT_NICE = 10
 UNIT_RUNTIME_MAX = "6h"
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
-_URL = re.compile(r"^(https?://|file:///|/)[^\s'\"\\`$;]+$")
-_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?$")
-_DEB = re.compile(r"^[a-z0-9][a-z0-9.+-]+$")
-_SUBDIR = re.compile(r"^(\.|[A-Za-z0-9_][A-Za-z0-9_./-]*)$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+_URL = re.compile(r"(https?://|file:///|/)[^\s'\"\\`$;]+")
+_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?")
+_DEB = re.compile(r"[a-z0-9][a-z0-9.+-]+")
+_SUBDIR = re.compile(r"(\.|[A-Za-z0-9_][A-Za-z0-9_./-]*)")
 _KEYS = {
     "url", "ref", "package", "env", "steps", "build_requirements", "build_packages",
     "submodules", "subdirectory", "uses_torch", "abi3", "memory_max",
@@ -99,20 +99,20 @@ def load_catalogue(path: Path | str = CATALOGUE) -> dict:
 
 def spec_problem(name: Any, spec: Any) -> str | None:
     """What is wrong with one catalogue entry, or None."""
-    if not (isinstance(name, str) and _NAME.match(name)):
+    if not (isinstance(name, str) and _NAME.fullmatch(name)):
         return f"{name!r} is not a build name ([a-z0-9-], at most 31 characters)"
     if not isinstance(spec, Mapping) or set(spec) != _KEYS:
         return f"{name} must hold exactly: {', '.join(sorted(_KEYS))}"
-    if not (isinstance(spec["url"], str) and _URL.match(spec["url"])):
+    if not (isinstance(spec["url"], str) and _URL.fullmatch(spec["url"])):
         return f"{name}.url must be an http(s):// or file:/// URL or an absolute path, without quotes or spaces"
     ref = spec["ref"]
-    if not (isinstance(ref, str) and (_COMMIT.match(ref) or _TAG.match(ref))) or ref in ("HEAD", "main", "master"):
+    if not (isinstance(ref, str) and (_COMMIT.fullmatch(ref) or _TAG.fullmatch(ref))) or ref in ("HEAD", "main", "master"):
         return f"{name}.ref must be a commit id (40 lower-case hex digits) or a tag, never a branch"
     if not (isinstance(spec["package"], str) and python_stack.package_name(spec["package"])):
         return f"{name}.package must be a distribution name"
     env = spec["env"]
     if not isinstance(env, Mapping) or not all(
-        isinstance(k, str) and ENV_NAME.match(k) and env_value_problem(v) is None for k, v in env.items()
+        isinstance(k, str) and ENV_NAME.fullmatch(k) and env_value_problem(v) is None for k, v in env.items()
     ):
         return f"{name}.env must map variable names to strings without quotes or newlines"
     steps = spec["steps"]
@@ -121,17 +121,17 @@ def spec_problem(name: Any, spec: Any) -> str | None:
     ):
         return f"{name}.steps must be a list of one-line shell commands"
     reqs = spec["build_requirements"]
-    if not isinstance(reqs, list) or not all(isinstance(r, str) and _REQUIREMENT.match(r) for r in reqs):
+    if not isinstance(reqs, list) or not all(isinstance(r, str) and _REQUIREMENT.fullmatch(r) for r in reqs):
         return f"{name}.build_requirements must be a list of pip requirements such as 'ninja' or 'setuptools>=64'"
     debs = spec["build_packages"]
-    if not isinstance(debs, list) or not all(isinstance(d, str) and _DEB.match(d) for d in debs):
+    if not isinstance(debs, list) or not all(isinstance(d, str) and _DEB.fullmatch(d) for d in debs):
         return f"{name}.build_packages must be a list of apt package names"
     for flag in ("submodules", "uses_torch", "abi3"):
         if not isinstance(spec[flag], bool):
             return f"{name}.{flag} must be true or false"
     subdirectory = spec["subdirectory"]
     if not (
-        isinstance(subdirectory, str) and _SUBDIR.match(subdirectory)
+        isinstance(subdirectory, str) and _SUBDIR.fullmatch(subdirectory)
         and ".." not in subdirectory.split("/") and posixpath.normpath(subdirectory) == subdirectory
     ):
         return f"{name}.subdirectory must be a relative path inside the repository ('.' for its top)"
@@ -174,6 +174,7 @@ def cache_check(value: Any, _data: Mapping[str, Any]) -> str | None:
         isinstance(value, str)
         and (value.startswith("/") or value.startswith("~/"))
         and posixpath.normpath(value) == value
+        and value.isprintable()
     )
     return None if ok else "a normalised absolute path on the controller, or one starting with ~/"
 
@@ -228,7 +229,7 @@ def stamp_inputs(name: str, data: Mapping[str, Any]) -> dict:
     manifest = data["python_stack"]
     return {
         "name": name,
-        "url": None if _COMMIT.match(spec["ref"]) else spec["url"],
+        "url": None if _COMMIT.fullmatch(spec["ref"]) else spec["url"],
         "ref": spec["ref"],
         "package": spec["package"],
         "env": dict(sorted(spec["env"].items())),
@@ -334,7 +335,7 @@ def render_build_script(name: str, key: str, data: Mapping[str, Any]) -> str:
         unit=unit_name(name, key),
         url=spec["url"],
         ref=spec["ref"],
-        commit_ref=bool(_COMMIT.match(spec["ref"])),
+        commit_ref=bool(_COMMIT.fullmatch(spec["ref"])),
         submodules=spec["submodules"],
         subdirectory=spec["subdirectory"],
         steps=spec["steps"],
