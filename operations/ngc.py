@@ -63,6 +63,7 @@ UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "bitsandbytes==0.48.0", "transform
 
 _REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+")
 _HOME_PATH = re.compile(r"~(/[A-Za-z0-9._-]+)+")
+_MOUNT_POINT = re.compile(r"/[A-Za-z0-9._/-]*")
 
 
 def pinned_image_check(value: Any, data: Mapping[str, Any]) -> str | None:
@@ -112,8 +113,15 @@ def optional_home_path_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def mount_point_check(value: Any, data: Mapping[str, Any]) -> str | None:
-    ok = absolute_path(value, data) is None and value != "/" and not value.startswith(("/cache/", "/run/"))
-    return None if ok else "a normalised absolute path in the container other than /, /cache/… and /run/…"
+    # One word wherever it goes: the unit's ExecStart (split at blanks) and docker's --volume (':').
+    ok = (
+        isinstance(value, str) and _MOUNT_POINT.fullmatch(value) and absolute_path(value, data) is None
+        and value != "/" and not value.startswith(("/cache/", "/run/"))
+    )
+    return None if ok else (
+        "a normalised absolute path in the container of letters, digits and ._-/ "
+        "(no spaces or ':') other than /, /cache/… and /run/…"
+    )
 
 
 def secrets_check(value: Any, _data: Mapping[str, Any]) -> str | None:
@@ -256,7 +264,8 @@ JUPYTER_VALIDATOR = atomic.unit_file_validator(
         "ExecStartPre": f"-/usr/bin/docker rm --force {JUPYTER_CONTAINER}",
         "ExecStart": (
             f"{LAUNCHER} --name {JUPYTER_CONTAINER} --network host --secret JUPYTER_TOKEN={TOKEN_FILE} -- "
-            "(jupyter lab --ip=127\\.0\\.0\\.1 |busybox httpd -f -p 127\\.0\\.0\\.1:)[A-Za-z0-9=/._ :-]*"
+            "(jupyter lab --ip=127\\.0\\.0\\.1 --port=[0-9]+ --no-browser --ServerApp\\.root_dir="
+            "|busybox httpd -f -p 127\\.0\\.0\\.1:[0-9]+ -h )/[A-Za-z0-9._/-]*"
         ),
         "ExecStop": f"/usr/bin/docker stop --time 20 {JUPYTER_CONTAINER}",
         "Restart": "always",

@@ -50,6 +50,8 @@ def test_defaults_are_valid_and_off():
         ({"ngc_users": "spark"}, "a list of user names"),
         ({"ngc_project_mount": "/"}, "other than /"),
         ({"ngc_project_mount": "/run/secrets"}, "other than /"),
+        ({"ngc_project_mount": "/workspace/my project"}, "no spaces or ':'"),
+        ({"ngc_project_mount": "/workspace/p:/etc"}, "no spaces or ':'"),
         ({"ngc_hf_cache": "~alice/.cache"}, "'~/dir'"),
         ({"ngc_hf_cache": "cache/hf"}, "'~/dir'"),
         ({"ngc_outputs": "~/out puts"}, "'~/dir'"),
@@ -134,6 +136,16 @@ def test_jupyter_unit_validation_refuses_anything_else(tmp_path, bad):
     text = ngc.render_jupyter_unit(_data(**JUPYTER), "/home/spark")
     assert bad[0] in text
     assert _validate(tmp_path, text.replace(bad[0], bad[1])) != 0
+
+
+def test_a_project_mount_with_a_blank_never_reaches_the_unit(tmp_path):
+    """A blank in ngc_project_mount would split ExecStart into two arguments (systemd splits
+    at blanks): the setting refuses it, and the unit's validation refuses such a unit."""
+    assert problems(ngc.SETTINGS, {"ngc_project_mount": "/workspace/a b"})
+    for server in ngc.JUPYTER_SERVERS:
+        data = _data(**JUPYTER, ngc_jupyter_server=server, ngc_project_mount="/workspace/a b")
+        text = ngc.render_jupyter_unit(data, "/home/spark")
+        assert _validate(tmp_path, text) != 0
 
 
 # The fact ----------------------------------------------------------------------
