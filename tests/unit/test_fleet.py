@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 from types import SimpleNamespace
 
 import pytest
 
 from operations.rollout import PYINFRA, batches, failed_hosts, limit_hosts
-from tests.compliance.conftest import HostTable, host_of
+from tests.compliance.conftest import HostTable, host_of, multiplexed
 
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
 
@@ -174,3 +176,31 @@ def test_xdist_keeps_each_group_on_one_worker(tmp_path):
     assert len(ran) == 12
     workers = {host: {worker for h, worker in ran if h == host} for host in ("h1", "h2")}
     assert all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_ssh_control_sockets_live_in_a_private_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    text = multiplexed("Host a\n")
+    assert f"ControlPath {tmp_path}/sparkrig-ssh/%C\n" in text and "/tmp/" not in text.replace(str(tmp_path), "")
+    assert stat.S_IMODE((tmp_path / "sparkrig-ssh").stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("plant", ["link", "open", "other_user"])
+def test_a_planted_control_directory_is_refused(tmp_path, monkeypatch, plant):
+    """Another local user who made the directory first (or a link to theirs) could answer
+    every control with a fake master: the suite stops instead."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    target = tmp_path / "sparkrig-ssh"
+    if plant == "link":
+        (tmp_path / "theirs").mkdir(mode=0o700)
+        target.symlink_to(tmp_path / "theirs")
+    elif plant == "open":
+        target.mkdir()
+        target.chmod(0o1777)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to make a directory of another user")
+        target.mkdir(mode=0o700)
+        os.chown(target, 65534, 65534)
+    with pytest.raises(pytest.UsageError, match="must be a directory of yours with mode 0700"):
+        multiplexed("")
