@@ -65,7 +65,7 @@ END = "sparkrig-end"
 
 def encoded(*bits) -> StringCommand:
     """A fact's command whose standard output travels base64-encoded on one line, then END."""
-    return StringCommand("{", *bits, "; } | base64 -w0; echo; echo", END)
+    return StringCommand("{", *bits, "\n} | base64 -w0; echo; echo", END)
 
 
 def decoded(output: Sequence[str]) -> list[str]:

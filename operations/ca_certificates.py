@@ -87,6 +87,7 @@ class SparkrigCaCertificates(FactBase):
             "done; true"
         )
 
+    @atomic.parses
     def process(self, output: list[str]) -> dict:
         found = self.default()
         for line in output:

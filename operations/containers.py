@@ -374,6 +374,7 @@ class ContainerHost(FactBase):
         ]
         return StringCommand(*parts)
 
+    @atomic.parses
     def process(self, output: list[str]):
         values = _lines(output)
 
@@ -414,7 +415,9 @@ class DockerDaemonJson(FactBase):
     def command(self) -> str:
         return f"[ -f {DAEMON_JSON} ] && echo daemon_json=$(base64 -w0 {DAEMON_JSON}); true"
 
+    @atomic.parses
     def process(self, output: list[str]):
+        # Not UTF-8 (a Latin-1 file): UnicodeDecodeError, a ValueError: this host fails.
         return _decode(_lines(output), "daemon_json")
 
 
@@ -434,6 +437,7 @@ class GroupMembers(FactBase):
             "for u in", *map(QuoteString, users), "; do getent passwd \"$u\" >/dev/null && echo user=$u; done",
         )
 
+    @atomic.parses
     def process(self, output: list[str]):
         values = _lines(output)
         return {"members": _group_members(values.get("group", [""])[0]), "users": values.get("user", [])}
@@ -479,6 +483,7 @@ class SparkrigAptRepositories(FactBase):
     def default():
         return {"entries": [], **{name: {"fingerprints": None, "sources": None} for name in REPOSITORY_NAMES}}
 
+    @atomic.parses
     def process(self, output: list[str]):
         found = self.default()
         for line in output:
@@ -522,6 +527,8 @@ def parse_daemon_json(text: str | None) -> dict[str, Any]:
         config = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"it is not valid JSON ({error})") from None
+    except RecursionError:
+        raise ValueError("it nests deeper than Python's JSON reader goes") from None
     if not isinstance(config, dict):
         raise ValueError("it is not a JSON object")
     return config
@@ -612,8 +619,11 @@ def daemon_config(default_runtime: bool = False):
 
         containers.daemon_config(default_runtime=True)
     """
+    text = host.get_fact(DockerDaemonJson)
+    if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
+        return
     try:
-        content = daemon_json_change(host.get_fact(DockerDaemonJson), default_runtime)
+        content = daemon_json_change(text, default_runtime)
     except ValueError as error:
         yield refuse(f"{DAEMON_JSON}: {error}; sparkrig merges into it and never overwrites it: "
                      "fix or remove it, then run again")
@@ -715,6 +725,8 @@ def containers():
         users=tuple(data.containers_docker_users),
         available=(DISTRO_CLI,) if distro else (),
     )
+    if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
+        return
     if distro and DISTRO_CLI in found["available"] + found["installed"]:
         packages.insert(len(DISTRO_PACKAGES), DISTRO_CLI)
     if data.containers_docker_source == "preinstalled" and not found["dockerd"]:

@@ -85,6 +85,7 @@ class CudaToolkits(FactBase):
             f"for d in {CUDA_LINK}-*/; do [ -d \"$d\" ] && echo toolkit \"${{d%/}}\"; done; true"
         )
 
+    @atomic.parses
     def process(self, output: list[str]) -> dict:
         link, toolkits = None, []
         for line in output:

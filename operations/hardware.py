@@ -23,6 +23,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, StringCommand, deploy
 
 from .atomic import refused
+from . import atomic
 from .settings import Setting, defaults
 
 ARCHES = ("aarch64", "x86_64")
@@ -91,6 +92,7 @@ class HardwareIdentity(FactBase):
             "nvidia-smi --query-gpu=compute_cap,name --format=csv,noheader 2>/dev/null || true",
         )
 
+    @atomic.parses
     def process(self, output: Sequence[str]) -> dict[str, Any]:
         lines = [line.strip() for line in output if line.strip()]
         gpus = []

@@ -310,6 +310,7 @@ class NgcHost(FactBase):
                  "true"]
         return StringCommand(*bits)
 
+    @atomic.parses
     def process(self, output: list[str]):
         values = {}
         for line in output:
@@ -386,12 +387,14 @@ def image_built(tag: str, dockerfile: str, recipe: str, context: str = BUILD_DIR
     )
 
 
-# An existing token is kept (not rotated); a new one is 32 random bytes in hex.
+# An existing token is kept (not rotated); a new one is 32 random bytes in hex. The directory
+# is made by root in root's /var/lib/sparkrig; what is inside it is written by its owner
+# (runuser), so root never follows a link the owner planted there.
 # $1 directory, $2 token file, $3 owner.
 TOKEN_SCRIPT = (
-    'install -d -m 700 -o "$3" -g "$(id -gn "$3")" "$1" && '
-    '{ [ -s "$2" ] || (umask 077; od -An -N32 -tx1 /dev/urandom | tr -d " \\n" > "$2"); } && '
-    'chown "$3:$(id -gn "$3")" "$2" && chmod 600 "$2"'
+    'install -d -m 700 -o "$3" -g "$(id -gn "$3")" "$1" && runuser -u "$3" -- sh -c '
+    '\'[ -s "$1" ] && [ ! -L "$1" ] || { rm -f "$1" && (umask 077; od -An -N32 -tx1 /dev/urandom '
+    '| tr -d " \\n" > "$1.new") && mv -f "$1.new" "$1"; } && chmod 600 "$1"\' token "$2"'
 )
 
 
@@ -449,6 +452,8 @@ def ngc():
         user=data.ngc_jupyter_user if jupyter else "",
         directory=data.ngc_jupyter_dir if jupyter else "",
     )
+    if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
+        return
     # No docker yet on a fresh host: the containers concern installs it in this run, and
     # image_pulled checks again (and fails the host if there is still none) when it runs.
     paths = [LAUNCHER, *([DOCKERFILE] if dockerfile else []), JUPYTER_UNIT_FILE]

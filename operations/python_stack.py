@@ -45,6 +45,9 @@ UV = f"{UV_TOOL}/bin/uv"
 UV_REQUIREMENTS = "/opt/sparkrig/uv-requirements.txt"
 UV_LINK = "/usr/local/bin/uv"
 UV_CACHE = "/var/cache/sparkrig/uv"
+STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user
+# As the owner: $1 a directory (made if missing), $2 a file to copy in as $3, atomically.
+_PUT_AS_OWNER = 'mkdir -p "$1" && cp -- "$2" "$1/.$3.sparkrig-new" && chmod 644 "$1/.$3.sparkrig-new" && mv -f "$1/.$3.sparkrig-new" "$1/$3"'
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 STATE_DIR = "sparkrig"  # inside the venv: requirements.in and requirements.lock
 NO_CHANGES = "Would make no changes"
@@ -319,7 +322,9 @@ id -u "$o" >/dev/null 2>&1 && echo "owner_exists yes"
 if [ -f "$v/pyvenv.cfg" ]; then
   echo "python $(sed -n 's/^version_info *= *//p; s/^version *= *//p' "$v/pyvenv.cfg" | head -n 1)"
   echo "owner $(stat -c %U "$v")"
-  "$v/bin/python" -c '' 2>/dev/null && echo "usable yes"
+  # Usable: its interpreter link leads to an executable file. Read, never run: the owner
+  # can put anything at bin/python, and this runs as root.
+  t=$(readlink -e "$v/bin/python") && [ -f "$t" ] && [ -x "$t" ] && echo "usable yes"
 fi
 [ -f "$s/requirements.in" ] && echo "input $(sha256sum < "$s/requirements.in" | cut -d' ' -f1)"
 [ -f "$s/requirements.lock" ] && echo "locked $(sed -n '1s/^{stamp}//p' "$s/requirements.lock")"
@@ -349,11 +354,16 @@ class PythonStack(FactBase):
     """
 
     def command(self, venv: str, owner: str) -> StringCommand:
-        return StringCommand(
+        return atomic.encoded(StringCommand(
             "v=", QuoteString(venv), "; o=", QuoteString(owner), ";", _STACK_SCRIPT, _separator=""
-        )
+        ))
 
+    @atomic.parses
     def process(self, output: list[str]) -> dict:
+        return self.parse(atomic.decoded(output))
+
+    def parse(self, output: list[str]) -> dict:
+        """The reading from the command's decoded lines."""
         found = self.default()
         for line in output:
             key, _, value = line.partition(" ")
@@ -475,7 +485,9 @@ def virtualenv(
             requirements="torch==2.11.0\\n",
         )
     """
-    found = host.get_fact(PythonStack, venv=path, owner=owner)
+    found = atomic.fact(PythonStack, venv=path, owner=owner)
+    if found is None:
+        return
     state = posixpath.join(path, STATE_DIR)
     lock = posixpath.join(state, "requirements.lock")
     wanted = digest(requirements)
@@ -489,7 +501,7 @@ def virtualenv(
         return
     if found["cache_owner"] != owner:
         changed = True
-        yield StringCommand("mkdir -p", QuoteString(UV_CACHE), "&& chown -R", q_group, QuoteString(UV_CACHE))
+        yield StringCommand("mkdir -p", QuoteString(UV_CACHE), "&& chown -hR", q_group, QuoteString(UV_CACHE))
 
     fresh = not found["usable"] or major_minor(found["python"]) != python
     if fresh and found["occupied"] and found["python"] is None:
@@ -501,7 +513,9 @@ def virtualenv(
     if fresh:
         changed = True
         yield StringCommand(
-            "mkdir -p", q_path, "&& chown -R", q_group, q_path,
+            # Root makes the directory, never through a link (-h: the links inside are the owner's).
+            "{ [ ! -L", q_path, "] ||", atomic.refuse(f"{path} is a symbolic link: sparkrig makes its venv only in a directory"), "; }",
+            "&& mkdir -p", q_path, "&& chown -hR", q_group, q_path,
             "&&", *as_owner(
                 owner, QuoteString(UV), "venv --no-config --clear --python", QuoteString(python),
                 "--python-preference", QuoteString(python_preference), q_path,
@@ -509,17 +523,22 @@ def virtualenv(
         )
     elif found["owner"] != owner:
         changed = True
-        yield StringCommand("chown -R", q_group, q_path)
+        yield StringCommand("chown -hR", q_group, q_path)
 
     stale_input = fresh or found["input"] != wanted
     if stale_input:
         changed = True
-        temp = atomic.temp_path(posixpath.join(state, "requirements.in"))
-        yield StringCommand("mkdir -p", q_state, "&& chown", q_group, q_state)
-        yield FileUploadCommand(BytesIO(requirements.encode()), temp)
+        # Uploaded into a root-owned directory, then put in place by the owner: the venv is
+        # theirs, and root never writes or chowns through a path they can change.
+        staged = f"{STAGE}/requirements-{digest(path)[:16]}.in"
         yield StringCommand(
-            "chown", q_group, QuoteString(temp), "&& chmod 644", QuoteString(temp),
-            "&& mv -f", QuoteString(temp), QuoteString(posixpath.join(state, "requirements.in")),
+            "install -d -m 755 -o root -g root", QuoteString(STAGE), "&& rm -f", QuoteString(staged)
+        )
+        yield FileUploadCommand(BytesIO(requirements.encode()), staged)
+        yield StringCommand(
+            "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(owner), "-- sh -c",
+            QuoteString(_PUT_AS_OWNER), "put", q_state, QuoteString(staged), "requirements.in",
+            "; s=$?; rm -f", QuoteString(staged), "; exit $s",
         )
 
     stale_lock = stale_input or found["locked"] != wanted
@@ -533,9 +552,10 @@ def virtualenv(
                 "--emit-index-url --no-header --python", venv_python,
                 QuoteString(posixpath.join(state, "requirements.in")), "-o", body,
             ),
-            f"&& {{ echo '{LOCK_STAMP}{wanted}'; cat", body, "; } >", new,
-            "&& chown", q_group, new, "&& chmod 644", new,
-            "&& mv -f", new, QuoteString(lock), "&& rm -f", body,
+            "&& runuser -u", QuoteString(owner), "-- sh -c",
+            QuoteString(f"{{ echo '{LOCK_STAMP}{wanted}'; cat \"$1\"; }} > \"$2\" && chmod 644 \"$2\""
+                        ' && mv -f "$2" "$3" && rm -f "$1"'),
+            "lock", body, new, QuoteString(lock),
         )
 
     if stale_lock or found["plan"] != NO_CHANGES:
@@ -587,7 +607,9 @@ def python_stack():
         source_builds.host_requirement_lines(),
     )
     owner = data.python_venv_owner
-    found = host.get_fact(PythonStack, venv=data.python_venv_path, owner=owner)
+    found = atomic.fact(PythonStack, venv=data.python_venv_path, owner=owner)
+    if found is None:
+        return
 
     # The pins file is read only when uv is (re)installed: the uv version tells the rest.
     if found["uv"] != data.python_uv_version:

@@ -94,6 +94,7 @@ class SshdUnit(FactBase):
             f"ssh.socket sshd.service ssh.service; [ -e {RESTART_PENDING} ] && printf '\\nRestartPending=yes\\n'; true"
         )
 
+    @atomic.parses
     def process(self, output: list[str]):
         blocks, block = [], {}
         for line in [*output, ""]:

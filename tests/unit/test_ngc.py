@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -440,3 +442,28 @@ def test_a_token_with_the_wrong_mode_is_fixed_and_jupyter_restarted():
         "Jupyter's token (/var/lib/sparkrig/jupyter/token, 0600)",
         "Restart sparkrig-jupyter.service: its unit, token, launcher or image changed",
     ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser")
+def test_the_token_script_never_follows_the_users_link():
+    """The Jupyter user plants token -> a root file: the real script, run by sh as root, leaves
+    that file as it was and makes a 0600 token file of the user's."""
+    scratch = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        scratch.chmod(0o755)
+        directory, shadow = scratch / "jupyter", scratch / "shadow"
+        shadow.write_text("root:secret\n")
+        shadow.chmod(0o640)
+        directory.mkdir(mode=0o700)
+        os.chown(directory, 65534, 65534)
+        (directory / "token").symlink_to(shadow)
+        run = subprocess.run(["sh", "-c", ngc.TOKEN_SCRIPT, "jupyter-token", str(directory),
+                              str(directory / "token"), "nobody"], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        assert shadow.read_text() == "root:secret\n"
+        assert (shadow.stat().st_uid, stat.S_IMODE(shadow.stat().st_mode)) == (0, 0o640)
+        token = (directory / "token").lstat()
+        assert stat.S_ISREG(token.st_mode) and token.st_uid == 65534 and stat.S_IMODE(token.st_mode) == 0o600
+        assert len((directory / "token").read_text()) == 64
+    finally:
+        shutil.rmtree(scratch)

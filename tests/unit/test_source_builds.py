@@ -221,7 +221,7 @@ def test_fact_command_quotes_its_paths_and_reads_the_venvs_line():
     command = sb.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), "/opt/my venv").get_raw_value()
     assert command.startswith("{ r='/opt/my venv/sparkrig/requirements.in';n=lab; d=/var/lib/sparkrig/source-builds/lab/0123")
     assert "grep -sF -- 'lab-ext @ file:///w/lab/'" in command
-    assert "systemctl is-active" in command and command.endswith("true ; } | base64 -w0; echo; echo sparkrig-end")
+    assert "systemctl is-active" in command and command.endswith("true \n} | base64 -w0; echo; echo sparkrig-end")
 
 
 # Requirement lines -------------------------------------------------------------------------
