@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import shlex
 import stat
 from pathlib import Path
 
@@ -129,6 +130,12 @@ def pytest_configure(config):
     config.option.hosts = ",".join(testinfra_spec(name) for name in names)
     _TABLE.names = list(names)
     config.option.ssh_config = str(ssh_config)
+
+
+def as_venv_owner(host, owner: str, command: str) -> str:
+    """``command`` as the venv's owner when the suite runs as root (the owner can replace
+    every file of the venv: root never runs them), else as the suite's own user."""
+    return f"runuser -u {shlex.quote(owner)} -- {command}" if host.user().uid == 0 else command
 
 
 def testinfra_spec(name: str) -> str:

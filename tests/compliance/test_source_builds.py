@@ -16,6 +16,8 @@ import shlex
 
 import pytest
 
+from tests.compliance.conftest import as_venv_owner
+
 WHEELHOUSE = "/var/lib/sparkrig/wheelhouse"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -44,7 +46,8 @@ def _wheelhouse_installs(host, venv: str) -> dict[str, dict]:
         "        found[d.metadata['Name']] = {'version': d.version, 'direct': json.loads(direct)}\n"
         "print(json.dumps(found))"
     )
-    out = host.check_output(f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}")
+    command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}"
+    out = host.check_output(as_venv_owner(host, host.file(venv).user, command))
     return {_normal(name): value for name, value in json.loads(out).items()}
 
 
