@@ -56,7 +56,11 @@ TOKEN_FILE = f"{TOKEN_DIR}/token"
 # Seed 000's Unsloth-on-Spark recipe, as spark-facts checked it.
 TRITON_COMMIT = "c5d671f91d90f40900027382f98b17a3e04045f6"
 XFORMERS_VERSION = "v0.0.33"
-UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "bitsandbytes==0.48.0", "transformers==4.56.2", "trl==0.22.2")
+# Unsloth with the pins seed 000 was checked with; unsloth and unsloth_zoo at the newest
+# release that resolves with them (uv pip compile, Python 3.12, aarch64, 2026-11-23).
+UNSLOTH_PACKAGES = [
+    "unsloth==2025.10.1", "unsloth_zoo==2025.10.1", "bitsandbytes==0.48.0", "transformers==4.56.2", "trl==0.22.2",
+]
 
 
 # Settings ------------------------------------------------------------------
@@ -157,6 +161,9 @@ SETTINGS = (
         one_of(*BUILDS),
     ),
     Setting("ngc_pip_packages", [], "Pinned pip requirements added to the built image.", requirements_check),
+    Setting("ngc_unsloth_packages", UNSLOTH_PACKAGES,
+            "The Unsloth recipe's pip requirements, each pinned (name==version): the recipe's label follows them.",
+            requirements_check),
     Setting("ngc_image", "sparkrig/ngc:local", "The name the built image gets (ngc_build other than 'none').",
             local_image_check),
     Setting("ngc_memlock_unlimited", True,
@@ -207,7 +214,7 @@ def render_dockerfile(data: Any, torch_cuda_arch_list: str) -> str | None:
         torch_cuda_arch_list=torch_cuda_arch_list,
         triton_commit=TRITON_COMMIT,
         xformers_version=XFORMERS_VERSION,
-        unsloth_packages=" ".join(UNSLOTH_PACKAGES),
+        unsloth_packages=" ".join(data.ngc_unsloth_packages),
     )
 
 

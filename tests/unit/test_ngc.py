@@ -96,6 +96,23 @@ def test_packages_dockerfile_is_from_the_pinned_base_with_the_pins():
     assert "RUN" not in ngc.render_dockerfile(_data(ngc_build="packages"), "12.1")
 
 
+def test_every_pip_install_of_a_recipe_is_pinned_and_the_label_follows_the_pins():
+    """An unpinned `pip install unsloth` gave hosts built on different days different images
+    under one label: every requirement a recipe installs from an index is name==version."""
+    import re
+
+    for build in ("packages", "unsloth"):
+        text = ngc.render_dockerfile(_data(ngc_build=build, ngc_pip_packages=["peft==0.17.1"]), "12.1")
+        for words in re.findall(r"pip install --no-cache-dir ([^\n&\\]+)", text):
+            for word in words.split():
+                assert word.startswith(("-", "/")) or re.fullmatch(r"[A-Za-z0-9_.\[\],-]+==[A-Za-z0-9.+!_-]+", word), word
+    one = ngc.render_dockerfile(_data(ngc_build="unsloth"), "12.1")
+    pins = [p.replace("unsloth==2025.10.1", "unsloth==2025.11.1") for p in ngc.UNSLOTH_PACKAGES]
+    other = ngc.render_dockerfile(_data(ngc_build="unsloth", ngc_unsloth_packages=pins), "12.1")
+    assert ngc.recipe(one) != ngc.recipe(other)
+    assert problems(ngc.SETTINGS, {"ngc_unsloth_packages": ["unsloth"]})
+
+
 def test_unsloth_dockerfile_is_seed_000s_recipe_with_the_checked_pins():
     text = ngc.render_dockerfile(_data(ngc_build="unsloth"), "12.1")
     assert f"FROM {BASE}\n" in text
