@@ -514,7 +514,7 @@ def virtualenv(
         changed = True
         yield StringCommand(
             # Root makes the directory, never through a link (-h: the links inside are the owner's).
-            "{ [ ! -L", q_path, "] ||", atomic.refuse(f"{path} is a symbolic link: sparkrig makes its venv only in a directory"), "; }",
+            "{ [ ! -L", q_path, "] || {", atomic.refuse(f"{path} is a symbolic link: sparkrig makes its venv only in a directory"), "; }; }",
             "&& mkdir -p", q_path, "&& chown -hR", q_group, q_path,
             "&&", *as_owner(
                 owner, QuoteString(UV), "venv --no-config --clear --python", QuoteString(python),

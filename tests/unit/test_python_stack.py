@@ -298,3 +298,19 @@ def test_requirements_reach_the_venv_as_its_owner_not_through_a_planted_link():
         assert run.returncode == 0 and (venv / "sparkrig" / "requirements.in").stat().st_uid == 65534
     finally:
         shutil.rmtree(scratch)
+
+
+def test_a_fresh_venv_command_runs_its_link_check_and_goes_on(tmp_path):
+    """The fresh-venv command's guard, run by sh: a directory passes, a link is refused."""
+    (venv,) = _ops(_fact_output(python=None, owner=None, usable=None, input=None, locked=None, plan=None))
+    (make,) = [c for c in venv.commands if "uv venv" in c]
+    guard = make.split(" && mkdir -p", 1)[0]
+    target = tmp_path / "v"
+    target.mkdir()
+    ok = subprocess.run(["sh", "-c", guard.replace("/opt/sparkrig/venv", str(target)) + " && echo on"],
+                        capture_output=True, text=True)
+    assert ok.stdout == "on\n"
+    (tmp_path / "link").symlink_to(target)
+    bad = subprocess.run(["sh", "-c", guard.replace("/opt/sparkrig/venv", str(tmp_path / "link")) + " && echo on"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "is a symbolic link" in bad.stderr and bad.stdout == ""
