@@ -302,8 +302,8 @@ def test_requirements_reach_the_venv_as_its_owner_not_through_a_planted_link():
 
 def test_a_fresh_venv_command_runs_its_link_check_and_goes_on(tmp_path):
     """The fresh-venv command's guard, run by sh: a directory passes, a link is refused."""
-    (venv,) = _ops(_fact_output(python=None, owner=None, usable=None, input=None, locked=None, plan=None))
-    (make,) = [c for c in venv.commands if "uv venv" in c]
+    ops = execute(ps.python_stack, data={"python_venv_owner": "spark"}, responses={FACT: ["owner_exists yes"]})
+    (make,) = [c for c in ops[-1].commands if "uv venv" in c]
     guard = make.split(" && mkdir -p", 1)[0]
     target = tmp_path / "v"
     target.mkdir()
