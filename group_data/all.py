@@ -261,14 +261,22 @@ ngc_base_image = ""
 
 # What runs: "none" (the base image as it is), "packages" (the base plus
 # ngc_pip_packages) or "unsloth" (seed 000's Unsloth-on-Spark recipe: Triton at a
-# fixed commit, xformers v0.0.33 for the profile's compute capability, unsloth,
-# bitsandbytes 0.48.0, transformers 4.56.2, trl 0.22.2; plus ngc_pip_packages).
+# fixed commit, xformers v0.0.33 for the profile's compute capability, and
+# ngc_unsloth_packages; plus ngc_pip_packages).
 # Built on the host from /etc/sparkrig/ngc/Dockerfile, again only when it changes.
 ngc_build = "none"
 
 # Pinned pip requirements ("name==version") installed into the image's own Python
 # (never a venv: it would hide the image's CUDA builds). No flash-attn.
 ngc_pip_packages = []
+
+# The "unsloth" recipe's pip requirements, every one pinned ("name==version"), so hosts
+# built on different days get the same image; the image's recipe label (the Dockerfile's
+# sha256) changes with them. Unsloth's pins as seed 000 checked them; unsloth and
+# unsloth_zoo at the newest release that resolves with them.
+ngc_unsloth_packages = [
+    "unsloth==2025.10.1", "unsloth_zoo==2025.10.1", "bitsandbytes==0.48.0", "transformers==4.56.2", "trl==0.22.2",
+]
 
 # The name the built image gets (ngc_build other than "none").
 ngc_image = "sparkrig/ngc:local"

@@ -10,6 +10,8 @@ already match costs one remote command and changes nothing.
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
 import posixpath
 import re
@@ -21,6 +23,7 @@ from pathlib import Path
 import jinja2
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api.exceptions import FactProcessError
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
@@ -34,7 +37,7 @@ _jinja = jinja2.Environment(
 _jinja.filters["q"] = shlex.quote
 
 
-_LITERAL_WORD = re.compile(r"^[A-Za-z0-9_./:+,=@%-]*$")
+_LITERAL_WORD = re.compile(r"[A-Za-z0-9_./:+,=@%-]*")
 
 
 def quote_literal(value: str) -> str:
@@ -44,12 +47,66 @@ def quote_literal(value: str) -> str:
     Both take single-quoted text literally; callers' settings validation keeps single
     quotes and newlines out of the value.
     """
-    return value if _LITERAL_WORD.match(value) else f"'{value}'"
+    return value if _LITERAL_WORD.fullmatch(value) else f"'{value}'"
 
 
 def render(template: str, **context) -> str:
     """Render ``templates/<template>`` with ``context``; undefined names are errors."""
     return _jinja.get_template(template).render(**context)
+
+
+# Host output ----------------------------------------------------------------------
+# A host's output is data from the other side of a trust boundary. pyinfra stops reading a
+# command's output at its first byte that is not UTF-8 (the rest is lost without a word), so
+# a fact that reads bytes anyone may have written (file contents and names) has its output
+# sent base64-encoded, ending in END: what arrives is complete or is refused.
+END = "sparkrig-end"
+
+
+def encoded(*bits) -> StringCommand:
+    """A fact's command whose standard output travels base64-encoded on one line, then END."""
+    return StringCommand("{", *bits, "\n} | base64 -w0; echo; echo", END)
+
+
+def decoded(output: Sequence[str]) -> list[str]:
+    """The lines a command of :func:`encoded` printed (bytes that are not UTF-8 kept as
+    surrogates, as ``os.fsdecode`` keeps them); ValueError when the output is incomplete."""
+    if len(output) != 2 or output[1] != END:
+        raise ValueError(f"expected one base64 line and {END}, got {len(output)} lines")
+    text = base64.b64decode(output[0], validate=True).decode("utf-8", "surrogateescape")
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
+def parses(process):
+    """A fact's ``process``: output it cannot parse fails this host (pyinfra's
+    FactProcessError, with what went wrong), never the run, never silently."""
+
+    @functools.wraps(process)
+    def checked(self, output):
+        try:
+            return process(self, output)
+        except FactProcessError:
+            raise
+        except (ValueError, LookupError, TypeError, AttributeError, RecursionError) as error:
+            raise FactProcessError(
+                f"sparkrig: {type(self).__name__}: cannot read the host's output "
+                f"({type(error).__name__}: {str(error)[:200]}); this host stops here"
+            ) from error
+
+    return checked
+
+
+def fact_failed() -> bool:
+    """Whether this host has failed (a fact could not read it, and pyinfra said why)."""
+    return host.name in {failed_host.name for failed_host in host.state.failed_hosts}
+
+
+def fact(cls, **kwargs):
+    """``host.get_fact(cls, **kwargs)``, or None when the reading failed this host (pyinfra
+    has said why): the caller then does nothing more on it."""
+    value = host.get_fact(cls, **kwargs)
+    return None if fact_failed() else value
 
 
 class FileDigest(FactBase):
@@ -69,6 +126,7 @@ class FileDigest(FactBase):
             "&& sha256sum", path_arg, "; fi",
         )
 
+    @parses
     def process(self, output: list[str]):
         if len(output) < 2:
             return None
@@ -119,6 +177,7 @@ class HostState(FactBase):
             ]
         return StringCommand(*bits, "true")
 
+    @parses
     def process(self, output: list[str]) -> dict:
         found: dict = {"files": {}, "units": {}, "packages": {}}
         for line in output:
@@ -202,6 +261,8 @@ def file(
     digest = hashlib.sha256(data).hexdigest()
     wanted_mode = _mode(mode)
     current = host.get_fact(FileDigest, path=dest)
+    if fact_failed():
+        return
     owner = f"{user}:{group}"
 
     if current and current["sha256"] == digest:

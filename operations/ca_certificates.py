@@ -26,16 +26,16 @@ from .settings import Setting, defaults, mapping_of
 CERT_DIR = "/usr/local/share/ca-certificates"
 LINK_DIR = "/etc/ssl/certs"
 PREFIX = "sparkrig-"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _PEM = re.compile(
-    r"^-----BEGIN CERTIFICATE-----\n[A-Za-z0-9+/=\n]+-----END CERTIFICATE-----\n?$"
+    r"-----BEGIN CERTIFICATE-----\n[A-Za-z0-9+/=\n]+-----END CERTIFICATE-----\n?"
 )
 
 
 def _entry_problem(name: Any, pem: Any) -> str | None:
-    if not (isinstance(name, str) and _NAME.match(name) and isinstance(pem, str)):
+    if not (isinstance(name, str) and _NAME.fullmatch(name) and isinstance(pem, str)):
         return f"bad entry: {name!r}"
-    if not _PEM.match(pem.strip() + "\n"):
+    if not _PEM.fullmatch(pem.strip() + "\n"):
         return f"entry {name!r} is not one PEM certificate"
     return None
 
@@ -87,6 +87,7 @@ class SparkrigCaCertificates(FactBase):
             "done; true"
         )
 
+    @atomic.parses
     def process(self, output: list[str]) -> dict:
         found = self.default()
         for line in output:

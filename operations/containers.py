@@ -83,13 +83,13 @@ PRIMARY_FINGERPRINTS = """awk -F: '$1=="pub"{p=1;next} $1=="fpr"&&p{print $10} {
 
 # Settings ------------------------------------------------------------------
 
-_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/{}-]*)?$")
-_FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
-_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9.+-]+$")
+_URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/{}-]*)?")
+_FINGERPRINT = re.compile(r"[0-9A-F]{40}")
+_PACKAGE = re.compile(r"[a-z0-9][a-z0-9.+-]+")
 # A docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
 IMAGE_REFERENCE = re.compile(
-    r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+    r"([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
 )
 
 
@@ -98,7 +98,7 @@ def url_check(value: Any, _data: Mapping[str, Any]) -> str | None:
         "an http:// or https:// URL without quotes, spaces or query, whose only placeholders "
         "are {os}, {codename} and {arch}"
     )
-    if not isinstance(value, str) or not _URL.match(value):
+    if not isinstance(value, str) or not _URL.fullmatch(value):
         return allowed
     try:
         value.format(**{field: "x" for field in URL_FIELDS})
@@ -108,7 +108,7 @@ def url_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 
 
 def fingerprint_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and _FINGERPRINT.match(value)
+    ok = isinstance(value, str) and _FINGERPRINT.fullmatch(value)
     return None if ok else "an OpenPGP v4 fingerprint: 40 upper-case hex digits, no spaces"
 
 
@@ -116,18 +116,18 @@ def packages_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     ok = (
         isinstance(value, (list, tuple))
         and value
-        and all(isinstance(p, str) and _PACKAGE.match(p) for p in value)
+        and all(isinstance(p, str) and _PACKAGE.fullmatch(p) for p in value)
     )
     return None if ok else "a non-empty list of Debian package names"
 
 
 def users_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, (list, tuple)) and all(isinstance(u, str) and USER_NAME.match(u) for u in value)
+    ok = isinstance(value, (list, tuple)) and all(isinstance(u, str) and USER_NAME.fullmatch(u) for u in value)
     return None if ok else "a list of user names ([a-z_][a-z0-9_-]*, at most 32 characters)"
 
 
 def image_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and IMAGE_REFERENCE.match(value)
+    ok = isinstance(value, str) and IMAGE_REFERENCE.fullmatch(value)
     return None if ok else "a docker image reference such as 'ubuntu:24.04' or 'registry:5000/team/image:tag'"
 
 
@@ -450,6 +450,7 @@ class ContainerHost(FactBase):
         ]
         return StringCommand(*parts)
 
+    @atomic.parses
     def process(self, output: list[str]):
         values = _lines(output)
 
@@ -491,7 +492,9 @@ class DockerDaemonJson(FactBase):
     def command(self) -> str:
         return f"[ -f {DAEMON_JSON} ] && echo daemon_json=$(base64 -w0 {DAEMON_JSON}); true"
 
+    @atomic.parses
     def process(self, output: list[str]):
+        # Not UTF-8 (a Latin-1 file): UnicodeDecodeError, a ValueError: this host fails.
         return _decode(_lines(output), "daemon_json")
 
 
@@ -511,6 +514,7 @@ class GroupMembers(FactBase):
             "for u in", *map(QuoteString, users), "; do getent passwd \"$u\" >/dev/null && echo user=$u; done",
         )
 
+    @atomic.parses
     def process(self, output: list[str]):
         values = _lines(output)
         return {"members": _group_members(values.get("group", [""])[0]), "users": values.get("user", [])}
@@ -556,6 +560,7 @@ class SparkrigAptRepositories(FactBase):
     def default():
         return {"entries": [], **{name: {"fingerprints": None, "sources": None} for name in REPOSITORY_NAMES}}
 
+    @atomic.parses
     def process(self, output: list[str]):
         found = self.default()
         for line in output:
@@ -599,6 +604,8 @@ def parse_daemon_json(text: str | None) -> dict[str, Any]:
         config = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"it is not valid JSON ({error})") from None
+    except RecursionError:
+        raise ValueError("it nests deeper than Python's JSON reader goes") from None
     if not isinstance(config, dict):
         raise ValueError("it is not a JSON object")
     return config
@@ -689,8 +696,11 @@ def daemon_config(default_runtime: bool = False):
 
         containers.daemon_config(default_runtime=True)
     """
+    text = host.get_fact(DockerDaemonJson)
+    if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
+        return
     try:
-        content = daemon_json_change(host.get_fact(DockerDaemonJson), default_runtime)
+        content = daemon_json_change(text, default_runtime)
     except ValueError as error:
         yield refuse(f"{DAEMON_JSON}: {error}; sparkrig merges into it and never overwrites it: "
                      "fix or remove it, then run again")
@@ -805,6 +815,8 @@ def containers():
         available=(DISTRO_CLI,) if distro else (),
         candidates=tuple(candidates),
     )
+    if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
+        return
     sources = resolve_sources(settings, found)
     packages = wanted_packages(data, sources)
     if distro and DISTRO_CLI in found["available"] + found["installed"]:

@@ -34,7 +34,7 @@ MANAGED = (
     "TRITON_PTXAS_BLACKWELL_PATH",
     "UV_NO_SYNC",
 )
-_TOOLKIT = re.compile(r"/cuda-(\d+)(?:\.(\d+))?$")
+_TOOLKIT = re.compile(r"/cuda-(\d+)(?:\.(\d+))?\Z")
 
 
 def _extra_check(value: Any, data: Mapping[str, Any]) -> str | None:
@@ -85,6 +85,7 @@ class CudaToolkits(FactBase):
             f"for d in {CUDA_LINK}-*/; do [ -d \"$d\" ] && echo toolkit \"${{d%/}}\"; done; true"
         )
 
+    @atomic.parses
     def process(self, output: list[str]) -> dict:
         link, toolkits = None, []
         for line in output:

@@ -23,12 +23,14 @@ from pyinfra import host
 from pyinfra.api import FactBase, StringCommand, deploy
 
 from .atomic import refused
+from . import atomic
 from .settings import Setting, defaults
 
 ARCHES = ("aarch64", "x86_64")
 PROFILE_FIELDS = ("arch", "compute_capability", "torch_cuda_arch_list")
-_CAPABILITY = re.compile(r"^\d+\.\d+$")
-_ARCH_LIST = re.compile(r"^\d+\.\d+[af]?(\+PTX)?([ ;]\d+\.\d+[af]?(\+PTX)?)*$")
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
+_CAPABILITY = re.compile(r"\d+\.\d+")
+_ARCH_LIST = re.compile(r"\d+\.\d+[af]?(\+PTX)?([ ;]\d+\.\d+[af]?(\+PTX)?)*")
 
 DEFAULT_PROFILES = {
     # DGX Spark / GB10: Grace CPU, Blackwell GPU sm_121 (12.1a enables its arch-specific features).
@@ -50,13 +52,14 @@ def profiles_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     for name, profile in value.items():
         ok = (
             isinstance(name, str)
+            and _PROFILE_NAME.fullmatch(name)
             and isinstance(profile, Mapping)
             and set(profile) == set(PROFILE_FIELDS)
             and profile["arch"] in ARCHES
             and isinstance(profile["compute_capability"], str)
-            and _CAPABILITY.match(profile["compute_capability"])
+            and _CAPABILITY.fullmatch(profile["compute_capability"])
             and isinstance(profile["torch_cuda_arch_list"], str)
-            and _ARCH_LIST.match(profile["torch_cuda_arch_list"])
+            and _ARCH_LIST.fullmatch(profile["torch_cuda_arch_list"])
         )
         if not ok:
             return f"{allowed} (bad profile: {name!r})"
@@ -89,12 +92,13 @@ class HardwareIdentity(FactBase):
             "nvidia-smi --query-gpu=compute_cap,name --format=csv,noheader 2>/dev/null || true",
         )
 
+    @atomic.parses
     def process(self, output: Sequence[str]) -> dict[str, Any]:
         lines = [line.strip() for line in output if line.strip()]
         gpus = []
         for line in lines[1:]:
             capability, _, name = (part.strip() for part in line.partition(","))
-            if _CAPABILITY.match(capability):
+            if _CAPABILITY.fullmatch(capability):
                 gpus.append({"compute_capability": capability, "name": name})
         return {"arch": lines[0] if lines else "", "gpus": gpus}
 

@@ -34,7 +34,7 @@ SLICE_FILE = f"/etc/systemd/system/{SLICE}"
 BIN_DIR = "/usr/local/bin"
 SLICE_DESCRIPTION = "Training jobs started by spark-run"
 
-_MEMORY_MAX = re.compile(r"^(infinity|([1-9]|[1-9][0-9]|100)%|([1-9][0-9]{0,14})([KMGT]?))$")
+_MEMORY_MAX = re.compile(r"(infinity|([1-9]|[1-9][0-9]|100)%|([1-9][0-9]{0,14})([KMGT]?))")
 # Largest byte count spark-run's shell arithmetic takes (64-bit, with headroom).
 MAX_BYTES = 1 << 62
 
@@ -45,7 +45,7 @@ def memory_max_check(value: Any, _data: Mapping[str, Any]) -> str | None:
         "suffix (base 1024, at most 4 EiB) like '100G', a whole percentage of physical "
         "memory from '1%' to '100%', or 'infinity'"
     )
-    match = _MEMORY_MAX.match(value) if isinstance(value, str) else None
+    match = _MEMORY_MAX.fullmatch(value) if isinstance(value, str) else None
     if not match:
         return allowed
     if match[3] and int(match[3]) * SIZE_UNITS[match[4]] > MAX_BYTES:

@@ -56,19 +56,24 @@ TOKEN_FILE = f"{TOKEN_DIR}/token"
 # Seed 000's Unsloth-on-Spark recipe, as spark-facts checked it.
 TRITON_COMMIT = "c5d671f91d90f40900027382f98b17a3e04045f6"
 XFORMERS_VERSION = "v0.0.33"
-UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "bitsandbytes==0.48.0", "transformers==4.56.2", "trl==0.22.2")
+# Unsloth with the pins seed 000 was checked with; unsloth and unsloth_zoo at the newest
+# release that resolves with them (uv pip compile, Python 3.12, aarch64, 2026-11-23).
+UNSLOTH_PACKAGES = [
+    "unsloth==2025.10.1", "unsloth_zoo==2025.10.1", "bitsandbytes==0.48.0", "transformers==4.56.2", "trl==0.22.2",
+]
 
 
 # Settings ------------------------------------------------------------------
 
-_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+$")
-_HOME_PATH = re.compile(r"^~(/[A-Za-z0-9._-]+)+$")
+_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+")
+_HOME_PATH = re.compile(r"~(/[A-Za-z0-9._-]+)+")
+_MOUNT_POINT = re.compile(r"/[A-Za-z0-9._/-]*")
 
 
 def pinned_image_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if value == "" and not data.get("ngc_enabled"):
         return None
-    ok = isinstance(value, str) and IMAGE_REFERENCE.match(value) and "@sha256:" in value
+    ok = isinstance(value, str) and IMAGE_REFERENCE.fullmatch(value) and "@sha256:" in value
     return None if ok else (
         "an image reference pinned by digest, such as "
         "'nvcr.io/nvidia/pytorch:25.09-py3@sha256:<64 hex digits>' (required when ngc_enabled)"
@@ -76,12 +81,12 @@ def pinned_image_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def local_image_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and IMAGE_REFERENCE.match(value) and "@" not in value
+    ok = isinstance(value, str) and IMAGE_REFERENCE.fullmatch(value) and "@" not in value
     return None if ok else "a local image name with an optional tag, such as 'sparkrig/ngc:local' (no digest)"
 
 
 def requirements_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, (list, tuple)) and all(isinstance(r, str) and _REQUIREMENT.match(r) for r in value)
+    ok = isinstance(value, (list, tuple)) and all(isinstance(r, str) and _REQUIREMENT.fullmatch(r) for r in value)
     if not ok:
         return "a list of pinned requirements 'name==version' (extras allowed: 'name[extra]==version')"
     if any(python_stack.normalise(re.split(r"[\[=]", r)[0]) in python_stack.REFUSED for r in value):
@@ -91,7 +96,7 @@ def requirements_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 
 def launch_users_check(value: Any, data: Mapping[str, Any]) -> str | None:
     allowed = "a list of user names, each also in containers_docker_users (launching needs Docker access)"
-    if not isinstance(value, (list, tuple)) or not all(isinstance(u, str) and USER_NAME.match(u) for u in value):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(u, str) and USER_NAME.fullmatch(u) for u in value):
         return allowed
     docker_users = data.get("containers_docker_users")
     if docker_users is not None and any(u not in docker_users for u in value):
@@ -100,7 +105,7 @@ def launch_users_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def home_path_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    if isinstance(value, str) and _HOME_PATH.match(value):
+    if isinstance(value, str) and _HOME_PATH.fullmatch(value):
         return None
     if absolute_path(value, _data) is None and value != "/":
         return None
@@ -112,19 +117,26 @@ def optional_home_path_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def mount_point_check(value: Any, data: Mapping[str, Any]) -> str | None:
-    ok = absolute_path(value, data) is None and value != "/" and not value.startswith(("/cache/", "/run/"))
-    return None if ok else "a normalised absolute path in the container other than /, /cache/… and /run/…"
+    # One word wherever it goes: the unit's ExecStart (split at blanks) and docker's --volume (':').
+    ok = (
+        isinstance(value, str) and _MOUNT_POINT.fullmatch(value) and absolute_path(value, data) is None
+        and value != "/" and not value.startswith(("/cache/", "/run/"))
+    )
+    return None if ok else (
+        "a normalised absolute path in the container of letters, digits and ._-/ "
+        "(no spaces or ':') other than /, /cache/… and /run/…"
+    )
 
 
 def secrets_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, (list, tuple)) and all(isinstance(s, str) and ENV_NAME.match(s) for s in value)
+    ok = isinstance(value, (list, tuple)) and all(isinstance(s, str) and ENV_NAME.fullmatch(s) for s in value)
     return None if ok else "a list of environment variable names ([A-Za-z_][A-Za-z0-9_]*)"
 
 
 def jupyter_user_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if value == "" and not data.get("ngc_jupyter"):
         return None
-    ok = isinstance(value, str) and USER_NAME.match(value) and value in (data.get("ngc_users") or [])
+    ok = isinstance(value, str) and USER_NAME.fullmatch(value) and value in (data.get("ngc_users") or [])
     return None if ok else "one of ngc_users (required when ngc_jupyter)"
 
 
@@ -149,6 +161,9 @@ SETTINGS = (
         one_of(*BUILDS),
     ),
     Setting("ngc_pip_packages", [], "Pinned pip requirements added to the built image.", requirements_check),
+    Setting("ngc_unsloth_packages", UNSLOTH_PACKAGES,
+            "The Unsloth recipe's pip requirements, each pinned (name==version): the recipe's label follows them.",
+            requirements_check),
     Setting("ngc_image", "sparkrig/ngc:local", "The name the built image gets (ngc_build other than 'none').",
             local_image_check),
     Setting("ngc_memlock_unlimited", True,
@@ -199,7 +214,7 @@ def render_dockerfile(data: Any, torch_cuda_arch_list: str) -> str | None:
         torch_cuda_arch_list=torch_cuda_arch_list,
         triton_commit=TRITON_COMMIT,
         xformers_version=XFORMERS_VERSION,
-        unsloth_packages=" ".join(UNSLOTH_PACKAGES),
+        unsloth_packages=" ".join(data.ngc_unsloth_packages),
     )
 
 
@@ -251,12 +266,13 @@ JUPYTER_VALIDATOR = atomic.unit_file_validator(
         "Description": re.escape(JUPYTER_DESCRIPTION),
         "After": "docker.service network-online.target",
         "Requires": "docker.service",
-        "User": USER_NAME.pattern.strip("^$"),
+        "User": USER_NAME.pattern,
         "WorkingDirectory": "/[A-Za-z0-9._/-]*",
         "ExecStartPre": f"-/usr/bin/docker rm --force {JUPYTER_CONTAINER}",
         "ExecStart": (
             f"{LAUNCHER} --name {JUPYTER_CONTAINER} --network host --secret JUPYTER_TOKEN={TOKEN_FILE} -- "
-            "(jupyter lab --ip=127\\.0\\.0\\.1 |busybox httpd -f -p 127\\.0\\.0\\.1:)[A-Za-z0-9=/._ :-]*"
+            "(jupyter lab --ip=127\\.0\\.0\\.1 --port=[0-9]+ --no-browser --ServerApp\\.root_dir="
+            "|busybox httpd -f -p 127\\.0\\.0\\.1:[0-9]+ -h )/[A-Za-z0-9._/-]*"
         ),
         "ExecStop": f"/usr/bin/docker stop --time 20 {JUPYTER_CONTAINER}",
         "Restart": "always",
@@ -301,6 +317,7 @@ class NgcHost(FactBase):
                  "true"]
         return StringCommand(*bits)
 
+    @atomic.parses
     def process(self, output: list[str]):
         values = {}
         for line in output:
@@ -377,12 +394,14 @@ def image_built(tag: str, dockerfile: str, recipe: str, context: str = BUILD_DIR
     )
 
 
-# An existing token is kept (not rotated); a new one is 32 random bytes in hex.
+# An existing token is kept (not rotated); a new one is 32 random bytes in hex. The directory
+# is made by root in root's /var/lib/sparkrig; what is inside it is written by its owner
+# (runuser), so root never follows a link the owner planted there.
 # $1 directory, $2 token file, $3 owner.
 TOKEN_SCRIPT = (
-    'install -d -m 700 -o "$3" -g "$(id -gn "$3")" "$1" && '
-    '{ [ -s "$2" ] || (umask 077; od -An -N32 -tx1 /dev/urandom | tr -d " \\n" > "$2"); } && '
-    'chown "$3:$(id -gn "$3")" "$2" && chmod 600 "$2"'
+    'install -d -m 700 -o "$3" -g "$(id -gn "$3")" "$1" && runuser -u "$3" -- sh -c '
+    '\'[ -s "$1" ] && [ ! -L "$1" ] || { rm -f "$1" && (umask 077; od -An -N32 -tx1 /dev/urandom '
+    '| tr -d " \\n" > "$1.new") && mv -f "$1.new" "$1"; } && chmod 600 "$1"\' token "$2"'
 )
 
 
@@ -440,6 +459,8 @@ def ngc():
         user=data.ngc_jupyter_user if jupyter else "",
         directory=data.ngc_jupyter_dir if jupyter else "",
     )
+    if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
+        return
     # No docker yet on a fresh host: the containers concern installs it in this run, and
     # image_pulled checks again (and fails the host if there is still none) when it runs.
     paths = [LAUNCHER, *([DOCKERFILE] if dockerfile else []), JUPYTER_UNIT_FILE]

@@ -45,6 +45,9 @@ UV = f"{UV_TOOL}/bin/uv"
 UV_REQUIREMENTS = "/opt/sparkrig/uv-requirements.txt"
 UV_LINK = "/usr/local/bin/uv"
 UV_CACHE = "/var/cache/sparkrig/uv"
+STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user
+# As the owner: $1 a directory (made if missing), $2 a file to copy in as $3, atomically.
+_PUT_AS_OWNER = 'mkdir -p "$1" && cp -- "$2" "$1/.$3.sparkrig-new" && chmod 644 "$1/.$3.sparkrig-new" && mv -f "$1/.$3.sparkrig-new" "$1/$3"'
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 STATE_DIR = "sparkrig"  # inside the venv: requirements.in and requirements.lock
 NO_CHANGES = "Would make no changes"
@@ -53,12 +56,12 @@ LOCK_STAMP = "# sparkrig-input: "
 REFUSED = {"flash-attn": "no sm_121 kernels and CUDA 12 only; PyTorch SDPA replaces it"}
 UV_ENV = ("UV_SYSTEM_CERTS=1", "UV_NATIVE_TLS=1", f"UV_CACHE_DIR={UV_CACHE}", "UV_NO_PROGRESS=1")
 
-_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)$")
-_PYTHON = re.compile(r"^3\.[0-9]+$")
-_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_URL = re.compile(r"^https?://[^\s'\"\\`$;#?]+$")
-_UV_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)")
+_PYTHON = re.compile(r"3\.[0-9]+")
+_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_URL = re.compile(r"https?://[^\s'\"\\`$;#?]+")
+_UV_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 
 def load_manifest(path: Path | str = MANIFEST) -> dict:
@@ -73,7 +76,7 @@ def normalise(name: str) -> str:
 
 def package_name(name: str) -> bool:
     """Whether ``name`` is a package name sparkrig accepts."""
-    return bool(_NAME.match(name))
+    return bool(_NAME.fullmatch(name))
 
 
 # Checks --------------------------------------------------------------------
@@ -83,11 +86,11 @@ def _pins_problem(pins: Any, where: str) -> str | None:
     if not isinstance(pins, Mapping):
         return f"{where} must map package names to exact versions"
     for name, version in pins.items():
-        if not (isinstance(name, str) and _NAME.match(name)):
+        if not (isinstance(name, str) and _NAME.fullmatch(name)):
             return f"{where}: {name!r} is not a package name"
         if normalise(name) in REFUSED:
             return f"{where}: {name} is never installed ({REFUSED[normalise(name)]})"
-        if not (isinstance(version, str) and _VERSION.match(version)):
+        if not (isinstance(version, str) and _VERSION.fullmatch(version)):
             return f"{where}: {name} needs an exact version as a quoted string, not {version!r}"
     return None
 
@@ -100,13 +103,13 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
     unknown = set(manifest) - {"python", "torch", "vllm", "packages", "profiles"}
     if unknown:
         return f"unknown manifest keys: {', '.join(sorted(map(str, unknown)))}"
-    if not (isinstance(manifest.get("python"), str) and _PYTHON.match(manifest["python"])):
+    if not (isinstance(manifest.get("python"), str) and _PYTHON.fullmatch(manifest["python"])):
         return "python must be a quoted major.minor version such as '3.12'"
     torch = manifest.get("torch")
     if torch is not None:
         if not isinstance(torch, Mapping) or set(torch) != {"index_url", "packages"}:
             return "torch must hold index_url and packages (or be null)"
-        if not (isinstance(torch["index_url"], str) and _URL.match(torch["index_url"])):
+        if not (isinstance(torch["index_url"], str) and _URL.fullmatch(torch["index_url"])):
             return "torch.index_url must be an http(s) URL; never uv's 'auto' backend"
         problem = _pins_problem(torch["packages"], "torch.packages")
         if problem:
@@ -123,14 +126,17 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
         wheels = vllm.get("wheels")
         if wheels is not None and not isinstance(wheels, Mapping):
             return "vllm.wheels must map CPU architectures to {url, sha256}"
-        if wheels is not None and arch is not None:
-            wheel = wheels.get(arch)
+        if wheels is not None and arch is not None and not isinstance(wheels.get(arch), Mapping):
+            return f"vllm.wheels has no {{url, sha256}} entry for this host's architecture {arch}"
+        for wheel_arch, wheel in (wheels or {}).items():
+            if wheel_arch not in hardware.ARCHES:
+                return f"vllm.wheels: {wheel_arch!r} is not one of {', '.join(hardware.ARCHES)}"
             if not isinstance(wheel, Mapping) or set(wheel) != {"url", "sha256"}:
-                return f"vllm.wheels has no {{url, sha256}} entry for this host's architecture {arch}"
-            if not (isinstance(wheel["url"], str) and _URL.match(wheel["url"])):
-                return f"vllm.wheels.{arch}.url must be an http(s) URL without query or fragment"
-            if not (isinstance(wheel["sha256"], str) and _SHA256.match(wheel["sha256"])):
-                return f"vllm.wheels.{arch}.sha256 must be 64 lower-case hex digits"
+                return f"vllm.wheels.{wheel_arch} must hold url and sha256"
+            if not (isinstance(wheel["url"], str) and _URL.fullmatch(wheel["url"])):
+                return f"vllm.wheels.{wheel_arch}.url must be an http(s) URL without query or fragment"
+            if not (isinstance(wheel["sha256"], str) and _SHA256.fullmatch(wheel["sha256"])):
+                return f"vllm.wheels.{wheel_arch}.sha256 must be 64 lower-case hex digits"
     problem = _pins_problem(manifest.get("packages") or {}, "packages")
     if problem:
         return problem
@@ -172,22 +178,22 @@ def profiles_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 def user_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and USER_NAME.match(value)
+    ok = isinstance(value, str) and USER_NAME.fullmatch(value)
     return None if ok else "a user name ([a-z_][a-z0-9_-]*, at most 32 characters) that exists on the host"
 
 
 def index_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and _URL.match(value)
+    ok = isinstance(value, str) and _URL.fullmatch(value)
     return None if ok else "an http(s) URL of a package index (PEP 503), e.g. https://pypi.org/simple"
 
 
 def uv_version_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, str) and _UV_VERSION.match(value)
+    ok = isinstance(value, str) and _UV_VERSION.fullmatch(value)
     return None if ok else "a uv release as X.Y.Z, e.g. '0.13.9'"
 
 
 def hashes_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = isinstance(value, list) and value and all(isinstance(h, str) and _SHA256.match(h) for h in value)
+    ok = isinstance(value, list) and value and all(isinstance(h, str) and _SHA256.fullmatch(h) for h in value)
     return None if ok else "a non-empty list of sha256 digests (64 lower-case hex digits)"
 
 
@@ -317,7 +323,9 @@ id -u "$o" >/dev/null 2>&1 && echo "owner_exists yes"
 if [ -f "$v/pyvenv.cfg" ]; then
   echo "python $(sed -n 's/^version_info *= *//p; s/^version *= *//p' "$v/pyvenv.cfg" | head -n 1)"
   echo "owner $(stat -c %U "$v")"
-  "$v/bin/python" -c '' 2>/dev/null && echo "usable yes"
+  # Usable: its interpreter link leads to an executable file. Read, never run: the owner
+  # can put anything at bin/python, and this runs as root.
+  t=$(readlink -e "$v/bin/python") && [ -f "$t" ] && [ -x "$t" ] && echo "usable yes"
 fi
 [ -f "$s/requirements.in" ] && echo "input $(sha256sum < "$s/requirements.in" | cut -d' ' -f1)"
 [ -f "$s/requirements.lock" ] && echo "locked $(sed -n '1s/^{stamp}//p' "$s/requirements.lock")"
@@ -347,11 +355,16 @@ class PythonStack(FactBase):
     """
 
     def command(self, venv: str, owner: str) -> StringCommand:
-        return StringCommand(
+        return atomic.encoded(StringCommand(
             "v=", QuoteString(venv), "; o=", QuoteString(owner), ";", _STACK_SCRIPT, _separator=""
-        )
+        ))
 
+    @atomic.parses
     def process(self, output: list[str]) -> dict:
+        return self.parse(atomic.decoded(output))
+
+    def parse(self, output: list[str]) -> dict:
+        """The reading from the command's decoded lines."""
         found = self.default()
         for line in output:
             key, _, value = line.partition(" ")
@@ -473,7 +486,9 @@ def virtualenv(
             requirements="torch==2.11.0\\n",
         )
     """
-    found = host.get_fact(PythonStack, venv=path, owner=owner)
+    found = atomic.fact(PythonStack, venv=path, owner=owner)
+    if found is None:
+        return
     state = posixpath.join(path, STATE_DIR)
     lock = posixpath.join(state, "requirements.lock")
     wanted = digest(requirements)
@@ -487,7 +502,7 @@ def virtualenv(
         return
     if found["cache_owner"] != owner:
         changed = True
-        yield StringCommand("mkdir -p", QuoteString(UV_CACHE), "&& chown -R", q_group, QuoteString(UV_CACHE))
+        yield StringCommand("mkdir -p", QuoteString(UV_CACHE), "&& chown -hR", q_group, QuoteString(UV_CACHE))
 
     fresh = not found["usable"] or major_minor(found["python"]) != python
     if fresh and found["occupied"] and found["python"] is None:
@@ -499,7 +514,9 @@ def virtualenv(
     if fresh:
         changed = True
         yield StringCommand(
-            "mkdir -p", q_path, "&& chown -R", q_group, q_path,
+            # Root makes the directory, never through a link (-h: the links inside are the owner's).
+            "{ [ ! -L", q_path, "] || {", atomic.refuse(f"{path} is a symbolic link: sparkrig makes its venv only in a directory"), "; }; }",
+            "&& mkdir -p", q_path, "&& chown -hR", q_group, q_path,
             "&&", *as_owner(
                 owner, QuoteString(UV), "venv --no-config --clear --python", QuoteString(python),
                 "--python-preference", QuoteString(python_preference), q_path,
@@ -507,17 +524,22 @@ def virtualenv(
         )
     elif found["owner"] != owner:
         changed = True
-        yield StringCommand("chown -R", q_group, q_path)
+        yield StringCommand("chown -hR", q_group, q_path)
 
     stale_input = fresh or found["input"] != wanted
     if stale_input:
         changed = True
-        temp = atomic.temp_path(posixpath.join(state, "requirements.in"))
-        yield StringCommand("mkdir -p", q_state, "&& chown", q_group, q_state)
-        yield FileUploadCommand(BytesIO(requirements.encode()), temp)
+        # Uploaded into a root-owned directory, then put in place by the owner: the venv is
+        # theirs, and root never writes or chowns through a path they can change.
+        staged = f"{STAGE}/requirements-{digest(path)[:16]}.in"
         yield StringCommand(
-            "chown", q_group, QuoteString(temp), "&& chmod 644", QuoteString(temp),
-            "&& mv -f", QuoteString(temp), QuoteString(posixpath.join(state, "requirements.in")),
+            "install -d -m 755 -o root -g root", QuoteString(STAGE), "&& rm -f", QuoteString(staged)
+        )
+        yield FileUploadCommand(BytesIO(requirements.encode()), staged)
+        yield StringCommand(
+            "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(owner), "-- sh -c",
+            QuoteString(_PUT_AS_OWNER), "put", q_state, QuoteString(staged), "requirements.in",
+            "; s=$?; rm -f", QuoteString(staged), "; exit $s",
         )
 
     stale_lock = stale_input or found["locked"] != wanted
@@ -531,9 +553,10 @@ def virtualenv(
                 "--emit-index-url --no-header --python", venv_python,
                 QuoteString(posixpath.join(state, "requirements.in")), "-o", body,
             ),
-            f"&& {{ echo '{LOCK_STAMP}{wanted}'; cat", body, "; } >", new,
-            "&& chown", q_group, new, "&& chmod 644", new,
-            "&& mv -f", new, QuoteString(lock), "&& rm -f", body,
+            "&& runuser -u", QuoteString(owner), "-- sh -c",
+            QuoteString(f"{{ echo '{LOCK_STAMP}{wanted}'; cat \"$1\"; }} > \"$2\" && chmod 644 \"$2\""
+                        ' && mv -f "$2" "$3" && rm -f "$1"'),
+            "lock", body, new, QuoteString(lock),
         )
 
     if stale_lock or found["plan"] != NO_CHANGES:
@@ -585,7 +608,9 @@ def python_stack():
         source_builds.host_requirement_lines(),
     )
     owner = data.python_venv_owner
-    found = host.get_fact(PythonStack, venv=data.python_venv_path, owner=owner)
+    found = atomic.fact(PythonStack, venv=data.python_venv_path, owner=owner)
+    if found is None:
+        return
 
     # The pins file is read only when uv is (re)installed: the uv version tells the rest.
     if found["uv"] != data.python_uv_version:

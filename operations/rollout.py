@@ -94,11 +94,15 @@ class BatchResult:
 
 def failed_hosts(hosts: Sequence[str], report: dict | None) -> list[str]:
     """The hosts of a batch that did not converge, from pyinfra's ``--json`` report: an
-    operation failed on them, or they are in no operation's results (unreachable)."""
-    operations = ((report or {}).get("results") or {}).get("operations") or []
-    errors = {h for op in operations for h in op.get("error", [])}
-    seen = {h for op in operations for key in ("success", "no_change", "error") for h in op.get(key, [])}
-    return [h for h in hosts if h in errors or h not in seen]
+    operation failed on them, or pyinfra lists them as failed (unreachable ones included).
+    A host with no operation at all (nothing to do) converged; a report without results
+    (pyinfra stopped before running) fails every host."""
+    results = (report or {}).get("results")
+    if not isinstance(results, dict) or not isinstance(results.get("failed_hosts"), list):
+        return list(hosts)
+    errors = {h for op in results.get("operations") or [] for h in op.get("error", [])}
+    errors |= set(results["failed_hosts"])
+    return [h for h in hosts if h in errors]
 
 
 def run_batch(inventory: str, hosts: Sequence[str], extra: Sequence[str]) -> BatchResult:

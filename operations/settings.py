@@ -42,9 +42,9 @@ class SettingsError(PyinfraError):
 
 
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A login name as useradd accepts it by default (at most 32 characters).
-USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 # systemd's size suffixes (base 1024), as MemoryMin=/MemoryMax= read them.
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -121,7 +121,7 @@ env_mapping = mapping_of(
     "without single quotes or newlines",
     lambda name, item: (
         f"bad entry: {name!r}"
-        if not isinstance(name, str) or not ENV_NAME.match(name) or env_value_problem(item)
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name) or env_value_problem(item)
         else None
     ),
 )

@@ -67,6 +67,13 @@ from .settings import ENV_NAME, Setting, defaults, env_value_problem, mapping_of
 CATALOGUE = Path(__file__).resolve().parent.parent / "group_data" / "source_builds.yml"
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"
 WHEELHOUSE = "/var/lib/sparkrig/wheelhouse"
+# Root-owned places where root stages a wheel on its way out of or into a host: root never
+# writes, reads or chowns through a path in a directory the venv's owner can change.
+OUTGOING = "/var/lib/sparkrig/outgoing"
+INCOMING = "/var/lib/sparkrig/incoming"
+# The controller names what it keeps itself; a host's names never become controller paths.
+CACHED_WHEEL = "wheel.whl"
+CACHED_STAMP = "stamp.json"
 UNIT_PREFIX = "sparkrig-build-"
 KEY_LENGTH = 16
 TAIL_LINES = 30
@@ -76,13 +83,16 @@ PROGRESS_EVERY_S = 60
 UNIT_NICE = 10
 UNIT_RUNTIME_MAX = "6h"
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
-_URL = re.compile(r"^(https?://|file:///|/)[^\s'\"\\`$;]+$")
-_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?$")
-_DEB = re.compile(r"^[a-z0-9][a-z0-9.+-]+$")
-_SUBDIR = re.compile(r"^(\.|[A-Za-z0-9_][A-Za-z0-9_./-]*)$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+_URL = re.compile(r"(https?://|file:///|/)[^\s'\"\\`$;]+")
+_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?")
+# A wheel's file name (PEP 427): name-version[-build]-python-abi-platform.whl, nothing else.
+WHEEL_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_]*)?(-[A-Za-z0-9_.]+){3}\.whl")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_DEB = re.compile(r"[a-z0-9][a-z0-9.+-]+")
+_SUBDIR = re.compile(r"(\.|[A-Za-z0-9_][A-Za-z0-9_./-]*)")
 _KEYS = {
     "url", "ref", "package", "env", "steps", "build_requirements", "build_packages",
     "submodules", "subdirectory", "uses_torch", "abi3", "memory_max",
@@ -99,20 +109,23 @@ def load_catalogue(path: Path | str = CATALOGUE) -> dict:
 
 def spec_problem(name: Any, spec: Any) -> str | None:
     """What is wrong with one catalogue entry, or None."""
-    if not (isinstance(name, str) and _NAME.match(name)):
+    if not (isinstance(name, str) and _NAME.fullmatch(name)):
         return f"{name!r} is not a build name ([a-z0-9-], at most 31 characters)"
     if not isinstance(spec, Mapping) or set(spec) != _KEYS:
         return f"{name} must hold exactly: {', '.join(sorted(_KEYS))}"
-    if not (isinstance(spec["url"], str) and _URL.match(spec["url"])):
+    if not (isinstance(spec["url"], str) and _URL.fullmatch(spec["url"])):
         return f"{name}.url must be an http(s):// or file:/// URL or an absolute path, without quotes or spaces"
+    if "@" in spec["url"].split("://", 1)[-1].split("/", 1)[0]:
+        # It would reach build.sh, the journal, git's command line and the stamp on every host.
+        return f"{name}.url must hold no credentials (user:token@): give git its credentials on the hosts instead"
     ref = spec["ref"]
-    if not (isinstance(ref, str) and (_COMMIT.match(ref) or _TAG.match(ref))) or ref in ("HEAD", "main", "master"):
+    if not (isinstance(ref, str) and (_COMMIT.fullmatch(ref) or _TAG.fullmatch(ref))) or ref in ("HEAD", "main", "master"):
         return f"{name}.ref must be a commit id (40 lower-case hex digits) or a tag, never a branch"
     if not (isinstance(spec["package"], str) and python_stack.package_name(spec["package"])):
         return f"{name}.package must be a distribution name"
     env = spec["env"]
     if not isinstance(env, Mapping) or not all(
-        isinstance(k, str) and ENV_NAME.match(k) and env_value_problem(v) is None for k, v in env.items()
+        isinstance(k, str) and ENV_NAME.fullmatch(k) and env_value_problem(v) is None for k, v in env.items()
     ):
         return f"{name}.env must map variable names to strings without quotes or newlines"
     steps = spec["steps"]
@@ -121,17 +134,17 @@ def spec_problem(name: Any, spec: Any) -> str | None:
     ):
         return f"{name}.steps must be a list of one-line shell commands"
     reqs = spec["build_requirements"]
-    if not isinstance(reqs, list) or not all(isinstance(r, str) and _REQUIREMENT.match(r) for r in reqs):
+    if not isinstance(reqs, list) or not all(isinstance(r, str) and _REQUIREMENT.fullmatch(r) for r in reqs):
         return f"{name}.build_requirements must be a list of pip requirements such as 'ninja' or 'setuptools>=64'"
     debs = spec["build_packages"]
-    if not isinstance(debs, list) or not all(isinstance(d, str) and _DEB.match(d) for d in debs):
+    if not isinstance(debs, list) or not all(isinstance(d, str) and _DEB.fullmatch(d) for d in debs):
         return f"{name}.build_packages must be a list of apt package names"
     for flag in ("submodules", "uses_torch", "abi3"):
         if not isinstance(spec[flag], bool):
             return f"{name}.{flag} must be true or false"
     subdirectory = spec["subdirectory"]
     if not (
-        isinstance(subdirectory, str) and _SUBDIR.match(subdirectory)
+        isinstance(subdirectory, str) and _SUBDIR.fullmatch(subdirectory)
         and ".." not in subdirectory.split("/") and posixpath.normpath(subdirectory) == subdirectory
     ):
         return f"{name}.subdirectory must be a relative path inside the repository ('.' for its top)"
@@ -174,6 +187,7 @@ def cache_check(value: Any, _data: Mapping[str, Any]) -> str | None:
         isinstance(value, str)
         and (value.startswith("/") or value.startswith("~/"))
         and posixpath.normpath(value) == value
+        and value.isprintable()
     )
     return None if ok else "a normalised absolute path on the controller, or one starting with ~/"
 
@@ -228,7 +242,7 @@ def stamp_inputs(name: str, data: Mapping[str, Any]) -> dict:
     manifest = data["python_stack"]
     return {
         "name": name,
-        "url": None if _COMMIT.match(spec["ref"]) else spec["url"],
+        "url": None if _COMMIT.fullmatch(spec["ref"]) else spec["url"],
         "ref": spec["ref"],
         "package": spec["package"],
         "env": dict(sorted(spec["env"].items())),
@@ -243,6 +257,18 @@ def stamp_inputs(name: str, data: Mapping[str, Any]) -> dict:
     }
 
 
+def stamp_problem(stamp: Any) -> str | None:
+    """Why a stamp read from a host (written by the build, as the venv's owner) cannot be
+    trusted to name a file, or None."""
+    if not isinstance(stamp, Mapping):
+        return "it is not a JSON object"
+    if not (isinstance(stamp.get("wheel"), str) and WHEEL_NAME.fullmatch(stamp["wheel"])):
+        return f"its wheel {str(stamp.get('wheel'))[:100]!r} is not a wheel file name"
+    if not (isinstance(stamp.get("sha256"), str) and _SHA256.fullmatch(stamp["sha256"])):
+        return "its sha256 is not 64 lower-case hex digits"
+    return None
+
+
 def stamp_key(inputs: Mapping[str, Any]) -> str:
     """The short hash that names a build's unit, build directory and wheelhouse entry."""
     text = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
@@ -254,7 +280,19 @@ def unit_name(name: str, key: str) -> str:
 
 
 def build_dir(name: str, key: str) -> str:
+    """Root's: build.sh and the attempt mark."""
     return f"{BUILD_ROOT}/{name}/{key}"
+
+
+def work_dir(name: str, key: str) -> str:
+    """The owner's, where the build runs: sources, environment, result, launches."""
+    return f"{build_dir(name, key)}/work"
+
+
+def env_file(name: str, key: str) -> str:
+    """The build's environment, root's, mode 0600 (systemd reads it before the unit drops
+    to the owner): secret values stay out of build.sh, the stamp and the command line."""
+    return f"{build_dir(name, key)}/env"
 
 
 def wheelhouse_dir(name: str, key: str) -> str:
@@ -323,6 +361,13 @@ def read_builds(data: Mapping[str, Any]) -> dict:
     return memo[key]
 
 
+def public_inputs(inputs: Mapping[str, Any]) -> dict:
+    """The stamp inputs as they may be shown (build.sh and stamp.json are 0644, and the stamp
+    travels to other hosts): the environment's values only as their sha256."""
+    env = {k: hashlib.sha256(v.encode()).hexdigest() for k, v in inputs["env"].items()}
+    return {**inputs, "env": env}
+
+
 def render_build_script(name: str, key: str, data: Mapping[str, Any]) -> str:
     spec = data["source_builds"][name]
     inputs = stamp_inputs(name, data)
@@ -334,18 +379,18 @@ def render_build_script(name: str, key: str, data: Mapping[str, Any]) -> str:
         unit=unit_name(name, key),
         url=spec["url"],
         ref=spec["ref"],
-        commit_ref=bool(_COMMIT.match(spec["ref"])),
+        commit_ref=bool(_COMMIT.fullmatch(spec["ref"])),
         submodules=spec["submodules"],
         subdirectory=spec["subdirectory"],
         steps=spec["steps"],
         build_requirements=["pip", "setuptools", "wheel", *spec["build_requirements"]],
-        build_dir=build_dir(name, key),
+        build_dir=work_dir(name, key),
         wheelhouse_dir=wheelhouse_dir(name, key),
         venv=venv,
         venv_python=posixpath.join(venv, "bin", "python"),
         uv=python_stack.UV,
         index_url=data["python_index_url"],
-        stamp=json.dumps({**inputs, "url": spec["url"], "key": key}, sort_keys=True),
+        stamp=json.dumps({**public_inputs(inputs), "url": spec["url"], "key": key}, sort_keys=True),
     )
 
 
@@ -374,13 +419,14 @@ class SourceBuilds(FactBase):
         bits: list = ["r=", QuoteString(posixpath.join(venv, python_stack.STATE_DIR, "requirements.in")), ";"]
         for name, key, prefix in builds:
             n, d, w = QuoteString(name), QuoteString(build_dir(name, key)), QuoteString(wheelhouse_dir(name, key))
+            r = QuoteString(f"{work_dir(name, key)}/result")
             bits += [
                 "n=", n, "; d=", d, "; w=", w, "; u=", QuoteString(unit_name(name, key)), ";",
                 'echo "unit $n $(systemctl is-active "$u" 2>/dev/null)";',
                 '[ -f "$w/stamp.json" ] && echo "stamp $n $(tr -d \'\\n\' < "$w/stamp.json")";',
                 'for f in "$w"/*.whl; do [ -f "$f" ] && echo "wheel $n ${f##*/}"; done;',
                 '[ -f "$d/attempt" ] && echo "attempt $n yes";',
-                '[ -f "$d/result" ] && echo "result $n $(cat "$d/result")";',
+                "[ -f", r, '] && echo "result $n $(head -c 16 ', r, ')";',
             ]
             if venv and prefix:
                 # The line of this build's wheel in the venv's requirements, if that wheel is there.
@@ -388,9 +434,19 @@ class SourceBuilds(FactBase):
                     "c=$(grep -sF -- ", QuoteString(prefix), ' "$r" | head -n 1); p=${c#* @ file://};',
                     ' [ -n "$c" ] && [ -f "${p%% *}" ] && echo "current $n $c";',
                 ]
-        return StringCommand(*bits, "true", _separator="")
+        return atomic.encoded(StringCommand(*bits, "true", _separator=""))
 
+    @staticmethod
+    def default() -> dict:
+        return {}
+
+    @atomic.parses
     def process(self, output: list[str]) -> dict:
+        return self.parse(atomic.decoded(output))
+
+    def parse(self, output: list[str]) -> dict:
+        """The reading from the command's decoded lines; ValueError for a stamp that names
+        no wheel file (a host's stamp never names a path)."""
         raw: dict[str, dict] = {}
         for line in output:
             kind, _, rest = line.partition(" ")
@@ -403,6 +459,9 @@ class SourceBuilds(FactBase):
                     entry["stamp"] = json.loads(value)
                 except ValueError:
                     entry["stamp"] = None
+                problem = entry["stamp"] is not None and stamp_problem(entry["stamp"])
+                if problem:
+                    raise ValueError(f"{wheelhouse_dir(name, '…')}/stamp.json of build {name}: {problem}")
             elif kind == "wheel":
                 entry["wheels"].append(value)
             elif kind == "attempt":
@@ -435,13 +494,16 @@ def cache_root(value: str) -> Path:
 
 
 def cached(cache: Path, name: str, key: str) -> dict | None:
-    """The stamp of the cached wheel of ``(name, key)`` on the controller, or None."""
-    stamp_file = cache / name / key / "stamp.json"
+    """The stamp of the cached wheel of ``(name, key)`` on the controller, or None. The
+    wheel is kept as ``wheel.whl``; the stamp names it, checked, and pins its sha256."""
+    stamp_file = cache / name / key / CACHED_STAMP
     try:
         stamp = json.loads(stamp_file.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
-    return stamp if (stamp_file.parent / stamp["wheel"]).is_file() else None
+    if stamp_problem(stamp) or not (stamp_file.parent / CACHED_WHEEL).is_file():
+        return None
+    return stamp
 
 
 def _file_sha256(path: Path) -> str:
@@ -453,13 +515,16 @@ def _file_sha256(path: Path) -> str:
 
 
 def _keep_in_cache(staging: str, final: str, stamp: Mapping[str, Any]) -> None:
-    """Check a fetched wheel against its stamp, then move it into the cache (atomically)."""
+    """Check a fetched wheel against its stamp, then move it into the cache (atomically),
+    with the stamp and the sha256 the controller computed: what peers receive is pinned."""
     staging_dir, final_dir = Path(staging), Path(final)
-    actual = _file_sha256(staging_dir / stamp["wheel"])
-    if actual != stamp["sha256"]:
+    problem = stamp_problem(stamp)
+    actual = _file_sha256(staging_dir / CACHED_WHEEL)
+    if problem or actual != stamp["sha256"]:
         shutil.rmtree(staging_dir, ignore_errors=True)
-        raise ValueError(f"fetched {stamp['wheel']} has sha256 {actual}, its stamp says {stamp['sha256']}")
-    (staging_dir / "stamp.json").write_text(json.dumps(stamp, sort_keys=True) + "\n")
+        raise ValueError(problem or f"fetched {stamp['wheel']} has sha256 {actual}, its stamp says {stamp['sha256']}")
+    kept = {**stamp, "sha256": actual}
+    (staging_dir / CACHED_STAMP).write_text(json.dumps(kept, sort_keys=True) + "\n")
     if final_dir.exists():
         shutil.rmtree(staging_dir)
         return
@@ -496,14 +561,19 @@ def _wait_command(name: str, key: str) -> StringCommand:
 def _failure_script(name: str, key: str) -> str:
     unit = unit_name(name, key)
     return (
-        'if [ "$(cat "$d/result" 2>/dev/null)" = 0 ] && [ -f "$w/stamp.json" ]; then'
+        'if [ "$(head -c 16 "$d/work/result" 2>/dev/null)" = 0 ] && [ -f "$w/stamp.json" ]; then'
         f' echo "sparkrig: source build {name} finished"; rm -f "$d/attempt"; exit 0; fi;'
-        f' echo "sparkrig: source build {name} failed (exit status $(cat "$d/result" 2>/dev/null || echo none:'
+        f' echo "sparkrig: source build {name} failed (exit status $(head -c 16 "$d/work/result" 2>/dev/null || echo none:'
         ' killed or interrupted)); the venv is unchanged; the next deploy tries again.'
         f' Last lines of journalctl -u {unit}:" >&2;'
         f' journalctl -u "$u" -n {TAIL_LINES} -o cat --no-pager >&2;'
-        ' rm -f "$d/attempt" "$d/result"; exit 1'
+        ' rm -f "$d/attempt" "$d/work/result"; exit 1'
     )
+
+
+def _env_text(env: Mapping[str, str]) -> str:
+    """A systemd EnvironmentFile of ``env`` (values hold no quotes or newlines: settings)."""
+    return "".join(f"{k}='{v}'\n" for k, v in env.items())
 
 
 @operation()
@@ -540,32 +610,42 @@ def build(
     """
     name = build_name
     unit, d, w = unit_name(name, key), build_dir(name, key), wheelhouse_dir(name, key)
-    q_d, q_owner = QuoteString(d), QuoteString(f"{owner}:")
+    q_d, q_work, q_env = QuoteString(d), QuoteString(work_dir(name, key)), QuoteString(env_file(name, key))
     if launch:
         script_path = f"{d}/build.sh"
         temp = atomic.temp_path(script_path)
         if packages:
             # As every concern installs: a bounded wait for the dpkg lock, then the install.
             yield install_command(packages, host.data.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S))
+        # The build directory is root's (an earlier layout gave it to the owner: taken back,
+        # and the names root writes cleared first); the owner gets work/ and the wheelhouse
+        # entry's parent, each made in a root-owned directory. Nothing of root's goes through
+        # a path the owner can change.
         yield StringCommand(
-            "mkdir -p", q_d, QuoteString(posixpath.dirname(w)),
-            "&& chown", q_owner, q_d, QuoteString(posixpath.dirname(w)),
+            "install -d -m 755 -o root -g root", QuoteString(posixpath.dirname(d)), q_d,
+            QuoteString(WHEELHOUSE),
+            "&& rm -rf", QuoteString(temp), QuoteString(f"{d}/attempt"), q_env, QuoteString(f"{d}/env.new"),
+            "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {atomic.quote_literal(owner)})"',
+            q_work, QuoteString(posixpath.dirname(w)),
+            "&& install -m 600 -o root -g root /dev/null", QuoteString(f"{d}/env.new"),
         )
         yield FileUploadCommand(BytesIO(script.encode()), temp)
+        yield FileUploadCommand(BytesIO(_env_text(env).encode()), f"{d}/env.new")
         properties = [
             f"Nice={UNIT_NICE}", f"OOMScoreAdjust={oom_score_adj}", "MemorySwapMax=0",
-            f"EnvironmentFile=-{cuda_env_file}", f"WorkingDirectory={d}",
-            f"RuntimeMaxSec={UNIT_RUNTIME_MAX}",
+            f"EnvironmentFile=-{cuda_env_file}", f"EnvironmentFile={env_file(name, key)}",
+            f"WorkingDirectory={work_dir(name, key)}", f"RuntimeMaxSec={UNIT_RUNTIME_MAX}",
         ]
         if memory_max:
             properties.append(f"MemoryMax={memory_max}")
-        setenv = {**dict(v.split("=", 1) for v in python_stack.UV_ENV), **env}
+        setenv = dict(v.split("=", 1) for v in python_stack.UV_ENV)
         yield StringCommand(
             "sh -n", QuoteString(temp), "&& chmod 644", QuoteString(temp),
             "&& mv -f", QuoteString(temp), QuoteString(script_path),
+            "&& chmod 600", QuoteString(f"{d}/env.new"), "&& mv -f", QuoteString(f"{d}/env.new"), q_env,
             "&& if systemctl is-active --quiet", QuoteString(unit), "; then echo",
             QuoteString(f"sparkrig: {unit} runs already"), "; else",
-            "touch", QuoteString(f"{d}/attempt"), "&& rm -f", QuoteString(f"{d}/result"),
+            "touch", QuoteString(f"{d}/attempt"), "&& rm -f", QuoteString(f"{work_dir(name, key)}/result"),
             "&& { systemctl reset-failed", QuoteString(unit), "2>/dev/null; true; }",
             "&& systemd-run --quiet --collect --unit", QuoteString(unit),
             "--description", QuoteString(f"sparkrig source build {name}"),
@@ -596,7 +676,7 @@ def report_failure(build_name: str, key: str):
 
 
 @operation()
-def fetch(build_name: str, key: str, cache: str, active: bool = True):
+def fetch(build_name: str, key: str, cache: str, owner: str = "root", active: bool = True):
     """
     Copy a built wheel and its stamp from the host into the controller's cache, checked
     against the stamp's sha256; nothing when the cache has it or the host has no wheel.
@@ -604,19 +684,29 @@ def fetch(build_name: str, key: str, cache: str, active: bool = True):
     + build_name: the build's name
     + key: its stamp key
     + cache: the controller's cache directory
+    + owner: the venv's owner, who reads the wheel out of the wheelhouse
     + active: False: this host is not the one to fetch from (nothing happens)
     """
     name = build_name
     root = cache_root(cache)
     if not active or cached(root, name, key):
         return
-    found = host.get_fact(SourceBuilds, builds=((name, key, ""),), venv="").get(name) or {}
-    stamp = found.get("stamp")
-    if found.get("state") != "built" or not stamp:
+    found = atomic.fact(SourceBuilds, builds=((name, key, ""),), venv="")
+    stamp = ((found or {}).get(name) or {}).get("stamp")
+    if (found or {}).get(name, {}).get("state") != "built" or not stamp:
         return
+    # The owner reads their wheel (never root, who would follow a planted link) into a
+    # root-owned file of a name the controller chose; the controller keeps it as wheel.whl.
+    outgoing = f"{OUTGOING}/{name}-{key}.whl"
     staging = root / name / f".{key}.{host.name}.new"
+    yield StringCommand(
+        "install -d -m 755 -o root -g root", QuoteString(OUTGOING), "&& rm -f", QuoteString(outgoing),
+        "&& runuser -u", QuoteString(owner), "-- cat --", QuoteString(f"{wheelhouse_dir(name, key)}/{stamp['wheel']}"),
+        ">", QuoteString(outgoing), "&& chmod 644", QuoteString(outgoing),
+    )
     yield FunctionCommand(_make_dir, (str(staging),), {})
-    yield FileDownloadCommand(f"{wheelhouse_dir(name, key)}/{stamp['wheel']}", str(staging / stamp["wheel"]))
+    yield FileDownloadCommand(outgoing, str(staging / CACHED_WHEEL), _sudo=False)
+    yield StringCommand("rm -f", QuoteString(outgoing))
     yield FunctionCommand(_keep_in_cache, (str(staging), str(root / name / key), stamp), {})
 
 
@@ -643,20 +733,32 @@ def receive(build_name: str, key: str, cache: str, builder: str, owner: str, act
             _report(f"source build {name}: waiting for the build on {builder}; its wheel comes with a later deploy")
         return
     w = wheelhouse_dir(name, key)
-    new = f"{w}.new"
+    incoming = f"{INCOMING}/{name}-{key}"
     local = cache_root(cache) / name / key
+    wheel = stamp["wheel"]  # checked by cached(): a wheel file name, no path
     yield StringCommand(
-        "rm -rf", QuoteString(new), "&& mkdir -p", QuoteString(new),
+        "install -d -m 755 -o root -g root", QuoteString(INCOMING), QuoteString(WHEELHOUSE),
+        "&& rm -rf", QuoteString(incoming), "&& install -d -m 755 -o root -g root", QuoteString(incoming),
+        "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {atomic.quote_literal(owner)})"',
+        QuoteString(posixpath.dirname(w)),
     )
-    yield FileUploadCommand(str(local / stamp["wheel"]), f"{new}/{stamp['wheel']}")
-    yield FileUploadCommand(BytesIO((json.dumps(stamp, sort_keys=True) + "\n").encode()), f"{new}/stamp.json")
+    yield FileUploadCommand(str(local / CACHED_WHEEL), f"{incoming}/{wheel}")
+    yield FileUploadCommand(BytesIO((json.dumps(stamp, sort_keys=True) + "\n").encode()), f"{incoming}/stamp.json")
+    # Into the wheelhouse as its owner (the entry's directory is theirs), checked there.
     yield StringCommand(
-        "cd", QuoteString(new), "&& echo", QuoteString(f"{stamp['sha256']}  {stamp['wheel']}"),
-        "| sha256sum --check --quiet",
-        "&& chmod 755 . && chmod 644 ./* && chown -R", QuoteString(f"{owner}:"), ". && cd /",
-        "&& chown", QuoteString(f"{owner}:"), QuoteString(posixpath.dirname(w)),
-        "&& rm -rf", QuoteString(w), "&& mv", QuoteString(new), QuoteString(w),
+        "chmod 644", QuoteString(f"{incoming}/{wheel}"), QuoteString(f"{incoming}/stamp.json"),
+        "&& runuser -u", QuoteString(owner), "-- sh -c", QuoteString(RECEIVE_SCRIPT), "receive",
+        QuoteString(incoming), QuoteString(w), QuoteString(wheel), QuoteString(stamp["sha256"]),
+        "&& rm -rf", QuoteString(incoming),
     )
+
+
+# $1 the root-owned incoming directory, $2 the wheelhouse entry, $3 the wheel, $4 its sha256.
+RECEIVE_SCRIPT = (
+    'set -e; rm -rf "$2.new"; mkdir -m 755 "$2.new"; cp -- "$1/$3" "$1/stamp.json" "$2.new/";'
+    ' cd "$2.new"; echo "$4  $3" | sha256sum --check --quiet; chmod 644 ./*; cd /;'
+    ' rm -rf "$2"; mv "$2.new" "$2"'
+)
 
 
 @operation()
@@ -756,7 +858,7 @@ def source_builds():
         )
         fetch(
             name=f"Source build {name}: the wheel from {builder} into the controller's cache",
-            build_name=name, key=key, cache=cache, active=share and building,
+            build_name=name, key=key, cache=cache, owner=owner, active=share and building,
         )
         receive(
             name=f"Source build {name}: the wheel from the controller's cache",

@@ -29,17 +29,17 @@ from .settings import SIZE_UNITS, Setting, defaults
 
 DROPIN_NAME = "zz-sparkrig.conf"  # read last: wins over earlier drop-ins such as the guides' oom.conf
 SLICE = "system.slice"
-_SIZE = re.compile(r"^(\d+)([KMGT]?)$")
+_SIZE = re.compile(r"(\d+)([KMGT]?)")
 
 
 def size_bytes(value: str) -> int:
     """Bytes of a systemd size such as ``512M`` (base 1024, as systemd reads it)."""
-    number, unit = _SIZE.match(value).groups()
+    number, unit = _SIZE.fullmatch(value).groups()
     return int(number) * SIZE_UNITS[unit]
 
 
 def _size_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    if isinstance(value, str) and _SIZE.match(value):
+    if isinstance(value, str) and _SIZE.fullmatch(value):
         return None
     return "a size in bytes with an optional K, M, G or T suffix (base 1024), e.g. '128M'"
 
@@ -49,7 +49,7 @@ def _slice_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if allowed:
         return allowed
     sshd = data.get("sshd_guard_memory_min")
-    if isinstance(sshd, str) and _SIZE.match(sshd) and size_bytes(value) < size_bytes(sshd):
+    if isinstance(sshd, str) and _SIZE.fullmatch(sshd) and size_bytes(value) < size_bytes(sshd):
         return f"at least sshd_guard_memory_min ({sshd}): the slice's reservation caps its units'"
     return None
 
@@ -94,6 +94,7 @@ class SshdUnit(FactBase):
             f"ssh.socket sshd.service ssh.service; [ -e {RESTART_PENDING} ] && printf '\\nRestartPending=yes\\n'; true"
         )
 
+    @atomic.parses
     def process(self, output: list[str]):
         blocks, block = [], {}
         for line in [*output, ""]:

@@ -33,7 +33,6 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.api.command import PyinfraCommand
-from pyinfra.api.exceptions import OperationError
 
 from . import atomic
 from .settings import Setting, boolean, defaults
@@ -206,6 +205,7 @@ class SwapSources(FactBase):
                         "used_kib": 0, "priority": -2}],
             "fstab": {"content": b"UUID=… / ext4 …\\n/swap.img none swap sw 0 0\\n",
                       "mode": 0o644, "user": "root", "group": "root"},
+            "fstab_link": None,
             "libmount_swap_sources": ["/swap.img"],
             "container": None,
             "systemd": True,
@@ -216,13 +216,14 @@ class SwapSources(FactBase):
         }
     """
 
-    def command(self) -> str:
+    def command(self) -> StringCommand:
         patterns = _shell_words(UNIT_PATTERNS)
         names = " -o ".join(f"-name '{pattern}'" for pattern in UNIT_PATTERNS)
-        return (
+        return atomic.encoded(
             "echo '## swaps'; cat /proc/swaps; "
-            f"echo '## fstab'; if [ -f {FSTAB} ]; then stat -c '%a %U %G' {FSTAB} && "
+            f"echo '## fstab'; if [ -f {FSTAB} ]; then stat -L -c '%a %U %G' {FSTAB} && "
             f"base64 -w0 {FSTAB} && echo; fi; "
+            f"echo '## fstab-link'; [ -L {FSTAB} ] && readlink {FSTAB}; "
             "echo '## libmount'; findmnt --fstab --types swap --json --output SOURCE,FSTYPE 2>/dev/null; "
             "echo '## container'; systemd-detect-virt --container 2>/dev/null || "
             "{ [ -e /.dockerenv ] && echo docker; } || { [ -e /run/.containerenv ] && echo podman; }; "
@@ -236,7 +237,12 @@ class SwapSources(FactBase):
             '[ -e "$f" ] && echo "$f"; done; true'
         )
 
+    @atomic.parses
     def process(self, output: list[str]) -> dict:
+        return self.parse(atomic.decoded(output))
+
+    def parse(self, output: list[str]) -> dict:
+        """The reading from the command's decoded lines."""
         sections: dict[str, list[str]] = {}
         lines: list[str] = []
         for line in output:
@@ -248,6 +254,7 @@ class SwapSources(FactBase):
         return {
             "active": [_swap_area(line) for line in sections.get("swaps", [])[1:]],  # [0]: the header
             "fstab": _fstab(sections.get("fstab", [])),
+            "fstab_link": next((line for line in sections.get("fstab-link", []) if line), None),
             "libmount_swap_sources": _libmount_swap_sources(sections.get("libmount", [])),
             "container": container[0] if container else None,
             "systemd": "systemd" in sections,
@@ -259,13 +266,13 @@ class SwapSources(FactBase):
 
     def default(self) -> dict:
         """The shape with nothing found (pyinfra fails the host when the command fails)."""
-        return self.process([])
+        return self.parse([])
 
 
 def _swap_area(line: str) -> dict:
     filename, kind, size, used, priority = line.rsplit(None, 4)
     return {
-        "filename": unmangle(filename.encode()).decode("utf-8", "surrogateescape"),
+        "filename": unmangle(filename.encode("utf-8", "surrogateescape")).decode("utf-8", "surrogateescape"),
         "type": kind,
         "size_kib": int(size),
         "used_kib": int(used),
@@ -305,10 +312,11 @@ class SwapFiles(FactBase):
                 '[ "$(blkid -p -o value -s TYPE', quoted, '2>/dev/null)" = swap ];',
                 "then printf '%s\\n'", quoted, "; fi;",
             ]
-        return StringCommand(*parts, "true")
+        return atomic.encoded(*parts, "true")
 
+    @atomic.parses
     def process(self, output: list[str]) -> list[str]:
-        return output
+        return atomic.decoded(output)
 
     @staticmethod
     def default() -> list[str]:
@@ -371,7 +379,9 @@ def disabled(backup: str = FSTAB_BACKUP, remove_files: bool = False):
 
         swap.disabled(name="No swap", backup="/root/fstab.bak", remove_files=True)
     """
-    found = host.get_fact(SwapSources)
+    found = atomic.fact(SwapSources)
+    if found is None:
+        return
     yield from _fstab_commands(found, backup)
     yield from _unit_commands(found, units_to_mask(found))
     yield from _swapoff_commands(found)
@@ -392,13 +402,23 @@ def _fstab_commands(found: Mapping[str, Any], backup: str) -> Iterator[PyinfraCo
         return
     missed = sorted(set(found["libmount_swap_sources"]) - set(active_swap_sources(fstab["content"])))
     if missed:
-        raise OperationError(
+        yield atomic.refuse(
             f"libmount (findmnt --fstab) reads swap entries in {FSTAB} that sparkrig's parser "
             f"does not: {', '.join(missed)}; nothing was changed"
         )
+        return
     content = disable_swap_entries(fstab["content"])
     if content == fstab["content"]:
         host.noop(f"{FSTAB} has no active swap entry")
+        return
+    if found["fstab_link"] is not None:
+        # Renaming a new file over the link would leave its target (and whatever manages
+        # it) behind; writing through it would have root write wherever the link points.
+        yield atomic.refuse(
+            f"{FSTAB} is a symbolic link to {found['fstab_link']}: sparkrig neither replaces the link "
+            "nor writes through it. Comment out its swap entries there yourself, or make "
+            f"{FSTAB} a regular file; nothing was changed"
+        )
         return
     yield from atomic.file._inner(
         dest=FSTAB,
@@ -451,7 +471,9 @@ def _swapoff_commands(found: Mapping[str, Any]) -> Iterator[PyinfraCommand]:
 
 
 def _file_commands(paths: list[str]) -> Iterator[PyinfraCommand]:
-    present = host.get_fact(SwapFiles, paths=paths) if paths else []
+    present = atomic.fact(SwapFiles, paths=paths) if paths else []
+    if present is None:
+        return
     if not present:
         host.noop("no swap file to delete")
     for path in present:

@@ -49,7 +49,7 @@ SWAP_PERCENT = 100
 # One word of earlyoom's command line: no whitespace, quotes or backslashes (systemd
 # splits $EARLYOOM_ARGS at whitespace and removes quotes), and '$' only where sh leaves
 # it alone inside double quotes (end of the regex or of an alternative).
-_REGEX_WORD = re.compile(r"^[A-Za-z0-9_.:^$|()*+?\[\]{},/-]+$")
+_REGEX_WORD = re.compile(r"[A-Za-z0-9_.:^$|()*+?\[\]{},/-]+")
 _DOLLAR_FOLLOWED = re.compile(r"\$[^|)]")
 
 
@@ -59,7 +59,7 @@ def regex_check(value: Any, _data: Mapping[str, Any]) -> str | None:
         "quotes: it is one word of earlyoom's command line), with '$' only before '|', ')' "
         "or at the end"
     )
-    if not isinstance(value, str) or not _REGEX_WORD.match(value) or _DOLLAR_FOLLOWED.search(value):
+    if not isinstance(value, str) or not _REGEX_WORD.fullmatch(value) or _DOLLAR_FOLLOWED.search(value):
         return allowed
     try:
         with warnings.catch_warnings():  # POSIX classes such as [[:alpha:]] are fine here

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import runpy
+import shlex
+import stat
 from pathlib import Path
 
 import pytest
@@ -70,8 +72,32 @@ def pytest_cmdline_main(config):
 # One SSH connection per host for the whole suite. testinfra asks ssh for
 # ControlMaster=auto but names no ControlPath (and its --ssh-extra-args never reaches
 # the hosts it makes), so without this every command pays a whole SSH handshake:
-# about 0.25 s here, and 5 round trips more over a slow link.
-MULTIPLEX = "Host *\n  ControlMaster auto\n  ControlPath /tmp/sparkrig-ssh-%C\n  ControlPersist 60s\n\n"
+# about 0.25 s here, and 5 round trips more over a slow link. The sockets live in a
+# directory of the user's alone: in /tmp anyone could plant a master that answers
+# every control.
+def control_dir() -> Path:
+    """The private directory of the suite's SSH control sockets (made 0700 if missing):
+    ``$XDG_RUNTIME_DIR/sparkrig-ssh``, else ``~/.cache/sparkrig/ssh``. One that is a link,
+    not the user's, or open to others is refused."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    path = Path(runtime) / "sparkrig-ssh" if runtime else Path.home() / ".cache" / "sparkrig" / "ssh"
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise pytest.UsageError(
+            f"{path} (SSH control sockets) must be a directory of yours with mode 0700, not a link "
+            f"(found uid {found.st_uid}, mode {stat.filemode(found.st_mode)}): remove it or fix it"
+        )
+    return path
+
+
+def multiplexed(ssh_config: str) -> str:
+    """``ssh_config`` with connection sharing for every host, its sockets in :func:`control_dir`."""
+    return f"Host *\n  ControlMaster auto\n  ControlPath {control_dir()}/%C\n  ControlPersist 60s\n\n{ssh_config}"
 
 
 def write_multiplexed(ssh_config: str, out: Path) -> None:
@@ -79,7 +105,7 @@ def write_multiplexed(ssh_config: str, out: Path) -> None:
     atomically (each xdist worker writes it too, while others may be reading it)."""
     out.parent.mkdir(exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
-    tmp.write_text(MULTIPLEX + ssh_config)
+    tmp.write_text(multiplexed(ssh_config))
     os.replace(tmp, out)
 
 
@@ -104,6 +130,12 @@ def pytest_configure(config):
     config.option.hosts = ",".join(testinfra_spec(name) for name in names)
     _TABLE.names = list(names)
     config.option.ssh_config = str(ssh_config)
+
+
+def as_venv_owner(host, owner: str, command: str) -> str:
+    """``command`` as the venv's owner when the suite runs as root (the owner can replace
+    every file of the venv: root never runs them), else as the suite's own user."""
+    return f"runuser -u {shlex.quote(owner)} -- {command}" if host.user().uid == 0 else command
 
 
 def testinfra_spec(name: str) -> str:

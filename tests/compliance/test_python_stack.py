@@ -16,6 +16,8 @@ import shlex
 
 import pytest
 
+from tests.compliance.conftest import as_venv_owner
+
 UV = "/opt/sparkrig/uv/bin/uv"
 UV_TOOL = "/opt/sparkrig/uv"
 NO_CHANGES = "Would make no changes"
@@ -50,8 +52,9 @@ def pins(manifest, settings) -> dict[str, str]:
 
 
 def _python(host, venv: str, code: str) -> str:
-    """Run ``code`` with the venv's Python; its stdout."""
-    return host.check_output(f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}")
+    """Run ``code`` with the venv's Python, as the venv's owner when the suite is root; its stdout."""
+    command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}"
+    return host.check_output(as_venv_owner(host, host.file(venv).user, command))
 
 
 def _installed(host, venv: str) -> dict[str, str]:

@@ -10,11 +10,14 @@ enabled (the default) the controls skip, saying so.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
 
 import pytest
+
+from tests.compliance.conftest import as_venv_owner
 
 WHEELHOUSE = "/var/lib/sparkrig/wheelhouse"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -44,7 +47,8 @@ def _wheelhouse_installs(host, venv: str) -> dict[str, dict]:
         "        found[d.metadata['Name']] = {'version': d.version, 'direct': json.loads(direct)}\n"
         "print(json.dumps(found))"
     )
-    out = host.check_output(f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}")
+    command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}"
+    out = host.check_output(as_venv_owner(host, host.file(venv).user, command))
     return {_normal(name): value for name, value in json.loads(out).items()}
 
 
@@ -64,7 +68,9 @@ def test_every_enabled_build_is_installed_from_its_stamped_wheel(host, settings,
         assert stamp["ref"] == spec["ref"], f"{name}: built from {stamp['ref']}, configured {spec['ref']}"
         if COMMIT.match(spec["ref"]):
             assert stamp["commit"] == spec["ref"]
-        assert stamp["env"] == spec["env"], f"{name}: built with {stamp['env']}, configured {spec['env']}"
+        # The stamp holds each value's sha256 (it is world-readable and travels to peers).
+        wanted_env = {k: hashlib.sha256(v.encode()).hexdigest() for k, v in spec["env"].items()}
+        assert stamp["env"] == wanted_env, f"{name}: built with {stamp['env']}, configured {spec['env']}"
         assert stamp["steps"] == spec["steps"] and stamp["package"] == spec["package"]
         assert stamp["wheel"] == match[2] and found["version"] == stamp["version"], (found, stamp)
         assert host.file(f"{directory}/{stamp['wheel']}").sha256sum == stamp["sha256"]

@@ -14,12 +14,46 @@ import hashlib
 from pathlib import Path
 from dataclasses import dataclass, field
 
+import base64
+
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.command import FileDownloadCommand, FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.connectors.util import CommandOutput
+from pyinfra.connectors.fake import FakeConnector
+from pyinfra.connectors.util import OutputLine
 from pyinfra.context import ctx_host, ctx_state
+
+from operations import atomic
+
+
+def encode(lines: list[str]) -> list[str]:
+    """What a fact of :func:`atomic.encoded` prints for these output lines."""
+    text = "".join(f"{line}\n" for line in lines)
+    return [base64.b64encode(text.encode("utf-8", "surrogateescape")).decode(), atomic.END]
+
+
+_lookup_response = FakeConnector._lookup_response
+
+
+def _lookup_encoded(self, command_str: str):
+    """Recorded outputs are what a fact's command prints; a command of atomic.encoded()
+    pipes that through base64 and adds its end line, as the real host's shell does. A
+    response ``{"as_sent": LINES}`` is what pyinfra receives, unchanged (forged output)."""
+    for matcher, response in (self.data.get("fake_responses") or {}).items():
+        if isinstance(matcher, str) and matcher in command_str and isinstance(response, dict) \
+                and "as_sent" in response:
+            return True, CommandOutput([OutputLine("stdout", line) for line in response["as_sent"]])
+    success, output = _lookup_response(self, command_str)
+    if f"echo {atomic.END}" not in command_str:
+        return success, output
+    stdout = [line.line for line in output if line.buffer_name == "stdout"]
+    stderr = [line for line in output if line.buffer_name != "stdout"]
+    return success, CommandOutput([OutputLine("stdout", line) for line in encode(stdout)] + stderr)
+
+
+FakeConnector._lookup_response = _lookup_encoded
 
 
 @dataclass

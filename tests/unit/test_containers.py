@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit import pyinfra_fake
+
 from operations import containers as ct
+from pyinfra.api.exceptions import FactProcessError
 from operations.settings import defaults, problems
 from tests.unit.pyinfra_fake import PlannedOp, digest, execute, plan
 
@@ -700,3 +703,49 @@ def test_container_host_fact_probes_candidates_only_where_the_program_is_missing
     if shutil.which("apt-cache"):
         assert found["available"] == ["dpkg"]  # once: `sh` exists, so its probe is skipped
     assert found["own_sources"] == []
+
+# A hostile or broken daemon.json --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    ('{"log-driver": "json-file", "labels": ["caf\xe9"]}\n'.encode("latin-1"), "UnicodeDecodeError"),
+])
+def test_a_daemon_json_that_is_not_utf8_fails_that_host_not_the_run(content, why):
+    output = [f"daemon_json={base64.b64encode(content).decode()}"]
+    with pytest.raises(FactProcessError, match=f"DockerDaemonJson: cannot read the host's output \\({why}"):
+        ct.DockerDaemonJson().process(output)
+    with pytest.raises(FactProcessError, match="ContainerHost: cannot read"):
+        ct.ContainerHost().process(output)
+
+
+def test_a_daemon_json_5000_deep_is_refused_with_a_message():
+    text = "[" * 5000 + "]" * 5000
+    with pytest.raises(ValueError, match="nests deeper"):
+        ct.daemon_json_change(text, True)
+    ops = plan(lambda: ct.daemon_config(name="daemon.json", default_runtime=True), None,
+               {"daemon_json": [f"daemon_json={base64.b64encode(text.encode()).decode()}"]})
+    (op,) = ops
+    assert not op.uploads and "nests deeper" in op.commands[0] and op.commands[0].endswith("exit 1")
+
+
+def test_every_fact_turns_unparseable_output_into_a_host_failure():
+    """Forged output for every fact of operations/: FactProcessError (that host fails, with
+    the reason), never another exception."""
+    import inspect
+
+    from pyinfra.api import FactBase
+
+    from operations import (atomic, ca_certificates, containers, cuda_env, hardware, ngc, python_stack,
+                            source_builds, sshd_guard, swap)
+
+    forged = ["file x y", "## swaps", "\udcff\udcfe", "unit", "token=a b c", "stamp lab {", "src x 9z",
+              "user=a:b:c", "key", "CudaToolkits", "gpu 1 2"]
+    for module in (atomic, ca_certificates, containers, cuda_env, hardware, ngc, python_stack,
+                   source_builds, sshd_guard, swap):
+        for fact in [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, FactBase)
+                     and c.__module__.startswith("operations")]:
+            for output in (forged, pyinfra_fake.encode(forged), ["", atomic.END]):
+                try:
+                    fact().process(list(output))
+                except FactProcessError:
+                    pass

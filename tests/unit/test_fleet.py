@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+import subprocess
 from types import SimpleNamespace
 
 import pytest
 
-from operations.rollout import batches, failed_hosts, limit_hosts
-from tests.compliance.conftest import HostTable, host_of
+from operations.rollout import PYINFRA, batches, failed_hosts, limit_hosts
+from tests.compliance.conftest import HostTable, host_of, multiplexed
 
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
 
@@ -39,9 +43,24 @@ def test_a_batch_fails_on_an_operation_error_or_an_unreached_host():
     report = {"results": {"operations": [
         {"name": "x", "success": ["a"], "no_change": ["b"], "error": []},
         {"name": "y", "success": [], "no_change": ["a"], "error": ["b"]},
-    ]}}
-    assert failed_hosts(["a", "b", "c"], report) == ["b", "c"]  # c: in no result, never reached
+    ], "failed_hosts": ["b", "c"]}}
+    assert failed_hosts(["a", "b", "c"], report) == ["b", "c"]  # c: failed, never reached
     assert failed_hosts(["a"], report) == []
+    assert failed_hosts(["a"], {"results": None}) == ["a"]  # pyinfra stopped before running
+
+
+def test_a_host_with_nothing_to_do_converged_and_an_unreachable_one_failed(tmp_path):
+    """pyinfra's own --json report of a host that gets no operation (as with swap_disable
+    False and nothing else to do) and of a host whose SSH port is closed."""
+    (tmp_path / "inventory.py").write_text(
+        'here = [("@local", {})]\n'
+        'gone = [("127.0.0.1", {"ssh_port": 1, "ssh_connect_retries": 0})]\n')
+    (tmp_path / "deploy.py").write_text('from pyinfra import host\nhost.noop("nothing to do")\n')
+    result = subprocess.run([PYINFRA, "-y", "--json", "inventory.py", "deploy.py"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    report = json.loads(result.stdout)
+    assert report["results"]["operations"] == []
+    assert failed_hosts(["@local", "127.0.0.1"], report) == ["127.0.0.1"]
 
 
 def test_host_ids_are_read_from_testinfra_ids():
@@ -157,3 +176,46 @@ def test_xdist_keeps_each_group_on_one_worker(tmp_path):
     assert len(ran) == 12
     workers = {host: {worker for h, worker in ran if h == host} for host in ("h1", "h2")}
     assert all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_ssh_control_sockets_live_in_a_private_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    text = multiplexed("Host a\n")
+    assert f"ControlPath {tmp_path}/sparkrig-ssh/%C\n" in text and "/tmp/" not in text.replace(str(tmp_path), "")
+    assert stat.S_IMODE((tmp_path / "sparkrig-ssh").stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("plant", ["link", "open", "other_user"])
+def test_a_planted_control_directory_is_refused(tmp_path, monkeypatch, plant):
+    """Another local user who made the directory first (or a link to theirs) could answer
+    every control with a fake master: the suite stops instead."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    target = tmp_path / "sparkrig-ssh"
+    if plant == "link":
+        (tmp_path / "theirs").mkdir(mode=0o700)
+        target.symlink_to(tmp_path / "theirs")
+    elif plant == "open":
+        target.mkdir()
+        target.chmod(0o1777)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to make a directory of another user")
+        target.mkdir(mode=0o700)
+        os.chown(target, 65534, 65534)
+    with pytest.raises(pytest.UsageError, match="must be a directory of yours with mode 0700"):
+        multiplexed("")
+
+
+def test_the_suite_runs_the_venvs_python_as_its_owner_when_it_is_root(tmp_path):
+    """The venv's owner can replace its python: the suite, run as root (an @local inventory
+    with sudo, or ssh_user root), runs it as that owner (the real runuser, as nobody here)."""
+    import testinfra
+
+    from tests.compliance.conftest import as_venv_owner
+
+    host = testinfra.get_host("local://")
+    command = as_venv_owner(host, "nobody", "id -un")
+    if os.geteuid() == 0:
+        assert command == "runuser -u nobody -- id -un" and host.check_output(command) == "nobody"
+    else:
+        assert command == "id -un"

@@ -190,7 +190,7 @@ def test_spark_run_without_systemd_says_so(tmp_path):
 
 GIB = 1024 * 1024
 SWAPS_HEADER = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
-TOOLS = ("awk", "grep", "sed", "sort", "cut", "paste", "cat", "sleep", "head")
+TOOLS = ("awk", "grep", "sed", "sort", "cut", "paste", "cat", "sleep", "head", "tr", "id", "stat")
 
 
 def _fake_system(tmp_path: Path, available_kib: int = 100 * GIB, swaps: str = "",
@@ -251,8 +251,13 @@ def test_preflight_on_a_host_where_everything_is_wrong(tmp_path):
     _fake_process(env, 4545, "raylet", ["/x/raylet", "--node_ip_address=10.0.0.2"])
     _fake_process(env, 4646, "pt_main_thread", ["/opt/v/bin/python3", "/opt/v/bin/vllm", "serve", "m"])
     _fake_process(env, 4747, "VLLM::EngineCor", ["VLLM::EngineCore"])
-    # Not strays: a word that merely names vllm or ray, a torch job, earlyoom.
+    # Not strays: a word that merely names vllm or ray, a torch job, earlyoom; and what a
+    # hostile or careless user runs that names them (an editor, a search, a pager).
     _fake_process(env, 5151, "bash", ["bash", "/home/u/ray.sh", "--out=/data/vllm", "vllm"])
+    _fake_process(env, 5454, "vim", ["vim", "/home/u/bin/ray"])
+    _fake_process(env, 5555, "grep", ["grep", "-rn", "vllm.entrypoints.openai", "."])
+    _fake_process(env, 5656, "less", ["less", "/opt/v/bin/vllm"])
+    _fake_process(env, 5757, "python3", ["python3", "/home/u/notes.py", "/opt/v/bin/vllm"])
     _fake_process(env, 5252, "pt_main_thread", ["python3", "train.py", "--ray.address=x"])
     _fake_process(env, 5353, "tail", ["tail", "-f", "/var/log/vllm", "ray.tar"])
     result = _preflight(tmp_path, env)
@@ -296,6 +301,29 @@ def test_preflight_skips_the_watchdog_when_it_is_disabled(tmp_path):
 def test_preflight_usage_errors_exit_2(tmp_path, args):
     result = _preflight(tmp_path, _fake_system(tmp_path), *args)
     assert result.returncode == 2 and result.stdout == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+def test_root_kills_other_users_strays_only_when_it_names_them(tmp_path):
+    """A real process named vllm of the user nobody: root's --kill-strays leaves it running
+    (and says so); --kill-strays --user nobody ends it. A user may not name others."""
+    vllm = tmp_path / "vllm"
+    shutil.copy(shutil.which("sleep"), vllm)
+    vllm.chmod(0o755)
+    tmp_path.chmod(0o755)
+    stray = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(vllm), "120"])
+    try:
+        env = _fake_system(tmp_path)
+        (Path(env["SPARK_PREFLIGHT_PROC"]) / str(stray.pid)).symlink_to(f"/proc/{stray.pid}")
+        kept = _preflight(tmp_path, env, "--kill-strays")
+        assert stray.poll() is None and kept.returncode == 32
+        assert "others' are killed only when root names them with --user" in kept.stdout
+        killed = _preflight(tmp_path, env, "--kill-strays", "--user", "nobody")
+        assert stray.wait(timeout=15) == -signal.SIGTERM and killed.returncode == 0
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()
 
 
 def test_preflight_kill_strays_ends_a_real_stray_process(tmp_path):

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,6 +52,8 @@ def test_defaults_are_valid_and_off():
         ({"ngc_users": "spark"}, "a list of user names"),
         ({"ngc_project_mount": "/"}, "other than /"),
         ({"ngc_project_mount": "/run/secrets"}, "other than /"),
+        ({"ngc_project_mount": "/workspace/my project"}, "no spaces or ':'"),
+        ({"ngc_project_mount": "/workspace/p:/etc"}, "no spaces or ':'"),
         ({"ngc_hf_cache": "~alice/.cache"}, "'~/dir'"),
         ({"ngc_hf_cache": "cache/hf"}, "'~/dir'"),
         ({"ngc_outputs": "~/out puts"}, "'~/dir'"),
@@ -90,6 +94,23 @@ def test_packages_dockerfile_is_from_the_pinned_base_with_the_pins():
     assert "RUN pip install --no-cache-dir datasets==4.0.0 peft==0.17.1\n" in text
     assert ngc.run_image(data) == "sparkrig/ngc:local"
     assert "RUN" not in ngc.render_dockerfile(_data(ngc_build="packages"), "12.1")
+
+
+def test_every_pip_install_of_a_recipe_is_pinned_and_the_label_follows_the_pins():
+    """An unpinned `pip install unsloth` gave hosts built on different days different images
+    under one label: every requirement a recipe installs from an index is name==version."""
+    import re
+
+    for build in ("packages", "unsloth"):
+        text = ngc.render_dockerfile(_data(ngc_build=build, ngc_pip_packages=["peft==0.17.1"]), "12.1")
+        for words in re.findall(r"pip install --no-cache-dir ([^\n&\\]+)", text):
+            for word in words.split():
+                assert word.startswith(("-", "/")) or re.fullmatch(r"[A-Za-z0-9_.\[\],-]+==[A-Za-z0-9.+!_-]+", word), word
+    one = ngc.render_dockerfile(_data(ngc_build="unsloth"), "12.1")
+    pins = [p.replace("unsloth==2025.10.1", "unsloth==2025.11.1") for p in ngc.UNSLOTH_PACKAGES]
+    other = ngc.render_dockerfile(_data(ngc_build="unsloth", ngc_unsloth_packages=pins), "12.1")
+    assert ngc.recipe(one) != ngc.recipe(other)
+    assert problems(ngc.SETTINGS, {"ngc_unsloth_packages": ["unsloth"]})
 
 
 def test_unsloth_dockerfile_is_seed_000s_recipe_with_the_checked_pins():
@@ -134,6 +155,16 @@ def test_jupyter_unit_validation_refuses_anything_else(tmp_path, bad):
     text = ngc.render_jupyter_unit(_data(**JUPYTER), "/home/spark")
     assert bad[0] in text
     assert _validate(tmp_path, text.replace(bad[0], bad[1])) != 0
+
+
+def test_a_project_mount_with_a_blank_never_reaches_the_unit(tmp_path):
+    """A blank in ngc_project_mount would split ExecStart into two arguments (systemd splits
+    at blanks): the setting refuses it, and the unit's validation refuses such a unit."""
+    assert problems(ngc.SETTINGS, {"ngc_project_mount": "/workspace/a b"})
+    for server in ngc.JUPYTER_SERVERS:
+        data = _data(**JUPYTER, ngc_jupyter_server=server, ngc_project_mount="/workspace/a b")
+        text = ngc.render_jupyter_unit(data, "/home/spark")
+        assert _validate(tmp_path, text) != 0
 
 
 # The fact ----------------------------------------------------------------------
@@ -428,3 +459,28 @@ def test_a_token_with_the_wrong_mode_is_fixed_and_jupyter_restarted():
         "Jupyter's token (/var/lib/sparkrig/jupyter/token, 0600)",
         "Restart sparkrig-jupyter.service: its unit, token, launcher or image changed",
     ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser")
+def test_the_token_script_never_follows_the_users_link():
+    """The Jupyter user plants token -> a root file: the real script, run by sh as root, leaves
+    that file as it was and makes a 0600 token file of the user's."""
+    scratch = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        scratch.chmod(0o755)
+        directory, shadow = scratch / "jupyter", scratch / "shadow"
+        shadow.write_text("root:secret\n")
+        shadow.chmod(0o640)
+        directory.mkdir(mode=0o700)
+        os.chown(directory, 65534, 65534)
+        (directory / "token").symlink_to(shadow)
+        run = subprocess.run(["sh", "-c", ngc.TOKEN_SCRIPT, "jupyter-token", str(directory),
+                              str(directory / "token"), "nobody"], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        assert shadow.read_text() == "root:secret\n"
+        assert (shadow.stat().st_uid, stat.S_IMODE(shadow.stat().st_mode)) == (0, 0o640)
+        token = (directory / "token").lstat()
+        assert stat.S_ISREG(token.st_mode) and token.st_uid == 65534 and stat.S_IMODE(token.st_mode) == 0o600
+        assert len((directory / "token").read_text()) == 64
+    finally:
+        shutil.rmtree(scratch)

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+import subprocess
 
 import pytest
 
 from operations import hardware
 from operations import python_stack as ps
 from operations.settings import SettingsError, defaults, problems, validate_hosts
+from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
 
 SETTINGS = ps.SETTINGS + hardware.SETTINGS
@@ -152,16 +158,43 @@ def _wanted(profiles=(), arch="aarch64") -> str:
 
 
 def test_fact_reads_every_field():
-    found = ps.PythonStack().process(_fact_output(plan="Would install 2 packages"))
+    found = ps.PythonStack().parse(_fact_output(plan="Would install 2 packages"))
     assert found["uv"] == "0.13.9" and found["link_exists"] is True and found["usable"] is True
     assert found["python"] == "3.12.3" and found["plan"] == "Would install 2 packages"
-    assert ps.PythonStack().process([]) == ps.PythonStack.default()
+    assert ps.PythonStack().parse([]) == ps.PythonStack.default()
 
 
 def test_fact_command_quotes_the_venv_and_owner():
     command = ps.PythonStack().command("/opt/my venv", "spark").get_raw_value()
-    assert command.startswith("v='/opt/my venv'; o=spark;")
+    assert command.startswith("{ v='/opt/my venv'; o=spark;")
     assert 'runuser -u "$o" -- env UV_SYSTEM_CERTS=1' in command
+
+
+def test_the_fact_never_runs_the_venvs_python_as_root(tmp_path):
+    """The venv's owner replaces bin/python with a script: the fact's real command (run by sh,
+    as root would run it) reads the venv without running it, and still finds it usable only
+    when bin/python leads to an executable file."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.12.3\n")
+    marker = tmp_path / "ran-as-root"
+    (venv / "bin" / "python").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    (venv / "bin" / "python").chmod(0o755)
+    command = ps.PythonStack().command(str(venv), "nobody").get_raw_value()
+    run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    found = ps.PythonStack().process(run.stdout.splitlines())
+    assert not marker.exists()
+    assert found["python"] == "3.12.3" and found["usable"] is True
+    (venv / "bin" / "python").unlink()
+    (venv / "bin" / "python").symlink_to(tmp_path / "gone")
+    run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert ps.PythonStack().process(run.stdout.splitlines())["usable"] is False
+
+
+def test_a_pyvenv_cfg_that_is_not_utf8_is_read_not_fatal():
+    lines = ["python 3.12\udcff", "owner spark", "usable yes"]
+    found = ps.PythonStack().process(pyinfra_fake.encode(lines))
+    assert found["python"] == "3.12\udcff" and ps.major_minor(found["python"]) != "3.12"
 
 
 # The plan ------------------------------------------------------------------------------
@@ -186,7 +219,7 @@ def test_a_fresh_host_gets_venv_support_uv_and_the_venv():
     assert "ln -s /opt/sparkrig/uv/bin/uv /usr/local/bin/uv" in uv_commands
     venv = ops[3]
     joined = "\n".join(venv.commands)
-    assert "chown -R spark: /var/cache/sparkrig/uv" in joined
+    assert "chown -hR spark: /var/cache/sparkrig/uv" in joined
     assert "runuser -u spark -- env UV_SYSTEM_CERTS=1" in joined
     assert "uv venv --no-config --clear --python 3.12 --python-preference system /opt/sparkrig/venv" in joined
     assert "pip compile --no-config --quiet --generate-hashes --emit-index-url" in joined
@@ -258,3 +291,45 @@ def test_venv_module_needs_python3_venv_fully_installed(tmp_path, status, usable
     result = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
                             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert ("venv_module yes" in result.stdout) is usable
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser")
+def test_requirements_reach_the_venv_as_its_owner_not_through_a_planted_link():
+    """The owner points <venv>/sparkrig at a root-owned directory: the real command
+    (runuser as the owner, here nobody) cannot write there; root's directory is unchanged."""
+    scratch = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        scratch.chmod(0o755)
+        venv, roots = scratch / "venv", scratch / "etc"
+        venv.mkdir()
+        roots.mkdir()
+        os.chown(venv, 65534, 65534)
+        (venv / "sparkrig").symlink_to(roots)
+        os.lchown(venv / "sparkrig", 65534, 65534)
+        staged = scratch / "staged.in"
+        staged.write_text("torch==2.11.0\n")
+        staged.chmod(0o644)
+        run = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", ps._PUT_AS_OWNER, "put",
+                              str(venv / "sparkrig"), str(staged), "requirements.in"], capture_output=True)
+        assert run.returncode != 0 and list(roots.iterdir()) == []
+        (venv / "sparkrig").unlink()
+        run = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", ps._PUT_AS_OWNER, "put",
+                              str(venv / "sparkrig"), str(staged), "requirements.in"], capture_output=True)
+        assert run.returncode == 0 and (venv / "sparkrig" / "requirements.in").stat().st_uid == 65534
+    finally:
+        shutil.rmtree(scratch)
+
+
+def test_a_fresh_venv_command_runs_its_link_check_and_goes_on(tmp_path):
+    """The fresh-venv command's guard, run by sh: a directory passes, a link is refused."""
+    ops = execute(ps.python_stack, data={"python_venv_owner": "spark"}, responses={FACT: ["owner_exists yes"]})
+    (make,) = [c for c in ops[-1].commands if "uv venv" in c]
+    guard = make.split(" && mkdir -p", 1)[0]
+    target = tmp_path / "v"
+    target.mkdir()
+    ok = subprocess.run(["sh", "-c", guard.replace("/opt/sparkrig/venv", str(target)) + " && echo on"],
+                        capture_output=True, text=True)
+    assert ok.stdout == "on\n"
+    (tmp_path / "link").symlink_to(target)
+    bad = subprocess.run(["sh", "-c", guard.replace("/opt/sparkrig/venv", str(tmp_path / "link")) + " && echo on"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "is a symbolic link" in bad.stderr and bad.stdout == ""

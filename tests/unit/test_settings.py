@@ -138,3 +138,58 @@ def test_pyinfra_stops_on_a_bad_setting_before_contacting_any_host(tmp_path):
     assert "host 'spark-bad': hardware_profile = 'gb11': allowed is 'auto' or one of the profiles" in output
     assert "spark-ok'" not in output
     assert accepted == [], "a host was contacted although the settings were invalid"
+
+
+# A trailing newline: Python's `$` matches before a final "\n", so a pattern checked with
+# `match` and `$` lets "id\n" through, and cuda.env, which every login shell sources, then
+# holds a bare command line. Every string of every default, with "\n" appended, is refused.
+def _with_newline(value):
+    if isinstance(value, str) and value:
+        yield value + "\n"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            for bad in _with_newline(item):
+                yield {**value, key: bad}
+            if isinstance(key, str) and key:
+                yield {**{k: v for k, v in value.items() if k != key}, key + "\n": item}
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            for bad in _with_newline(item):
+                yield [*value[:index], bad, *value[index + 1:]]
+
+
+def _valid() -> dict:
+    """Every setting, each string in use: NGC on, an extra env entry, a source build on."""
+    data = {s.key: s.default for s in all_settings()}
+    data.update(
+        ngc_enabled=True, ngc_base_image="nvcr.io/nvidia/pytorch:25.09-py3@sha256:" + "a" * 64,
+        ngc_pip_packages=["peft==0.17.1"], ngc_users=["spark"], containers_docker_users=["spark"],
+        cuda_env_extra={"HF_HOME": "/data/hf"}, source_builds_enabled=["lab"], python_stack_profiles=["unsloth"],
+        source_builds={**data["source_builds"], "lab": {**data["source_builds"]["triton"], "url": "/srv/lab.git"}},
+    )
+    return data
+
+
+def _newline_cases():
+    for key, value in _valid().items():
+        for bad in _with_newline(value):
+            yield pytest.param(key, bad, id=f"{key}:{str(bad)[:60]!r}")
+
+
+def test_the_newline_cases_start_from_valid_settings():
+    assert problems(all_settings(), _valid()) == []
+
+
+@pytest.mark.parametrize(("key", "bad"), list(_newline_cases()))
+def test_a_trailing_newline_is_refused_everywhere(key, bad):
+    assert problems(all_settings(), {**_valid(), key: bad}), f"{key} = {bad!r} was accepted"
+
+
+def test_operations_match_whole_values():
+    """No pattern in operations/ is anchored with `$` (fullmatch, or \\Z, instead)."""
+    for path in (REPO / "operations").glob("*.py"):
+        text = path.read_text()
+        assert ".match(" not in text, f"{path.name}: use fullmatch"
+        for line in text.splitlines():
+            if "re.compile(" in line:
+                assert not line.rstrip().rstrip(")").endswith('$"'), f"{path.name}: {line.strip()}"

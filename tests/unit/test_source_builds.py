@@ -18,6 +18,9 @@ from operations.packages import install_command
 from operations import python_stack as ps
 from operations import source_builds as sb
 from operations.settings import SettingsError, problems, resolve, validate_hosts
+from pyinfra.api.exceptions import FactProcessError
+
+from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
 
 SETTINGS = sb._DEPENDS
@@ -177,7 +180,9 @@ def test_the_stamp_records_the_inputs_and_the_url():
     script = _script()
     (line,) = [line for line in script.splitlines() if line.startswith("SPARKRIG_STAMP=")]
     stamp = json.loads(shlex.split(line)[0].split("=", 1)[1])
-    assert stamp["url"] == LAB["url"] and stamp["ref"] == LAB["ref"] and stamp["env"] == LAB["env"]
+    assert stamp["url"] == LAB["url"] and stamp["ref"] == LAB["ref"]
+    # Values only as their sha256: build.sh and the stamp are 0644, and the stamp travels.
+    assert stamp["env"] == {k: hashlib.sha256(v.encode()).hexdigest() for k, v in LAB["env"].items()}
     assert stamp["key"] == sb.wanted(_data())["lab"]
 
 
@@ -201,22 +206,22 @@ def _fact_output(state: str = "built", current: str | None = None) -> list[str]:
 
 @pytest.mark.parametrize("state", ["built", "running", "failed", "absent"])
 def test_fact_reads_each_state(state):
-    found = sb.SourceBuilds().process(_fact_output(state))["lab"]
+    found = sb.SourceBuilds().parse(_fact_output(state))["lab"]
     assert found["state"] == state
     assert (found["stamp"] is not None) == (state == "built")
 
 
 def test_fact_a_killed_build_is_failed_and_a_stamp_without_its_wheel_is_not_built():
-    assert sb.SourceBuilds().process(["unit lab inactive", "attempt lab yes"])["lab"]["state"] == "failed"
-    stamp = json.dumps({"wheel": WHEEL})
-    assert sb.SourceBuilds().process([f"stamp lab {stamp}"])["lab"]["state"] == "absent"
+    assert sb.SourceBuilds().parse(["unit lab inactive", "attempt lab yes"])["lab"]["state"] == "failed"
+    stamp = json.dumps({"wheel": WHEEL, "sha256": "d" * 64})
+    assert sb.SourceBuilds().parse([f"stamp lab {stamp}"])["lab"]["state"] == "absent"
 
 
 def test_fact_command_quotes_its_paths_and_reads_the_venvs_line():
     command = sb.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), "/opt/my venv").get_raw_value()
-    assert command.startswith("r='/opt/my venv/sparkrig/requirements.in';n=lab; d=/var/lib/sparkrig/source-builds/lab/0123")
+    assert command.startswith("{ r='/opt/my venv/sparkrig/requirements.in';n=lab; d=/var/lib/sparkrig/source-builds/lab/0123")
     assert "grep -sF -- 'lab-ext @ file:///w/lab/'" in command
-    assert "systemctl is-active" in command and command.endswith("true")
+    assert "systemctl is-active" in command and command.endswith("true \n} | base64 -w0; echo; echo sparkrig-end")
 
 
 # Requirement lines -------------------------------------------------------------------------
@@ -225,11 +230,11 @@ def test_fact_command_quotes_its_paths_and_reads_the_venvs_line():
 def test_requirements_take_the_built_wheel_else_keep_the_venvs_earlier_one():
     data = _data()
     key = sb.wanted(data)["lab"]
-    built = sb.requirement_lines(data, sb.SourceBuilds().process(_fact_output("built", CURRENT)))
+    built = sb.requirement_lines(data, sb.SourceBuilds().parse(_fact_output("built", CURRENT)))
     assert built == {"lab-ext": f"lab-ext @ file:///var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL} --hash=sha256:{'d' * 64}"}
-    pending = sb.requirement_lines(data, sb.SourceBuilds().process(_fact_output("running", CURRENT)))
+    pending = sb.requirement_lines(data, sb.SourceBuilds().parse(_fact_output("running", CURRENT)))
     assert pending == {"lab-ext": CURRENT}
-    assert sb.requirement_lines(data, sb.SourceBuilds().process(_fact_output("failed"))) == {}
+    assert sb.requirement_lines(data, sb.SourceBuilds().parse(_fact_output("failed"))) == {}
 
 
 def test_a_built_package_replaces_the_manifests_pin_of_the_same_name():
@@ -256,7 +261,7 @@ def _stack_output(requirements: str) -> list[str]:
 def _ops(state: str, current: str | None = None, **data):
     data = {"source_builds": _catalogue(), "source_builds_enabled": ["lab"], **data}
     resolved = resolve(SETTINGS, data)
-    fact = sb.SourceBuilds().process(_fact_output(state, current))
+    fact = sb.SourceBuilds().parse(_fact_output(state, current))
     requirements = ps.virtualenv_arguments(resolved, sb.requirement_lines(resolved, fact))["requirements"]
     responses = {FACT: _fact_output(state, current), STACK: _stack_output(requirements)}
     return execute(sb.source_builds, data=data, responses=responses)
@@ -289,10 +294,14 @@ def test_a_fresh_host_builds_detached_in_training_slice_waits_and_installs():
     for prop in ("Nice=10", "OOMScoreAdjust=600", "MemorySwapMax=0", "MemoryMax=2G",
                  "EnvironmentFile=-/etc/sparkrig/cuda.env", "RuntimeMaxSec=6h"):
         assert f"--property {prop}" in build, prop
-    assert "--setenv MAX_JOBS=2" in build and "--setenv UV_SYSTEM_CERTS=1" in build
+    # The build's own environment from a root-owned 0600 file, never on the command line.
+    assert "MAX_JOBS" not in build and "--setenv UV_SYSTEM_CERTS=1" in build
+    d = sb.build_dir("lab", sb.wanted(_data())["lab"])
+    assert f"--property EnvironmentFile={d}/env" in build and f"--property WorkingDirectory={d}/work" in build
     assert 'while case "$(systemctl is-active "$u"' in build and "journalctl -u" in build
-    (script,) = ops[0].uploads.values()
-    assert script.decode() == _script()
+    assert ops[0].uploads[f"{d}/.build.sh.sparkrig-new"].decode() == _script()
+    assert ops[0].uploads[f"{d}/env.new"] == b"MAX_JOBS='2'\n"
+    assert f"install -m 600 -o root -g root /dev/null {d}/env.new" in build
     # One host in the run: nothing to fetch for others, nothing to receive.
     assert ops[1].commands == [] and ops[2].commands == []
 
@@ -314,7 +323,7 @@ def test_a_failed_build_fails_the_host_with_the_journal_tail_and_changes_nothing
     (op,) = _ops("failed", CURRENT)
     assert op.name.startswith("Source builds | Source build lab (") and op.name.endswith(") failed")
     (command,) = op.commands
-    assert "journalctl -u \"$u\" -n 30" in command and 'rm -f "$d/attempt" "$d/result"; exit 1' in command
+    assert "journalctl -u \"$u\" -n 30" in command and 'rm -f "$d/attempt" "$d/work/result"; exit 1' in command
 
 
 def test_a_wheel_in_the_controllers_cache_is_uploaded_not_built(tmp_path):
@@ -322,25 +331,26 @@ def test_a_wheel_in_the_controllers_cache_is_uploaded_not_built(tmp_path):
     key = sb.wanted(data)["lab"]
     entry = tmp_path / "lab" / key
     entry.mkdir(parents=True)
-    (entry / WHEEL).write_bytes(b"wheel")
+    (entry / sb.CACHED_WHEEL).write_bytes(b"wheel")
     stamp = {"wheel": WHEEL, "sha256": hashlib.sha256(b"wheel").hexdigest()}
     (entry / "stamp.json").write_text(json.dumps(stamp))
     ops = _ops("absent", source_builds_controller_cache=str(tmp_path))
     assert ops[0].commands == [] and ops[1].commands == []
     receive = ops[2]
-    assert receive.uploads[f"/var/lib/sparkrig/wheelhouse/lab/{key}.new/stamp.json"].startswith(b'{"sha256"')
-    assert f"echo '{stamp['sha256']}  {WHEEL}' | sha256sum --check --quiet" in "\n".join(receive.commands)
+    assert receive.uploads[f"/var/lib/sparkrig/incoming/lab-{key}/stamp.json"].startswith(b'{"sha256"')
+    assert receive.uploads[f"/var/lib/sparkrig/incoming/lab-{key}/{WHEEL}"] == b"wheel"
+    assert f"runuser -u root -- sh -c" in "\n".join(receive.commands)
 
 
 def test_the_cache_keeps_a_fetched_wheel_only_when_its_sha256_matches(tmp_path):
     staging = tmp_path / ".new"
     staging.mkdir()
-    (staging / WHEEL).write_bytes(b"wheel")
+    (staging / sb.CACHED_WHEEL).write_bytes(b"wheel")
     with pytest.raises(ValueError, match="has sha256"):
         sb._keep_in_cache(str(staging), str(tmp_path / "k"), {"wheel": WHEEL, "sha256": "0" * 64})
     assert not staging.exists() and not (tmp_path / "k").exists()
     staging.mkdir()
-    (staging / WHEEL).write_bytes(b"wheel")
+    (staging / sb.CACHED_WHEEL).write_bytes(b"wheel")
     stamp = {"wheel": WHEEL, "sha256": hashlib.sha256(b"wheel").hexdigest()}
     sb._keep_in_cache(str(staging), str(tmp_path / "k"), stamp)
     assert sb.cached(tmp_path.parent, tmp_path.name, "k") == stamp
@@ -364,3 +374,88 @@ def test_a_peer_whose_profile_is_still_auto_has_no_known_key():
     name = next(iter(data["source_builds_enabled"]))
     assert sb.known_key(data, name) == sb.wanted(data)[name]
     assert sb.known_key({**data, "hardware_profile": "auto"}, name) is None
+
+
+# A hostile builder: the venv's owner writes the stamp and the wheelhouse ----------------------
+
+HOSTILE_WHEELS = ["../../../../../.bashrc", "x.whl; touch /tmp/pwned", "a/b-1.0-py3-none-any.whl",
+                  "lab_ext-1.0.0-cp38-abi3-linux_x86_64.whl\n", "-rf-1-py3-none-any.whl", ".."]
+
+
+@pytest.mark.parametrize("wheel", HOSTILE_WHEELS)
+def test_a_stamp_naming_a_path_fails_that_host(wheel):
+    """A wheel name from the host never becomes a path on the controller nor a word of a
+    root command: the fact refuses it (that host fails, with the reason)."""
+    stamp = json.dumps({"wheel": wheel, "sha256": "d" * 64})
+    output = pyinfra_fake.encode(["unit lab inactive", f"stamp lab {stamp}", f"wheel lab {wheel}"])
+    with pytest.raises(FactProcessError, match="is not a wheel file name"):
+        sb.SourceBuilds().process(output)
+
+
+@pytest.mark.parametrize("wheel", HOSTILE_WHEELS)
+def test_the_controller_never_keeps_or_hands_on_a_hostile_name(tmp_path, wheel):
+    staging = tmp_path / ".new"
+    staging.mkdir()
+    (staging / sb.CACHED_WHEEL).write_bytes(b"wheel")
+    with pytest.raises(ValueError, match="not a wheel file name"):
+        sb._keep_in_cache(str(staging), str(tmp_path / "k"), {"wheel": wheel, "sha256": hashlib.sha256(b"wheel").hexdigest()})
+    assert not (tmp_path / "k").exists()
+    # A cache entry planted by hand with such a name is not used either.
+    entry = tmp_path / "lab" / "k"
+    entry.mkdir(parents=True)
+    (entry / sb.CACHED_WHEEL).write_bytes(b"wheel")
+    (entry / "stamp.json").write_text(json.dumps({"wheel": wheel, "sha256": "d" * 64}))
+    assert sb.cached(tmp_path, "lab", "k") is None
+
+
+def test_fetch_names_every_local_and_remote_path_itself(tmp_path):
+    """The builder's wheel is read by its owner into a root-owned file the controller named,
+    downloaded without sudo (pyinfra's sudo get_file puts the path unquoted in a root
+    command line) and kept as wheel.whl."""
+    data = _data(python_venv_owner="spark", source_builds_controller_cache=str(tmp_path))
+    key = sb.wanted(data)["lab"]
+    responses = {"n=lab": _fact_output("built")}
+    ops = pyinfra_fake.plan(
+        lambda: sb.fetch(name="fetch", build_name="lab", key=key, cache=str(tmp_path), owner="spark"),
+        data, responses)
+    (op,) = ops
+    outgoing = f"/var/lib/sparkrig/outgoing/lab-{key}.whl"
+    assert op.commands[0] == (
+        f"install -d -m 755 -o root -g root /var/lib/sparkrig/outgoing && rm -f {outgoing} && runuser -u spark "
+        f"-- cat -- /var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL} > {outgoing} && chmod 644 {outgoing}")
+    assert op.commands[2] == f"download: {outgoing} -> {tmp_path}/lab/.{key}.@fake/spark.new/wheel.whl"
+
+
+def test_receive_as_the_owner_in_a_scratch_tree(tmp_path):
+    """The real receive script, run by sh: a planted link where the new entry goes is
+    replaced, not followed, and a wheel whose sha256 differs is refused."""
+    incoming, wheelhouse, elsewhere = tmp_path / "incoming", tmp_path / "wheelhouse", tmp_path / "etc"
+    for d in (incoming, wheelhouse, elsewhere):
+        d.mkdir()
+    (incoming / WHEEL).write_bytes(b"wheel")
+    (incoming / "stamp.json").write_text("{}")
+    entry = wheelhouse / "key"
+    (wheelhouse / "key.new").symlink_to(elsewhere)  # planted by the owner
+    sha = hashlib.sha256(b"wheel").hexdigest()
+    run = subprocess.run(["sh", "-c", sb.RECEIVE_SCRIPT, "receive", str(incoming), str(entry), WHEEL, sha])
+    assert run.returncode == 0
+    assert (entry / WHEEL).read_bytes() == b"wheel" and list(elsewhere.iterdir()) == []
+    bad = subprocess.run(["sh", "-c", sb.RECEIVE_SCRIPT, "receive", str(incoming), str(entry), WHEEL, "0" * 64],
+                         capture_output=True)
+    assert bad.returncode != 0 and (entry / WHEEL).read_bytes() == b"wheel"
+
+
+@pytest.mark.parametrize("url", ["https://user:ghp_secret@github.com/x/y.git", "https://token@example.com/r.git"])
+def test_credentials_in_a_url_are_refused(url):
+    found = problems(sb.SETTINGS, {"source_builds": {**CATALOGUE, "lab": {**LAB, "url": url}}})
+    assert found and "no credentials" in found[0]
+
+
+def test_a_secret_env_value_reaches_no_world_readable_file_nor_command_line():
+    data = _data(source_builds={**CATALOGUE, "lab": {**LAB, "env": {"HF_TOKEN": "hf_secret123"}}})
+    script = sb.render_build_script("lab", sb.wanted(data)["lab"], data)
+    assert "hf_secret123" not in script
+    ops = _ops("absent", source_builds={**CATALOGUE, "lab": {**LAB, "env": {"HF_TOKEN": "hf_secret123"}}})
+    assert not any("hf_secret123" in c for op in ops for c in op.commands)
+    (env,) = [v for k, v in ops[0].uploads.items() if k.endswith("/env.new")]
+    assert env == b"HF_TOKEN='hf_secret123'\n"

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 from pyinfra.api import State
-from pyinfra.api.exceptions import OperationError
+from pyinfra.api.exceptions import FactProcessError, PyinfraError
 from pyinfra.connectors.fake import FakeConnector
 
 from operations import swap as sw
@@ -147,9 +147,10 @@ def with_fstab(output: list[str], content: bytes) -> list[str]:
 
 
 def test_fact_parses_a_seeded_container():
-    assert sw.SwapSources().process(NSPAWN_SEEDED) == {
+    assert sw.SwapSources().parse(NSPAWN_SEEDED) == {
         "active": [],
         "fstab": {"content": SEEDED_FSTAB, "mode": 0o644, "user": "root", "group": "root"},
+        "fstab_link": None,
         "libmount_swap_sources": ["/swap.img", "UUID=5b1c7c43-64e4-4d2a-9f6e-0b7c2d1e9a10"],
         "container": "systemd-nspawn",
         "systemd": True,
@@ -162,19 +163,19 @@ def test_fact_parses_a_seeded_container():
 
 
 def test_fact_parses_a_host_without_systemd():
-    found = sw.SwapSources().process(DOCKER_NO_SYSTEMD)
+    found = sw.SwapSources().parse(DOCKER_NO_SYSTEMD)
     assert found["fstab"]["content"] == b"# UNCONFIGURED FSTAB FOR BASE SYSTEM\n"
     assert (found["systemd"], found["unit_files"], found["units"]) == (False, {}, {})
     assert (found["active"], found["container"]) == ([], "docker")
 
 
 def test_fact_parses_active_swap_in_the_kernels_format():
-    found = sw.SwapSources().process(SPARK_ACTIVE)
+    found = sw.SwapSources().parse(SPARK_ACTIVE)
     assert found["active"] == [
         {"filename": "/swap.img", "type": "file", "size_kib": 16777212, "used_kib": 0, "priority": -2}]
     assert found["container"] is None
     line = r"/mnt/my\040swap\040file" + "          file\t\t1048572\t\t0\t\t-3"
-    (area,) = sw.SwapSources().process(["## swaps", SWAPS_HEADER, line])["active"]
+    (area,) = sw.SwapSources().parse(["## swaps", SWAPS_HEADER, line])["active"]
     assert area["filename"] == "/mnt/my swap file"
 
 
@@ -184,17 +185,17 @@ def test_fact_parses_active_swap_in_the_kernels_format():
     ids=["bare metal or VM", "nspawn", "docker (marker file, no systemd-detect-virt)", "nothing printed"],
 )
 def test_fact_reads_the_container(lines, container):
-    assert sw.SwapSources().process(["## container", *lines])["container"] == container
+    assert sw.SwapSources().parse(["## container", *lines])["container"] == container
 
 
 def test_fact_without_fstab():
-    assert sw.SwapSources().process(["## swaps", "## fstab", "## libmount"])["fstab"] is None
+    assert sw.SwapSources().parse(["## swaps", "## fstab", "## libmount"])["fstab"] is None
     assert sw.SwapSources().default()["fstab"] is None
 
 
 def test_fact_command_run_here_reads_this_machine():
     """The real command here (as whoever runs the tests): the exact fstab bytes come back."""
-    result = subprocess.run(["sh", "-c", sw.SwapSources().command()], capture_output=True, text=True)
+    result = subprocess.run(["sh", "-c", sw.SwapSources().command().get_raw_value()], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     found = sw.SwapSources().process(result.stdout.splitlines())
     with open("/etc/fstab", "rb") as fstab:
@@ -452,7 +453,7 @@ def _digest(content: bytes) -> list[str]:
 
 def _responses(output: list[str]) -> dict:
     """Fake answers: SwapSources' recorded output, and atomic.file's digest of its fstab."""
-    content = sw.SwapSources().process(output)["fstab"]["content"]
+    content = sw.SwapSources().parse(output)["fstab"]["content"]
     return {"## swaps": output, "sha256sum /etc/fstab": _digest(content)}
 
 
@@ -502,7 +503,7 @@ def test_the_seeded_container_gets_what_the_recorded_run_did():
         " systemd-zram-setup@.service zramswap.service"
         " && systemctl stop -- systemd-zram-setup@zram0.service zramswap.service",
     ]
-    converged = sw.SwapSources().process(NSPAWN_CONVERGED)["fstab"]["content"]
+    converged = sw.SwapSources().parse(NSPAWN_CONVERGED)["fstab"]["content"]
     assert converged == sw.disable_swap_entries(SEEDED_FSTAB)
 
 
@@ -532,7 +533,7 @@ def test_without_systemd_only_the_fstab_changes():
 
 
 def test_a_newly_added_entry_is_disabled_and_its_unit_masked():
-    converged = sw.SwapSources().process(NSPAWN_CONVERGED)["fstab"]["content"]
+    converged = sw.SwapSources().parse(NSPAWN_CONVERGED)["fstab"]["content"]
     content = converged + b"LABEL=spare\tnone swap sw 0 0\r\n"
     (op,) = plan(sw.swap, responses=_responses(with_fstab(NSPAWN_CONVERGED, content)))
     assert op.uploads["/etc/.fstab.sparkrig-new"] == content.replace(b"LABEL=", D + b"LABEL=")
@@ -551,7 +552,7 @@ def test_swap_files_are_removed_only_when_asked_and_only_swap_files():
 
 
 def test_the_swap_files_fact_is_asked_about_file_entries_only(remote_commands):
-    converged = sw.SwapSources().process(NSPAWN_CONVERGED)
+    converged = sw.SwapSources().parse(NSPAWN_CONVERGED)
     assert sw.swap_file_candidates(converged) == ["/swap.img"]
     plan(sw.swap, data={"swap_remove_files": True}, responses=_responses(NSPAWN_CONVERGED))
     (files,) = [command for command in remote_commands if "blkid" in command]
@@ -562,14 +563,87 @@ def test_a_libmount_swap_entry_the_parser_missed_stops_the_change():
     output = [*NSPAWN_CONVERGED]
     missed = '{"filesystems": [{"source": "/elsewhere", "fstype": "swap"}]}'
     output.insert(output.index("## libmount") + 1, missed)
-    with pytest.raises(OperationError, match="/elsewhere"):
-        plan(sw.swap, responses=_responses(output))
+    (op,) = plan(sw.swap, responses=_responses(output))
+    assert "/elsewhere" in op.commands[0] and op.commands[0].endswith(">&2; exit 1")
+    assert not op.uploads
+
+
+# --- a hostile host: output the fact cannot take at face value -------------------------------
+
+
+def test_a_swap_file_name_that_is_not_utf8_is_still_turned_off():
+    """/proc/swaps naming /swap\\xff.img: pyinfra would stop reading at that byte and see
+    no swap; the fact's output travels base64-encoded, so swapoff is planned."""
+    name = "/swap\udcff.img"  # the byte 0xff, as os.fsdecode keeps it
+    output = ["## swaps", SWAPS_HEADER, f"{name}  file  16777212  0  -2", "## fstab", "## libmount",
+              "## container", "none"]
+    (op,) = plan(sw.swap, responses={"## swaps": output})
+    assert op.commands == ["swapoff -a"]
+    encoded = pyinfra_fake.encode(output)
+    assert all(line.isascii() for line in encoded)
+    assert sw.SwapSources().process(encoded)["active"][0]["filename"] == name
+
+
+def test_a_fstab_only_entry_that_is_not_utf8_is_disabled(tmp_path):
+    """A swap entry only in fstab whose source is not UTF-8: findmnt's JSON carries the raw
+    byte; it is read, the entry disabled, not a JSONDecodeError for the whole fleet."""
+    fstab = b"/swap\xff.img none swap sw 0 0\n"
+    libmount = '{"filesystems": [{"source": "/swap\udcff.img", "fstype": "swap"}]}'
+    output = ["## swaps", SWAPS_HEADER, "## fstab", "644 root root", base64.b64encode(fstab).decode(),
+              "## libmount", libmount, "## container", "none"]
+    found = sw.SwapSources().process(pyinfra_fake.encode(output))
+    assert found["libmount_swap_sources"] == ["/swap\udcff.img"] == sw.active_swap_sources(fstab)
+    assert sw.disable_swap_entries(fstab) == sw.DISABLED + fstab
+
+
+@pytest.mark.parametrize("output", [
+    [],  # nothing at all
+    ["IyMgc3dhcHMK"],  # cut short: no end line (as when pyinfra stopped reading)
+    ["not base64!", "sparkrig-end"],
+    [base64.b64encode(b"## libmount\n" + b"[" * 5000 + b"\n").decode(), "sparkrig-end"],  # 5000 deep
+    [base64.b64encode(b"## swaps\nFilename\n/x file many 0 -2\n").decode(), "sparkrig-end"],
+    [base64.b64encode(b"## fstab\n644 root\nAAAA\n").decode(), "sparkrig-end"],
+])
+def test_output_the_fact_cannot_read_fails_that_host_with_a_message(output):
+    """Forged or truncated output: pyinfra's FactProcessError (this host fails, with the
+    reason), never another exception that would stop the run for every host."""
+    with pytest.raises(FactProcessError, match="SwapSources: cannot read the host's output"):
+        sw.SwapSources().process(output)
+    if output:  # pyinfra hands no empty output to a fact (its default, nothing found, instead)
+        # pyinfra fails the host, and this fake inventory has no other host to go on with.
+        with pytest.raises(PyinfraError, match="No hosts remaining"):
+            plan(sw.swap, responses={"## swaps": {"as_sent": output}})
+
+
+def test_a_symlinked_fstab_is_refused_not_replaced():
+    """/etc/fstab a link (stat without -L said 777): sparkrig neither replaces the link with a
+    0777 file nor writes through it; the host fails with a message naming the target."""
+    output = [*SPARK_ACTIVE]
+    output.insert(output.index("## libmount"), "## fstab-link")
+    output.insert(output.index("## libmount"), "/etc/fstab.d/real")
+    ops = plan(sw.swap, responses=_responses(output))
+    (op,) = ops
+    assert not op.uploads
+    assert "is a symbolic link to /etc/fstab.d/real" in op.commands[0] and op.commands[0].endswith("exit 1")
+
+
+def test_the_fstab_mode_is_read_through_a_link(tmp_path):
+    """The fact's real command against a scratch root: a link's mode is its target's."""
+    real = tmp_path / "fstab.real"
+    real.write_text("/swap.img none swap sw 0 0\n")
+    real.chmod(0o640)
+    link = tmp_path / "fstab"
+    link.symlink_to(real)
+    command = sw.SwapSources().command().get_raw_value().replace(sw.FSTAB, str(link))
+    result = subprocess.run(["sh", "-c", command], capture_output=True, check=True)
+    found = sw.SwapSources().process(result.stdout.decode("ascii").splitlines())
+    assert found["fstab"]["mode"] == 0o640 and found["fstab_link"] == str(real)
 
 
 def test_units_to_mask():
-    assert sw.units_to_mask(sw.SwapSources().process(NSPAWN_SEEDED)) == [
+    assert sw.units_to_mask(sw.SwapSources().parse(NSPAWN_SEEDED)) == [
         UUID_UNIT, "hand.swap", "swap.img.swap", "systemd-zram-setup@.service", "zramswap.service"]
-    assert sw.units_to_mask(sw.SwapSources().process(DOCKER_NO_SYSTEMD)) == []
+    assert sw.units_to_mask(sw.SwapSources().parse(DOCKER_NO_SYSTEMD)) == []
 
 
 # --- settings ------------------------------------------------------------------------
