@@ -3,7 +3,7 @@ sparkrig's concerns, one module each, in the order deploy.py applies them.
 
 Every concern module exposes a ``@deploy`` function (usable from any other
 pyinfra deploy), the facts it decides changes from, and ``SETTINGS``: its
-settings with their defaults, documented again in ``group_data/all.py``.
+settings, declared once (docs/settings.md is generated from them).
 """
 
 from . import (

@@ -51,7 +51,12 @@ SETTINGS = (
     Setting(
         "ca_certificates_extra",
         {},
-        "CA certificates the hosts trust besides the system's, by name: PEM text of one certificate.",
+        "CA certificates the hosts trust besides the system's, by name: the PEM text of one "
+        'certificate each, e.g. {"corp-proxy": open("files/corp-proxy.crt").read()}. Needed behind'
+        " a TLS-intercepting proxy: apt, curl, Docker and pip read the system store, and uv does "
+        "because sparkrig runs it with UV_SYSTEM_CERTS=1. Written to "
+        "/usr/local/share/ca-certificates/sparkrig-<name>.crt; a name removed here is removed from"
+        " the hosts.",
         extra_check,
     ),
 )
@@ -135,7 +140,7 @@ def ca_certificates():
     Make the hosts trust the CA certificates of ``ca_certificates_extra``, and no
     certificate sparkrig wrote earlier that the setting no longer names.
 
-    Settings: ``ca_certificates_extra``; see group_data/all.py.
+    Settings: ``ca_certificates_extra``; see docs/settings.md.
     """
     wanted = {cert_file(name): pem_content(pem) for name, pem in host.data.ca_certificates_extra.items()}
     found = host.get_fact(SparkrigCaCertificates)

@@ -135,54 +135,62 @@ SETTINGS = (
     Setting(
         "containers_docker_source",
         "auto",
-        "Where Docker comes from: 'auto' (keep an installed Docker, as DGX OS's; else install "
-        "from a source the host has, else from Docker's apt repository), 'docker-ce' (Docker's "
-        "apt repository), 'distro' (the distribution's docker.io) or 'preinstalled' (verified only).",
+        'Where Docker comes from: "auto" keeps an installed Docker (DGX OS ships one: it is wired '
+        "up, never reinstalled) and otherwise installs the packages below from a source the host "
+        "already has, or else from Docker's apt repository (below), which is never added where a "
+        'file already names that origin. "docker-ce" (Docker\'s repository), "distro" (the '
+        "distribution's docker.io, and docker-cli where the client is packaged apart, as on Debian"
+        ' 13) or "preinstalled" (sparkrig only checks that dockerd is there and wires it up) '
+        "choose one way for every host.",
         one_of(*DOCKER_SOURCES),
     ),
     Setting(
         "containers_docker_repo_url",
         "https://download.docker.com/linux/{os}",
-        "Docker's apt repository (or your mirror of it); suite = the host's codename, "
-        "component 'stable'.",
+        "Docker's apt repository, or your mirror of it, with its layout (dists/CODENAME/ stable). "
+        "{os} is the host's /etc/os-release ID (ubuntu, debian), {codename} its VERSION_CODENAME "
+        "and {arch} its dpkg architecture (arm64 on a Spark, amd64).",
         url_check,
     ),
     Setting(
         "containers_docker_key_url",
         "https://download.docker.com/linux/{os}/gpg",
-        "Where the host fetches the key that signs containers_docker_repo_url.",
+        "Where the host downloads the key that signs that repository (same placeholders).",
         url_check,
     ),
     Setting(
         "containers_docker_key_fingerprint",
         "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
-        "The primary fingerprint that key must have (Docker's release key).",
+        "The primary fingerprint that key must have (Docker's release key). A key with another "
+        "fingerprint is refused; only this key goes into the repository's keyring.",
         fingerprint_check,
     ),
     Setting(
         "containers_docker_ce_packages",
         ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"],
-        "Packages installed from containers_docker_repo_url when the source is 'docker-ce'.",
+        'The packages installed from Docker\'s repository (source "docker-ce").',
         packages_check,
     ),
     Setting(
         "containers_toolkit_source",
         "auto",
-        "Where the NVIDIA container toolkit comes from: 'auto' (keep an installed toolkit; else "
-        "install from a source the host has, else from NVIDIA's apt repository), 'nvidia' "
-        "(NVIDIA's apt repository) or 'preinstalled' (verified only).",
+        'Where the NVIDIA container toolkit comes from: "auto" keeps an installed toolkit (DGX OS '
+        "ships one) and otherwise installs it from a source the host already has (NVIDIA's CUDA "
+        'repository carries it too), or else from NVIDIA\'s apt repository (below); "nvidia" (that '
+        'repository) or "preinstalled" (checked: nvidia-container-runtime exists) choose one way '
+        "for every host.",
         one_of(*TOOLKIT_SOURCES),
     ),
     Setting(
         "containers_toolkit_repo_url",
         "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}",
-        "NVIDIA's flat apt repository of the container toolkit (or your mirror of it).",
+        'NVIDIA\'s flat apt repository of the toolkit (suite "/"), or your mirror of it.',
         url_check,
     ),
     Setting(
         "containers_toolkit_key_url",
         "https://nvidia.github.io/libnvidia-container/gpgkey",
-        "Where the host fetches the key that signs containers_toolkit_repo_url.",
+        "Where the host downloads the key that signs it.",
         url_check,
     ),
     Setting(
@@ -194,25 +202,31 @@ SETTINGS = (
     Setting(
         "containers_toolkit_packages",
         ["nvidia-container-toolkit"],
-        "Packages installed from containers_toolkit_repo_url when the toolkit source is 'nvidia'.",
+        'The packages installed from NVIDIA\'s repository (toolkit source "nvidia").',
         packages_check,
     ),
     Setting(
         "containers_nvidia_default_runtime",
         False,
-        "True: 'nvidia' is Docker's default runtime. False: it is not (another default is kept).",
+        'True: "nvidia" becomes Docker\'s default runtime (every container gets the NVIDIA hook '
+        "without --gpus or --runtime). False: it is not the default (a default-runtime of your own"
+        " is kept). The runtime is registered either way.",
         boolean,
     ),
     Setting(
         "containers_docker_users",
         [],
-        "Users added to the docker group. The group is root-equivalent; the users must exist.",
+        'Users added to the docker group, e.g. ["spark"]. Opt-in: membership is root-equivalent (a'
+        " member can start a privileged container that mounts /). The users must exist; nobody is "
+        "ever removed from the group.",
         users_check,
     ),
     Setting(
         "containers_check_image",
         "ubuntu:24.04",
-        "The image the compliance suite runs (`true`; with --gpus all, nvidia-smi on GPU hosts).",
+        "The image the compliance suite runs: `docker run --rm IMAGE true`, and on a host with a "
+        "GPU `docker run --rm --gpus all IMAGE nvidia-smi -L` (the toolkit mounts nvidia-smi into "
+        "any image). It must be present or pullable on the host.",
         image_check,
     ),
 )
@@ -789,7 +803,7 @@ def containers():
     Install (or verify) Docker and the NVIDIA container toolkit, register the nvidia
     runtime in daemon.json, keep Docker running, set up CDI and the docker group.
 
-    Settings: ``containers_*``; see group_data/all.py. The host is read once
+    Settings: ``containers_*``; see docs/settings.md. The host is read once
     (:class:`ContainerHost`, plus :class:`SparkrigAptRepositories` when a repository
     is used); an operation is added only where that reading shows work to do, and it
     reads its own state again when it runs.

@@ -51,19 +51,24 @@ SETTINGS = (
     Setting(
         "cuda_env_file",
         "/etc/sparkrig/cuda.env",
-        "The env file (KEY=VALUE) login shells and systemd units (EnvironmentFile=) read.",
+        "The single KEY=VALUE file holding CUDA_HOME, PATH, LD_LIBRARY_PATH, TORCH_CUDA_ARCH_LIST,"
+        " TRITON_PTXAS_PATH, TRITON_PTXAS_BLACKWELL_PATH and UV_NO_SYNC=1. Login shells read it "
+        "through /etc/profile.d/sparkrig-cuda.sh; systemd units read it with EnvironmentFile=.",
         absolute_path,
     ),
     Setting(
         "cuda_env_default_home",
         "/usr/local/cuda",
-        "CUDA_HOME when the host has neither /usr/local/cuda nor any /usr/local/cuda-X.Y.",
+        "CUDA_HOME when the host has no /usr/local/cuda link and no /usr/local/cuda-X.Y directory "
+        "(the link's target, else the newest X.Y, wins when present).",
         absolute_path,
     ),
     Setting(
         "cuda_env_extra",
         {},
-        "Extra variables written to the env file, e.g. {'HF_HOME': '/data/hf'}.",
+        'Extra variables for the same file, e.g. {"HF_HOME": "/data/hf"}. Names must be valid '
+        "variable names other than the managed ones above; values are literal strings without "
+        "single quotes or newlines.",
         _extra_check,
     ),
 )
@@ -153,7 +158,7 @@ def cuda_env():
     Write the CUDA env file and make login shells read it.
 
     Settings: ``cuda_env_file``, ``cuda_env_default_home``, ``cuda_env_extra``,
-    ``hardware_profile`` (for ``TORCH_CUDA_ARCH_LIST``); see group_data/all.py.
+    ``hardware_profile`` (for ``TORCH_CUDA_ARCH_LIST``); see docs/settings.md.
     """
     cuda_home = resolve_cuda_home(host.get_fact(CudaToolkits), host.data.cuda_env_default_home)
     profile = hardware.host_profile()

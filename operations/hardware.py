@@ -70,7 +70,9 @@ AUTO = "auto"
 
 
 def profile_name_check(value: Any, data: Mapping[str, Any]) -> str | None:
-    choices = sorted(data.get("hardware_profiles") or {})
+    table = data.get("hardware_profiles")
+    # A bad table is reported by its own check; here it only offers no choices.
+    choices = sorted(key for key in table if isinstance(key, str)) if isinstance(table, Mapping) else []
     if isinstance(value, str) and (value == AUTO or value in choices):
         return None
     return f"{AUTO!r} or one of the profiles in hardware_profiles: {', '.join(choices) or '(none defined)'}"
@@ -160,13 +162,18 @@ SETTINGS = (
     Setting(
         "hardware_profile",
         "gb10",
-        "Which profile of hardware_profiles describes the host, or \"auto\" to detect it.",
+        'Which entry of hardware_profiles describes the hosts, or "auto": the one profile whose '
+        "architecture and compute capability match what the box reports (uname -m, nvidia-smi). "
+        "Set it per group (group_data/<group>.py) on a mixed fleet. Either way the box is checked "
+        "first: a host that contradicts its profile fails before anything changes on it. The lab "
+        'inventory sets "rtx50" (x86_64 hosts); a Hopper box "hopper".',
         profile_name_check,
     ),
     Setting(
         "hardware_profiles",
         DEFAULT_PROFILES,
-        "The known kinds of box: CPU architecture, GPU compute capability, TORCH_CUDA_ARCH_LIST.",
+        "The kinds of box sparkrig knows: CPU architecture, the GPU's compute capability, and the "
+        "TORCH_CUDA_ARCH_LIST that source builds target. Add your own kind here.",
         profiles_check,
     ),
 )
@@ -178,7 +185,7 @@ def hardware():
     Check that the box is the kind its ``hardware_profile`` says, or choose its profile
     for ``"auto"``: a contradiction fails this host before anything changes on it.
 
-    Settings: ``hardware_profile``, ``hardware_profiles``; see group_data/all.py.
+    Settings: ``hardware_profile``, ``hardware_profiles``; see docs/settings.md.
     """
     identity = host.get_fact(HardwareIdentity)
     name = host.data.hardware_profile

@@ -57,19 +57,27 @@ SETTINGS = (
     Setting(
         "jobs_memory_max",
         "85%",
-        "MemoryMax of training.slice (all jobs together) and of each spark-run job.",
+        "MemoryMax of /etc/systemd/system/training.slice (all spark-run jobs together) and of each"
+        " spark-run job (spark-run --memory-max overrides it per job): bytes with an optional K, "
+        'M, G or T suffix (base 1024) such as "100G", a whole percentage of physical memory such '
+        'as "85%", or "infinity". 85% is about 101 GiB on a 128 GB Spark, close to the usual 100G,'
+        " and adapts to other boxes. On GB10 it caps CPU-side memory and page cache only, not CUDA"
+        " allocations.",
         memory_max_check,
     ),
     Setting(
         "jobs_oom_score_adj",
         500,
-        "oom_score_adj of spark-run jobs (choom -n): higher is killed sooner.",
+        "oom_score_adj of every spark-run job (choom -n, 1 to 1000): the kernel's OOM killer and "
+        "earlyoom pick the job before anything else.",
         int_range(1, 1000, "oom_score_adj"),
     ),
     Setting(
         "jobs_preflight_min_available_kib",
         64 * 1024 * 1024,
-        "spark-preflight fails when MemAvailable is below this many KiB.",
+        "spark-preflight fails its memory check below this much MemAvailable, in KiB (64 GiB: half"
+        " of a Spark; an idle one has about 115 GiB). spark-preflight --min-available-kib "
+        "overrides it for one run.",
         int_range(0, 1 << 40, "KiB; 67108864 is 64 GiB"),
     ),
 )
@@ -112,7 +120,7 @@ def jobs():
 
     Settings: ``jobs_memory_max``, ``jobs_oom_score_adj``, ``jobs_preflight_min_available_kib``,
     and ``watchdog_enabled`` (spark-preflight skips its watchdog check when it is False);
-    see group_data/all.py.
+    see docs/settings.md.
     """
     commands = render_commands(
         host.data.jobs_memory_max,

@@ -145,51 +145,80 @@ def optional_absolute_path(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 SETTINGS = (
-    Setting("ngc_enabled", False, "Set up the NGC container workflow at all.", boolean),
+    Setting("ngc_enabled", False, "Set up the container workflow of seeds 000 and 004 at all: the "
+                                  "pinned image, spark-container, and (with ngc_jupyter) "
+                                  "JupyterLab. Off by default; it needs Docker from the containers"
+                                  " concern.", boolean),
     Setting(
         "ngc_base_image",
         "",
-        "The base image pinned by digest (e.g. nvcr.io/nvidia/pytorch:25.09-py3@sha256:…); "
-        "pulled when missing, required when ngc_enabled.",
+        "The base image, pinned by digest, never by a moving tag alone, e.g. "
+        '"nvcr.io/nvidia/pytorch:25.09-py3@sha256:<64 hex digits>" (read the digest with `docker '
+        "buildx imagetools inspect nvcr.io/nvidia/pytorch:25.09-py3`). Pulled when Docker does not"
+        " have it at that digest, never otherwise. Required when ngc_enabled.",
         pinned_image_check,
     ),
     Setting(
         "ngc_build",
         "none",
-        "'none' (run the base image as it is), 'packages' (base + ngc_pip_packages) or "
-        "'unsloth' (seed 000's Unsloth-on-Spark recipe + ngc_pip_packages), built on the host.",
+        'What runs: "none" (the base image as it is), "packages" (the base plus ngc_pip_packages) '
+        'or "unsloth" (seed 000\'s Unsloth-on-Spark recipe: Triton at a fixed commit, xformers '
+        "v0.0.33 for the profile's compute capability, and ngc_unsloth_packages; plus "
+        "ngc_pip_packages). Built on the host from /etc/sparkrig/ngc/Dockerfile, again only when "
+        "it changes.",
         one_of(*BUILDS),
     ),
-    Setting("ngc_pip_packages", [], "Pinned pip requirements added to the built image.", requirements_check),
+    Setting("ngc_pip_packages", [], 'Pinned pip requirements ("name==version") installed into the '
+                                    "image's own Python (never a venv: it would hide the image's "
+                                    "CUDA builds). No flash-attn.", requirements_check),
     Setting("ngc_unsloth_packages", UNSLOTH_PACKAGES,
-            "The Unsloth recipe's pip requirements, each pinned (name==version): the recipe's label follows them.",
+            'The "unsloth" recipe\'s pip requirements, every one pinned ("name==version"), so hosts'
+            " built on different days get the same image; the image's recipe label (the "
+            "Dockerfile's sha256) changes with them. Unsloth's pins as seed 000 checked them; "
+            "unsloth and unsloth_zoo at the newest release that resolves with them.",
             requirements_check),
-    Setting("ngc_image", "sparkrig/ngc:local", "The name the built image gets (ngc_build other than 'none').",
+    Setting("ngc_image", "sparkrig/ngc:local", "The name the built image gets (ngc_build other "
+                                               'than "none").',
             local_image_check),
     Setting("ngc_memlock_unlimited", True,
-            "Run containers with --ulimit memlock=-1 (False only where the host cannot grant it, "
-            "such as the lab's nspawn containers).", boolean),
-    Setting("ngc_users", [], "Users who may run spark-container (they must be in containers_docker_users).",
+            "Run containers with --ulimit memlock=-1, as NVIDIA's PyTorch containers want (pinned "
+            "memory for CUDA). False only where the host cannot grant it: the lab's hosts are "
+            'nspawn containers without CAP_SYS_RESOURCE ("error setting rlimit type 8").', boolean),
+    Setting("ngc_users", [], 'Users who may run spark-container, e.g. ["spark"]. Launching needs '
+                             "Docker, so each must also be in containers_docker_users "
+                             "(root-equivalent). Root always may.",
             launch_users_check),
     Setting("ngc_project_mount", "/workspace/project",
-            "Where the project (the caller's directory) is mounted, the working directory.", mount_point_check),
+            "Where the project (spark-container's current directory, or --project) is mounted in "
+            "the container; it is also the working directory.", mount_point_check),
     Setting("ngc_hf_cache", "~/.cache/huggingface",
-            "The Hugging Face cache on the host ('~/' is the caller's home), mounted as HF_HOME.",
+            'The Hugging Face cache on the host, "~/" being the caller\'s home, mounted at '
+            "/cache/huggingface with HF_HOME pointing there: models are downloaded once.",
             home_path_check),
-    Setting("ngc_outputs", "", "A host directory mounted over the project's outputs/ ('': outputs stay in "
-            "the project).", optional_home_path_check),
+    Setting("ngc_outputs", "", "A host directory mounted over the project's outputs/ (checkpoints "
+                               'on a bigger disk, e.g. "/data/outputs" or "~/outputs"). "": '
+                               "outputs stay in the project.", optional_home_path_check),
     Setting("ngc_secrets", ["HF_TOKEN", "WANDB_API_KEY"],
-            "Secrets passed in from the caller's environment or ~/.config/sparkrig/secrets/NAME (0600).",
+            "Secrets spark-container passes in, by variable name: from the caller's environment, "
+            "else from ~/.config/sparkrig/secrets/NAME (the caller's, mode 0600). Each is mounted "
+            "read-only as a 0600 file and exported inside the container only, never given as --env"
+            " (docker inspect would show it).",
             secrets_check),
-    Setting("ngc_jupyter", False, "Run JupyterLab as sparkrig-jupyter.service on 127.0.0.1.", boolean),
-    Setting("ngc_jupyter_user", "", "The user Jupyter runs as (one of ngc_users); owns the token file.",
+    Setting("ngc_jupyter", False, "Run JupyterLab as sparkrig-jupyter.service: the image's Jupyter"
+                                  " and Python, on the host network bound to 127.0.0.1 only (reach"
+                                  " it with `ssh -L 8888:127.0.0.1:8888`), its token in "
+                                  "/var/lib/sparkrig/jupyter/token (mode 0600), Restart=always.", boolean),
+    Setting("ngc_jupyter_user", "", "The user Jupyter runs as: one of ngc_users; owns the token "
+                                    "file. Required when ngc_jupyter.",
             jupyter_user_check),
-    Setting("ngc_jupyter_dir", "", "The directory Jupyter serves ('': the user's home).", optional_absolute_path),
+    Setting("ngc_jupyter_dir", "", 'The directory Jupyter serves (mounted as the project). "": the'
+                                   " user's home.", optional_absolute_path),
     Setting("ngc_jupyter_port", 8888, "Jupyter's port on 127.0.0.1.", int_range(1024, 65535, "a TCP port")),
     Setting(
         "ngc_jupyter_server",
         "jupyterlab",
-        "'jupyterlab' (the image's), or 'stand-in-httpd' (the lab's busybox HTTP server, same unit shape).",
+        '"jupyterlab" (the image\'s JupyterLab). "stand-in-httpd" is for the lab only: a busybox '
+        "HTTP server in the same unit, because the lab's stand-in image has no Jupyter.",
         one_of(*JUPYTER_SERVERS),
     ),
 )
@@ -442,7 +471,7 @@ def ngc():
 
     Settings: ``ngc_*``, ``cuda_env_file`` (its portable variables are passed into
     containers) and the hardware profile's ``compute_capability`` (the Unsloth build's
-    TORCH_CUDA_ARCH_LIST, as seed 000 builds xformers); see group_data/all.py.
+    TORCH_CUDA_ARCH_LIST, as seed 000 builds xformers); see docs/settings.md.
     """
     data = host.data
     if not data.ngc_enabled:

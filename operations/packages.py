@@ -104,7 +104,9 @@ SETTINGS = (
     Setting(
         TIMEOUT_KEY,
         DEFAULT_TIMEOUT_S,
-        "Seconds a package install waits for the dpkg/apt locks before it fails that host.",
+        "How long a package install waits for the dpkg and apt locks, in seconds, before it "
+        "fails that host (other hosts go on) with the lock and the process holding it. A freshly "
+        "booted box is busy with unattended-upgrades for minutes. 0: fail at once.",
         int_range(0, 3600, "seconds"),
     ),
 )

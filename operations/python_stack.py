@@ -201,30 +201,41 @@ SETTINGS = (
     Setting(
         "python_stack",
         load_manifest(),
-        "The versions manifest: Python, torch index and versions, vLLM wheels, extras, profiles.",
+        "The versions manifest: Python, the torch index and versions, vLLM's wheel per "
+        "architecture with its sha256, extra packages, profiles. It lives in "
+        "group_data/python_stack.yml (documented there); bump the stack by editing it.",
         manifest_check,
     ),
     Setting(
         "python_stack_profiles",
         [],
-        "Which profiles of the manifest the host also installs, e.g. ['unsloth'].",
+        'Profiles of the manifest a host installs too, e.g. ["unsloth"].',
         profiles_check,
     ),
-    Setting("python_venv_path", "/opt/sparkrig/venv", "Where the virtualenv lives.", absolute_path),
-    Setting("python_venv_owner", "root", "The user who owns the venv; uv runs as this user.", user_check),
+    Setting("python_venv_path", "/opt/sparkrig/venv", "The virtualenv's directory. It is made anew"
+                                                      " (uv venv --clear) when its Python is not "
+                                                      "the manifest's; an existing non-venv "
+                                                      "directory is refused, never wiped.", absolute_path),
+    Setting("python_venv_owner", "root", "The user who owns the venv (and uv's cache); uv runs as "
+                                         "this user. A Spark's owner usually sets their own login,"
+                                         ' e.g. "spark". The user must exist.', user_check),
     Setting(
         "python_venv_python_preference",
         "system",
-        "uv's --python-preference: a system interpreter first, a uv-managed one only if none fits.",
+        'How uv finds the venv\'s Python: "system" (a system interpreter of the manifest\'s version '
+        'first, a uv-managed download only if none), "only-system" (never download), "managed" or '
+        '"only-managed".',
         one_of("only-system", "system", "managed", "only-managed"),
     ),
     Setting(
         "python_index_url",
         "https://pypi.org/simple",
-        "The package index for uv itself and every package not pinned to another index.",
+        "The package index for uv itself and every package the manifest does not pin to another "
+        "index: PyPI, or your mirror of it.",
         index_check,
     ),
-    Setting("python_uv_version", "0.13.9", "The uv release installed on the hosts.", uv_version_check),
+    Setting("python_uv_version", "0.13.9", "The uv release installed into /opt/sparkrig/uv (linked"
+                                           " from /usr/local/bin/uv when that name is free).", uv_version_check),
     Setting(
         "python_uv_sha256",
         [
@@ -233,7 +244,8 @@ SETTINGS = (
             "ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375",
             "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19",
         ],
-        "sha256 of the uv wheels pip may pick for python_uv_version; change both together.",
+        "sha256 of the uv wheels pip may install for that release (manylinux aarch64 and x86_64, "
+        "as PyPI lists them); change them with python_uv_version.",
         hashes_check,
     ),
 )
@@ -591,7 +603,7 @@ def python_stack():
     """
     Install uv and make the virtualenv hold the manifest's stack.
 
-    Settings: ``python_*``; see group_data/all.py and group_data/python_stack.yml.
+    Settings: ``python_*``; see docs/settings.md and group_data/python_stack.yml.
     """
     from . import source_builds  # it builds on this module
 

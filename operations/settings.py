@@ -1,13 +1,14 @@
 """
 Settings: the schema every sparkrig setting is declared in, and its validation.
 
-Each concern module declares its settings as a tuple of :class:`Setting` named
-``SETTINGS``; its ``@deploy`` takes its ``data_defaults`` from them, and
-``group_data/all.py`` documents every one of them with the same default (a unit
-test keeps the two in step). :func:`validate_hosts` checks every host of a run
+Each concern module declares its settings, once, as a tuple of :class:`Setting`
+named ``SETTINGS``: key, default, documentation and check. Its ``@deploy`` takes
+its ``data_defaults`` from them, and the settings reference (``docs/settings.md``)
+is generated from them: ``python -m operations.reference`` writes it, and a unit
+test fails while it is stale. :func:`validate_hosts` checks every host of a run
 before any host is contacted (``config.py`` calls :func:`validate_on_init`), so
-a bad value stops ``pyinfra`` with one message that names the
-host, the key and what is allowed.
+a bad value stops ``pyinfra`` with one message that names the host, the key and
+what is allowed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ Check = Callable[[Any, Mapping[str, Any]], "str | None"]
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting: its key, default, one-line documentation and check."""
+    """One setting: its key, default, documentation (what it does and why) and check."""
 
     key: str
     default: Any
@@ -183,7 +184,7 @@ def validate_hosts(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
     if lines:
         raise SettingsError(
             "invalid sparkrig settings, nothing was changed on any host "
-            "(settings are documented in group_data/all.py):\n" + "\n".join(lines)
+            f"(every setting is documented in {REFERENCE}):\n" + "\n".join(lines)
         )
 
 
@@ -203,3 +204,64 @@ def validate_on_init(state) -> None:
         )
 
     state.init = init_then_validate
+
+
+# The reference ----------------------------------------------------------------
+
+REFERENCE = "docs/settings.md"
+
+
+class _NotAValue:
+    """What no check accepts: asking a check about it makes it say what it allows."""
+
+    def __repr__(self) -> str:
+        return "<not a value>"
+
+
+def allowed(setting: Setting, data: Mapping[str, Any]) -> str:
+    """What ``setting`` allows, in its check's own words (as a bad value is told)."""
+    try:
+        said = setting.check(_NotAValue(), data)
+    except Exception:  # a check that cannot even look at a foreign object
+        said = None
+    return said or "any value"
+
+
+def _default(value: Any) -> str:
+    text = repr(value)
+    if len(text) <= 90:
+        return f"`{text}`"
+    if isinstance(value, Mapping):
+        return f"{len(value)} entries: " + ", ".join(f"`{key}`" for key in value)
+    return f"{len(value)} items (see the module)"
+
+
+def reference() -> str:
+    """``docs/settings.md``: every concern's settings, default, what is allowed and what each does."""
+    from . import CONCERNS
+
+    data = defaults(all_settings())
+    out = [
+        "# Settings reference",
+        "",
+        "Generated from each concern's `SETTINGS` by `uv run python -m operations.reference`; do not",
+        "edit (a unit test fails while it is stale). Set a key in `group_data/all.py` for every host,",
+        "in `group_data/<group>.py` for a group, or in the inventory's host data for one host. Every",
+        "value is checked before any host is contacted; a bad one stops the run with one message",
+        "naming the host, the key and what is allowed.",
+    ]
+    for concern in CONCERNS:
+        title = (concern.__doc__ or concern.__name__).strip().splitlines()[0].rstrip(".:,")
+        module = concern.__name__.replace(".", "/") + ".py"
+        out += ["", f"## {title}", "", f"`{module}`"]
+        for setting in concern.SETTINGS:
+            out += [
+                "",
+                f"### `{setting.key}`",
+                "",
+                f"Default: {_default(setting.default)}. Allowed: {allowed(setting, data)}.",
+                "",
+                setting.doc,
+            ]
+    return "\n".join(out) + "\n"
+

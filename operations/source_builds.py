@@ -164,7 +164,9 @@ def catalogue_check(value: Any, data: Mapping[str, Any]) -> str | None:
         return problem
     allowed = _CATALOGUE_ALLOWED
     manifest = data.get("python_stack")
-    for name in data.get("source_builds_enabled") or []:
+    enabled = data.get("source_builds_enabled")
+    # A bad list is reported by its own check; here it only enables nothing.
+    for name in enabled if isinstance(enabled, list) else []:
         spec = value.get(name) if isinstance(name, str) else None
         if isinstance(spec, Mapping) and spec.get("uses_torch") and not (
             isinstance(manifest, Mapping) and manifest.get("torch")
@@ -200,25 +202,35 @@ SETTINGS = (
     Setting(
         "source_builds",
         load_catalogue(),
-        "The catalogue of source builds (URL, ref, environment, steps, ...); see group_data/source_builds.yml.",
+        "The catalogue of builds a host may turn on: Triton, xformers and vLLM, each with its "
+        "repository URL, pinned ref (commit or tag), build environment, steps and the apt packages"
+        " it needs. It lives in group_data/source_builds.yml (documented there); point `url` at a "
+        "mirror or a local clone if you have one.",
         catalogue_check,
     ),
     Setting(
         "source_builds_enabled",
         [],
-        "Which builds of the catalogue the host installs, e.g. ['triton', 'xformers'].",
+        'Which builds of the catalogue a host builds and installs into its venv, e.g. ["triton", '
+        '"xformers"]. Off by default. Each build takes 20 to 60 minutes and many GB of memory on a'
+        ' Spark (README, "Source builds"); one host of each architecture and profile builds it, '
+        "the others receive its wheel.",
         enabled_check,
     ),
     Setting(
         "source_builds_wait",
         True,
-        "True: the deploy waits for a build it started (or found running); False: it returns at once.",
+        "True: a deploy that starts a build (or finds one running) waits for it, printing a "
+        "progress line every minute (pyinfra -v shows them). False: it returns at once; a later "
+        "deploy reports the build's result and installs its wheel.",
         wait_check,
     ),
     Setting(
         "source_builds_controller_cache",
         "~/.cache/sparkrig/wheels",
-        "Where the controller keeps built wheels to hand to the other hosts of a fleet.",
+        "Where the controller keeps built wheels (by build and stamp) to upload them to the other "
+        "hosts of the fleet instead of building there too. `~` is the home of the user running "
+        "pyinfra.",
         cache_check,
     ),
 )
@@ -809,7 +821,7 @@ def source_builds():
     """
     Build the enabled source builds once per fleet and install their wheels into the venv.
 
-    Settings: ``source_builds*``; see group_data/all.py and group_data/source_builds.yml.
+    Settings: ``source_builds*``; see docs/settings.md and group_data/source_builds.yml.
     """
     data = resolve(_DEPENDS, host.data.dict())
     builds = wanted(data)

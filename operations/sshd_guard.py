@@ -58,15 +58,17 @@ SETTINGS = (
     Setting(
         "sshd_guard_memory_min",
         "128M",
-        "Memory reserved for sshd's unit (MemoryMin=): the listener and pre-auth processes; "
-        "sessions live in user slices.",
+        "Memory reserved for the unit that runs sshd (MemoryMin=, base-1024 K/M/G/T). It covers "
+        "the listener and pre-auth processes; sessions live in user slices. The unit's "
+        "OOMScoreAdjust is always set to 0: sshd protects its own listener, and -1000 on the unit "
+        "would make every SSH session unkillable.",
         _size_check,
     ),
     Setting(
         "sshd_guard_system_slice_memory_min",
         "512M",
-        "Memory reserved for system.slice (MemoryMin=), which caps what its units can reserve; "
-        "at least sshd_guard_memory_min.",
+        "Memory reserved for system.slice (MemoryMin=): a unit's reservation is capped by its "
+        "parent slice's, so this must be at least sshd_guard_memory_min.",
         _slice_check,
     ),
 )

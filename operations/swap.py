@@ -67,13 +67,18 @@ SETTINGS = (
     Setting(
         "swap_disable",
         True,
-        "Turn swap off and keep it off (fstab entries, swap and zram units); False leaves swap alone.",
+        "Turn swap off now and keep it off: every swap entry of /etc/fstab commented out (the old "
+        "file kept as /etc/fstab.sparkrig.bak), swap and zram units masked and stopped, swapoff -a"
+        " while swap is active. On GB10 swap turns memory pressure into a freeze of the whole box "
+        "instead of an OOM kill. False leaves swap as it is.",
         boolean,
     ),
     Setting(
         "swap_remove_files",
         False,
-        "Also delete the swap files (e.g. /swap.img) of the fstab entries sparkrig disabled.",
+        "Also delete, once swap is off, the swap files (regular files with a swap signature, e.g. "
+        "/swap.img) of the fstab entries sparkrig disabled. Off by default: deleting is the one "
+        "step that uncommenting a line cannot undo.",
         boolean,
     ),
 )
@@ -485,7 +490,7 @@ def swap():
     """
     Turn swap off now and keep it off across reboots (see :func:`disabled`).
 
-    Settings: ``swap_disable``, ``swap_remove_files``; see group_data/all.py.
+    Settings: ``swap_disable``, ``swap_remove_files``; see docs/settings.md.
     """
     if not host.data.swap_disable:
         host.noop("swap_disable is False: swap is left as it is")

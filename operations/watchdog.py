@@ -74,32 +74,45 @@ SETTINGS = (
     Setting(
         "watchdog_enabled",
         True,
-        "Run earlyoom; False stops and disables it (the package and its files stay).",
+        "Run earlyoom, from the distribution's package, as configured below. False stops and "
+        "disables it (e.g. where another OOM daemon is used); its package and files stay.",
         boolean,
     ),
     Setting(
         "watchdog_min_available_kib",
         4 * 1024 * 1024,
-        "earlyoom's -M: SIGTERM the worst process when MemAvailable falls to this many KiB "
-        "(SIGKILL at half).",
+        "earlyoom's -M, in KiB: SIGTERM to the worst process once MemAvailable falls to this, "
+        "SIGKILL at half of it. 4 GiB (about 3 % of a 128 GB Spark) is several of earlyoom's polls"
+        " of headroom at the fastest fill rates its author measured, plus time for a dying job to "
+        "let go of its memory, and leaves the jobs the rest. Raise it if a job allocates more than"
+        " this in one step: an allocation bigger than what is left fails before earlyoom can act. "
+        "From earlyoom 1.8 (Debian 13) the floor shrinks in proportion as non-process memory (GPU "
+        "allocations on GB10, tmpfs) grows: see README.",
         int_range(64 * 1024, 1024 * 1024 * 1024, "KiB; 4194304 is 4 GiB"),
     ),
     Setting(
         "watchdog_prefer",
         r"^(python[0-9.]*|pt_main_thread|vllm|VLLM::.*|ray::.*)$",
-        "earlyoom's --prefer: process names (/proc/PID/comm, 15 characters) killed first.",
+        "earlyoom's --prefer: a POSIX extended regex on the process name (/proc/PID/comm, at most "
+        "15 characters) of the processes killed first: python, python3, python3.12, PyTorch's "
+        "renamed main thread (pt_main_thread, which is also how `vllm serve` shows up), vLLM and "
+        "its workers (VLLM::...), Ray workers (ray::...). One word: no spaces or quotes; '$' only "
+        "at the end of an alternative.",
         regex_check,
     ),
     Setting(
         "watchdog_avoid",
         r"^(init|systemd|systemd-.*|sshd|sshd-.*|dockerd|containerd.*|dbus-daemon)$",
-        "earlyoom's --avoid: process names (/proc/PID/comm) killed only as a last resort.",
+        "earlyoom's --avoid: the process names killed only as a last resort: init and systemd's "
+        "daemons, sshd (and OpenSSH 9.8+'s sshd-session/sshd-auth), Docker, containerd and its "
+        "shims, D-Bus. Same form as watchdog_prefer.",
         regex_check,
     ),
     Setting(
         "watchdog_report_interval_s",
         3600,
-        "earlyoom's -r: seconds between memory reports in its journal (0: none).",
+        "earlyoom's -r: seconds between the memory reports it writes to its journal (0: none). "
+        "Kills are logged whatever this is.",
         int_range(0, 86400, "seconds"),
     ),
 )
@@ -141,7 +154,7 @@ def watchdog():
     Install earlyoom, configure it from the settings, protect it, keep it running.
 
     Settings: ``watchdog_enabled``, ``watchdog_min_available_kib``, ``watchdog_prefer``,
-    ``watchdog_avoid``, ``watchdog_report_interval_s``; see group_data/all.py.
+    ``watchdog_avoid``, ``watchdog_report_interval_s``; see docs/settings.md.
     """
     state = host.get_fact(
         atomic.HostState, paths=(DROP_IN, DEFAULT_FILE), units=(SERVICE,), packages=(PACKAGE,)

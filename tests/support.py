@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 # The repository and the pyinfra CLI of this environment: the same for the deploy side.
+from operations.settings import all_settings, defaults
 from operations.rollout import PYINFRA, REPO, limit_hosts, read_inventory
 
 
@@ -60,14 +61,16 @@ def run_deploy(inventory: str, *args: str, timeout: int = 1800) -> DeployResult:
 
 
 def inventory_host_data(inventory: str, limit: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """Every host of a pyinfra inventory with its merged data (group_data included),
-    restricted as pyinfra's ``--limit`` restricts a deploy (see :func:`limit_hosts`).
+    """Every host of a pyinfra inventory with its merged data (group_data included) over
+    sparkrig's defaults, restricted as pyinfra's ``--limit`` restricts a deploy (see
+    :func:`limit_hosts`).
 
     Read by :func:`operations.rollout.read_inventory` (pyinfra's ``debug-inventory``).
     """
     hosts = read_inventory(inventory)
     chosen = limit_hosts({host["name"]: host["groups"] for host in hosts}, limit)
-    return {host["name"]: host["data"] for host in hosts if host["name"] in chosen}
+    base = defaults(all_settings())
+    return {host["name"]: {**base, **host["data"]} for host in hosts if host["name"] in chosen}
 
 
 _SSH_OPTIONS = {

@@ -95,12 +95,11 @@ def test_one_error_names_the_host_the_key_and_what_is_allowed():
     assert "nothing was changed on any host" in message
 
 
-def test_group_data_loads_the_same_manifest():
-    import runpy
-
+def test_the_default_manifest_is_group_data_python_stack_yml():
     from tests.support import REPO
 
-    assert runpy.run_path(str(REPO / "group_data" / "all.py"))["python_stack"] == MANIFEST
+    default = next(s.default for s in ps.SETTINGS if s.key == "python_stack")
+    assert default == ps.load_manifest(REPO / "group_data" / "python_stack.yml") == MANIFEST
 
 
 # requirements.in ---------------------------------------------------------------------

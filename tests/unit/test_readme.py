@@ -1,4 +1,4 @@
-"""The README stays the newcomer's map: every setting and every compliance control is in it."""
+"""The README stays the newcomer's map: the settings reference and every compliance control."""
 
 import ast
 import re
@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from operations.settings import all_settings
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
@@ -18,9 +17,8 @@ CONTROLS = [
 ]
 
 
-@pytest.mark.parametrize("key", [s.key for s in all_settings()])
-def test_every_setting_is_in_the_readme(key):
-    assert f"| `{key}` |" in README
+def test_the_readme_points_to_the_settings_reference():
+    assert "[`docs/settings.md`](docs/settings.md)" in README
 
 
 @pytest.mark.parametrize("control", CONTROLS)

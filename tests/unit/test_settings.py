@@ -1,4 +1,4 @@
-"""Settings: group_data/all.py documents every setting, and bad values stop the run early."""
+"""Settings: declared once, the reference generated from them, and bad values stop the run early."""
 
 from __future__ import annotations
 
@@ -14,25 +14,46 @@ from pathlib import Path
 import pytest
 
 from operations import CONCERNS, cuda_env, hardware
-from operations.settings import SettingsError, all_settings, problems, resolve, validate_hosts
+from operations.settings import (
+    REFERENCE,
+    SettingsError,
+    all_settings,
+    allowed,
+    defaults,
+    problems,
+    reference,
+    resolve,
+    validate_hosts,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 ALL_PY = REPO / "group_data" / "all.py"
 
 
-def test_group_data_all_holds_every_setting_with_its_default():
-    documented = {
-        key: value for key, value in runpy.run_path(str(ALL_PY)).items() if not key.startswith("_")
-    }
-    assert documented == {s.key: s.default for s in all_settings()}
+def test_the_settings_reference_is_generated_from_the_declarations_and_current():
+    assert (REPO / REFERENCE).read_text() == reference(), (
+        f"{REFERENCE} is stale: run `uv run python -m operations.reference`")
+    for setting in all_settings():
+        assert f"### `{setting.key}`\n" in reference()
 
 
-def test_every_setting_in_group_data_all_has_a_comment_above_it():
-    lines = ALL_PY.read_text().splitlines()
-    for node in ast.parse(ALL_PY.read_text()).body:
-        if isinstance(node, ast.Assign):
-            above = lines[node.lineno - 2].strip()
-            assert above.startswith("#"), f"{node.targets[0].id} has no comment above it"
+def test_every_setting_says_what_it_allows_from_its_own_check():
+    data = defaults(all_settings())
+    for setting in all_settings():
+        said = allowed(setting, data)
+        assert said != "any value", f"{setting.key}: its check accepts anything"
+        # ... and that is what a bad value is told.
+        told = [line for line in problems(all_settings(), {setting.key: object()})
+                if line.startswith(f"{setting.key} = ")]
+        assert told and told[0].endswith(f"allowed is {said}"), told
+
+
+def test_group_data_all_sets_only_sparkrig_settings_with_valid_values():
+    """The file users override defaults in holds no stale key and no bad value."""
+    set_here = {key: value for key, value in runpy.run_path(str(ALL_PY)).items() if not key.startswith("_")}
+    known = {s.key for s in all_settings()}
+    assert set(set_here) <= known, set(set_here) - known
+    assert problems(all_settings(), set_here) == []
 
 
 def test_every_concern_setting_has_a_doc_and_a_unique_key():
