@@ -34,7 +34,8 @@ hardware_profiles = {
 
 # The single KEY=VALUE file holding CUDA_HOME, PATH, LD_LIBRARY_PATH,
 # TORCH_CUDA_ARCH_LIST, TRITON_PTXAS_PATH, TRITON_PTXAS_BLACKWELL_PATH and
-# UV_NO_SYNC=1. Login shells read it through /etc/profile.d/sparkrig-cuda.sh;
+# UV_NO_SYNC=1 and UV_PROJECT_ENVIRONMENT (python_venv_path: `uv run` in a
+# project uses the managed venv as it is). Login shells read it through /etc/profile.d/sparkrig-cuda.sh;
 # systemd units read it with EnvironmentFile=.
 cuda_env_file = "/etc/sparkrig/cuda.env"
 
@@ -203,13 +204,22 @@ ca_certificates_extra = {}
 
 # --- Python stack (operations/python_stack.py) --------------------------------
 
-# The versions manifest: Python, the torch index and versions, vLLM's wheel per
-# architecture with its sha256, extra packages, profiles. It lives in
-# group_data/python_stack.yml (documented there); bump the stack by editing it.
+# The versions manifest: Python, torch's versions (from PyPI unless an index is
+# named for it alone), vLLM's wheel per architecture with its sha256, extra
+# packages, profiles, and which locks exist. It lives in
+# group_data/python_stack.yml (documented there); bump the stack by editing it,
+# then run `uv run python -m operations.python_lock`.
 python_stack = _load_manifest(_Path(__file__).with_name("python_stack.yml"))
 
-# Profiles of the manifest a host installs too, e.g. ["unsloth"].
+# Profiles of the manifest a host installs too, e.g. ["unsloth"]. The manifest's
+# locks must list this set for the host's architecture.
 python_stack_profiles = []
+
+# Where the controller keeps the manifest's locks (relative: to the repository),
+# one per architecture and set of profiles, made by
+# `uv run python -m operations.python_lock`. A host whose lock is missing or
+# stale for the manifest stops the deploy before any host is contacted.
+python_stack_locks = "group_data/python_stack.locks"
 
 # The virtualenv's directory. It is made anew (uv venv --clear) when its Python
 # is not the manifest's; an existing non-venv directory is refused, never wiped.
@@ -227,6 +237,17 @@ python_venv_python_preference = "system"
 # The package index for uv itself and every package the manifest does not pin
 # to another index: PyPI, or your mirror of it.
 python_index_url = "https://pypi.org/simple"
+
+# Hosts that cannot reach python_index_url: the controller downloads every wheel
+# of their lock once (sha256 checked against the lock) into python_offline_cache
+# and uploads the ones a host lacks to /var/lib/sparkrig/python-wheels; the host
+# installs with `uv pip sync --offline --no-index`. uv itself must already be on
+# the host (it is installed from the index).
+python_offline = False
+
+# Where the controller keeps those wheels, shared by every host and run (~ is
+# the controller user's home).
+python_offline_cache = "~/.cache/sparkrig/python-wheels"
 
 # The uv release installed into /opt/sparkrig/uv (linked from /usr/local/bin/uv
 # when that name is free).

@@ -20,8 +20,10 @@ builds on by name with ``source_builds_enabled``.
   run picks up the result.
 - **Wheelhouse.** The build ends in ``/var/lib/sparkrig/wheelhouse/<name>/<key>/``:
   the wheel and ``stamp.json`` (URL, ref, commit, environment, wheel, version,
-  sha256). The venv installs it through python_stack's requirements
-  (``package @ file:///…whl --hash=sha256:…``), so ``uv pip sync`` keeps it. While a
+  sha256). The venv installs it through python_stack's lock, where its line
+  (``package @ file:///…whl --hash=sha256:…``) replaces the package's locked entry, so
+  ``uv pip sync`` keeps it. Its dependencies are not resolved on the host: they must be
+  in the lock (Triton, xformers and vLLM depend on what the stack already holds). While a
   new ref builds, the venv keeps the wheel it has.
 - **Once per fleet.** Among the hosts of this run that share a key, the first in
   inventory order builds; its wheel is fetched into the controller's cache
@@ -358,7 +360,7 @@ class SourceBuilds(FactBase):
     ``built`` (its wheel and stamp are in the wheelhouse), ``running`` (its unit is
     active), ``failed`` (an attempt ended without a wheel: ``result`` holds the build's
     exit status, or None when it never wrote one, as when it was killed) or ``absent``;
-    and ``current``: the line of the venv's requirements.in that starts with ``prefix``
+    and ``current``: the line of the venv's requirements.lock that starts with ``prefix``
     (the build's wheel the venv holds now, maybe of an earlier ref) while its wheel exists.
 
     .. code:: python
@@ -371,7 +373,7 @@ class SourceBuilds(FactBase):
     """
 
     def command(self, builds: Sequence[tuple[str, str, str]], venv: str) -> StringCommand:
-        bits: list = ["r=", QuoteString(posixpath.join(venv, python_stack.STATE_DIR, "requirements.in")), ";"]
+        bits: list = ["r=", QuoteString(posixpath.join(venv, python_stack.STATE_DIR, "requirements.lock")), ";"]
         for name, key, prefix in builds:
             n, d, w = QuoteString(name), QuoteString(build_dir(name, key)), QuoteString(wheelhouse_dir(name, key))
             bits += [
