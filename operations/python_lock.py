@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,7 @@ from . import python_stack as ps
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 _SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+_ANCHOR = re.compile(r'<a\s[^>]*href="([^"]+)"[^>]*>([^<]+)</a>', re.IGNORECASE)
 
 
 def _toml(value: str) -> str:
@@ -179,10 +182,22 @@ def _download(url: str, sha256: str, target: Path) -> None:
 
 
 def _index_files(index: str, name: str) -> list[dict]:
-    request = urllib.request.Request(f"{index.rstrip('/')}/{name}/", headers={"Accept": _SIMPLE_JSON})
+    """The files of project ``name`` on a simple index, JSON (PEP 691) or HTML (PEP 503)."""
+    accept = f"{_SIMPLE_JSON}, text/html;q=0.1"
+    request = urllib.request.Request(f"{index.rstrip('/')}/{name}/", headers={"Accept": accept})
     with urllib.request.urlopen(request, timeout=60) as response:
         base = response.geturl()
-        files = json.load(response)["files"]
+        kind = response.headers.get_content_type()
+        body = response.read()
+    if kind == _SIMPLE_JSON:
+        files = json.loads(body)["files"]
+    else:
+        files = []
+        for href, filename in _ANCHOR.findall(body.decode()):
+            url, _, fragment = href.partition("#")
+            algorithm, _, value = fragment.partition("=")
+            files.append({"filename": html.unescape(filename).strip(), "url": html.unescape(url),
+                          "hashes": {algorithm: value} if value else {}})
     return [{**f, "url": urllib.parse.urljoin(base, f["url"])} for f in files]
 
 

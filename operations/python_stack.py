@@ -614,7 +614,7 @@ def virtualenv_arguments(data: Mapping[str, Any], built: Mapping[str, str]) -> d
         "python_preference": data["python_venv_python_preference"],
         "wheels": {},
     }
-    if data["python_offline"]:
+    if data["python_offline"] and text:
         from . import python_lock  # the controller's downloads
 
         arguments["wheels"] = python_lock.offline_wheels(
@@ -783,9 +783,13 @@ def python_stack():
     if problem:
         refused(name="The versions manifest and its lock fit this box", message=f"python_stack: {problem}")
         return
-    arguments = virtualenv_arguments(
-        resolve(SETTINGS + hardware.SETTINGS, data.dict()), source_builds.host_requirement_lines()
-    )
+    try:
+        arguments = virtualenv_arguments(
+            resolve(SETTINGS + hardware.SETTINGS, data.dict()), source_builds.host_requirement_lines()
+        )
+    except (OSError, RuntimeError, ValueError) as error:  # python_offline's downloads
+        refused(name="The controller has the locked wheels", message=f"python_offline: {error}")
+        return
     owner = data.python_venv_owner
     found = host.get_fact(
         PythonStack, venv=data.python_venv_path, owner=owner,
