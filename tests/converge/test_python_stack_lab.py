@@ -93,4 +93,7 @@ def test_a_directory_that_is_not_a_venv_is_refused_and_kept(first_converge):
         assert lab.run_ssh(host, f"cat {path}/data").stdout == "precious\n"
     finally:
         lab.run_ssh(host, f"sudo rm -rf {path}")
+    # The CUDA env file named that path (UV_PROJECT_ENVIRONMENT): converge back.
+    back = run_deploy(LAB_INVENTORY, "--limit", host)
+    assert back.returncode == 0, back.log
 
