@@ -29,5 +29,5 @@ watchdog()  # earlyoom kills the job before the box freezes
 jobs()  # spark-run, spark-preflight, spark-drop-caches and training.slice
 containers()  # Docker, the NVIDIA container toolkit and the nvidia runtime in daemon.json
 ngc()  # NGC training containers: pinned image, spark-container, Jupyter on 127.0.0.1 (off by default)
-python_stack()  # uv, and a venv with cu130 PyTorch, a pinned vLLM and extras, from the manifest
+python_stack()  # uv, and a venv holding the controller's lock of the manifest (PyPI's CUDA 13.0 torch, vLLM, extras)
 source_builds()  # optional Triton/xformers/vLLM from source: built once per fleet, detached

@@ -9,6 +9,8 @@ ordinary user with sudo, with strict host key checking.
 import json as _json
 from pathlib import Path as _Path
 
+import yaml as _yaml
+
 from operations.python_stack import load_manifest as _load_manifest
 from operations.source_builds import load_catalogue as _load_catalogue
 from tests.lab import FLAVOURS as _FLAVOURS
@@ -99,16 +101,26 @@ _PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
 _MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}
 
 
-def _python_stack(host: dict) -> dict:
-    """The Python stack in the lab: the real manifest with what the lab cannot have
-    replaced. PyTorch comes from the lab's wheelhouse (this machine's CPU wheel, on the
-    host whose Python matches it; none otherwise, and the torch controls skip), vLLM is
-    the wheelhouse's STAND-IN wheel (URL + sha256, like a vLLM release wheel), and
-    everything else comes from PyPI for real. Debian 13's venv is owned by the
-    ordinary user and takes a profile."""
+# The lab's stand-in manifests and their locks live in the lab's state, not the
+# repository: the lab index's address differs per lab (SPARKRIG_LAB_ID).
+LAB_STACK = _inventory_path().parent / "python_stack"
+LAB_LOCKS = LAB_STACK / "locks"
+
+
+def _stack(flavour: str) -> str:
+    """Which stand-in manifest a flavour takes: one per Debian suite and architecture."""
+    return f"{_FLAVOURS[flavour].suite}-{_FLAVOURS[flavour].arch}"
+
+
+def lab_manifest(flavour_name: str, url: str) -> dict:
+    """The lab's STAND-IN manifest for a flavour: the real manifest with what the lab cannot
+    have replaced. PyTorch is this machine's CPU wheel from the lab's wheelhouse (on the
+    flavour whose Python matches it; none otherwise, and the torch controls skip), vLLM is
+    the wheelhouse's STAND-IN (sparkrig-lab-standin-vllm), each from the lab index as an
+    index named for it alone, as a Spark would name PyTorch's cu130 index; everything else
+    comes from PyPI for real. ``url`` is the lab repository server as the host sees it."""
     house = _inventory.get("wheelhouse") or {}
-    url = host["apt_repo_url"]
-    flavour = _FLAVOURS[host["flavour"]]
+    flavour = _FLAVOURS[flavour_name]
     python = _PYTHON[flavour.suite]
     manifest = _load_manifest()
     manifest["python"] = python
@@ -122,18 +134,42 @@ def _python_stack(host: dict) -> dict:
     )
     standin = house.get("vllm_standin")
     manifest["vllm"] = (
-        {
-            "name": standin["name"],
-            "version": standin["version"],
-            "wheels": {
-                machine: {"url": url + standin["path"], "sha256": standin["sha256"]}
-            },
-        }
+        {"name": standin["name"], "version": standin["version"], "index_url": url + house["simple"]}
         if standin
         else None
     )
     manifest["profiles"]["lab"] = {"six": "1.17.0"}
-    data = {"python_stack": manifest, "python_venv_python_preference": "only-system"}
+    manifest["locks"] = {"architectures": [machine], "profiles": [[], ["lab"]]}
+    return manifest
+
+
+def write_lab_manifests() -> list[_Path]:
+    """The stand-in manifest of each suite and architecture, as files the lock command reads
+    (addresses of the first host of each: the controller reaches every gateway)."""
+    paths = []
+    for stack in sorted({_stack(h["flavour"]) for h in _inventory["hosts"]}):
+        first = next(h for h in _inventory["hosts"] if _stack(h["flavour"]) == stack)
+        path = LAB_STACK / f"{stack}.yml"
+        text = _yaml.safe_dump(lab_manifest(first["flavour"], first["apt_repo_url"]), sort_keys=True)
+        if not path.is_file() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        paths.append(path)
+    return paths
+
+
+write_lab_manifests()
+
+
+def _python_stack(host: dict) -> dict:
+    """The Python stack in the lab: the flavour's stand-in manifest (:func:`lab_manifest`) and
+    its locks in the lab's state. Debian 13's venv is owned by the ordinary user and takes a
+    profile."""
+    data = {
+        "python_stack": lab_manifest(host["flavour"], host["apt_repo_url"]),
+        "python_stack_locks": str(LAB_LOCKS),
+        "python_venv_python_preference": "only-system",
+    }
     if host["flavour"] == "debian13":
         data.update(python_venv_owner="spark", python_stack_profiles=["lab"])
     return data

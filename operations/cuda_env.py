@@ -7,6 +7,10 @@ what PATH and LD_LIBRARY_PATH already held after the file's entries; systemd
 units read the same file with ``EnvironmentFile=``. ``CUDA_HOME`` is read from
 the host: the target of ``/usr/local/cuda`` (followed through every link),
 else the newest ``/usr/local/cuda-X.Y``, else ``cuda_env_default_home``.
+
+The file also makes ``uv run`` in a user's project use the managed venv
+(``UV_PROJECT_ENVIRONMENT``, the venv's path) as it is (``UV_NO_SYNC=1``: no lock,
+no sync, nothing the deploy installed is replaced).
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, deploy
 
-from . import atomic, hardware
-from .settings import Setting, absolute_path, defaults, env_mapping
+from . import atomic, hardware, python_stack
+from .settings import Setting, absolute_path, defaults, env_mapping, resolve
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 CUDA_LINK = "/usr/local/cuda"
@@ -33,6 +37,7 @@ MANAGED = (
     "TRITON_PTXAS_PATH",
     "TRITON_PTXAS_BLACKWELL_PATH",
     "UV_NO_SYNC",
+    "UV_PROJECT_ENVIRONMENT",
 )
 _TOOLKIT = re.compile(r"/cuda-(\d+)(?:\.(\d+))?\Z")
 
@@ -52,8 +57,10 @@ SETTINGS = (
         "cuda_env_file",
         "/etc/sparkrig/cuda.env",
         "The single KEY=VALUE file holding CUDA_HOME, PATH, LD_LIBRARY_PATH, TORCH_CUDA_ARCH_LIST,"
-        " TRITON_PTXAS_PATH, TRITON_PTXAS_BLACKWELL_PATH and UV_NO_SYNC=1. Login shells read it "
-        "through /etc/profile.d/sparkrig-cuda.sh; systemd units read it with EnvironmentFile=.",
+        " TRITON_PTXAS_PATH, TRITON_PTXAS_BLACKWELL_PATH and UV_NO_SYNC=1 and "
+        "UV_PROJECT_ENVIRONMENT (python_venv_path: `uv run` in a project uses the managed venv as "
+        "it is). Login shells read it through /etc/profile.d/sparkrig-cuda.sh; systemd units read "
+        "it with EnvironmentFile=.",
         absolute_path,
     ),
     Setting(
@@ -126,7 +133,7 @@ def resolve_cuda_home(toolkits: Mapping[str, Any], default: str) -> str:
 
 
 def env_variables(
-    cuda_home: str, torch_cuda_arch_list: str, extra: Mapping[str, str]
+    cuda_home: str, torch_cuda_arch_list: str, extra: Mapping[str, str], venv: str = "/opt/sparkrig/venv"
 ) -> list[tuple[str, str]]:
     """The env file's variables, managed ones first in a fixed order, then extras sorted."""
     managed = {
@@ -137,6 +144,7 @@ def env_variables(
         "TRITON_PTXAS_PATH": f"{cuda_home}/bin/ptxas",
         "TRITON_PTXAS_BLACKWELL_PATH": f"{cuda_home}/bin/ptxas",
         "UV_NO_SYNC": "1",
+        "UV_PROJECT_ENVIRONMENT": venv,
     }
     return [(name, managed[name]) for name in MANAGED] + sorted(extra.items())
 
@@ -158,11 +166,13 @@ def cuda_env():
     Write the CUDA env file and make login shells read it.
 
     Settings: ``cuda_env_file``, ``cuda_env_default_home``, ``cuda_env_extra``,
-    ``hardware_profile`` (for ``TORCH_CUDA_ARCH_LIST``); see docs/settings.md.
+    ``hardware_profile`` (for ``TORCH_CUDA_ARCH_LIST``), ``python_venv_path`` (for
+    ``UV_PROJECT_ENVIRONMENT``); see docs/settings.md.
     """
     cuda_home = resolve_cuda_home(host.get_fact(CudaToolkits), host.data.cuda_env_default_home)
     profile = hardware.host_profile()
-    variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra)
+    venv = resolve(python_stack.SETTINGS, host.data.dict())["python_venv_path"]
+    variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra, venv)
 
     files = {
         host.data.cuda_env_file: (f"CUDA env file {host.data.cuda_env_file}", render_env_file(variables)),

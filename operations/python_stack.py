@@ -1,19 +1,25 @@
 """
-Python ML stack: uv, and a virtualenv holding cu130 PyTorch, a pinned vLLM and extras.
+Python ML stack: uv, and a virtualenv holding exactly a lock made on the controller.
 
 The stack is data: ``python_stack`` (loaded from ``group_data/python_stack.yml``)
-names the Python version, the torch index and versions, vLLM's wheel per CPU
-architecture with its sha256, extra packages and optional profiles. On the host:
+names the Python version, torch (from PyPI unless an index is named for it alone),
+vLLM's wheel per CPU architecture with its sha256, extras and optional profiles.
 
+- **Locks.** ``uv run python -m operations.python_lock`` resolves the manifest on the
+  controller, once per (architecture, Python, set of profiles) listed under ``locks``,
+  into ``group_data/python_stack.locks/`` (``uv pip compile --generate-hashes``, every
+  file's sha256). Each lock's header records a digest of its inputs: settings
+  validation refuses a host whose lock is missing or stale, before any host is contacted.
+- **Hosts never resolve.** The lock is uploaded to ``<venv>/sparkrig/requirements.lock``
+  (built wheels, operations/source_builds.py, replace their package's entry) and
+  ``uv pip sync --require-hashes`` makes the venv hold exactly that. With
+  ``python_offline`` the controller downloads the locked wheels once (hashes checked)
+  and hosts install them with ``--offline --no-index``.
 - uv, pinned by version and sha256, is installed from a package index into its own
   tool environment ``/opt/sparkrig/uv`` (``/usr/local/bin/uv`` links to it unless
   that name is taken); no ``curl | sh``.
-- The manifest is rendered into ``<venv>/sparkrig/requirements.in``; uv resolves it
-  on the host into ``requirements.lock`` (every file's sha256 included) and
-  ``uv pip sync`` makes the venv hold exactly that.
-- Whether anything changes is uv's own verdict: an offline
-  ``uv pip sync --dry-run`` of the lock must say "Would make no changes". A
-  converged host costs one remote command (:class:`PythonStack`).
+- Whether anything changes is read once (:class:`PythonStack`): the sha256 of the
+  host's lock and uv's offline ``uv pip sync --dry-run`` of it ("Would make no changes").
 
 uv runs as the venv's owner, with ``--no-config`` (no user or system uv.toml
 changes what is installed) and ``UV_SYSTEM_CERTS=1`` (the system CA store, which
@@ -22,7 +28,9 @@ holds ``ca_certificates_extra``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -37,9 +45,15 @@ from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand,
 from . import atomic, hardware
 from .atomic import refused
 from .packages import installed as install_packages
-from .settings import USER_NAME, Setting, absolute_path, defaults, one_of
+from .settings import USER_NAME, Setting, absolute_path, boolean, controller_path, defaults, one_of, resolve
 
-MANIFEST = Path(__file__).resolve().parent.parent / "group_data" / "python_stack.yml"
+REPO = Path(__file__).resolve().parent.parent
+MANIFEST = REPO / "group_data" / "python_stack.yml"
+LOCKS = "group_data/python_stack.locks"  # beside the manifest, relative to the repository
+REFRESH = "uv run python -m operations.python_lock"
+# Every lock is resolved for this glibc: DGX OS 7 (Ubuntu 24.04) has 2.39, Debian 12 2.36.
+LOCK_PLATFORM = "manylinux_2_35"
+LOCK_FORMAT = 1
 UV_TOOL = "/opt/sparkrig/uv"
 UV = f"{UV_TOOL}/bin/uv"
 UV_REQUIREMENTS = "/opt/sparkrig/uv-requirements.txt"
@@ -49,9 +63,12 @@ STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory o
 # As the owner: $1 a directory (made if missing), $2 a file to copy in as $3, atomically.
 _PUT_AS_OWNER = 'mkdir -p "$1" && cp -- "$2" "$1/.$3.sparkrig-new" && chmod 644 "$1/.$3.sparkrig-new" && mv -f "$1/.$3.sparkrig-new" "$1/$3"'
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-STATE_DIR = "sparkrig"  # inside the venv: requirements.in and requirements.lock
+STATE_DIR = "sparkrig"  # inside the venv: requirements.lock
 NO_CHANGES = "Would make no changes"
 LOCK_STAMP = "# sparkrig-input: "
+OFFLINE_DIR = "/var/lib/sparkrig/python-wheels"  # the controller's wheels, on a host
+# What PyTorch's indexes may serve when the manifest names one for torch: nothing else.
+TORCH_INDEX_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "triton", "pytorch-triton"})
 # flash-attn has no sm_121 kernels and builds for CUDA 12 only: never installed.
 REFUSED = {"flash-attn": "no sm_121 kernels and CUDA 12 only; PyTorch SDPA replaces it"}
 UV_ENV = ("UV_SYSTEM_CERTS=1", "UV_NATIVE_TLS=1", f"UV_CACHE_DIR={UV_CACHE}", "UV_NO_PROGRESS=1")
@@ -100,7 +117,7 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
     the host's profile is itself invalid, reported on its own; wheels are not matched)."""
     if not isinstance(manifest, Mapping):
         return "the manifest must be a mapping (group_data/python_stack.yml)"
-    unknown = set(manifest) - {"python", "torch", "vllm", "packages", "profiles"}
+    unknown = set(manifest) - {"python", "torch", "vllm", "packages", "profiles", "locks"}
     if unknown:
         return f"unknown manifest keys: {', '.join(sorted(map(str, unknown)))}"
     if not (isinstance(manifest.get("python"), str) and _PYTHON.fullmatch(manifest["python"])):
@@ -109,20 +126,33 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
     if torch is not None:
         if not isinstance(torch, Mapping) or set(torch) != {"index_url", "packages"}:
             return "torch must hold index_url and packages (or be null)"
-        if not (isinstance(torch["index_url"], str) and _URL.fullmatch(torch["index_url"])):
-            return "torch.index_url must be an http(s) URL; never uv's 'auto' backend"
+        if torch["index_url"] is not None and not (
+            isinstance(torch["index_url"], str) and _URL.fullmatch(torch["index_url"])
+        ):
+            return "torch.index_url must be null (PyPI) or an http(s) URL; never uv's 'auto' backend"
         problem = _pins_problem(torch["packages"], "torch.packages")
         if problem:
             return problem
+        others = sorted(n for n in torch["packages"] if normalise(n) not in TORCH_INDEX_PACKAGES)
+        if torch["index_url"] is not None and others:
+            return (
+                f"torch.index_url would send {', '.join(others)} to the torch index, which serves "
+                f"only {', '.join(sorted(TORCH_INDEX_PACKAGES))}: pin it under packages"
+            )
     vllm = manifest.get("vllm")
     if vllm is not None:
         if not isinstance(vllm, Mapping) or not {"name", "version"} <= set(vllm) <= {
-            "name", "version", "wheels"
+            "name", "version", "wheels", "index_url"
         }:
-            return "vllm must hold name, version and optionally wheels (or be null)"
+            return "vllm must hold name, version and optionally wheels or index_url (or be null)"
         problem = _pins_problem({vllm["name"]: vllm["version"]}, "vllm")
         if problem:
             return problem
+        if vllm.get("index_url") is not None:
+            if vllm.get("wheels") is not None:
+                return "vllm takes wheels or index_url, not both"
+            if not (isinstance(vllm["index_url"], str) and _URL.fullmatch(vllm["index_url"])):
+                return "vllm.index_url must be an http(s) URL (an index used for vLLM alone)"
         wheels = vllm.get("wheels")
         if wheels is not None and not isinstance(wheels, Mapping):
             return "vllm.wheels must map CPU architectures to {url, sha256}"
@@ -147,6 +177,22 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
         problem = _pins_problem(pins, f"profiles.{name}")
         if problem:
             return problem
+    return _locks_problem(manifest.get("locks"), profiles)
+
+
+def _locks_problem(locks: Any, profiles: Mapping[str, Any]) -> str | None:
+    if not isinstance(locks, Mapping) or set(locks) != {"architectures", "profiles"}:
+        return "locks must hold architectures and profiles (the sets of profiles hosts enable)"
+    arches = locks["architectures"]
+    if not (isinstance(arches, list) and arches and all(a in hardware.ARCHES for a in arches)):
+        return f"locks.architectures must list some of {', '.join(sorted(hardware.ARCHES))}"
+    sets = locks["profiles"]
+    if not (isinstance(sets, list) and sets and all(isinstance(p, list) for p in sets)):
+        return "locks.profiles must list sets of profiles, e.g. [[], [unsloth]]"
+    for chosen in sets:
+        unknown = [p for p in chosen if not isinstance(p, str) or p not in profiles]
+        if unknown:
+            return f"locks.profiles names {unknown[0]!r}, which is no profile of the manifest"
     return None
 
 
@@ -197,20 +243,43 @@ def hashes_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     return None if ok else "a non-empty list of sha256 digests (64 lower-case hex digits)"
 
 
+def locks_check(value: Any, data: Mapping[str, Any]) -> str | None:
+    if not (isinstance(value, str) and value):
+        return f"a directory of locks on the controller, relative to the repository (default {LOCKS})"
+    manifest, arch = data.get("python_stack"), _arch(data)
+    profiles = data.get("python_stack_profiles")
+    # A bad manifest or profile list is reported by its own key; "auto" is checked at deploy.
+    if arch is None or manifest_check(manifest, data) or profiles_check(profiles, data):
+        return None
+    problem = lock_problem(manifest, arch, profiles, value)
+    return f"a directory holding a fresh lock for this host ({problem})" if problem else None
+
+
 SETTINGS = (
     Setting(
         "python_stack",
         load_manifest(),
-        "The versions manifest: Python, the torch index and versions, vLLM's wheel per "
-        "architecture with its sha256, extra packages, profiles. It lives in "
-        "group_data/python_stack.yml (documented there); bump the stack by editing it.",
+        "The versions manifest: Python, torch's versions (from PyPI unless an index is named for "
+        "it alone), vLLM's wheel per architecture with its sha256, extra packages, profiles, and "
+        "which locks exist. It lives in group_data/python_stack.yml (documented there); bump the "
+        "stack by editing it, then run `uv run python -m operations.python_lock`.",
         manifest_check,
     ),
     Setting(
         "python_stack_profiles",
         [],
-        'Profiles of the manifest a host installs too, e.g. ["unsloth"].',
+        'Profiles of the manifest a host installs too, e.g. ["unsloth"]. The manifest\'s locks must'
+        " list this set for the host's architecture.",
         profiles_check,
+    ),
+    Setting(
+        "python_stack_locks",
+        LOCKS,
+        "Where the controller keeps the manifest's locks (relative: to the repository), one per "
+        "architecture and set of profiles, made by `uv run python -m operations.python_lock`. A "
+        "host whose lock is missing or stale for the manifest stops the deploy before any host is "
+        "contacted.",
+        locks_check,
     ),
     Setting("python_venv_path", "/opt/sparkrig/venv", "The virtualenv's directory. It is made anew"
                                                       " (uv venv --clear) when its Python is not "
@@ -236,6 +305,23 @@ SETTINGS = (
     ),
     Setting("python_uv_version", "0.13.9", "The uv release installed into /opt/sparkrig/uv (linked"
                                            " from /usr/local/bin/uv when that name is free).", uv_version_check),
+    Setting(
+        "python_offline",
+        False,
+        "Hosts that cannot reach python_index_url: the controller downloads every wheel of their "
+        "lock once (sha256 checked against the lock) into python_offline_cache and uploads the "
+        "ones a host lacks to /var/lib/sparkrig/python-wheels; the host installs with `uv pip sync"
+        " --offline --no-index`. uv itself must already be on the host (it is installed from the "
+        "index).",
+        boolean,
+    ),
+    Setting(
+        "python_offline_cache",
+        "~/.cache/sparkrig/python-wheels",
+        "Where the controller keeps those wheels, shared by every host and run (~ is the "
+        "controller user's home).",
+        controller_path,
+    ),
     Setting(
         "python_uv_sha256",
         [
@@ -279,37 +365,134 @@ def pins(manifest: Mapping[str, Any], profiles: Sequence[str]) -> dict[str, str]
     return found
 
 
-def render_requirements(
-    manifest: Mapping[str, Any],
-    profiles: Sequence[str],
-    arch: str,
-    index_url: str,
-    built: Mapping[str, str] | None = None,
-) -> str:
-    """The requirements.in of a host: index options, then one exact pin per package.
+def indexes(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """The indexes the manifest names for some packages alone, by role: ``torch``, ``vllm``."""
+    found = {}
+    if manifest.get("torch") and manifest["torch"].get("index_url"):
+        found["torch"] = manifest["torch"]["index_url"]
+    if manifest.get("vllm") and manifest["vllm"].get("index_url"):
+        found["vllm"] = manifest["vllm"]["index_url"]
+    return found
 
-    ``built`` maps normalised package names to the requirement lines of wheels built
-    from source (operations/source_builds.py); each replaces the manifest's pin of the
-    same package, if any."""
-    built = built or {}
-    wanted = {**pins(manifest, profiles), **{name: None for name in built}}
+
+def routes(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """Each package that comes from a named index, by normalised name: the index's role."""
+    found = {}
+    if "torch" in indexes(manifest):
+        found.update({normalise(n): "torch" for n in manifest["torch"]["packages"]})
+    if "vllm" in indexes(manifest):
+        found[normalise(manifest["vllm"]["name"])] = "vllm"
+    return found
+
+
+def lock_requirements(manifest: Mapping[str, Any], profiles: Sequence[str], arch: str) -> list[str]:
+    """The requirements a lock resolves: one exact pin per package, vLLM's wheel by URL."""
     vllm = manifest.get("vllm")
     wheel = (vllm.get("wheels") or {}).get(arch) if vllm else None
     lines = []
-    for name, version in sorted(wanted.items()):
-        if name in built:
-            lines.append(built[name])
-        elif vllm and wheel and name == normalise(vllm["name"]):
-            lines.append(f"{name} @ {wheel['url']} --hash=sha256:{wheel['sha256']}")
+    for name, version in sorted(pins(manifest, profiles).items()):
+        if wheel and name == normalise(vllm["name"]):
+            lines.append(f"{name} @ {wheel['url']}")
         else:
             lines.append(f"{name}=={version}")
-    torch = manifest.get("torch")
-    return atomic.render(
-        "python_stack/requirements.in.j2",
-        index_url=index_url,
-        torch_index_url=torch["index_url"] if torch else None,
-        lines=lines,
-    )
+    return lines
+
+
+def lock_input(manifest: Mapping[str, Any], profiles: Sequence[str], arch: str) -> str:
+    """The digest a lock records of what it was resolved from. Index URLs are left out (a
+    mirror serves the same files, whose sha256 the lock pins); which packages come from
+    a named index, and vLLM's wheel sha256, are in."""
+    vllm = manifest.get("vllm")
+    wheel = (vllm.get("wheels") or {}).get(arch) if vllm else None
+    return digest(json.dumps({
+        "format": LOCK_FORMAT, "python": manifest["python"], "arch": arch,
+        "platform": LOCK_PLATFORM, "profiles": sorted(profiles),
+        "requirements": lock_requirements(manifest, profiles, arch),
+        "routes": routes(manifest), "wheel_sha256": wheel["sha256"] if wheel else None,
+    }, sort_keys=True))
+
+
+def lock_name(manifest: Mapping[str, Any], profiles: Sequence[str], arch: str) -> str:
+    """The lock's file name: ``aarch64-py3.12.txt``, ``aarch64-py3.12-unsloth.txt``."""
+    suffix = "".join(f"-{p}" for p in sorted(profiles))
+    return f"{arch}-py{manifest['python']}{suffix}.txt"
+
+
+def locks_dir(value: str) -> Path:
+    """The locks directory of setting ``python_stack_locks`` (relative: to the repository)."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else REPO / path
+
+
+def refresh_command(locks: str) -> str:
+    extra = "" if locks == LOCKS else f" --locks {locks} --manifest MANIFEST"
+    return REFRESH + extra
+
+
+@functools.lru_cache(maxsize=64)
+def _read(path: Path, _mtime_ns: int) -> str:
+    return path.read_text()
+
+
+def read_lock(path: Path) -> str | None:
+    """The lock file's text (read once per change of the file), or None when missing."""
+    try:
+        return _read(path, path.stat().st_mtime_ns)
+    except FileNotFoundError:
+        return None
+
+
+def lock_stamp(text: str) -> str | None:
+    """The input digest in a lock's header."""
+    for line in text.splitlines():
+        if line.startswith(LOCK_STAMP):
+            return line[len(LOCK_STAMP):].strip()
+        if not line.startswith("#"):
+            break
+    return None
+
+
+def lock_problem(manifest: Mapping[str, Any], arch: str, profiles: Sequence[str], locks: str) -> str | None:
+    """Why the host with this manifest, architecture and profiles has no usable lock, or None."""
+    chosen = sorted(profiles)
+    listed = [sorted(p) for p in manifest["locks"]["profiles"]]
+    if arch not in manifest["locks"]["architectures"] or chosen not in listed:
+        return (
+            f"the manifest's locks list no lock for {arch} with profiles {chosen}: "
+            f"add it to locks and run `{refresh_command(locks)}`"
+        )
+    name = lock_name(manifest, profiles, arch)
+    text = read_lock(locks_dir(locks) / name)
+    if text is None:
+        return f"{locks}/{name} is missing: run `{refresh_command(locks)}`"
+    if lock_stamp(text) != lock_input(manifest, profiles, arch):
+        return f"{locks}/{name} is stale for its manifest: run `{refresh_command(locks)}`"
+    return None
+
+
+def lock_entries(text: str) -> list[tuple[str, list[str]]]:
+    """A lock's entries in order: (normalised name, its lines), the header left out."""
+    entries: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            name = re.split(r"[ =@\[;]", line, maxsplit=1)[0]
+            entries.append((normalise(name), [line]))
+        elif entries and line.strip():
+            entries[-1][1].append(line)
+    return entries
+
+
+def host_lock(text: str, built: Mapping[str, str] | None = None) -> str:
+    """What a host installs: the controller's lock, each built wheel (operations/source_builds.py,
+    by normalised name: its requirement line) replacing its package's entry or added."""
+    built = built or {}
+    if not built:
+        return text
+    lines = text.splitlines()
+    header = lines[: next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))]
+    body = [line for name, lines in lock_entries(text) if name not in built for line in lines]
+    extra = [f"{built[name]}\n    # built from source by sparkrig (source_builds)" for name in sorted(built)]
+    return "\n".join(header + body + extra) + "\n"
 
 
 def digest(text: str) -> str:
@@ -339,14 +522,14 @@ if [ -f "$v/pyvenv.cfg" ]; then
   # can put anything at bin/python, and this runs as root.
   t=$(readlink -e "$v/bin/python") && [ -f "$t" ] && [ -x "$t" ] && echo "usable yes"
 fi
-[ -f "$s/requirements.in" ] && echo "input $(sha256sum < "$s/requirements.in" | cut -d' ' -f1)"
-[ -f "$s/requirements.lock" ] && echo "locked $(sed -n '1s/^{stamp}//p' "$s/requirements.lock")"
+[ -f "$s/requirements.lock" ] && echo "lock $(sha256sum < "$s/requirements.lock" | cut -d' ' -f1)"
+[ -n "$w" ] && [ -d "$w" ] && for f in "$w"/*.whl; do [ -f "$f" ] && echo "wheel ${{f##*/}}"; done
 if [ -x {uv} ] && [ -f "$s/requirements.lock" ] && [ -x "$v/bin/python" ] && id -u "$o" >/dev/null 2>&1; then
   echo "plan $(runuser -u "$o" -- env {env} {uv} pip sync --no-config --offline --dry-run --require-hashes --python "$v/bin/python" "$s/requirements.lock" 2>&1 | tail -n 1)"
 fi
 true
 """.format(
-    uv=UV, link=UV_LINK, cache=UV_CACHE, stamp=LOCK_STAMP, env=" ".join(UV_ENV)
+    uv=UV, link=UV_LINK, cache=UV_CACHE, env=" ".join(UV_ENV)
 )
 
 
@@ -354,21 +537,21 @@ class PythonStack(FactBase):
     """
     Returns the state of uv and of one virtualenv, read in one command: uv's version,
     whether ``/usr/local/bin/uv`` is taken, whether ``python3 -m venv`` can make a tool
-    environment, the venv's Python, owner and usability, the sha256 of its
-    requirements.in, the input its lock was made from, and the last line of an
-    offline ``uv pip sync --dry-run`` of the lock (run as the owner).
+    environment, the venv's Python, owner and usability, the sha256 of its lock, the
+    last line of an offline ``uv pip sync --dry-run`` of the lock (run as the owner), and
+    the wheel files in ``wheels`` (the controller's wheels, with ``python_offline``).
 
     .. code:: python
 
         {"uv": "0.13.9", "link_exists": True,
          "venv_module": True, "cache_owner": "spark", "owner_exists": True, "occupied": True, "python": "3.12.3",
-         "owner": "spark", "usable": True, "input": "9a...", "locked": "9a...",
-         "plan": "Would make no changes"}
+         "owner": "spark", "usable": True, "lock": "9a...", "plan": "Would make no changes", "wheels": []}
     """
 
-    def command(self, venv: str, owner: str) -> StringCommand:
+    def command(self, venv: str, owner: str, wheels: str = "") -> StringCommand:
         return atomic.encoded(StringCommand(
-            "v=", QuoteString(venv), "; o=", QuoteString(owner), ";", _STACK_SCRIPT, _separator=""
+            "v=", QuoteString(venv), "; o=", QuoteString(owner), "; w=", QuoteString(wheels), ";",
+            _STACK_SCRIPT, _separator=""
         ))
 
     @atomic.parses
@@ -382,6 +565,8 @@ class PythonStack(FactBase):
             key, _, value = line.partition(" ")
             if key in ("link_exists", "venv_module", "usable", "occupied", "owner_exists"):
                 found[key] = value == "yes"
+            elif key == "wheel":
+                found["wheels"].append(value)
             elif key in found:
                 found[key] = value or None
         return found
@@ -391,7 +576,7 @@ class PythonStack(FactBase):
         return {
             "uv": None, "link_exists": False, "venv_module": False,
             "cache_owner": None, "owner_exists": False, "occupied": False, "python": None, "owner": None, "usable": False,
-            "input": None, "locked": None, "plan": None,
+            "lock": None, "plan": None, "wheels": [],
         }
 
 
@@ -450,18 +635,28 @@ def uv_tool(version: str, index_url: str, present: str | None = None, link: bool
 
 def virtualenv_arguments(data: Mapping[str, Any], built: Mapping[str, str]) -> dict[str, Any]:
     """The arguments of :func:`virtualenv` for a host's resolved settings ``data``, with
-    the requirement lines of its built wheels (``built``, see :func:`render_requirements`)."""
+    the requirement lines of its built wheels (``built``, see :func:`host_lock`)."""
     manifest = data["python_stack"]
     arch = data["hardware_profiles"][data["hardware_profile"]]["arch"]
-    return {
+    profiles = data["python_stack_profiles"]
+    text = read_lock(locks_dir(data["python_stack_locks"]) / lock_name(manifest, profiles, arch)) or ""
+    arguments = {
         "path": data["python_venv_path"],
         "owner": data["python_venv_owner"],
         "python": manifest["python"],
-        "requirements": render_requirements(
-            manifest, data["python_stack_profiles"], arch, data["python_index_url"], built
-        ),
+        "lock": host_lock(text, built),
+        "index_url": data["python_index_url"],
+        "extra_index_urls": sorted(set(indexes(manifest).values())),
         "python_preference": data["python_venv_python_preference"],
+        "wheels": {},
     }
+    if data["python_offline"] and text:
+        from . import python_lock  # the controller's downloads
+
+        arguments["wheels"] = python_lock.offline_wheels(
+            text, arch, manifest["python"], Path(data["python_offline_cache"]).expanduser()
+        )
+    return arguments
 
 
 @operation()
@@ -469,22 +664,28 @@ def virtualenv(
     path: str,
     owner: str,
     python: str,
-    requirements: str,
+    lock: str,
+    index_url: str = "https://pypi.org/simple",
+    extra_index_urls: Sequence[str] = (),
     python_preference: str = "system",
+    wheels: Mapping[str, str] | None = None,
 ):
     """
-    Make the virtualenv at ``path`` hold exactly ``requirements``, resolved by uv.
+    Make the virtualenv at ``path`` hold exactly ``lock``, a lock made on the controller.
 
     + path: the venv's directory
     + owner: the user who owns the venv and runs uv
     + python: the venv's Python, major.minor; a venv of another Python is made anew
-    + requirements: the requirements.in text (pins and index options)
+    + lock: the lock's text (``uv pip compile --generate-hashes`` output; every file's sha256)
+    + index_url: where the locked files are downloaded from
+    + extra_index_urls: the indexes the manifest names for some packages alone (torch, vLLM)
     + python_preference: uv's ``--python-preference`` when the venv is made
+    + wheels: offline: every locked wheel, file name: path on the controller; uploaded to
+      :data:`OFFLINE_DIR` when missing there, and installed with ``--offline --no-index``
 
-    Reads the host with :class:`PythonStack`. requirements.in is replaced when its
-    content differs; the lock is made again (``uv pip compile --generate-hashes``) when
-    it was made from other input; ``uv pip sync`` runs when the lock is new or uv's
-    dry run of it would change anything. A failed step leaves the next run to redo it.
+    Reads the host with :class:`PythonStack`. The lock is uploaded when its sha256 differs;
+    ``uv pip sync --require-hashes`` runs when it was, or when uv's dry run of it would
+    change anything. Hosts never resolve. A failed step leaves the next run to redo it.
 
     **Example:**
 
@@ -495,20 +696,23 @@ def virtualenv(
             path="/opt/sparkrig/venv",
             owner="spark",
             python="3.12",
-            requirements="torch==2.11.0\\n",
+            lock=open("group_data/python_stack.locks/aarch64-py3.12.txt").read(),
         )
     """
-    found = atomic.fact(PythonStack, venv=path, owner=owner)
+    wheels = wheels or {}
+    found = atomic.fact(PythonStack, venv=path, owner=owner, wheels=OFFLINE_DIR if wheels else "")
     if found is None:
         return
     state = posixpath.join(path, STATE_DIR)
-    lock = posixpath.join(state, "requirements.lock")
-    wanted = digest(requirements)
+    lock_path = posixpath.join(state, "requirements.lock")
     q_path, q_state = QuoteString(path), QuoteString(state)
     q_group = QuoteString(f"{owner}:")  # the owner and their login group
     venv_python = QuoteString(posixpath.join(path, "bin", "python"))
     changed = False
 
+    if not lock:
+        yield atomic.refuse(f"no lock for this host on the controller: run `{REFRESH}`")
+        return
     if not found["owner_exists"]:
         yield atomic.refuse(f"python_venv_owner {owner} is no user on this host: create it first")
         return
@@ -538,70 +742,77 @@ def virtualenv(
         changed = True
         yield StringCommand("chown -hR", q_group, q_path)
 
-    stale_input = fresh or found["input"] != wanted
-    if stale_input:
+    missing = sorted(set(wheels) - set(found["wheels"]))
+    extra = sorted(set(found["wheels"]) - set(wheels))
+    if missing or extra:
+        changed = True
+        yield StringCommand("mkdir -p", QuoteString(OFFLINE_DIR), "&& chmod 755", QuoteString(OFFLINE_DIR))
+        for name in missing:
+            temp = f"{OFFLINE_DIR}/.{name}.sparkrig-new"
+            yield FileUploadCommand(wheels[name], temp)
+            yield StringCommand("chmod 644", QuoteString(temp), "&& mv -f", QuoteString(temp),
+                                QuoteString(f"{OFFLINE_DIR}/{name}"))
+        if extra:
+            yield StringCommand("rm -f", *[QuoteString(f"{OFFLINE_DIR}/{name}") for name in extra])
+
+    stale_lock = fresh or found["lock"] != digest(lock)
+    if stale_lock:
         changed = True
         # Uploaded into a root-owned directory, then put in place by the owner: the venv is
         # theirs, and root never writes or chowns through a path they can change.
-        staged = f"{STAGE}/requirements-{digest(path)[:16]}.in"
+        staged = f"{STAGE}/requirements-{digest(path)[:16]}.lock"
         yield StringCommand(
             "install -d -m 755 -o root -g root", QuoteString(STAGE), "&& rm -f", QuoteString(staged)
         )
-        yield FileUploadCommand(BytesIO(requirements.encode()), staged)
+        yield FileUploadCommand(BytesIO(lock.encode()), staged)
         yield StringCommand(
             "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(owner), "-- sh -c",
-            QuoteString(_PUT_AS_OWNER), "put", q_state, QuoteString(staged), "requirements.in",
+            QuoteString(_PUT_AS_OWNER), "put", q_state, QuoteString(staged), "requirements.lock",
             "; s=$?; rm -f", QuoteString(staged), "; exit $s",
         )
 
-    stale_lock = stale_input or found["locked"] != wanted
-    if stale_lock:
+    if stale_lock or missing or found["plan"] != NO_CHANGES:
         changed = True
-        new = QuoteString(f"{lock}.sparkrig-new")
-        body = QuoteString(f"{lock}.sparkrig-body")
+        if wheels:
+            source = ["--offline --no-index --find-links", QuoteString(OFFLINE_DIR)]
+        else:
+            source = ["--index-url", QuoteString(index_url)]
+            for url in extra_index_urls:
+                source += ["--extra-index-url", QuoteString(url)]
+            if extra_index_urls:
+                # Resolved on the controller with each named index explicit; here every
+                # file is pinned by sha256, so any index may only hand over those files.
+                source.append("--index-strategy unsafe-best-match")
         yield StringCommand(
             *as_owner(
-                owner, QuoteString(UV), "pip compile --no-config --quiet --generate-hashes",
-                "--emit-index-url --no-header --python", venv_python,
-                QuoteString(posixpath.join(state, "requirements.in")), "-o", body,
-            ),
-            "&& runuser -u", QuoteString(owner), "-- sh -c",
-            QuoteString(f"{{ echo '{LOCK_STAMP}{wanted}'; cat \"$1\"; }} > \"$2\" && chmod 644 \"$2\""
-                        ' && mv -f "$2" "$3" && rm -f "$1"'),
-            "lock", body, new, QuoteString(lock),
-        )
-
-    if stale_lock or found["plan"] != NO_CHANGES:
-        changed = True
-        yield StringCommand(
-            *as_owner(
-                owner, QuoteString(UV), "pip sync --no-config --quiet --require-hashes --python",
-                venv_python, QuoteString(lock),
+                owner, QuoteString(UV), "pip sync --no-config --quiet --require-hashes",
+                *source, "--python", venv_python, QuoteString(lock_path),
             )
         )
 
     if not changed:
-        host.noop(f"virtualenv {path} holds its requirements")
+        host.noop(f"virtualenv {path} holds its lock")
 
 
 # The deploy ------------------------------------------------------------------------
 
 
-def venv_stale(found: Mapping[str, Any], python: str, owner: str, wanted: str) -> bool:
+def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, wheels: Sequence[str]) -> bool:
     """Whether :func:`virtualenv` has work, from one :class:`PythonStack` reading."""
     return (
         not found["usable"]
         or major_minor(found["python"]) != python
         or (found["owner"], found["cache_owner"]) != (owner, owner)
-        or (found["input"], found["locked"]) != (wanted, wanted)
+        or found["lock"] != digest(lock)
         or found["plan"] != NO_CHANGES
+        or sorted(found["wheels"]) != sorted(wheels)
     )
 
 
 @deploy("Python stack", data_defaults=defaults(SETTINGS + hardware.SETTINGS))
 def python_stack():
     """
-    Install uv and make the virtualenv hold the manifest's stack.
+    Install uv and make the virtualenv hold the controller's lock of the manifest.
 
     Settings: ``python_*``; see docs/settings.md and group_data/python_stack.yml.
     """
@@ -611,16 +822,24 @@ def python_stack():
     manifest = data.python_stack
     arch = hardware.host_profile()["arch"]
     # Checked before any connection for a named profile; for "auto", now that the box said.
-    problem = manifest_problem(manifest, arch)
-    if problem:
-        refused(name="The versions manifest fits this box", message=f"python_stack: {problem}")
-        return
-    requirements = render_requirements(
-        manifest, data.python_stack_profiles, arch, data.python_index_url,
-        source_builds.host_requirement_lines(),
+    problem = manifest_problem(manifest, arch) or lock_problem(
+        manifest, arch, data.python_stack_profiles, data.python_stack_locks
     )
+    if problem:
+        refused(name="The versions manifest and its lock fit this box", message=f"python_stack: {problem}")
+        return
+    try:
+        arguments = virtualenv_arguments(
+            resolve(SETTINGS + hardware.SETTINGS, data.dict()), source_builds.host_requirement_lines()
+        )
+    except (OSError, RuntimeError, ValueError) as error:  # python_offline's downloads
+        refused(name="The controller has the locked wheels", message=f"python_offline: {error}")
+        return
     owner = data.python_venv_owner
-    found = atomic.fact(PythonStack, venv=data.python_venv_path, owner=owner)
+    found = atomic.fact(
+        PythonStack, venv=data.python_venv_path, owner=owner,
+        wheels=OFFLINE_DIR if arguments["wheels"] else "",
+    )
     if found is None:
         return
 
@@ -644,12 +863,8 @@ def python_stack():
             link=link_free,
         )
 
-    if venv_stale(found, manifest["python"], owner, digest(requirements)):
+    if venv_stale(found, manifest["python"], owner, arguments["lock"], list(arguments["wheels"])):
         virtualenv(
             name=f"Virtualenv {data.python_venv_path} (Python {manifest['python']}, owner {owner})",
-            path=data.python_venv_path,
-            owner=owner,
-            python=manifest["python"],
-            requirements=requirements,
-            python_preference=data.python_venv_python_preference,
+            **arguments,
         )

@@ -63,6 +63,17 @@ def absolute_path(value: Any, _data: Mapping[str, Any]) -> str | None:
     return None if ok else "a normalised absolute path without quotes, '$', '`' or '\\'"
 
 
+def controller_path(value: Any, _data: Mapping[str, Any]) -> str | None:
+    """A directory on the controller (``~`` is the controller user's home)."""
+    ok = (
+        isinstance(value, str)
+        and (value.startswith("/") or value.startswith("~/"))
+        and posixpath.normpath(value) == value
+        and value.isprintable()
+    )
+    return None if ok else "a normalised absolute path on the controller, or one starting with ~/"
+
+
 def boolean(value: Any, _data: Mapping[str, Any]) -> str | None:
     return None if isinstance(value, bool) else "True or False"
 

@@ -20,8 +20,10 @@ builds on by name with ``source_builds_enabled``.
   run picks up the result.
 - **Wheelhouse.** The build ends in ``/var/lib/sparkrig/wheelhouse/<name>/<key>/``:
   the wheel and ``stamp.json`` (URL, ref, commit, environment, wheel, version,
-  sha256). The venv installs it through python_stack's requirements
-  (``package @ file:///…whl --hash=sha256:…``), so ``uv pip sync`` keeps it. While a
+  sha256). The venv installs it through python_stack's lock, where its line
+  (``package @ file:///…whl --hash=sha256:…``) replaces the package's locked entry, so
+  ``uv pip sync`` keeps it. Its dependencies are not resolved on the host: they must be
+  in the lock (Triton, xformers and vLLM depend on what the stack already holds). While a
   new ref builds, the venv keeps the wheel it has.
 - **Once per fleet.** Among the hosts of this run that share a key, the first in
   inventory order builds; its wheel is fetched into the controller's cache
@@ -62,7 +64,7 @@ from pyinfra.api import (
 
 from . import atomic, cuda_env, hardware, jobs, python_stack
 from .packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
-from .settings import ENV_NAME, Setting, defaults, env_value_problem, mapping_of, resolve
+from .settings import ENV_NAME, Setting, controller_path, defaults, env_value_problem, mapping_of, resolve
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "group_data" / "source_builds.yml"
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"
@@ -184,16 +186,6 @@ def enabled_check(value: Any, data: Mapping[str, Any]) -> str | None:
     return None if ok else f"a list of builds of source_builds: {', '.join(known) or '(none defined)'}"
 
 
-def cache_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = (
-        isinstance(value, str)
-        and (value.startswith("/") or value.startswith("~/"))
-        and posixpath.normpath(value) == value
-        and value.isprintable()
-    )
-    return None if ok else "a normalised absolute path on the controller, or one starting with ~/"
-
-
 def wait_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     return None if isinstance(value, bool) else "True (wait for builds) or False (return at once)"
 
@@ -231,7 +223,7 @@ SETTINGS = (
         "Where the controller keeps built wheels (by build and stamp) to upload them to the other "
         "hosts of the fleet instead of building there too. `~` is the home of the user running "
         "pyinfra.",
-        cache_check,
+        controller_path,
     ),
 )
 
@@ -415,7 +407,7 @@ class SourceBuilds(FactBase):
     ``built`` (its wheel and stamp are in the wheelhouse), ``running`` (its unit is
     active), ``failed`` (an attempt ended without a wheel: ``result`` holds the build's
     exit status, or None when it never wrote one, as when it was killed) or ``absent``;
-    and ``current``: the line of the venv's requirements.in that starts with ``prefix``
+    and ``current``: the line of the venv's requirements.lock that starts with ``prefix``
     (the build's wheel the venv holds now, maybe of an earlier ref) while its wheel exists.
 
     .. code:: python
@@ -428,7 +420,7 @@ class SourceBuilds(FactBase):
     """
 
     def command(self, builds: Sequence[tuple[str, str, str]], venv: str) -> StringCommand:
-        bits: list = ["r=", QuoteString(posixpath.join(venv, python_stack.STATE_DIR, "requirements.in")), ";"]
+        bits: list = ["r=", QuoteString(posixpath.join(venv, python_stack.STATE_DIR, "requirements.lock")), ";"]
         for name, key, prefix in builds:
             n, d, w = QuoteString(name), QuoteString(build_dir(name, key)), QuoteString(wheelhouse_dir(name, key))
             r = QuoteString(f"{work_dir(name, key)}/result")

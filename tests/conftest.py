@@ -8,12 +8,14 @@ a tool missing). ``--keep-lab`` leaves the fleet up after the run for a look.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from tests import lab
-from tests.support import DeployResult, run_deploy
+from tests.support import REPO, DeployResult, run_deploy
 
 LAB_INVENTORY = "inventory/lab.py"
 
@@ -85,7 +87,29 @@ def lab_hosts(request):
         lab.down()
 
 
+def refresh_lab_locks() -> list[str]:
+    """The lab's stand-in manifests (one per flavour, in the lab's state) locked on the
+    controller by the real command, as a user refreshes group_data/python_stack.locks."""
+    from inventory import lab as lab_inventory  # the lab is up: its inventory loads
+
+    outputs = []
+    for manifest in lab_inventory.write_lab_manifests():
+        result = subprocess.run(
+            [sys.executable, "-m", "operations.python_lock", "--manifest", str(manifest),
+             "--locks", str(lab_inventory.LAB_LOCKS)],
+            cwd=REPO, capture_output=True, text=True, timeout=900,
+        )
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stderr)
+    return outputs
+
+
 @pytest.fixture(scope="session")
-def first_converge(lab_hosts) -> DeployResult:
-    """The deploy, run once against the fresh lab fleet."""
+def lab_locks(lab_hosts) -> list[str]:
+    return refresh_lab_locks()
+
+
+@pytest.fixture(scope="session")
+def first_converge(lab_hosts, lab_locks) -> DeployResult:
+    """The deploy, run once against the fresh lab fleet (its locks made first)."""
     return run_deploy(LAB_INVENTORY)

@@ -147,6 +147,22 @@ def test_uv_run_never_resyncs_for_the_owner(host, settings):
     assert value.splitlines()[-1] == "UV_NO_SYNC=1"
 
 
+def test_uv_run_in_a_project_uses_the_managed_venv_as_it_is(host, settings, venv):
+    """Protects against seed 001's workflow missing the managed stack: `uv run` in a user's
+    project (a scratch one here, made by the venv's owner) runs the managed venv's Python,
+    makes no `.venv` and no lock, and leaves the venv exactly as its lock says."""
+    owner = shlex.quote(settings["python_venv_owner"])
+    script = (
+        'd=$(mktemp -d) && cd "$d" && { echo "[project]"; echo "name = \\"scratch\\""; '
+        'echo "version = \\"0\\""; echo "dependencies = [\\"six\\"]"; } > pyproject.toml && '
+        'uv run python -c "import sys; print(sys.prefix)" && ls -A; rm -rf "$d"'
+    )
+    with host.sudo():
+        out = host.check_output(f"runuser -l {owner} -c {shlex.quote(script)}").splitlines()
+    assert out[-2:] == [venv, "pyproject.toml"], out
+    test_venv_holds_exactly_its_lock(host, settings, venv)
+
+
 @pytest.fixture
 def torch_pin(pins) -> str:
     if "torch" not in pins:

@@ -65,7 +65,9 @@ def test_cuda_home_resolution(output, expected):
 
 
 def test_env_variables_in_fixed_order_with_extras_sorted_after():
-    variables = ce.env_variables("/usr/local/cuda-13.0", "12.1a", {"ZED": "1", "HF_HOME": "/data/hf"})
+    variables = ce.env_variables(
+        "/usr/local/cuda-13.0", "12.1a", {"ZED": "1", "HF_HOME": "/data/hf"}, "/home/spark/venv"
+    )
     assert variables == [
         ("CUDA_HOME", "/usr/local/cuda-13.0"),
         ("PATH", "/usr/local/cuda-13.0/bin:" + ce.BASE_PATH),
@@ -74,6 +76,7 @@ def test_env_variables_in_fixed_order_with_extras_sorted_after():
         ("TRITON_PTXAS_PATH", "/usr/local/cuda-13.0/bin/ptxas"),
         ("TRITON_PTXAS_BLACKWELL_PATH", "/usr/local/cuda-13.0/bin/ptxas"),
         ("UV_NO_SYNC", "1"),
+        ("UV_PROJECT_ENVIRONMENT", "/home/spark/venv"),
         ("HF_HOME", "/data/hf"),
         ("ZED", "1"),
     ]

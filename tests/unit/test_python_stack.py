@@ -43,11 +43,15 @@ def test_defaults_and_the_shipped_manifest_are_valid():
     assert _problems(python_stack_profiles=["unsloth"]) == []
 
 
-def test_the_shipped_manifest_pins_a_matching_cu130_stack():
-    assert MANIFEST["torch"]["index_url"] == "https://download.pytorch.org/whl/cu130"
+def test_the_shipped_manifest_pins_a_matching_cu130_stack_from_pypi():
+    assert MANIFEST["torch"]["index_url"] is None  # PyPI's torch 2.11.0 is the CUDA 13.0 build
     assert MANIFEST["torch"]["packages"] == {"torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0"}
     assert set(MANIFEST["vllm"]["wheels"]) == {"aarch64", "x86_64"}
-    assert MANIFEST["profiles"]["unsloth"] == {"bitsandbytes": "0.48.0", "transformers": "4.56.2", "trl": "0.22.2"}
+    assert MANIFEST["profiles"]["unsloth"] == {
+        "bitsandbytes": "0.48.0", "transformers": "4.56.2", "trl": "0.22.2",
+        "unsloth": "2025.10.1", "unsloth_zoo": "2025.11.2",
+    }
+    assert MANIFEST["locks"] == {"architectures": ["aarch64", "x86_64"], "profiles": [[], ["unsloth"]]}
 
 
 @pytest.mark.parametrize(
@@ -59,6 +63,19 @@ def test_the_shipped_manifest_pins_a_matching_cu130_stack():
         ({"python_stack": _manifest(packages={"numpy": 2.1})}, "numpy needs an exact version as a quoted"),
         ({"python_stack": _manifest(colour="red")}, "unknown manifest keys: colour"),
         ({"python_stack": _manifest(torch={"index_url": "auto", "packages": {}})}, "never uv's 'auto'"),
+        (
+            {"python_stack": _manifest(torch={"index_url": "https://download.pytorch.org/whl/cu130",
+                                              "packages": {"torch": "2.11.0", "numpy": "2.3.5"}})},
+            "torch.index_url would send numpy to the torch index",
+        ),
+        ({"python_stack": _manifest(locks={"architectures": ["arm64"], "profiles": [[]]})}, "locks.architectures"),
+        ({"python_stack": _manifest(locks={"architectures": ["x86_64"], "profiles": [["nightly"]]})},
+         "locks.profiles names 'nightly'"),
+        ({"python_stack_locks": "/nonexistent/locks"}, "aarch64-py3.12.txt is missing: run `uv run python -m operations.python_lock"),
+        ({"python_stack": _manifest(packages={"six": "1.17.0"})},
+         "group_data/python_stack.locks/aarch64-py3.12.txt is stale for its manifest: run `uv run python -m operations.python_lock`"),
+        ({"python_stack": _manifest(locks={"architectures": ["x86_64"], "profiles": [[]]})},
+         "the manifest's locks list no lock for aarch64 with profiles []"),
         (
             {"python_stack": _manifest(vllm={**MANIFEST["vllm"], "wheels": {"x86_64": MANIFEST["vllm"]["wheels"]["x86_64"]}})},
             "no {url, sha256} entry for this host's architecture aarch64",
@@ -102,34 +119,56 @@ def test_the_default_manifest_is_group_data_python_stack_yml():
     assert default == ps.load_manifest(REPO / "group_data" / "python_stack.yml") == MANIFEST
 
 
-# requirements.in ---------------------------------------------------------------------
+# Locks ------------------------------------------------------------------------------------
 
 
-def test_requirements_pin_every_package_and_name_the_torch_index_and_the_wheel():
-    text = ps.render_requirements(MANIFEST, ["unsloth"], "aarch64", "https://mirror.example/simple")
-    lines = [line for line in text.splitlines() if not line.startswith("#")]
-    wheel = MANIFEST["vllm"]["wheels"]["aarch64"]
-    assert lines == [
-        "--index-url https://mirror.example/simple",
-        "--extra-index-url https://download.pytorch.org/whl/cu130",
-        "bitsandbytes==0.48.0",
-        "torch==2.11.0",
-        "torchaudio==2.11.0",
-        "torchvision==0.26.0",
-        "transformers==4.56.2",
-        "trl==0.22.2",
-        f"vllm @ {wheel['url']} --hash=sha256:{wheel['sha256']}",
-    ]
+def test_the_shipped_locks_are_fresh_and_hold_pypis_cuda_torch():
+    for arch in ("aarch64", "x86_64"):
+        for profiles in ([], ["unsloth"]):
+            assert ps.lock_problem(MANIFEST, arch, profiles, ps.LOCKS) is None
+        text = (ps.locks_dir(ps.LOCKS) / f"{arch}-py3.12.txt").read_text()
+        entries = dict(ps.lock_entries(text))
+        assert entries["torch"][0] == "torch==2.11.0 \\"
+        assert "    # from https://pypi.org/simple" in entries["torch"]
+        assert entries["cuda-toolkit"][0].startswith("cuda-toolkit==13.0.2")
+        wheel = MANIFEST["vllm"]["wheels"][arch]
+        assert entries["vllm"][:2] == [f"vllm @ {wheel['url']} \\", f"    --hash=sha256:{wheel['sha256']}"]
 
 
-def test_requirements_take_the_wheel_of_the_hosts_architecture_or_the_index_version():
-    x86 = ps.render_requirements(MANIFEST, [], "x86_64", "https://pypi.org/simple")
-    assert MANIFEST["vllm"]["wheels"]["x86_64"]["url"] in x86
-    assert "aarch64" not in x86
-    indexed = _manifest(vllm={"name": "vllm", "version": "0.20.2"}, torch=None)
-    text = ps.render_requirements(indexed, [], "x86_64", "https://pypi.org/simple")
-    assert "vllm==0.20.2" in text.splitlines()
-    assert "--extra-index-url" not in text
+def test_the_lock_input_follows_pins_routes_and_wheels_but_not_index_urls():
+    base = ps.lock_input(MANIFEST, [], "aarch64")
+    assert ps.lock_input(MANIFEST, [], "x86_64") != base
+    assert ps.lock_input(MANIFEST, ["unsloth"], "aarch64") != base
+    assert ps.lock_input(_manifest(python="3.11"), [], "aarch64") != base
+    assert ps.lock_input(_manifest(packages={"six": "1.17.0"}), [], "aarch64") != base
+    routed = _manifest(torch={**MANIFEST["torch"], "index_url": "https://download.pytorch.org/whl/cu130"})
+    assert ps.lock_input(routed, [], "aarch64") != base
+    mirror = _manifest(torch={**MANIFEST["torch"], "index_url": "https://mirror.example/cu130"})
+    assert ps.lock_input(mirror, [], "aarch64") == ps.lock_input(routed, [], "aarch64")
+
+
+def test_lock_names_key_architecture_python_and_profiles():
+    assert ps.lock_name(MANIFEST, [], "aarch64") == "aarch64-py3.12.txt"
+    assert ps.lock_name(MANIFEST, ["unsloth", "lab"], "x86_64") == "x86_64-py3.12-lab-unsloth.txt"
+
+
+def test_only_the_packages_named_for_an_index_are_routed_there():
+    routed = _manifest(
+        torch={**MANIFEST["torch"], "index_url": "https://download.pytorch.org/whl/cu130"},
+        vllm={"name": "vllm", "version": "0.20.2", "index_url": "https://wheels.vllm.example/simple"},
+    )
+    assert ps.routes(routed) == {"torch": "torch", "torchvision": "torch", "torchaudio": "torch", "vllm": "vllm"}
+    assert ps.routes(MANIFEST) == {}
+    from operations import python_lock
+
+    text = python_lock.compile_input(routed, ["unsloth"], "aarch64")
+    assert 'torch = { index = "torch" }' in text and 'vllm = { index = "vllm" }' in text
+    assert text.count("explicit = true") == 2 and "transformers = {" not in text
+
+
+def test_a_host_lock_is_the_controllers_lock_without_built_wheels():
+    text = (ps.locks_dir(ps.LOCKS) / "aarch64-py3.12.txt").read_text()
+    assert ps.host_lock(text, {}) == text
 
 
 def test_uv_requirements_carry_every_hash():
@@ -141,19 +180,19 @@ def test_uv_requirements_carry_every_hash():
 # The fact ------------------------------------------------------------------------------
 
 
-def _fact_output(requirements: str | None = None, **changes) -> list[str]:
-    wanted = hashlib.sha256((requirements or _wanted()).encode()).hexdigest()
+def _fact_output(lock: str | None = None, **changes) -> list[str]:
+    wanted = hashlib.sha256((lock or _wanted()).encode()).hexdigest()
     state = {
         "uv": "0.13.9", "link": ps.UV, "link_exists": "yes", "venv_module": "yes",
         "cache_owner": "root", "owner_exists": "yes", "occupied": "yes", "python": "3.12.3", "owner": "root",
-        "usable": "yes", "input": wanted, "locked": wanted, "plan": ps.NO_CHANGES,
+        "usable": "yes", "lock": wanted, "plan": ps.NO_CHANGES,
     }
     state.update(changes)
     return [f"{key} {value}" for key, value in state.items() if value is not None]
 
 
 def _wanted(profiles=(), arch="aarch64") -> str:
-    return ps.render_requirements(MANIFEST, list(profiles), arch, "https://pypi.org/simple")
+    return (ps.locks_dir(ps.LOCKS) / ps.lock_name(MANIFEST, profiles, arch)).read_text()
 
 
 def test_fact_reads_every_field():
@@ -221,21 +260,22 @@ def test_a_fresh_host_gets_venv_support_uv_and_the_venv():
     assert "chown -hR spark: /var/cache/sparkrig/uv" in joined
     assert "runuser -u spark -- env UV_SYSTEM_CERTS=1" in joined
     assert "uv venv --no-config --clear --python 3.12 --python-preference system /opt/sparkrig/venv" in joined
-    assert "pip compile --no-config --quiet --generate-hashes --emit-index-url" in joined
-    assert "pip sync --no-config --quiet --require-hashes" in joined
+    assert "pip compile" not in joined  # hosts never resolve
+    assert "pip sync --no-config --quiet --require-hashes --index-url https://pypi.org/simple --python" in joined
+    assert "--extra-index-url" not in joined
     (upload,) = venv.uploads.values()
     assert upload.decode() == _wanted()
 
 
-def test_a_changed_pin_rewrites_the_input_relocks_and_syncs_without_a_new_venv():
+def test_a_changed_lock_is_uploaded_and_synced_without_a_new_venv():
     old = _wanted()
-    ops = _ops(_fact_output(requirements=old), hardware_profile="gb10", python_stack_profiles=["unsloth"])
+    ops = _ops(_fact_output(lock=old), hardware_profile="gb10", python_stack_profiles=["unsloth"])
     (venv,) = ops
     assert venv.name.startswith("Python stack | Virtualenv /opt/sparkrig/venv")
     joined = "\n".join(venv.commands)
-    assert "uv venv" not in joined
-    assert "pip compile" in joined and "pip sync" in joined
-    assert "bitsandbytes==0.48.0" in list(venv.uploads.values())[0].decode()
+    assert "uv venv" not in joined and "pip compile" not in joined
+    assert "pip sync" in joined
+    assert list(venv.uploads.values())[0].decode() == _wanted(["unsloth"])
 
 
 def test_drift_found_by_the_dry_run_only_syncs():
@@ -249,7 +289,7 @@ def test_a_venv_of_another_python_is_made_anew():
 
 
 def test_a_non_venv_directory_is_refused_not_cleared():
-    (venv,) = _ops(_fact_output(python=None, owner=None, usable=None, input=None, locked=None, plan=None))
+    (venv,) = _ops(_fact_output(python=None, owner=None, usable=None, lock=None, plan=None))
     assert len(venv.commands) == 1
     assert "is a non-empty directory but no virtualenv" in venv.commands[0]
     assert venv.commands[0].endswith("exit 1")
@@ -263,6 +303,12 @@ def test_a_new_uv_pin_reinstalls_uv_only_and_keeps_a_foreign_link():
 
 def test_plan_without_execution_agrees():
     assert plan(ps.python_stack, responses={FACT: _fact_output()}) == []
+
+
+def test_a_stale_lock_refuses_the_host_before_any_change():
+    ops = _ops(_fact_output(), python_stack=_manifest(packages={"six": "1.17.0"}))
+    assert [op.name for op in ops] == ["Python stack | The versions manifest and its lock fit this box"]
+    assert "is stale for its manifest: run `uv run python -m operations.python_lock`" in ops[0].commands[0]
 
 
 def test_an_owner_that_does_not_exist_is_refused():
