@@ -402,6 +402,7 @@ def uv_tool(version: str, index_url: str, present: str | None = None, link: bool
         uv_tool(name="uv 0.13.9", version="0.13.9", index_url="https://pypi.org/simple")
     """
     if present != version:
+        atomic.detail(f"uv {version} (this host has {present or 'none'})")
         new = QuoteString(f"{UV_TOOL}.sparkrig-new")
         pip = QuoteString(f"{UV_TOOL}.sparkrig-new/bin/pip")
         yield StringCommand(
@@ -473,6 +474,7 @@ def virtualenv(
         )
     """
     found = host.get_fact(PythonStack, venv=path, owner=owner)
+    atomic.detail(f"virtualenv {path}: Python {python}, owner {owner}")
     state = posixpath.join(path, STATE_DIR)
     lock = posixpath.join(state, "requirements.lock")
     wanted = digest(requirements)
@@ -591,7 +593,7 @@ def python_stack():
         if not found["venv_module"]:
             install_packages(name="Install python3-venv (uv's tool environment)", packages=["python3-venv"])
         atomic.file(
-            name=f"uv {data.python_uv_version} and its sha256 ({UV_REQUIREMENTS})",
+            name=f"uv pin (python_uv_version) and its sha256 ({UV_REQUIREMENTS})",
             dest=UV_REQUIREMENTS,
             content=render_uv_requirements(data.python_uv_version, data.python_uv_sha256),
             mode=0o644,
@@ -599,7 +601,7 @@ def python_stack():
     link_free = not found["link_exists"]
     if found["uv"] != data.python_uv_version or link_free:
         uv_tool(
-            name=f"uv {data.python_uv_version} in {UV_TOOL}",
+            name=f"uv in {UV_TOOL}",
             version=data.python_uv_version,
             index_url=data.python_index_url,
             present=found["uv"],
@@ -608,7 +610,7 @@ def python_stack():
 
     if venv_stale(found, manifest["python"], owner, digest(requirements)):
         virtualenv(
-            name=f"Virtualenv {data.python_venv_path} (Python {manifest['python']}, owner {owner})",
+            name="Virtualenv python_venv_path, with the manifest's Python, owned by python_venv_owner",
             path=data.python_venv_path,
             owner=owner,
             python=manifest["python"],

@@ -21,6 +21,16 @@ def test_converge_succeeds_on_every_lab_host(lab_hosts, first_converge):
     assert first_converge.hosts() == names
     # Fresh hosts: every one of them had something to change.
     assert set(first_converge.changed()) == names, first_converge.log
+    changes = sum(len(ops) for ops in first_converge.changed().values())
+    assert f"--> {len(names)} hosts, {changes} changes on {len(names)} hosts\n" in first_converge.log
+
+
+def test_every_operation_has_one_name_on_every_host(first_converge):
+    """pyinfra's results table shows one name per operation for all its hosts: a name that
+    differs between hosts (a setting's value, a fact, a loop's item) labels the other hosts'
+    rows wrongly. The lab's hosts differ in Python, venv owner, Docker source and NGC."""
+    several = {op["name"]: op["names"] for op in first_converge.operations() if len(op["names"]) != 1}
+    assert not several, several
 
 
 def test_second_converge_reports_zero_changes_on_every_host(first_converge):
@@ -29,4 +39,5 @@ def test_second_converge_reports_zero_changes_on_every_host(first_converge):
     assert second.returncode == 0, second.log
     changes = [f"{host}: {op}" for host, ops in sorted(second.changed().items()) for op in ops]
     assert not changes, "the second run changed:\n  " + "\n  ".join(changes)
+    assert second.log.rstrip().endswith(f"--> {len(second.hosts())} hosts, no changes"), second.log[-2000:]
     assert second.hosts() == set(first_converge.hosts())

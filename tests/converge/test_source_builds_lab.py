@@ -163,7 +163,7 @@ def test_a_failed_build_keeps_the_venv_and_reports_the_journal_tail(first_conver
     assert _launches(host) == before + 1
     assert "source build lab-ext failed (exit status" in broken.log, broken.log[-3000:]
     # The journal's tail holds the compiler's own message, under the build's operation.
-    failed_op = broken.log.index("Starting operation: Source builds | Source build lab-ext at v3.0-broken")
+    failed_op = broken.log.index("Starting operation: Source builds | Source build lab-ext, on its builder")
     assert "src/native.c:5:32: error:" in broken.log[failed_op:], broken.log[-3000:]
     assert _installed(host) == installed and _answer(host) == "1"
 

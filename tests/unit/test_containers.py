@@ -516,7 +516,7 @@ def test_a_repository_configured_elsewhere_is_refused_before_any_change():
              "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu noble stable")
     ops = execute(ct.containers, responses=_host(keys=False, sources=False, extra_entries=[entry]))
     assert [(op.name, op.commands) for op in ops] == [(
-        "Docker and the NVIDIA container toolkit | The docker repository is configured once",
+        "Docker and the NVIDIA container toolkit | Docker's and NVIDIA's repositories are configured once",
         ["echo 'sparkrig: https://download.docker.com/linux/ubuntu is already configured in "
          "/etc/apt/sources.list.d/docker.list; apt refuses one repository with two keyrings: remove that "
          "file, or set the source to '\"'\"'preinstalled'\"'\"' to keep it' >&2; exit 1"],
@@ -541,9 +541,9 @@ def test_preinstalled_dgx_os_host_is_only_wired_up():
     assert list(commands) == [
         "Register the nvidia runtime in /etc/docker/daemon.json (other keys kept)",
         "Restart Docker: /etc/docker/daemon.json changed",
-        "spark in the docker group (root-equivalent)",
+        "containers_docker_users in the docker group (root-equivalent)",
     ]
-    assert commands["spark in the docker group (root-equivalent)"] == ["gpasswd -a spark docker"]
+    assert commands["containers_docker_users in the docker group (root-equivalent)"] == ["gpasswd -a spark docker"]
 
 
 def test_distro_source_installs_docker_io_and_needs_no_docker_repository():
