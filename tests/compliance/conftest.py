@@ -27,7 +27,7 @@ import pytest
 from operations.hardware import AUTO, HardwareIdentity, choose_profile
 from operations.settings import all_settings, resolve
 from tests import lab
-from tests.conftest import LAB_INVENTORY
+from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
 
 
@@ -151,6 +151,7 @@ def _lab_ssh_config(request):
     if request.config.sparkrig_targets == "lab":
         request.getfixturevalue("host_data")
         write_multiplexed(lab.ssh_config_path().read_text(), Path(request.config.option.ssh_config))
+        lab_says(request.config, f"compliance suite against the {len(_TABLE.names)} lab hosts")
 
 
 @pytest.fixture

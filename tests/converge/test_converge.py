@@ -6,9 +6,11 @@ The real deploy runs with the pyinfra CLI over SSH against fresh Debian 12
 run must report zero changes on every host.
 """
 
+import time
+
 import pytest
 
-from tests.conftest import LAB_INVENTORY
+from tests.conftest import LAB_INVENTORY, deploy_summary
 from tests.support import run_deploy
 
 pytestmark = pytest.mark.lab
@@ -33,9 +35,12 @@ def test_every_operation_has_one_name_on_every_host(first_converge):
     assert not several, several
 
 
-def test_second_converge_reports_zero_changes_on_every_host(first_converge):
+def test_second_converge_reports_zero_changes_on_every_host(first_converge, say):
     assert first_converge.returncode == 0, "the first converge failed; see its test"
+    started = time.monotonic()
+    say("converge 2/2: deploy.py again, which must change nothing")
     second = run_deploy(LAB_INVENTORY)
+    say(f"converge 2/2: {deploy_summary(second)}, in {time.monotonic() - started:.0f} s")
     assert second.returncode == 0, second.log
     changes = [f"{host}: {op}" for host, ops in sorted(second.changed().items()) for op in ops]
     assert not changes, "the second run changed:\n  " + "\n  ".join(changes)

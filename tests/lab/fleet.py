@@ -54,7 +54,7 @@ from .config import (
     STOP_GRACE_S,
     WHEEL_CACHE,
 )
-from .image import copy_image, ensure_images
+from .image import copy_image, ensure_images, missing_images
 from .model import DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, plan_fleet
 from .render import (
     parse_nameservers,
@@ -251,6 +251,12 @@ def _bring_up(hosts: list[LabHost]) -> list[LabHost]:
     _parallel(_wait_ready, hosts)
     log.info("lab up: %d hosts in %.0f s", len(hosts), time.monotonic() - started)
     return hosts
+
+
+def images_to_build(hosts: Sequence[tuple[str, str]] | None = None) -> list[str]:
+    """The flavours whose image ``up`` would build before it boots ``hosts`` (default: the
+    default fleet): none once they are cached."""
+    return missing_images([flavour for _name, flavour in hosts or DEFAULT_FLEET], CACHE_DIR, MIRROR)
 
 
 def _images(flavours: Sequence[str]) -> dict[str, Path]:
