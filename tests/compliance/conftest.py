@@ -217,9 +217,13 @@ def host_of(nodeid: str, names) -> str | None:
     return max(fits, key=len) if fits else None
 
 
-_UNREACHED = re.compile(
-    r"exit_status=255, command=b(?P<q>['\"])(?P<command>.*?)(?P=q), _stdout=b.*?, _stderr=b(?P<q2>['\"])(?P<stderr>.*?)(?P=q2)\)"
+# testinfra's repr of a command's result, in its errors (a failed check_output, an
+# unreached host): its exit status, command and stderr, as bytes literals.
+_COMMAND_RESULT = re.compile(
+    r"CommandResult\(.*?exit_status=(?P<rc>\d+), command=b(?P<q>['\"])(?P<command>.*?)(?P=q), "
+    r"_stdout=b.*?, _stderr=b(?P<q2>['\"])(?P<stderr>.*?)(?P=q2)\)"
 )
+FINDING_MAX = 300
 
 
 def found(report) -> str:
@@ -231,11 +235,15 @@ def found(report) -> str:
     line = lines[0] if lines else "(no message)"
     for prefix in ("AssertionError: ", "Failed: "):
         line = line.removeprefix(prefix)
-    # testinfra's error for a command SSH could not run (the host unreachable): ssh's message.
-    unreached = _UNREACHED.search(line)
-    if unreached:
-        stderr = unreached["stderr"].replace("\\r", "").replace("\\n", " ").strip()
-        line = f"{stderr} (running: {unreached['command']})"
+    result = _COMMAND_RESULT.search(line)
+    if result:
+        stderr = result["stderr"].replace("\\r", "").replace("\\n", " ").strip()
+        if result["rc"] == "255":  # ssh's own failure: the host unreached
+            line = f"{stderr} (running: {result['command']})"
+        else:
+            line = f"a command exited {result['rc']}: {stderr or result['command']}"
+    if len(line) > FINDING_MAX:
+        line = line[:FINDING_MAX - 1] + "…"
     return f"{line} (at setup)" if report.when == "setup" else line
 
 
