@@ -103,10 +103,10 @@ def test_the_fleet_builds_once_and_every_host_installs_the_wheel(lab_hosts, firs
         assert stamp["built_on"] == BUILDER and stamp["commit"] == _refs()["v1.0"]["commit"]
     # Only the builder ran the build's operation; the others received the wheel.
     ops = first_converge.changed()
-    assert [op for op in ops[BUILDER] if "Source build lab-ext at" in op]
+    assert [op for op in ops[BUILDER] if "Source build lab-ext, on its builder" in op]
     for name in names:
         if name != BUILDER:
-            assert not [op for op in ops[name] if "Source build lab-ext at" in op], ops[name]
+            assert not [op for op in ops[name] if "Source build lab-ext, on its builder" in op], ops[name]
             assert [op for op in ops[name] if "from the controller's cache" in op], ops[name]
 
 
