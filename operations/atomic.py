@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import jinja2
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 
@@ -319,6 +319,13 @@ def unit_file_validator(sections: Sequence[str], keys: Mapping[str, str]) -> tup
     # an unreadable file: 2) fails the validation.
     script = 'grep -Ev "$@"; [ $? -eq 1 ]'
     return ("sh", "-c", script, "sh", *[arg for pattern in patterns for arg in ("-e", pattern)])
+
+
+def detail(message: str) -> None:
+    """Say, under the running operation, what it does on this host. pyinfra shows one name
+    per operation for every host, so a name holds nothing that differs between hosts (a
+    setting's value, a fact); this line does."""
+    logger.info(f"{host.print_prefix}{message}")
 
 
 def refuse(message: str) -> StringCommand:

@@ -129,6 +129,7 @@ def refresh_store(remove: Sequence[str] = ()):
         refresh_store(name="Refresh the CA store", remove=["/usr/local/share/ca-certificates/old.crt"])
     """
     if remove:
+        atomic.detail(f"no longer trusted: {', '.join(remove)}")
         yield StringCommand("rm", "-f", *[QuoteString(path) for path in remove])
     # --fresh: the links of removed certificates go too.
     yield StringCommand("update-ca-certificates", "--fresh")
@@ -155,7 +156,7 @@ def ca_certificates():
             continue
         changed = True
         atomic.file(
-            name=f"CA certificate {path}",
+            name="An extra CA certificate (ca_certificates_extra)",
             dest=path,
             content=content,
             mode=0o644,
@@ -164,7 +165,6 @@ def ca_certificates():
     stale = sorted(set(found["files"]) - set(wanted))
     if changed or stale:
         refresh_store(
-            name="Refresh the system CA store (update-ca-certificates)"
-            + (f", without {', '.join(stale)}" if stale else ""),
+            name="Refresh the system CA store (update-ca-certificates)",
             remove=stale,
         )

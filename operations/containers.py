@@ -41,7 +41,7 @@ import copy
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,6 +324,14 @@ def vendor_package(data: Mapping[str, Any], key: str) -> str:
     if key == "containers_docker_source":
         return data["containers_docker_ce_packages"][0]
     return data["containers_toolkit_packages"][0]
+def in_slots(repos: Sequence[AptRepository]) -> Iterator[AptRepository]:
+    """``repos``, each at its own place in every host's sequence of operations: pyinfra
+    groups operations across hosts by that place, and a host with one repository would
+    otherwise list its key in the row of the other host's first one."""
+    named = {repo.name: repo for repo in repos}
+    for name in host.loop(REPOSITORY_NAMES):
+        if name in named:
+            yield named[name]
 
 
 def render_sources(repo: AptRepository, arch: str) -> str:
@@ -758,6 +766,7 @@ def group_members(group: str, users: Sequence[str]):
     if not joining:
         host.noop(f"{', '.join(users)} in group {group}")
         return
+    atomic.detail(f"adding {', '.join(joining)} to group {group}")
     for user in joining:
         yield StringCommand("gpasswd", "-a", QuoteString(user), QuoteString(group))
 
@@ -861,7 +870,7 @@ def containers():
             continue
         if conflicts:
             refused(
-                name=f"The {repo.name} repository is configured once",
+                name="Docker's and NVIDIA's repositories are configured once",
                 message=f"{repo.url} is already configured in {', '.join(conflicts)}; apt refuses "
                 "one repository with two keyrings: remove that file, or set the source to "
                 "'preinstalled' to keep it",
@@ -872,7 +881,7 @@ def containers():
     tools = [p for p in KEY_TOOLS if p not in found["installed"]]
     if stale_keys and tools:
         install_packages(name="Install what fetches and checks repository keys", packages=tools)
-    for repo in stale_keys:
+    for repo in in_slots(stale_keys):
         repository_key(
             name=f"Signing key of the {repo.name} repository ({repo.keyring})",
             repository=repo.name,
@@ -881,7 +890,7 @@ def containers():
             keyring=repo.keyring,
         )
     stale_sources = []
-    for repo in repos:
+    for repo in in_slots(repos):
         content = render_sources(repo, found["arch"])
         if existing[repo.name]["sources"] == [hashlib.sha256(content.encode()).hexdigest(), 0o644]:
             continue
@@ -940,7 +949,7 @@ def containers():
     members = found["group_members"] or []
     if any(user not in members for user in users):
         group_members(
-            name=f"{', '.join(users)} in the docker group (root-equivalent)",
+            name="containers_docker_users in the docker group (root-equivalent)",
             group=GROUP,
             users=users,
         )

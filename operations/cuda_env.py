@@ -175,13 +175,14 @@ def cuda_env():
     variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra, venv)
 
     files = {
-        host.data.cuda_env_file: (f"CUDA env file {host.data.cuda_env_file}", render_env_file(variables)),
+        host.data.cuda_env_file: ("CUDA env file (cuda_env_file)", render_env_file(variables)),
         PROFILE_SCRIPT: (
             f"Login shells read the CUDA env file ({PROFILE_SCRIPT})",
             render_profile_script(host.data.cuda_env_file),
         ),
     }
     state = host.get_fact(atomic.HostState, paths=tuple(files))["files"]
-    for dest, (name, content) in files.items():
+    # host.loop: each file keeps its place (and its row in pyinfra's table) on every host.
+    for dest, (name, content) in host.loop(files.items()):
         if not atomic.up_to_date(state.get(dest), content):
             atomic.file(name=name, dest=dest, content=content, mode=0o644, validate=("sh", "-n"))

@@ -139,7 +139,8 @@ def jobs():
         reload_name=f"Reload systemd: {SLICE} changed",
         state=state.get(SLICE_FILE),
     )
-    for name, script in commands.items():
+    # host.loop: each command keeps its place (and its row in pyinfra's table) on every host.
+    for name, script in host.loop(commands.items()):
         if atomic.up_to_date(state.get(paths[name]), script, mode=0o755):
             continue
         atomic.file(

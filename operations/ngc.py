@@ -389,6 +389,7 @@ def image_pulled(image: str):
     if found["pinned"]:
         host.noop(f"{image} is present")
         return
+    atomic.detail(f"pulling {image}")
     yield StringCommand("docker", "pull", "--quiet", QuoteString(image))
 
 
@@ -416,6 +417,7 @@ def image_built(tag: str, dockerfile: str, recipe: str, context: str = BUILD_DIR
     if built and built["recipe"] == recipe:
         host.noop(f"{tag} is built from this recipe")
         return
+    atomic.detail(f"building {tag} from {dockerfile}")
     yield StringCommand(
         "systemd-run", "--quiet", "--wait", "--collect", "--pipe", f"--unit={BUILD_UNIT}", "--",
         "docker", "build", "--label", QuoteString(f"{RECIPE_LABEL}={recipe}"), "--tag", QuoteString(tag),
@@ -497,16 +499,16 @@ def ngc():
     image_ops = []
 
     if not found["pinned"]:
-        image_ops.append(image_pulled(name=f"Pull the pinned base image {data.ngc_base_image}",
+        image_ops.append(image_pulled(name="Pull the pinned base image (ngc_base_image)",
                                       image=data.ngc_base_image))
     if dockerfile:
         if not atomic.up_to_date(state["files"].get(DOCKERFILE), dockerfile):
-            atomic.file(name=f"Dockerfile of the {data.ngc_build} image ({DOCKERFILE})",
+            atomic.file(name=f"Dockerfile of the ngc_build image ({DOCKERFILE})",
                         dest=DOCKERFILE, content=dockerfile, mode=0o644)
         built = found["built"]
         if not built or built["recipe"] != recipe(dockerfile):
             image_ops.append(image_built(
-                name=f"Build {data.ngc_image} ({data.ngc_build}) on the pinned base",
+                name="Build ngc_image (ngc_build) on the pinned base",
                 tag=data.ngc_image, dockerfile=DOCKERFILE, recipe=recipe(dockerfile),
             ))
 
@@ -528,7 +530,7 @@ def ngc():
         return
     directory = data.ngc_jupyter_dir or user["home"]
     if data.ngc_jupyter_dir and not found["directory"]:
-        files.directory(name=f"Jupyter's directory {directory}", path=directory,
+        files.directory(name="Jupyter's directory (ngc_jupyter_dir)", path=directory,
                         user=str(user["uid"]), group=str(user["gid"]), mode="750")
     token = found["token"]
     token_op = None

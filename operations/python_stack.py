@@ -613,6 +613,7 @@ def uv_tool(version: str, index_url: str, present: str | None = None, link: bool
         uv_tool(name="uv 0.13.9", version="0.13.9", index_url="https://pypi.org/simple")
     """
     if present != version:
+        atomic.detail(f"uv {version} (this host has {present or 'none'})")
         new = QuoteString(f"{UV_TOOL}.sparkrig-new")
         pip = QuoteString(f"{UV_TOOL}.sparkrig-new/bin/pip")
         yield StringCommand(
@@ -703,6 +704,7 @@ def virtualenv(
     found = atomic.fact(PythonStack, venv=path, owner=owner, wheels=OFFLINE_DIR if wheels else "")
     if found is None:
         return
+    atomic.detail(f"virtualenv {path}: Python {python}, owner {owner}")
     state = posixpath.join(path, STATE_DIR)
     lock_path = posixpath.join(state, "requirements.lock")
     q_path, q_state = QuoteString(path), QuoteString(state)
@@ -848,7 +850,7 @@ def python_stack():
         if not found["venv_module"]:
             install_packages(name="Install python3-venv (uv's tool environment)", packages=["python3-venv"])
         atomic.file(
-            name=f"uv {data.python_uv_version} and its sha256 ({UV_REQUIREMENTS})",
+            name=f"uv pin (python_uv_version) and its sha256 ({UV_REQUIREMENTS})",
             dest=UV_REQUIREMENTS,
             content=render_uv_requirements(data.python_uv_version, data.python_uv_sha256),
             mode=0o644,
@@ -856,7 +858,7 @@ def python_stack():
     link_free = not found["link_exists"]
     if found["uv"] != data.python_uv_version or link_free:
         uv_tool(
-            name=f"uv {data.python_uv_version} in {UV_TOOL}",
+            name=f"uv in {UV_TOOL}",
             version=data.python_uv_version,
             index_url=data.python_index_url,
             present=found["uv"],
@@ -865,6 +867,6 @@ def python_stack():
 
     if venv_stale(found, manifest["python"], owner, arguments["lock"], list(arguments["wheels"])):
         virtualenv(
-            name=f"Virtualenv {data.python_venv_path} (Python {manifest['python']}, owner {owner})",
+            name="Virtualenv python_venv_path, with the manifest's Python, owned by python_venv_owner",
             **arguments,
         )

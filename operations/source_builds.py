@@ -616,6 +616,7 @@ def build(
     unit, d, w = unit_name(name, key), build_dir(name, key), wheelhouse_dir(name, key)
     q_d, q_work, q_env = QuoteString(d), QuoteString(work_dir(name, key)), QuoteString(env_file(name, key))
     if launch:
+        atomic.detail(f"source build {name}: starting {unit}")
         script_path = f"{d}/build.sh"
         temp = atomic.temp_path(script_path)
         if packages:
@@ -831,7 +832,7 @@ def source_builds():
         in_cache = cached(cache_root(cache), name, key) is not None
         share = len(peers) > 1 and not in_cache
         if state == "failed":
-            report_failure(name=f"Source build {name} ({key}) failed", build_name=name, key=key)
+            report_failure(name=f"Source build {name} failed", build_name=name, key=key)
             continue
         if state == "built" and not (share and building):
             continue
@@ -847,7 +848,7 @@ def source_builds():
         # order (each a no-op where it is not this host's part): pyinfra orders operations
         # by each host's sequence, and the others' upload must come after the builder's fetch.
         build(
-            name=f"Source build {name} at {spec['ref']}, on {builder} ({unit_name(name, key)})",
+            name=f"Source build {name}, on its builder",
             build_name=name,
             key=key,
             script=render_build_script(name, key, data) if runs_here else "",
@@ -861,7 +862,7 @@ def source_builds():
             wait=runs_here and data["source_builds_wait"],
         )
         fetch(
-            name=f"Source build {name}: the wheel from {builder} into the controller's cache",
+            name=f"Source build {name}: the wheel from its builder into the controller's cache",
             build_name=name, key=key, cache=cache, owner=owner, active=share and building,
         )
         receive(
@@ -870,4 +871,4 @@ def source_builds():
             active=state == "absent" and not runs_here,
         )
     if pending:
-        install(name=f"Built wheels into {data['python_venv_path']}", data=data)
+        install(name="Built wheels into the venv (python_venv_path)", data=data)

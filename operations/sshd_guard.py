@@ -236,6 +236,7 @@ def guard(
     changes = [*_verified_dropin(unit, dropins[unit]), *_verified_dropin(SLICE, dropins[SLICE])]
     if not changes and not restart_pending:
         return
+    atomic.detail(f"sshd runs as {unit}")
     if active:
         yield StringCommand("sh", "-c", QuoteString(CHECK_SSHD), "sparkrig-check", QuoteString(unit))
     if changes:
@@ -271,7 +272,7 @@ def sshd_guard():
     if converged and not unit["restart_pending"]:
         return
     guard(
-        name=f"Reserve memory for {unit['service']}, keep its sessions killable",
+        name="Reserve memory for sshd, keep its sessions killable",
         unit=unit["service"],
         memory_min=host.data.sshd_guard_memory_min,
         slice_memory_min=host.data.sshd_guard_system_slice_memory_min,

@@ -2,14 +2,18 @@
 Session fixtures for the lab: boot the fleet once, converge it once, tear it down.
 
 Tests marked ``lab`` skip, naming the reason, where the lab cannot run (not root,
-a tool missing). ``--keep-lab`` leaves the fleet up after the run for a look.
+a tool missing). ``--keep-lab`` leaves the fleet up after the run for a look. The
+fixtures say on the terminal what the lab is doing as they go (:func:`lab_says`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -58,6 +62,29 @@ def stock_daemon_json(name: str) -> dict:
     return config
 
 
+def lab_says(config, message: str) -> None:
+    """One line on the terminal now: the lab's phases take minutes, and pytest holds back
+    what fixtures print (stdout, stderr, logging) unless a test fails."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:  # an xdist worker: its controller does the talking
+        return
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        reporter.write_line(f"lab: {message}")
+
+
+@pytest.fixture
+def say(request):
+    """:func:`lab_says` for a test: ``say("converge 2/2 ...")``."""
+    return lambda message: lab_says(request.config, message)
+
+
+def deploy_summary(result: DeployResult) -> str:
+    """The deploy's own last line ("4 hosts, no changes"; operations/summary.py), or its exit status."""
+    found = re.findall(r"^--> (\d+ hosts?, .*)$", result.log, re.MULTILINE)
+    return found[-1] if found else f"exit status {result.returncode}"
+
+
 def pytest_addoption(parser):
     parser.addoption("--keep-lab", action="store_true", help="leave the lab hosts running after the tests")
     parser.addoption("--reuse-lab", action="store_true",
@@ -75,7 +102,13 @@ def lab_hosts(request):
             pytest.fail(f"--reuse-lab: the lab is not up with every host reachable: {running}")
         yield [SimpleNamespace(**h) for h in running.values()]
         return
+    started = time.monotonic()
+    images = lab.images_to_build()
+    lab_says(request.config, f"booting {len(lab.DEFAULT_FLEET)} hosts ("
+             + ", ".join(name for name, _ in lab.DEFAULT_FLEET) + ")"
+             + (f", building the {' and '.join(images)} images first (once; a few minutes)" if images else ""))
     hosts = lab.up()
+    lab_says(request.config, f"{len(hosts)} hosts up in {time.monotonic() - started:.0f} s")
     for host in hosts:
         if host.name in STOCK_FSTAB:
             lab.run_ssh(host.name, "sudo tee /etc/fstab >/dev/null", input=STOCK_FSTAB[host.name].decode())
@@ -83,8 +116,13 @@ def lab_hosts(request):
             lab.run_ssh(host.name, "sudo mkdir -p /etc/docker && sudo tee /etc/docker/daemon.json >/dev/null",
                         input=json.dumps(stock_daemon_json(host.name), indent=4) + "\n")
     yield hosts
-    if not request.config.getoption("--keep-lab"):
-        lab.down()
+    if request.config.getoption("--keep-lab"):
+        lab_says(request.config, "--keep-lab: the hosts stay up (python -m tests.lab down removes them)")
+        return
+    started = time.monotonic()
+    lab_says(request.config, "tearing the lab down")
+    lab.down()
+    lab_says(request.config, f"lab down in {time.monotonic() - started:.0f} s")
 
 
 def refresh_lab_locks() -> list[str]:
@@ -110,6 +148,10 @@ def lab_locks(lab_hosts) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def first_converge(lab_hosts, lab_locks) -> DeployResult:
+def first_converge(request, lab_hosts, lab_locks) -> DeployResult:
     """The deploy, run once against the fresh lab fleet (its locks made first)."""
-    return run_deploy(LAB_INVENTORY)
+    started = time.monotonic()
+    lab_says(request.config, f"converge 1/2: deploy.py on {len(lab_hosts)} fresh hosts")
+    result = run_deploy(LAB_INVENTORY)
+    lab_says(request.config, f"converge 1/2: {deploy_summary(result)}, in {time.monotonic() - started:.0f} s")
+    return result

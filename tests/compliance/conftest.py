@@ -18,6 +18,7 @@ and converges the lab fleet first.
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import shlex
 import stat
@@ -28,7 +29,7 @@ import pytest
 from operations.hardware import AUTO, HardwareIdentity, choose_profile
 from operations.settings import all_settings, resolve
 from tests import lab
-from tests.conftest import LAB_INVENTORY
+from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
 
 
@@ -109,8 +110,21 @@ def write_multiplexed(ssh_config: str, out: Path) -> None:
     os.replace(tmp, out)
 
 
+def _given(config, option: str) -> bool:
+    """Whether the command line itself (not pyproject's addopts) gives ``option``
+    (``--tb`` as ``--tb X`` or ``--tb=X``; ``-r`` as ``-r X`` or ``-rX``)."""
+    args = [str(arg) for arg in config.invocation_params.args]
+    if option.startswith("--"):
+        return any(arg == option or arg.startswith(f"{option}=") for arg in args)
+    return any(arg.startswith(option) and not arg.startswith("--") for arg in args)
+
+
 def pytest_configure(config):
     inventory = config.getoption("--inventory")
+    if (inventory or config.option.hosts) and not _given(config, "--tb"):
+        # Against a fleet, a failed control is one line under the per-host table (what it
+        # found); its traceback only with --tb=short or --tb=long.
+        config.option.tbstyle = "no"
     if config.option.hosts:
         config.sparkrig_targets = "hosts"
         return
@@ -169,6 +183,7 @@ def _lab_ssh_config(request):
     if request.config.sparkrig_targets == "lab":
         request.getfixturevalue("host_data")
         write_multiplexed(lab.ssh_config_path().read_text(), Path(request.config.option.ssh_config))
+        lab_says(request.config, f"compliance suite against the {len(_TABLE.names)} lab hosts")
 
 
 @pytest.fixture
@@ -234,13 +249,44 @@ def host_of(nodeid: str, names) -> str | None:
     return max(fits, key=len) if fits else None
 
 
+# testinfra's repr of a command's result, in its errors (a failed check_output, an
+# unreached host): its exit status, command and stderr, as bytes literals.
+_COMMAND_RESULT = re.compile(
+    r"CommandResult\(.*?exit_status=(?P<rc>\d+), command=b(?P<q>['\"])(?P<command>.*?)(?P=q), "
+    r"_stdout=b.*?, _stderr=b(?P<q2>['\"])(?P<stderr>.*?)(?P=q2)\)"
+)
+FINDING_MAX = 300
+
+
+def found(report) -> str:
+    """What a failed control found: the first line of its error, without the exception's
+    type where that is an assertion's or pytest.fail's."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message if crash is not None else str(report.longrepr or "")
+    lines = message.strip().splitlines()
+    line = lines[0] if lines else "(no message)"
+    for prefix in ("AssertionError: ", "Failed: "):
+        line = line.removeprefix(prefix)
+    result = _COMMAND_RESULT.search(line)
+    if result:
+        stderr = result["stderr"].replace("\\r", "").replace("\\n", " ").strip()
+        if result["rc"] == "255":  # ssh's own failure: the host unreached
+            line = f"{stderr} (running: {result['command']})"
+        else:
+            line = f"a command exited {result['rc']}: {stderr or result['command']}"
+    if len(line) > FINDING_MAX:
+        line = line[:FINDING_MAX - 1] + "…"
+    return f"{line} (at setup)" if report.when == "setup" else line
+
+
 class HostTable:
     """Outcome of every control, per host: passed, failed, skipped (a control counts once,
-    by its worst phase)."""
+    by its worst phase), and what each failed control found."""
 
     def __init__(self, names=()):
         self.names = list(names)
         self.outcomes: dict[str, dict[str, str]] = {}
+        self.findings: dict[tuple[str, str], str] = {}
 
     def add(self, report) -> None:
         target = host_of(report.nodeid, self.names)
@@ -253,6 +299,7 @@ class HostTable:
         known = self.outcomes.setdefault(target, {})
         if report.failed:
             known[key] = "failed"
+            self.findings.setdefault((target, key), found(report))
         elif report.skipped and known.get(key) != "failed":
             known[key] = "skipped"
         elif report.when == "call" and report.passed and key not in known:
@@ -266,7 +313,7 @@ class HostTable:
             for control, outcome in sorted(self.outcomes[target].items()):
                 counts[outcome] += 1
                 if outcome == "failed":
-                    failures.append(f"  {target}: {control}")
+                    failures.append(f"  {target}: {control}: {self.findings.get((target, control), '')}")
             rows.append((target, *(str(counts[o]) for o in ("passed", "failed", "skipped"))))
         width = max(len(r[0]) for r in rows)
         out = [f"{r[0]:<{width}}  {r[1]:>6}  {r[2]:>6}  {r[3]:>7}" for r in rows]
@@ -281,10 +328,20 @@ def pytest_runtest_logreport(report):
     _TABLE.add(report)
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The table ends the run (after pytest's short summary), its failures one line each.
+    Against a fleet, pytest's own "FAILED"/"ERROR" lines would say the same again: they
+    come only when -r asks (with the whole suite they stay, for the other tests' failures)."""
     table = _TABLE
-    if not table.outcomes or hasattr(config, "workerinput"):
-        return
-    terminalreporter.section("sparkrig compliance, per host")
-    for line in table.lines():
-        terminalreporter.write_line(line)
+    shown = table.outcomes and not hasattr(config, "workerinput")
+    if shown and config.sparkrig_targets != "lab" and not _given(config, "-r"):
+        terminalreporter.reportchars = terminalreporter.reportchars.replace("f", "").replace("E", "")
+    try:
+        return (yield)
+    finally:
+        if shown:
+            terminalreporter.ensure_newline()
+            terminalreporter.section("sparkrig compliance, per host")
+            for line in table.lines():
+                terminalreporter.write_line(line)

@@ -6,9 +6,11 @@ The real deploy runs with the pyinfra CLI over SSH against fresh Debian 12
 run must report zero changes on every host.
 """
 
+import time
+
 import pytest
 
-from tests.conftest import LAB_INVENTORY
+from tests.conftest import LAB_INVENTORY, deploy_summary
 from tests.support import run_deploy
 
 pytestmark = pytest.mark.lab
@@ -21,12 +23,26 @@ def test_converge_succeeds_on_every_lab_host(lab_hosts, first_converge):
     assert first_converge.hosts() == names
     # Fresh hosts: every one of them had something to change.
     assert set(first_converge.changed()) == names, first_converge.log
+    changes = sum(len(ops) for ops in first_converge.changed().values())
+    assert f"--> {len(names)} hosts, {changes} changes on {len(names)} hosts\n" in first_converge.log
 
 
-def test_second_converge_reports_zero_changes_on_every_host(first_converge):
+def test_every_operation_has_one_name_on_every_host(first_converge):
+    """pyinfra's results table shows one name per operation for all its hosts: a name that
+    differs between hosts (a setting's value, a fact, a loop's item) labels the other hosts'
+    rows wrongly. The lab's hosts differ in Python, venv owner, Docker source and NGC."""
+    several = {op["name"]: op["names"] for op in first_converge.operations() if len(op["names"]) != 1}
+    assert not several, several
+
+
+def test_second_converge_reports_zero_changes_on_every_host(first_converge, say):
     assert first_converge.returncode == 0, "the first converge failed; see its test"
+    started = time.monotonic()
+    say("converge 2/2: deploy.py again, which must change nothing")
     second = run_deploy(LAB_INVENTORY)
+    say(f"converge 2/2: {deploy_summary(second)}, in {time.monotonic() - started:.0f} s")
     assert second.returncode == 0, second.log
     changes = [f"{host}: {op}" for host, ops in sorted(second.changed().items()) for op in ops]
     assert not changes, "the second run changed:\n  " + "\n  ".join(changes)
+    assert second.log.rstrip().endswith(f"--> {len(second.hosts())} hosts, no changes"), second.log[-2000:]
     assert second.hosts() == set(first_converge.hosts())

@@ -64,7 +64,7 @@ def test_an_image_not_built_from_the_recipe_is_rebuilt_and_used(data):
     _docker(f"tag {data['ngc_base_image']} {image}")
     again = run_deploy(LAB_INVENTORY, "--limit", HOST)
     assert again.returncode == 0, again.log
-    assert any("Build sparkrig/ngc:local" in op for op in again.changed().get(HOST, [])), again.changed()
+    assert any(op.endswith("| Build ngc_image (ngc_build) on the pinned base") for op in again.changed().get(HOST, [])), again.changed()
     label = _docker(f"image inspect --format '{{{{index .Config.Labels \"sparkrig.recipe\"}}}}' {image}").stdout
     recipe = lab.run_ssh(HOST, "sha256sum < /etc/sparkrig/ngc/Dockerfile").stdout.split()[0]
     assert label.strip() == recipe

@@ -110,10 +110,10 @@ def test_the_fleet_builds_once_and_every_host_installs_the_wheel(lab_hosts, firs
     # Only the builders ran the build's operation; the others received the wheel.
     ops = first_converge.changed()
     for name in set(builder.values()):
-        assert [op for op in ops[name] if "Source build lab-ext at" in op]
+        assert [op for op in ops[name] if "Source build lab-ext, on its builder" in op]
     for name in names:
         if builder[name] != name:
-            assert not [op for op in ops[name] if "Source build lab-ext at" in op], ops[name]
+            assert not [op for op in ops[name] if "Source build lab-ext, on its builder" in op], ops[name]
             assert [op for op in ops[name] if "from the controller's cache" in op], ops[name]
 
 
@@ -170,7 +170,7 @@ def test_a_failed_build_keeps_the_venv_and_reports_the_journal_tail(first_conver
     assert _launches(host) == before + 1
     assert "source build lab-ext failed (exit status" in broken.log, broken.log[-3000:]
     # The journal's tail holds the compiler's own message, under the build's operation.
-    failed_op = broken.log.index("Starting operation: Source builds | Source build lab-ext at v3.0-broken")
+    failed_op = broken.log.index("Starting operation: Source builds | Source build lab-ext, on its builder")
     assert "src/native.c:5:32: error:" in broken.log[failed_op:], broken.log[-3000:]
     assert _installed(host) == installed and _answer(host) == "1"
 

@@ -32,7 +32,7 @@ def test_broken_sshd_config_stops_the_restart_before_anything_changes(first_conv
         lab.run_ssh(HOST, "sudo rm -f /etc/ssh/sshd_config.d/broken.conf")
     repaired = run_deploy(LAB_INVENTORY, "--limit", HOST)
     assert repaired.returncode == 0, repaired.log
-    assert repaired.changed() == {HOST: ["SSH guard | Reserve memory for ssh.service, keep its sessions killable"]}
+    assert repaired.changed() == {HOST: ["SSH guard | Reserve memory for sshd, keep its sessions killable"]}
 
 
 def test_a_dropin_systemd_would_ignore_is_rejected(first_converge):

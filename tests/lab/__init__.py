@@ -25,7 +25,9 @@ this package has no side effects and needs no privileges.
 """
 
 from .config import LAB_DIR
-from .fleet import down, inventory_path, kill, recreate, restart, run_ssh, ssh_config_path, status, up
+from .fleet import (
+    down, images_to_build, inventory_path, kill, recreate, restart, run_ssh, ssh_config_path, status, up,
+)
 from .model import DEFAULT_FLEET, FLAVOURS, LabHost
 from .system import LabCommandError, LabError, missing_requirements
 
@@ -37,6 +39,7 @@ __all__ = [
     "LabError",
     "LabHost",
     "down",
+    "images_to_build",
     "inventory_path",
     "kill",
     "missing_requirements",

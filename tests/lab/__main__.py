@@ -53,7 +53,12 @@ def _print_status() -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tests.lab", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.lab",
+        description="The local lab: real Debian hosts (systemd-nspawn containers, each in its own "
+        "network namespace) that sparkrig deploys to over SSH. Needs root. SPARKRIG_LAB_ID=1-9 "
+        "runs a separate lab beside the default one.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     boot = commands.add_parser("up", help="boot a fresh lab (removing leftovers first)")
     boot.add_argument("--hosts", help=f"fleet as NAME:FLAVOUR,... (flavours: {', '.join(FLAVOURS)})")

@@ -54,7 +54,7 @@ from .config import (
     STOP_GRACE_S,
     WHEEL_CACHE,
 )
-from .image import copy_image, ensure_images
+from .image import copy_image, ensure_images, missing_images
 from .model import DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, plan_fleet, repo_url
 from .render import (
     parse_nameservers,
@@ -288,6 +288,12 @@ def _install_starting_stack(host: LabHost) -> None:
     run_ssh(host.name, dgxos.install_command(), timeout=600)
     log.info("%s: DGX OS's Docker and toolkit (stand-ins) installed in %.0f s", host.name,
              time.monotonic() - started)
+
+
+def images_to_build(hosts: Sequence[tuple[str, str]] | None = None) -> list[str]:
+    """The flavours whose image ``up`` would build before it boots ``hosts`` (default: the
+    default fleet): none once they are cached."""
+    return missing_images([flavour for _name, flavour in hosts or DEFAULT_FLEET], CACHE_DIR, MIRROR)
 
 
 def _images(flavours: Sequence[str]) -> dict[str, Path]:
@@ -582,14 +588,20 @@ def _teardown() -> None:
         network.write_ip_forward(recorded)
 
     if HOSTS_DIR.is_dir():
-        for host_dir in sorted(HOSTS_DIR.iterdir()):
-            _remove_rootfs(host_dir / "rootfs")
-            remove_tree(host_dir, HOSTS_DIR)
+        # All hosts at once: a deployed host's tree (a venv, Docker's images) takes seconds
+        # to remove, most of them waiting on the disk.
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(_remove_host_dir, sorted(HOSTS_DIR.iterdir())))
     for name in sorted(names):
         remove_tree(NSPAWN_PROPAGATE_DIR / name, HOSTS_DIR)
     for path in (INVENTORY, SSH_CONFIG, KNOWN_HOSTS, STATE, REPO_SERVER_LOG):
         path.unlink(missing_ok=True)
     shutil.rmtree(WHEEL_CACHE, ignore_errors=True)
+
+
+def _remove_host_dir(host_dir: Path) -> None:
+    _remove_rootfs(host_dir / "rootfs")
+    remove_tree(host_dir, HOSTS_DIR)
 
 
 def _remove_rootfs(rootfs: Path) -> None:

@@ -155,6 +155,17 @@ def image_key(flavour: Flavour, mirror: str, steps: Sequence[Step]) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def missing_images(flavours: Sequence[str], cache_dir: Path, mirror: str) -> list[str]:
+    """The flavours whose image is not built yet (``up`` builds them first)."""
+    return sorted(name for name in set(flavours)
+                  if not (cache_dir / "images" / f"{name}-{_key(name, mirror)}").is_dir())
+
+
+def _key(name: str, mirror: str) -> str:
+    flavour = FLAVOURS[name]
+    return image_key(flavour, mirror, recipe_steps(flavour, mirror))
+
+
 def ensure_images(
     flavours: Sequence[str], cache_dir: Path, mirror: str, hosts_dir: Path
 ) -> dict[str, Path]:

@@ -63,7 +63,7 @@ def test_a_converged_host_gets_no_operation():
 def test_a_new_certificate_is_validated_written_and_the_store_refreshed():
     ops = _ops(["tool"], {"corp": PEM})
     assert [op.name for op in ops] == [
-        f"Extra CA certificates | CA certificate {PATH}",
+        "Extra CA certificates | An extra CA certificate (ca_certificates_extra)",
         "Extra CA certificates | Refresh the system CA store (update-ca-certificates)",
     ]
     assert ops[0].uploads[f"/usr/local/share/ca-certificates/.sparkrig-corp.crt.sparkrig-new"] == PEM.encode()

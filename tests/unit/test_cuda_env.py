@@ -167,7 +167,7 @@ def test_first_run_uploads_both_files_beside_their_destination_and_validates_the
     ops = plan(ce.cuda_env, data={"hardware_profile": "rtx50"},
                responses={"readlink -f /usr/local/cuda": DEVICE_H200})
     assert [op.name for op in ops] == [
-        "CUDA environment | CUDA env file /etc/sparkrig/cuda.env",
+        "CUDA environment | CUDA env file (cuda_env_file)",
         "CUDA environment | Login shells read the CUDA env file (/etc/profile.d/sparkrig-cuda.sh)",
     ]
     env_file = ops[0].uploads["/etc/sparkrig/.cuda.env.sparkrig-new"].decode()
@@ -198,7 +198,7 @@ def test_cuda_update_rewrites_the_env_file_only():
     ops = plan(ce.cuda_env, responses={
         "readlink -f /usr/local/cuda": UPDATED_SPARK, **_files(old_text, profile_text),
     })
-    assert [op.name for op in ops] == ["CUDA environment | CUDA env file /etc/sparkrig/cuda.env"]
+    assert [op.name for op in ops] == ["CUDA environment | CUDA env file (cuda_env_file)"]
     new_text = ops[0].uploads["/etc/sparkrig/.cuda.env.sparkrig-new"].decode()
     assert "CUDA_HOME=/usr/local/cuda-13.1\n" in new_text
     assert not ops[0].commands[0].startswith("mkdir")  # the file existed

@@ -6,12 +6,14 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from operations.rollout import PYINFRA, batches, failed_hosts, limit_hosts
 from tests.compliance.conftest import HostTable, host_of, multiplexed
+from tests.support import REPO
 
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
 
@@ -74,9 +76,10 @@ def test_host_ids_are_read_from_testinfra_ids():
     assert host_of("tests/unit/test_swap.py::test_y[1]", names) is None
 
 
-def _report(nodeid, when, outcome):
+def _report(nodeid, when, outcome, message=""):
+    crash = SimpleNamespace(reprcrash=SimpleNamespace(message=message)) if message else None
     return SimpleNamespace(nodeid=nodeid, when=when, failed=outcome == "failed",
-                           skipped=outcome == "skipped", passed=outcome == "passed")
+                           skipped=outcome == "skipped", passed=outcome == "passed", longrepr=crash)
 
 
 def test_the_table_counts_each_control_once_by_its_worst_phase():
@@ -84,14 +87,52 @@ def test_the_table_counts_each_control_once_by_its_worst_phase():
     a, b = "tests/compliance/test_swap.py::test_off[ssh://{}]", "tests/compliance/test_jobs.py::test_gpu[ssh://{}]"
     for host in ("h1", "h2"):
         table.add(_report(a.format(host), "setup", "passed"))
-        table.add(_report(a.format(host), "call", "passed" if host == "h1" else "failed"))
+        table.add(_report(a.format(host), "call", "passed" if host == "h1" else "failed",
+                          "AssertionError: /proc/swaps lists /swap.img\nassert 1 == 0"))
         table.add(_report(a.format(host), "teardown", "passed"))
         table.add(_report(b.format(host) + f"@{host}", "setup", "skipped"))  # as xdist's loadgroup ids
     lines = table.lines()
     assert lines[0].split() == ["host", "passed", "failed", "skipped"]
     assert lines[1].split() == ["h1", "1", "0", "1"]
     assert lines[2].split() == ["h2", "0", "1", "1"]
-    assert lines[3:] == ["failed controls:", "  h2: test_swap.py::test_off[ssh://h2]"]
+    assert lines[3:] == ["failed controls:", "  h2: test_swap.py::test_off[ssh://h2]: /proc/swaps lists /swap.img"]
+
+
+def _compliance(tmp_path, *options):
+    """The real compliance suite's swap controls against a host that refuses SSH."""
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text('boxes = [("nobox", {"ssh_hostname": "127.0.0.1", "ssh_port": 9, "ssh_user": "nobody"})]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/compliance/test_swap.py", "--inventory", str(inventory),
+         "-p", "no:cacheprovider", *options],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=env,
+    )
+
+
+def test_a_failed_control_is_one_line_under_the_table_that_ends_the_run(tmp_path):
+    result = _compliance(tmp_path)
+    assert result.returncode == 1, result.stdout
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "sparkrig compliance, per host" in line)
+    failed = lines[start + 4:-1]
+    assert lines[start + 1].split() == ["host", "passed", "failed", "skipped"]
+    assert lines[start + 2].split() == ["nobox", "0", "5", "0"]
+    assert lines[start + 3] == "failed controls:"
+    assert len(failed) == 5 and all(line.startswith("  nobox: test_swap.py::test_") for line in failed), failed
+    assert all(": ssh: connect to host 127.0.0.1 port 9: Connection refused (running: " in line
+               for line in failed), failed
+    assert " failed, " in lines[-1] and " errors in " in lines[-1]
+    # No traceback, and no second list of the same failures in pytest's short summary.
+    assert "Traceback" not in result.stdout and "_ test_" not in result.stdout
+    assert not any(line.startswith(("FAILED ", "ERROR ")) for line in lines), result.stdout
+
+
+def test_tracebacks_come_on_request(tmp_path):
+    result = _compliance(tmp_path, "--tb=short", "-rf")
+    assert "= FAILURES =" in result.stdout and "= ERRORS =" in result.stdout
+    assert any(line.startswith("FAILED ") for line in result.stdout.splitlines())
+    assert result.stdout.splitlines()[-2].startswith("  nobox: test_swap.py::"), result.stdout[-2000:]
 
 
 def test_rollout_options_go_anywhere_and_pyinfra_options_after_a_double_dash(monkeypatch):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.config import LAB_ID
+from tests.support import REPO
 
 from tests.lab.cgroups import systemd_hierarchies
 from tests.lab.image import Chroot, Systemctl, WriteFile, image_key, recipe_steps
@@ -453,3 +454,11 @@ def test_every_lab_host_starts_trusting_the_labs_registry_at_its_own_gateway():
     from tests.lab.render import render_daemon_json
     (host,) = plan_fleet([("lab-deb13", "debian13")], HOSTS_DIR)
     assert json.loads(render_daemon_json(host, 8765)) == {"insecure-registries": ["10.213.1.1:8765"]}
+
+
+def test_the_command_lines_help_is_plain_text():
+    result = subprocess.run([sys.executable, "-m", "tests.lab", "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "``" not in result.stdout and ":mod:" not in result.stdout and ":data:" not in result.stdout
+    assert result.stdout.startswith("usage: python -m tests.lab ") and "systemd-nspawn" in result.stdout

@@ -245,7 +245,7 @@ def test_launcher_passes_nvidias_flags_mounts_and_portable_cuda_variables(launch
     result, argv, _ = launcher.run("--", "python", "src/train.py", "--max_steps", "10")
     assert result.returncode == 0, result.stderr
     joined = " ".join(argv)
-    assert "--ipc=host --ulimit memlock=-1 --ulimit stack=67108864" in joined
+    assert "run --rm --init --ipc=host --ulimit memlock=-1 --ulimit stack=67108864" in joined
     assert f"--volume {launcher.project}:/workspace/project --workdir /workspace/project" in joined
     assert f"--volume {launcher.home}/.cache/huggingface:/cache/huggingface --env HF_HOME=/cache/huggingface" in joined
     assert f"--volume {launcher.home}/outputs:/workspace/project/outputs" in joined
@@ -389,7 +389,7 @@ def test_a_fresh_host_pulls_by_digest_installs_the_launcher_and_starts_jupyter()
                            files={ngc.LAUNCHER: None, ngc.JUPYTER_UNIT_FILE: None})
     ops = execute(ngc.ngc, data=LAB_LIKE, responses=responses)
     assert _names(ops) == [
-        f"Pull the pinned base image {BASE}",
+        "Pull the pinned base image (ngc_base_image)",
         "spark-container command (/usr/local/bin/spark-container)",
         "Jupyter's token (/var/lib/sparkrig/jupyter/token, 0600)",
         "Jupyter's unit (/etc/systemd/system/sparkrig-jupyter.service)",
@@ -407,7 +407,7 @@ def test_a_new_base_digest_pulls_it_rewrites_the_launcher_and_restarts_jupyter()
     responses = _responses(LAB_LIKE, pinned=False)
     ops = execute(ngc.ngc, data=new, responses=responses)
     assert _names(ops) == [
-        f"Pull the pinned base image {BASE[:-1]}b",
+        "Pull the pinned base image (ngc_base_image)",
         "spark-container command (/usr/local/bin/spark-container)",
         "Restart sparkrig-jupyter.service: its unit, token, launcher or image changed",
     ]
@@ -418,7 +418,7 @@ def test_a_build_runs_only_when_the_recipe_differs():
     dockerfile = ngc.render_dockerfile(_data(**data), "12.1")
     assert execute(ngc.ngc, data=data, responses=_responses(data, built=ngc.recipe(dockerfile))) == []
     ops = execute(ngc.ngc, data=data, responses=_responses(data, built="0" * 64))
-    assert _names(ops) == ["Build sparkrig/ngc:local (packages) on the pinned base"]
+    assert _names(ops) == ["Build ngc_image (ngc_build) on the pinned base"]
     assert ops[0].commands == [
         "systemd-run --quiet --wait --collect --pipe --unit=sparkrig-ngc-build -- docker build "
         f"--label sparkrig.recipe={ngc.recipe(dockerfile)} --tag sparkrig/ngc:local "
@@ -430,8 +430,8 @@ def test_a_changed_dockerfile_is_written_then_built():
     data = {**ON, "ngc_build": "unsloth"}
     ops = execute(ngc.ngc, data=data, responses=_responses(data, built=None, files={ngc.DOCKERFILE: None}))
     assert _names(ops) == [
-        "Dockerfile of the unsloth image (/etc/sparkrig/ngc/Dockerfile)",
-        "Build sparkrig/ngc:local (unsloth) on the pinned base",
+        "Dockerfile of the ngc_build image (/etc/sparkrig/ngc/Dockerfile)",
+        "Build ngc_image (ngc_build) on the pinned base",
     ]
     uploaded = ops[0].uploads["/etc/sparkrig/ngc/.Dockerfile.sparkrig-new"].decode()
     assert uploaded == ngc.render_dockerfile(_data(**data), "12.1")  # gb10: compute capability 12.1
@@ -441,7 +441,7 @@ def test_a_host_without_docker_yet_plans_the_pull_which_fails_if_docker_never_ca
     """On a fresh host the containers concern installs Docker in the same run: the plan
     pulls, and the pull reads the host again when it runs."""
     ops = execute(ngc.ngc, data=ON, responses=_responses(ON, docker=False, pinned=False))
-    assert _names(ops) == [f"Pull the pinned base image {BASE}"]
+    assert _names(ops) == ["Pull the pinned base image (ngc_base_image)"]
     assert "needs Docker" in ops[0].commands[0] and ops[0].commands[0].endswith("exit 1")
 
 

@@ -251,7 +251,7 @@ def test_a_fresh_host_gets_venv_support_uv_and_the_venv():
     ops = execute(ps.python_stack, data={"python_venv_owner": "spark"}, responses={FACT: fresh})
     names = [op.name for op in ops]
     assert names[0].startswith("Python stack | Install python3-venv")
-    assert "uv-requirements.txt" in names[1] and names[2].startswith("Python stack | uv 0.13.9 in")
+    assert "uv-requirements.txt" in names[1] and names[2] == "Python stack | uv in /opt/sparkrig/uv"
     uv_commands = " ".join(ops[2].commands)
     assert "--require-hashes --only-binary :all: --index-url https://pypi.org/simple" in uv_commands
     assert "ln -s /opt/sparkrig/uv/bin/uv /usr/local/bin/uv" in uv_commands
@@ -271,7 +271,7 @@ def test_a_changed_lock_is_uploaded_and_synced_without_a_new_venv():
     old = _wanted()
     ops = _ops(_fact_output(lock=old), hardware_profile="gb10", python_stack_profiles=["unsloth"])
     (venv,) = ops
-    assert venv.name.startswith("Python stack | Virtualenv /opt/sparkrig/venv")
+    assert venv.name.startswith("Python stack | Virtualenv python_venv_path")
     joined = "\n".join(venv.commands)
     assert "uv venv" not in joined and "pip compile" not in joined
     assert "pip sync" in joined

@@ -146,7 +146,7 @@ def _guard_op(responses):
 
 def test_first_run_checks_sshd_first_then_writes_verified_dropins_and_restarts():
     op = _guard_op({FACT: DEBIAN13_SOCKET})
-    assert op.name == "SSH guard | Reserve memory for ssh.service, keep its sessions killable"
+    assert op.name == "SSH guard | Reserve memory for sshd, keep its sessions killable"
     commands = op.commands
     assert commands[0].startswith("sh -c ") and "sshd -t" in commands[0] and commands[0].endswith("ssh.service")
     assert commands[1] == "mkdir -p /run/sparkrig && touch /run/sparkrig/sshd-restart-pending"
