@@ -94,6 +94,11 @@ class HardwareIdentity(FactBase):
             "nvidia-smi --query-gpu=compute_cap,name --format=csv,noheader 2>/dev/null || true",
         )
 
+    @staticmethod
+    def default() -> dict[str, Any]:
+        """A box that printed nothing: no architecture, which no profile matches."""
+        return {"arch": "", "gpus": []}
+
     @atomic.parses
     def process(self, output: Sequence[str]) -> dict[str, Any]:
         lines = [line.strip() for line in output if line.strip()]
@@ -108,7 +113,8 @@ class HardwareIdentity(FactBase):
 def describe(identity: Mapping[str, Any]) -> str:
     """The box in words: ``aarch64, GPU NVIDIA GB10 (12.1)`` or ``x86_64, no GPU visible``."""
     gpus = ", ".join(f"GPU {g['name']} ({g['compute_capability']})" for g in identity["gpus"])
-    return f"{identity['arch']}, {gpus or 'no GPU visible (no nvidia-smi, or no driver)'}"
+    arch = identity["arch"] or "of no architecture (uname -m printed nothing)"
+    return f"{arch}, {gpus or 'no GPU visible (no nvidia-smi, or no driver)'}"
 
 
 def contradiction(name: str, profile: Mapping[str, Any], identity: Mapping[str, Any]) -> str | None:

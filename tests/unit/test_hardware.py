@@ -112,3 +112,11 @@ def test_a_real_h100_is_hopper_and_contradicts_gb10_and_rtx50():
     assert "architecture aarch64 and compute capability 12.1" in hw.contradiction("gb10", PROFILES["gb10"], box)
     assert "says compute capability 12.0, but the box is x86_64, GPU NVIDIA H100 80GB HBM3 (9.0)" in \
         hw.contradiction("rtx50", PROFILES["rtx50"], box)
+
+
+def test_a_box_that_prints_nothing_fails_its_profile_check_instead_of_the_run():
+    """pyinfra hands a fact's default, not its parser, an empty output: the host must then
+    fail with a message (no profile matches a box of no architecture), never raise."""
+    identity = hw.HardwareIdentity.default()
+    problem = hw.contradiction("gb10", hw.DEFAULT_PROFILES["gb10"], identity)
+    assert problem and "uname -m printed nothing" in problem
