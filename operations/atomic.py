@@ -50,6 +50,15 @@ def quote_literal(value: str) -> str:
     return value if _LITERAL_WORD.fullmatch(value) else f"'{value}'"
 
 
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file on the controller, read in blocks (wheels run to gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def render(template: str, **context) -> str:
     """Render ``templates/<template>`` with ``context``; undefined names are errors."""
     return _jinja.get_template(template).render(**context)

@@ -17,7 +17,6 @@ packages named for it come from there, and nothing else is looked up there.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import html
 import json
 import os
@@ -34,6 +33,7 @@ from typing import Any
 from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 
+from . import atomic
 from . import python_stack as ps
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -162,20 +162,12 @@ def _registry_entries(text: str) -> list[tuple[str, str | None, list[str], str |
     return found
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _download(url: str, sha256: str, target: Path) -> None:
     temp = target.with_name(f".{target.name}.part")
     with urllib.request.urlopen(url, timeout=120) as response, open(temp, "wb") as out:
         for block in iter(lambda: response.read(1 << 20), b""):
             out.write(block)
-    if _sha256(temp) != sha256:
+    if atomic.file_sha256(temp) != sha256:
         temp.unlink()
         raise RuntimeError(f"{url}: sha256 differs from the lock's")
     temp.replace(target)
@@ -228,7 +220,7 @@ def offline_wheels(text: str, arch: str, python: str, cache: Path) -> dict[str, 
             raise RuntimeError(f"python_offline: no wheel of {name} in the lock fits {arch}, Python {python}")
         chosen = fits[0]
         target = cache / chosen["filename"]
-        if not (target.is_file() and _sha256(target) == chosen["hashes"]["sha256"]):
+        if not (target.is_file() and atomic.file_sha256(target) == chosen["hashes"]["sha256"]):
             _download(chosen["url"], chosen["hashes"]["sha256"], target)
         known[chosen["filename"]] = chosen["hashes"]["sha256"]
         wheels[chosen["filename"]] = str(target)

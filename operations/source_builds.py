@@ -510,20 +510,12 @@ def cached(cache: Path, name: str, key: str) -> dict | None:
     return stamp
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _keep_in_cache(staging: str, final: str, stamp: Mapping[str, Any]) -> None:
     """Check a fetched wheel against its stamp, then move it into the cache (atomically),
     with the stamp and the sha256 the controller computed: what peers receive is pinned."""
     staging_dir, final_dir = Path(staging), Path(final)
     problem = stamp_problem(stamp)
-    actual = _file_sha256(staging_dir / CACHED_WHEEL)
+    actual = atomic.file_sha256(staging_dir / CACHED_WHEEL)
     if problem or actual != stamp["sha256"]:
         shutil.rmtree(staging_dir, ignore_errors=True)
         raise ValueError(problem or f"fetched {stamp['wheel']} has sha256 {actual}, its stamp says {stamp['sha256']}")
