@@ -291,7 +291,7 @@ def _install_starting_stack(host: LabHost) -> None:
 
 
 def images_to_build(hosts: Sequence[tuple[str, str]] | None = None) -> list[str]:
-    """The flavours whose image ``up`` would build before it boots ``hosts`` (default: the
+    """The images ``up`` would build before it boots ``hosts`` (default: the
     default fleet): none once they are cached."""
     return missing_images([flavour for _name, flavour in hosts or DEFAULT_FLEET], CACHE_DIR, MIRROR)
 

@@ -155,15 +155,17 @@ def image_key(flavour: Flavour, mirror: str, steps: Sequence[Step]) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def missing_images(flavours: Sequence[str], cache_dir: Path, mirror: str) -> list[str]:
-    """The flavours whose image is not built yet (``up`` builds them first)."""
-    return sorted(name for name in set(flavours)
-                  if not (cache_dir / "images" / f"{name}-{_key(name, mirror)}").is_dir())
-
-
-def _key(name: str, mirror: str) -> str:
+def image_path(name: str, cache_dir: Path, mirror: str) -> Path:
+    """Where flavour ``name``'s image is cached (flavours that share an image share it)."""
     flavour = FLAVOURS[name]
-    return image_key(flavour, mirror, recipe_steps(flavour, mirror))
+    key = image_key(flavour, mirror, recipe_steps(flavour, mirror))
+    return cache_dir / "images" / f"{flavour.image_name}-{key}"
+
+
+def missing_images(flavours: Sequence[str], cache_dir: Path, mirror: str) -> list[str]:
+    """The images not built yet (``up`` builds them first), by name."""
+    return sorted({image_path(name, cache_dir, mirror).name.rsplit("-", 1)[0] for name in set(flavours)
+                   if not image_path(name, cache_dir, mirror).is_dir()})
 
 
 def ensure_images(
@@ -173,9 +175,7 @@ def ensure_images(
     wanted = {}
     for name in sorted(set(flavours)):
         flavour = FLAVOURS[name]
-        steps = recipe_steps(flavour, mirror)
-        path = cache_dir / "images" / f"{flavour.image_name}-{image_key(flavour, mirror, steps)}"
-        wanted[name] = (flavour, steps, path)
+        wanted[name] = (flavour, recipe_steps(flavour, mirror), image_path(name, cache_dir, mirror))
     _remove_unfinished_builds(cache_dir, hosts_dir)
     # Flavours that share an image build it once.
     missing = {path: (flavour, steps, path) for flavour, steps, path in wanted.values() if not path.is_dir()}
