@@ -20,7 +20,8 @@ from tests.support import inventory_host_data
 pytestmark = pytest.mark.lab
 
 # What the lab replaces on the emulated Spark because it is out of reach here (vendor
-# repositories and registries, PyPI's multi-GB CUDA torch, the real vLLM wheel), or
+# repositories and registries, PyPI's multi-GB CUDA torch, the real vLLM wheel, and so
+# the locks of that stand-in stack, kept in the lab's state), or
 # because the lab's hosts differ from a Spark (Debian's Python 3.11 instead of DGX OS's
 # 3.12, the proxy's CA, the lab's source build). Everything else is the default.
 LAB_REPLACED = {
@@ -35,6 +36,7 @@ LAB_REPLACED = {
     "containers_toolkit_packages",
     "containers_toolkit_repo_url",
     "python_stack",
+    "python_stack_locks",
     "python_venv_python_preference",
     "source_builds",
     "source_builds_controller_cache",

@@ -65,9 +65,9 @@ def test_a_bumped_pin_changes_one_lock_file_and_then_only_the_venv(first_converg
     from inventory import lab as lab_inventory
 
     host = "lab-deb13"
-    manifest = yaml.safe_load((lab_inventory.LAB_STACK / "debian13.yml").read_text())
+    manifest = yaml.safe_load((lab_inventory.LAB_STACK / "trixie-amd64.yml").read_text())
     manifest["profiles"]["lab"]["six"] = "1.16.0"
-    bumped_manifest = tmp_path / "debian13.yml"
+    bumped_manifest = tmp_path / "trixie-amd64.yml"
     bumped_manifest.write_text(yaml.safe_dump(manifest))
     locks = tmp_path / "locks"
     locks.mkdir()

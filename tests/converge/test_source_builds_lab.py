@@ -55,7 +55,7 @@ def _installed(host: str) -> dict[str, str]:
 
 def _launches(host: str) -> int:
     """How many times a build unit started on ``host`` (each start appends a line)."""
-    out = _sh(host, f"cat {BUILDS}/*/launches 2>/dev/null; true")
+    out = _sh(host, f"cat {BUILDS}/*/work/launches 2>/dev/null; true")
     return len(out.split())
 
 
