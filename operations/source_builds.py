@@ -205,7 +205,7 @@ SETTINGS = (
         [],
         'Which builds of the catalogue a host builds and installs into its venv, e.g. ["triton", '
         '"xformers"]. Off by default. Each build takes 20 to 60 minutes and many GB of memory on a'
-        ' Spark (README, "Source builds"); one host of each architecture and profile builds it, '
+        ' Spark (docs/source-builds.md); one host of each architecture and profile builds it, '
         "the others receive its wheel.",
         enabled_check,
     ),

@@ -87,7 +87,7 @@ SETTINGS = (
         "let go of its memory, and leaves the jobs the rest. Raise it if a job allocates more than"
         " this in one step: an allocation bigger than what is left fails before earlyoom can act. "
         "From earlyoom 1.8 (Debian 13) the floor shrinks in proportion as non-process memory (GPU "
-        "allocations on GB10, tmpfs) grows: see README.",
+        "allocations on GB10, tmpfs) grows: see docs/watchdog.md.",
         int_range(64 * 1024, 1024 * 1024 * 1024, "KiB; 4194304 is 4 GiB"),
     ),
     Setting(
