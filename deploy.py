@@ -15,7 +15,7 @@ from operations.hardware import hardware
 from operations.jobs import jobs
 from operations.ngc import ngc
 from operations.python_stack import python_stack
-from operations.source_builds import source_builds
+from operations.source_builds import host_requirement_lines, source_builds
 from operations.sshd_guard import sshd_guard
 from operations.swap import swap
 from operations.watchdog import watchdog
@@ -29,5 +29,5 @@ watchdog()  # earlyoom kills the job before the box freezes
 jobs()  # spark-run, spark-preflight, spark-drop-caches and training.slice
 containers()  # Docker, the NVIDIA container toolkit and the nvidia runtime in daemon.json
 ngc()  # NGC training containers: pinned image, spark-container, Jupyter on 127.0.0.1 (off by default)
-python_stack()  # uv, and a venv holding the controller's lock of the manifest (PyPI's CUDA 13.0 torch, vLLM, extras)
+python_stack(built_wheels=host_requirement_lines)  # uv; a venv holding the controller's lock (PyPI's CUDA 13.0 torch, vLLM, extras) and the built wheels
 source_builds()  # optional Triton/xformers/vLLM from source: built once per fleet, detached

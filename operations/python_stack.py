@@ -33,7 +33,7 @@ import hashlib
 import json
 import posixpath
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, deploy, operation
 
 from . import atomic, hardware
+from .python_wheels import LOCK_PLATFORM, lock_entries, normalise, offline_wheels
 from .atomic import refused
 from .packages import installed as install_packages
 from .settings import USER_NAME, Setting, absolute_path, boolean, controller_path, defaults, one_of, resolve
@@ -52,7 +53,6 @@ MANIFEST = REPO / "group_data" / "python_stack.yml"
 LOCKS = "group_data/python_stack.locks"  # beside the manifest, relative to the repository
 REFRESH = "uv run python -m operations.python_lock"
 # Every lock is resolved for this glibc: DGX OS 7 (Ubuntu 24.04) has 2.39, Debian 12 2.36.
-LOCK_PLATFORM = "manylinux_2_35"
 LOCK_FORMAT = 1
 UV_TOOL = "/opt/sparkrig/uv"
 UV = f"{UV_TOOL}/bin/uv"
@@ -85,10 +85,6 @@ def load_manifest(path: Path | str = MANIFEST) -> dict:
     """The versions manifest at ``path`` (YAML)."""
     return yaml.safe_load(Path(path).read_text())
 
-
-def normalise(name: str) -> str:
-    """A package name as PEP 503 compares them."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def package_name(name: str) -> bool:
@@ -470,17 +466,6 @@ def lock_problem(manifest: Mapping[str, Any], arch: str, profiles: Sequence[str]
     return None
 
 
-def lock_entries(text: str) -> list[tuple[str, list[str]]]:
-    """A lock's entries in order: (normalised name, its lines), the header left out."""
-    entries: list[tuple[str, list[str]]] = []
-    for line in text.splitlines():
-        if line and not line[0].isspace() and not line.startswith("#"):
-            name = re.split(r"[ =@\[;]", line, maxsplit=1)[0]
-            entries.append((normalise(name), [line]))
-        elif entries and line.strip():
-            entries[-1][1].append(line)
-    return entries
-
 
 def host_lock(text: str, built: Mapping[str, str] | None = None) -> str:
     """What a host installs: the controller's lock, each built wheel (operations/source_builds.py,
@@ -652,9 +637,7 @@ def virtualenv_arguments(data: Mapping[str, Any], built: Mapping[str, str]) -> d
         "wheels": {},
     }
     if data["python_offline"] and text:
-        from . import python_lock  # the controller's downloads
-
-        arguments["wheels"] = python_lock.offline_wheels(
+        arguments["wheels"] = offline_wheels(
             text, arch, manifest["python"], Path(data["python_offline_cache"]).expanduser()
         )
     return arguments
@@ -812,14 +795,16 @@ def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, whe
 
 
 @deploy("Python stack", data_defaults=defaults(SETTINGS + hardware.SETTINGS))
-def python_stack():
+def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
     """
     Install uv and make the virtualenv hold the controller's lock of the manifest.
 
+    + built_wheels: what else the venv holds, by package: requirement lines of wheels built
+      on the host (``source_builds.host_requirement_lines``; deploy.py passes it). Without
+      it the venv holds the lock alone, and a built wheel would be synced away.
+
     Settings: ``python_*``; see docs/settings.md and group_data/python_stack.yml.
     """
-    from . import source_builds  # it builds on this module
-
     data = host.data
     manifest = data.python_stack
     arch = hardware.host_profile()["arch"]
@@ -832,7 +817,7 @@ def python_stack():
         return
     try:
         arguments = virtualenv_arguments(
-            resolve(SETTINGS + hardware.SETTINGS, data.dict()), source_builds.host_requirement_lines()
+            resolve(SETTINGS + hardware.SETTINGS, data.dict()), built_wheels() if built_wheels else {}
         )
     except (OSError, RuntimeError, ValueError) as error:  # python_offline's downloads
         refused(name="The controller has the locked wheels", message=f"python_offline: {error}")

@@ -18,6 +18,7 @@ import pytest
 
 from operations import python_lock
 from operations import python_stack as ps
+from operations import python_wheels
 from tests.lab import wheelhouse
 
 MANIFEST = ps.load_manifest()
@@ -100,10 +101,10 @@ def test_a_named_index_serves_only_the_packages_named_for_it(local_index):
 
 
 def test_offline_tags_accept_the_hosts_wheels_only():
-    tags = python_lock.target_tags("aarch64", "3.12")
-    assert python_lock._fits("torch-2.11.0-cp312-cp312-manylinux_2_28_aarch64.whl", tags)
-    assert python_lock._fits("six-1.17.0-py2.py3-none-any.whl", tags)
-    assert python_lock._fits("vllm-0.20.2-cp38-abi3-manylinux_2_35_aarch64.whl", tags)
-    assert not python_lock._fits("torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl", tags)
-    assert not python_lock._fits("torch-2.11.0-cp311-cp311-manylinux_2_28_aarch64.whl", tags)
-    assert not python_lock._fits("x-1.0-cp312-cp312-manylinux_2_39_aarch64.whl", tags)  # newer glibc than the lock's
+    tags = python_wheels.target_tags("aarch64", "3.12")
+    assert python_wheels._fits("torch-2.11.0-cp312-cp312-manylinux_2_28_aarch64.whl", tags)
+    assert python_wheels._fits("six-1.17.0-py2.py3-none-any.whl", tags)
+    assert python_wheels._fits("vllm-0.20.2-cp38-abi3-manylinux_2_35_aarch64.whl", tags)
+    assert not python_wheels._fits("torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl", tags)
+    assert not python_wheels._fits("torch-2.11.0-cp311-cp311-manylinux_2_28_aarch64.whl", tags)
+    assert not python_wheels._fits("x-1.0-cp312-cp312-manylinux_2_39_aarch64.whl", tags)  # newer glibc than the lock's

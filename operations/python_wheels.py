@@ -1,0 +1,144 @@
+"""
+The wheels of a lock, on the controller: the lock's entries, the wheel tags a host of its
+platform accepts, and, for hosts that cannot reach the index (``python_offline``), every
+locked wheel downloaded once into the controller's cache, its sha256 checked against the
+lock. Both python_stack (hosts) and python_lock (the controller's command) build on it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from packaging.tags import compatible_tags, cpython_tags
+from packaging.utils import parse_wheel_filename
+
+from . import atomic
+
+LOCK_PLATFORM = "manylinux_2_35"
+DEFAULT_INDEX = "https://pypi.org/simple"
+_SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+_ANCHOR = re.compile(r'<a\s[^>]*href="([^"]+)"[^>]*>([^<]+)</a>', re.IGNORECASE)
+
+
+def normalise(name: str) -> str:
+    """A package name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_entries(text: str) -> list[tuple[str, list[str]]]:
+    """A lock's entries in order: (normalised name, its lines), the header left out."""
+    entries: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            name = re.split(r"[ =@\[;]", line, maxsplit=1)[0]
+            entries.append((normalise(name), [line]))
+        elif entries and line.strip():
+            entries[-1][1].append(line)
+    return entries
+
+
+def target_tags(arch: str, python: str) -> set[str]:
+    """The wheel tags a host of the lock's platform and Python accepts."""
+    major, minor = (int(x) for x in python.split("."))
+    glibc = int(LOCK_PLATFORM.rsplit("_", 1)[1])
+    platforms = [f"manylinux_2_{m}_{arch}" for m in range(glibc, 16, -1)]
+    platforms += [f"manylinux2014_{arch}", f"linux_{arch}"]
+    tags = list(cpython_tags((major, minor), platforms=platforms))
+    tags += list(compatible_tags((major, minor), f"cp{major}{minor}", platforms))
+    return {str(t) for t in tags}
+
+
+def _registry_entries(text: str) -> list[tuple[str, str | None, list[str], str | None]]:
+    """(name, URL of a direct wheel or None, sha256s, index) of each locked package; built
+    wheels (file://) are left out: they are on the host already."""
+    found = []
+    for name, lines in lock_entries(text):
+        first = lines[0].split(" \\")[0].strip()
+        hashes = [part.split("sha256:", 1)[1].split()[0] for line in lines for part in line.split("--hash=")[1:]]
+        index = next((line.split("# from ", 1)[1].strip() for line in lines if "# from " in line), None)
+        if " @ file://" in first:
+            continue
+        url = first.split(" @ ", 1)[1].strip() if " @ " in first else None
+        found.append((name, url, hashes, index))
+    return found
+
+
+def _download(url: str, sha256: str, target: Path) -> None:
+    temp = target.with_name(f".{target.name}.part")
+    with urllib.request.urlopen(url, timeout=120) as response, open(temp, "wb") as out:
+        for block in iter(lambda: response.read(1 << 20), b""):
+            out.write(block)
+    if atomic.file_sha256(temp) != sha256:
+        temp.unlink()
+        raise RuntimeError(f"{url}: sha256 differs from the lock's")
+    temp.replace(target)
+
+
+def _index_files(index: str, name: str) -> list[dict]:
+    """The files of project ``name`` on a simple index, JSON (PEP 691) or HTML (PEP 503)."""
+    accept = f"{_SIMPLE_JSON}, text/html;q=0.1"
+    request = urllib.request.Request(f"{index.rstrip('/')}/{name}/", headers={"Accept": accept})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        base = response.geturl()
+        kind = response.headers.get_content_type()
+        body = response.read()
+    if kind == _SIMPLE_JSON:
+        files = json.loads(body)["files"]
+    else:
+        files = []
+        for href, filename in _ANCHOR.findall(body.decode()):
+            url, _, fragment = href.partition("#")
+            algorithm, _, value = fragment.partition("=")
+            files.append({"filename": html.unescape(filename).strip(), "url": html.unescape(url),
+                          "hashes": {algorithm: value} if value else {}})
+    return [{**f, "url": urllib.parse.urljoin(base, f["url"])} for f in files]
+
+
+def offline_wheels(text: str, arch: str, python: str, cache: Path) -> dict[str, str]:
+    """Every wheel a host of ``arch`` and ``python`` installs from lock ``text``, file name:
+    path in the controller's ``cache``; downloaded there once (sha256 checked against the
+    lock), then reused by every host and run. Raises RuntimeError when a package has no
+    wheel for the host (an sdist would have to be built there)."""
+    accepted = target_tags(arch, python)
+    cache.mkdir(parents=True, exist_ok=True)
+    known_path = cache / "sha256.json"
+    known: dict[str, str] = json.loads(known_path.read_text()) if known_path.is_file() else {}
+    by_sha = {sha: name for name, sha in known.items() if (cache / name).is_file()}
+    wheels = {}
+    for name, url, hashes, index in _registry_entries(text):
+        have = next((by_sha[h] for h in hashes if h in by_sha), None)
+        if have and _fits(have, accepted):
+            wheels[have] = str(cache / have)
+            continue
+        if url:
+            candidates = [{"filename": urllib.parse.unquote(url.rsplit("/", 1)[1]), "url": url,
+                           "hashes": {"sha256": hashes[0]}}] if hashes else []
+        else:
+            candidates = _index_files(index or DEFAULT_INDEX, name)
+        fits = [f for f in candidates
+                if f["hashes"].get("sha256") in hashes and f["filename"].endswith(".whl") and _fits(f["filename"], accepted)]
+        if not fits:
+            raise RuntimeError(f"python_offline: no wheel of {name} in the lock fits {arch}, Python {python}")
+        chosen = fits[0]
+        target = cache / chosen["filename"]
+        if not (target.is_file() and atomic.file_sha256(target) == chosen["hashes"]["sha256"]):
+            _download(chosen["url"], chosen["hashes"]["sha256"], target)
+        known[chosen["filename"]] = chosen["hashes"]["sha256"]
+        wheels[chosen["filename"]] = str(target)
+    temp = known_path.with_name(".sha256.json.new")
+    temp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+    temp.replace(known_path)
+    return dict(sorted(wheels.items()))
+
+
+def _fits(filename: str, accepted: set[str]) -> bool:
+    try:
+        _name, _version, _build, tags = parse_wheel_filename(filename)
+    except ValueError:
+        return False
+    return any(str(tag) in accepted for tag in tags)
