@@ -64,6 +64,22 @@ done
 """
 
 
+# Finishes an interrupted dpkg run. A package whose unpacking was cut off (power lost
+# mid-deploy) is "half-installed, reinstall required": dpkg --configure -a passes over it
+# and the next install fails on it ("package is in a very bad inconsistent state"), so apt
+# reinstalls such packages first; then dpkg configures what is pending. Arguments: apt-get
+# and its options.
+COMPLETE_DPKG = r"""
+broken=$(dpkg-query -W -f '${db:Status-Abbrev} ${binary:Package}\n' 2>/dev/null |
+  awk 'substr($1, 2, 1) == "H" || substr($1, 3, 1) == "R" { print $2 }')
+if [ -n "$broken" ]; then
+  echo "sparkrig: reinstalling what an interrupted dpkg run left half-installed:" $broken >&2
+  "$@" update && "$@" install --reinstall $broken || exit
+fi
+dpkg --configure -a
+"""
+
+
 def install_command(packages: Sequence[str], timeout_s: int, no_recommends: bool = True) -> StringCommand:
     """The one remote command: wait for the locks, finish an interrupted dpkg run,
     fresh lists, install. apt also waits (the rest of the timeout) should another
@@ -74,7 +90,8 @@ def install_command(packages: Sequence[str], timeout_s: int, no_recommends: bool
     install = [*keep, "install", *(["--no-install-recommends"] if no_recommends else [])]
     return StringCommand(
         "sh", "-c", QuoteString(WAIT_FOR_LOCKS), "sparkrig-wait-for-apt", str(timeout_s), *LOCKS,
-        "&&", "DEBIAN_FRONTEND=noninteractive", "dpkg", "--configure", "-a",
+        "&&", "DEBIAN_FRONTEND=noninteractive", "sh", "-c", QuoteString(COMPLETE_DPKG),
+        "sparkrig-complete-dpkg", *apt[1:], *keep,
         "&&", *apt, "update",
         *(["&&", *apt, *install, *[QuoteString(p) for p in packages]] if packages else []),
     )

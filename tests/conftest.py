@@ -11,15 +11,14 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
 import pytest
 
 from tests import lab
-from tests.support import REPO, DeployResult, run_deploy
+from tests.lab.stack import make_locks
+from tests.support import DeployResult, run_deploy
 
 LAB_INVENTORY = "inventory/lab.py"
 
@@ -125,26 +124,10 @@ def lab_hosts(request):
     lab_says(request.config, f"lab down in {time.monotonic() - started:.0f} s")
 
 
-def refresh_lab_locks() -> list[str]:
-    """The lab's stand-in manifests (one per flavour, in the lab's state) locked on the
-    controller by the real command, as a user refreshes group_data/python_stack.locks."""
-    from inventory import lab as lab_inventory  # the lab is up: its inventory loads
-
-    outputs = []
-    for manifest in lab_inventory.write_lab_manifests():
-        result = subprocess.run(
-            [sys.executable, "-m", "operations.python_lock", "--manifest", str(manifest),
-             "--locks", str(lab_inventory.LAB_LOCKS)],
-            cwd=REPO, capture_output=True, text=True, timeout=900,
-        )
-        assert result.returncode == 0, result.stderr
-        outputs.append(result.stderr)
-    return outputs
-
-
 @pytest.fixture(scope="session")
 def lab_locks(lab_hosts) -> list[str]:
-    return refresh_lab_locks()
+    """The lab's locks (``up`` made them; --reuse-lab finds them fresh, or makes them)."""
+    return make_locks()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import sys
 
 from . import down, missing_requirements, ssh_config_path, status, up
 from .model import FLAVOURS, parse_fleet_spec
+from .stack import make_locks
 from .system import LabError
 
 
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
             fleet = parse_fleet_spec(args.hosts) if args.hosts else None
             for host in up(fleet, keep_on_failure=args.keep_on_failure):
                 print(f"{host.name}\t{host.flavour}\t{host.address}")
+            make_locks()  # the stand-in stack's locks, so that a deploy can follow
             print(f"ssh -F {ssh_config_path()} NAME")
         elif args.command == "down":
             down()

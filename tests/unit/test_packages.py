@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import time
@@ -74,9 +75,11 @@ def test_the_command_waits_completes_dpkg_updates_then_installs():
     assert command.startswith("sh -c ")
     wait, _, rest = command.partition(" sparkrig-wait-for-apt 300 ")
     assert rest.startswith(" ".join(packages.LOCKS) + " && ")
-    steps = rest.split(" && ")[1:]
-    assert steps == [
-        "DEBIAN_FRONTEND=noninteractive dpkg --configure -a",
+    steps = rest.split(" && DEBIAN_FRONTEND=")[1:]
+    complete = f"noninteractive sh -c {shlex.quote(packages.COMPLETE_DPKG)} sparkrig-complete-dpkg "
+    assert steps[0].startswith(complete) and steps[0].endswith(
+        "apt-get -q -y -o DPkg::Lock::Timeout=300 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
+    assert ["DEBIAN_FRONTEND=" + step for step in steps[1:]] == [
         "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 update",
         "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 "
         "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold install "
@@ -98,3 +101,39 @@ def test_package_names_are_quoted():
 def test_a_bad_timeout_is_refused_naming_the_key(bad):
     found = problems(packages.SETTINGS, {"packages_dpkg_lock_timeout_s": bad})
     assert found == [f"packages_dpkg_lock_timeout_s = {bad!r}: allowed is an integer from 0 to 3600 (seconds)"]
+
+
+def _complete_dpkg(tmp_path, first_configure: int, statuses: str) -> tuple[int, list[str]]:
+    """Run COMPLETE_DPKG with STAND-IN dpkg, dpkg-query and apt-get that record their calls:
+    the first `dpkg --configure -a` exits ``first_configure``, later ones 0."""
+    import os
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    scripts = {
+        "dpkg": f'echo "dpkg $*" >> {log}; [ -e {tmp_path}/configured ] && exit 0; '
+                f'touch {tmp_path}/configured; exit {first_configure}',
+        "dpkg-query": f"printf '{statuses}'",
+        "apt-get": f'echo "apt-get $*" >> {log}',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    result = subprocess.run(
+        ["sh", "-c", packages.COMPLETE_DPKG, "sparkrig-complete-dpkg", "apt-get", "-y"],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, capture_output=True, text=True,
+    )
+    return result.returncode, log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_clean_dpkg_costs_one_configure(tmp_path):
+    assert _complete_dpkg(tmp_path, 0, "ii  earlyoom\\niU  half-configured-is-dpkgs-job\\n") == (
+        0, ["dpkg --configure -a"])
+
+
+def test_a_package_half_unpacked_by_a_power_cut_is_reinstalled_then_configured(tmp_path):
+    """dpkg --configure -a passes over it (exit 0), and the install after it fails on it
+    ("package is in a very bad inconsistent state"): apt reinstalls it first."""
+    status, calls = _complete_dpkg(tmp_path, 0, "ii  python3\\niHR python3.11-venv\\nrU  x\\n")
+    assert status == 0
+    assert calls == ["apt-get -y update", "apt-get -y install --reinstall python3.11-venv", "dpkg --configure -a"]
