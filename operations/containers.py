@@ -60,6 +60,25 @@ TOOLKIT_SOURCES = ("auto", "nvidia", "preinstalled")
 # What "auto" resolves to, besides the vendor repository or "preinstalled": the
 # packages are absent, and installed from a source the host already has.
 HOST_SOURCE = "host"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source setting: its vendor's value, the program that shows it is installed
+    (and its key in :class:`ContainerHost`), and sparkrig's name for the vendor's repository."""
+
+    key: str
+    vendor: str
+    program: str
+    found: str
+    repository: str
+
+
+SOURCES = (
+    Source("containers_docker_source", "docker-ce", "dockerd", "dockerd", "docker"),
+    Source("containers_toolkit_source", "nvidia", "nvidia-container-runtime", "nvidia_runtime",
+           "nvidia-container-toolkit"),
+)
 DISTRO_PACKAGES = ("docker.io",)
 # Debian 13 ships the docker client apart from the engine, as a recommendation of docker.io.
 DISTRO_CLI = "docker-cli"
@@ -259,7 +278,7 @@ class AptRepository:
         return f"{SOURCES_DIR}/sparkrig-{self.name}.sources"
 
 
-REPOSITORY_NAMES = ("docker", "nvidia-container-toolkit")
+REPOSITORY_NAMES = tuple(src.repository for src in SOURCES)
 
 
 def url_origin(template: str) -> str:
@@ -301,21 +320,18 @@ def resolve_sources(data: Mapping[str, Any], found: Mapping[str, Any]) -> dict[s
     else installs from a source the host already has (:data:`HOST_SOURCE`) when apt
     knows the package, else takes the vendor repository."""
     resolved = {}
-    for key, vendor, binary, repo in (
-        ("containers_docker_source", "docker-ce", "dockerd", "docker"),
-        ("containers_toolkit_source", "nvidia", "nvidia_runtime", "nvidia-container-toolkit"),
-    ):
-        source = data[key]
+    for src in SOURCES:
+        source = data[src.key]
         if source == "auto":
-            if repo in found["own_sources"]:
-                source = vendor
-            elif found[binary]:
+            if src.repository in found["own_sources"]:
+                source = src.vendor
+            elif found[src.found]:
                 source = "preinstalled"
-            elif vendor_package(data, key) in found["available"]:
+            elif vendor_package(data, src.key) in found["available"]:
                 source = HOST_SOURCE
             else:
-                source = vendor
-        resolved[key] = source
+                source = src.vendor
+        resolved[src.key] = source
     return resolved
 
 
@@ -822,10 +838,7 @@ def containers():
     distro = data.containers_docker_source == "distro"
     # Every package any source could ask for: "auto" is decided from this reading.
     candidates = [
-        (program, vendor_package(settings, key))
-        for key, program in (("containers_docker_source", "dockerd"),
-                             ("containers_toolkit_source", "nvidia-container-runtime"))
-        if settings[key] == "auto"
+        (src.program, vendor_package(settings, src.key)) for src in SOURCES if settings[src.key] == "auto"
     ]
     found = host.get_fact(
         ContainerHost,
@@ -863,7 +876,7 @@ def containers():
     existing = host.get_fact(SparkrigAptRepositories) if repos else SparkrigAptRepositories.default()
     for repo in list(repos):
         conflicts = foreign_sources(existing["entries"], repo)
-        key = "containers_docker_source" if repo.name == "docker" else "containers_toolkit_source"
+        key = next(src.key for src in SOURCES if src.repository == repo.name)
         if conflicts and settings[key] == "auto" and repo.name not in found["own_sources"]:
             # The host has this vendor's repository already: install from it as it is.
             repos.remove(repo)
