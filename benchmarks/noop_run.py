@@ -36,8 +36,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests import lab
-from tests.lab.config import KNOWN_HOSTS
+import lab
+from lab.config import KNOWN_HOSTS
 
 REPO = Path(__file__).resolve().parent.parent
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")

@@ -1,5 +1,5 @@
 """
-The local lab fleet: Debian hosts booted with systemd-nspawn by `python -m tests.lab up`.
+The local lab fleet: Debian hosts booted with systemd-nspawn by `python -m lab up`.
 
 Reads the lab's inventory.json (addresses, lab SSH key, known_hosts) so the
 deploy talks to the lab exactly as it talks to a Spark: over SSH, as an
@@ -13,14 +13,14 @@ import yaml as _yaml
 
 from operations.python_stack import load_manifest as _load_manifest
 from operations.source_builds import load_catalogue as _load_catalogue
-from tests.lab import FLAVOURS as _FLAVOURS
-from tests.lab import inventory_path as _inventory_path
-from tests.lab.config import WHEEL_CACHE as _WHEEL_CACHE
+from lab import FLAVOURS as _FLAVOURS
+from lab import inventory_path as _inventory_path
+from lab.config import WHEEL_CACHE as _WHEEL_CACHE
 
 if not _inventory_path().exists():
     raise SystemExit(
         f"sparkrig: the lab is not up ({_inventory_path()} is missing): "
-        "run `python -m tests.lab up` first"
+        "run `python -m lab up` first"
     )
 
 _inventory = _json.loads(_inventory_path().read_text())
@@ -32,7 +32,7 @@ def _containers(host: dict) -> dict:
     repositories: the lab serves signed repositories laid out like theirs, holding
     STAND-IN packages named as such (sparkrig-lab-standin-*). The DGX OS hosts (flavours
     dgxos and gb10) keep the default sources ("auto"): they start with Docker and the
-    toolkit installed from the lab's DGX OS stand-in source (tests/lab/dgxos.py), which
+    toolkit installed from the lab's DGX OS stand-in source (lab/dgxos.py), which
     the deploy must keep. Debian 12 takes Docker from the distribution (docker.io, for
     real); Debian 13 from the lab's docker-ce-like repository, whose stand-in package
     installs Debian's docker.io."""
@@ -66,7 +66,7 @@ def _ngc(host: dict) -> dict:
     """The NGC container workflow in the lab, on lab-deb13 (docker-ce stand-in, user spark
     in the docker group; other hosts and fleets, such as the benchmarks', leave it off).
     nvcr.io is out of reach, so the base image is the lab registry's STAND-IN (a busybox
-    image, tests/lab/registry.py), pulled by digest from the repository server (that
+    image, lab/registry.py), pulled by digest from the repository server (that
     address is an insecure registry in the host's own daemon.json, see tests/conftest.py),
     and Jupyter is the STAND-IN busybox HTTP server in the same unit."""
     registry = _inventory.get("registry") or {}
@@ -175,7 +175,7 @@ def _python_stack(host: dict) -> dict:
     return data
 
 
-# The lab's own source build: a small real C extension (tests/lab/sourcebuild.py) in a
+# The lab's own source build: a small real C extension (lab/sourcebuild.py) in a
 # git repository the lab serves over HTTP, pinned by commit, built for the stable ABI
 # (one wheel fits Python 3.11 and 3.13), so the whole fleet shares one build. The real
 # builds (Triton, xformers, vLLM) stay in the catalogue, off: no GitHub, no GPU here.
@@ -224,7 +224,7 @@ lab = [
             # reports a GB10.
             **({} if _FLAVOURS[_host["flavour"]].gpu_standin else {"hardware_profile": "rtx50"}),
             "lab_flavour": _host["flavour"],
-            # Runs under qemu-user (tests/lab/binfmt.py): the controls say what it cannot show.
+            # Runs under qemu-user (lab/binfmt.py): the controls say what it cannot show.
             **({"lab_emulated": "qemu-user"} if _FLAVOURS[_host["flavour"]].emulated else {}),
             "ca_certificates_extra": _ca_certificates,
             **_containers(_host),

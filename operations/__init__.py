@@ -6,6 +6,8 @@ pyinfra deploy), the facts it decides changes from, and ``SETTINGS``: its
 settings, declared once (docs/settings.md is generated from them).
 """
 
+from sparkrig import packages
+
 from . import (
     ca_certificates,
     containers,
@@ -13,7 +15,6 @@ from . import (
     hardware,
     jobs,
     ngc,
-    packages,
     python_stack,
     source_builds,
     sshd_guard,

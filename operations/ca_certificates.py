@@ -19,9 +19,9 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
-from . import atomic
-from .packages import installed as install_packages
-from .settings import Setting, defaults, mapping_of
+from sparkrig import atomic
+from sparkrig.packages import installed as install_packages
+from sparkrig.settings import Setting, defaults, mapping_of
 
 CERT_DIR = "/usr/local/share/ca-certificates"
 LINK_DIR = "/etc/ssl/certs"

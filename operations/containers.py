@@ -50,10 +50,10 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import systemd
 
-from . import atomic
-from .packages import installed as install_packages
-from .atomic import refuse, refused
-from .settings import USER_NAME, Setting, boolean, defaults, one_of
+from sparkrig import atomic
+from sparkrig.packages import installed as install_packages
+from sparkrig.atomic import refuse, refused
+from sparkrig.settings import USER_NAME, Setting, boolean, defaults, one_of
 
 DOCKER_SOURCES = ("auto", "docker-ce", "distro", "preinstalled")
 TOOLKIT_SOURCES = ("auto", "nvidia", "preinstalled")

@@ -22,8 +22,9 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, deploy
 
-from . import atomic, hardware, python_stack
-from .settings import Setting, absolute_path, defaults, env_mapping, resolve
+from sparkrig import atomic
+from . import hardware, python_stack
+from sparkrig.settings import Setting, absolute_path, defaults, env_mapping, resolve
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 CUDA_LINK = "/usr/local/cuda"

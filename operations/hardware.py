@@ -22,9 +22,9 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, StringCommand, deploy
 
-from .atomic import refused
-from . import atomic
-from .settings import Setting, defaults
+from sparkrig.atomic import refused
+from sparkrig import atomic
+from sparkrig.settings import Setting, defaults
 
 ARCHES = ("aarch64", "x86_64")
 PROFILE_FIELDS = ("arch", "compute_capability", "torch_cuda_arch_list")

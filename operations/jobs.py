@@ -26,8 +26,9 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy
 
-from . import atomic, watchdog
-from .settings import SIZE_UNITS, Setting, defaults, int_range
+from sparkrig import atomic
+from . import watchdog
+from sparkrig.settings import SIZE_UNITS, Setting, defaults, int_range
 
 SLICE = "training.slice"
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"

@@ -36,9 +36,10 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from . import atomic, containers, cuda_env, hardware, python_stack
+from sparkrig import atomic
+from . import containers, cuda_env, hardware, python_stack
 from .containers import IMAGE_REFERENCE
-from .settings import ENV_NAME, USER_NAME, Setting, absolute_path, boolean, defaults, int_range, one_of
+from sparkrig.settings import ENV_NAME, USER_NAME, Setting, absolute_path, boolean, defaults, int_range, one_of
 
 BUILDS = ("none", "packages", "unsloth")
 JUPYTER_SERVERS = ("jupyterlab", "stand-in-httpd")

@@ -5,7 +5,7 @@ The stack is data: ``python_stack`` (loaded from ``group_data/python_stack.yml``
 names the Python version, torch (from PyPI unless an index is named for it alone),
 vLLM's wheel per CPU architecture with its sha256, extras and optional profiles.
 
-- **Locks.** ``uv run python -m operations.python_lock`` resolves the manifest on the
+- **Locks.** ``uv run python -m tools.python_lock`` resolves the manifest on the
   controller, once per (architecture, Python, set of profiles) listed under ``locks``,
   into ``group_data/python_stack.locks/`` (``uv pip compile --generate-hashes``, every
   file's sha256). Each lock's header records a digest of its inputs: settings
@@ -42,16 +42,17 @@ import yaml
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, deploy, operation
 
-from . import atomic, hardware
-from .python_wheels import LOCK_PLATFORM, lock_entries, normalise, offline_wheels
-from .atomic import refused
-from .packages import installed as install_packages
-from .settings import USER_NAME, Setting, absolute_path, boolean, controller_path, defaults, one_of, resolve
+from sparkrig import atomic
+from . import hardware
+from sparkrig.python_wheels import LOCK_PLATFORM, lock_entries, normalise, offline_wheels
+from sparkrig.atomic import refused
+from sparkrig.packages import installed as install_packages
+from sparkrig.settings import USER_NAME, Setting, absolute_path, boolean, controller_path, defaults, one_of, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "group_data" / "python_stack.yml"
 LOCKS = "group_data/python_stack.locks"  # beside the manifest, relative to the repository
-REFRESH = "uv run python -m operations.python_lock"
+REFRESH = "uv run python -m tools.python_lock"
 # Every lock is resolved for this glibc: DGX OS 7 (Ubuntu 24.04) has 2.39, Debian 12 2.36.
 LOCK_FORMAT = 1
 UV_TOOL = "/opt/sparkrig/uv"
@@ -258,7 +259,7 @@ SETTINGS = (
         "The versions manifest: Python, torch's versions (from PyPI unless an index is named for "
         "it alone), vLLM's wheel per architecture with its sha256, extra packages, profiles, and "
         "which locks exist. It lives in group_data/python_stack.yml (documented there); bump the "
-        "stack by editing it, then run `uv run python -m operations.python_lock`.",
+        "stack by editing it, then run `uv run python -m tools.python_lock`.",
         manifest_check,
     ),
     Setting(
@@ -272,7 +273,7 @@ SETTINGS = (
         "python_stack_locks",
         LOCKS,
         "Where the controller keeps the manifest's locks (relative: to the repository), one per "
-        "architecture and set of profiles, made by `uv run python -m operations.python_lock`. A "
+        "architecture and set of profiles, made by `uv run python -m tools.python_lock`. A "
         "host whose lock is missing or stale for the manifest stops the deploy before any host is "
         "contacted.",
         locks_check,

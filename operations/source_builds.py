@@ -62,9 +62,10 @@ from pyinfra.api import (
     operation,
 )
 
-from . import atomic, cuda_env, hardware, jobs, python_stack
-from .packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
-from .settings import ENV_NAME, Setting, controller_path, defaults, env_value_problem, mapping_of, resolve
+from sparkrig import atomic
+from . import cuda_env, hardware, jobs, python_stack
+from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
+from sparkrig.settings import ENV_NAME, Setting, controller_path, defaults, env_value_problem, mapping_of, resolve
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "group_data" / "source_builds.yml"
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"

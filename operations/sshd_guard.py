@@ -24,8 +24,8 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.connectors.ssh import SSHConnector
 
-from . import atomic
-from .settings import SIZE_UNITS, Setting, defaults
+from sparkrig import atomic
+from sparkrig.settings import SIZE_UNITS, Setting, defaults
 
 DROPIN_NAME = "zz-sparkrig.conf"  # read last: wins over earlier drop-ins such as the guides' oom.conf
 SLICE = "system.slice"

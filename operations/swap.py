@@ -34,8 +34,8 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.api.command import PyinfraCommand
 
-from . import atomic
-from .settings import Setting, boolean, defaults
+from sparkrig import atomic
+from sparkrig.settings import Setting, boolean, defaults
 
 FSTAB = "/etc/fstab"
 FSTAB_BACKUP = "/etc/fstab.sparkrig.bak"

@@ -33,9 +33,9 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from . import atomic
-from .packages import installed as install_packages
-from .settings import Setting, boolean, defaults, int_range
+from sparkrig import atomic
+from sparkrig.packages import installed as install_packages
+from sparkrig.settings import Setting, boolean, defaults, int_range
 
 PACKAGE = "earlyoom"
 SERVICE = "earlyoom.service"

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests import lab
-from tests.lab.stack import make_locks
+import lab
+from lab.stack import make_locks
 from tests.support import DeployResult, run_deploy
 
 LAB_INVENTORY = "inventory/lab.py"
@@ -79,7 +79,7 @@ def say(request):
 
 
 def deploy_summary(result: DeployResult) -> str:
-    """The deploy's own last line ("4 hosts, no changes"; operations/summary.py), or its exit status."""
+    """The deploy's own last line ("4 hosts, no changes"; sparkrig/summary.py), or its exit status."""
     found = re.findall(r"^--> (\d+ hosts?, .*)$", result.log, re.MULTILINE)
     return found[-1] if found else f"exit status {result.returncode}"
 
@@ -116,7 +116,7 @@ def lab_hosts(request):
                         input=json.dumps(stock_daemon_json(host.name), indent=4) + "\n")
     yield hosts
     if request.config.getoption("--keep-lab"):
-        lab_says(request.config, "--keep-lab: the hosts stay up (python -m tests.lab down removes them)")
+        lab_says(request.config, "--keep-lab: the hosts stay up (python -m lab down removes them)")
         return
     started = time.monotonic()
     lab_says(request.config, "tearing the lab down")

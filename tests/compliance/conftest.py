@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from operations.hardware import AUTO, HardwareIdentity, choose_profile
-from operations.settings import all_settings, resolve
-from tests import lab
+from sparkrig.settings import all_settings, resolve
+import lab
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
 

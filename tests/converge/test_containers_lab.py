@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from tests import lab
+import lab
 from tests.conftest import LAB_INVENTORY, STOCK_DAEMON_JSON, stock_daemon_json
 from tests.support import inventory_host_data, run_deploy
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from operations.sshd_guard import DROPIN_NAME
-from tests import lab
+import lab
 from tests.compliance.conftest import host_of
 from tests.conftest import LAB_INVENTORY
 from tests.support import PYINFRA, REPO, DeployResult, run_deploy
@@ -88,7 +88,7 @@ def test_the_fleet_passes_the_suite_run_through_its_inventory_in_parallel(first_
 
 
 def test_a_rolling_rollout_goes_batch_by_batch_and_converges_everything(first_converge):
-    result = subprocess.run([sys.executable, "-m", "operations.rollout", LAB_INVENTORY, "--batch", "2",
+    result = subprocess.run([sys.executable, "-m", "tools.rollout", LAB_INVENTORY, "--batch", "2",
                              "--limit", "debian12,debian13"],
                             cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -110,7 +110,7 @@ def test_an_unreachable_host_is_reported_the_others_finish_and_a_rerun_converges
         assert result.errors() == {} and result.changed() == {}, result.log
         assert down in result.log and "Could not connect" in result.log, result.log[-3000:]
 
-        rollout = subprocess.run([sys.executable, "-m", "operations.rollout", LAB_INVENTORY,
+        rollout = subprocess.run([sys.executable, "-m", "tools.rollout", LAB_INVENTORY,
                                   "--limit", f"{down},lab-deb13-b"],
                                  cwd=REPO, capture_output=True, text=True, timeout=900)
         assert rollout.returncode == 1

@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from tests import lab
+import lab
 from tests.conftest import LAB_INVENTORY
 from tests.support import inventory_host_data, run_deploy
 

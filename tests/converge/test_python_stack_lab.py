@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-from tests import lab
+import lab
 from tests.conftest import LAB_INVENTORY
 from tests.support import run_deploy
 

@@ -1,5 +1,5 @@
 """
-Source builds in the lab, with a small real C extension (tests/lab/sourcebuild.py) that the
+Source builds in the lab, with a small real C extension (lab/sourcebuild.py) that the
 lab serves from a git repository: the fleet builds it once and every host installs the wheel;
 a build survives its deploy's SSH connection being cut and is never started twice; a changed
 ref rebuilds and reinstalls; a failed build leaves the venv as it was and reports the
@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from tests import lab
-from tests.lab.model import FLAVOURS
+import lab
+from lab.model import FLAVOURS
 from tests.conftest import LAB_INVENTORY
 from tests.support import PYINFRA, REPO, run_deploy
 

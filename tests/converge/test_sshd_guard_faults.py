@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from operations.sshd_guard import DROPIN_NAME, VERIFY_DROPIN
-from tests import lab
+import lab
 from tests.conftest import LAB_INVENTORY
 from tests.support import run_deploy
 

@@ -8,7 +8,7 @@ import base64
 
 import pytest
 
-from tests import lab
+import lab
 from tests.conftest import STOCK_FSTAB
 
 pytestmark = pytest.mark.lab

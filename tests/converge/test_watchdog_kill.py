@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests import lab
+import lab
 
 pytestmark = pytest.mark.lab
 

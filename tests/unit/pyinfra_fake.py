@@ -25,7 +25,7 @@ from pyinfra.connectors.fake import FakeConnector
 from pyinfra.connectors.util import OutputLine
 from pyinfra.context import ctx_host, ctx_state
 
-from operations import atomic
+from sparkrig import atomic
 
 
 def encode(lines: list[str]) -> list[str]:

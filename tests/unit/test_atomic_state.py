@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 
-from operations import atomic
+from sparkrig import atomic
 
 SHA = hashlib.sha256(b"x\n").hexdigest()
 

@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from operations import ca_certificates as ca
-from operations.settings import problems
+from sparkrig.settings import problems
 from tests.unit.pyinfra_fake import execute
 
 PEM = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUabc=\n-----END CERTIFICATE-----\n"

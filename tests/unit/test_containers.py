@@ -17,7 +17,7 @@ from tests.unit import pyinfra_fake
 
 from operations import containers as ct
 from pyinfra.api.exceptions import FactProcessError
-from operations.settings import defaults, problems
+from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import PlannedOp, digest, execute, plan
 
 DEFAULTS = defaults(ct.SETTINGS)
@@ -738,15 +738,16 @@ def test_every_fact_turns_unparseable_output_into_a_host_failure():
 
     from pyinfra.api import FactBase
 
-    from operations import (atomic, ca_certificates, containers, cuda_env, hardware, ngc, python_stack,
-                            source_builds, sshd_guard, swap)
+    from operations import (ca_certificates, containers, cuda_env, hardware, ngc, python_stack, source_builds,
+                            sshd_guard, swap)
+    from sparkrig import atomic
 
     forged = ["file x y", "## swaps", "\udcff\udcfe", "unit", "token=a b c", "stamp lab {", "src x 9z",
               "user=a:b:c", "key", "CudaToolkits", "gpu 1 2"]
     for module in (atomic, ca_certificates, containers, cuda_env, hardware, ngc, python_stack,
                    source_builds, sshd_guard, swap):
         for fact in [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, FactBase)
-                     and c.__module__.startswith("operations")]:
+                     and c.__module__.startswith(("operations", "sparkrig"))]:
             for output in (forged, pyinfra_fake.encode(forged), ["", atomic.END]):
                 try:
                     fact().process(list(output))

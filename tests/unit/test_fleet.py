@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations.rollout import PYINFRA, batches, failed_hosts, limit_hosts
+from tools.rollout import PYINFRA, batches, failed_hosts, limit_hosts
 from tests.compliance.conftest import HostTable, host_of, multiplexed
 from tests.support import REPO
 
@@ -136,7 +136,7 @@ def test_tracebacks_come_on_request(tmp_path):
 
 
 def test_rollout_options_go_anywhere_and_pyinfra_options_after_a_double_dash(monkeypatch):
-    from operations import rollout
+    from tools import rollout
     seen = {}
     monkeypatch.setattr(rollout, "rollout", lambda inv, batch, limit, extra: seen.update(
         inventory=inv, batch=batch, limit=limit, extra=extra) or 0)

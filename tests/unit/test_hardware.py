@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from operations import hardware as hw
-from operations.settings import problems
+from sparkrig.settings import problems
 from tests.unit.pyinfra_fake import plan
 
 PROFILES = hw.DEFAULT_PROFILES

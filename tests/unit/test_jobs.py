@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from operations import jobs
-from operations.settings import defaults, problems
+from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, digest, execute, host_state
 
 DEFAULTS = defaults(jobs.SETTINGS)

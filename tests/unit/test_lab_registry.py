@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tarfile
 
-from tests.lab import registry, reposerver
+from lab import registry, reposerver
 
 BUSYBOX = b"\x7fELF not really busybox"
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.config import LAB_ID
+from lab.config import LAB_ID
 
-from tests.lab import repo
-from tests.lab.model import AptRepo, is_lab_repo_server, plan_fleet, repo_url
-from tests.lab.render import (
+from lab import repo
+from lab.model import AptRepo, is_lab_repo_server, plan_fleet, repo_url
+from lab.render import (
     parse_gpg_fingerprints,
     release_date,
     render_deb822,
@@ -31,7 +31,7 @@ from tests.lab.render import (
     render_packages_entry,
     render_release,
 )
-from tests.lab.reposerver import _ReadOnlyFiles
+from lab.reposerver import _ReadOnlyFiles
 
 # These expectations are the default lab's names and addresses (10.213.*, srlab*, ...);
 # a lab with SPARKRIG_LAB_ID has others, whose derivation test_lab_units.py tests.
@@ -292,7 +292,7 @@ def test_gpg_fingerprints_by_user_id():
     "argv, ours",
     [
         (
-            ["/usr/bin/python3", "-I", "/src/tests/lab/reposerver.py",
+            ["/usr/bin/python3", "-I", "/src/lab/reposerver.py",
              "--root", f"{REPO_CACHE}/site-1", "--port", "8765", "10.213.1.1"],
             True,
         ),

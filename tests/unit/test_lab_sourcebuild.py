@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.lab import sourcebuild
+from lab import sourcebuild
 
 
 @pytest.fixture(scope="module")

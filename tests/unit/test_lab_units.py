@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.config import LAB_ID
+from lab.config import LAB_ID
 from tests.support import REPO
 
-from tests.lab.cgroups import systemd_hierarchies
-from tests.lab.image import Chroot, Systemctl, WriteFile, image_key, recipe_steps
-from tests.lab.model import (
+from lab.cgroups import systemd_hierarchies
+from lab.image import Chroot, Systemctl, WriteFile, image_key, recipe_steps
+from lab.model import (
     FLAVOURS,
     AptRepo,
     LabHost,
@@ -31,7 +31,7 @@ from tests.lab.model import (
     plan_fleet,
     veth_name,
 )
-from tests.lab.render import (
+from lab.render import (
     parse_ip_forward_before,
     parse_nameservers,
     parse_public_key,
@@ -41,7 +41,7 @@ from tests.lab.render import (
     render_nft_ruleset,
     render_ssh_config,
 )
-from tests.lab.system import mounts_below
+from lab.system import mounts_below
 
 # These expectations are the default lab's names and addresses (10.213.*, srlab*, ...);
 # a lab with SPARKRIG_LAB_ID has others, whose derivation test_lab_units.py tests.
@@ -391,7 +391,7 @@ def test_image_key_changes_with_any_recipe_step():
 
 
 def test_image_key_changes_with_recipe_version_and_packages(monkeypatch):
-    from tests.lab import image
+    from lab import image
 
     base = _key()
     monkeypatch.setattr(image, "RECIPE_VERSION", image.RECIPE_VERSION + 1)
@@ -422,7 +422,7 @@ def test_recipe_steps_per_flavour():
 
 
 def _lab_names(lab_id: str) -> subprocess.CompletedProcess[str]:
-    code = ("from tests.lab import config as c; print(c.LAB_DIR, c.REPO_CACHE.name, c.NETNS_PREFIX, "
+    code = ("from lab import config as c; print(c.LAB_DIR, c.REPO_CACHE.name, c.NETNS_PREFIX, "
             "c.VETH_PREFIX, c.NFT_TABLE, c.SUBNET_PREFIX, c.CGROUP_PARENT)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKRIG_LAB")}
     return subprocess.run([sys.executable, "-c", code], env={**env, "SPARKRIG_LAB_ID": lab_id},
@@ -451,14 +451,14 @@ def test_a_bad_lab_id_is_refused(bad):
 def test_every_lab_host_starts_trusting_the_labs_registry_at_its_own_gateway():
     """Without it a lab brought up by hand (README: up, then deploy) cannot pull the NGC
     stand-in image by digest from the lab's plain-HTTP registry."""
-    from tests.lab.render import render_daemon_json
+    from lab.render import render_daemon_json
     (host,) = plan_fleet([("lab-deb13", "debian13")], HOSTS_DIR)
     assert json.loads(render_daemon_json(host, 8765)) == {"insecure-registries": ["10.213.1.1:8765"]}
 
 
 def test_the_command_lines_help_is_plain_text():
-    result = subprocess.run([sys.executable, "-m", "tests.lab", "--help"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "lab", "--help"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "``" not in result.stdout and ":mod:" not in result.stdout and ":data:" not in result.stdout
-    assert result.stdout.startswith("usage: python -m tests.lab ") and "systemd-nspawn" in result.stdout
+    assert result.stdout.startswith("usage: python -m lab ") and "systemd-nspawn" in result.stdout

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import zipfile
 
-from tests.lab import wheelhouse
+from lab import wheelhouse
 
 TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 

@@ -24,7 +24,7 @@ from pyinfra.api.operation import operation
 from pyinfra.api.operations import run_ops
 from pyinfra import host
 
-from operations import lock
+from sparkrig import lock
 
 util_linux = pytest.mark.skipif(
     not (shutil.which("flock") and shutil.which("setsid")), reason="flock and setsid (util-linux) are needed"

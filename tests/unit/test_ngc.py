@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from operations import containers, cuda_env, hardware, ngc
-from operations.settings import defaults, problems
+from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, digest, execute, host_state
 
 DEFAULTS = defaults(ngc.SETTINGS + containers.SETTINGS + cuda_env.SETTINGS + hardware.SETTINGS)

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from operations import packages
-from operations.settings import problems
+from sparkrig import packages
+from sparkrig.settings import problems
 
 LOCK_HOLDER = """
 import fcntl, sys, time

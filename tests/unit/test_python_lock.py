@@ -16,10 +16,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from operations import python_lock
+from tools import python_lock
 from operations import python_stack as ps
-from operations import python_wheels
-from tests.lab import wheelhouse
+from sparkrig import python_wheels
+from lab import wheelhouse
 
 MANIFEST = ps.load_manifest()
 

@@ -15,7 +15,7 @@ import pytest
 
 from operations import hardware
 from operations import python_stack as ps
-from operations.settings import SettingsError, defaults, problems, validate_hosts
+from sparkrig.settings import SettingsError, defaults, problems, validate_hosts
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
 
@@ -71,9 +71,9 @@ def test_the_shipped_manifest_pins_a_matching_cu130_stack_from_pypi():
         ({"python_stack": _manifest(locks={"architectures": ["arm64"], "profiles": [[]]})}, "locks.architectures"),
         ({"python_stack": _manifest(locks={"architectures": ["x86_64"], "profiles": [["nightly"]]})},
          "locks.profiles names 'nightly'"),
-        ({"python_stack_locks": "/nonexistent/locks"}, "aarch64-py3.12.txt is missing: run `uv run python -m operations.python_lock"),
+        ({"python_stack_locks": "/nonexistent/locks"}, "aarch64-py3.12.txt is missing: run `uv run python -m tools.python_lock"),
         ({"python_stack": _manifest(packages={"six": "1.17.0"})},
-         "group_data/python_stack.locks/aarch64-py3.12.txt is stale for its manifest: run `uv run python -m operations.python_lock`"),
+         "group_data/python_stack.locks/aarch64-py3.12.txt is stale for its manifest: run `uv run python -m tools.python_lock`"),
         ({"python_stack": _manifest(locks={"architectures": ["x86_64"], "profiles": [[]]})},
          "the manifest's locks list no lock for aarch64 with profiles []"),
         (
@@ -159,7 +159,7 @@ def test_only_the_packages_named_for_an_index_are_routed_there():
     )
     assert ps.routes(routed) == {"torch": "torch", "torchvision": "torch", "torchaudio": "torch", "vllm": "vllm"}
     assert ps.routes(MANIFEST) == {}
-    from operations import python_lock
+    from tools import python_lock
 
     text = python_lock.compile_input(routed, ["unsloth"], "aarch64")
     assert 'torch = { index = "torch" }' in text and 'vllm = { index = "vllm" }' in text
@@ -308,7 +308,7 @@ def test_plan_without_execution_agrees():
 def test_a_stale_lock_refuses_the_host_before_any_change():
     ops = _ops(_fact_output(), python_stack=_manifest(packages={"six": "1.17.0"}))
     assert [op.name for op in ops] == ["Python stack | The versions manifest and its lock fit this box"]
-    assert "is stale for its manifest: run `uv run python -m operations.python_lock`" in ops[0].commands[0]
+    assert "is stale for its manifest: run `uv run python -m tools.python_lock`" in ops[0].commands[0]
 
 
 def test_an_owner_that_does_not_exist_is_refused():

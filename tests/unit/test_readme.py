@@ -54,7 +54,7 @@ def _apt_packages(text: str) -> set[str]:
 
 
 def test_the_readme_installs_without_a_prompt_what_the_lab_needs():
-    from tests.lab.system import REQUIRED_PROGRAMS
+    from lab.system import REQUIRED_PROGRAMS
     apt, pipx, sync = _install_block()
     assert apt.startswith("apt-get update && apt-get install -y ")
     # On every Debian or Ubuntu machine already: Priority required, or what runs the machine.

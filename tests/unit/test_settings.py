@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from operations import CONCERNS, cuda_env, hardware
-from operations.settings import (
+from sparkrig.settings import (
     REFERENCE,
     SettingsError,
     all_settings,
@@ -32,7 +32,7 @@ ALL_PY = REPO / "group_data" / "all.py"
 
 def test_the_settings_reference_is_generated_from_the_declarations_and_current():
     assert (REPO / REFERENCE).read_text() == reference(), (
-        f"{REFERENCE} is stale: run `uv run python -m operations.reference`")
+        f"{REFERENCE} is stale: run `uv run python -m tools.reference`")
     for setting in all_settings():
         assert f"### `{setting.key}`\n" in reference()
 

@@ -13,11 +13,11 @@ import subprocess
 
 import pytest
 
-from operations.packages import install_command
+from sparkrig.packages import install_command
 
 from operations import python_stack as ps
 from operations import source_builds as sb
-from operations.settings import SettingsError, problems, resolve, validate_hosts
+from sparkrig.settings import SettingsError, problems, resolve, validate_hosts
 from pyinfra.api.exceptions import FactProcessError
 
 from tests.unit import pyinfra_fake

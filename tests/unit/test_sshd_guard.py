@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from operations import sshd_guard as sg
-from operations.settings import all_settings, problems
+from sparkrig.settings import all_settings, problems
 from tests.unit.pyinfra_fake import HOST_STATE, host_state, plan
 
 FACT = "systemctl show -p Id,LoadState"

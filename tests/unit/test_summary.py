@@ -1,4 +1,4 @@
-"""The line that ends every deploy (operations/summary.py, registered by config.py)."""
+"""The line that ends every deploy (sparkrig/summary.py, registered by config.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from operations.summary import summary_line
+from sparkrig.summary import summary_line
 from tests.support import PYINFRA, REPO
 
 

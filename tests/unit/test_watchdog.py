@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from operations import watchdog as wd
-from operations.settings import defaults, problems
+from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, execute, host_state, plan
 
 DEFAULTS = defaults(wd.SETTINGS)

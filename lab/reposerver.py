@@ -8,7 +8,7 @@ runs as ``python3 -I reposerver.py``)::
 It listens on ``ADDRESS:PORT`` for each address (one socket each, never on
 all addresses) and answers GET and HEAD with the files below ``DIR``;
 anything else is refused, and so are directory listings. Below ``/v2/`` it
-answers as a read-only Docker registry does (tests/lab/registry.py): ``/v2/`` itself
+answers as a read-only Docker registry does (lab/registry.py): ``/v2/`` itself
 with 200, manifests with their media type. Requests are logged
 to stderr, which the lab sends to a log file. When every socket is bound it
 writes a line starting with :data:`READY` so the lab knows it is serving.
@@ -25,7 +25,7 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 READY = "listening on"
-# The media type of the manifests the lab's registry serves (tests/lab/registry.py).
+# The media type of the manifests the lab's registry serves (lab/registry.py).
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 
 

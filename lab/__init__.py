@@ -5,22 +5,22 @@ in its own network namespace, reachable from the controller over SSH (user
 ``spark``, the lab's key, strict host key checking) and reaching the package
 registries through NAT. Run as root::
 
-    python -m tests.lab up [--hosts NAME:FLAVOUR,...]
-    python -m tests.lab status
-    python -m tests.lab ssh NAME [COMMAND...]
-    python -m tests.lab down
+    python -m lab up [--hosts NAME:FLAVOUR,...]
+    python -m lab status
+    python -m lab ssh NAME [COMMAND...]
+    python -m lab down
 
 or from Python (pytest fixtures)::
 
-    from tests import lab
+    import lab
     hosts = lab.up()
     lab.run_ssh("lab-deb12", "systemctl is-system-running")
     lab.down()
 
 ``up`` writes ``inventory.json``, ``known_hosts`` and ``ssh_config`` under
-:data:`LAB_DIR`; see :mod:`tests.lab.render` for their formats. It also
+:data:`LAB_DIR`; see :mod:`lab.render` for their formats. It also
 serves the lab's signed apt repositories (stand-ins for Docker's and NVIDIA's,
-see :mod:`tests.lab.repo`) to each host at its ``apt_repo_url``. Importing
+see :mod:`lab.repo`) to each host at its ``apt_repo_url``. Importing
 this package has no side effects and needs no privileges.
 """
 

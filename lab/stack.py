@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .system import LabError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def make_locks() -> list[str]:
@@ -22,7 +22,7 @@ def make_locks() -> list[str]:
     said = []
     for manifest in lab_inventory.write_lab_manifests():
         result = subprocess.run(
-            [sys.executable, "-m", "operations.python_lock", "--manifest", str(manifest),
+            [sys.executable, "-m", "tools.python_lock", "--manifest", str(manifest),
              "--locks", str(lab_inventory.LAB_LOCKS)],
             cwd=REPO, capture_output=True, text=True, timeout=900,
         )

@@ -2,7 +2,7 @@
 Rolling rollouts: the deploy on a fleet one batch of hosts at a time, stopping at the
 first batch that fails, so a bad change reaches one box, not all of them.
 
-    python -m operations.rollout inventory/spark.py [--batch N] [--limit GROUP_OR_HOST]
+    python -m tools.rollout inventory/spark.py [--batch N] [--limit GROUP_OR_HOST]
 
 A plain ``pyinfra inventory/spark.py deploy.py`` deploys to every host at once, and
 a failed or unreachable host is reported while the others finish; that is the right
@@ -139,7 +139,7 @@ def rollout(inventory: str, batch: int, limit: Sequence[str], extra: Sequence[st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m operations.rollout", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tools.rollout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inventory", help="a pyinfra inventory, e.g. inventory/spark.py")
     parser.add_argument("--batch", type=int, default=1, help="hosts per batch (default 1)")

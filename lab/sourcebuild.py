@@ -36,7 +36,7 @@ DESCRIPTION = f"{ROOT}/sources.json"
 RECIPE_VERSION = 1
 
 _SETUP = '''\
-"""sparkrig lab project: one C module built for the stable ABI (tests/lab/sourcebuild.py)."""
+"""sparkrig lab project: one C module built for the stable ABI (lab/sourcebuild.py)."""
 import os
 import time
 

@@ -68,7 +68,7 @@ def blobs(busybox: bytes) -> tuple[bytes, dict[str, bytes]]:
             "Labels": {"org.opencontainers.image.title": TITLE},
         },
         "rootfs": {"type": "layers", "diff_ids": [_digest(tar)]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "tests/lab/registry.py"}],
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "lab/registry.py"}],
     }, sort_keys=True).encode()
     manifest = json.dumps({
         "schemaVersion": 2,

@@ -37,23 +37,23 @@ class Flavour:
     # /usr/local/cuda -> /etc/alternatives/cuda -> /usr/local/cuda-X.Y as on Ubuntu.
     cuda_toolkit: bool = False
     # Debian's name of the host's architecture; a foreign one runs under qemu-user
-    # (tests/lab/binfmt.py).
+    # (lab/binfmt.py).
     arch: str = "amd64"
     # The cached image it boots from (default: its own name); flavours that differ only
     # in their starting state share one.
     image: str = ""
     # Packages the image holds beyond image.PACKAGES.
     extra_packages: tuple[str, ...] = ()
-    # Starts like a stock DGX OS box (tests/lab/dgxos.py): Docker and the NVIDIA
+    # Starts like a stock DGX OS box (lab/dgxos.py): Docker and the NVIDIA
     # container toolkit installed from an apt source the deploy did not write, pinned in
     # /etc/apt/preferences.d; nobody in the docker group; the nvidia runtime not registered.
     dgx_os: bool = False
-    # The STAND-IN nvidia-smi it carries (tests/lab/dgxos.py), as "compute capability, name".
+    # The STAND-IN nvidia-smi it carries (lab/dgxos.py), as "compute capability, name".
     gpu_standin: str = ""
 
     @property
     def emulated(self) -> bool:
-        """Runs under qemu-user: the lab's controllers are x86_64 (tests/lab/binfmt.py)."""
+        """Runs under qemu-user: the lab's controllers are x86_64 (lab/binfmt.py)."""
         return self.arch != "amd64"
 
     @property

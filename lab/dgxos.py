@@ -8,7 +8,7 @@ The lab reproduces that before any deploy:
 
 - before boot, it writes the source file ``/etc/apt/sources.list.d/dgx.list``
   (one-line format, its own ``signed-by`` keyring) naming the lab's
-  ``dgx/baseos`` repository, a STAND-IN for DGX OS's (tests/lab/repo.py), and
+  ``dgx/baseos`` repository, a STAND-IN for DGX OS's (lab/repo.py), and
   the pin ``/etc/apt/preferences.d/dgx`` on that repository's origin;
 - after boot, it installs the two stand-in packages from there (the Docker one
   brings Debian's real docker.io; the toolkit one a runc pass-through named
@@ -42,7 +42,7 @@ def nvidia_smi_standin(answer: str) -> str:
     name = answer.split(", ", 1)[1]
     return (
         "#!/bin/sh\n"
-        "# sparkrig lab STAND-IN for nvidia-smi (tests/lab/dgxos.py): the lab has no GPU.\n"
+        "# sparkrig lab STAND-IN for nvidia-smi (lab/dgxos.py): the lab has no GPU.\n"
         "# It answers sparkrig's hardware query and -L as this box's GPU would, and fails\n"
         "# everything else as nvidia-smi does without a driver (exit 9).\n"
         f'if [ "$*" = "{HARDWARE_QUERY}" ]; then echo "{answer}"; exit 0; fi\n'

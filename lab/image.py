@@ -107,7 +107,7 @@ def recipe_steps(flavour: Flavour, mirror: str) -> tuple[Step, ...]:
         # namespaced e2scrub_reap has nothing to do on the lab's file system.
         steps += [
             WriteFile(f"/etc/systemd/system/{unit}.d/sparkrig-lab-emulation.conf",
-                      "# sparkrig lab: qemu-user cannot set up credentials (tests/lab/image.py)\n"
+                      "# sparkrig lab: qemu-user cannot set up credentials (lab/image.py)\n"
                       "[Service]\nLoadCredential=\n")
             for unit in EMULATION_NO_CREDENTIALS
         ]

@@ -39,8 +39,8 @@ REQUIRED_PROGRAMS: dict[str, str] = {
     "gpg": "gnupg",
     "gpg-agent": "gnupg",
     "gpgconf": "gnupg",
-    "git": "git",  # the source-build project's repository (tests/lab/sourcebuild.py)
-    "qemu-aarch64-static": "qemu-user-static",  # the emulated aarch64 host (tests/lab/binfmt.py)
+    "git": "git",  # the source-build project's repository (lab/sourcebuild.py)
+    "qemu-aarch64-static": "qemu-user-static",  # the emulated aarch64 host (lab/binfmt.py)
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;:?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")

@@ -15,14 +15,14 @@ holding clearly named stand-in packages:
 - ``dgx/baseos``, a flat repository standing in for the NVIDIA-configured
   sources DGX OS installs its stack from (``gpgkey`` beside it), holding both
   stand-in packages: the ``dgx_os`` flavours' hosts are given it, pinned, and
-  install Docker and the toolkit from it before any deploy (tests/lab/dgxos.py).
+  install Docker and the toolkit from it before any deploy (lab/dgxos.py).
 
 Every index covers each architecture of the lab's flavours (amd64, and arm64
 for the emulated ``gb10``); the packages themselves are ``Architecture: all``.
 
 The same site serves the lab's Python wheelhouse under ``wheels/``
-(tests/lab/wheelhouse.py) and the git repository of its source-build project
-under ``sources/`` (tests/lab/sourcebuild.py).
+(lab/wheelhouse.py) and the git repository of its source-build project
+under ``sources/`` (lab/sourcebuild.py).
 
 Everything lives under ``CACHE_DIR/repo``: ``gnupg/`` holds the two signing
 keys (made once, kept across ``up``/``down``), ``site-<key>/`` is the served
@@ -143,7 +143,7 @@ class StandinPackage:
 def _readme(name: str, real: str, what: str) -> PackageFile:
     return PackageFile(
         f"/usr/share/doc/{name}/README",
-        f"{name}: a stand-in made by the sparkrig test lab (tests/lab/repo.py).\n\n"
+        f"{name}: a stand-in made by the sparkrig test lab (lab/repo.py).\n\n"
         f"It is NOT {real}. The lab hosts cannot reach the real repository, so the\n"
         f"lab serves this package from a repository laid out like the real one.\n"
         f"{what}\n",

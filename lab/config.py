@@ -80,5 +80,5 @@ BOOT_TIMEOUT_S = 90.0
 STOP_GRACE_S = 20.0
 
 # This machine's local wheel folder: a PyTorch CPU wheel lies there on these
-# machines; the lab serves it to its hosts (tests/lab/wheelhouse.py).
+# machines; the lab serves it to its hosts (lab/wheelhouse.py).
 LOCAL_WHEEL_DIR = Path("/opt/wheels")

@@ -93,9 +93,9 @@ def render_inventory(
     ``https://download.docker.com`` and NVIDIA's ``https://nvidia.github.io``
     become ``<apt_repo_url>/docker`` and ``<apt_repo_url>/nvidia``, the rest of
     their URLs unchanged. ``wheelhouse`` (paths below the same URL) describes the
-    lab's Python wheels (tests/lab/wheelhouse.py), ``registry`` the stand-in image the
-    lab's registry serves at ``<apt_repo_url>/v2/`` (tests/lab/registry.py), ``sources``
-    the git repository of the lab's source-build project (tests/lab/sourcebuild.py).
+    lab's Python wheels (lab/wheelhouse.py), ``registry`` the stand-in image the
+    lab's registry serves at ``<apt_repo_url>/v2/`` (lab/registry.py), ``sources``
+    the git repository of the lab's source-build project (lab/sourcebuild.py).
     """
     document: dict[str, object] = {
         "hosts": [

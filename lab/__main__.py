@@ -1,4 +1,4 @@
-"""Command line of the lab: ``python -m tests.lab up|down|status|ssh NAME [CMD...]``."""
+"""Command line of the lab: ``python -m lab up|down|status|ssh NAME [CMD...]``."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _print_status() -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.lab",
+        prog="python -m lab",
         description="The local lab: real Debian hosts (systemd-nspawn containers, each in its own "
         "network namespace) that sparkrig deploys to over SSH. Needs root. SPARKRIG_LAB_ID=1-9 "
         "runs a separate lab beside the default one.",

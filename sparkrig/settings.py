@@ -4,7 +4,7 @@ Settings: the schema every sparkrig setting is declared in, and its validation.
 Each concern module declares its settings, once, as a tuple of :class:`Setting`
 named ``SETTINGS``: key, default, documentation and check. Its ``@deploy`` takes
 its ``data_defaults`` from them, and the settings reference (``docs/settings.md``)
-is generated from them: ``python -m operations.reference`` writes it, and a unit
+is generated from them: ``python -m tools.reference`` writes it, and a unit
 test fails while it is stale. :func:`validate_hosts` checks every host of a run
 before any host is contacted (``config.py`` calls :func:`validate_on_init`), so
 a bad value stops ``pyinfra`` with one message that names the host, the key and
@@ -179,7 +179,7 @@ def problems(settings: Iterable[Setting], data: Mapping[str, Any]) -> list[str]:
 
 def all_settings() -> tuple[Setting, ...]:
     """The settings of every concern, in deploy order."""
-    from . import CONCERNS
+    from operations import CONCERNS
 
     return tuple(setting for concern in CONCERNS for setting in concern.SETTINGS)
 
@@ -249,13 +249,13 @@ def _default(value: Any) -> str:
 
 def reference() -> str:
     """``docs/settings.md``: every concern's settings, default, what is allowed and what each does."""
-    from . import CONCERNS
+    from operations import CONCERNS
 
     data = defaults(all_settings())
     out = [
         "# Settings reference",
         "",
-        "Generated from each concern's `SETTINGS` by `uv run python -m operations.reference`; do not",
+        "Generated from each concern's `SETTINGS` by `uv run python -m tools.reference`; do not",
         "edit (a unit test fails while it is stale). Set a key in `group_data/all.py` for every host,",
         "in `group_data/<group>.py` for a group, or in the inventory's host data for one host. Every",
         "value is checked before any host is contacted; a bad one stops the run with one message",

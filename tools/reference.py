@@ -1,11 +1,11 @@
 """Write the settings reference, docs/settings.md, from every concern's SETTINGS.
 
-    uv run python -m operations.reference
+    uv run python -m tools.reference
 """
 
 from pathlib import Path
 
-from .settings import REFERENCE, reference
+from sparkrig.settings import REFERENCE, reference
 
 if __name__ == "__main__":
     target = Path(__file__).resolve().parent.parent / REFERENCE

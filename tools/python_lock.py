@@ -2,7 +2,7 @@
 The Python stack's locks, made on the controller; and the wheels of a lock, for hosts
 that cannot reach the index.
 
-    uv run python -m operations.python_lock [--manifest FILE] [--locks DIR] [--check]
+    uv run python -m tools.python_lock [--manifest FILE] [--locks DIR] [--check]
 
 resolves the manifest (default ``group_data/python_stack.yml``) once for each
 architecture and set of profiles its ``locks`` lists, with
@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import python_stack as ps
-from .python_wheels import DEFAULT_INDEX
+from operations import python_stack as ps
+from sparkrig.python_wheels import DEFAULT_INDEX
 
 
 def _toml(value: str) -> str:
@@ -127,7 +127,7 @@ def refresh(manifest_path: Path, locks: Path, index_url: str, check: bool) -> li
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m operations.python_lock", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.python_lock", description=__doc__.split("\n\n")[0])
     parser.add_argument("--manifest", default=str(ps.MANIFEST), help="the versions manifest (YAML)")
     parser.add_argument("--locks", default=ps.LOCKS, help="where its locks live (relative: to the repository)")
     parser.add_argument("--index-url", default=DEFAULT_INDEX, help="the index packages are resolved from")
