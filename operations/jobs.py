@@ -26,7 +26,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from . import watchdog
 from sparkrig.settings import SIZE_UNITS, Setting, defaults, int_range
 
@@ -34,6 +34,15 @@ SLICE = "training.slice"
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
 BIN_DIR = "/usr/local/bin"
 SLICE_DESCRIPTION = "Training jobs started by spark-run"
+COMMAND_NAMES = ("spark-run", "spark-preflight", "spark-drop-caches")
+PATHS = {name: f"{BIN_DIR}/{name}" for name in COMMAND_NAMES}
+# Everything the concern decides from, in the host's one reading.
+STATE = reading.part(atomic.HostState, paths=(SLICE_FILE, *PATHS.values()))
+
+
+@reading.planner
+def reads(_settings):
+    return [STATE]
 
 _MEMORY_MAX = re.compile(r"(infinity|([1-9]|[1-9][0-9]|100)%|([1-9][0-9]{0,14})([KMGT]?))")
 # Largest byte count spark-run's shell arithmetic takes (64-bit, with headroom).
@@ -130,8 +139,8 @@ def jobs():
         host.data.watchdog_enabled,
     )
     slice_text = render_slice(host.data.jobs_memory_max)
-    paths = {name: f"{BIN_DIR}/{name}" for name in commands}
-    state = host.get_fact(atomic.HostState, paths=(SLICE_FILE, *paths.values()))["files"]
+    paths = PATHS
+    state = reading.value(STATE)["files"]
     atomic.unit_file(
         name=f"Memory cap of every job ({SLICE_FILE})",
         dest=SLICE_FILE,

@@ -33,7 +33,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import Setting, boolean, defaults, int_range
 
@@ -148,6 +148,15 @@ DROP_IN_VALIDATOR = atomic.unit_file_validator(
 )
 
 
+# Everything the concern decides from, in the host's one reading.
+STATE = reading.part(atomic.HostState, paths=(DROP_IN, DEFAULT_FILE), units=(SERVICE,), packages=(PACKAGE,))
+
+
+@reading.planner
+def reads(_settings):
+    return [STATE]
+
+
 @deploy("Memory watchdog", data_defaults=defaults(SETTINGS))
 def watchdog():
     """
@@ -156,9 +165,7 @@ def watchdog():
     Settings: ``watchdog_enabled``, ``watchdog_min_available_kib``, ``watchdog_prefer``,
     ``watchdog_avoid``, ``watchdog_report_interval_s``; see docs/settings.md.
     """
-    state = host.get_fact(
-        atomic.HostState, paths=(DROP_IN, DEFAULT_FILE), units=(SERVICE,), packages=(PACKAGE,)
-    )
+    state = reading.value(STATE)
     unit = state["units"].get(SERVICE, {})
     if not host.data.watchdog_enabled:
         if unit.get("active") == "active" or unit.get("enabled") == "enabled":

@@ -1,0 +1,106 @@
+"""sparkrig.reading: every part's fact in one command, run here by a real shell."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.exceptions import FactProcessError
+
+from sparkrig import atomic, reading
+from tests.unit.pyinfra_fake import encode
+
+
+class Lines(FactBase):
+    def command(self, text: str) -> StringCommand:
+        return StringCommand("printf", "'%s\\n'", QuoteString(text), "a'b'", "; echo oops >&2")
+
+    def process(self, output):
+        return list(output)
+
+
+class Fails(FactBase):
+    def command(self) -> str:
+        return "echo half; echo 'no such thing' >&2; exit 3"
+
+    def process(self, output):
+        return output
+
+
+class Silent(FactBase):
+    def command(self) -> str:
+        return "true"
+
+    def process(self, output):  # pragma: no cover - never called: no output
+        raise AssertionError
+
+    @staticmethod
+    def default():
+        return "nothing"
+
+
+class Binary(FactBase):
+    def command(self) -> str:
+        return r"printf 'caf\351\n'"
+
+    def process(self, output):
+        return list(output)
+
+
+def run(parts, shell="sh"):
+    fact = reading.reading_of(parts)
+    command = fact().command(parts=parts, nonce=fact.nonce).get_raw_value()
+    result = subprocess.run([shell, "-c", command], capture_output=True, check=True)
+    return fact().process(result.stdout.decode().splitlines())
+
+
+@pytest.mark.parametrize("shell", ["sh", "dash", "bash"])
+def test_parts_come_back_each_to_its_own_parser(tmp_path, shell):
+    present = tmp_path / "present"
+    present.write_text("x")
+    parts = [
+        reading.part(Lines, text="one"),
+        reading.part(atomic.HostState, paths=[str(present), str(tmp_path / "absent")]),
+        reading.part(Silent),
+        reading.part(Binary),
+        reading.part(Lines, text="two"),
+    ]
+    values = run(parts, shell)
+    assert values[parts[0]] == ["one", "ab"]  # stderr ("oops") is not the part's output
+    files = values[parts[1]]["files"]
+    assert files[str(tmp_path / "absent")] is None and files[str(present)]["sha256"].startswith("2d711642")
+    assert values[parts[2]] == "nothing"
+    assert values[parts[3]] == ["caf\udce9"]  # a byte that is not UTF-8 cuts nothing short
+    assert values[parts[4]] == ["two", "ab"]
+
+
+def test_a_part_that_fails_fails_the_host_naming_it_and_what_it_said():
+    parts = [reading.part(Lines, text="one"), reading.part(Fails)]
+    with pytest.raises(FactProcessError, match=r"reading Fails\(\) failed \(exit 3: no such thing\)"):
+        run(parts)
+
+
+def test_output_forged_by_a_host_fails_the_host():
+    parts = [reading.part(Lines, text="one")]
+    fact = reading.reading_of(parts, nonce="n0nce")
+    for output in (["garbage"], [], encode(["one"]), encode(["@@0000 end 0 0"]), encode(["@@n0nce end 7 0"])):
+        with pytest.raises(FactProcessError):
+            fact().process(output)
+    assert fact().process(encode(["one", "@@n0nce end 0 0"])) == {parts[0]: ["one"]}
+
+
+def test_a_part_cannot_end_itself_early_with_another_runs_tag():
+    parts = [reading.part(Lines, text="@@0000 end 0 0")]
+    assert run(parts)[parts[0]] == ["@@0000 end 0 0", "ab"]
+
+
+def test_parts_are_hashable_whatever_their_arguments():
+    a = reading.part(Lines, text="x", more={"b": [1, 2]})
+    b = reading.part(Lines, more={"b": (1, 2)}, text="x")
+    assert a == b and hash(a) == hash(b)
+
+
+def test_planned_joins_every_concern_once_in_order():
+    seen = reading.planned({})
+    assert len(seen) == len(set(seen))
