@@ -37,9 +37,11 @@ from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
 from sparkrig import atomic
-from . import containers, cuda_env, hardware, python_stack
+from . import containers, cuda_env, hardware, jobs, python_stack
 from .containers import IMAGE_REFERENCE
-from sparkrig.settings import ENV_NAME, USER_NAME, Setting, absolute_path, boolean, defaults, int_range, one_of
+from sparkrig.settings import (
+    ENV_NAME, USER_NAME, Setting, absolute_path, boolean, defaults, int_range, one_of, resolve,
+)
 
 BUILDS = ("none", "packages", "unsloth")
 JUPYTER_SERVERS = ("jupyterlab", "stand-in-httpd")
@@ -115,6 +117,11 @@ def home_path_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 
 def optional_home_path_check(value: Any, data: Mapping[str, Any]) -> str | None:
     return None if value == "" else home_path_check(value, data)
+
+
+def home_mounts_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    ok = isinstance(value, (list, tuple)) and all(isinstance(m, str) and _HOME_PATH.fullmatch(m) for m in value)
+    return None if ok else "a list of directories below the caller's home, each written '~/dir' (e.g. '~/.aws')"
 
 
 def mount_point_check(value: Any, data: Mapping[str, Any]) -> str | None:
@@ -194,8 +201,13 @@ SETTINGS = (
             "the container; it is also the working directory.", mount_point_check),
     Setting("ngc_hf_cache", "~/.cache/huggingface",
             'The Hugging Face cache on the host, "~/" being the caller\'s home, mounted at '
-            "/cache/huggingface with HF_HOME pointing there: models are downloaded once.",
+            "/cache/huggingface with HF_HOME pointing there: models are downloaded once. "
+            "jobs_model_cache, when set, is mounted instead (one cache for all users).",
             home_path_check),
+    Setting("ngc_home_mounts", [],
+            'Directories of the caller\'s home mounted read-only into the container at its HOME '
+            '(/tmp), where present, e.g. ["~/.aws", "~/.wandb"]: credentials and settings the '
+            "tools inside read. A link is not mounted.", home_mounts_check),
     Setting("ngc_outputs", "", "A host directory mounted over the project's outputs/ (checkpoints "
                                'on a bigger disk, e.g. "/data/outputs" or "~/outputs"). "": '
                                "outputs stay in the project.", optional_home_path_check),
@@ -254,12 +266,18 @@ def recipe(dockerfile: str) -> str:
 
 def render_launcher(data: Any) -> str:
     q = atomic.quote_literal
+    job_settings = resolve(jobs.SETTINGS, data.dict() if hasattr(data, "dict") else vars(data))
     return atomic.render(
         "ngc/spark-container.sh.j2",
         image=q(run_image(data)),
         memlock="--ulimit memlock=-1" if data.ngc_memlock_unlimited else "",
         project_mount=q(data.ngc_project_mount),
-        hf_cache=q(data.ngc_hf_cache),
+        hf_cache=q(job_settings["jobs_model_cache"] or data.ngc_hf_cache),
+        home_mounts=" ".join(q(m) for m in data.ngc_home_mounts),
+        job_env=" ".join(q(f"{k}={v}") for k, v in sorted(job_settings["jobs_env"].items())),
+        spark_run=q(jobs.PATHS["spark-run"]),
+        launcher=q(LAUNCHER),
+        job_prefix=q(jobs.UNIT_PREFIX),
         outputs=q(data.ngc_outputs) if data.ngc_outputs else "",
         cuda_env_file=q(data.cuda_env_file),
         users=" ".join(data.ngc_users),
@@ -465,7 +483,7 @@ def jupyter_token(path: str, user: str):
 
 @deploy(
     "NGC training containers",
-    data_defaults=defaults(SETTINGS + containers.SETTINGS + cuda_env.SETTINGS + hardware.SETTINGS),
+    data_defaults=defaults(SETTINGS + containers.SETTINGS + cuda_env.SETTINGS + hardware.SETTINGS + jobs.SETTINGS),
 )
 def ngc():
     """
