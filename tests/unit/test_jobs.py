@@ -270,17 +270,45 @@ def test_spark_jobs_lists_ended_jobs_from_their_records(tmp_path):
     assert ["serve", "bob", "killed", "2026-11-23", "15:00:00", "UTC", "-", "-", "SIGTERM"] in rows
 
 
-def test_spark_jobs_acts_on_the_callers_own_jobs_only(tmp_path):
+@pytest.fixture
+def open_dir():
+    """A directory every user may read (pytest's own are root's alone when it runs as root)."""
+    import tempfile
+    path = Path(tempfile.mkdtemp(prefix="sparkrig-jobs-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def _as_other_user() -> list[str]:
+    """A prefix that runs a command as nobody when the tests run as root."""
+    if os.getuid() != 0:
+        return []
+    if not shutil.which("setpriv"):
+        pytest.skip("runs as root without setpriv: cannot act as another user")
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_spark_jobs_acts_on_the_callers_own_jobs_only(open_dir):
     """Another user's job can be listed, not stopped, read or forgotten (root's may)."""
-    if os.getuid() == 0:
-        pytest.skip("runs as root here: root may act on every job")
-    records = tmp_path / "records"
+    records = open_dir / "records"
     _record(records, "someone-else", "train")
-    script = _spark_jobs(tmp_path, records)
+    for path in (records, records / "someone-else"):
+        path.chmod(0o755)
+    (records / "someone-else" / "train").chmod(0o644)
+    script = _spark_jobs(open_dir, records).read_text()
+    env = _no_units(open_dir)
+    (open_dir / "bin").chmod(0o755)
     for command in (["forget", "train"], ["logs", "train"]):
-        result = _run([script, *command], env=_no_units(tmp_path))
+        result = subprocess.run([*_as_other_user(), "sh", "-s", "--", *command], input=script, env=env,
+                                capture_output=True, text=True, cwd="/", timeout=60)
+        me = subprocess.run([*_as_other_user(), "id", "-un"], capture_output=True, text=True).stdout.strip()
+        assert me != "someone-else"
         assert (result.returncode, result.stderr) == (
             1, "spark-jobs: train is someone-else's job: only someone-else or root may act on it\n")
+    listed = subprocess.run([*_as_other_user(), "sh", "-s", "--", "list"], input=script, env=env,
+                            capture_output=True, text=True, cwd="/", timeout=60)
+    assert "train" in listed.stdout and "someone-else" in listed.stdout
     assert (records / "someone-else" / "train").exists()
 
 
@@ -291,10 +319,10 @@ def test_spark_jobs_usage_errors_exit_2(tmp_path, args):
     assert result.returncode == 2, result.stderr
 
 
-def test_spark_jobs_record_is_roots_alone(tmp_path):
-    if os.getuid() == 0:
-        pytest.skip("runs as root here")
-    result = _run([_spark_jobs(tmp_path, tmp_path / "records"), "record", "train"], env=_no_units(tmp_path))
+def test_spark_jobs_record_is_roots_alone(open_dir):
+    script = _spark_jobs(open_dir, open_dir / "records").read_text()
+    result = subprocess.run([*_as_other_user(), "sh", "-s", "--", "record", "train"], input=script,
+                            capture_output=True, text=True, cwd="/", timeout=60)
     assert result.returncode == 1 and "record runs as root" in result.stderr
 
 
