@@ -22,7 +22,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, deploy
 
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from . import hardware, python_stack
 from sparkrig.settings import Setting, absolute_path, defaults, env_mapping, resolve
 
@@ -161,6 +161,19 @@ def render_profile_script(env_file: str) -> str:
     return atomic.render("cuda_env/profile.sh.j2", env_file=env_file)
 
 
+# What the concern decides from, in the host's one reading.
+TOOLKITS = reading.part(CudaToolkits)
+
+
+def files_part(env_file: str) -> reading.Part:
+    return reading.part(atomic.HostState, paths=(env_file, PROFILE_SCRIPT))
+
+
+@reading.planner
+def reads(settings):
+    return [TOOLKITS, files_part(settings["cuda_env_file"])]
+
+
 @deploy("CUDA environment", data_defaults=defaults(SETTINGS + hardware.SETTINGS))
 def cuda_env():
     """
@@ -170,7 +183,7 @@ def cuda_env():
     ``hardware_profile`` (for ``TORCH_CUDA_ARCH_LIST``), ``python_venv_path`` (for
     ``UV_PROJECT_ENVIRONMENT``); see docs/settings.md.
     """
-    cuda_home = resolve_cuda_home(host.get_fact(CudaToolkits), host.data.cuda_env_default_home)
+    cuda_home = resolve_cuda_home(reading.value(TOOLKITS), host.data.cuda_env_default_home)
     profile = hardware.host_profile()
     venv = resolve(python_stack.SETTINGS, host.data.dict())["python_venv_path"]
     variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra, venv)
@@ -182,7 +195,7 @@ def cuda_env():
             render_profile_script(host.data.cuda_env_file),
         ),
     }
-    state = host.get_fact(atomic.HostState, paths=tuple(files))["files"]
+    state = reading.value(files_part(host.data.cuda_env_file))["files"]
     # host.loop: each file keeps its place (and its row in pyinfra's table) on every host.
     for dest, (name, content) in host.loop(files.items()):
         if not atomic.up_to_date(state.get(dest), content):

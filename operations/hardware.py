@@ -23,7 +23,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, StringCommand, deploy
 
 from sparkrig.atomic import refused
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from sparkrig.settings import Setting, defaults
 
 ARCHES = ("aarch64", "x86_64")
@@ -157,10 +157,19 @@ def _resolve_auto(identity: Mapping[str, Any]) -> str | None:
     return problem
 
 
+# What the box reports, in the host's one reading (checked on every host, "auto" or not).
+IDENTITY = reading.part(HardwareIdentity)
+
+
+@reading.planner
+def reads(_settings):
+    return [IDENTITY]
+
+
 def host_profile() -> dict[str, Any]:
     """The current host's profile (``"auto"`` resolved from the box, once per run)."""
     if host.data.hardware_profile == AUTO:
-        _resolve_auto(host.get_fact(HardwareIdentity))
+        _resolve_auto(reading.value(IDENTITY))
     return dict(host.data.hardware_profiles[host.data.hardware_profile])
 
 
@@ -193,7 +202,7 @@ def hardware():
 
     Settings: ``hardware_profile``, ``hardware_profiles``; see docs/settings.md.
     """
-    identity = host.get_fact(HardwareIdentity)
+    identity = reading.value(IDENTITY)
     name = host.data.hardware_profile
     if name == AUTO:
         problem = _resolve_auto(identity)

@@ -36,7 +36,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from . import containers, cuda_env, hardware, python_stack
 from .containers import IMAGE_REFERENCE
 from sparkrig.settings import ENV_NAME, USER_NAME, Setting, absolute_path, boolean, defaults, int_range, one_of
@@ -463,6 +463,27 @@ def jupyter_token(path: str, user: str):
 # The deploy ----------------------------------------------------------------
 
 
+def parts(settings: Mapping[str, Any]) -> tuple[reading.Part, reading.Part]:
+    """The host's images, Jupyter user and token (:class:`NgcHost`), and the concern's
+    files and unit (:class:`atomic.HostState`), as these settings need them."""
+    build = settings["ngc_build"] != "none"
+    jupyter = settings["ngc_jupyter"]
+    found = reading.part(
+        NgcHost,
+        pinned=settings["ngc_base_image"],
+        built=settings["ngc_image"] if build else "",
+        user=settings["ngc_jupyter_user"] if jupyter else "",
+        directory=settings["ngc_jupyter_dir"] if jupyter else "",
+    )
+    paths = [LAUNCHER, *([DOCKERFILE] if build else []), JUPYTER_UNIT_FILE]
+    return found, reading.part(atomic.HostState, paths=paths, units=(JUPYTER_UNIT,))
+
+
+@reading.planner
+def reads(settings):
+    return list(parts(settings)) if settings["ngc_enabled"] else []
+
+
 @deploy(
     "NGC training containers",
     data_defaults=defaults(SETTINGS + containers.SETTINGS + cuda_env.SETTINGS + hardware.SETTINGS),
@@ -484,19 +505,13 @@ def ngc():
     dockerfile = render_dockerfile(data, profile["compute_capability"])
     launcher = render_launcher(data)
     jupyter = data.ngc_jupyter
-    found = host.get_fact(
-        NgcHost,
-        pinned=data.ngc_base_image,
-        built=data.ngc_image if dockerfile else "",
-        user=data.ngc_jupyter_user if jupyter else "",
-        directory=data.ngc_jupyter_dir if jupyter else "",
-    )
+    found_part, state_part = parts({s.key: getattr(data, s.key) for s in SETTINGS})
+    found = reading.value(found_part)
     if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
         return
     # No docker yet on a fresh host: the containers concern installs it in this run, and
     # image_pulled checks again (and fails the host if there is still none) when it runs.
-    paths = [LAUNCHER, *([DOCKERFILE] if dockerfile else []), JUPYTER_UNIT_FILE]
-    state = host.get_fact(atomic.HostState, paths=paths, units=(JUPYTER_UNIT,))
+    state = reading.value(state_part)
     image_ops = []
 
     if not found["pinned"]:

@@ -42,7 +42,7 @@ import yaml
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, deploy, operation
 
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from . import hardware
 from sparkrig.python_wheels import LOCK_PLATFORM, lock_entries, normalise, offline_wheels
 from sparkrig.atomic import refused
@@ -795,6 +795,15 @@ def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, whe
     )
 
 
+@reading.planner
+def reads(settings):
+    # As python_stack() asks (offline wheels exist when python_offline is on).
+    return [reading.part(
+        PythonStack, venv=settings["python_venv_path"], owner=settings["python_venv_owner"],
+        wheels=OFFLINE_DIR if settings["python_offline"] else "",
+    )]
+
+
 @deploy("Python stack", data_defaults=defaults(SETTINGS + hardware.SETTINGS))
 def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
     """
@@ -824,7 +833,7 @@ def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
         refused(name="The controller has the locked wheels", message=f"python_offline: {error}")
         return
     owner = data.python_venv_owner
-    found = atomic.fact(
+    found = reading.fact(
         PythonStack, venv=data.python_venv_path, owner=owner,
         wheels=OFFLINE_DIR if arguments["wheels"] else "",
     )

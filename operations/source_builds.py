@@ -62,7 +62,7 @@ from pyinfra.api import (
     operation,
 )
 
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from . import cuda_env, hardware, jobs, python_stack
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
 from sparkrig.settings import ENV_NAME, Setting, controller_path, defaults, env_value_problem, mapping_of, resolve
@@ -353,17 +353,17 @@ def host_requirement_lines(data: Mapping[str, Any] | None = None) -> dict[str, s
 
 def read_builds(data: Mapping[str, Any]) -> dict:
     """:class:`SourceBuilds` of the current host's enabled builds. While pyinfra prepares,
-    the reading is kept for the rest of the run's preparation (python_stack and this concern
-    both need it; nothing on the host has changed yet), so a converged host pays one command.
-    While operations execute, the host is read again each time."""
+    from the host's one reading (python_stack and this concern both need it; nothing on the
+    host has changed yet). While operations execute, the host is read again each time."""
     arguments = fact_arguments(data)
     if host.state.is_executing:
         return host.get_fact(SourceBuilds, **arguments)
-    memo = vars(host.state).setdefault("sparkrig_source_builds_prepared", {})
-    key = (host.name, json.dumps(arguments, sort_keys=True))
-    if key not in memo:
-        memo[key] = host.get_fact(SourceBuilds, **arguments)
-    return memo[key]
+    return reading.get(SourceBuilds, **arguments)
+
+
+@reading.planner
+def reads(settings):
+    return [reading.part(SourceBuilds, **fact_arguments(settings))] if wanted(settings) else []
 
 
 def public_inputs(inputs: Mapping[str, Any]) -> dict:

@@ -34,7 +34,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.api.command import PyinfraCommand
 
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from sparkrig.settings import Setting, boolean, defaults
 
 FSTAB = "/etc/fstab"
@@ -384,7 +384,7 @@ def disabled(backup: str = FSTAB_BACKUP, remove_files: bool = False):
 
         swap.disabled(name="No swap", backup="/root/fstab.bak", remove_files=True)
     """
-    found = atomic.fact(SwapSources)
+    found = reading.fact(SwapSources)
     if found is None:
         return
     yield from _fstab_commands(found, backup)
@@ -483,6 +483,12 @@ def _file_commands(paths: list[str]) -> Iterator[PyinfraCommand]:
         host.noop("no swap file to delete")
     for path in present:
         yield StringCommand("rm", "-f", "--", QuoteString(path))
+
+
+@reading.planner
+def reads(settings):
+    # disabled() reads SwapSources: from the host's one reading.
+    return [reading.part(SwapSources)] if settings["swap_disable"] else []
 
 
 @deploy("Swap off", data_defaults=defaults(SETTINGS))
