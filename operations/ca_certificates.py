@@ -21,7 +21,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
 from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import Setting, defaults, mapping_of
+from sparkrig.settings import ALL_DEFAULTS, Setting, mapping_of
 
 CERT_DIR = "/usr/local/share/ca-certificates"
 LINK_DIR = "/etc/ssl/certs"
@@ -144,7 +144,7 @@ def reads(_settings):
     return [CERTIFICATES]
 
 
-@deploy("Extra CA certificates", data_defaults=defaults(SETTINGS))
+@deploy("Extra CA certificates", data_defaults=ALL_DEFAULTS)
 def ca_certificates():
     """
     Make the hosts trust the CA certificates of ``ca_certificates_extra``, and no

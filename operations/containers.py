@@ -53,7 +53,7 @@ from pyinfra.operations import systemd
 from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
 from sparkrig.atomic import refuse, refused
-from sparkrig.settings import USER_NAME, Setting, boolean, defaults, one_of
+from sparkrig.settings import ALL_DEFAULTS, IMAGE_REFERENCE, USER_NAME, Setting, boolean, one_of
 
 DOCKER_SOURCES = ("auto", "docker-ce", "distro", "preinstalled")
 TOOLKIT_SOURCES = ("auto", "nvidia", "preinstalled")
@@ -105,11 +105,6 @@ PRIMARY_FINGERPRINTS = """awk -F: '$1=="pub"{p=1;next} $1=="fpr"&&p{print $10} {
 _URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/{}-]*)?")
 _FINGERPRINT = re.compile(r"[0-9A-F]{40}")
 _PACKAGE = re.compile(r"[a-z0-9][a-z0-9.+-]+")
-# A docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
-IMAGE_REFERENCE = re.compile(
-    r"([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
-)
 
 
 def url_check(value: Any, _data: Mapping[str, Any]) -> str | None:
@@ -851,7 +846,7 @@ def reads(settings):
     return [host_part(settings), APT_REPOSITORIES]
 
 
-@deploy("Docker and the NVIDIA container toolkit", data_defaults=defaults(SETTINGS))
+@deploy("Docker and the NVIDIA container toolkit", data_defaults=ALL_DEFAULTS)
 def containers():
     """
     Install (or verify) Docker and the NVIDIA container toolkit, register the nvidia

@@ -23,8 +23,8 @@ from pyinfra import host
 from pyinfra.api import FactBase, deploy
 
 from sparkrig import atomic, reading
-from . import hardware, python_stack
-from sparkrig.settings import Setting, absolute_path, defaults, env_mapping, resolve
+from . import hardware
+from sparkrig.settings import ALL_DEFAULTS, Setting, absolute_path, env_mapping
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 CUDA_LINK = "/usr/local/cuda"
@@ -174,7 +174,7 @@ def reads(settings):
     return [TOOLKITS, files_part(settings["cuda_env_file"])]
 
 
-@deploy("CUDA environment", data_defaults=defaults(SETTINGS + hardware.SETTINGS))
+@deploy("CUDA environment", data_defaults=ALL_DEFAULTS)
 def cuda_env():
     """
     Write the CUDA env file and make login shells read it.
@@ -185,7 +185,7 @@ def cuda_env():
     """
     cuda_home = resolve_cuda_home(reading.value(TOOLKITS), host.data.cuda_env_default_home)
     profile = hardware.host_profile()
-    venv = resolve(python_stack.SETTINGS, host.data.dict())["python_venv_path"]
+    venv = host.data.python_venv_path
     variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra, venv)
 
     files = {

@@ -16,7 +16,7 @@ aarch64 wheels and the wrong CUDA arch list). Other hosts go on.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyinfra import host
@@ -24,7 +24,7 @@ from pyinfra.api import FactBase, StringCommand, deploy
 
 from sparkrig.atomic import refused
 from sparkrig import atomic, reading
-from sparkrig.settings import Setting, defaults
+from sparkrig.settings import ALL_DEFAULTS, Setting
 
 ARCHES = ("aarch64", "x86_64")
 PROFILE_FIELDS = ("arch", "compute_capability", "torch_cuda_arch_list")
@@ -194,7 +194,7 @@ SETTINGS = (
 )
 
 
-@deploy("Hardware profile", data_defaults=defaults(SETTINGS))
+@deploy("Hardware profile", data_defaults=ALL_DEFAULTS)
 def hardware():
     """
     Check that the box is the kind its ``hardware_profile`` says, or choose its profile

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from pyinfra import host
@@ -36,10 +36,9 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
+from sparkrig.python_wheels import REFUSED, normalise
 from sparkrig import atomic, reading
-from . import containers, cuda_env, hardware, python_stack
-from .containers import IMAGE_REFERENCE
-from sparkrig.settings import ENV_NAME, USER_NAME, Setting, absolute_path, boolean, defaults, int_range, one_of
+from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, IMAGE_REFERENCE, USER_NAME, Setting, absolute_path, boolean, int_range, one_of
 
 BUILDS = ("none", "packages", "unsloth")
 JUPYTER_SERVERS = ("jupyterlab", "stand-in-httpd")
@@ -90,7 +89,7 @@ def requirements_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     ok = isinstance(value, (list, tuple)) and all(isinstance(r, str) and _REQUIREMENT.fullmatch(r) for r in value)
     if not ok:
         return "a list of pinned requirements 'name==version' (extras allowed: 'name[extra]==version')"
-    if any(python_stack.normalise(re.split(r"[\[=]", r)[0]) in python_stack.REFUSED for r in value):
+    if any(normalise(re.split(r"[\[=]", r)[0]) in REFUSED for r in value):
         return "a list without flash-attn (no sm_121 kernels, CUDA 12 only: use PyTorch SDPA)"
     return None
 
@@ -486,7 +485,7 @@ def reads(settings):
 
 @deploy(
     "NGC training containers",
-    data_defaults=defaults(SETTINGS + containers.SETTINGS + cuda_env.SETTINGS + hardware.SETTINGS),
+    data_defaults=ALL_DEFAULTS,
 )
 def ngc():
     """

@@ -25,7 +25,7 @@ from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, d
 from pyinfra.connectors.ssh import SSHConnector
 
 from sparkrig import atomic, reading
-from sparkrig.settings import SIZE_UNITS, Setting, defaults
+from sparkrig.settings import ALL_DEFAULTS, SIZE_UNITS, Setting
 
 DROPIN_NAME = "zz-sparkrig.conf"  # read last: wins over earlier drop-ins such as the guides' oom.conf
 SLICE = "system.slice"
@@ -261,7 +261,7 @@ def reads(_settings):
     return [UNIT, DROPINS]
 
 
-@deploy("SSH guard", data_defaults=defaults(SETTINGS))
+@deploy("SSH guard", data_defaults=ALL_DEFAULTS)
 def sshd_guard():
     """
     Reserve memory for sshd and keep its sessions killable (see the module docstring).

@@ -35,7 +35,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.api.command import PyinfraCommand
 
 from sparkrig import atomic, reading
-from sparkrig.settings import Setting, boolean, defaults
+from sparkrig.settings import ALL_DEFAULTS, Setting, boolean
 
 FSTAB = "/etc/fstab"
 FSTAB_BACKUP = "/etc/fstab.sparkrig.bak"
@@ -491,7 +491,7 @@ def reads(settings):
     return [reading.part(SwapSources)] if settings["swap_disable"] else []
 
 
-@deploy("Swap off", data_defaults=defaults(SETTINGS))
+@deploy("Swap off", data_defaults=ALL_DEFAULTS)
 def swap():
     """
     Turn swap off now and keep it off across reboots (see :func:`disabled`).
