@@ -156,6 +156,7 @@ def jobs():
         atomic.file(
             name=f"{name} command ({paths[name]})",
             dest=paths[name],
+            current=state.get(paths[name]),
             content=script,
             mode=0o755,
             validate=("sh", "-n"),

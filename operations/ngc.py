@@ -519,7 +519,8 @@ def ngc():
     if dockerfile:
         if not atomic.up_to_date(state["files"].get(DOCKERFILE), dockerfile):
             atomic.file(name=f"Dockerfile of the ngc_build image ({DOCKERFILE})",
-                        dest=DOCKERFILE, content=dockerfile, mode=0o644)
+                        dest=DOCKERFILE, content=dockerfile, mode=0o644,
+                        current=state["files"].get(DOCKERFILE))
         built = found["built"]
         if not built or built["recipe"] != recipe(dockerfile):
             image_ops.append(image_built(
@@ -530,6 +531,7 @@ def ngc():
     launcher_op = None
     if not atomic.up_to_date(state["files"].get(LAUNCHER), launcher, mode=0o755):
         launcher_op = atomic.file(name=f"spark-container command ({LAUNCHER})", dest=LAUNCHER,
+                                  current=state["files"].get(LAUNCHER),
                                   content=launcher, mode=0o755, validate=("bash", "-n"))
 
     unit = state["units"].get(JUPYTER_UNIT) or {}

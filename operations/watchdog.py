@@ -203,6 +203,7 @@ def watchdog():
             atomic.file(
                 name=f"earlyoom arguments ({DEFAULT_FILE})",
                 dest=DEFAULT_FILE,
+                current=state["files"].get(DEFAULT_FILE),
                 content=arguments_text,
                 mode=0o644,
                 validate=("sh", "-n"),

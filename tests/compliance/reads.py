@@ -109,4 +109,5 @@ def install(backend_class) -> None:
         return reads.answer(self, lambda c, *a: run(self, c, *a, **kwargs), command, args)
 
     answered.sparkrig_reads = True
+    answered.__wrapped__ = run
     backend_class.run = answered
