@@ -42,7 +42,7 @@ from pyinfra.operations import files, server
 from sparkrig import atomic, reading
 from . import watchdog
 from sparkrig.settings import (
-    SIZE_UNITS, USER_NAME, Setting, absolute_path, boolean, defaults, env_mapping, int_range,
+    ALL_DEFAULTS, SIZE_UNITS, USER_NAME, Setting, absolute_path, boolean, env_mapping, int_range,
 )
 
 SLICE = "training.slice"
@@ -249,7 +249,7 @@ def render_commands(
     }
 
 
-@deploy("Job wrappers", data_defaults=defaults(SETTINGS + watchdog.SETTINGS))
+@deploy("Job wrappers", data_defaults=ALL_DEFAULTS)
 def jobs():
     """
     Write training.slice, install spark-run, spark-jobs, spark-preflight and
@@ -284,6 +284,7 @@ def jobs():
         atomic.file(
             name=f"{name} command ({paths[name]})",
             dest=paths[name],
+            current=state.get(paths[name]),
             content=script,
             mode=0o755,
             validate=("sh", "-n"),
