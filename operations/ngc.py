@@ -15,6 +15,10 @@ JupyterLab as a systemd-managed container bound to 127.0.0.1. Off by default.
   the project, the Hugging Face cache and the outputs mounted, the CUDA env file's
   portable variables, and secrets as read-only 0600 files exported inside the
   container only (never ``--env`` values, which ``docker inspect`` shows).
+  ``--publish PORT`` binds to 127.0.0.1 (``--publish-all-interfaces`` for every
+  interface), ``ngc_home_mounts`` are mounted read-only, ``jobs_model_cache`` (when
+  set) replaces ``ngc_hf_cache``, and ``--detach NAME`` hands the same launch to
+  ``spark-run --detach`` (the job wrappers concern), so ``spark-jobs`` sees it.
 - ``ngc_jupyter``: ``sparkrig-jupyter.service`` runs JupyterLab through the launcher,
   on the host network bound to 127.0.0.1, with its token read from a 0600 file
   generated on the host (``JUPYTER_TOKEN`` inside the container), ``Restart=always``.
