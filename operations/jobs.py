@@ -40,20 +40,20 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy
 from pyinfra.operations import files, server
 
 from sparkrig import atomic, reading
+from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
 from sparkrig.settings import (
     ALL_DEFAULTS, USER_NAME, Setting, absolute_path, boolean, env_mapping, int_range, memory_max_check,
 )
 
-from . import watchdog
 
-SLICE = "training.slice"
+SLICE = TRAINING_SLICE
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
 BIN_DIR = "/usr/local/bin"
 SLICE_DESCRIPTION = "Training jobs started by spark-run"
 COMMAND_NAMES = ("spark-run", "spark-jobs", "spark-preflight", "spark-drop-caches")
 PATHS = {name: f"{BIN_DIR}/{name}" for name in COMMAND_NAMES}
 # spark-run --detach NAME starts UNIT_PREFIX + NAME + ".service"; spark-jobs records how it ended.
-UNIT_PREFIX = "spark-job-"
+UNIT_PREFIX = JOB_UNIT_PREFIX
 RECORDS = "/var/lib/sparkrig/jobs"
 # Everything the concern decides from, in the host's one reading.
 STATE = reading.part(atomic.HostState, paths=(SLICE_FILE, *PATHS.values()))
@@ -221,13 +221,13 @@ def render_commands(
         "spark-run": atomic.render(
             "jobs/spark-run.sh.j2", slice=SLICE, memory_max=memory_max, oom_score_adj=oom_score_adj,
             drop_caches="yes" if drop_caches else "no", env=sorted((env or {}).items()),
-            unit_prefix=UNIT_PREFIX, jobs_command=PATHS["spark-jobs"], self_path=PATHS["spark-run"],
+            unit_prefix=UNIT_PREFIX, jobs_command=PATHS["spark-jobs"], self_path=SPARK_RUN,
         ),
         "spark-jobs": atomic.render("jobs/spark-jobs.sh.j2", unit_prefix=UNIT_PREFIX, records=RECORDS),
         "spark-preflight": atomic.render(
             "jobs/spark-preflight.sh.j2",
             min_available_kib=min_available_kib,
-            watchdog_service=watchdog.SERVICE if watchdog_enabled else "",
+            watchdog_service=WATCHDOG_SERVICE if watchdog_enabled else "",
         ),
         "spark-drop-caches": atomic.render("jobs/spark-drop-caches.sh.j2"),
     }

@@ -42,6 +42,7 @@ from pyinfra.operations.util import any_changed
 
 from sparkrig.python_wheels import REFUSED, normalise
 from sparkrig import atomic, reading
+from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN
 from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, IMAGE_REFERENCE, USER_NAME, Setting, absolute_path, boolean, int_range, one_of
 
 BUILDS = ("none", "packages", "unsloth")
@@ -64,9 +65,6 @@ def jupyter_command_check(value: Any, _data: Mapping[str, Any]) -> str | None:
         "single blanks, binding 127.0.0.1 (never 0.0.0.0)"
     )
 LAUNCHER = "/usr/local/bin/spark-container"
-# What the job wrappers concern installs and names (operations/jobs.py; a unit test holds them equal).
-SPARK_RUN = "/usr/local/bin/spark-run"
-JOB_PREFIX = "spark-job-"
 BUILD_DIR = "/etc/sparkrig/ngc"
 DOCKERFILE = f"{BUILD_DIR}/Dockerfile"
 RECIPE_LABEL = "sparkrig.recipe"
@@ -298,7 +296,7 @@ def render_launcher(data: Any) -> str:
         job_env=" ".join(q(f"{k}={v}") for k, v in sorted(data.jobs_env.items())),
         spark_run=q(SPARK_RUN),
         launcher=q(LAUNCHER),
-        job_prefix=q(JOB_PREFIX),
+        job_prefix=q(JOB_UNIT_PREFIX),
         outputs=q(data.ngc_outputs) if data.ngc_outputs else "",
         cuda_env_file=q(data.cuda_env_file),
         users=" ".join(data.ngc_users),

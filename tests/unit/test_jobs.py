@@ -658,3 +658,8 @@ def test_wrong_mode_is_fixed_without_rewriting():
     ops = _by_name(execute(jobs.jobs, responses=_converged(modes={"spark-run": 0o777})))
     assert ops["spark-run command (/usr/local/bin/spark-run)"].commands == [
         "chown root:root /usr/local/bin/spark-run && chmod 755 /usr/local/bin/spark-run"]
+
+
+def test_spark_run_is_where_spark_container_looks_for_it():
+    from sparkrig.units import SPARK_RUN
+    assert jobs.PATHS["spark-run"] == SPARK_RUN

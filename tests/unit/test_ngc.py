@@ -341,10 +341,6 @@ def test_detach_hands_the_same_launch_to_spark_run(launcher, tmp_path, monkeypat
         "--name", "spark-job-serve", "--", "vllm", "serve", "m"]
 
 
-def test_the_launcher_names_what_the_job_wrappers_install():
-    assert (ngc.SPARK_RUN, ngc.JOB_PREFIX) == (jobs.PATHS["spark-run"], jobs.UNIT_PREFIX)
-
-
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["--publish", "0"], 2, "a TCP port"),
     (["--publish", "65536"], 2, "a TCP port"),
