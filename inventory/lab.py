@@ -86,7 +86,18 @@ def _ngc(host: dict) -> dict:
         "ngc_jupyter_port": 8888,
         # STAND-IN for JupyterLab: the lab's image has none; busybox's httpd in the same unit.
         "ngc_jupyter_command": "busybox httpd -f -p 127.0.0.1:{port} -h {project}",
+        # spark-container mounts it read-only at the container's HOME (the controls make it).
+        "ngc_home_mounts": ["~/.aws"],
     }
+
+
+def _jobs(host: dict) -> dict:
+    """Job-only variables on every lab host (the controls read them back from a job), and the
+    shared model cache on lab-deb13, where spark-container mounts it."""
+    data = {"jobs_env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+    if host["name"] == "lab-deb13":
+        data.update(jobs_model_cache="/srv/models/huggingface", jobs_model_cache_users=["spark"])
+    return data
 
 
 # The controller reaches the registries through a TLS-intercepting proxy, and so do
@@ -229,6 +240,7 @@ lab = [
             **({"lab_emulated": "qemu-user"} if _FLAVOURS[_host["flavour"]].emulated else {}),
             "ca_certificates_extra": _ca_certificates,
             **_containers(_host),
+            **_jobs(_host),
             **_ngc(_host),
             **_python_stack(_host),
             **_source_builds(_host),
