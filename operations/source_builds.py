@@ -365,7 +365,11 @@ def read_builds(data: Mapping[str, Any]) -> dict:
 
 @reading.planner
 def reads(settings):
-    return [reading.part(SourceBuilds, **fact_arguments(settings))] if wanted(settings) else []
+    # A build's key depends on the hardware profile; "auto" is chosen from the reading itself
+    # (hardware()), so such a host reads its builds when they are asked for: one command more.
+    if not settings["source_builds_enabled"] or settings["hardware_profile"] not in settings["hardware_profiles"]:
+        return []
+    return [reading.part(SourceBuilds, **fact_arguments(settings))]
 
 
 def public_inputs(inputs: Mapping[str, Any]) -> dict:
