@@ -200,6 +200,25 @@ def restart(name: str) -> LabHost:
         return host
 
 
+def link(first: str, second: str, interface: str) -> None:
+    """Cable two running hosts together: a ConnectX-7 STAND-IN link (a veth pair named
+    ``interface`` in both, see :class:`lab.model.ClusterLink`), as a test that adds a node
+    to a cluster needs. It goes with the hosts' namespaces, or with :func:`unlink`."""
+    _require_runnable()
+    with locked(LOCK):
+        _state, one = _running_host(first)
+        _state, other = _running_host(second)
+        network.create_cluster_link(one, other, interface)
+
+
+def unlink(name: str, interface: str) -> None:
+    """Remove the link ``interface`` of a running host (and so its other end)."""
+    _require_runnable()
+    with locked(LOCK):
+        _state, host = _running_host(name)
+        run(["ip", "-n", host.netns, "link", "delete", interface])
+
+
 def _running_host(name: str) -> tuple[_State, LabHost]:
     state = _read_state()
     if state is None:

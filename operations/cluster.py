@@ -429,6 +429,44 @@ class ClusterHost(FactBase):
         return {"links": {}, "netplan": False, "ssh_config_d": False, "host_keys": [], "link_files": [], "user": None}
 
 
+class ClusterLeftovers(FactBase):
+    """
+    Returns the files a cluster node holds (sparkrig's link, key, trust, environment and
+    check files) and the owner of the cluster key, on a host in no cluster: what a node
+    taken out of its cluster still has.
+
+    .. code:: python
+
+        {"files": ["/etc/sparkrig/cluster/id_ed25519", ...], "key_owner": "spark"}
+    """
+
+    def command(self, env_file: str) -> StringCommand:
+        fixed = [KEY_FILE, KNOWN_HOSTS, HOSTFILE, SSH_CONFIG, PROFILE_SCRIPT, CHECK, NETPLAN_FILE]
+        return StringCommand(
+            "for f in", *[QuoteString(p) for p in fixed], QuoteString(env_file),
+            f"{NETWORKD_DIR}/{NETWORKD_PREFIX}*.network;",
+            'do [ -f "$f" ] && echo file "$f"; done;',
+            f"[ -f {KEY_FILE} ] && echo keyowner $(stat -c %U {KEY_FILE}); true",
+        )
+
+    @atomic.parses
+    def process(self, output: list[str]) -> dict:
+        found: dict = {"files": [], "key_owner": None}
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "file" and rest.startswith("/"):
+                found["files"].append(rest)
+            elif kind == "keyowner" and USER_NAME.fullmatch(rest):
+                found["key_owner"] = rest
+            else:
+                raise ValueError(f"unexpected line {line[:80]!r}")
+        return found
+
+    @staticmethod
+    def default() -> dict:
+        return {"files": [], "key_owner": None}
+
+
 def link_files(interfaces: Iterable[str], netplan: bool) -> list[str]:
     return [NETPLAN_FILE] if netplan else [f"{NETWORKD_DIR}/{NETWORKD_PREFIX}{name}.network" for name in interfaces]
 
@@ -442,9 +480,10 @@ def _files(settings: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def parts(settings: Mapping[str, Any]) -> list[reading.Part]:
-    """The parts a node of a cluster reads (none off a cluster)."""
-    if settings.get("cluster_name") is None:
-        return []
+    """The parts a node of a cluster reads; off a cluster, what a node would have left."""
+    settings = {**defaults(SETTINGS), **settings}
+    if settings["cluster_name"] is None:
+        return [reading.part(ClusterLeftovers, env_file=settings["cluster_env_file"])]
     return [
         reading.part(atomic.HostState, paths=_files(settings), units=(NETWORKD, WAIT_ONLINE), packages=PACKAGES),
         reading.part(ClusterHost, user=settings["cluster_user"]),
@@ -688,6 +727,37 @@ def apply_link(interfaces: Sequence[str], netplan: bool):
     yield FunctionCommand(prove_new_connection, ("applying the cluster link",), {})
 
 
+# As the former cluster user: sparkrig's cluster lines leave their authorized_keys.
+_DROP_AUTHORIZED = (
+    'set -e; f="$1/.ssh/authorized_keys"; t="$1/.ssh/.authorized_keys.sparkrig-new"; [ -f "$f" ] || exit 0; '
+    f'umask 077; {{ grep -v -F -e " {MARKER}" "$f" || [ $? -eq 1 ]; }} >"$t"; chmod 600 "$t"; mv -f "$t" "$f"'
+)
+
+
+@operation()
+def leave(files: Sequence[str], key_owner: str | None):
+    """
+    Take a host out of its cluster: remove the files a node holds, and the cluster key's
+    line from its user's authorized_keys (written as them).
+
+    + files: the cluster files still there
+    + key_owner: the user the cluster key belonged to (None: no key left)
+    """
+    atomic.detail(f"removing {', '.join(files)}")
+    if key_owner and key_owner != "root":
+        yield StringCommand(
+            "h=$(getent passwd", QuoteString(key_owner), "| cut -d: -f6) && [ -n \"$h\" ] && runuser -u",
+            QuoteString(key_owner), "-- sh -c", QuoteString(_DROP_AUTHORIZED), 'sparkrig "$h" || true',
+        )
+    yield StringCommand("rm -f", *[QuoteString(f) for f in files])
+    if any(f == NETPLAN_FILE or f.startswith(f"{NETWORKD_DIR}/") for f in files):
+        # The addresses stay on the interfaces until networkd or the box restarts.
+        yield StringCommand(
+            "if [ -d /etc/netplan ] && command -v netplan >/dev/null; then netplan generate; fi;",
+            f"if systemctl is-active -q {NETWORKD}; then networkctl reload; fi",
+        )
+
+
 # The deploy --------------------------------------------------------------------------------
 
 
@@ -748,7 +818,11 @@ def cluster():
     """
     settings = resolve(SETTINGS, host.data.dict())
     wanted = parts(settings)
-    if not wanted:
+    if settings["cluster_name"] is None:
+        leftovers = reading.value(wanted[0])
+        if leftovers["files"] and not atomic.fact_failed():
+            leave(name="Out of any cluster: its key, trust, environment and link files removed",
+                  files=leftovers["files"], key_owner=leftovers["key_owner"])
         return
     state_part, node_part = wanted
     state = reading.value(state_part)

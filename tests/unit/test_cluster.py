@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,7 +30,8 @@ B = {**LINK, "ssh_hostname": "10.0.0.2", "cluster_interfaces": {"cx7": "192.168.
 
 def test_off_by_default_and_the_defaults_are_valid():
     assert problems(cl.SETTINGS, {}) == []
-    assert cl.parts(resolve(all_settings(), {})) == []
+    # Off a cluster a host reads only what a node would have left (in its one reading).
+    assert [part.fact for part in cl.parts(resolve(all_settings(), {}))] == [cl.ClusterLeftovers]
 
 
 @pytest.mark.parametrize(
@@ -295,3 +298,71 @@ def test_a_host_key_line_that_is_no_key_fails_the_host():
     with pytest.raises(Exception, match="not an SSH host key"):
         cl.ClusterHost().process(["hostkey ssh-ed25519 AAAA; rm -rf /"])
 
+
+
+def _fake_tools(bin_dir: Path, link: str, route: str, ping_rc: int, ssh_rc: int) -> None:
+    """ip, ping and ssh as a node would answer: the check's own logic runs for real."""
+    bin_dir.mkdir()
+    tools = {
+        "ip": f'case "$*" in *"route get"*) echo {shlex.quote(route)} ;; *) echo {shlex.quote(link)} ;; esac',
+        "ping": f"echo 'ping: local error: message too long, mtu=1500'; exit {ping_rc}",
+        "ssh": f"echo 'Permission denied (publickey).' >&2; exit {ssh_rc}",
+    }
+    for name, body in tools.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("link", "ping_rc", "ssh_rc", "status", "wanted"),
+    [
+        ("2: cx7: <BROADCAST,UP,LOWER_UP> mtu 9000 qdisc mq state UP mode DEFAULT", 0, 0, 0,
+         ["OK link cx7: up", "OK mtu cx7: 9000", "OK ping b: 8972 bytes to 192.168.100.12 through cx7, not fragmented",
+          "OK ssh b: "]),
+        ("2: cx7: <NO-CARRIER,BROADCAST,UP> mtu 9000 qdisc mq state DOWN mode DEFAULT", 1, 255, 4 | 16 | 32,
+         ["FAIL link cx7: cx7 is DOWN, not up", "FAIL ping b: no answer", "FAIL ssh b: "]),
+        ("2: cx7: <BROADCAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP mode DEFAULT", 1, 0, 8 | 16,
+         ["FAIL mtu cx7: 1500, not 9000", "FAIL ping b: no answer to 8972 unfragmented bytes from 192.168.100.12 "
+                                          "through cx7: ping: local error: message too long, mtu=1500"]),
+    ],
+)
+def test_spark_cluster_check_says_which_check_failed_and_sums_the_codes(tmp_path, link, ping_rc, ssh_rc, status, wanted):
+    script = tmp_path / "spark-cluster-check"
+    script.write_text(cl.render_check("lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:],
+                                      "/etc/sparkrig/cluster.env"))
+    _fake_tools(tmp_path / "bin", link, "192.168.100.12 dev cx7 src 192.168.100.11 uid 0", ping_rc, ssh_rc)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    result = subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env)
+    assert result.returncode == status, result.stdout
+    for line in wanted:
+        assert any(shown.startswith(line) for shown in result.stdout.splitlines()), (line, result.stdout)
+    assert result.stdout.splitlines()[-1].startswith("SKIP nccl: not asked for")
+
+
+def test_spark_cluster_check_fails_a_peer_reached_through_another_interface(tmp_path):
+    script = tmp_path / "spark-cluster-check"
+    script.write_text(cl.render_check("lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:],
+                                      "/etc/sparkrig/cluster.env"))
+    _fake_tools(tmp_path / "bin", "2: cx7: <UP> mtu 9000 state UP mode", "192.168.100.12 via 10.0.0.1 dev eth0", 0, 0)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    result = subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env)
+    assert result.returncode == 16 and "FAIL ping b: 192.168.100.12 is not reached through cx7" in result.stdout
+
+
+def _plan_one(data: dict, responses: dict) -> list[PlannedOp]:
+    from tests.unit.pyinfra_fake import plan
+
+    return [op for op in plan(cl.cluster, data, responses) if op.commands]
+
+
+def test_a_host_in_no_cluster_with_nothing_left_plans_nothing():
+    assert _plan_one({}, {"keyowner": []}) == []
+
+
+def test_a_node_taken_out_of_its_cluster_loses_the_clusters_files_and_key_line():
+    ops = _plan_one({}, {"keyowner": [f"file {cl.KEY_FILE}", "file /etc/systemd/network/40-sparkrig-cluster-cx7.network",
+                                      "keyowner spark"]})
+    (op,) = ops
+    assert "runuser -u spark -- sh -c" in op.commands[0] and "sparkrig-cluster:" in op.commands[0]
+    assert op.commands[1] == f"rm -f {cl.KEY_FILE} /etc/systemd/network/40-sparkrig-cluster-cx7.network"
+    assert "networkctl reload" in op.commands[2]
