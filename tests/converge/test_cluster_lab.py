@@ -22,6 +22,11 @@ LINK = "cx7-standin"
 APPLY = "Cluster | Apply the cluster link (its interfaces only), then prove a new SSH connection"
 
 
+def _limit(*hosts: str) -> list[str]:
+    """pyinfra's --limit for these hosts (one option each: a comma is no list there)."""
+    return [arg for host in hosts for arg in ("--limit", host)]
+
+
 def _check(name: str):
     return lab.run_ssh(name, "sudo spark-cluster-check", check=False)
 
@@ -43,13 +48,13 @@ def test_a_link_taken_down_fails_the_check_naming_it_and_one_run_brings_it_back(
             assert result.returncode & 4, result.stdout
             assert f"FAIL link {LINK}: {LINK} is " in result.stdout, result.stdout
     finally:
-        restored = run_deploy(LAB_INVENTORY, "--limit", ",".join(NODES))
+        restored = run_deploy(LAB_INVENTORY, *_limit(*NODES))
     assert restored.returncode == 0, restored.log[-3000:]
     assert restored.changed() == {"lab-deb12": [APPLY]}, restored.changed()
     for name in NODES:
         result = _check(name)
         assert result.returncode == 0 and f"OK link {LINK}: up" in result.stdout, result.stdout
-    again = run_deploy(LAB_INVENTORY, "--limit", ",".join(NODES))
+    again = run_deploy(LAB_INVENTORY, *_limit(*NODES))
     assert again.returncode == 0 and again.changed() == {}, again.changed()
 
 
@@ -77,10 +82,10 @@ def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(first_
         "_new.update({k: v for k, v in _hub.items() if k in ('cluster_name', 'cluster_user', 'cluster_key_dir')})\n"
         f"_new['cluster_interfaces'] = {{'{link}': '192.168.101.13/24'}}\n"
     )
-    hosts = ",".join((*NODES, added))
+    hosts = _limit(*NODES, added)
     lab.link("lab-deb12", added, link)
     try:
-        joined = run_deploy(str(inventory), "--limit", hosts)
+        joined = run_deploy(str(inventory), *hosts)
         assert joined.returncode == 0, joined.log[-3000:]
         assert _ssh_as_spark(added, "192.168.101.11") == "lab-deb12\nexit=0\n"
         assert _ssh_as_spark("lab-deb12", "192.168.101.13") == f"{added}\nexit=0\n"
@@ -88,7 +93,7 @@ def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(first_
         assert "192.168.101.13 ssh-ed25519 " in pinned
         assert _check(added).returncode == 0, _check(added).stdout
 
-        removed = run_deploy(LAB_INVENTORY, "--limit", hosts)
+        removed = run_deploy(LAB_INVENTORY, *hosts)
         assert removed.returncode == 0, removed.log[-3000:]
         assert "192.168.101.13" not in lab.run_ssh("lab-deb12", "cat /etc/sparkrig/cluster/known_hosts").stdout
         left = lab.run_ssh(added, "sudo ls /etc/sparkrig/cluster; grep -c sparkrig-cluster: ~/.ssh/authorized_keys",
@@ -102,9 +107,9 @@ def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(first_
                                   "-o UserKnownHostsFile=/tmp/kh -o StrictHostKeyChecking=accept-new "
                                   "192.168.101.11 true 2>&1; echo exit=$?; rm -f /tmp/cluster-key /tmp/kh",
                            check=False).stdout
-        assert said.endswith("exit=255\n") and "Permission denied (publickey)" in said, said
+        assert said.endswith("exit=255\n") and "Permission denied (publickey" in said, said
     finally:
         lab.unlink("lab-deb12", link)
     assert _check("lab-deb12").returncode == 0, _check("lab-deb12").stdout
-    settled = run_deploy(LAB_INVENTORY, "--limit", hosts)
+    settled = run_deploy(LAB_INVENTORY, *hosts)
     assert settled.returncode == 0 and settled.changed() == {}, settled.changed()
