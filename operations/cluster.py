@@ -53,6 +53,7 @@ from sparkrig import atomic, reading
 from sparkrig.connection import prove_new_connection
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import (
+    ALL_DEFAULTS,
     USER_NAME,
     Setting,
     absolute_path,
@@ -807,7 +808,7 @@ def _nodes(settings: Mapping[str, Any], own_keys: Sequence[str]) -> list[dict] |
     return found
 
 
-@deploy("Cluster", data_defaults=defaults(SETTINGS))
+@deploy("Cluster", data_defaults=ALL_DEFAULTS)
 def cluster():
     """
     Link this host to the other nodes of its cluster, trust them, and give jobs NCCL's environment.
@@ -885,7 +886,8 @@ def cluster():
     for dest, (content, mode, validate) in host.loop(contents.items()):
         if not atomic.up_to_date(files.get(dest), content, mode=mode):
             link_changed = True
-            atomic.file(name=f"Cluster link ({dest})", dest=dest, content=content, mode=mode, validate=validate)
+            atomic.file(name=f"Cluster link ({dest})", dest=dest, current=files.get(dest), content=content, mode=mode,
+                        validate=validate)
     stale = sorted(set(node["link_files"]) - set(contents))
     if stale:
         link_changed = True
@@ -936,7 +938,8 @@ def cluster():
     }
     for dest, (title, content, mode, validate) in host.loop(root_files.items()):
         if not atomic.up_to_date(files.get(dest), content, mode=mode):
-            atomic.file(name=f"{title} ({dest})", dest=dest, content=content, mode=mode, validate=validate)
+            atomic.file(name=f"{title} ({dest})", dest=dest, current=files.get(dest), content=content, mode=mode,
+                        validate=validate)
     line = authorized_line(public, nodes, name)
     if node["user"]["authorized"] != [line]:
         authorized_key(name=f"Cluster key in {user}'s authorized_keys, from the cluster's addresses only",
