@@ -190,7 +190,20 @@ def _node_fact(links: dict, user=True, authorized=(), host_key="ssh-ed25519 AAAA
     return lines
 
 
-def _plan(tmp_path, responses_a: dict, responses_b: dict) -> list[PlannedOp]:
+class _Client:
+    """What the SSH connector's paramiko client says about the deploy's connection."""
+
+    def __init__(self, address: str):
+        self.address = address
+
+    def get_transport(self):
+        return self
+
+    def getpeername(self):
+        return (self.address, 22)
+
+
+def _plan(tmp_path, responses_a: dict, responses_b: dict, connected_to: str | None = None) -> list[PlannedOp]:
     keys = {"cluster_key_dir": str(tmp_path / "keys")}
     hosts = [
         ("@fake/a", {**A, **keys, "fake_responses": responses_a}),
@@ -200,6 +213,8 @@ def _plan(tmp_path, responses_a: dict, responses_b: dict) -> list[PlannedOp]:
     state = State(inventory, Config())
     connect_all(state)
     # The cross-host check keys on inventory names: the fake hosts connect to no address.
+    if connected_to:
+        inventory.get_host("@fake/a").connector.client = _Client(connected_to)
     add_deploy(state, cl.cluster)
     host = inventory.get_host("@fake/a")
     ops = []
@@ -366,3 +381,16 @@ def test_a_node_taken_out_of_its_cluster_loses_the_clusters_files_and_key_line()
     assert "runuser -u spark -- sh -c" in op.commands[0] and "sparkrig-cluster:" in op.commands[0]
     assert op.commands[1] == f"rm -f {cl.KEY_FILE} /etc/systemd/network/40-sparkrig-cluster-cx7.network"
     assert "networkctl reload" in op.commands[2]
+
+
+def test_the_deploys_own_connection_is_never_reconfigured(tmp_path):
+    peer = {HOST_STATE: host_state(), "ip -j addr": _node_fact({**CONVERGED}, host_key="ssh-ed25519 AAAApeer")}
+    # Connected through eth0: the cluster goes ahead.
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(FRESH | {"eth0": CONVERGED["eth0"]})},
+                peer, connected_to="10.0.0.1")
+    assert any("Apply the cluster link" in op.name for op in ops)
+    # Connected to an address the cluster interface holds: refused before any change.
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(CONVERGED)}, peer,
+                connected_to="192.168.100.11")
+    assert len(ops) == 1 and "cx7 carries this deploy's SSH connection (192.168.100.11): sparkrig never" \
+        in ops[0].commands[0].replace("'\"'\"'", "'")
