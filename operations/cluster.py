@@ -67,6 +67,8 @@ from sparkrig.settings import (
 NETWORKD_DIR = "/etc/systemd/network"
 NETWORKD_PREFIX = "40-sparkrig-cluster-"
 NETPLAN_FILE = "/etc/netplan/40-sparkrig-cluster.yaml"
+# Where NetworkManager runs beside networkd (a Debian desktop): it leaves the cluster ports alone.
+NM_FILE = "/etc/NetworkManager/conf.d/90-sparkrig-cluster.conf"
 NETWORKD = "systemd-networkd.service"
 WAIT_ONLINE = "systemd-networkd-wait-online.service"
 DIRECTORY = "/etc/sparkrig/cluster"
@@ -370,7 +372,7 @@ class ClusterHost(FactBase):
     .. code:: python
 
         {"links": {"eth1": {"up": True, "mtu": 9000, "addresses": ["192.168.100.11/24"]}},
-         "netplan": False, "ssh_config_d": True, "host_keys": ["ssh-ed25519 AAAA..."],
+         "netplan": False, "networkmanager": False, "ssh_config_d": True, "host_keys": ["ssh-ed25519 AAAA..."],
          "link_files": ["/etc/systemd/network/40-sparkrig-cluster-eth1.network"],
          "user": {"uid": 1000, "home": "/home/spark", "group": "spark",
                   "authorized": ['from="..." ssh-ed25519 AAAA... sparkrig-cluster:lab']}}
@@ -381,10 +383,11 @@ class ClusterHost(FactBase):
         return StringCommand(
             "echo links $(ip -j addr show);",
             "if command -v netplan >/dev/null && [ -d /etc/netplan ]; then echo netplan yes; else echo netplan no; fi;",
+            "if systemctl is-active -q NetworkManager 2>/dev/null; then echo networkmanager yes; else echo networkmanager no; fi;",
             "if grep -Eqs '^[[:space:]]*Include[[:space:]]+/etc/ssh/ssh_config\\.d/\\*\\.conf' /etc/ssh/ssh_config;",
             "then echo ssh_config_d yes; else echo ssh_config_d no; fi;",
             "for k in /etc/ssh/ssh_host_*_key.pub; do [ -f \"$k\" ] && echo hostkey $(cut -d' ' -f1,2 \"$k\"); done;",
-            f"for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network {NETPLAN_FILE}; do [ -f \"$f\" ] && echo linkfile \"$f\"; done;",
+            f"for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network {NETPLAN_FILE} {NM_FILE}; do [ -f \"$f\" ] && echo linkfile \"$f\"; done;",
             "if e=$(getent passwd", q_user, "); then",
             'h=$(echo "$e" | cut -d: -f6); echo user $(id -u', q_user, ") $(id -gn", q_user, ') "$h";',
             "runuser -u", q_user, "-- sh -c", QuoteString(_READ_AUTHORIZED), 'sparkrig "$h" | sed "s/^/authorized /";',
@@ -393,8 +396,8 @@ class ClusterHost(FactBase):
 
     @atomic.parses
     def process(self, output: list[str]) -> dict:
-        found: dict = {"links": {}, "netplan": False, "ssh_config_d": False, "host_keys": [],
-                       "link_files": [], "user": None}
+        found: dict = {"links": {}, "netplan": False, "networkmanager": False, "ssh_config_d": False,
+                       "host_keys": [], "link_files": [], "user": None}
         for line in output:
             kind, _, rest = line.partition(" ")
             if kind == "links":
@@ -406,14 +409,14 @@ class ClusterHost(FactBase):
                             f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("family") == "inet"
                         ],
                     }
-            elif kind in ("netplan", "ssh_config_d"):
+            elif kind in ("netplan", "networkmanager", "ssh_config_d"):
                 found[kind] = rest == "yes"
             elif kind == "hostkey":
                 if not _HOST_KEY.fullmatch(rest):
                     raise ValueError(f"not an SSH host key: {rest[:60]!r}")
                 found["host_keys"].append(rest)
             elif kind == "linkfile":
-                if not (rest == NETPLAN_FILE or (rest.startswith(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}") and rest.endswith(".network"))):
+                if not (rest in (NETPLAN_FILE, NM_FILE) or (rest.startswith(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}") and rest.endswith(".network"))):
                     raise ValueError(f"unexpected link file {rest[:80]!r}")
                 found["link_files"].append(rest)
             elif kind == "user":
@@ -427,7 +430,8 @@ class ClusterHost(FactBase):
 
     @staticmethod
     def default() -> dict:
-        return {"links": {}, "netplan": False, "ssh_config_d": False, "host_keys": [], "link_files": [], "user": None}
+        return {"links": {}, "netplan": False, "networkmanager": False, "ssh_config_d": False, "host_keys": [],
+                "link_files": [], "user": None}
 
 
 class ClusterLeftovers(FactBase):
@@ -442,7 +446,7 @@ class ClusterLeftovers(FactBase):
     """
 
     def command(self, env_file: str) -> StringCommand:
-        fixed = [KEY_FILE, KNOWN_HOSTS, HOSTFILE, SSH_CONFIG, PROFILE_SCRIPT, CHECK, NETPLAN_FILE]
+        fixed = [KEY_FILE, KNOWN_HOSTS, HOSTFILE, SSH_CONFIG, PROFILE_SCRIPT, CHECK, NETPLAN_FILE, NM_FILE]
         return StringCommand(
             "for f in", *[QuoteString(p) for p in fixed], QuoteString(env_file),
             f"{NETWORKD_DIR}/{NETWORKD_PREFIX}*.network;",
@@ -475,7 +479,7 @@ def link_files(interfaces: Iterable[str], netplan: bool) -> list[str]:
 def _files(settings: Mapping[str, Any]) -> tuple[str, ...]:
     # Both forms of the link file: which one a host uses is read in the same reading.
     return (
-        *link_files(settings["cluster_interfaces"], False), NETPLAN_FILE,
+        *link_files(settings["cluster_interfaces"], False), NETPLAN_FILE, NM_FILE,
         KEY_FILE, KNOWN_HOSTS, HOSTFILE, SSH_CONFIG, settings["cluster_env_file"], PROFILE_SCRIPT, CHECK,
     )
 
@@ -514,6 +518,17 @@ NETWORKD_VALIDATOR = atomic.unit_file_validator(
         "IPv6AcceptRA": "no",
         "ConfigureWithoutCarrier": "yes",
     },
+)
+
+
+def render_networkmanager(interfaces: Iterable[str]) -> str:
+    return atomic.render("cluster/networkmanager.conf.j2",
+                         devices=",".join(f"interface-name:{name}" for name in interfaces))
+
+
+NM_VALIDATOR = atomic.unit_file_validator(
+    ["device-sparkrig-cluster"],
+    {"match-device": r"interface-name:[A-Za-z0-9_.-]+(,interface-name:[A-Za-z0-9_.-]+)*", "managed": "0"},
 )
 
 
@@ -714,15 +729,18 @@ def authorized_key(user: str, home: str, line: str):
 
 
 @operation()
-def apply_link(interfaces: Sequence[str], netplan: bool):
+def apply_link(interfaces: Sequence[str], netplan: bool, networkmanager: bool = False):
     """
     Apply the cluster link's configuration to its interfaces alone, then prove a new SSH connection.
 
     + interfaces: the cluster interfaces (never the one the deploy's connection uses)
     + netplan: the host renders netplan's files first
+    + networkmanager: NetworkManager runs and re-reads its configuration first (it lets go of them)
     """
     if netplan:
         yield "netplan generate"
+    if networkmanager:
+        yield "systemctl reload NetworkManager"
     names = [QuoteString(name) for name in interfaces]
     yield StringCommand("networkctl reload && networkctl reconfigure", *names, "&& networkctl up", *names)
     yield FunctionCommand(prove_new_connection, ("applying the cluster link",), {})
@@ -751,11 +769,12 @@ def leave(files: Sequence[str], key_owner: str | None):
             QuoteString(key_owner), "-- sh -c", QuoteString(_DROP_AUTHORIZED), 'sparkrig "$h" || true',
         )
     yield StringCommand("rm -f", *[QuoteString(f) for f in files])
-    if any(f == NETPLAN_FILE or f.startswith(f"{NETWORKD_DIR}/") for f in files):
+    if any(f in (NETPLAN_FILE, NM_FILE) or f.startswith(f"{NETWORKD_DIR}/") for f in files):
         # The addresses stay on the interfaces until networkd or the box restarts.
         yield StringCommand(
             "if [ -d /etc/netplan ] && command -v netplan >/dev/null; then netplan generate; fi;",
-            f"if systemctl is-active -q {NETWORKD}; then networkctl reload; fi",
+            f"if systemctl is-active -q {NETWORKD}; then networkctl reload; fi;",
+            "if systemctl is-active -q NetworkManager; then systemctl reload NetworkManager; fi",
         )
 
 
@@ -882,6 +901,8 @@ def cluster():
             path: (render_networkd(i, interfaces[i], mtu), 0o644, NETWORKD_VALIDATOR)
             for i, path in zip(interfaces, link_files(interfaces, False))
         }
+        if node["networkmanager"]:
+            contents[NM_FILE] = (render_networkmanager(interfaces), 0o644, NM_VALIDATOR)
     link_changed = False
     for dest, (content, mode, validate) in host.loop(contents.items()):
         if not atomic.up_to_date(files.get(dest), content, mode=mode):
@@ -911,7 +932,8 @@ def cluster():
         if drifted:
             atomic.detail(f"{', '.join(drifted)}: down, or MTU or address not as configured")
         apply_link(name="Apply the cluster link (its interfaces only), then prove a new SSH connection",
-                   interfaces=list(interfaces), netplan=netplan)
+                   interfaces=list(interfaces), netplan=netplan,
+                   networkmanager=node["networkmanager"] and not netplan)
 
     # Trust.
     key, public = controller_key(settings["cluster_key_dir"], name)

@@ -182,7 +182,7 @@ def _node_fact(links: dict, user=True, authorized=(), host_key="ssh-ed25519 AAAA
         {"ifname": name, "flags": ["BROADCAST", "UP"] if up else ["BROADCAST"], "mtu": mtu,
          "addr_info": [{"family": "inet", "local": a.split("/")[0], "prefixlen": int(a.split("/")[1])} for a in addrs]}
         for name, (up, mtu, addrs) in links.items()
-    ]), "netplan no", "ssh_config_d yes", f"hostkey {host_key}", *[f"linkfile {f}" for f in files]]
+    ]), "netplan no", "networkmanager no", "ssh_config_d yes", f"hostkey {host_key}", *[f"linkfile {f}" for f in files]]
     if user:
         lines += ["user 1000 spark /home/spark", *[f"authorized {a}" for a in authorized]]
     else:
@@ -394,3 +394,18 @@ def test_the_deploys_own_connection_is_never_reconfigured(tmp_path):
                 connected_to="192.168.100.11")
     assert len(ops) == 1 and "cx7 carries this deploy's SSH connection (192.168.100.11): sparkrig never" \
         in ops[0].commands[0].replace("'\"'\"'", "'")
+
+
+def test_networkmanager_lets_go_of_the_cluster_ports(tmp_path):
+    text = cl.render_networkmanager(["cx7a", "cx7b"])
+    path = tmp_path / "nm.conf"
+    path.write_text(text)
+    assert subprocess.run([*cl.NM_VALIDATOR, str(path)]).returncode == 0
+    assert "match-device=interface-name:cx7a,interface-name:cx7b\nmanaged=0\n" in text
+    fact = [line.replace("networkmanager no", "networkmanager yes") for line in
+            _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})]
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": fact},
+                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    assert any(cl.NM_FILE in op.name for op in ops)
+    apply = next(op for op in ops if "Apply the cluster link" in op.name)
+    assert apply.commands[0] == "systemctl reload NetworkManager"
