@@ -409,3 +409,17 @@ def test_networkmanager_lets_go_of_the_cluster_ports(tmp_path):
     assert any(cl.NM_FILE in op.name for op in ops)
     apply = next(op for op in ops if "Apply the cluster link" in op.name)
     assert apply.commands[0] == "systemctl reload NetworkManager"
+
+
+@pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed on this machine")
+def test_the_scripts_pass_shellcheck_as_posix_sh(tmp_path):
+    scripts = {
+        "check": cl.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env"),
+        "profile": cl.render_profile_script("/etc/sparkrig/cluster.env"),
+    }
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(text)
+    # SC1091: the env file it reads exists on the node only.
+    result = subprocess.run(["shellcheck", "-s", "sh", "-e", "SC1091", *[str(tmp_path / n) for n in scripts]],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
