@@ -29,11 +29,12 @@ def inventory_hosts(request, host_data) -> dict[str, dict]:
 
 
 @pytest.fixture
-def node(host, settings, inventory_hosts) -> dict:
+def node(request, host, settings) -> dict:
     """This host's cluster: its interfaces and its peers with their addresses."""
     name = settings["cluster_name"]
     if name is None:
         pytest.skip("not in a cluster (cluster_name is None)")
+    inventory_hosts = request.getfixturevalue("inventory_hosts")  # read only where needed
     me = inventory_name(host)
     nodes = {n: d for n, d in inventory_hosts.items() if d.get("cluster_name") == name}
     if me not in nodes:
