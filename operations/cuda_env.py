@@ -23,7 +23,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, deploy
 
 from sparkrig import atomic, reading
-from . import hardware
+from sparkrig.profile import host_profile
 from sparkrig.settings import ALL_DEFAULTS, Setting, absolute_path, env_mapping
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
@@ -184,7 +184,7 @@ def cuda_env():
     ``UV_PROJECT_ENVIRONMENT``); see docs/settings.md.
     """
     cuda_home = resolve_cuda_home(reading.value(TOOLKITS), host.data.cuda_env_default_home)
-    profile = hardware.host_profile()
+    profile = host_profile()
     venv = host.data.python_venv_path
     variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra, venv)
 

@@ -23,11 +23,11 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from sparkrig import atomic, reading
+from sparkrig.units import TRAINING_SLICE, WATCHDOG_SERVICE
 from sparkrig.settings import ALL_DEFAULTS, Setting, int_range, memory_max_check
 
-from . import watchdog
 
-SLICE = "training.slice"
+SLICE = TRAINING_SLICE
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
 BIN_DIR = "/usr/local/bin"
 SLICE_DESCRIPTION = "Training jobs started by spark-run"
@@ -97,7 +97,7 @@ def render_commands(
         "spark-preflight": atomic.render(
             "jobs/spark-preflight.sh.j2",
             min_available_kib=min_available_kib,
-            watchdog_service=watchdog.SERVICE if watchdog_enabled else "",
+            watchdog_service=WATCHDOG_SERVICE if watchdog_enabled else "",
         ),
         "spark-drop-caches": atomic.render("jobs/spark-drop-caches.sh.j2"),
     }

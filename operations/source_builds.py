@@ -65,7 +65,7 @@ from pyinfra.api import (
 from sparkrig.venv import STATE_DIR, UV, UV_ENV, package_name
 from sparkrig.python_wheels import normalise
 from sparkrig import atomic, reading
-from . import jobs
+from sparkrig.units import TRAINING_SLICE
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
 from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, memory_max_check, resolved
 
@@ -649,7 +649,7 @@ def build(
             "&& { systemctl reset-failed", QuoteString(unit), "2>/dev/null; true; }",
             "&& systemd-run --quiet --collect --unit", QuoteString(unit),
             "--description", QuoteString(f"sparkrig source build {name}"),
-            "--slice", QuoteString(jobs.SLICE), "--uid", QuoteString(owner),
+            "--slice", QuoteString(TRAINING_SLICE), "--uid", QuoteString(owner),
             *[arg for p in properties for arg in ("--property", QuoteString(p))],
             *[arg for k, v in setenv.items() for arg in ("--setenv", QuoteString(f"{k}={v}"))],
             "/bin/sh", QuoteString(script_path), "; fi",
