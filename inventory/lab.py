@@ -15,6 +15,7 @@ from operations.python_stack import load_manifest as _load_manifest
 from operations.source_builds import load_catalogue as _load_catalogue
 from lab import FLAVOURS as _FLAVOURS
 from lab import inventory_path as _inventory_path
+from lab.config import CLUSTER_KEYS as _CLUSTER_KEYS
 from lab.config import WHEEL_CACHE as _WHEEL_CACHE
 
 if not _inventory_path().exists():
@@ -221,6 +222,22 @@ def _source_builds(host: dict) -> dict:
     }
 
 
+def _cluster(host: dict) -> dict:
+    """The lab's cluster: lab-deb12 and lab-deb13 linked by the ConnectX-7 STAND-IN (a veth
+    pair straight between their namespaces, lab/model.py), each with its address on it;
+    the user spark (the lab's SSH user) runs jobs across it."""
+    for link in _inventory.get("clusters", []):
+        if host["name"] in link["addresses"]:
+            return {
+                "cluster_name": link["name"],
+                "cluster_interfaces": {link["interface"]: link["addresses"][host["name"]]},
+                "cluster_user": "spark",
+                # The controller keeps the key pair in the lab's state (removed by up and down).
+                "cluster_key_dir": str(_CLUSTER_KEYS),
+            }
+    return {}
+
+
 lab = [
     (
         _host["name"],
@@ -244,6 +261,7 @@ lab = [
             **_ngc(_host),
             **_python_stack(_host),
             **_source_builds(_host),
+            **_cluster(_host),
         },
     )
     for _host in _inventory["hosts"]
