@@ -94,7 +94,10 @@ def _ngc(host: dict) -> dict:
 
 def _jobs(host: dict) -> dict:
     """Job-only variables on every lab host (the controls read them back from a job), and the
-    shared model cache on lab-deb13, where spark-container mounts it."""
+    shared model cache on lab-deb13, where spark-container mounts it. The emulated Spark (flavour
+    gb10) keeps sparkrig's defaults (tests/converge/test_dgx_os_lab.py holds it to that)."""
+    if host["flavour"] == "gb10":
+        return {}
     data = {"jobs_env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
     if host["name"] == "lab-deb13":
         data.update(jobs_model_cache="/srv/models/huggingface", jobs_model_cache_users=["spark"])
