@@ -88,6 +88,22 @@ def _ngc(host: dict) -> dict:
     }
 
 
+def _updates(host: dict) -> dict:
+    """The versions the lab's report shows: its hosts share the controller's kernel and have
+    no NVIDIA driver, so the kernel-like and driver-like STAND-INs (sparkrig-lab-standin-kernel,
+    sparkrig-lab-standin-nvidia-driver, in two versions in the lab's DGX OS stand-in
+    repository, lab/repo.py) count as kernel and driver packages beside the real names, and
+    the toolkit's stand-in as the toolkit. The updates tests install, hold and upgrade them."""
+    return {
+        "updates_packages": {
+            "kernel": ["linux-image-*", "sparkrig-lab-standin-kernel"],
+            "driver": ["nvidia-driver-*", "libnvidia-compute-*", "sparkrig-lab-standin-nvidia-driver"],
+            "docker": ["docker-ce", "docker.io", "moby-engine"],
+            "toolkit": ["nvidia-container-toolkit", _repo["toolkit_package"]],
+        },
+    }
+
+
 # The controller reaches the registries through a TLS-intercepting proxy, and so do
 # the lab hosts: they trust its CA through the deploy (the images hold none).
 _CONTROLLER_CA_DIR = _Path("/usr/local/share/ca-certificates")
@@ -231,6 +247,7 @@ lab = [
             **_ngc(_host),
             **_python_stack(_host),
             **_source_builds(_host),
+            **_updates(_host),
         },
     )
     for _host in _inventory["hosts"]
