@@ -19,9 +19,9 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import Setting, defaults, mapping_of
+from sparkrig.settings import ALL_DEFAULTS, Setting, mapping_of
 
 CERT_DIR = "/usr/local/share/ca-certificates"
 LINK_DIR = "/etc/ssl/certs"
@@ -135,7 +135,16 @@ def refresh_store(remove: Sequence[str] = ()):
     yield StringCommand("update-ca-certificates", "--fresh")
 
 
-@deploy("Extra CA certificates", data_defaults=defaults(SETTINGS))
+# What the concern decides from, in the host's one reading.
+CERTIFICATES = reading.part(SparkrigCaCertificates)
+
+
+@reading.planner
+def reads(_settings):
+    return [CERTIFICATES]
+
+
+@deploy("Extra CA certificates", data_defaults=ALL_DEFAULTS)
 def ca_certificates():
     """
     Make the hosts trust the CA certificates of ``ca_certificates_extra``, and no
@@ -144,7 +153,7 @@ def ca_certificates():
     Settings: ``ca_certificates_extra``; see docs/settings.md.
     """
     wanted = {cert_file(name): pem_content(pem) for name, pem in host.data.ca_certificates_extra.items()}
-    found = host.get_fact(SparkrigCaCertificates)
+    found = reading.value(CERTIFICATES)
     if wanted and not found["tool"]:
         install_packages(name="Install ca-certificates", packages=["ca-certificates"])
     changed = False

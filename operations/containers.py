@@ -50,10 +50,10 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import systemd
 
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
 from sparkrig.atomic import refuse, refused
-from sparkrig.settings import USER_NAME, Setting, boolean, defaults, one_of
+from sparkrig.settings import ALL_DEFAULTS, IMAGE_REFERENCE, USER_NAME, Setting, boolean, one_of
 
 DOCKER_SOURCES = ("auto", "docker-ce", "distro", "preinstalled")
 TOOLKIT_SOURCES = ("auto", "nvidia", "preinstalled")
@@ -105,11 +105,6 @@ PRIMARY_FINGERPRINTS = """awk -F: '$1=="pub"{p=1;next} $1=="fpr"&&p{print $10} {
 _URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%/{}-]*)?")
 _FINGERPRINT = re.compile(r"[0-9A-F]{40}")
 _PACKAGE = re.compile(r"[a-z0-9][a-z0-9.+-]+")
-# A docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
-IMAGE_REFERENCE = re.compile(
-    r"([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
-)
 
 
 def url_check(value: Any, _data: Mapping[str, Any]) -> str | None:
@@ -822,35 +817,49 @@ def wanted_packages(data: Any, sources: Mapping[str, str]) -> list[str]:
     return packages
 
 
-@deploy("Docker and the NVIDIA container toolkit", data_defaults=defaults(SETTINGS))
+def host_part(settings: Mapping[str, Any]) -> reading.Part:
+    """The :class:`ContainerHost` reading these settings decide from."""
+    distro = settings["containers_docker_source"] == "distro"
+    # Every package any source could ask for: "auto" is decided from this reading.
+    candidates = [
+        (src.program, vendor_package(settings, src.key)) for src in SOURCES if settings[src.key] == "auto"
+    ]
+    return reading.part(
+        ContainerHost,
+        packages=(
+            *dict.fromkeys([*settings["containers_docker_ce_packages"], *DISTRO_PACKAGES,
+                            *settings["containers_toolkit_packages"], *KEY_TOOLS,
+                            *([DISTRO_CLI] if distro else [])]),
+        ),
+        users=tuple(settings["containers_docker_users"]),
+        available=(DISTRO_CLI,) if distro else (),
+        candidates=tuple(candidates),
+    )
+
+
+# sparkrig's repository files: read with the rest (cheap), used where a repository is wanted.
+APT_REPOSITORIES = reading.part(SparkrigAptRepositories)
+
+
+@reading.planner
+def reads(settings):
+    return [host_part(settings), APT_REPOSITORIES]
+
+
+@deploy("Docker and the NVIDIA container toolkit", data_defaults=ALL_DEFAULTS)
 def containers():
     """
     Install (or verify) Docker and the NVIDIA container toolkit, register the nvidia
     runtime in daemon.json, keep Docker running, set up CDI and the docker group.
 
-    Settings: ``containers_*``; see docs/settings.md. The host is read once
-    (:class:`ContainerHost`, plus :class:`SparkrigAptRepositories` when a repository
-    is used); an operation is added only where that reading shows work to do, and it
-    reads its own state again when it runs.
+    Settings: ``containers_*``; see docs/settings.md. The host's one reading holds
+    :class:`ContainerHost` and :class:`SparkrigAptRepositories`; an operation is added
+    only where that reading shows work to do, and it reads its own state again when it runs.
     """
     data = host.data
     settings = {s.key: getattr(data, s.key) for s in SETTINGS}
     distro = data.containers_docker_source == "distro"
-    # Every package any source could ask for: "auto" is decided from this reading.
-    candidates = [
-        (src.program, vendor_package(settings, src.key)) for src in SOURCES if settings[src.key] == "auto"
-    ]
-    found = host.get_fact(
-        ContainerHost,
-        packages=(
-            *dict.fromkeys([*data.containers_docker_ce_packages, *DISTRO_PACKAGES,
-                            *data.containers_toolkit_packages, *KEY_TOOLS,
-                            *([DISTRO_CLI] if distro else [])]),
-        ),
-        users=tuple(data.containers_docker_users),
-        available=(DISTRO_CLI,) if distro else (),
-        candidates=tuple(candidates),
-    )
+    found = reading.value(host_part(settings))
     if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
         return
     sources = resolve_sources(settings, found)
@@ -873,7 +882,7 @@ def containers():
 
     release = {field: found[field] for field in URL_FIELDS}
     repos = repositories({**settings, **sources}, release)
-    existing = host.get_fact(SparkrigAptRepositories) if repos else SparkrigAptRepositories.default()
+    existing = reading.value(APT_REPOSITORIES) if repos else SparkrigAptRepositories.default()
     for repo in list(repos):
         conflicts = foreign_sources(existing["entries"], repo)
         key = next(src.key for src in SOURCES if src.repository == repo.name)

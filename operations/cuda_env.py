@@ -22,9 +22,9 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, deploy
 
-from sparkrig import atomic
-from . import hardware, python_stack
-from sparkrig.settings import Setting, absolute_path, defaults, env_mapping, resolve
+from sparkrig import atomic, reading
+from . import hardware
+from sparkrig.settings import ALL_DEFAULTS, Setting, absolute_path, env_mapping
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 CUDA_LINK = "/usr/local/cuda"
@@ -161,7 +161,20 @@ def render_profile_script(env_file: str) -> str:
     return atomic.render("cuda_env/profile.sh.j2", env_file=env_file)
 
 
-@deploy("CUDA environment", data_defaults=defaults(SETTINGS + hardware.SETTINGS))
+# What the concern decides from, in the host's one reading.
+TOOLKITS = reading.part(CudaToolkits)
+
+
+def files_part(env_file: str) -> reading.Part:
+    return reading.part(atomic.HostState, paths=(env_file, PROFILE_SCRIPT))
+
+
+@reading.planner
+def reads(settings):
+    return [TOOLKITS, files_part(settings["cuda_env_file"])]
+
+
+@deploy("CUDA environment", data_defaults=ALL_DEFAULTS)
 def cuda_env():
     """
     Write the CUDA env file and make login shells read it.
@@ -170,9 +183,9 @@ def cuda_env():
     ``hardware_profile`` (for ``TORCH_CUDA_ARCH_LIST``), ``python_venv_path`` (for
     ``UV_PROJECT_ENVIRONMENT``); see docs/settings.md.
     """
-    cuda_home = resolve_cuda_home(host.get_fact(CudaToolkits), host.data.cuda_env_default_home)
+    cuda_home = resolve_cuda_home(reading.value(TOOLKITS), host.data.cuda_env_default_home)
     profile = hardware.host_profile()
-    venv = resolve(python_stack.SETTINGS, host.data.dict())["python_venv_path"]
+    venv = host.data.python_venv_path
     variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra, venv)
 
     files = {
@@ -182,8 +195,9 @@ def cuda_env():
             render_profile_script(host.data.cuda_env_file),
         ),
     }
-    state = host.get_fact(atomic.HostState, paths=tuple(files))["files"]
+    state = reading.value(files_part(host.data.cuda_env_file))["files"]
     # host.loop: each file keeps its place (and its row in pyinfra's table) on every host.
     for dest, (name, content) in host.loop(files.items()):
         if not atomic.up_to_date(state.get(dest), content):
-            atomic.file(name=name, dest=dest, content=content, mode=0o644, validate=("sh", "-n"))
+            atomic.file(name=name, dest=dest, content=content, mode=0o644, validate=("sh", "-n"),
+                        current=state.get(dest))

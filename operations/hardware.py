@@ -16,15 +16,15 @@ aarch64 wheels and the wrong CUDA arch list). Other hosts go on.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import FactBase, StringCommand, deploy
 
 from sparkrig.atomic import refused
-from sparkrig import atomic
-from sparkrig.settings import Setting, defaults
+from sparkrig import atomic, reading
+from sparkrig.settings import ALL_DEFAULTS, Setting
 
 ARCHES = ("aarch64", "x86_64")
 PROFILE_FIELDS = ("arch", "compute_capability", "torch_cuda_arch_list")
@@ -157,10 +157,19 @@ def _resolve_auto(identity: Mapping[str, Any]) -> str | None:
     return problem
 
 
+# What the box reports, in the host's one reading (checked on every host, "auto" or not).
+IDENTITY = reading.part(HardwareIdentity)
+
+
+@reading.planner
+def reads(_settings):
+    return [IDENTITY]
+
+
 def host_profile() -> dict[str, Any]:
     """The current host's profile (``"auto"`` resolved from the box, once per run)."""
     if host.data.hardware_profile == AUTO:
-        _resolve_auto(host.get_fact(HardwareIdentity))
+        _resolve_auto(reading.value(IDENTITY))
     return dict(host.data.hardware_profiles[host.data.hardware_profile])
 
 
@@ -185,7 +194,7 @@ SETTINGS = (
 )
 
 
-@deploy("Hardware profile", data_defaults=defaults(SETTINGS))
+@deploy("Hardware profile", data_defaults=ALL_DEFAULTS)
 def hardware():
     """
     Check that the box is the kind its ``hardware_profile`` says, or choose its profile
@@ -193,7 +202,7 @@ def hardware():
 
     Settings: ``hardware_profile``, ``hardware_profiles``; see docs/settings.md.
     """
-    identity = host.get_fact(HardwareIdentity)
+    identity = reading.value(IDENTITY)
     name = host.data.hardware_profile
     if name == AUTO:
         problem = _resolve_auto(identity)

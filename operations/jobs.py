@@ -28,7 +28,7 @@ from pyinfra.api import deploy
 
 from sparkrig import atomic, reading
 from . import watchdog
-from sparkrig.settings import SIZE_UNITS, Setting, defaults, int_range
+from sparkrig.settings import ALL_DEFAULTS, SIZE_UNITS, Setting, int_range
 
 SLICE = "training.slice"
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
@@ -123,7 +123,7 @@ def render_commands(
     }
 
 
-@deploy("Job wrappers", data_defaults=defaults(SETTINGS + watchdog.SETTINGS))
+@deploy("Job wrappers", data_defaults=ALL_DEFAULTS)
 def jobs():
     """
     Write training.slice and install spark-run, spark-preflight and spark-drop-caches.
@@ -156,6 +156,7 @@ def jobs():
         atomic.file(
             name=f"{name} command ({paths[name]})",
             dest=paths[name],
+            current=state.get(paths[name]),
             content=script,
             mode=0o755,
             validate=("sh", "-n"),

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from pyinfra import host
@@ -36,10 +36,9 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from sparkrig import atomic
-from . import containers, cuda_env, hardware, python_stack
-from .containers import IMAGE_REFERENCE
-from sparkrig.settings import ENV_NAME, USER_NAME, Setting, absolute_path, boolean, defaults, int_range, one_of
+from sparkrig.python_wheels import REFUSED, normalise
+from sparkrig import atomic, reading
+from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, IMAGE_REFERENCE, USER_NAME, Setting, absolute_path, boolean, int_range, one_of
 
 BUILDS = ("none", "packages", "unsloth")
 JUPYTER_SERVERS = ("jupyterlab", "stand-in-httpd")
@@ -90,7 +89,7 @@ def requirements_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     ok = isinstance(value, (list, tuple)) and all(isinstance(r, str) and _REQUIREMENT.fullmatch(r) for r in value)
     if not ok:
         return "a list of pinned requirements 'name==version' (extras allowed: 'name[extra]==version')"
-    if any(python_stack.normalise(re.split(r"[\[=]", r)[0]) in python_stack.REFUSED for r in value):
+    if any(normalise(re.split(r"[\[=]", r)[0]) in REFUSED for r in value):
         return "a list without flash-attn (no sm_121 kernels, CUDA 12 only: use PyTorch SDPA)"
     return None
 
@@ -463,9 +462,30 @@ def jupyter_token(path: str, user: str):
 # The deploy ----------------------------------------------------------------
 
 
+def parts(settings: Mapping[str, Any]) -> tuple[reading.Part, reading.Part]:
+    """The host's images, Jupyter user and token (:class:`NgcHost`), and the concern's
+    files and unit (:class:`atomic.HostState`), as these settings need them."""
+    build = settings["ngc_build"] != "none"
+    jupyter = settings["ngc_jupyter"]
+    found = reading.part(
+        NgcHost,
+        pinned=settings["ngc_base_image"],
+        built=settings["ngc_image"] if build else "",
+        user=settings["ngc_jupyter_user"] if jupyter else "",
+        directory=settings["ngc_jupyter_dir"] if jupyter else "",
+    )
+    paths = [LAUNCHER, *([DOCKERFILE] if build else []), JUPYTER_UNIT_FILE]
+    return found, reading.part(atomic.HostState, paths=paths, units=(JUPYTER_UNIT,))
+
+
+@reading.planner
+def reads(settings):
+    return list(parts(settings)) if settings["ngc_enabled"] else []
+
+
 @deploy(
     "NGC training containers",
-    data_defaults=defaults(SETTINGS + containers.SETTINGS + cuda_env.SETTINGS + hardware.SETTINGS),
+    data_defaults=ALL_DEFAULTS,
 )
 def ngc():
     """
@@ -484,19 +504,13 @@ def ngc():
     dockerfile = render_dockerfile(data, profile["compute_capability"])
     launcher = render_launcher(data)
     jupyter = data.ngc_jupyter
-    found = host.get_fact(
-        NgcHost,
-        pinned=data.ngc_base_image,
-        built=data.ngc_image if dockerfile else "",
-        user=data.ngc_jupyter_user if jupyter else "",
-        directory=data.ngc_jupyter_dir if jupyter else "",
-    )
+    found_part, state_part = parts({s.key: getattr(data, s.key) for s in SETTINGS})
+    found = reading.value(found_part)
     if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
         return
     # No docker yet on a fresh host: the containers concern installs it in this run, and
     # image_pulled checks again (and fails the host if there is still none) when it runs.
-    paths = [LAUNCHER, *([DOCKERFILE] if dockerfile else []), JUPYTER_UNIT_FILE]
-    state = host.get_fact(atomic.HostState, paths=paths, units=(JUPYTER_UNIT,))
+    state = reading.value(state_part)
     image_ops = []
 
     if not found["pinned"]:
@@ -505,7 +519,8 @@ def ngc():
     if dockerfile:
         if not atomic.up_to_date(state["files"].get(DOCKERFILE), dockerfile):
             atomic.file(name=f"Dockerfile of the ngc_build image ({DOCKERFILE})",
-                        dest=DOCKERFILE, content=dockerfile, mode=0o644)
+                        dest=DOCKERFILE, content=dockerfile, mode=0o644,
+                        current=state["files"].get(DOCKERFILE))
         built = found["built"]
         if not built or built["recipe"] != recipe(dockerfile):
             image_ops.append(image_built(
@@ -516,6 +531,7 @@ def ngc():
     launcher_op = None
     if not atomic.up_to_date(state["files"].get(LAUNCHER), launcher, mode=0o755):
         launcher_op = atomic.file(name=f"spark-container command ({LAUNCHER})", dest=LAUNCHER,
+                                  current=state["files"].get(LAUNCHER),
                                   content=launcher, mode=0o755, validate=("bash", "-n"))
 
     unit = state["units"].get(JUPYTER_UNIT) or {}

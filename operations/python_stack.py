@@ -42,12 +42,12 @@ import yaml
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, deploy, operation
 
-from sparkrig import atomic
+from sparkrig import atomic, reading
 from . import hardware
-from sparkrig.python_wheels import LOCK_PLATFORM, lock_entries, normalise, offline_wheels
+from sparkrig.python_wheels import LOCK_PLATFORM, REFUSED, lock_entries, normalise, offline_wheels
 from sparkrig.atomic import refused
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import USER_NAME, Setting, absolute_path, boolean, controller_path, defaults, one_of, resolve
+from sparkrig.settings import ALL_DEFAULTS, USER_NAME, Setting, absolute_path, boolean, controller_path, one_of, resolved
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "group_data" / "python_stack.yml"
@@ -70,8 +70,6 @@ LOCK_STAMP = "# sparkrig-input: "
 OFFLINE_DIR = "/var/lib/sparkrig/python-wheels"  # the controller's wheels, on a host
 # What PyTorch's indexes may serve when the manifest names one for torch: nothing else.
 TORCH_INDEX_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "triton", "pytorch-triton"})
-# flash-attn has no sm_121 kernels and builds for CUDA 12 only: never installed.
-REFUSED = {"flash-attn": "no sm_121 kernels and CUDA 12 only; PyTorch SDPA replaces it"}
 UV_ENV = ("UV_SYSTEM_CERTS=1", "UV_NATIVE_TLS=1", f"UV_CACHE_DIR={UV_CACHE}", "UV_NO_PROGRESS=1")
 
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)")
@@ -795,7 +793,16 @@ def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, whe
     )
 
 
-@deploy("Python stack", data_defaults=defaults(SETTINGS + hardware.SETTINGS))
+@reading.planner
+def reads(settings):
+    # As python_stack() asks (offline wheels exist when python_offline is on).
+    return [reading.part(
+        PythonStack, venv=settings["python_venv_path"], owner=settings["python_venv_owner"],
+        wheels=OFFLINE_DIR if settings["python_offline"] else "",
+    )]
+
+
+@deploy("Python stack", data_defaults=ALL_DEFAULTS)
 def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
     """
     Install uv and make the virtualenv hold the controller's lock of the manifest.
@@ -818,13 +825,13 @@ def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
         return
     try:
         arguments = virtualenv_arguments(
-            resolve(SETTINGS + hardware.SETTINGS, data.dict()), built_wheels() if built_wheels else {}
+            resolved(data.dict()), built_wheels() if built_wheels else {}
         )
     except (OSError, RuntimeError, ValueError) as error:  # python_offline's downloads
         refused(name="The controller has the locked wheels", message=f"python_offline: {error}")
         return
     owner = data.python_venv_owner
-    found = atomic.fact(
+    found = reading.fact(
         PythonStack, venv=data.python_venv_path, owner=owner,
         wheels=OFFLINE_DIR if arguments["wheels"] else "",
     )

@@ -62,10 +62,11 @@ from pyinfra.api import (
     operation,
 )
 
-from sparkrig import atomic
-from . import cuda_env, hardware, jobs, python_stack
+from sparkrig.python_wheels import normalise
+from sparkrig import atomic, reading
+from . import jobs, python_stack
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
-from sparkrig.settings import ENV_NAME, Setting, controller_path, defaults, env_value_problem, mapping_of, resolve
+from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, resolved
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "group_data" / "source_builds.yml"
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"
@@ -311,7 +312,7 @@ def wanted(data: Mapping[str, Any]) -> dict[str, str]:
 
 def line_prefix(name: str, package: str) -> str:
     """How python_stack's requirement line of any wheel of build ``name`` begins."""
-    return f"{python_stack.normalise(package)} @ file://{WHEELHOUSE}/{name}/"
+    return f"{normalise(package)} @ file://{WHEELHOUSE}/{name}/"
 
 
 def fact_arguments(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -331,7 +332,7 @@ def requirement_lines(data: Mapping[str, Any], found: Mapping[str, Any]) -> dict
     for name, key in wanted(data).items():
         entry = found.get(name) or {}
         stamp = entry.get("stamp")
-        package = python_stack.normalise(data["source_builds"][name]["package"])
+        package = normalise(data["source_builds"][name]["package"])
         if entry.get("state") == "built" and stamp:
             path = f"{wheelhouse_dir(name, key)}/{stamp['wheel']}"
             lines[package] = f"{package} @ file://{path} --hash=sha256:{stamp['sha256']}"
@@ -344,7 +345,7 @@ def host_requirement_lines(data: Mapping[str, Any] | None = None) -> dict[str, s
     """The requirement lines of the built wheels the current host installs now (its
     resolved settings ``data``, by default read from the host); reads
     :class:`SourceBuilds` only when a build is enabled."""
-    data = resolve(_DEPENDS, host.data.dict()) if data is None else data
+    data = resolved(host.data.dict()) if data is None else data
     builds = wanted(data)
     if not builds:
         return {}
@@ -353,17 +354,17 @@ def host_requirement_lines(data: Mapping[str, Any] | None = None) -> dict[str, s
 
 def read_builds(data: Mapping[str, Any]) -> dict:
     """:class:`SourceBuilds` of the current host's enabled builds. While pyinfra prepares,
-    the reading is kept for the rest of the run's preparation (python_stack and this concern
-    both need it; nothing on the host has changed yet), so a converged host pays one command.
-    While operations execute, the host is read again each time."""
+    from the host's one reading (python_stack and this concern both need it; nothing on the
+    host has changed yet). While operations execute, the host is read again each time."""
     arguments = fact_arguments(data)
     if host.state.is_executing:
         return host.get_fact(SourceBuilds, **arguments)
-    memo = vars(host.state).setdefault("sparkrig_source_builds_prepared", {})
-    key = (host.name, json.dumps(arguments, sort_keys=True))
-    if key not in memo:
-        memo[key] = host.get_fact(SourceBuilds, **arguments)
-    return memo[key]
+    return reading.get(SourceBuilds, **arguments)
+
+
+@reading.planner
+def reads(settings):
+    return [reading.part(SourceBuilds, **fact_arguments(settings))] if wanted(settings) else []
 
 
 def public_inputs(inputs: Mapping[str, Any]) -> dict:
@@ -776,7 +777,6 @@ def install(data: Mapping[str, Any]):
 
 # The deploy ------------------------------------------------------------------------
 
-_DEPENDS = SETTINGS + python_stack.SETTINGS + hardware.SETTINGS + jobs.SETTINGS + cuda_env.SETTINGS
 
 
 def _peers(name: str, key: str) -> list[str]:
@@ -788,7 +788,7 @@ def _peers(name: str, key: str) -> list[str]:
         for other in state.inventory
         if state.is_host_in_limit(other)
         and other not in state.failed_hosts
-        and known_key(resolve(_DEPENDS, other.data.dict()), name) == key
+        and known_key(resolved(other.data.dict()), name) == key
     ]
 
 
@@ -802,14 +802,14 @@ def known_key(data: Mapping[str, Any], name: str) -> str | None:
     return wanted(data).get(name)
 
 
-@deploy("Source builds", data_defaults=defaults(_DEPENDS))
+@deploy("Source builds", data_defaults=ALL_DEFAULTS)
 def source_builds():
     """
     Build the enabled source builds once per fleet and install their wheels into the venv.
 
     Settings: ``source_builds*``; see docs/settings.md and group_data/source_builds.yml.
     """
-    data = resolve(_DEPENDS, host.data.dict())
+    data = resolved(host.data.dict())
     builds = wanted(data)
     if not builds:
         return

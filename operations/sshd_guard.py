@@ -24,8 +24,8 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.connectors.ssh import SSHConnector
 
-from sparkrig import atomic
-from sparkrig.settings import SIZE_UNITS, Setting, defaults
+from sparkrig import atomic, reading
+from sparkrig.settings import ALL_DEFAULTS, SIZE_UNITS, Setting
 
 DROPIN_NAME = "zz-sparkrig.conf"  # read last: wins over earlier drop-ins such as the guides' oom.conf
 SLICE = "system.slice"
@@ -250,14 +250,25 @@ def guard(
         yield FunctionCommand(prove_new_connection, (), {})
 
 
-@deploy("SSH guard", data_defaults=defaults(SETTINGS))
+# What the concern decides from, in the host's one reading: the unit, and the drop-ins of
+# either name sshd's unit has (ssh.service on Debian and Ubuntu, sshd.service elsewhere).
+UNIT = reading.part(SshdUnit)
+DROPINS = reading.part(atomic.HostState, paths=tuple(dropin_path(u) for u in ("ssh.service", "sshd.service", SLICE)))
+
+
+@reading.planner
+def reads(_settings):
+    return [UNIT, DROPINS]
+
+
+@deploy("SSH guard", data_defaults=ALL_DEFAULTS)
 def sshd_guard():
     """
     Reserve memory for sshd and keep its sessions killable (see the module docstring).
 
     Settings: ``sshd_guard_memory_min``, ``sshd_guard_system_slice_memory_min``.
     """
-    unit = host.get_fact(SshdUnit)
+    unit = reading.value(UNIT)
     if unit is None:
         host.noop("no sshd unit on this host: nothing to guard")
         return
@@ -267,7 +278,7 @@ def sshd_guard():
     dropins = dropin_contents(
         unit["service"], host.data.sshd_guard_memory_min, host.data.sshd_guard_system_slice_memory_min
     )
-    files = host.get_fact(atomic.HostState, paths=tuple(dropin_path(u) for u in dropins))["files"]
+    files = reading.value(DROPINS)["files"]
     converged = all(atomic.up_to_date(files.get(dropin_path(u)), text) for u, text in dropins.items())
     if converged and not unit["restart_pending"]:
         return

@@ -34,8 +34,8 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.api.command import PyinfraCommand
 
-from sparkrig import atomic
-from sparkrig.settings import Setting, boolean, defaults
+from sparkrig import atomic, reading
+from sparkrig.settings import ALL_DEFAULTS, Setting, boolean
 
 FSTAB = "/etc/fstab"
 FSTAB_BACKUP = "/etc/fstab.sparkrig.bak"
@@ -384,7 +384,7 @@ def disabled(backup: str = FSTAB_BACKUP, remove_files: bool = False):
 
         swap.disabled(name="No swap", backup="/root/fstab.bak", remove_files=True)
     """
-    found = atomic.fact(SwapSources)
+    found = reading.fact(SwapSources)
     if found is None:
         return
     yield from _fstab_commands(found, backup)
@@ -485,7 +485,13 @@ def _file_commands(paths: list[str]) -> Iterator[PyinfraCommand]:
         yield StringCommand("rm", "-f", "--", QuoteString(path))
 
 
-@deploy("Swap off", data_defaults=defaults(SETTINGS))
+@reading.planner
+def reads(settings):
+    # disabled() reads SwapSources: from the host's one reading.
+    return [reading.part(SwapSources)] if settings["swap_disable"] else []
+
+
+@deploy("Swap off", data_defaults=ALL_DEFAULTS)
 def swap():
     """
     Turn swap off now and keep it off across reboots (see :func:`disabled`).

@@ -35,7 +35,7 @@ from pyinfra.operations.util import any_changed
 
 from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import Setting, boolean, defaults, int_range
+from sparkrig.settings import ALL_DEFAULTS, Setting, boolean, int_range
 
 PACKAGE = "earlyoom"
 SERVICE = "earlyoom.service"
@@ -157,7 +157,7 @@ def reads(_settings):
     return [STATE]
 
 
-@deploy("Memory watchdog", data_defaults=defaults(SETTINGS))
+@deploy("Memory watchdog", data_defaults=ALL_DEFAULTS)
 def watchdog():
     """
     Install earlyoom, configure it from the settings, protect it, keep it running.
@@ -203,6 +203,7 @@ def watchdog():
             atomic.file(
                 name=f"earlyoom arguments ({DEFAULT_FILE})",
                 dest=DEFAULT_FILE,
+                current=state["files"].get(DEFAULT_FILE),
                 content=arguments_text,
                 mode=0o644,
                 validate=("sh", "-n"),

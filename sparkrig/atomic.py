@@ -240,6 +240,7 @@ def file(
     group: str = "root",
     validate: tuple[str, ...] | None = None,
     backup: str | None = None,
+    current: Mapping | None | str = "read",
 ):
     """
     Write a file atomically, validating it before it replaces the old one.
@@ -253,6 +254,8 @@ def file(
       path appended as its last argument; a failure leaves the old file in place
     + backup: where the old file is copied (``cp -p``) after the new one validated and
       before it replaces the old one; only when the content changes and an old file exists
+    + current: the file as the deploy read it (its :class:`HostState` entry, ``None`` for no
+      file), so the operation decides from that reading; ``"read"`` (the default) reads it
 
     **Example:**
 
@@ -269,9 +272,10 @@ def file(
     data = content.encode() if isinstance(content, str) else content
     digest = hashlib.sha256(data).hexdigest()
     wanted_mode = _mode(mode)
-    current = host.get_fact(FileDigest, path=dest)
-    if fact_failed():
-        return
+    if current == "read":
+        current = host.get_fact(FileDigest, path=dest)
+        if fact_failed():
+            return
     owner = f"{user}:{group}"
 
     if current and current["sha256"] == digest:
@@ -311,7 +315,7 @@ def unit_file(
 
     if up_to_date(state, content):
         return None
-    op = file(name=name, dest=dest, content=content, mode=0o644, validate=validate)
+    op = file(name=name, dest=dest, content=content, mode=0o644, validate=validate, current=state)
     systemd.daemon_reload(name=reload_name, _if=op.did_change)
     return op
 

@@ -25,6 +25,9 @@ _SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 _ANCHOR = re.compile(r'<a\s[^>]*href="([^"]+)"[^>]*>([^<]+)</a>', re.IGNORECASE)
 
 
+# flash-attn has no sm_121 kernels and builds for CUDA 12 only: never installed.
+REFUSED = {"flash-attn": "no sm_121 kernels and CUDA 12 only; PyTorch SDPA replaces it"}
+
 def normalise(name: str) -> str:
     """A package name as PEP 503 compares them."""
     return re.sub(r"[-_.]+", "-", name).lower()

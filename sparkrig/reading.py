@@ -190,7 +190,7 @@ def reading_of(parts: Sequence[Part], nonce: str | None = None) -> type[Reading]
             return split(parts, chosen, output)
 
     ThisReading.__name__ = ThisReading.__qualname__ = "Reading"
-    ThisReading.__module__ = __name__
+    ThisReading.name = f"{__name__}.Reading"  # how pyinfra names it in its messages
     return ThisReading
 
 

@@ -46,6 +46,11 @@ class SettingsError(PyinfraError):
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A login name as useradd accepts it by default (at most 32 characters).
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+# A docker image reference: [registry[:port]/]path[:tag][@sha256:digest].
+IMAGE_REFERENCE = re.compile(
+    r"([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
+)
 # systemd's size suffixes (base 1024), as MemoryMin=/MemoryMax= read them.
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -147,12 +152,47 @@ def defaults(settings: Iterable[Setting]) -> dict[str, Any]:
     return {setting.key: setting.default for setting in settings}
 
 
+class _AllDefaults(Mapping):
+    """Every sparkrig setting's default, gathered when first read: the concerns declare
+    their settings as they are imported, after their ``@deploy`` decorators have run."""
+
+    def _table(self) -> dict[str, Any]:
+        if not hasattr(self, "_defaults"):
+            self._defaults = defaults(all_settings())
+        return self._defaults
+
+    def __bool__(self) -> bool:  # pyinfra asks before anything is declared
+        return True
+
+    def __getitem__(self, key: str) -> Any:
+        return self._table()[key]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return "<every sparkrig setting's default>"
+
+
+# Each concern's @deploy takes data_defaults=ALL_DEFAULTS: whatever setting it reads, its
+# own or another concern's, has its declared default; no list of them is kept by hand.
+ALL_DEFAULTS: Mapping[str, Any] = _AllDefaults()
+
+
 def resolve(settings: Iterable[Setting], data: Mapping[str, Any]) -> dict[str, Any]:
     """Every setting's effective value for a host: its data over the defaults."""
     settings = tuple(settings)
     resolved = defaults(settings)
     resolved.update({s.key: data[s.key] for s in settings if s.key in data})
     return resolved
+
+
+def resolved(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Every sparkrig setting's effective value for a host (``host.data.dict()``)."""
+    return resolve(all_settings(), data)
 
 
 def problems(settings: Iterable[Setting], data: Mapping[str, Any]) -> list[str]:

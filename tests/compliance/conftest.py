@@ -25,12 +25,20 @@ import stat
 from pathlib import Path
 
 import pytest
+from testinfra.backend.local import LocalBackend
+from testinfra.backend.ssh import SshBackend
 
 from operations.hardware import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
 import lab
 from tests.conftest import LAB_INVENTORY, lab_says
+from tests.compliance import reads
 from tests.support import REPO, inventory_host_data, ssh_config_for
+
+# A question about a path is read once with everything else about that path, and
+# host-wide constants once per host (tests/compliance/reads.py says when it forgets).
+reads.install(SshBackend)
+reads.install(LocalBackend)
 
 
 def pytest_addoption(parser):

@@ -56,3 +56,31 @@ def test_the_cycle_finder_finds_a_loop_through_a_function_level_import(tmp_path)
     (tmp_path / "b.py").write_text("def f():\n    from .c import x\n")
     (tmp_path / "c.py").write_text("from operations.a import y\n")
     assert cycles(import_graph(tmp_path)) == [["a", "b", "c", "a"]]
+
+
+# What one concern still takes from another (constants and a check; source_builds installs
+# its wheels through python_stack's venv operation). Nothing may be added here: a concern
+# needs another's setting through host.data (every @deploy has every default), and what
+# several share goes to sparkrig/.
+STILL_SHARED = {
+    "cuda_env": {"hardware"},  # host_profile(): the one function the profile is read through
+    "python_stack": {"hardware"},  # host_profile(), ARCHES, profiles_check
+    "jobs": {"watchdog"},  # SERVICE, for spark-preflight
+    "source_builds": {"jobs", "python_stack"},  # SLICE, memory_max_check; the venv operation
+}
+
+
+def test_concerns_import_no_other_concern_beyond_what_is_listed():
+    graph = {name: deps for name, deps in import_graph().items() if name != "__init__"}
+    assert {name: deps for name, deps in graph.items() if deps} == STILL_SHARED
+
+
+def test_shared_library_and_tools_import_no_concern_at_module_level():
+    """sparkrig/ is what concerns build on: it reaches the concerns only inside functions
+    (the list of every setting), never while it is imported."""
+    root = OPERATIONS.parent
+    for path in sorted((root / "sparkrig").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                assert not any(n == "operations" or n.startswith("operations.") for n in names), path

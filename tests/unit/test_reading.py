@@ -102,5 +102,16 @@ def test_parts_are_hashable_whatever_their_arguments():
 
 
 def test_planned_joins_every_concern_once_in_order():
-    seen = reading.planned({})
+    import operations
+    from sparkrig.settings import all_settings, defaults
+
+    settings = defaults(all_settings())
+    seen = reading.planned({**settings, "ngc_enabled": True, "source_builds_enabled": []})
     assert len(seen) == len(set(seen))
+    facts = [each.fact.__name__ for each in seen]
+    # Every concern that reads the host has its facts in the one reading.
+    for name in ("HardwareIdentity", "SparkrigCaCertificates", "CudaToolkits", "SwapSources", "SshdUnit",
+                 "ContainerHost", "SparkrigAptRepositories", "NgcHost", "PythonStack"):
+        assert name in facts, name
+    assert facts.index("HardwareIdentity") < facts.index("PythonStack")
+    assert operations.CONCERNS  # imported: every concern registered its reads

@@ -112,10 +112,15 @@ def test_validate_hosts_names_every_bad_host_in_one_error():
     assert "good" not in message
 
 
-def test_deploy_data_defaults_come_from_the_settings():
-    assert cuda_env.cuda_env._inner.deploy_data == {
-        s.key: s.default for s in cuda_env.SETTINGS + hardware.SETTINGS
-    }
+def test_every_deploy_takes_every_settings_default_derived_not_listed():
+    import operations
+
+    everything = {s.key: s.default for s in all_settings()}
+    deploys = [getattr(module, module.__name__.rsplit(".", 1)[1], None) for module in operations.CONCERNS]
+    deploys = [d for d in deploys if d is not None]
+    assert len(deploys) >= 11
+    for function in deploys:
+        assert dict(function._inner.deploy_data) == everything, function.__name__
 
 
 def test_pyinfra_stops_on_a_bad_setting_before_contacting_any_host(tmp_path):

@@ -17,13 +17,13 @@ from sparkrig.packages import install_command
 
 from operations import python_stack as ps
 from operations import source_builds as sb
-from sparkrig.settings import SettingsError, problems, resolve, validate_hosts
+from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
 from pyinfra.api.exceptions import FactProcessError
 
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
 
-SETTINGS = sb._DEPENDS
+SETTINGS = all_settings()
 CATALOGUE = sb.load_catalogue()
 FACT = 'echo "unit $n'  # SourceBuilds' command holds this
 STACK = "pip sync --no-config --offline --dry-run"  # PythonStack's

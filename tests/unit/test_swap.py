@@ -658,4 +658,4 @@ def test_swap_settings_defaults_and_checks():
     ]
     assert problems(sw.SETTINGS, {"swap_remove_file": True}) == [
         "swap_remove_file: not a sparkrig setting (did you mean swap_remove_files?)"]
-    assert sw.swap._inner.deploy_data == {s.key: s.default for s in sw.SETTINGS}
+    assert sw.swap._inner.deploy_data["swap_disable"] is True

@@ -1,0 +1,76 @@
+"""tests/compliance/reads.py: the suite's answers read once are the answers the host gives."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from testinfra.backend.local import LocalBackend
+from testinfra.host import Host
+
+from tests.compliance import reads
+
+QUESTIONS = ("exists", "is_file", "is_directory", "is_symlink", "is_socket", "is_executable")
+
+
+def answers(host, path):
+    f = host.file(path)
+    found = {q: getattr(f, q) for q in QUESTIONS}
+    for attribute in ("user", "group", "mode", "uid", "gid", "linked_to"):
+        try:
+            found[attribute] = getattr(f, attribute)
+        except AssertionError:  # testinfra's check_output on a command that failed
+            found[attribute] = "failed"
+    return found
+
+
+@pytest.fixture
+def paths(tmp_path):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "file").chmod(0o640)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "tool").write_text("#!/bin/sh\n")
+    (tmp_path / "tool").chmod(0o755)
+    os.symlink(tmp_path / "file", tmp_path / "link")
+    os.symlink(tmp_path / "absent", tmp_path / "dangling")
+    (tmp_path / "with space").write_text("y")
+    return [str(tmp_path / n) for n in ("file", "dir", "tool", "link", "dangling", "absent", "with space")]
+
+
+def fresh_host(run):
+    """A testinfra host of its own (testinfra.get_host caches hosts) whose backend runs ``run``."""
+    backend = type("Backend", (LocalBackend,), {"run": run})()
+    return Host(backend), type(backend)
+
+
+# LocalBackend.run as testinfra defines it (the compliance suite's conftest may have wrapped it).
+PLAIN_RUN = getattr(LocalBackend.run, "__wrapped__", LocalBackend.run)
+
+
+def test_answers_are_the_hosts_and_each_path_costs_one_command(paths):
+    plain, _ = fresh_host(PLAIN_RUN)
+    expected = {path: answers(plain, path) for path in paths}
+    ran = []
+
+    def counting(self, command, *args, **kwargs):
+        ran.append(command)
+        return PLAIN_RUN(self, command, *args, **kwargs)
+
+    host, backend_class = fresh_host(counting)
+    reads.install(backend_class)
+    assert {path: answers(host, path) for path in paths} == expected
+    path_reads = [c for c in ran if c.startswith("p=")]
+    assert len(path_reads) == len(paths)
+    # The rest: testinfra asking, once, what kind of system it runs on.
+    assert sorted(set(ran) - set(path_reads)) == sorted(c for c in ran if c not in path_reads)
+    assert all(c.startswith(("uname", "cat /etc/os-release")) for c in ran if c not in path_reads)
+
+
+def test_a_command_that_may_change_the_host_forgets_what_was_read(tmp_path):
+    host, backend_class = fresh_host(PLAIN_RUN)
+    reads.install(backend_class)
+    path = tmp_path / "later"
+    assert not host.file(str(path)).exists
+    host.run("touch %s", str(path))
+    assert host.file(str(path)).exists
+    assert host.check_output("id -nu") == host.check_output("id -nu")
