@@ -41,7 +41,7 @@ from pyinfra.operations import files, systemd
 from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
 from sparkrig.packages import locked
-from sparkrig.settings import Setting, all_settings, boolean, defaults, one_of, resolve
+from sparkrig.settings import ALL_DEFAULTS, Setting, boolean, defaults, one_of, resolved
 
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
 APT_CONF = "/etc/apt/apt.conf.d/99sparkrig-updates"
@@ -492,7 +492,7 @@ def marked(hold: Sequence[str] = (), unhold: Sequence[str] = ()):
             yield locked(["apt-mark", verb, *names])
 
 
-@deploy("Updates", data_defaults=defaults(SETTINGS))
+@deploy("Updates", data_defaults=ALL_DEFAULTS)
 def updates():
     """
     Check the expected kernel and driver, hold packages, set unattended upgrades and
@@ -504,7 +504,7 @@ def updates():
     """
     # Every setting resolved as the reading's planner saw them (the venv's path, the
     # manifest's vLLM, watchdog_enabled): the same parts, so no command of their own.
-    settings = resolve(all_settings(), host.data.dict())
+    settings = resolved(host.data.dict())
     facts = reading.value(versions_part(settings))
     state = reading.value(STATE)
     if atomic.fact_failed():
@@ -530,7 +530,9 @@ def updates():
         if pin_state is not None:
             files.file(name=f"No version pins ({PIN_FILE})", path=PIN_FILE, present=False)
     elif not atomic.up_to_date(pin_state, pins):
-        atomic.file(name=f"Version pins ({PIN_FILE})", dest=PIN_FILE, content=pins, validate=PIN_VALIDATOR)
+        atomic.file(
+            name=f"Version pins ({PIN_FILE})", dest=PIN_FILE, current=pin_state, content=pins, validate=PIN_VALIDATOR
+        )
     versions = dict(map(parse_hold, holds))
     marks = [name for name, version in versions.items() if version is None]
     wanted = {name for name in facts["hold_matches"] if any(fnmatch.fnmatchcase(name, g) for g in marks)}
@@ -553,17 +555,18 @@ def updates():
         if record_state is not None:
             files.file(name=f"What sparkrig holds ({RECORD})", path=RECORD, present=False)
     elif not atomic.up_to_date(record_state, record_text):
-        atomic.file(name=f"What sparkrig holds ({RECORD})", dest=RECORD, content=record_text)
+        atomic.file(name=f"What sparkrig holds ({RECORD})", dest=RECORD, current=record_state, content=record_text)
 
     # Unattended upgrades and the timers that run them.
     mode = settings["updates_unattended"]
     conf = render_apt_conf(mode, holds)
     if mode != "off" and state["packages"].get(UNATTENDED_PACKAGE) is None:
         install_packages(name="Install unattended-upgrades", packages=[UNATTENDED_PACKAGE])
-    if not atomic.up_to_date(state["files"].get(APT_CONF), conf):
+    conf_state = state["files"].get(APT_CONF)
+    if not atomic.up_to_date(conf_state, conf):
         atomic.file(
             name=f"Unattended upgrades as updates_unattended says ({APT_CONF})",
-            dest=APT_CONF, content=conf, validate=APT_CONF_VALIDATOR,
+            dest=APT_CONF, current=conf_state, content=conf, validate=APT_CONF_VALIDATOR,
         )
     running = mode != "off"
     for timer in host.loop(TIMERS):

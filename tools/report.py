@@ -19,7 +19,7 @@ from typing import Any
 
 from operations.updates import pending_reboot, versions_part
 from sparkrig import reading
-from sparkrig.settings import all_settings, resolve, validate_hosts
+from sparkrig.settings import resolved, validate_hosts
 from tools.rollout import REPO, limit_hosts
 
 COLUMNS = (
@@ -120,7 +120,7 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
             errors[host.name] = "could not connect (see above)"
             return
         with ctx_state.use(state), ctx_host.use(host):
-            part = versions_part(resolve(all_settings(), host.data.dict()))
+            part = versions_part(resolved(host.data.dict()))
             try:
                 value = reading.read([part])[part]
             except Exception as error:  # a host that fails is reported, never the fleet
