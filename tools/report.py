@@ -94,6 +94,7 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
     # pyinfra's CLI modules patch this process for gevent, as the pyinfra command does.
     from gevent import pool
     from pyinfra.api import Config, State
+    from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.connect import connect_all
     from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -111,9 +112,12 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
     hosts = [h for h in inventory_obj if h.name in chosen]
     validate_hosts((h.name, h.data.dict()) for h in hosts)
     state.init(inventory_obj, config, initial_limit=hosts)
-    connect_all(state)
     facts: dict[str, dict] = {}
     errors: dict[str, str] = {}
+    try:
+        connect_all(state)
+    except PyinfraError as error:  # pyinfra gives up when no host (or too few) could be reached
+        return {}, {h.name: f"could not connect ({error})" for h in hosts}
 
     def read(host) -> None:
         if host not in state.activated_hosts:

@@ -123,17 +123,19 @@ def test_an_unexpected_kernel_fails_compliance_and_stops_the_deploy_on_that_host
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert suite.returncode == 1, suite.stdout + suite.stderr
-    failed = [line for line in suite.stdout.splitlines() if "FAILED" in line or "failed" in line.lower()]
-    assert any("test_the_running_kernel_is_the_expected_one" in line and HOST in line for line in failed), suite.stdout
-    assert both in suite.stdout, suite.stdout
-    assert "lab-deb13" not in " ".join(line for line in failed if "test_the_running_kernel" in line)
+    # One line per failed control under the per-host table: host, control, what it found.
+    findings = [line.strip() for line in suite.stdout.splitlines() if "::test_" in line and ": " in line]
+    assert findings == [
+        f"{HOST}: test_updates.py::test_the_running_kernel_is_the_expected_one[ssh://{HOST}]: {both}"
+    ], suite.stdout
 
     # A change is pending on lab-deb12-b; the refusal comes before it, lab-deb13 goes on.
     lab.run_ssh(HOST, f"sudo rm {APT_CONF}")
     stopped = run_deploy(expecting_another_kernel, "--limit", HOST, "--limit", "lab-deb13")
     assert stopped.returncode != 0
     assert set(stopped.errors()) == {HOST}, stopped.errors()
-    assert stopped.errors()[HOST] == ["Updates | The box runs the expected kernel and driver (updates_stop_on_unexpected)"]
+    # The refusal is the host's first error (operations planned after it never ran, and count as failed).
+    assert stopped.errors()[HOST][0] == "Updates | The box runs the expected kernel and driver (updates_stop_on_unexpected)"
     assert both in stopped.log, stopped.log[-3000:]
     assert HOST not in stopped.changed()
     assert lab.run_ssh(HOST, f"test -e {APT_CONF}", check=False).returncode == 1

@@ -413,3 +413,19 @@ def test_with_no_majority_every_differing_cell_is_marked():
 def test_the_json_report_is_json():
     rows = {"a": _row()}
     assert json.loads(json.dumps({"hosts": rows}))["hosts"]["a"]["kernel"] == "6.17.0-1007-nvidia"
+
+
+def test_the_report_names_a_host_it_cannot_reach_and_fails(tmp_path):
+    """The real command, against a host whose SSH port refuses: one line for it, exit status 1."""
+    import sys
+
+    from tools.rollout import REPO
+
+    inventory = tmp_path / "unreachable.py"
+    inventory.write_text('hosts = [("nobody-home", {"ssh_hostname": "127.0.0.1", "ssh_port": 1})]\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.report", str(inventory)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "nobody-home: not read: could not connect" in result.stdout, result.stdout + result.stderr
