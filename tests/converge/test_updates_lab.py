@@ -141,3 +141,24 @@ def test_an_unexpected_kernel_fails_compliance_and_stops_the_deploy_on_that_host
     assert lab.run_ssh(HOST, f"test -e {APT_CONF}", check=False).returncode == 1
     restored = run_deploy(LAB_INVENTORY, "--limit", HOST)
     assert restored.returncode == 0 and list(restored.changed()) == [HOST], restored.log
+
+
+def test_systemd_oomd_is_masked_beside_earlyoom(first_converge):
+    """Debian's own systemd-oomd (as Ubuntu 24.04 runs it), installed after a converge: the next
+    one masks it and its socket (earlyoom is the watchdog), the one after changes nothing."""
+    assert first_converge.returncode == 0, first_converge.log
+    other = "lab-deb13-b"
+    lab.run_ssh(other, "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                       "systemd-oomd >/dev/null", timeout=600)
+    # As the package leaves it (a rerun of this test finds it masked).
+    lab.run_ssh(other, "sudo systemctl unmask -q systemd-oomd.service systemd-oomd.socket && "
+                       "sudo systemctl enable -q systemd-oomd.service systemd-oomd.socket")
+    assert lab.run_ssh(other, "systemctl is-enabled systemd-oomd.service").stdout.strip() == "enabled"
+    masked = run_deploy(LAB_INVENTORY, "--limit", other)
+    assert masked.returncode == 0, masked.log
+    assert masked.changed() == {other: ["Updates | systemd-oomd is masked (earlyoom is the watchdog)"]}
+    states = lab.run_ssh(other, "systemctl is-enabled systemd-oomd.service systemd-oomd.socket", check=False)
+    assert states.stdout.split() == ["masked", "masked"], states.stdout
+    assert lab.run_ssh(other, "systemctl is-active systemd-oomd.service", check=False).stdout.strip() != "active"
+    again = run_deploy(LAB_INVENTORY, "--limit", other)
+    assert again.returncode == 0 and again.changed() == {}, again.changed()
