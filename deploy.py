@@ -14,7 +14,7 @@ from operations.cuda_env import cuda_env
 from operations.hardware import hardware
 from operations.jobs import jobs
 from operations.ngc import ngc
-from operations.python_stack import python_stack
+from operations.python_stack import python_stack, synced
 from operations.source_builds import host_requirement_lines, source_builds
 from operations.sshd_guard import sshd_guard
 from operations.swap import swap
@@ -32,4 +32,4 @@ jobs()  # spark-run, spark-preflight, spark-drop-caches and training.slice
 containers()  # Docker, the NVIDIA container toolkit and the nvidia runtime in daemon.json
 ngc()  # NGC training containers: pinned image, spark-container, Jupyter on 127.0.0.1 (off by default)
 python_stack(built_wheels=host_requirement_lines)  # uv; a venv holding the controller's lock (PyPI's CUDA 13.0 torch, vLLM, extras) and the built wheels
-source_builds()  # optional Triton/xformers/vLLM from source: built once per fleet, detached
+source_builds(sync_venv=synced)  # optional Triton/xformers/vLLM from source: built once per fleet, detached; python_stack's synced installs them

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lab
+from lab.stack import make_locks
 from lab.config import KNOWN_HOSTS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -202,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in (int(n) for n in args.hosts.split(",")):
             print(f"bench: {size} host(s): lab up and first converge", file=sys.stderr, flush=True)
             lab.up(fleet(size))
+            make_locks()  # the lab's stand-in Python stack, locked as `python -m lab up` does
             hosts = json.loads(lab.inventory_path().read_text())["hosts"]
             seconds, first = deploy("inventory/lab.py")
             if first.returncode != 0:

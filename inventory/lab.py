@@ -84,7 +84,8 @@ def _ngc(host: dict) -> dict:
         "ngc_jupyter": True,
         "ngc_jupyter_user": "spark",
         "ngc_jupyter_port": 8888,
-        "ngc_jupyter_server": "stand-in-httpd",
+        # STAND-IN for JupyterLab: the lab's image has none; busybox's httpd in the same unit.
+        "ngc_jupyter_command": "busybox httpd -f -p 127.0.0.1:{port} -h {project}",
     }
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import binfmt, cgroups, dgxos, network, registry, repo, sourcebuild, wheelhouse
+from . import binfmt, cgroups, dgxos, network, registry, repo, sourcebuild, system, wheelhouse
 from .config import (
     BOOT_TIMEOUT_S,
     CACHE_DIR,
@@ -235,6 +235,7 @@ def _bring_up(hosts: list[LabHost]) -> list[LabHost]:
     LAB_DIR.mkdir(parents=True, exist_ok=True)
     pubkey = _ensure_ssh_key()
     _register_emulation(hosts)
+    system.ensure_inotify_instances(len(hosts))
     images = _images([host.flavour for host in hosts])
     apt_repo = repo.ensure_repo(REPO_CACHE, REPO_PORT)
     busybox = [images[flavour] / "bin" / "busybox" for flavour in sorted(images)]

@@ -288,3 +288,42 @@ def remove_tree(path: Path, hosts_dir: Path) -> None:
         log.warning("lazily unmounting leftover mount %s", mount_point)
         run(["umount", "--lazy", mount_point])
     run(["rm", "-rf", "--one-file-system", "--", path])
+
+
+# Each lab host's systemd, journald, logind, udev-less daemons and Docker take inotify
+# instances out of root's budget (the hosts share the controller's uid 0), about 10 each;
+# fs.inotify.max_user_instances defaults to 128, so a few labs at once run out, and a host
+# then boots "degraded" with mount units failed ("Failed to allocate inotify"), or not at all.
+INOTIFY_PER_HOST = 16
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def inotify_instances(uid: int = 0) -> int:
+    """inotify instances held now by processes of ``uid``."""
+    count = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if proc.stat().st_uid != uid:
+                continue
+            count += sum(1 for fd in (proc / "fd").iterdir() if os.readlink(fd) == "anon_inode:inotify")
+        except OSError:  # gone, or not ours to read
+            continue
+    return count
+
+
+def inotify_limit_for(limit: int, in_use: int, hosts: int) -> int | None:
+    """The limit ``hosts`` more lab hosts need (a multiple of 128), or None when ``limit`` will do."""
+    needed = in_use + INOTIFY_PER_HOST * hosts
+    return None if limit >= needed else -(-needed // 128) * 128
+
+
+def ensure_inotify_instances(hosts: int) -> None:
+    """Raise root's inotify instance limit where the lab's hosts would exhaust it (never lower it;
+    not restored by ``down``: other labs may be running)."""
+    limit = int(INOTIFY_LIMIT.read_text())
+    raised = inotify_limit_for(limit, inotify_instances(), hosts)
+    if raised is not None:
+        INOTIFY_LIMIT.write_text(f"{raised}\n")
+        log.info("lab: fs.inotify.max_user_instances raised from %d to %d for %d hosts", limit, raised, hosts)

@@ -19,16 +19,13 @@ not CUDA allocations: the watchdog (operations/watchdog.py) covers those.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from typing import Any
-
 from pyinfra import host
 from pyinfra.api import deploy
 
 from sparkrig import atomic, reading
+from sparkrig.settings import ALL_DEFAULTS, Setting, int_range, memory_max_check
+
 from . import watchdog
-from sparkrig.settings import ALL_DEFAULTS, SIZE_UNITS, Setting, int_range
 
 SLICE = "training.slice"
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
@@ -44,23 +41,6 @@ STATE = reading.part(atomic.HostState, paths=(SLICE_FILE, *PATHS.values()))
 def reads(_settings):
     return [STATE]
 
-_MEMORY_MAX = re.compile(r"(infinity|([1-9]|[1-9][0-9]|100)%|([1-9][0-9]{0,14})([KMGT]?))")
-# Largest byte count spark-run's shell arithmetic takes (64-bit, with headroom).
-MAX_BYTES = 1 << 62
-
-
-def memory_max_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    allowed = (
-        "systemd's MemoryMax= as sparkrig takes it: bytes with an optional K, M, G or T "
-        "suffix (base 1024, at most 4 EiB) like '100G', a whole percentage of physical "
-        "memory from '1%' to '100%', or 'infinity'"
-    )
-    match = _MEMORY_MAX.fullmatch(value) if isinstance(value, str) else None
-    if not match:
-        return allowed
-    if match[3] and int(match[3]) * SIZE_UNITS[match[4]] > MAX_BYTES:
-        return allowed
-    return None
 
 
 SETTINGS = (

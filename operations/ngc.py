@@ -41,7 +41,24 @@ from sparkrig import atomic, reading
 from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, IMAGE_REFERENCE, USER_NAME, Setting, absolute_path, boolean, int_range, one_of
 
 BUILDS = ("none", "packages", "unsloth")
-JUPYTER_SERVERS = ("jupyterlab", "stand-in-httpd")
+JUPYTER_COMMAND = "jupyter lab --ip=127.0.0.1 --port={port} --no-browser --ServerApp.root_dir={project}"
+# Words systemd and the container pass on as they are: no quotes, blanks inside a word or '$'.
+_WORD = "[A-Za-z0-9._/:=@,+-]"
+_COMMAND_WORD = re.compile(r"[A-Za-z0-9._/:=@,+{}-]+")
+
+
+def jupyter_command_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    ok = (
+        isinstance(value, str)
+        and all(_COMMAND_WORD.fullmatch(word) for word in value.split(" "))
+        and not value.startswith("-")
+        and "127.0.0.1" in value
+        and "0.0.0.0" not in value
+    )
+    return None if ok else (
+        "a command of words of letters, digits and ._/:=@,+- (and {port}, {project}) separated by "
+        "single blanks, binding 127.0.0.1 (never 0.0.0.0)"
+    )
 LAUNCHER = "/usr/local/bin/spark-container"
 BUILD_DIR = "/etc/sparkrig/ngc"
 DOCKERFILE = f"{BUILD_DIR}/Dockerfile"
@@ -215,11 +232,12 @@ SETTINGS = (
                                    " user's home.", optional_absolute_path),
     Setting("ngc_jupyter_port", 8888, "Jupyter's port on 127.0.0.1.", int_range(1024, 65535, "a TCP port")),
     Setting(
-        "ngc_jupyter_server",
-        "jupyterlab",
-        '"jupyterlab" (the image\'s JupyterLab). "stand-in-httpd" is for the lab only: a busybox '
-        "HTTP server in the same unit, because the lab's stand-in image has no Jupyter.",
-        one_of(*JUPYTER_SERVERS),
+        "ngc_jupyter_command",
+        JUPYTER_COMMAND,
+        "The notebook server the Jupyter unit runs in the image, {port} and {project} standing "
+        "for ngc_jupyter_port and ngc_project_mount: the image's JupyterLab by default. It must "
+        "bind 127.0.0.1 (never 0.0.0.0): reach it through an SSH tunnel.",
+        jupyter_command_check,
     ),
 )
 
@@ -266,26 +284,20 @@ def render_launcher(data: Any) -> str:
     )
 
 
-def jupyter_command(server: str, port: int, project_mount: str) -> str:
-    if server == "stand-in-httpd":
-        return f"busybox httpd -f -p 127.0.0.1:{port} -h {project_mount}"
-    return f"jupyter lab --ip=127.0.0.1 --port={port} --no-browser --ServerApp.root_dir={project_mount}"
+def jupyter_command(command: str, port: int, project_mount: str) -> str:
+    return command.replace("{port}", str(port)).replace("{project}", project_mount)
 
 
 def render_jupyter_unit(data: Any, directory: str) -> str:
-    stand_in = data.ngc_jupyter_server == "stand-in-httpd"
     return atomic.render(
         "ngc/jupyter.service.j2",
         description=JUPYTER_DESCRIPTION,
-        server_note=(
-            "STAND-IN: busybox httpd in place of JupyterLab (the lab's image has no Jupyter)"
-            if stand_in else "JupyterLab, with the kernel of the image's own Python"
-        ),
+        server_note=f"The notebook server: ngc_jupyter_command ({data.ngc_jupyter_command.split()[0]}).",
         user=data.ngc_jupyter_user,
         directory=directory,
         container=JUPYTER_CONTAINER,
         token_file=TOKEN_FILE,
-        command=jupyter_command(data.ngc_jupyter_server, data.ngc_jupyter_port, data.ngc_project_mount),
+        command=jupyter_command(data.ngc_jupyter_command, data.ngc_jupyter_port, data.ngc_project_mount),
     )
 
 
@@ -300,8 +312,7 @@ JUPYTER_VALIDATOR = atomic.unit_file_validator(
         "ExecStartPre": f"-/usr/bin/docker rm --force {JUPYTER_CONTAINER}",
         "ExecStart": (
             f"{LAUNCHER} --name {JUPYTER_CONTAINER} --network host --secret JUPYTER_TOKEN={TOKEN_FILE} -- "
-            "(jupyter lab --ip=127\\.0\\.0\\.1 --port=[0-9]+ --no-browser --ServerApp\\.root_dir="
-            "|busybox httpd -f -p 127\\.0\\.0\\.1:[0-9]+ -h )/[A-Za-z0-9._/-]*"
+            f"({_WORD}+ )*{_WORD}*127\\.0\\.0\\.1{_WORD}*( {_WORD}+)*"
         ),
         "ExecStop": f"/usr/bin/docker stop --time 20 {JUPYTER_CONTAINER}",
         "Restart": "always",

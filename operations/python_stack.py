@@ -42,6 +42,7 @@ import yaml
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, deploy, operation
 
+from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL, package_name
 from sparkrig import atomic, reading
 from . import hardware
 from sparkrig.python_wheels import LOCK_PLATFORM, REFUSED, lock_entries, normalise, offline_wheels
@@ -55,26 +56,20 @@ LOCKS = "group_data/python_stack.locks"  # beside the manifest, relative to the 
 REFRESH = "uv run python -m tools.python_lock"
 # Every lock is resolved for this glibc: DGX OS 7 (Ubuntu 24.04) has 2.39, Debian 12 2.36.
 LOCK_FORMAT = 1
-UV_TOOL = "/opt/sparkrig/uv"
-UV = f"{UV_TOOL}/bin/uv"
 UV_REQUIREMENTS = "/opt/sparkrig/uv-requirements.txt"
 UV_LINK = "/usr/local/bin/uv"
-UV_CACHE = "/var/cache/sparkrig/uv"
 STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user
 # As the owner: $1 a directory (made if missing), $2 a file to copy in as $3, atomically.
 _PUT_AS_OWNER = 'mkdir -p "$1" && cp -- "$2" "$1/.$3.sparkrig-new" && chmod 644 "$1/.$3.sparkrig-new" && mv -f "$1/.$3.sparkrig-new" "$1/$3"'
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-STATE_DIR = "sparkrig"  # inside the venv: requirements.lock
 NO_CHANGES = "Would make no changes"
 LOCK_STAMP = "# sparkrig-input: "
 OFFLINE_DIR = "/var/lib/sparkrig/python-wheels"  # the controller's wheels, on a host
 # What PyTorch's indexes may serve when the manifest names one for torch: nothing else.
 TORCH_INDEX_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "triton", "pytorch-triton"})
-UV_ENV = ("UV_SYSTEM_CERTS=1", "UV_NATIVE_TLS=1", f"UV_CACHE_DIR={UV_CACHE}", "UV_NO_PROGRESS=1")
 
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)")
 _PYTHON = re.compile(r"3\.[0-9]+")
-_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _URL = re.compile(r"https?://[^\s'\"\\`$;#?]+")
 _UV_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
@@ -86,11 +81,6 @@ def load_manifest(path: Path | str = MANIFEST) -> dict:
 
 
 
-def package_name(name: str) -> bool:
-    """Whether ``name`` is a package name sparkrig accepts."""
-    return bool(_NAME.fullmatch(name))
-
-
 # Checks --------------------------------------------------------------------
 
 
@@ -98,7 +88,7 @@ def _pins_problem(pins: Any, where: str) -> str | None:
     if not isinstance(pins, Mapping):
         return f"{where} must map package names to exact versions"
     for name, version in pins.items():
-        if not (isinstance(name, str) and _NAME.fullmatch(name)):
+        if not (isinstance(name, str) and package_name(name)):
             return f"{where}: {name!r} is not a package name"
         if normalise(name) in REFUSED:
             return f"{where}: {name} is never installed ({REFUSED[normalise(name)]})"
@@ -779,6 +769,25 @@ def virtualenv(
 
 
 # The deploy ------------------------------------------------------------------------
+
+
+@operation()
+def synced(data: Mapping[str, Any], built_wheels: Callable[[], Mapping[str, str]]):
+    """
+    Make the venv hold its lock and the built wheels there are when this operation runs
+    (source builds of this deploy may have added one): :func:`virtualenv`, its arguments
+    worked out at that moment.
+
+    + data: the host's resolved settings
+    + built_wheels: returns the requirement lines of the built wheels, by package
+
+    **Example:**
+
+    .. code:: python
+
+        source_builds(sync_venv=python_stack.synced)
+    """
+    yield from virtualenv._inner(**virtualenv_arguments(data, built_wheels()))
 
 
 def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, wheels: Sequence[str]) -> bool:

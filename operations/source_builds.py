@@ -44,7 +44,7 @@ import os
 import posixpath
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -62,11 +62,12 @@ from pyinfra.api import (
     operation,
 )
 
+from sparkrig.venv import STATE_DIR, UV, UV_ENV, package_name
 from sparkrig.python_wheels import normalise
 from sparkrig import atomic, reading
-from . import jobs, python_stack
+from . import jobs
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
-from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, resolved
+from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, memory_max_check, resolved
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "group_data" / "source_builds.yml"
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"
@@ -125,7 +126,7 @@ def spec_problem(name: Any, spec: Any) -> str | None:
     ref = spec["ref"]
     if not (isinstance(ref, str) and (_COMMIT.fullmatch(ref) or _TAG.fullmatch(ref))) or ref in ("HEAD", "main", "master"):
         return f"{name}.ref must be a commit id (40 lower-case hex digits) or a tag, never a branch"
-    if not (isinstance(spec["package"], str) and python_stack.package_name(spec["package"])):
+    if not (isinstance(spec["package"], str) and package_name(spec["package"])):
         return f"{name}.package must be a distribution name"
     env = spec["env"]
     if not isinstance(env, Mapping) or not all(
@@ -153,8 +154,8 @@ def spec_problem(name: Any, spec: Any) -> str | None:
     ):
         return f"{name}.subdirectory must be a relative path inside the repository ('.' for its top)"
     memory_max = spec["memory_max"]
-    if memory_max is not None and jobs.memory_max_check(memory_max, {}):
-        return f"{name}.memory_max must be null or {jobs.memory_max_check(memory_max, {})}"
+    if memory_max is not None and memory_max_check(memory_max, {}):
+        return f"{name}.memory_max must be null or {memory_max_check(memory_max, {})}"
     return None
 
 
@@ -394,7 +395,7 @@ def render_build_script(name: str, key: str, data: Mapping[str, Any]) -> str:
         wheelhouse_dir=wheelhouse_dir(name, key),
         venv=venv,
         venv_python=posixpath.join(venv, "bin", "python"),
-        uv=python_stack.UV,
+        uv=UV,
         index_url=data["python_index_url"],
         stamp=json.dumps({**public_inputs(inputs), "url": spec["url"], "key": key}, sort_keys=True),
     )
@@ -422,7 +423,7 @@ class SourceBuilds(FactBase):
     """
 
     def command(self, builds: Sequence[tuple[str, str, str]], venv: str) -> StringCommand:
-        bits: list = ["r=", QuoteString(posixpath.join(venv, python_stack.STATE_DIR, "requirements.lock")), ";"]
+        bits: list = ["r=", QuoteString(posixpath.join(venv, STATE_DIR, "requirements.lock")), ";"]
         for name, key, prefix in builds:
             n, d, w = QuoteString(name), QuoteString(build_dir(name, key)), QuoteString(wheelhouse_dir(name, key))
             r = QuoteString(f"{work_dir(name, key)}/result")
@@ -637,7 +638,7 @@ def build(
         ]
         if memory_max:
             properties.append(f"MemoryMax={memory_max}")
-        setenv = dict(v.split("=", 1) for v in python_stack.UV_ENV)
+        setenv = dict(v.split("=", 1) for v in UV_ENV)
         yield StringCommand(
             "sh -n", QuoteString(temp), "&& chmod 644", QuoteString(temp),
             "&& mv -f", QuoteString(temp), QuoteString(script_path),
@@ -760,21 +761,6 @@ RECEIVE_SCRIPT = (
 )
 
 
-@operation()
-def install(data: Mapping[str, Any]):
-    """
-    Make the venv hold the built wheels that are in the wheelhouse now (run after the
-    builds and uploads of this deploy): python_stack's virtualenv operation, with the
-    wheelhouse read when this operation runs.
-
-    + data: the host's resolved settings (python_stack's and these)
-    """
-    lines = host_requirement_lines(data)
-    yield from python_stack.virtualenv._inner(
-        **python_stack.virtualenv_arguments(data, lines)
-    )
-
-
 # The deploy ------------------------------------------------------------------------
 
 
@@ -803,9 +789,14 @@ def known_key(data: Mapping[str, Any], name: str) -> str | None:
 
 
 @deploy("Source builds", data_defaults=ALL_DEFAULTS)
-def source_builds():
+def source_builds(sync_venv: Callable[..., Any] | None = None):
     """
-    Build the enabled source builds once per fleet and install their wheels into the venv.
+    Build the enabled source builds once per fleet and have their wheels installed into the venv.
+
+    + sync_venv: the venv owner's operation that makes the venv hold its lock and the built
+      wheels as they are when it runs (``python_stack.synced``; deploy.py passes it); called
+      with ``data`` and ``built_wheels`` once a build of this run may add a wheel. Without it
+      a new wheel reaches the venv with the next deploy.
 
     Settings: ``source_builds*``; see docs/settings.md and group_data/source_builds.yml.
     """
@@ -863,5 +854,9 @@ def source_builds():
             build_name=name, key=key, cache=cache, builder=builder, owner=owner,
             active=state == "absent" and not runs_here,
         )
-    if pending:
-        install(name="Built wheels into the venv (python_venv_path)", data=data)
+    if pending and sync_venv is not None:
+        sync_venv(
+            name="Built wheels into the venv (python_venv_path)",
+            data=data,
+            built_wheels=lambda: host_requirement_lines(data),
+        )

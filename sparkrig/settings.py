@@ -79,6 +79,25 @@ def controller_path(value: Any, _data: Mapping[str, Any]) -> str | None:
     return None if ok else "a normalised absolute path on the controller, or one starting with ~/"
 
 
+_MEMORY_MAX = re.compile(r"(infinity|([1-9]|[1-9][0-9]|100)%|([1-9][0-9]{0,14})([KMGT]?))")
+# Largest byte count spark-run's shell arithmetic takes (64-bit, with headroom).
+MAX_BYTES = 1 << 62
+
+
+def memory_max_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    allowed = (
+        "systemd's MemoryMax= as sparkrig takes it: bytes with an optional K, M, G or T "
+        "suffix (base 1024, at most 4 EiB) like '100G', a whole percentage of physical "
+        "memory from '1%' to '100%', or 'infinity'"
+    )
+    match = _MEMORY_MAX.fullmatch(value) if isinstance(value, str) else None
+    if not match:
+        return allowed
+    if match[3] and int(match[3]) * SIZE_UNITS[match[4]] > MAX_BYTES:
+        return allowed
+    return None
+
+
 def boolean(value: Any, _data: Mapping[str, Any]) -> str | None:
     return None if isinstance(value, bool) else "True or False"
 

@@ -167,9 +167,9 @@ def test_jupyter_wants_its_token_and_offers_the_images_python(jupyter, settings)
     """Protects against a notebook server anyone on the host can use (no token, or another
     one than the file's), and against notebooks that run without the image's Python: the API
     refuses a request without the token, and with the file's token lists a python3 kernel."""
-    if settings["ngc_jupyter_server"] != "jupyterlab":
-        pytest.skip(f"ngc_jupyter_server is {settings['ngc_jupyter_server']!r}: the lab's stand-in "
-                    "HTTP server has neither a token nor kernels")
+    if not settings["ngc_jupyter_command"].startswith("jupyter "):
+        pytest.skip(f"ngc_jupyter_command runs {settings['ngc_jupyter_command'].split()[0]!r}, not "
+                    "Jupyter (the lab's stand-in HTTP server): there is no token nor kernel to check")
     url = f"http://127.0.0.1:{settings['ngc_jupyter_port']}/api/kernelspecs"
     status = ""
     for _ in range(60):  # JupyterLab may be starting

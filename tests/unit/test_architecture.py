@@ -66,7 +66,7 @@ STILL_SHARED = {
     "cuda_env": {"hardware"},  # host_profile(): the one function the profile is read through
     "python_stack": {"hardware"},  # host_profile(), ARCHES, profiles_check
     "jobs": {"watchdog"},  # SERVICE, for spark-preflight
-    "source_builds": {"jobs", "python_stack"},  # SLICE, memory_max_check; the venv operation
+    "source_builds": {"jobs"},  # SLICE: its builds run in the jobs' training.slice
 }
 
 

@@ -462,3 +462,13 @@ def test_the_command_lines_help_is_plain_text():
     assert result.returncode == 0, result.stderr
     assert "``" not in result.stdout and ":mod:" not in result.stdout and ":data:" not in result.stdout
     assert result.stdout.startswith("usage: python -m lab ") and "systemd-nspawn" in result.stdout
+
+
+def test_the_lab_raises_roots_inotify_limit_only_where_its_hosts_would_run_out():
+    from lab.system import INOTIFY_PER_HOST, inotify_instances, inotify_limit_for
+
+    assert inotify_limit_for(128, 40, 5) is None  # 40 + 80 fit in 128
+    assert inotify_limit_for(128, 120, 5) == 256  # 200 do not
+    assert inotify_limit_for(1024, 800, 8) is None
+    assert inotify_limit_for(128, 128 - INOTIFY_PER_HOST, 1) is None
+    assert inotify_instances() >= 0

@@ -5,6 +5,7 @@ enabled, a converged build, a fresh build, one running, one failed, and a wheel 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import shlex
@@ -24,6 +25,8 @@ from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
 
 SETTINGS = all_settings()
+# As deploy.py calls it: python_stack's operation installs the built wheels.
+DEPLOY = functools.partial(sb.source_builds, sync_venv=ps.synced)
 CATALOGUE = sb.load_catalogue()
 FACT = 'echo "unit $n'  # SourceBuilds' command holds this
 STACK = "pip sync --no-config --offline --dry-run"  # PythonStack's
@@ -268,18 +271,24 @@ def _ops(state: str, current: str | None = None, **data):
     fact = sb.SourceBuilds().parse(_fact_output(state, current))
     lock = ps.virtualenv_arguments(resolved, sb.requirement_lines(resolved, fact))["lock"]
     responses = {FACT: _fact_output(state, current), STACK: _stack_output(lock)}
-    return execute(sb.source_builds, data=data, responses=responses)
+    return execute(DEPLOY, data=data, responses=responses)
 
 
 def test_nothing_enabled_costs_nothing():
-    assert execute(sb.source_builds, data={}, responses={}) == []
+    assert execute(DEPLOY, data={}, responses={}) == []
     assert sb.host_requirement_lines(resolve(SETTINGS, {})) == {}
 
 
 def test_a_converged_host_gets_no_operation():
     assert _ops("built") == []
-    assert plan(sb.source_builds, data={"source_builds": _catalogue(), "source_builds_enabled": ["lab"]},
+    assert plan(DEPLOY, data={"source_builds": _catalogue(), "source_builds_enabled": ["lab"]},
                 responses={FACT: _fact_output("built")}) == []
+
+
+def test_without_the_venv_owners_operation_nothing_is_written_into_the_venv():
+    """source_builds never writes into the venv itself: python_stack owns it."""
+    ops = execute(sb.source_builds, data=_data(), responses={FACT: _fact_output("absent")})
+    assert ops and not any("venv" in op.name for op in ops)
 
 
 def test_a_fresh_host_builds_detached_in_training_slice_waits_and_installs():

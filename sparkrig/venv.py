@@ -1,0 +1,24 @@
+"""
+What the Python stack and the source builds share about the venv and uv, so that neither
+concern imports the other: where uv lives and the environment it runs with, the venv's own
+state directory, and which package names are accepted. The venv has one owner,
+operations/python_stack.py: source builds hand it their wheels (deploy.py passes
+python_stack's ``synced`` operation to ``source_builds``), they never write into it.
+"""
+
+from __future__ import annotations
+
+import re
+
+UV_TOOL = "/opt/sparkrig/uv"
+UV = f"{UV_TOOL}/bin/uv"
+UV_CACHE = "/var/cache/sparkrig/uv"
+UV_ENV = ("UV_SYSTEM_CERTS=1", "UV_NATIVE_TLS=1", f"UV_CACHE_DIR={UV_CACHE}", "UV_NO_PROGRESS=1")
+STATE_DIR = "sparkrig"  # inside the venv: requirements.lock
+
+_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def package_name(name: str) -> bool:
+    """Whether ``name`` is a package name sparkrig accepts."""
+    return bool(_NAME.fullmatch(name))
