@@ -9,6 +9,7 @@ tests/compliance/test_<concern>.py the controls that prove it.
 """
 
 from operations.ca_certificates import ca_certificates
+from operations.cluster import cluster
 from operations.containers import containers
 from operations.cuda_env import cuda_env
 from operations.hardware import hardware
@@ -33,3 +34,4 @@ containers()  # Docker, the NVIDIA container toolkit and the nvidia runtime in d
 ngc()  # NGC training containers: pinned image, spark-container, Jupyter on 127.0.0.1 (off by default)
 python_stack(built_wheels=host_requirement_lines)  # uv; a venv holding the controller's lock (PyPI's CUDA 13.0 torch, vLLM, extras) and the built wheels
 source_builds(sync_venv=synced)  # optional Triton/xformers/vLLM from source: built once per fleet, detached; python_stack's synced installs them
+cluster()  # off unless the host has cluster_name: its ConnectX-7 link, SSH trust between nodes, NCCL's environment

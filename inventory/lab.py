@@ -15,6 +15,7 @@ from operations.python_stack import load_manifest as _load_manifest
 from operations.source_builds import load_catalogue as _load_catalogue
 from lab import FLAVOURS as _FLAVOURS
 from lab import inventory_path as _inventory_path
+from lab.config import CLUSTER_KEYS as _CLUSTER_KEYS
 from lab.config import WHEEL_CACHE as _WHEEL_CACHE
 
 if not _inventory_path().exists():
@@ -86,6 +87,8 @@ def _ngc(host: dict) -> dict:
         "ngc_jupyter_port": 8888,
         # STAND-IN for JupyterLab: the lab's image has none; busybox's httpd in the same unit.
         "ngc_jupyter_command": "busybox httpd -f -p 127.0.0.1:{port} -h {project}",
+        # spark-container mounts it read-only at the container's HOME (the controls make it).
+        "ngc_home_mounts": ["~/.aws"],
     }
 
 
@@ -103,6 +106,15 @@ def _updates(host: dict) -> dict:
             "toolkit": ["nvidia-container-toolkit", _repo["toolkit_package"]],
         },
     }
+
+
+def _jobs(host: dict) -> dict:
+    """Job-only variables on every lab host (the controls read them back from a job), and the
+    shared model cache on lab-deb13, where spark-container mounts it."""
+    data = {"jobs_env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+    if host["name"] == "lab-deb13":
+        data.update(jobs_model_cache="/srv/models/huggingface", jobs_model_cache_users=["spark"])
+    return data
 
 
 # The controller reaches the registries through a TLS-intercepting proxy, and so do
@@ -226,6 +238,22 @@ def _source_builds(host: dict) -> dict:
     }
 
 
+def _cluster(host: dict) -> dict:
+    """The lab's cluster: lab-deb12 and lab-deb13 linked by the ConnectX-7 STAND-IN (a veth
+    pair straight between their namespaces, lab/model.py), each with its address on it;
+    the user spark (the lab's SSH user) runs jobs across it."""
+    for link in _inventory.get("clusters", []):
+        if host["name"] in link["addresses"]:
+            return {
+                "cluster_name": link["name"],
+                "cluster_interfaces": {link["interface"]: link["addresses"][host["name"]]},
+                "cluster_user": "spark",
+                # The controller keeps the key pair in the lab's state (removed by up and down).
+                "cluster_key_dir": str(_CLUSTER_KEYS),
+            }
+    return {}
+
+
 lab = [
     (
         _host["name"],
@@ -245,9 +273,11 @@ lab = [
             **({"lab_emulated": "qemu-user"} if _FLAVOURS[_host["flavour"]].emulated else {}),
             "ca_certificates_extra": _ca_certificates,
             **_containers(_host),
+            **_jobs(_host),
             **_ngc(_host),
             **_python_stack(_host),
             **_source_builds(_host),
+            **_cluster(_host),
             **_updates(_host),
         },
     )

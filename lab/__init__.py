@@ -26,7 +26,8 @@ this package has no side effects and needs no privileges.
 
 from .config import LAB_DIR
 from .fleet import (
-    down, images_to_build, inventory_path, kill, recreate, restart, run_ssh, ssh_config_path, status, up,
+    down, images_to_build, inventory_path, kill, link, recreate, restart, run_ssh, ssh_config_path, status, unlink,
+    up,
 )
 from .model import DEFAULT_FLEET, FLAVOURS, LabHost
 from .system import LabCommandError, LabError, missing_requirements
@@ -42,11 +43,13 @@ __all__ = [
     "images_to_build",
     "inventory_path",
     "kill",
+    "link",
     "missing_requirements",
     "recreate",
     "restart",
     "run_ssh",
     "ssh_config_path",
     "status",
+    "unlink",
     "up",
 ]

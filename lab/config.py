@@ -56,6 +56,9 @@ REPO_SERVER_LOG = LAB_DIR / "repo-server.log"
 # The controller's cache of the fleet's source-build wheels (source_builds_controller_cache
 # in inventory/lab.py): emptied by up and down, so a fresh lab builds for real.
 WHEEL_CACHE = LAB_DIR / "wheel-cache"
+# The controller's cluster key pairs (cluster_key_dir in inventory/lab.py): removed by up
+# and down, so a fresh lab makes its cluster key anew.
+CLUSTER_KEYS = LAB_DIR / "cluster-keys"
 
 SSH_USER = "spark"
 SSH_UID = 1000

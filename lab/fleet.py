@@ -34,6 +34,7 @@ from . import binfmt, cgroups, dgxos, network, registry, repo, sourcebuild, syst
 from .config import (
     BOOT_TIMEOUT_S,
     CACHE_DIR,
+    CLUSTER_KEYS,
     CONTROLLER_CUDA,
     CONTROLLER_RESOLV_CONF,
     HOSTS_DIR,
@@ -55,7 +56,7 @@ from .config import (
     WHEEL_CACHE,
 )
 from .image import copy_image, ensure_images, missing_images
-from .model import DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, plan_fleet, repo_url
+from .model import DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, cluster_links, plan_fleet, repo_url
 from .render import (
     parse_nameservers,
     parse_public_key,
@@ -84,6 +85,15 @@ from .system import (
 
 log = logging.getLogger("sparkrig.lab")
 
+# A lab host's /sys is the controller's, and writable (SYSTEMD_NSPAWN_API_VFS_WRITABLE): to
+# systemd-networkd that means udev runs, so it waits for udev to announce each link, which
+# never happens in a namespace without udev. A read-only /sys for networkd alone is what a
+# container normally gives it: it then configures links (the cluster's stand-in link) at once.
+NETWORKD_LAB_DROP_IN = "/etc/systemd/system/systemd-networkd.service.d/sparkrig-lab.conf"
+NETWORKD_LAB_CONF = (
+    "# sparkrig lab (lab/fleet.py): /sys here is the controller's; networkd must not wait for udev\n"
+    "[Service]\nBindReadOnlyPaths=/sys\n"
+)
 NSPAWN_ENV = {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1", "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "1"}
 NSPAWN_PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")
 NSPAWN_LOCK_DIR = Path("/run/systemd/nspawn/locks")
@@ -190,6 +200,25 @@ def restart(name: str) -> LabHost:
         return host
 
 
+def link(first: str, second: str, interface: str) -> None:
+    """Cable two running hosts together: a ConnectX-7 STAND-IN link (a veth pair named
+    ``interface`` in both, see :class:`lab.model.ClusterLink`), as a test that adds a node
+    to a cluster needs. It goes with the hosts' namespaces, or with :func:`unlink`."""
+    _require_runnable()
+    with locked(LOCK):
+        _state, one = _running_host(first)
+        _state, other = _running_host(second)
+        network.create_cluster_link(one, other, interface)
+
+
+def unlink(name: str, interface: str) -> None:
+    """Remove the link ``interface`` of a running host (and so its other end)."""
+    _require_runnable()
+    with locked(LOCK):
+        _state, host = _running_host(name)
+        run(["ip", "-n", host.netns, "link", "delete", interface])
+
+
 def _running_host(name: str) -> tuple[_State, LabHost]:
     state = _read_state()
     if state is None:
@@ -248,6 +277,9 @@ def _bring_up(hosts: list[LabHost]) -> list[LabHost]:
     if ip_forward_before != 1:
         network.write_ip_forward(1)
     _parallel(lambda host: _make_host(host, images[host.flavour], pubkey, nameservers), hosts)
+    by_name = {host.name: host for host in hosts}
+    for link in cluster_links(list(by_name)):
+        network.create_cluster_link(by_name[link.hosts[0]], by_name[link.hosts[1]], link.interface)
     for host in hosts:
         _write_starting_state(host, apt_repo)
     repo.start_server(apt_repo, [host.gateway for host in hosts], REPO_SERVER_PID, REPO_SERVER_LOG)
@@ -279,6 +311,7 @@ def _write_starting_state(host: LabHost, apt_repo: AptRepo) -> None:
     )
     for path, (content, mode) in files.items():
         _write_in_root(host.rootfs, path.lstrip("/"), content, mode)
+    _write_in_root(host.rootfs, NETWORKD_LAB_DROP_IN.lstrip("/"), NETWORKD_LAB_CONF, 0o644)
 
 
 def _install_starting_stack(host: LabHost) -> None:
@@ -598,6 +631,7 @@ def _teardown() -> None:
     for path in (INVENTORY, SSH_CONFIG, KNOWN_HOSTS, STATE, REPO_SERVER_LOG):
         path.unlink(missing_ok=True)
     shutil.rmtree(WHEEL_CACHE, ignore_errors=True)
+    shutil.rmtree(CLUSTER_KEYS, ignore_errors=True)
 
 
 def _remove_host_dir(host_dir: Path) -> None:

@@ -87,6 +87,36 @@ DEFAULT_FLEET: tuple[tuple[str, str], ...] = (
 )
 
 
+@dataclass(frozen=True)
+class ClusterLink:
+    """A second link straight between two hosts' namespaces: the STAND-IN for the
+    ConnectX-7 cable between two Sparks (a veth pair, no NAT, no end in the controller's
+    namespace). It comes up at the kernel's MTU of 1500, as a CX-7 port does: the deploy
+    sets the cluster's MTU (9000) and the addresses."""
+
+    cluster: str
+    interface: str
+    hosts: tuple[str, str]
+    addresses: tuple[str, str]
+
+    def to_json(self) -> dict[str, object]:
+        """The link as inventory.json gives it to the lab inventory."""
+        return {"name": self.cluster, "interface": self.interface,
+                "addresses": dict(zip(self.hosts, self.addresses))}
+
+
+# The default fleet's cluster: its two x86_64 hosts that the fleet tests leave alone
+# (lab-gb10 is slow under qemu), linked on a subnet of their own.
+CLUSTER_LINKS: tuple[ClusterLink, ...] = (
+    ClusterLink("lab", "cx7-standin", ("lab-deb12", "lab-deb13"), ("192.168.100.11/24", "192.168.100.12/24")),
+)
+
+
+def cluster_links(names: Sequence[str]) -> list[ClusterLink]:
+    """The cluster links whose two hosts are both in a fleet of these host names."""
+    return [link for link in CLUSTER_LINKS if set(link.hosts) <= set(names)]
+
+
 @dataclass
 class LabHost:
     """One booted (or about to be booted) lab host."""

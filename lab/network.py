@@ -37,6 +37,13 @@ def create_host_network(host: LabHost) -> None:
     run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
 
 
+def create_cluster_link(first: LabHost, second: LabHost, interface: str) -> None:
+    """The ConnectX-7 STAND-IN: a veth pair made straight between two hosts' namespaces,
+    named ``interface`` in both; it goes with them (nothing of it is in the root namespace)."""
+    run(["ip", "link", "add", interface, "netns", first.netns, "type", "veth",
+         "peer", "name", interface, "netns", second.netns])
+
+
 def lab_netns() -> list[str]:
     """Network namespaces named like the lab's."""
     out = run(["ip", "-j", "netns", "list"]).stdout.strip()

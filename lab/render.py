@@ -24,7 +24,7 @@ from .config import (
     TOOLKIT_STANDIN_PACKAGE,
     VETH_PREFIX,
 )
-from .model import FLAVOURS, AptRepo, LabHost, repo_url
+from .model import FLAVOURS, AptRepo, LabHost, cluster_links, repo_url
 
 # Destinations lab hosts must not reach through the controller (besides DNS).
 PRIVATE_RANGES: tuple[str, ...] = (
@@ -120,6 +120,8 @@ def render_inventory(
         "wheelhouse": dict(wheelhouse or {}),
         "registry": dict(registry or {}),
         "sources": dict(sources or {}),
+        # The ConnectX-7 STAND-IN links between hosts of this fleet (lab/model.py).
+        "clusters": [link.to_json() for link in cluster_links([host.name for host in hosts])],
     }
     return json.dumps(document, indent=2) + "\n"
 

@@ -10,6 +10,7 @@ from sparkrig import packages
 
 from . import (
     ca_certificates,
+    cluster,
     containers,
     cuda_env,
     hardware,
@@ -26,5 +27,5 @@ from . import (
 # Every module that declares settings, in deploy order.
 CONCERNS = (
     hardware, updates, packages, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, ngc,
-    python_stack, source_builds,
+    python_stack, source_builds, cluster,
 )

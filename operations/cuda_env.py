@@ -10,7 +10,8 @@ else the newest ``/usr/local/cuda-X.Y``, else ``cuda_env_default_home``.
 
 The file also makes ``uv run`` in a user's project use the managed venv
 (``UV_PROJECT_ENVIRONMENT``, the venv's path) as it is (``UV_NO_SYNC=1``: no lock,
-no sync, nothing the deploy installed is replaced).
+no sync, nothing the deploy installed is replaced), and names the shared model
+cache (``jobs_model_cache``) as ``HF_HOME``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, deploy
 
 from sparkrig import atomic, reading
-from . import hardware
+from sparkrig.profile import host_profile
 from sparkrig.settings import ALL_DEFAULTS, Setting, absolute_path, env_mapping
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
@@ -50,6 +51,8 @@ def _extra_check(value: Any, data: Mapping[str, Any]) -> str | None:
     clash = sorted(set(value) & set(MANAGED))
     if clash:
         return f"variables other than the ones sparkrig manages ({', '.join(clash)} is managed)"
+    if "HF_HOME" in value and data.get("jobs_model_cache"):
+        return "variables other than HF_HOME while jobs_model_cache is set (it is HF_HOME)"
     return None
 
 
@@ -61,7 +64,7 @@ SETTINGS = (
         " TRITON_PTXAS_PATH, TRITON_PTXAS_BLACKWELL_PATH and UV_NO_SYNC=1 and "
         "UV_PROJECT_ENVIRONMENT (python_venv_path: `uv run` in a project uses the managed venv as "
         "it is). Login shells read it through /etc/profile.d/sparkrig-cuda.sh; systemd units read "
-        "it with EnvironmentFile=.",
+        "it with EnvironmentFile=. HF_HOME too when jobs_model_cache is set.",
         absolute_path,
     ),
     Setting(
@@ -184,9 +187,12 @@ def cuda_env():
     ``UV_PROJECT_ENVIRONMENT``); see docs/settings.md.
     """
     cuda_home = resolve_cuda_home(reading.value(TOOLKITS), host.data.cuda_env_default_home)
-    profile = hardware.host_profile()
+    profile = host_profile()
     venv = host.data.python_venv_path
-    variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], host.data.cuda_env_extra, venv)
+    extra = dict(host.data.cuda_env_extra)
+    if host.data.jobs_model_cache:  # the shared model cache (jobs_model_cache) is every user's HF_HOME
+        extra["HF_HOME"] = host.data.jobs_model_cache
+    variables = env_variables(cuda_home, profile["torch_cuda_arch_list"], extra, venv)
 
     files = {
         host.data.cuda_env_file: ("CUDA env file (cuda_env_file)", render_env_file(variables)),

@@ -10,168 +10,23 @@ itself is a setting, so a fleet can add its own kind of box without touching cod
 ``hardware()`` runs first in deploy.py: it reads the box (``uname -m``,
 ``nvidia-smi``) and fails that host, before anything changes on it, when the box
 contradicts its profile (an RTX workstation given the gb10 profile would get
-aarch64 wheels and the wrong CUDA arch list). Other hosts go on.
+aarch64 wheels and the wrong CUDA arch list). Other hosts go on. The profiles, the box's
+identity and the choice for "auto" live in sparkrig/profile.py, which every concern that needs
+the profile asks (``host_profile()``).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 from pyinfra import host
-from pyinfra.api import FactBase, StringCommand, deploy
+from pyinfra.api import deploy
 
 from sparkrig.atomic import refused
-from sparkrig import atomic, reading
+from sparkrig import reading
 from sparkrig.settings import ALL_DEFAULTS, Setting
 
-ARCHES = ("aarch64", "x86_64")
-PROFILE_FIELDS = ("arch", "compute_capability", "torch_cuda_arch_list")
-_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
-_CAPABILITY = re.compile(r"\d+\.\d+")
-_ARCH_LIST = re.compile(r"\d+\.\d+[af]?(\+PTX)?([ ;]\d+\.\d+[af]?(\+PTX)?)*")
-
-DEFAULT_PROFILES = {
-    # DGX Spark / GB10: Grace CPU, Blackwell GPU sm_121 (12.1a enables its arch-specific features).
-    "gb10": {"arch": "aarch64", "compute_capability": "12.1", "torch_cuda_arch_list": "12.1a"},
-    # RTX 50xx workstations (seed 004's 5070 Ti): x86_64, sm_120.
-    "rtx50": {"arch": "x86_64", "compute_capability": "12.0", "torch_cuda_arch_list": "12.0"},
-    # Hopper H100/H200 boxes, as on the lent test machine: x86_64, sm_90.
-    "hopper": {"arch": "x86_64", "compute_capability": "9.0", "torch_cuda_arch_list": "9.0"},
-}
-
-
-def profiles_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    allowed = (
-        "a mapping of profile names to {arch: aarch64|x86_64, compute_capability: 'MAJOR.MINOR', "
-        "torch_cuda_arch_list: e.g. '12.1a' or '9.0;12.0+PTX'}"
-    )
-    if not isinstance(value, Mapping) or not value:
-        return allowed
-    for name, profile in value.items():
-        ok = (
-            isinstance(name, str)
-            and _PROFILE_NAME.fullmatch(name)
-            and isinstance(profile, Mapping)
-            and set(profile) == set(PROFILE_FIELDS)
-            and profile["arch"] in ARCHES
-            and isinstance(profile["compute_capability"], str)
-            and _CAPABILITY.fullmatch(profile["compute_capability"])
-            and isinstance(profile["torch_cuda_arch_list"], str)
-            and _ARCH_LIST.fullmatch(profile["torch_cuda_arch_list"])
-        )
-        if not ok:
-            return f"{allowed} (bad profile: {name!r})"
-    return None
-
-
-AUTO = "auto"
-
-
-def profile_name_check(value: Any, data: Mapping[str, Any]) -> str | None:
-    table = data.get("hardware_profiles")
-    # A bad table is reported by its own check; here it only offers no choices.
-    choices = sorted(key for key in table if isinstance(key, str)) if isinstance(table, Mapping) else []
-    if isinstance(value, str) and (value == AUTO or value in choices):
-        return None
-    return f"{AUTO!r} or one of the profiles in hardware_profiles: {', '.join(choices) or '(none defined)'}"
-
-
-class HardwareIdentity(FactBase):
-    """
-    Returns what the box says it is: its CPU architecture and, where ``nvidia-smi``
-    answers, each GPU's compute capability and name (an empty list without a GPU or driver).
-
-    .. code:: python
-
-        {"arch": "aarch64", "gpus": [{"compute_capability": "12.1", "name": "NVIDIA GB10"}]}
-    """
-
-    def command(self) -> StringCommand:
-        return StringCommand(
-            "uname -m; command -v nvidia-smi >/dev/null 2>&1 &&",
-            "nvidia-smi --query-gpu=compute_cap,name --format=csv,noheader 2>/dev/null || true",
-        )
-
-    @staticmethod
-    def default() -> dict[str, Any]:
-        """A box that printed nothing: no architecture, which no profile matches."""
-        return {"arch": "", "gpus": []}
-
-    @atomic.parses
-    def process(self, output: Sequence[str]) -> dict[str, Any]:
-        lines = [line.strip() for line in output if line.strip()]
-        gpus = []
-        for line in lines[1:]:
-            capability, _, name = (part.strip() for part in line.partition(","))
-            if _CAPABILITY.fullmatch(capability):
-                gpus.append({"compute_capability": capability, "name": name})
-        return {"arch": lines[0] if lines else "", "gpus": gpus}
-
-
-def describe(identity: Mapping[str, Any]) -> str:
-    """The box in words: ``aarch64, GPU NVIDIA GB10 (12.1)`` or ``x86_64, no GPU visible``."""
-    gpus = ", ".join(f"GPU {g['name']} ({g['compute_capability']})" for g in identity["gpus"])
-    arch = identity["arch"] or "of no architecture (uname -m printed nothing)"
-    return f"{arch}, {gpus or 'no GPU visible (no nvidia-smi, or no driver)'}"
-
-
-def contradiction(name: str, profile: Mapping[str, Any], identity: Mapping[str, Any]) -> str | None:
-    """Why the box is not what profile ``name`` says, or None. Without a visible GPU only
-    the architecture can be checked."""
-    wrong = []
-    if identity["arch"] != profile["arch"]:
-        wrong.append(f"architecture {profile['arch']}")
-    capabilities = sorted({g["compute_capability"] for g in identity["gpus"]})
-    if capabilities and capabilities != [profile["compute_capability"]]:
-        wrong.append(f"compute capability {profile['compute_capability']}")
-    if not wrong:
-        return None
-    return (f"hardware_profile {name!r} says {' and '.join(wrong)}, but the box is "
-            f"{describe(identity)}: set hardware_profile for this host or its group "
-            f"(or \"auto\"); nothing was changed on it")
-
-
-def choose_profile(profiles: Mapping[str, Mapping[str, Any]], identity: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """``hardware_profile = "auto"``: the one profile the box matches, as (name, None), or
-    (None, why no single profile matches)."""
-    matching = sorted(name for name, profile in profiles.items()
-                      if contradiction(name, profile, identity) is None)
-    if len(matching) == 1:
-        return matching[0], None
-    if not matching:
-        return None, (f"hardware_profile \"auto\": no profile in hardware_profiles matches the box "
-                      f"({describe(identity)}): add one, or set hardware_profile")
-    return None, (f"hardware_profile \"auto\" cannot choose between {', '.join(matching)} for the box "
-                  f"({describe(identity)}): set hardware_profile for this host or its group")
-
-
-def _resolve_auto(identity: Mapping[str, Any]) -> str | None:
-    """Keep the profile ``"auto"`` chose in the host's data, for the concerns after
-    ``hardware()``; why none could be chosen, or None."""
-    chosen, problem = choose_profile(host.data.hardware_profiles, identity)
-    # An undecidable box is failed by hardware(); the concerns after it still need a
-    # profile to prepare the operations that will then not run on it.
-    host.data.hardware_profile = chosen or sorted(host.data.hardware_profiles)[0]
-    return problem
-
-
-# What the box reports, in the host's one reading (checked on every host, "auto" or not).
-IDENTITY = reading.part(HardwareIdentity)
-
-
-@reading.planner
-def reads(_settings):
-    return [IDENTITY]
-
-
-def host_profile() -> dict[str, Any]:
-    """The current host's profile (``"auto"`` resolved from the box, once per run)."""
-    if host.data.hardware_profile == AUTO:
-        _resolve_auto(reading.value(IDENTITY))
-    return dict(host.data.hardware_profiles[host.data.hardware_profile])
-
+from sparkrig.profile import (
+    AUTO, DEFAULT_PROFILES, IDENTITY, _resolve_auto, contradiction, profile_name_check, profiles_check,
+)
 
 SETTINGS = (
     Setting(

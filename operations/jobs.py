@@ -8,6 +8,14 @@ training runs, and the slice that caps the memory of every job.
   ``oom_score_adj`` ``jobs_oom_score_adj`` (``choom``), so the job dies first.
   Only root can create the scope: for another user spark-run runs ``busctl``
   through sudo, asking systemd to move spark-run's own process into the scope.
+  ``--detach NAME`` runs it instead as the transient service
+  ``spark-job-NAME.service`` (the same caps, the caller's user, environment and
+  directory, output in the journal), which outlives the SSH session; its
+  ``ExecStopPost`` (``spark-jobs record``, as root) keeps how it ended.
+  ``--drop-caches`` (the default with ``jobs_drop_caches``) runs
+  spark-drop-caches first; ``jobs_env`` is set for every job.
+- ``spark-jobs``: the detached jobs (state, start, memory now and peak, exit
+  status), their logs; stops a job of the caller's.
 - ``spark-preflight``: memory, swap, watchdog, stray vLLM/Ray processes, GPU; one
   line per check, the failed checks' codes summed into the exit status.
 - ``spark-drop-caches``: ``sync`` and drop the page cache (root only).
@@ -15,31 +23,40 @@ training runs, and the slice that caps the memory of every job.
 ``/etc/systemd/system/training.slice`` caps all jobs together; systemd re-reads
 it only when it changed. On GB10 the caps count CPU-side memory and page cache,
 not CUDA allocations: the watchdog (operations/watchdog.py) covers those.
+
+``jobs_model_cache`` (off by default) is a model cache shared by a group: the
+directory, root's and the group's (setgid, 2775), the group and its members.
+cuda_env exports it as ``HF_HOME``; spark-container mounts it.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from typing import Any
+
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import FactBase, QuoteString, StringCommand, deploy
+from pyinfra.operations import files, server
 
 from sparkrig import atomic, reading
-from sparkrig.settings import ALL_DEFAULTS, Setting, int_range, memory_max_check
+from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
+from sparkrig.settings import (
+    ALL_DEFAULTS, USER_NAME, Setting, absolute_path, boolean, env_mapping, int_range, memory_max_check,
+)
 
-from . import watchdog
 
-SLICE = "training.slice"
+SLICE = TRAINING_SLICE
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
 BIN_DIR = "/usr/local/bin"
 SLICE_DESCRIPTION = "Training jobs started by spark-run"
-COMMAND_NAMES = ("spark-run", "spark-preflight", "spark-drop-caches")
+COMMAND_NAMES = ("spark-run", "spark-jobs", "spark-preflight", "spark-drop-caches")
 PATHS = {name: f"{BIN_DIR}/{name}" for name in COMMAND_NAMES}
+# spark-run --detach NAME starts UNIT_PREFIX + NAME + ".service"; spark-jobs records how it ended.
+UNIT_PREFIX = JOB_UNIT_PREFIX
+RECORDS = "/var/lib/sparkrig/jobs"
 # Everything the concern decides from, in the host's one reading.
 STATE = reading.part(atomic.HostState, paths=(SLICE_FILE, *PATHS.values()))
-
-
-@reading.planner
-def reads(_settings):
-    return [STATE]
 
 
 
@@ -63,6 +80,48 @@ SETTINGS = (
         int_range(1, 1000, "oom_score_adj"),
     ),
     Setting(
+        "jobs_drop_caches",
+        False,
+        "spark-run drops the page cache (spark-drop-caches) before every job, as if given "
+        "--drop-caches (--no-drop-caches skips it once). NVIDIA's playbooks flush it between runs;"
+        " vLLM's start-up on unified memory can fail without (vllm issue 35313).",
+        boolean,
+    ),
+    Setting(
+        "jobs_env",
+        {},
+        "Variables set for every spark-run job (foreground or detached) and spark-container, "
+        "unless the caller's environment sets them, e.g. "
+        '{"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} (reported to leave several GiB '
+        "more memory available on Sparks). Names are variable names; values are literal strings "
+        "without single quotes or newlines.",
+        env_mapping,
+    ),
+    Setting(
+        "jobs_model_cache",
+        "",
+        'A model cache shared by the users of jobs_model_cache_group, e.g. "/srv/models/huggingface":'
+        " the directory is made root's and the group's, mode 2775 (setgid: what members write "
+        "there stays the group's), HF_HOME names it in the CUDA env file, and spark-container "
+        "mounts it in place of ngc_hf_cache. Members need umask 002 for others to write into what"
+        ' they downloaded. "": none (each user keeps ~/.cache/huggingface).',
+        lambda value, data: None if value == "" else _cache_path_check(value, data),
+    ),
+    Setting(
+        "jobs_model_cache_group",
+        "sparkrig-models",
+        "The group that owns jobs_model_cache (made a system group when missing).",
+        lambda value, _data: None if isinstance(value, str) and USER_NAME.fullmatch(value) else (
+            "a group name ([a-z_][a-z0-9_-]*, 32 characters at most)"),
+    ),
+    Setting(
+        "jobs_model_cache_users",
+        [],
+        "Users added to jobs_model_cache_group (users in it already stay; none is removed).",
+        lambda value, _data: None if isinstance(value, (list, tuple)) and all(
+            isinstance(u, str) and USER_NAME.fullmatch(u) for u in value) else "a list of user names",
+    ),
+    Setting(
         "jobs_preflight_min_available_kib",
         64 * 1024 * 1024,
         "spark-preflight fails its memory check below this much MemAvailable, in KiB (64 GiB: half"
@@ -71,6 +130,69 @@ SETTINGS = (
         int_range(0, 1 << 40, "KiB; 67108864 is 64 GiB"),
     ),
 )
+
+def _cache_path_check(value: Any, data: Mapping[str, Any]) -> str | None:
+    # One word wherever it goes: the env file, docker's --volume (':'), a unit's arguments.
+    ok = isinstance(value, str) and _CACHE_PATH.fullmatch(value) and absolute_path(value, data) is None
+    return None if ok and value.rstrip("/") not in SYSTEM_DIRS else (
+        "a normalised absolute path of letters, digits and ._-/ (no spaces or ':'), "
+        "not / or a system directory such as /usr or /home"
+    )
+
+
+_CACHE_PATH = re.compile(r"(/[A-Za-z0-9._-]+)+")
+SYSTEM_DIRS = {"", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/opt", "/proc", "/root", "/run",
+               "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/usr/local", "/var/lib"}
+
+
+class ModelCache(FactBase):
+    """
+    Returns the shared model cache directory (mode, owner, group; ``"link"`` when it is a
+    symbolic link, ``None`` when missing) and its group (``None`` when missing).
+
+    .. code:: python
+
+        {"directory": {"mode": 0o2775, "user": "root", "group": "sparkrig-models"},
+         "group": {"gid": 998, "members": ["spark"]}}
+    """
+
+    def command(self, path: str, group: str) -> StringCommand:
+        q, g = QuoteString(path), QuoteString(group)
+        return StringCommand(
+            "if [ -L", q, "]; then echo link; elif [ -d", q, "]; then echo dir $(stat -c '%a %U %G'", q, ");",
+            "else echo nodir; fi; echo group $(getent group", g, "|| true)",
+        )
+
+    @atomic.parses
+    def process(self, output: list[str]) -> dict:
+        found: dict = {"directory": None, "group": None}
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "link":
+                found["directory"] = "link"
+            elif kind == "dir":
+                mode, user, group = rest.split(" ")
+                found["directory"] = {"mode": int(mode, 8), "user": user, "group": group}
+            elif kind == "group" and rest:
+                _name, _x, gid, members = rest.split(":")
+                found["group"] = {"gid": int(gid), "members": [m for m in members.split(",") if m]}
+            elif kind not in ("nodir", "group"):
+                raise ValueError(f"unexpected line {line!r}")
+        return found
+
+    @staticmethod
+    def default() -> dict:
+        return {"directory": None, "group": None}
+
+
+def cache_part(settings: Mapping[str, Any]) -> reading.Part:
+    return reading.part(ModelCache, path=settings["jobs_model_cache"], group=settings["jobs_model_cache_group"])
+
+
+@reading.planner
+def reads(settings):
+    return [STATE, *([cache_part(settings)] if settings.get("jobs_model_cache") else [])]
+
 
 SLICE_VALIDATOR = atomic.unit_file_validator(
     ["Unit", "Slice"],
@@ -87,17 +209,25 @@ def render_slice(memory_max: str) -> str:
 
 
 def render_commands(
-    memory_max: str, oom_score_adj: int, min_available_kib: int, watchdog_enabled: bool
+    memory_max: str,
+    oom_score_adj: int,
+    min_available_kib: int,
+    watchdog_enabled: bool,
+    drop_caches: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Each command's name and script."""
     return {
         "spark-run": atomic.render(
-            "jobs/spark-run.sh.j2", slice=SLICE, memory_max=memory_max, oom_score_adj=oom_score_adj
+            "jobs/spark-run.sh.j2", slice=SLICE, memory_max=memory_max, oom_score_adj=oom_score_adj,
+            drop_caches="yes" if drop_caches else "no", env=sorted((env or {}).items()),
+            unit_prefix=UNIT_PREFIX, jobs_command=PATHS["spark-jobs"], self_path=SPARK_RUN,
         ),
+        "spark-jobs": atomic.render("jobs/spark-jobs.sh.j2", unit_prefix=UNIT_PREFIX, records=RECORDS),
         "spark-preflight": atomic.render(
             "jobs/spark-preflight.sh.j2",
             min_available_kib=min_available_kib,
-            watchdog_service=watchdog.SERVICE if watchdog_enabled else "",
+            watchdog_service=WATCHDOG_SERVICE if watchdog_enabled else "",
         ),
         "spark-drop-caches": atomic.render("jobs/spark-drop-caches.sh.j2"),
     }
@@ -106,17 +236,19 @@ def render_commands(
 @deploy("Job wrappers", data_defaults=ALL_DEFAULTS)
 def jobs():
     """
-    Write training.slice and install spark-run, spark-preflight and spark-drop-caches.
+    Write training.slice, install spark-run, spark-jobs, spark-preflight and
+    spark-drop-caches, and make the shared model cache.
 
-    Settings: ``jobs_memory_max``, ``jobs_oom_score_adj``, ``jobs_preflight_min_available_kib``,
-    and ``watchdog_enabled`` (spark-preflight skips its watchdog check when it is False);
-    see docs/settings.md.
+    Settings: ``jobs_*``, and ``watchdog_enabled`` (spark-preflight skips its watchdog
+    check when it is False); see docs/settings.md.
     """
     commands = render_commands(
         host.data.jobs_memory_max,
         host.data.jobs_oom_score_adj,
         host.data.jobs_preflight_min_available_kib,
         host.data.watchdog_enabled,
+        host.data.jobs_drop_caches,
+        host.data.jobs_env,
     )
     slice_text = render_slice(host.data.jobs_memory_max)
     paths = PATHS
@@ -141,3 +273,29 @@ def jobs():
             mode=0o755,
             validate=("sh", "-n"),
         )
+    if host.data.jobs_model_cache:
+        model_cache(host.data.jobs_model_cache, host.data.jobs_model_cache_group,
+                    host.data.jobs_model_cache_users)
+
+
+def model_cache(path: str, group: str, users: list[str]) -> None:
+    """The shared model cache: its group with its members, the directory root's and the group's."""
+    found = reading.get(ModelCache, path=path, group=group)
+    if found["directory"] == "link":
+        atomic.refused(name="Model cache directory (jobs_model_cache)",
+                       message=f"{path} is a symbolic link: root would follow it (make it a directory)")
+        return
+    if found["group"] is None:
+        server.shell(name="Model cache group (jobs_model_cache_group)",
+                     commands=[StringCommand("groupadd", "--system", QuoteString(group))])
+    members = (found["group"] or {}).get("members", [])
+    joining = [user for user in users if user not in members]
+    if joining:
+        atomic.detail(f"{', '.join(joining)} join {group}")
+        server.shell(name="Model cache group members (jobs_model_cache_users)", commands=[
+            StringCommand("usermod", "--append", "--groups", QuoteString(group), QuoteString(user))
+            for user in joining
+        ])
+    if found["directory"] != {"mode": 0o2775, "user": "root", "group": group}:
+        files.directory(name="Model cache directory (jobs_model_cache, root and the group's, 2775)",
+                        path=path, user="root", group=group, mode="2775")

@@ -15,6 +15,10 @@ JupyterLab as a systemd-managed container bound to 127.0.0.1. Off by default.
   the project, the Hugging Face cache and the outputs mounted, the CUDA env file's
   portable variables, and secrets as read-only 0600 files exported inside the
   container only (never ``--env`` values, which ``docker inspect`` shows).
+  ``--publish PORT`` binds to 127.0.0.1 (``--publish-all-interfaces`` for every
+  interface), ``ngc_home_mounts`` are mounted read-only, ``jobs_model_cache`` (when
+  set) replaces ``ngc_hf_cache``, and ``--detach NAME`` hands the same launch to
+  ``spark-run --detach`` (the job wrappers concern), so ``spark-jobs`` sees it.
 - ``ngc_jupyter``: ``sparkrig-jupyter.service`` runs JupyterLab through the launcher,
   on the host network bound to 127.0.0.1, with its token read from a 0600 file
   generated on the host (``JUPYTER_TOKEN`` inside the container), ``Restart=always``.
@@ -38,6 +42,7 @@ from pyinfra.operations.util import any_changed
 
 from sparkrig.python_wheels import REFUSED, normalise
 from sparkrig import atomic, reading
+from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN
 from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, IMAGE_REFERENCE, USER_NAME, Setting, absolute_path, boolean, int_range, one_of
 
 BUILDS = ("none", "packages", "unsloth")
@@ -133,6 +138,11 @@ def optional_home_path_check(value: Any, data: Mapping[str, Any]) -> str | None:
     return None if value == "" else home_path_check(value, data)
 
 
+def home_mounts_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    ok = isinstance(value, (list, tuple)) and all(isinstance(m, str) and _HOME_PATH.fullmatch(m) for m in value)
+    return None if ok else "a list of directories below the caller's home, each written '~/dir' (e.g. '~/.aws')"
+
+
 def mount_point_check(value: Any, data: Mapping[str, Any]) -> str | None:
     # One word wherever it goes: the unit's ExecStart (split at blanks) and docker's --volume (':').
     ok = (
@@ -210,8 +220,13 @@ SETTINGS = (
             "the container; it is also the working directory.", mount_point_check),
     Setting("ngc_hf_cache", "~/.cache/huggingface",
             'The Hugging Face cache on the host, "~/" being the caller\'s home, mounted at '
-            "/cache/huggingface with HF_HOME pointing there: models are downloaded once.",
+            "/cache/huggingface with HF_HOME pointing there: models are downloaded once. "
+            "jobs_model_cache, when set, is mounted instead (one cache for all users).",
             home_path_check),
+    Setting("ngc_home_mounts", [],
+            'Directories of the caller\'s home mounted read-only into the container at its HOME '
+            '(/tmp), where present, e.g. ["~/.aws", "~/.wandb"]: credentials and settings the '
+            "tools inside read. A link is not mounted.", home_mounts_check),
     Setting("ngc_outputs", "", "A host directory mounted over the project's outputs/ (checkpoints "
                                'on a bigger disk, e.g. "/data/outputs" or "~/outputs"). "": '
                                "outputs stay in the project.", optional_home_path_check),
@@ -276,7 +291,12 @@ def render_launcher(data: Any) -> str:
         image=q(run_image(data)),
         memlock="--ulimit memlock=-1" if data.ngc_memlock_unlimited else "",
         project_mount=q(data.ngc_project_mount),
-        hf_cache=q(data.ngc_hf_cache),
+        hf_cache=q(data.jobs_model_cache or data.ngc_hf_cache),
+        home_mounts=" ".join(q(m) for m in data.ngc_home_mounts),
+        job_env=" ".join(q(f"{k}={v}") for k, v in sorted(data.jobs_env.items())),
+        spark_run=q(SPARK_RUN),
+        launcher=q(LAUNCHER),
+        job_prefix=q(JOB_UNIT_PREFIX),
         outputs=q(data.ngc_outputs) if data.ngc_outputs else "",
         cuda_env_file=q(data.cuda_env_file),
         users=" ".join(data.ngc_users),

@@ -44,7 +44,8 @@ from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand,
 
 from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL, package_name
 from sparkrig import atomic, reading
-from . import hardware
+from sparkrig.profile import ARCHES, host_profile
+from sparkrig.profile import profiles_check as hardware_profiles_check
 from sparkrig.python_wheels import LOCK_PLATFORM, REFUSED, lock_entries, normalise, offline_wheels
 from sparkrig.atomic import refused
 from sparkrig.packages import installed as install_packages
@@ -144,8 +145,8 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
         if wheels is not None and arch is not None and not isinstance(wheels.get(arch), Mapping):
             return f"vllm.wheels has no {{url, sha256}} entry for this host's architecture {arch}"
         for wheel_arch, wheel in (wheels or {}).items():
-            if wheel_arch not in hardware.ARCHES:
-                return f"vllm.wheels: {wheel_arch!r} is not one of {', '.join(hardware.ARCHES)}"
+            if wheel_arch not in ARCHES:
+                return f"vllm.wheels: {wheel_arch!r} is not one of {', '.join(ARCHES)}"
             if not isinstance(wheel, Mapping) or set(wheel) != {"url", "sha256"}:
                 return f"vllm.wheels.{wheel_arch} must hold url and sha256"
             if not (isinstance(wheel["url"], str) and _URL.fullmatch(wheel["url"])):
@@ -169,8 +170,8 @@ def _locks_problem(locks: Any, profiles: Mapping[str, Any]) -> str | None:
     if not isinstance(locks, Mapping) or set(locks) != {"architectures", "profiles"}:
         return "locks must hold architectures and profiles (the sets of profiles hosts enable)"
     arches = locks["architectures"]
-    if not (isinstance(arches, list) and arches and all(a in hardware.ARCHES for a in arches)):
-        return f"locks.architectures must list some of {', '.join(sorted(hardware.ARCHES))}"
+    if not (isinstance(arches, list) and arches and all(a in ARCHES for a in arches)):
+        return f"locks.architectures must list some of {', '.join(sorted(ARCHES))}"
     sets = locks["profiles"]
     if not (isinstance(sets, list) and sets and all(isinstance(p, list) for p in sets)):
         return "locks.profiles must list sets of profiles, e.g. [[], [unsloth]]"
@@ -183,7 +184,7 @@ def _locks_problem(locks: Any, profiles: Mapping[str, Any]) -> str | None:
 
 def _arch(data: Mapping[str, Any]) -> str | None:
     """The host's CPU architecture from its profile; None when the profile is invalid."""
-    if hardware.profiles_check(data.get("hardware_profiles"), data):
+    if hardware_profiles_check(data.get("hardware_profiles"), data):
         return None
     profile = data["hardware_profiles"].get(data.get("hardware_profile"))
     return profile["arch"] if isinstance(profile, Mapping) else None
@@ -824,7 +825,7 @@ def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
     """
     data = host.data
     manifest = data.python_stack
-    arch = hardware.host_profile()["arch"]
+    arch = host_profile()["arch"]
     # Checked before any connection for a named profile; for "auto", now that the box said.
     problem = manifest_problem(manifest, arch) or lock_problem(
         manifest, arch, data.python_stack_profiles, data.python_stack_locks

@@ -65,7 +65,7 @@ from pyinfra.api import (
 from sparkrig.venv import STATE_DIR, UV, UV_ENV, package_name
 from sparkrig.python_wheels import normalise
 from sparkrig import atomic, reading
-from . import jobs
+from sparkrig.units import TRAINING_SLICE
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
 from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, memory_max_check, resolved
 
@@ -365,7 +365,11 @@ def read_builds(data: Mapping[str, Any]) -> dict:
 
 @reading.planner
 def reads(settings):
-    return [reading.part(SourceBuilds, **fact_arguments(settings))] if wanted(settings) else []
+    # A build's key depends on the hardware profile; "auto" is chosen from the reading itself
+    # (hardware()), so such a host reads its builds when they are asked for: one command more.
+    if not settings["source_builds_enabled"] or settings["hardware_profile"] not in settings["hardware_profiles"]:
+        return []
+    return [reading.part(SourceBuilds, **fact_arguments(settings))]
 
 
 def public_inputs(inputs: Mapping[str, Any]) -> dict:
@@ -649,7 +653,7 @@ def build(
             "&& { systemctl reset-failed", QuoteString(unit), "2>/dev/null; true; }",
             "&& systemd-run --quiet --collect --unit", QuoteString(unit),
             "--description", QuoteString(f"sparkrig source build {name}"),
-            "--slice", QuoteString(jobs.SLICE), "--uid", QuoteString(owner),
+            "--slice", QuoteString(TRAINING_SLICE), "--uid", QuoteString(owner),
             *[arg for p in properties for arg in ("--property", QuoteString(p))],
             *[arg for k, v in setenv.items() for arg in ("--setenv", QuoteString(f"{k}={v}"))],
             "/bin/sh", QuoteString(script_path), "; fi",

@@ -20,11 +20,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, deploy, operation
-from pyinfra.connectors.ssh import SSHConnector
 
 from sparkrig import atomic, reading
+from sparkrig.connection import prove_new_connection
 from sparkrig.settings import ALL_DEFAULTS, SIZE_UNITS, Setting
 
 DROPIN_NAME = "zz-sparkrig.conf"  # read last: wins over earlier drop-ins such as the guides' oom.conf
@@ -189,28 +189,6 @@ def _verified_dropin(unit: str, content: str):
         mode=0o644,
         validate=("sh", "-c", VERIFY_DROPIN, "sparkrig-verify", unit),
     )
-
-
-def prove_new_connection(state, host) -> bool:
-    """Open a brand-new SSH connection to the host and run ``true`` through it."""
-    if not isinstance(host.connector, SSHConnector):
-        return True
-    fresh = SSHConnector(state, host)
-    try:
-        fresh.connect()
-        ok, output = fresh.run_shell_command(StringCommand("true"))
-    except Exception as error:  # noqa: BLE001 - any failure means users may be locked out
-        ok, output = False, error
-    finally:
-        client = getattr(fresh, "client", None)
-        if client is not None:
-            client.close()
-    if not ok:
-        logger.error(
-            f"{host.print_prefix}sparkrig: a NEW SSH connection failed after restarting sshd "
-            f"({output}); this deploy's connection is still open: fix sshd before it closes",
-        )
-    return bool(ok)
 
 
 @operation()

@@ -34,11 +34,12 @@ from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
 from sparkrig import atomic, reading
+from sparkrig.units import WATCHDOG_SERVICE
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import ALL_DEFAULTS, Setting, boolean, int_range
 
 PACKAGE = "earlyoom"
-SERVICE = "earlyoom.service"
+SERVICE = WATCHDOG_SERVICE
 DEFAULT_FILE = "/etc/default/earlyoom"
 DROP_IN = "/etc/systemd/system/earlyoom.service.d/50-sparkrig.conf"
 OOM_SCORE_ADJUST = -1000

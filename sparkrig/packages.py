@@ -67,13 +67,16 @@ done
 # Finishes an interrupted dpkg run. A package whose unpacking was cut off (power lost
 # mid-deploy) is "half-installed, reinstall required": dpkg --configure -a passes over it
 # and the next install fails on it ("package is in a very bad inconsistent state"), so apt
-# reinstalls such packages first; then dpkg configures what is pending. Arguments: apt-get
-# and its options.
+# reinstalls such packages; apt itself refuses to run while dpkg's journal is pending ("dpkg
+# was interrupted, you must manually run 'dpkg --configure -a'"), so dpkg replays it first
+# (what depends on the broken package may fail to configure then: the last run settles it).
+# Arguments: apt-get and its options.
 COMPLETE_DPKG = r"""
 broken=$(dpkg-query -W -f '${db:Status-Abbrev} ${binary:Package}\n' 2>/dev/null |
   awk 'substr($1, 2, 1) == "H" || substr($1, 3, 1) == "R" { print $2 }')
 if [ -n "$broken" ]; then
   echo "sparkrig: reinstalling what an interrupted dpkg run left half-installed:" $broken >&2
+  dpkg --configure -a >&2 || true
   "$@" update && "$@" install --reinstall $broken || exit
 fi
 dpkg --configure -a

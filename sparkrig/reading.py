@@ -33,6 +33,7 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from gevent.lock import BoundedSemaphore
 from pyinfra import host
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
@@ -194,13 +195,26 @@ def reading_of(parts: Sequence[Part], nonce: str | None = None) -> type[Reading]
     return ThisReading
 
 
+def _reading_lock() -> BoundedSemaphore:
+    lock = getattr(host, "_sparkrig_reading_lock", None)
+    if lock is None:
+        lock = host._sparkrig_reading_lock = BoundedSemaphore()
+    return lock
+
+
 def value(wanted: Part) -> Any:
     """The part's value on the current host, from its one reading (read now, with every
-    planned part, if it was not read yet). The fact's ``default()`` when this host failed."""
+    planned part, if it was not read yet). The fact's ``default()`` when this host failed.
+
+    pyinfra runs each host's deploy code in a greenlet of its own: a concern that reads
+    another host (a cluster's peers, operations/cluster.py) waits for that host's reading
+    under way instead of making a second one."""
     memo = _memo()
     if wanted not in memo:
-        pending = [wanted] + [each for each in planned(_host_settings()) if each not in memo and each != wanted]
-        memo.update(read(pending))
+        with _reading_lock():
+            if wanted not in memo:
+                pending = [wanted] + [each for each in planned(_host_settings()) if each not in memo and each != wanted]
+                memo.update(read(pending))
     return memo[wanted]
 
 

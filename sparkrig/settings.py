@@ -243,14 +243,35 @@ def all_settings() -> tuple[Setting, ...]:
     return tuple(setting for concern in CONCERNS for setting in concern.SETTINGS)
 
 
-def validate_hosts(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
-    """Raise one :class:`SettingsError` listing every bad setting of every host."""
+def validate_hosts(
+    hosts: Iterable[tuple[str, Mapping[str, Any]]],
+    inventory: Iterable[tuple[str, Mapping[str, Any]]] | None = None,
+) -> None:
+    """Raise one :class:`SettingsError` listing every bad setting of every host.
+
+    ``hosts`` are the hosts of the run; ``inventory`` every host of the inventory (default:
+    the same). Once each host's values are valid, each concern's ``FLEET_CHECKS`` see them
+    all together (a cluster's addresses unique across its nodes, one subnet per link):
+    each is called with the run's and the inventory's (name, data with every setting
+    resolved) and returns (host, problem) pairs.
+    """
+    from operations import CONCERNS
+
+    hosts = list(hosts)
     settings = all_settings()
     lines = [
         f"  host {name!r}: {problem}"
         for name, data in hosts
         for problem in problems(settings, data)
     ]
+    if not lines:
+        everyone = hosts if inventory is None else list(inventory)
+        # Each host's data with every setting resolved (ssh_hostname and such stay).
+        resolved = {name: {**data, **resolve(settings, data)} for name, data in everyone}
+        targeted = [(name, resolved.get(name) or {**data, **resolve(settings, data)}) for name, data in hosts]
+        for concern in CONCERNS:
+            for check in getattr(concern, "FLEET_CHECKS", ()):
+                lines += [f"  host {name!r}: {problem}" for name, problem in check(targeted, list(resolved.items()))]
     if lines:
         raise SettingsError(
             "invalid sparkrig settings, nothing was changed on any host "
@@ -270,7 +291,8 @@ def validate_on_init(state) -> None:
     def init_then_validate(*args, **kwargs):
         init(*args, **kwargs)
         validate_hosts(
-            (host.name, host.data.dict()) for host in state.inventory if state.is_host_in_limit(host)
+            [(host.name, host.data.dict()) for host in state.inventory if state.is_host_in_limit(host)],
+            [(host.name, host.data.dict()) for host in state.inventory],
         )
 
     state.init = init_then_validate

@@ -110,7 +110,7 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
     ctx_inventory.set(inventory_obj)
     chosen = set(limit_hosts({h.name: list(h.groups) for h in inventory_obj}, limit))
     hosts = [h for h in inventory_obj if h.name in chosen]
-    validate_hosts((h.name, h.data.dict()) for h in hosts)
+    validate_hosts([(h.name, h.data.dict()) for h in hosts], [(h.name, h.data.dict()) for h in inventory_obj])
     state.init(inventory_obj, config, initial_limit=hosts)
     facts: dict[str, dict] = {}
     errors: dict[str, str] = {}

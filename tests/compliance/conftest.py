@@ -28,7 +28,7 @@ import pytest
 from testinfra.backend.local import LocalBackend
 from testinfra.backend.ssh import SshBackend
 
-from operations.hardware import AUTO, HardwareIdentity, choose_profile
+from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
 import lab
 from tests.conftest import LAB_INVENTORY, lab_says
@@ -206,7 +206,7 @@ def settings(host, host_data) -> dict:
 
 @pytest.fixture
 def identity(host) -> dict:
-    """What the host under test says it is (operations.hardware.HardwareIdentity's shape)."""
+    """What the host under test says it is (sparkrig.profile.HardwareIdentity's shape)."""
     command = HardwareIdentity().command().get_raw_value()
     return HardwareIdentity().process(host.check_output(command).splitlines())
 

@@ -39,6 +39,8 @@ def expected(host, settings, profile) -> dict[str, str]:
         "TRITON_PTXAS_BLACKWELL_PATH": f"{home}/bin/ptxas",
         "UV_NO_SYNC": "1",
         **settings["cuda_env_extra"],
+        # The shared model cache is every user's Hugging Face home.
+        **({"HF_HOME": settings["jobs_model_cache"]} if settings["jobs_model_cache"] else {}),
     }
 
 

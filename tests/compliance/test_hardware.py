@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from operations.hardware import contradiction
+from sparkrig.profile import contradiction
 
 
 def test_the_box_is_the_hardware_its_profile_says(settings, identity, profile):

@@ -1,7 +1,9 @@
 """
 Job wrapper controls: training.slice caps the jobs' memory, spark-run puts a job in
-it with a raised OOM score, spark-preflight passes on a converged host and
-spark-drop-caches works as root.
+it with a raised OOM score, a detached job outlives the SSH session that started it
+and its exit status stays readable, spark-jobs acts on the caller's own jobs only,
+spark-preflight passes on a converged host, spark-drop-caches works as root, and the
+shared model cache belongs to its group.
 
 The expected caps are worked out here from the settings and the host's memory the
 way systemd computes them, independently of operations/jobs.py.
@@ -11,11 +13,16 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import time
+import uuid
 
 import pytest
 
+from tests.compliance.conftest import inventory_name
+
 SLICE = "training.slice"
-COMMANDS = ["spark-run", "spark-preflight", "spark-drop-caches"]
+COMMANDS = ["spark-run", "spark-jobs", "spark-preflight", "spark-drop-caches"]
 UINT32_MAX = 2**32 - 1
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -158,3 +165,136 @@ def test_spark_drop_caches_works_as_root_only(host):
     if host.user().name != "root":
         refused = host.run("spark-drop-caches")
         assert refused.rc == 1 and "must run as root" in refused.stderr
+
+
+# Detached jobs ---------------------------------------------------------------
+
+
+@pytest.fixture
+def job_user(host):
+    """The suite's own user, where it is an ordinary one with sudo (spark-run --detach asks
+    sudo to start the service)."""
+    if host.user().name == "root":
+        pytest.skip("the suite logs in as root here: the ordinary-user path is not exercised")
+    if host.run("sudo -n true").rc != 0:
+        pytest.skip("sudo asks this user for a password: spark-run --detach would prompt for it")
+    return host.user().name
+
+
+@pytest.fixture
+def job_name(host):
+    """A fresh job name; the job is stopped and forgotten afterwards."""
+    name = f"sparkrig-check-{uuid.uuid4().hex[:8]}"
+    yield name
+    with host.sudo():
+        host.run("systemctl stop %s", f"spark-job-{name}.service")
+        host.run("spark-jobs forget %s", name)
+
+
+def _row(host, name: str) -> list[str] | None:
+    """The job's row in `spark-jobs` (NAME USER STATE ... EXIT), None when it is not listed."""
+    for line in host.check_output("spark-jobs list").splitlines()[1:]:
+        if line.split()[0] == name:
+            return line.split()
+    return None
+
+
+def _wait_for(what, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.5)
+    return what()
+
+
+def _fresh_ssh(request, host) -> list[str]:
+    """An ssh command that opens a connection of its own (none of the suite's shared ones)."""
+    if host.backend.NAME != "ssh":
+        pytest.skip("the suite does not reach this host over SSH: no session to drop")
+    return ["ssh", "-F", request.config.option.ssh_config, "-o", "ControlMaster=no", "-o", "ControlPath=none",
+            "-o", "BatchMode=yes", inventory_name(host)]
+
+
+def test_a_detached_job_outlives_its_ssh_session_and_keeps_its_exit_status(request, host, job_user, job_name):
+    """Protects against multi-day runs that die with the laptop's SSH connection (what tmux
+    and screen were for), and against jobs that leave nothing to come back to: a job started
+    over one connection, which is then cut, is still running over a new connection, and once
+    it ends its exit status and its output are there."""
+    ssh = _fresh_ssh(request, host)
+    marker = uuid.uuid4().hex
+    session = f"sleep 600.{uuid.uuid4().int % 10**6}"  # this session's own process
+    # A terminal (-tt), as a person's session has: when the connection drops, sshd hangs
+    # it up, and the session (sleep, standing in for the shell) ends.
+    start = subprocess.Popen(
+        [*ssh, "-tt", f"spark-run --detach {job_name} -- sh -c 'echo started-{marker}; sleep 10; "
+               f"echo finished-{marker}; exit 3' && {session}"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: (_row(host, job_name) or [None] * 3)[2] == "active", 30), \
+            f"the job did not start: {_row(host, job_name)}"
+    finally:
+        start.kill()  # the connection drops, as a laptop going to sleep
+        start.wait(10)
+    assert _wait_for(lambda: host.run("pgrep -u %s -x -f %s", job_user, session).rc == 1, 30), \
+        "the SSH session that started the job is still there: nothing was cut"
+    reconnect = subprocess.run([*ssh, "spark-jobs list"], capture_output=True, text=True, timeout=60)
+    assert reconnect.returncode == 0, reconnect.stderr
+    row = next((line.split() for line in reconnect.stdout.splitlines() if line.startswith(job_name + " ")), None)
+    assert row and row[1:3] == [job_user, "active"], f"after reconnecting: {reconnect.stdout}"
+    ended = _wait_for(lambda: (_row(host, job_name) or [""] * 3)[2] == "failed" and _row(host, job_name), 60)
+    assert ended and ended[-1] == "3", f"the job's exit status is not kept: {ended}"
+    logs = subprocess.run([*ssh, f"spark-jobs logs {job_name}"], capture_output=True, text=True, timeout=60)
+    assert f"started-{marker}" in logs.stdout and f"finished-{marker}" in logs.stdout, logs.stdout + logs.stderr
+
+
+def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, settings, job_user, job_name):
+    """Protects against background jobs that escape training.slice's cap, that the OOM killer
+    and earlyoom would spare, that run as root, or without the caller's environment, directory
+    and jobs_env; and against a stop that does not stop: spark-jobs stop ends it, and it is
+    listed as stopped by SIGTERM."""
+    probe = ("cat /proc/self/oom_score_adj; id -un; pwd; printf '%s\\n' \"$SPARKRIG_PROBE\" "
+             "\"${PYTORCH_CUDA_ALLOC_CONF-unset}\"; exec sleep 300")
+    host.check_output("cd /tmp && SPARKRIG_PROBE='a b$c' spark-run --detach %s -- sh -c %s", job_name, probe)
+    unit = f"spark-job-{job_name}.service"
+    assert _wait_for(lambda: len(host.check_output("sudo -n journalctl -q --no-pager -o cat -u %s", unit)
+                                 .splitlines()) >= 5, 30)
+    shown = _show(host, unit, "Slice", "MemoryMax", "MemorySwapMax", "OOMScoreAdjust", "User")
+    assert (shown["Slice"], shown["MemorySwapMax"], shown["User"]) == (SLICE, "0", job_user)
+    assert shown["OOMScoreAdjust"] == str(settings["jobs_oom_score_adj"])
+    _assert_bytes(host, shown["MemoryMax"], _scope_bytes(host, settings["jobs_memory_max"]))
+    output = host.check_output("spark-jobs logs %s", job_name).splitlines()
+    expected_env = settings["jobs_env"].get("PYTORCH_CUDA_ALLOC_CONF", "unset")
+    assert output[:5] == [str(settings["jobs_oom_score_adj"]), job_user, "/tmp", "a b$c", expected_env], output
+    assert host.run("spark-jobs stop %s", job_name).rc == 0
+    row = _wait_for(lambda: (_row(host, job_name) or [""] * 3)[2] == "stopped" and _row(host, job_name), 30)
+    assert row and row[-1] == "SIGTERM", row
+
+
+def test_a_running_job_name_is_refused_and_others_jobs_cannot_be_stopped(host, job_user, job_name):
+    """Protects against a second job silently taking over a running job's name (and its
+    log), and against users stopping each other's jobs: root's job cannot be stopped by
+    the user through spark-jobs."""
+    with host.sudo():
+        host.check_output("spark-run --detach %s -- sleep 300", job_name)
+    again = host.run("spark-run --detach %s -- true", job_name)
+    assert again.rc == 1 and "is active" in again.stderr, again.stderr
+    refused = host.run("spark-jobs stop %s", job_name)
+    assert refused.rc == 1 and "is root's job" in refused.stderr, refused.stderr
+    assert (_row(host, job_name) or [""] * 3)[1:3] == ["root", "active"]
+
+
+def test_the_shared_model_cache_belongs_to_its_group(host, settings):
+    """Protects against a model cache that one user's download makes unusable for the others
+    (or that anyone may replace): the directory is root's and the group's, setgid, group-
+    writable, and each of jobs_model_cache_users is in the group."""
+    if not settings["jobs_model_cache"]:
+        pytest.skip("jobs_model_cache is empty for this host: each user keeps their own cache")
+    cache = host.file(settings["jobs_model_cache"])
+    assert cache.is_directory and not cache.is_symlink
+    assert (cache.user, cache.group, cache.mode) == ("root", settings["jobs_model_cache_group"], 0o2775)
+    members = host.group(settings["jobs_model_cache_group"])
+    assert members.exists
+    for user in settings["jobs_model_cache_users"]:
+        assert settings["jobs_model_cache_group"] in host.user(user).groups, f"{user} is not in the group"

@@ -183,3 +183,75 @@ def test_jupyter_wants_its_token_and_offers_the_images_python(jupyter, settings)
         specs = jupyter.check_output(
             "printf 'header = \"Authorization: token %%s\"\\n' \"$(cat %s)\" | curl -sf -K - %s", TOKEN, url)
     assert "python3" in json.loads(specs)["kernelspecs"], specs
+
+
+STAND_IN_IMAGE = "/sparkrig-lab/ngc-stand-in:"  # lab/registry.py's busybox image
+
+
+def test_pytorch_imports_inside_the_image(ngc, launcher_user, settings):
+    """Protects against an image whose PyTorch is broken or CPU-only (seed 004's check): torch
+    imports inside the container, and sees the GPU where the host has one."""
+    if STAND_IN_IMAGE in settings["ngc_base_image"]:
+        pytest.skip("the lab's STAND-IN image (lab/registry.py) is busybox: it has no Python or PyTorch")
+    gpu = ngc.file("/dev/nvidiactl").exists
+    result = _as(ngc, launcher_user, "spark-container -- python3 -c "
+                 "'import torch; print(torch.__version__, torch.cuda.is_available())'")
+    assert result.rc == 0, f"import torch failed in the image: {result.stderr}"
+    version, available = result.stdout.split()[-2:]
+    assert version, result.stdout
+    if gpu:
+        assert available == "True", f"torch {version} does not see the host's GPU"
+
+
+def test_a_detached_server_publishes_its_port_on_loopback_only(ngc, launcher_user):
+    """Protects against a model server open to the whole network by default (vLLM's port,
+    seed 002), and against detached containers spark-jobs cannot see or stop: a server
+    started with --detach and --publish answers on 127.0.0.1 only, is listed as its caller's
+    job, and spark-jobs stop ends it and its container."""
+    port, name = 18765, f"sparkrig-serve-{int(time.time())}"
+    started = _as(ngc, launcher_user, f"mkdir -p sparkrig-serve && cd sparkrig-serve && echo hello > index.html && "
+                                      f"spark-container --detach {name} --publish {port} -- "
+                                      f"sh -c 'exec busybox httpd -f -p {port} || exec python3 -m http.server {port}'")
+    try:
+        assert started.rc == 0, started.stderr
+        listeners = []
+        for _ in range(60):
+            with ngc.sudo():
+                out = ngc.check_output("ss -ltnH 'sport = :%s'", str(port))
+            listeners = [line.split()[3] for line in out.splitlines() if line.strip()]
+            if listeners:
+                break
+            time.sleep(1)
+        assert listeners, f"nothing listens on port {port}"
+        assert all(a.startswith(("127.0.0.1:", "[::1]:")) for a in listeners), listeners
+        jobs = _as(ngc, launcher_user, "spark-jobs list").stdout
+        assert any(line.split()[:3] == [name, launcher_user, "active"] for line in jobs.splitlines()), jobs
+        assert _as(ngc, launcher_user, f"spark-jobs stop {name}").rc == 0
+        with ngc.sudo():
+            gone = ngc.run("docker inspect spark-job-%s", name)
+        assert gone.rc != 0, "the container outlived its stopped job"
+    finally:
+        with ngc.sudo():
+            ngc.run("systemctl stop spark-job-%s.service; spark-jobs forget %s; docker rm -f spark-job-%s",
+                    name, name, name)
+        _as(ngc, launcher_user, "rm -rf sparkrig-serve")
+
+
+def test_home_mounts_are_read_only_and_the_model_cache_is_shared(ngc, launcher_user, settings):
+    """Protects against credentials a container could change or delete (~/.aws), and a
+    model cache the container does not share: a configured home directory is readable and
+    not writable inside, and with jobs_model_cache, HF_HOME inside is that cache."""
+    if not settings["ngc_home_mounts"]:
+        pytest.skip("ngc_home_mounts is empty for this host: no home directory is mounted")
+    mount = settings["ngc_home_mounts"][0].removeprefix("~/")
+    script = (f"mkdir -p {mount} && echo probe > {mount}/sparkrig-probe && spark-container -- sh -c "
+              f"'cat /tmp/{mount}/sparkrig-probe; touch /tmp/{mount}/x 2>/dev/null && echo writable; "
+              f"touch $HF_HOME/sparkrig-probe-$$ && echo cache-ok'; rm -f {mount}/sparkrig-probe")
+    lines = _as(ngc, launcher_user, script).stdout.split()
+    assert lines[0] == "probe" and "writable" not in lines, lines
+    if settings["jobs_model_cache"]:
+        assert "cache-ok" in lines, lines
+        with ngc.sudo():
+            written = ngc.check_output("find %s -maxdepth 1 -name 'sparkrig-probe-*' -printf '%%g\\n' -delete",
+                                       settings["jobs_model_cache"])
+        assert written.split() and set(written.split()) == {settings["jobs_model_cache_group"]}, written

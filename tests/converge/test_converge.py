@@ -46,3 +46,14 @@ def test_second_converge_reports_zero_changes_on_every_host(first_converge, say)
     assert not changes, "the second run changed:\n  " + "\n  ".join(changes)
     assert second.log.rstrip().endswith(f"--> {len(second.hosts())} hosts, no changes"), second.log[-2000:]
     assert second.hosts() == set(first_converge.hosts())
+
+
+def test_a_converged_host_costs_one_remote_command(first_converge):
+    """One reading per host (sparkrig/reading.py): every concern's facts in one command, and
+    nothing else on a host with nothing to change. A concern that reads outside the reading
+    (host.get_fact in its deploy, a part it did not plan) shows here as a second command."""
+    assert first_converge.returncode == 0, "the first converge failed; see its test"
+    run = run_deploy(LAB_INVENTORY, "--debug")
+    assert run.returncode == 0, run.log[-3000:]
+    counted = {host: run.log.count(f"Running command on {host}:") for host in sorted(first_converge.hosts())}
+    assert counted == {host: 1 for host in counted}, counted

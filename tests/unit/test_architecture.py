@@ -58,21 +58,11 @@ def test_the_cycle_finder_finds_a_loop_through_a_function_level_import(tmp_path)
     assert cycles(import_graph(tmp_path)) == [["a", "b", "c", "a"]]
 
 
-# What one concern still takes from another (constants and a check; source_builds installs
-# its wheels through python_stack's venv operation). Nothing may be added here: a concern
-# needs another's setting through host.data (every @deploy has every default), and what
-# several share goes to sparkrig/.
-STILL_SHARED = {
-    "cuda_env": {"hardware"},  # host_profile(): the one function the profile is read through
-    "python_stack": {"hardware"},  # host_profile(), ARCHES, profiles_check
-    "jobs": {"watchdog"},  # SERVICE, for spark-preflight
-    "source_builds": {"jobs"},  # SLICE: its builds run in the jobs' training.slice
-}
-
-
-def test_concerns_import_no_other_concern_beyond_what_is_listed():
+def test_no_concern_imports_another():
+    """Concerns talk through settings (every @deploy has every default) and sparkrig/; what
+    several share (the venv's places, the hardware profile, unit names) lives there."""
     graph = {name: deps for name, deps in import_graph().items() if name != "__init__"}
-    assert {name: deps for name, deps in graph.items() if deps} == STILL_SHARED
+    assert {name: deps for name, deps in graph.items() if deps} == {}
 
 
 def test_shared_library_and_tools_import_no_concern_at_module_level():

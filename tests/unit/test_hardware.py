@@ -8,10 +8,11 @@ import subprocess
 import pytest
 
 from operations import hardware as hw
+from sparkrig import profile
 from sparkrig.settings import problems
 from tests.unit.pyinfra_fake import plan
 
-PROFILES = hw.DEFAULT_PROFILES
+PROFILES = profile.DEFAULT_PROFILES
 SPARK = {"arch": "aarch64", "gpus": [{"compute_capability": "12.1", "name": "NVIDIA GB10"}]}
 RTX = {"arch": "x86_64", "gpus": [{"compute_capability": "12.0", "name": "NVIDIA GeForce RTX 5070 Ti"}]}
 LAB = {"arch": "x86_64", "gpus": []}
@@ -19,7 +20,7 @@ FACT = "uname -m"
 
 
 def _process(lines):
-    return hw.HardwareIdentity().process(lines)
+    return profile.HardwareIdentity().process(lines)
 
 
 def test_fact_reads_arch_and_every_gpu():
@@ -39,7 +40,7 @@ def test_fact_command_runs_in_sh_and_parses(tmp_path):
     standin = tmp_path / "nvidia-smi"
     standin.write_text("#!/bin/sh\necho '12.1, NVIDIA GB10'\n")
     standin.chmod(0o755)
-    command = hw.HardwareIdentity().command().get_raw_value()
+    command = profile.HardwareIdentity().command().get_raw_value()
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
     out = subprocess.run(["dash", "-c", command], capture_output=True, text=True, env=env, check=True)
     assert _process(out.stdout.splitlines()) == {"arch": os.uname().machine, "gpus": SPARK["gpus"]}
@@ -49,32 +50,32 @@ def test_fact_command_runs_in_sh_and_parses(tmp_path):
 
 
 def test_a_spark_matches_gb10_and_an_rtx_box_rtx50():
-    assert hw.contradiction("gb10", PROFILES["gb10"], SPARK) is None
-    assert hw.contradiction("rtx50", PROFILES["rtx50"], RTX) is None
+    assert profile.contradiction("gb10", PROFILES["gb10"], SPARK) is None
+    assert profile.contradiction("rtx50", PROFILES["rtx50"], RTX) is None
 
 
 def test_a_contradiction_names_the_profile_what_it_says_and_what_the_box_is():
-    problem = hw.contradiction("gb10", PROFILES["gb10"], RTX)
+    problem = profile.contradiction("gb10", PROFILES["gb10"], RTX)
     assert problem.startswith("hardware_profile 'gb10' says architecture aarch64 and compute capability 12.1, "
                               "but the box is x86_64, GPU NVIDIA GeForce RTX 5070 Ti (12.0)")
     assert problem.endswith("nothing was changed on it")
-    assert "compute capability 9.0" in hw.contradiction("hopper", PROFILES["hopper"], RTX)
+    assert "compute capability 9.0" in profile.contradiction("hopper", PROFILES["hopper"], RTX)
 
 
 def test_without_a_gpu_only_the_architecture_is_checked():
-    assert hw.contradiction("rtx50", PROFILES["rtx50"], LAB) is None
-    assert "no GPU visible" in hw.contradiction("gb10", PROFILES["gb10"], LAB)
+    assert profile.contradiction("rtx50", PROFILES["rtx50"], LAB) is None
+    assert "no GPU visible" in profile.contradiction("gb10", PROFILES["gb10"], LAB)
 
 
 @pytest.mark.parametrize(("box", "chosen"), [(SPARK, "gb10"), (RTX, "rtx50")])
 def test_auto_chooses_the_one_matching_profile(box, chosen):
-    assert hw.choose_profile(PROFILES, box) == (chosen, None)
+    assert profile.choose_profile(PROFILES, box) == (chosen, None)
 
 
 def test_auto_refuses_to_guess_between_profiles_or_without_one():
-    name, problem = hw.choose_profile(PROFILES, LAB)
+    name, problem = profile.choose_profile(PROFILES, LAB)
     assert name is None and "cannot choose between hopper, rtx50" in problem
-    name, problem = hw.choose_profile(PROFILES, {"arch": "riscv64", "gpus": []})
+    name, problem = profile.choose_profile(PROFILES, {"arch": "riscv64", "gpus": []})
     assert name is None and "no profile in hardware_profiles matches the box (riscv64" in problem
 
 
@@ -108,15 +109,15 @@ H100 = ["x86_64", "9.0, NVIDIA H100 80GB HBM3"]
 def test_a_real_h100_is_hopper_and_contradicts_gb10_and_rtx50():
     box = _process(H100)
     assert box == {"arch": "x86_64", "gpus": [{"compute_capability": "9.0", "name": "NVIDIA H100 80GB HBM3"}]}
-    assert hw.choose_profile(PROFILES, box) == ("hopper", None)
-    assert "architecture aarch64 and compute capability 12.1" in hw.contradiction("gb10", PROFILES["gb10"], box)
+    assert profile.choose_profile(PROFILES, box) == ("hopper", None)
+    assert "architecture aarch64 and compute capability 12.1" in profile.contradiction("gb10", PROFILES["gb10"], box)
     assert "says compute capability 12.0, but the box is x86_64, GPU NVIDIA H100 80GB HBM3 (9.0)" in \
-        hw.contradiction("rtx50", PROFILES["rtx50"], box)
+        profile.contradiction("rtx50", PROFILES["rtx50"], box)
 
 
 def test_a_box_that_prints_nothing_fails_its_profile_check_instead_of_the_run():
     """pyinfra hands a fact's default, not its parser, an empty output: the host must then
     fail with a message (no profile matches a box of no architecture), never raise."""
-    identity = hw.HardwareIdentity.default()
-    problem = hw.contradiction("gb10", hw.DEFAULT_PROFILES["gb10"], identity)
+    identity = profile.HardwareIdentity.default()
+    problem = profile.contradiction("gb10", profile.DEFAULT_PROFILES["gb10"], identity)
     assert problem and "uname -m printed nothing" in problem

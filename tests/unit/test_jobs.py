@@ -68,6 +68,34 @@ def test_bad_values_say_key_and_what_is_allowed(data, expected):
     assert len(found) == 1 and expected in found[0], found
 
 
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"jobs_env": {"PYTORCH CUDA": "x"}}, "allowed is a mapping of environment variable names"),
+        ({"jobs_env": {"A": "it's"}}, "allowed is a mapping of environment variable names"),
+        ({"jobs_env": ["A=1"]}, "allowed is a mapping of environment variable names"),
+        ({"jobs_drop_caches": "yes"}, "allowed is True or False"),
+        ({"jobs_model_cache": "srv/models"}, "allowed is a normalised absolute path"),
+        ({"jobs_model_cache": "/srv/my models"}, "allowed is a normalised absolute path"),
+        ({"jobs_model_cache": "/srv/models:/x"}, "allowed is a normalised absolute path"),
+        ({"jobs_model_cache": "/usr"}, "allowed is a normalised absolute path"),
+        ({"jobs_model_cache": "/srv/models/"}, "allowed is a normalised absolute path"),
+        ({"jobs_model_cache_group": "Models!"}, "allowed is a group name"),
+        ({"jobs_model_cache_users": "spark"}, "allowed is a list of user names"),
+    ],
+)
+def test_new_settings_refuse_bad_values(data, expected):
+    found = problems(jobs.SETTINGS, data)
+    assert len(found) == 1 and expected in found[0], found
+
+
+def test_new_settings_take_good_values():
+    assert problems(jobs.SETTINGS, {
+        "jobs_env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "jobs_drop_caches": True,
+        "jobs_model_cache": "/srv/models/huggingface", "jobs_model_cache_group": "models",
+        "jobs_model_cache_users": ["spark", "ada"]}) == []
+
+
 # training.slice ----------------------------------------------------------------
 
 
@@ -147,6 +175,155 @@ def test_spark_run_usage_errors_exit_2_before_touching_systemd(tmp_path, args, m
     assert result.returncode == 2
     assert result.stderr.startswith(f"spark-run: {message}")
     assert result.stderr.endswith(" (spark-run --help shows the usage)\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--detach"], "--detach needs a NAME"),
+        (["--detach", "", "true"], "--detach needs a NAME"),
+        (["--detach", "../x", "true"], "--detach ../x: a NAME is letters, digits and ._-"),
+        (["--detach", ".hidden", "true"], "--detach .hidden: a NAME is"),
+        (["--detach", "-x", "true"], "--detach -x: a NAME is"),
+        (["--detach", "a b", "true"], "--detach a b: a NAME is"),
+        (["--detach", "a\nb", "true"], "--detach a\nb: a NAME is"),
+        (["--detach", "x" * 65, "true"], "--detach: a NAME is 64 characters at most"),
+        (["--detach=train"], "no COMMAND given"),
+    ],
+)
+def test_spark_run_refuses_bad_job_names_before_touching_systemd(tmp_path, args, message):
+    result = _run([_script(tmp_path, "spark-run"), *args])
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"spark-run: {message}")
+
+
+def _function(script: str, name: str) -> str:
+    return re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", script, re.S | re.M)[0]
+
+
+@pytest.mark.parametrize("shell", ["dash", "bash"])
+def test_a_detached_job_gets_the_callers_environment_and_command_literally(tmp_path, shell):
+    """What spark-run --detach writes (export -p, then the command quoted) and what the job's
+    --job-env reads back: every argument and value as it was, $ and quotes included, systemd's
+    own INVOCATION_ID kept; the file is gone once the job runs."""
+    if not shutil.which(shell):
+        pytest.skip(f"{shell} is not installed on this machine")
+    env_file = tmp_path / "job.env"
+    writer = _function(SCRIPTS["spark-run"], "quote") + (
+        'export -p > "$F"; { printf "set -- "; for arg in "$@"; do quote "$arg"; done; echo; } >> "$F"')
+    odd = ["it's", "$HOME and ${X}", "a\nb\n", "", "-x", "%n"]
+    env = {"PATH": os.environ["PATH"], "F": str(env_file), "ODD_VALUE": "x'y $z\nw", "INVOCATION_ID": "stale"}
+    assert _run(["/bin/sh", "-c", writer, "sh", "python3", "-c",
+                 "import os, sys; print(repr((sys.argv[1:], os.environ['ODD_VALUE'], os.environ.get('INVOCATION_ID'))))",
+                 *odd], env=env).returncode == 0
+    result = _run([shell, _script(tmp_path, "spark-run"), "--job-env", env_file],
+                  env={"PATH": os.environ["PATH"], "INVOCATION_ID": "fresh"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == repr((odd, "x'y $z\nw", "fresh"))
+    assert not env_file.exists()
+
+
+def test_spark_run_help_lists_jobs_env_and_the_drop_caches_default(tmp_path):
+    scripts = jobs.render_commands("85%", 500, 1, True, True, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    text = _run([_script(tmp_path, "spark-run", scripts["spark-run"]), "--help"]).stdout
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text
+    assert "(the default here)" in text and "--no-drop-caches" in text
+    assert "(the default here)" not in _run([_script(tmp_path, "spark-run"), "--help"]).stdout
+    assert "[ -n \"${PYTORCH_CUDA_ALLOC_CONF+set}\" ] || PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True'" in (
+        scripts["spark-run"])
+
+
+# spark-jobs ------------------------------------------------------------------
+
+
+def _spark_jobs(tmp_path: Path, records: Path) -> Path:
+    from sparkrig import atomic
+    return _script(tmp_path, "spark-jobs", atomic.render("jobs/spark-jobs.sh.j2", unit_prefix=jobs.UNIT_PREFIX,
+                                                          records=str(records)))
+
+
+def _record(records: Path, user: str, name: str, **fields) -> None:
+    (records / user).mkdir(parents=True, exist_ok=True)
+    values = {"name": name, "user": user, "invocation": "ab12", "started": "2026-11-23 15:00:00 UTC",
+              "result": "failed", "exit": "3", "peak": str(512 << 20), **fields}
+    (records / user / name).write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+
+
+def _no_units(tmp_path: Path) -> dict:
+    """A PATH whose systemctl knows no unit (the records alone speak)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_spark_jobs_lists_ended_jobs_from_their_records(tmp_path):
+    records = tmp_path / "records"
+    _record(records, "ada", "train")
+    _record(records, "bob", "serve", result="killed", exit="SIGTERM", peak="")
+    result = _run([_spark_jobs(tmp_path, records)], env=_no_units(tmp_path))
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert rows[0] == ["NAME", "USER", "STATE", "STARTED", "MEMORY", "PEAK", "EXIT"]
+    assert ["train", "ada", "failed", "2026-11-23", "15:00:00", "UTC", "-", "512", "3"] in rows
+    assert ["serve", "bob", "killed", "2026-11-23", "15:00:00", "UTC", "-", "-", "SIGTERM"] in rows
+
+
+@pytest.fixture
+def open_dir():
+    """A directory every user may read (pytest's own are root's alone when it runs as root)."""
+    import tempfile
+    path = Path(tempfile.mkdtemp(prefix="sparkrig-jobs-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def _as_other_user() -> list[str]:
+    """A prefix that runs a command as nobody when the tests run as root."""
+    if os.getuid() != 0:
+        return []
+    if not shutil.which("setpriv"):
+        pytest.skip("runs as root without setpriv: cannot act as another user")
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_spark_jobs_acts_on_the_callers_own_jobs_only(open_dir):
+    """Another user's job can be listed, not stopped, read or forgotten (root's may)."""
+    records = open_dir / "records"
+    _record(records, "someone-else", "train")
+    for path in (records, records / "someone-else"):
+        path.chmod(0o755)
+    (records / "someone-else" / "train").chmod(0o644)
+    script = _spark_jobs(open_dir, records).read_text()
+    env = _no_units(open_dir)
+    (open_dir / "bin").chmod(0o755)
+    for command in (["forget", "train"], ["logs", "train"]):
+        result = subprocess.run([*_as_other_user(), "sh", "-s", "--", *command], input=script, env=env,
+                                capture_output=True, text=True, cwd="/", timeout=60)
+        me = subprocess.run([*_as_other_user(), "id", "-un"], capture_output=True, text=True).stdout.strip()
+        assert me != "someone-else"
+        assert (result.returncode, result.stderr) == (
+            1, "spark-jobs: train is someone-else's job: only someone-else or root may act on it\n")
+    listed = subprocess.run([*_as_other_user(), "sh", "-s", "--", "list"], input=script, env=env,
+                            capture_output=True, text=True, cwd="/", timeout=60)
+    assert "train" in listed.stdout and "someone-else" in listed.stdout
+    assert (records / "someone-else" / "train").exists()
+
+
+@pytest.mark.parametrize(
+    "args", [["logs"], ["logs", "../x"], ["stop", "a b"], ["forget"], ["bogus"], ["list", "x"], ["logs", "-n", "x", "a"]])
+def test_spark_jobs_usage_errors_exit_2(tmp_path, args):
+    result = _run([_spark_jobs(tmp_path, tmp_path / "records"), *args], env=_no_units(tmp_path))
+    assert result.returncode == 2, result.stderr
+
+
+def test_spark_jobs_record_is_roots_alone(open_dir):
+    script = _spark_jobs(open_dir, open_dir / "records").read_text()
+    result = subprocess.run([*_as_other_user(), "sh", "-s", "--", "record", "train"], input=script,
+                            capture_output=True, text=True, cwd="/", timeout=60)
+    assert result.returncode == 1 and "record runs as root" in result.stderr
 
 
 def _memory_property(size: str) -> str:
@@ -401,12 +578,13 @@ def _by_name(ops) -> dict:
     return {op.name.removeprefix("Job wrappers | "): op for op in ops}
 
 
-def test_first_run_writes_the_slice_reloads_systemd_and_installs_three_commands():
+def test_first_run_writes_the_slice_reloads_systemd_and_installs_four_commands():
     ops = _by_name(execute(jobs.jobs))
     assert list(ops) == [
         "Memory cap of every job (/etc/systemd/system/training.slice)",
         "Reload systemd: training.slice changed",
         "spark-run command (/usr/local/bin/spark-run)",
+        "spark-jobs command (/usr/local/bin/spark-jobs)",
         "spark-preflight command (/usr/local/bin/spark-preflight)",
         "spark-drop-caches command (/usr/local/bin/spark-drop-caches)",
     ]
@@ -420,7 +598,7 @@ def test_first_run_writes_the_slice_reloads_systemd_and_installs_three_commands(
 
 
 def test_converged_host_gets_no_operation():
-    """One command reads the four files; nothing else runs."""
+    """One command reads the five files; nothing else runs."""
     assert execute(jobs.jobs, responses=_converged()) == []
 
 
@@ -442,7 +620,46 @@ def test_disabling_the_watchdog_rewrites_spark_preflight_only():
         "spark-preflight command (/usr/local/bin/spark-preflight)"]
 
 
+def _cache_data(**extra) -> dict:
+    return {"jobs_model_cache": "/srv/models/huggingface", "jobs_model_cache_users": ["spark", "ada"], **extra}
+
+
+def test_model_cache_made_with_its_group_and_members_on_a_fresh_host():
+    responses = {**_converged(), "getent group": ["nodir", "group "]}
+    ops = _by_name(execute(jobs.jobs, data=_cache_data(), responses=responses))
+    assert list(ops) == [
+        "Model cache group (jobs_model_cache_group)",
+        "Model cache group members (jobs_model_cache_users)",
+        "Model cache directory (jobs_model_cache, root and the group's, 2775)",
+    ]
+    assert ops["Model cache group members (jobs_model_cache_users)"].commands == [
+        "usermod --append --groups sparkrig-models spark", "usermod --append --groups sparkrig-models ada"]
+
+
+def test_model_cache_converged_gets_no_operation():
+    responses = {**_converged(), "getent group": [
+        "dir 2775 root sparkrig-models", "group sparkrig-models:x:998:spark,ada"]}
+    assert execute(jobs.jobs, data=_cache_data(), responses=responses) == []
+
+
+def test_model_cache_that_is_a_link_is_refused():
+    responses = {**_converged(), "getent group": ["link", "group sparkrig-models:x:998:"]}
+    ops = _by_name(execute(jobs.jobs, data=_cache_data(jobs_model_cache_users=[]), responses=responses))
+    (op,) = ops.values()
+    assert "is a symbolic link: root would follow it" in op.commands[0]
+
+
+def test_model_cache_unparsable_output_fails():
+    with pytest.raises(Exception):
+        jobs.ModelCache().process(["weird line"])
+
+
 def test_wrong_mode_is_fixed_without_rewriting():
     ops = _by_name(execute(jobs.jobs, responses=_converged(modes={"spark-run": 0o777})))
     assert ops["spark-run command (/usr/local/bin/spark-run)"].commands == [
         "chown root:root /usr/local/bin/spark-run && chmod 755 /usr/local/bin/spark-run"]
+
+
+def test_spark_run_is_where_spark_container_looks_for_it():
+    from sparkrig.units import SPARK_RUN
+    assert jobs.PATHS["spark-run"] == SPARK_RUN

@@ -196,7 +196,17 @@ def test_inventory_json_has_the_documented_fields(fleet):
         "wheelhouse": house,
         "registry": registry,
         "sources": sources,
+        # lab-deb12 and lab-deb13 are cabled by the ConnectX-7 stand-in.
+        "clusters": [{"name": "lab", "interface": "cx7-standin",
+                      "addresses": {"lab-deb12": "192.168.100.11/24", "lab-deb13": "192.168.100.12/24"}}],
     }
+
+
+def test_the_cluster_link_needs_both_of_its_hosts():
+    from lab.model import cluster_links
+
+    assert [link.hosts for link in cluster_links(["lab-deb12", "lab-deb13", "lab-gb10"])] == [("lab-deb12", "lab-deb13")]
+    assert cluster_links(["lab-deb12", "lab-deb13-b"]) == []
 
 
 def test_nameservers_usable_by_the_hosts():

@@ -15,11 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations import containers, cuda_env, hardware, ngc
+from operations import containers, cuda_env, hardware, jobs, ngc
 from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, digest, execute, host_state
 
-DEFAULTS = defaults(ngc.SETTINGS + containers.SETTINGS + cuda_env.SETTINGS + hardware.SETTINGS)
+DEFAULTS = defaults(ngc.SETTINGS + containers.SETTINGS + cuda_env.SETTINGS + hardware.SETTINGS + jobs.SETTINGS)
 BASE = "nvcr.io/nvidia/pytorch:25.09-py3@sha256:" + "a" * 64
 ON = {"ngc_enabled": True, "ngc_base_image": BASE, "containers_docker_users": ["spark"], "ngc_users": ["spark"]}
 JUPYTER = {**ON, "ngc_jupyter": True, "ngc_jupyter_user": "spark"}
@@ -220,7 +220,8 @@ def launcher(tmp_path):
     env_file = tmp_path / "cuda.env"
     env_file.write_text("CUDA_HOME=/usr/local/cuda-13.0\nPATH=/usr/local/cuda-13.0/bin:/usr/bin:/bin\n"
                         "TORCH_CUDA_ARCH_LIST=12.1a\nHF_HUB_ENABLE_HF_TRANSFER='1 2'\n")
-    data = _data(ngc_users=[me, "spark"], cuda_env_file=str(env_file), ngc_outputs="~/outputs")
+    data = _data(ngc_users=[me, "spark"], cuda_env_file=str(env_file), ngc_outputs="~/outputs",
+                 ngc_home_mounts=["~/.aws", "~/.wandb"], jobs_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     script = tmp_path / "spark-container"
     script.write_text(ngc.render_launcher(data))
     script.chmod(0o755)
@@ -296,7 +297,57 @@ def test_a_secret_file_others_can_read_is_refused(launcher):
     assert result.returncode == 2 and "mode 0600" in result.stderr and argv == []
 
 
+def test_publish_binds_to_loopback_unless_all_interfaces_are_asked_for(launcher):
+    _, argv, _ = launcher.run("--publish", "8000", "--publish", "8001", "--", "true")
+    assert " ".join(argv).count("--publish 127.0.0.1:") == 2 and "127.0.0.1:8000:8000" in argv, argv
+    _, argv, _ = launcher.run("--publish", "8000", "--publish-all-interfaces", "--", "true")
+    assert "8000:8000" in argv and "127.0.0.1:8000:8000" not in argv
+
+
+def test_home_mounts_are_read_only_where_present_and_jobs_env_is_passed_unless_set(launcher):
+    (launcher.home / ".aws").mkdir()
+    (launcher.home / ".wandb").symlink_to("/etc")
+    result, argv, _ = launcher.run("--", "true")
+    assert f"{launcher.home}/.aws:/tmp/.aws:ro" in argv
+    assert not any(".wandb" in a for a in argv) and ".wandb is a link: not mounted" in result.stderr
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in argv
+    _, argv, _ = launcher.run("--", "true", env={"PYTORCH_CUDA_ALLOC_CONF": "mine"})
+    assert "PYTORCH_CUDA_ALLOC_CONF=mine" in argv
+
+
+def test_the_shared_model_cache_replaces_the_users_own(launcher, tmp_path):
+    script = tmp_path / "cached"
+    script.write_text(ngc.render_launcher(SimpleNamespace(**{**vars(launcher.data),
+                                                             "jobs_model_cache": str(tmp_path / "models")})))
+    assert f"HF_CACHE={tmp_path}/models\n" in script.read_text()
+
+
+def test_detach_hands_the_same_launch_to_spark_run(launcher, tmp_path, monkeypatch):
+    """--detach runs spark-run --detach NAME with this launcher, the options kept (the
+    project made absolute, the container named for the job), the command last."""
+    fake = tmp_path / "spark-run"
+    fake.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$RECORD.detach\"\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(ngc, "SPARK_RUN", str(fake))
+    script = tmp_path / "detaching"
+    script.write_text(ngc.render_launcher(launcher.data))
+    script.chmod(0o755)
+    environment = {"PATH": "/usr/bin:/bin", "HOME": str(launcher.home), "RECORD": str(tmp_path / "r")}
+    result = subprocess.run([str(script), "--detach", "serve", "--publish", "8000", "--", "vllm", "serve", "m"],
+                            cwd=launcher.project, env=environment, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "r.detach").read_text().splitlines() == [
+        "--detach", "serve", "--", ngc.LAUNCHER, "--project", str(launcher.project), "--publish", "8000",
+        "--name", "spark-job-serve", "--", "vllm", "serve", "m"]
+
+
 @pytest.mark.parametrize(("args", "code", "message"), [
+    (["--publish", "0"], 2, "a TCP port"),
+    (["--publish", "65536"], 2, "a TCP port"),
+    (["--publish", "80", "--network", "host"], 2, "needs --network bridge"),
+    (["--publish-all-interfaces"], 2, "goes with --publish"),
+    (["--detach", "../x", "--", "true"], 2, "--detach needs a NAME"),
+    (["--detach", "x"], 2, "--detach needs a COMMAND"),
     (["--network", "macvlan"], 2, "bridge, host or none"),
     (["--project", "/nonexistent/x"], 2, "no such project directory"),
     (["--secret", "HF_TOKEN"], 2, "NAME=/absolute/file"),

@@ -103,9 +103,10 @@ def test_a_bad_timeout_is_refused_naming_the_key(bad):
     assert found == [f"packages_dpkg_lock_timeout_s = {bad!r}: allowed is an integer from 0 to 3600 (seconds)"]
 
 
-def _complete_dpkg(tmp_path, first_configure: int, statuses: str) -> tuple[int, list[str]]:
+def _complete_dpkg(tmp_path, first_configure: int, statuses: str, journal: bool = False) -> tuple[int, list[str]]:
     """Run COMPLETE_DPKG with STAND-IN dpkg, dpkg-query and apt-get that record their calls:
-    the first `dpkg --configure -a` exits ``first_configure``, later ones 0."""
+    the first `dpkg --configure -a` exits ``first_configure``, later ones 0. With ``journal``,
+    dpkg's journal is pending: apt-get refuses to run until dpkg --configure -a has."""
     import os
 
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
@@ -114,8 +115,12 @@ def _complete_dpkg(tmp_path, first_configure: int, statuses: str) -> tuple[int, 
         "dpkg": f'echo "dpkg $*" >> {log}; [ -e {tmp_path}/configured ] && exit 0; '
                 f'touch {tmp_path}/configured; exit {first_configure}',
         "dpkg-query": f"printf '{statuses}'",
-        "apt-get": f'echo "apt-get $*" >> {log}',
+        "apt-get": f'echo "apt-get $*" >> {log}; '
+                   f'if [ -e {tmp_path}/journal ] && [ ! -e {tmp_path}/configured ]; then '
+                   'echo "E: dpkg was interrupted, you must manually run dpkg --configure -a" >&2; exit 100; fi',
     }
+    if journal:
+        (tmp_path / "journal").touch()
     for name, body in scripts.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
@@ -136,4 +141,15 @@ def test_a_package_half_unpacked_by_a_power_cut_is_reinstalled_then_configured(t
     ("package is in a very bad inconsistent state"): apt reinstalls it first."""
     status, calls = _complete_dpkg(tmp_path, 0, "ii  python3\\niHR python3.11-venv\\nrU  x\\n")
     assert status == 0
-    assert calls == ["apt-get -y update", "apt-get -y install --reinstall python3.11-venv", "dpkg --configure -a"]
+    assert calls == ["dpkg --configure -a", "apt-get -y update", "apt-get -y install --reinstall python3.11-venv",
+                     "dpkg --configure -a"]
+
+
+@pytest.mark.parametrize("first_configure", [0, 1])
+def test_a_half_unpacked_package_and_a_pending_journal_are_both_settled(tmp_path, first_configure):
+    """A power cut mid-unpack leaves dpkg's journal pending too: apt refuses to run until dpkg
+    has replayed it (which may fail on what depends on the broken package), then reinstalls."""
+    status, calls = _complete_dpkg(tmp_path, first_configure, "iHR python3.11-venv\\n", journal=True)
+    assert status == 0
+    assert calls == ["dpkg --configure -a", "apt-get -y update", "apt-get -y install --reinstall python3.11-venv",
+                     "dpkg --configure -a"]

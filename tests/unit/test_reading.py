@@ -115,3 +115,30 @@ def test_planned_joins_every_concern_once_in_order():
         assert name in facts, name
     assert facts.index("HardwareIdentity") < facts.index("PythonStack")
     assert operations.CONCERNS  # imported: every concern registered its reads
+
+
+def test_a_reading_under_way_is_waited_for_not_made_twice(monkeypatch):
+    """pyinfra runs each host's deploy code in its own greenlet, and a cluster node reads its
+    peers: a second asker waits for the reading under way instead of making another."""
+    import gevent
+    from types import SimpleNamespace
+
+    from pyinfra.context import ctx_host
+
+    made = []
+
+    def slow_read(parts):
+        made.append(list(parts))
+        gevent.sleep(0.05)  # the command's round trip: other greenlets run meanwhile
+        return {each: each.describe() for each in parts}
+
+    monkeypatch.setattr(reading, "read", slow_read)
+    node = SimpleNamespace(name="spark-01", data=SimpleNamespace(dict=lambda: {}))
+    wanted = reading.part(atomic.HostState, paths=("/etc/sparkrig/cluster.env",))
+
+    def ask():
+        with ctx_host.use(node):
+            return reading.value(wanted)
+
+    answers = [g.get() for g in [gevent.spawn(ask), gevent.spawn(ask)]]
+    assert len(made) == 1 and answers == [wanted.describe()] * 2

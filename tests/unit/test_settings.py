@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from operations import CONCERNS, cuda_env, hardware
+from operations import CONCERNS, cuda_env
+from sparkrig import profile
 from sparkrig.settings import (
     REFERENCE,
     SettingsError,
@@ -91,7 +92,7 @@ def test_other_keys_are_not_ours_to_judge():
 
 
 def test_a_custom_profile_is_accepted_and_selectable():
-    profiles = {**hardware.DEFAULT_PROFILES, "b200": {
+    profiles = {**profile.DEFAULT_PROFILES, "b200": {
         "arch": "x86_64", "compute_capability": "10.0", "torch_cuda_arch_list": "10.0;12.0+PTX"}}
     data = {"hardware_profiles": profiles, "hardware_profile": "b200"}
     assert problems(all_settings(), data) == []

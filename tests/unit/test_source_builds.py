@@ -472,3 +472,14 @@ def test_a_secret_env_value_reaches_no_world_readable_file_nor_command_line():
     assert not any("hf_secret123" in c for op in ops for c in op.commands)
     (env,) = [v for k, v in ops[0].uploads.items() if k.endswith("/env.new")]
     assert env == b"HF_TOKEN='hf_secret123'\n"
+
+
+def test_a_host_whose_profile_is_auto_plans_its_reading_without_the_builds():
+    """The profile of an "auto" host is chosen from the host's one reading: its builds' keys
+    cannot be planned before it, and planning must not fail on it."""
+    from sparkrig import reading
+
+    data = resolve(SETTINGS, {**_data(), "hardware_profile": "auto"})
+    assert not any(part.fact is sb.SourceBuilds for part in reading.planned(data))
+    named = resolve(SETTINGS, _data())
+    assert any(part.fact is sb.SourceBuilds for part in reading.planned(named))

@@ -1,0 +1,968 @@
+"""
+Clusters: two or more boxes linked through their ConnectX-7 ports, as one cluster.
+
+Off unless a host has ``cluster_name``. A cluster is a group of the inventory: every
+host with the same ``cluster_name``. Per host:
+
+- **The link.** Each interface of ``cluster_interfaces`` gets its static address and
+  ``cluster_mtu``: a systemd-networkd ``.network`` file, or ``/etc/netplan/40-sparkrig-
+  cluster.yaml`` (mode 600, rendered by networkd) where the host has netplan. The file is
+  validated before it takes effect and applied (``networkctl reload`` and ``reconfigure``
+  of those interfaces only) when it changed or the link drifted; the interface the deploy's
+  own SSH connection arrives on is never one of them, and a new SSH connection is proven
+  after the apply.
+- **Trust.** One key pair per cluster, made once on the controller
+  (``cluster_key_dir/NAME/id_ed25519``, 0600). Its private half is the cluster user's
+  ``/etc/sparkrig/cluster/id_ed25519``, its public half a line of their
+  ``~/.ssh/authorized_keys`` (written as them) restricted with ``from=`` to the cluster's
+  addresses; every node's host keys are pinned in ``/etc/sparkrig/cluster/known_hosts``,
+  which ``/etc/ssh/ssh_config.d/50-sparkrig-cluster.conf`` makes the only host keys the
+  cluster user's ssh accepts for those addresses (``StrictHostKeyChecking yes``).
+- **NCCL's environment** (``NCCL_SOCKET_IFNAME``, ``MASTER_ADDR``, ...) in ``cluster_env_file``,
+  read by login shells and units, and an MPI hostfile, ``/etc/sparkrig/cluster/hostfile``.
+- ``spark-cluster-check``: per peer, link up, MTU, a jumbo ping that must not fragment,
+  SSH as the cluster user without a prompt.
+
+Every node's host keys come from its own reading (a peer's reading is its one reading,
+made early), so a node added to the inventory is trusted by the others after one run
+and a node removed is no longer trusted (its addresses leave ``from=``, its keys the
+pinned file).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import posixpath
+import re
+import secrets
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.context import ctx_host
+from pyinfra.operations import server
+
+from sparkrig import atomic, reading
+from sparkrig.connection import prove_new_connection
+from sparkrig.packages import installed as install_packages
+from sparkrig.settings import (
+    ALL_DEFAULTS,
+    USER_NAME,
+    Setting,
+    absolute_path,
+    controller_path,
+    defaults,
+    env_mapping,
+    int_range,
+    resolve,
+)
+
+NETWORKD_DIR = "/etc/systemd/network"
+NETWORKD_PREFIX = "40-sparkrig-cluster-"
+NETPLAN_FILE = "/etc/netplan/40-sparkrig-cluster.yaml"
+# Where NetworkManager runs beside networkd (a Debian desktop): it leaves the cluster ports alone.
+NM_FILE = "/etc/NetworkManager/conf.d/90-sparkrig-cluster.conf"
+NETWORKD = "systemd-networkd.service"
+WAIT_ONLINE = "systemd-networkd-wait-online.service"
+DIRECTORY = "/etc/sparkrig/cluster"
+KEY_FILE = f"{DIRECTORY}/id_ed25519"
+KNOWN_HOSTS = f"{DIRECTORY}/known_hosts"
+HOSTFILE = f"{DIRECTORY}/hostfile"
+SSH_CONFIG = "/etc/ssh/ssh_config.d/50-sparkrig-cluster.conf"
+PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cluster.sh"
+CHECK = "/usr/local/bin/spark-cluster-check"
+PACKAGES = ("iputils-ping",)  # ping -M do (busybox's ping has no -M)
+MARKER = "sparkrig-cluster:"  # the comment of every line sparkrig manages in authorized_keys
+STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+_INTERFACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")
+_ADDRESS = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}")
+_HOST_KEY = re.compile(r"(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) [A-Za-z0-9+/]+={0,2}")
+_MANAGED_ENV = (
+    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
+    "OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_oob_tcp_if_include", "MASTER_ADDR", "VLLM_HOST_IP",
+    "SPARKRIG_CLUSTER", "SPARKRIG_CLUSTER_HOSTFILE",
+)
+
+
+# Checks --------------------------------------------------------------------
+
+
+def name_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    if value is None or (isinstance(value, str) and _NAME.fullmatch(value)):
+        return None
+    return "None (not in a cluster) or a cluster name: lower-case letters, digits, '_' and '-', at most 32"
+
+
+def address_problem(value: Any) -> str | None:
+    """Why ``value`` is no static IPv4 address with its prefix for a link, or None."""
+    if not (isinstance(value, str) and _ADDRESS.fullmatch(value)):
+        return f"{value!r} is not an IPv4 address with its prefix like '192.168.100.11/24'"
+    try:
+        interface = ipaddress.IPv4Interface(value)
+    except ValueError as error:
+        return f"{value!r}: {error}"
+    if str(interface) != value:
+        return f"{value!r} is not written as {interface} would be"
+    if not 8 <= interface.network.prefixlen <= 30:
+        return f"{value!r}: a prefix from /8 to /30"
+    if interface.ip in (interface.network.network_address, interface.network.broadcast_address):
+        return f"{value!r} is its subnet's network or broadcast address"
+    if interface.ip.is_loopback or interface.ip.is_multicast or interface.ip.is_link_local:
+        return f"{value!r}: loopback, multicast and link-local addresses are not link addresses"
+    return None
+
+
+def interfaces_check(value: Any, data: Mapping[str, Any]) -> str | None:
+    allowed = (
+        "a mapping of interface names (letters, digits, '_', '.', '-', at most 15, not lo) to "
+        "static IPv4 addresses with their prefix, e.g. {'enp1s0f0np0': '192.168.100.11/24'}; "
+        "at least one when cluster_name is set"
+    )
+    if not isinstance(value, Mapping):
+        return allowed
+    if data.get("cluster_name") is not None and not value:
+        return allowed
+    for name, address in value.items():
+        if not isinstance(name, str) or not _INTERFACE.fullmatch(name) or name == "lo":
+            return f"{allowed} ({name!r} is no interface name)"
+        problem = address_problem(address)
+        if problem:
+            return f"{allowed} ({problem})"
+    networks = [ipaddress.IPv4Interface(a).network for a in value.values()]
+    for i, one in enumerate(networks):
+        for other in networks[i + 1:]:
+            if one.overlaps(other):
+                return f"{allowed} (two interfaces of one host in {one}: one subnet per link)"
+    return None
+
+
+def user_check(value: Any, data: Mapping[str, Any]) -> str | None:
+    if value is None and data.get("cluster_name") is None:
+        return None
+    if isinstance(value, str) and USER_NAME.fullmatch(value) and value != "root":
+        return None
+    return "the user (not root) who runs jobs across the cluster, the same on every node; required with cluster_name"
+
+
+def head_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    if value is None or (isinstance(value, str) and value and value.isprintable()):
+        return None
+    return "None (the cluster's first host in inventory order) or the inventory name of one of its hosts"
+
+
+def _extra_check(value: Any, data: Mapping[str, Any]) -> str | None:
+    allowed = env_mapping(value, data)
+    if allowed:
+        return allowed
+    clash = sorted(set(value) & set(_MANAGED_ENV))
+    if clash:
+        return f"variables other than the ones sparkrig manages ({', '.join(clash)} is managed)"
+    return None
+
+
+SETTINGS = (
+    Setting(
+        "cluster_name",
+        None,
+        "The cluster this host belongs to (None: none, and this concern does nothing). Every host "
+        "of the inventory with the same name is a node of it; give it to an inventory group "
+        "(docs/cluster.md). Every node must be in the run: a --limit that leaves one out is refused.",
+        name_check,
+    ),
+    Setting(
+        "cluster_interfaces",
+        {},
+        "The host's cluster link: each ConnectX-7 interface and its static address with prefix, e.g. "
+        "{'enp1s0f0np0': '192.168.100.11/24'}. Addresses are unique in the cluster, one subnet per "
+        "link (every address of a subnet has the same prefix, each subnet holds two nodes or more), "
+        "and the address the deploy connects to is never in one.",
+        interfaces_check,
+    ),
+    Setting(
+        "cluster_mtu",
+        9000,
+        "MTU of every cluster interface (the same on every node; jumbo frames for NCCL over TCP "
+        "and RoCE). spark-cluster-check pings each peer with MTU - 28 bytes, not fragmented.",
+        int_range(1280, 9216, "bytes; 9000 for jumbo frames"),
+    ),
+    Setting(
+        "cluster_head",
+        None,
+        "The node whose first cluster address is MASTER_ADDR and that heads the MPI hostfile: an "
+        "inventory host name, the same on every node (None: the cluster's first host in inventory "
+        "order).",
+        head_check,
+    ),
+    Setting(
+        "cluster_user",
+        None,
+        "The user who runs jobs across the cluster (the same name on every node, an existing user "
+        "other than root): the cluster key is theirs, and SSH between nodes logs in as them.",
+        user_check,
+    ),
+    Setting(
+        "cluster_slots",
+        1,
+        "Slots of each node in the MPI hostfile (processes mpirun starts per node: one per GPU).",
+        int_range(1, 64, "slots"),
+    ),
+    Setting(
+        "cluster_key_dir",
+        "~/.config/sparkrig/clusters",
+        "Where the controller keeps each cluster's key pair (NAME/id_ed25519, made once, mode "
+        "0600 in a 0700 directory; ~ is the controller user's home). Delete a cluster's directory "
+        "to make a new pair at the next run.",
+        controller_path,
+    ),
+    Setting(
+        "cluster_env_file",
+        "/etc/sparkrig/cluster.env",
+        "The KEY=VALUE file of NCCL's environment: NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, "
+        "TP_SOCKET_IFNAME, UCX_NET_DEVICES, OMPI_MCA_btl_tcp_if_include and OMPI_MCA_oob_tcp_if_include"
+        " (the cluster interfaces), MASTER_ADDR (the head's first address), VLLM_HOST_IP (this "
+        "node's), SPARKRIG_CLUSTER and SPARKRIG_CLUSTER_HOSTFILE. Login shells read it through "
+        "/etc/profile.d/sparkrig-cluster.sh; systemd units read it with EnvironmentFile=.",
+        absolute_path,
+    ),
+    Setting(
+        "cluster_env_extra",
+        {},
+        "Extra variables for the same file, e.g. {'NCCL_IB_HCA': 'mlx5_0,mlx5_1'}: valid names "
+        "other than the managed ones; literal values without single quotes or newlines.",
+        _extra_check,
+    ),
+)
+
+
+# Checks across hosts ----------------------------------------------------------------
+
+
+def _said(key: str, value: Any, allowed: str) -> str:
+    return f"{key} = {value!r}: allowed is {allowed}"
+
+
+def members(everyone: Sequence[tuple[str, Mapping[str, Any]]], name: str) -> list[str]:
+    """The hosts of cluster ``name``, in inventory order."""
+    return [host_name for host_name, data in everyone if data.get("cluster_name") == name]
+
+
+def head_of(everyone: Sequence[tuple[str, Mapping[str, Any]]], name: str) -> str:
+    """The head of cluster ``name``: its cluster_head, else its first host."""
+    nodes = members(everyone, name)
+    data = dict(everyone)[nodes[0]]
+    return data.get("cluster_head") or nodes[0]
+
+
+def fleet_problems(
+    targeted: Sequence[tuple[str, Mapping[str, Any]]], everyone: Sequence[tuple[str, Mapping[str, Any]]]
+) -> list[tuple[str, str]]:
+    """(host, problem) for every cluster one of the ``targeted`` hosts is in, seen across
+    the whole inventory ``everyone`` (every setting resolved). A run that leaves out some of
+    a cluster's nodes is no problem here: it changes nothing of that cluster (see
+    :func:`cluster`), so ``--limit`` and the rollout tool's batches still work."""
+    found: list[tuple[str, str]] = []
+    data = dict(everyone)
+    clusters = sorted({d["cluster_name"] for n, d in targeted if d.get("cluster_name") is not None})
+    for cluster in clusters:
+        nodes = members(everyone, cluster)
+        if len(nodes) < 2:
+            found.append((nodes[0], _said(
+                "cluster_name", cluster, "the name of a cluster of two hosts or more (no other host has it)"
+            )))
+            continue
+        for key in ("cluster_user", "cluster_mtu", "cluster_head"):
+            values = {n: data[n].get(key) for n in nodes}
+            if len({repr(v) for v in values.values()}) > 1:
+                first = values[nodes[0]]
+                for node in nodes[1:]:
+                    if repr(values[node]) != repr(first):
+                        found.append((node, _said(
+                            key, values[node], f"the same value on every node of cluster {cluster!r} "
+                            f"({nodes[0]} has {first!r})",
+                        )))
+        head = data[nodes[0]].get("cluster_head")
+        if head is not None and head not in nodes:
+            for node in nodes:
+                found.append((node, _said(
+                    "cluster_head", head, f"a host of cluster {cluster!r}: {', '.join(nodes)}"
+                )))
+        found += _address_problems(cluster, nodes, data)
+    return found
+
+
+def _address_problems(cluster: str, nodes: Sequence[str], data: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+    found = []
+    owner: dict[ipaddress.IPv4Address, str] = {}
+    subnets: dict[ipaddress.IPv4Network, list[str]] = {}
+    for node in nodes:
+        interfaces = data[node]["cluster_interfaces"]
+        for address in interfaces.values():
+            interface = ipaddress.IPv4Interface(address)
+            if interface.ip in owner:
+                found.append((node, _said(
+                    "cluster_interfaces", interfaces,
+                    f"addresses unique in cluster {cluster!r} ({interface.ip} is also {owner[interface.ip]}'s)",
+                )))
+            owner.setdefault(interface.ip, node)
+            clash = next((s for s in subnets if s.overlaps(interface.network) and s != interface.network), None)
+            if clash is not None:
+                found.append((node, _said(
+                    "cluster_interfaces", interfaces,
+                    f"one subnet per link: {address} overlaps {clash}, which {subnets[clash][0]} uses",
+                )))
+                continue
+            subnets.setdefault(interface.network, []).append(node)
+        management = _management_ip(node, data[node])
+        for address in interfaces.values():
+            network = ipaddress.IPv4Interface(address).network
+            if management is not None and management in network:
+                found.append((node, _said(
+                    "cluster_interfaces", interfaces,
+                    f"subnets apart from the address the deploy connects to ({management} is in "
+                    f"{network}): sparkrig never reconfigures its own connection",
+                )))
+    for network, holders in subnets.items():
+        if len(holders) < 2:
+            node = holders[0]
+            found.append((node, _said(
+                "cluster_interfaces", data[node]["cluster_interfaces"],
+                f"links to other nodes: no other node of cluster {cluster!r} has an address in {network}",
+            )))
+    return found
+
+
+def _management_ip(name: str, data: Mapping[str, Any]) -> ipaddress.IPv4Address | None:
+    """The address the deploy connects to, when the inventory gives it as one."""
+    try:
+        return ipaddress.IPv4Address(str(data.get("ssh_hostname") or name))
+    except ValueError:
+        return None
+
+
+FLEET_CHECKS = (fleet_problems,)
+
+
+# Facts -----------------------------------------------------------------------------
+
+# As the cluster user (runuser: no PAM session, no shell start-up files): the lines of
+# their authorized_keys that sparkrig manages. $1: their home.
+_READ_AUTHORIZED = (
+    'f="$1/.ssh/authorized_keys"; [ -f "$f" ] || exit 0; '
+    f'grep -F -e " {MARKER}" "$f"; [ $? -le 1 ]'
+)
+
+
+class ClusterHost(FactBase):
+    """
+    Returns what a cluster node is made of: its links (``ip -j addr``: each interface's
+    flags, MTU and IPv4 addresses), whether it uses netplan, whether ssh reads
+    ``/etc/ssh/ssh_config.d``, its SSH host keys, the files sparkrig wrote for the link,
+    and the cluster user (uid, home, login group, the authorized_keys lines sparkrig manages,
+    read as that user), ``None`` when there is no such user.
+
+    .. code:: python
+
+        {"links": {"eth1": {"up": True, "mtu": 9000, "addresses": ["192.168.100.11/24"]}},
+         "netplan": False, "networkmanager": False, "ssh_config_d": True, "host_keys": ["ssh-ed25519 AAAA..."],
+         "link_files": ["/etc/systemd/network/40-sparkrig-cluster-eth1.network"],
+         "user": {"uid": 1000, "home": "/home/spark", "group": "spark",
+                  "authorized": ['from="..." ssh-ed25519 AAAA... sparkrig-cluster:lab']}}
+    """
+
+    def command(self, user: str) -> StringCommand:
+        q_user = QuoteString(user)
+        return StringCommand(
+            "echo links $(ip -j addr show);",
+            "if command -v netplan >/dev/null && [ -d /etc/netplan ]; then echo netplan yes; else echo netplan no; fi;",
+            "if systemctl is-active -q NetworkManager 2>/dev/null; then echo networkmanager yes; else echo networkmanager no; fi;",
+            "if grep -Eqs '^[[:space:]]*Include[[:space:]]+/etc/ssh/ssh_config\\.d/\\*\\.conf' /etc/ssh/ssh_config;",
+            "then echo ssh_config_d yes; else echo ssh_config_d no; fi;",
+            "for k in /etc/ssh/ssh_host_*_key.pub; do [ -f \"$k\" ] && echo hostkey $(cut -d' ' -f1,2 \"$k\"); done;",
+            f"for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network {NETPLAN_FILE} {NM_FILE}; do [ -f \"$f\" ] && echo linkfile \"$f\"; done;",
+            "if e=$(getent passwd", q_user, "); then",
+            'h=$(echo "$e" | cut -d: -f6); echo user $(id -u', q_user, ") $(id -gn", q_user, ') "$h";',
+            "runuser -u", q_user, "-- sh -c", QuoteString(_READ_AUTHORIZED), 'sparkrig "$h" | sed "s/^/authorized /";',
+            "else echo nouser; fi",
+        )
+
+    @atomic.parses
+    def process(self, output: list[str]) -> dict:
+        found: dict = {"links": {}, "netplan": False, "networkmanager": False, "ssh_config_d": False,
+                       "host_keys": [], "link_files": [], "user": None}
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "links":
+                for link in json.loads(rest or "[]"):
+                    found["links"][link["ifname"]] = {
+                        "up": "UP" in link.get("flags", []),
+                        "mtu": int(link.get("mtu", 0)),
+                        "addresses": [
+                            f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("family") == "inet"
+                        ],
+                    }
+            elif kind in ("netplan", "networkmanager", "ssh_config_d"):
+                found[kind] = rest == "yes"
+            elif kind == "hostkey":
+                if not _HOST_KEY.fullmatch(rest):
+                    raise ValueError(f"not an SSH host key: {rest[:60]!r}")
+                found["host_keys"].append(rest)
+            elif kind == "linkfile":
+                if not (rest in (NETPLAN_FILE, NM_FILE) or (rest.startswith(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}") and rest.endswith(".network"))):
+                    raise ValueError(f"unexpected link file {rest[:80]!r}")
+                found["link_files"].append(rest)
+            elif kind == "user":
+                uid, group, home = rest.split(" ", 2)
+                found["user"] = {"uid": int(uid), "group": group, "home": home, "authorized": []}
+            elif kind == "authorized":
+                found["user"]["authorized"].append(rest)
+            elif kind != "nouser":
+                raise ValueError(f"unexpected line {line[:80]!r}")
+        return found
+
+    @staticmethod
+    def default() -> dict:
+        return {"links": {}, "netplan": False, "networkmanager": False, "ssh_config_d": False, "host_keys": [],
+                "link_files": [], "user": None}
+
+
+class ClusterLeftovers(FactBase):
+    """
+    Returns the files a cluster node holds (sparkrig's link, key, trust, environment and
+    check files) and the owner of the cluster key, on a host in no cluster: what a node
+    taken out of its cluster still has.
+
+    .. code:: python
+
+        {"files": ["/etc/sparkrig/cluster/id_ed25519", ...], "key_owner": "spark"}
+    """
+
+    def command(self, env_file: str) -> StringCommand:
+        fixed = [KEY_FILE, KNOWN_HOSTS, HOSTFILE, SSH_CONFIG, PROFILE_SCRIPT, CHECK, NETPLAN_FILE, NM_FILE]
+        return StringCommand(
+            "for f in", *[QuoteString(p) for p in fixed], QuoteString(env_file),
+            f"{NETWORKD_DIR}/{NETWORKD_PREFIX}*.network;",
+            'do [ -f "$f" ] && echo file "$f"; done;',
+            f"[ -f {KEY_FILE} ] && echo keyowner $(stat -c %U {KEY_FILE}); true",
+        )
+
+    @atomic.parses
+    def process(self, output: list[str]) -> dict:
+        found: dict = {"files": [], "key_owner": None}
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "file" and rest.startswith("/"):
+                found["files"].append(rest)
+            elif kind == "keyowner" and USER_NAME.fullmatch(rest):
+                found["key_owner"] = rest
+            else:
+                raise ValueError(f"unexpected line {line[:80]!r}")
+        return found
+
+    @staticmethod
+    def default() -> dict:
+        return {"files": [], "key_owner": None}
+
+
+def link_files(interfaces: Iterable[str], netplan: bool) -> list[str]:
+    return [NETPLAN_FILE] if netplan else [f"{NETWORKD_DIR}/{NETWORKD_PREFIX}{name}.network" for name in interfaces]
+
+
+def _files(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    # Both forms of the link file: which one a host uses is read in the same reading.
+    return (
+        *link_files(settings["cluster_interfaces"], False), NETPLAN_FILE, NM_FILE,
+        KEY_FILE, KNOWN_HOSTS, HOSTFILE, SSH_CONFIG, settings["cluster_env_file"], PROFILE_SCRIPT, CHECK,
+    )
+
+
+def parts(settings: Mapping[str, Any]) -> list[reading.Part]:
+    """The parts a node of a cluster reads; off a cluster, what a node would have left."""
+    settings = {**defaults(SETTINGS), **settings}
+    if settings["cluster_name"] is None:
+        return [reading.part(ClusterLeftovers, env_file=settings["cluster_env_file"])]
+    return [
+        reading.part(atomic.HostState, paths=_files(settings), units=(NETWORKD, WAIT_ONLINE), packages=PACKAGES),
+        reading.part(ClusterHost, user=settings["cluster_user"]),
+    ]
+
+
+@reading.planner
+def reads(settings):
+    return parts(settings)
+
+
+# The wanted state ----------------------------------------------------------------------
+
+
+def render_networkd(interface: str, address: str, mtu: int) -> str:
+    return atomic.render("cluster/link.network.j2", interface=interface, address=address, mtu=mtu)
+
+
+NETWORKD_VALIDATOR = atomic.unit_file_validator(
+    ["Match", "Link", "Network"],
+    {
+        "Name": r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}",
+        "MTUBytes": "[0-9]+",
+        "RequiredForOnline": "no",
+        "Address": r"[0-9.]+/[0-9]+",
+        "LinkLocalAddressing": "no",
+        "IPv6AcceptRA": "no",
+        "ConfigureWithoutCarrier": "yes",
+    },
+)
+
+
+def render_networkmanager(interfaces: Iterable[str]) -> str:
+    return atomic.render("cluster/networkmanager.conf.j2",
+                         devices=",".join(f"interface-name:{name}" for name in interfaces))
+
+
+NM_VALIDATOR = atomic.unit_file_validator(
+    ["device-sparkrig-cluster"],
+    {"match-device": r"interface-name:[A-Za-z0-9_.-]+(,interface-name:[A-Za-z0-9_.-]+)*", "managed": "0"},
+)
+
+
+def render_netplan(interfaces: Mapping[str, str], mtu: int) -> str:
+    return atomic.render("cluster/netplan.yaml.j2", interfaces=sorted(interfaces.items()), mtu=mtu)
+
+
+# netplan reads every file under /etc/netplan: the new one is checked with all the others,
+# in a scratch root, before it takes effect. $1: the new file.
+VERIFY_NETPLAN = r"""
+d=$(mktemp -d) || exit 1
+trap 'rm -rf "$d"' EXIT
+mkdir -p "$d/etc/netplan" && cp /etc/netplan/*.yaml "$d/etc/netplan/" 2>/dev/null
+cp "$1" "$d/etc/netplan/40-sparkrig-cluster.yaml" && netplan generate --root-dir "$d"
+"""
+
+
+def env_variables(
+    interfaces: Sequence[str], own: str, head: str, name: str, extra: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """The env file's variables: managed ones in a fixed order, then extras sorted."""
+    every = ",".join(interfaces)
+    managed = {
+        "NCCL_SOCKET_IFNAME": every,
+        "GLOO_SOCKET_IFNAME": interfaces[0],
+        "TP_SOCKET_IFNAME": interfaces[0],
+        "UCX_NET_DEVICES": every,
+        "OMPI_MCA_btl_tcp_if_include": every,
+        "OMPI_MCA_oob_tcp_if_include": every,
+        "MASTER_ADDR": head,
+        "VLLM_HOST_IP": own,
+        "SPARKRIG_CLUSTER": name,
+        "SPARKRIG_CLUSTER_HOSTFILE": HOSTFILE,
+    }
+    return [(key, managed[key]) for key in _MANAGED_ENV] + sorted(extra.items())
+
+
+def render_env_file(variables: Sequence[tuple[str, str]]) -> str:
+    return atomic.render(
+        "cluster/cluster.env.j2", lines=[f"{key}={atomic.quote_literal(value)}" for key, value in variables]
+    )
+
+
+def first_address(interfaces: Mapping[str, str]) -> str:
+    return str(ipaddress.IPv4Interface(next(iter(interfaces.values()))).ip)
+
+
+def addresses(interfaces: Mapping[str, str]) -> list[str]:
+    return [str(ipaddress.IPv4Interface(a).ip) for a in interfaces.values()]
+
+
+def render_hostfile(nodes: Sequence[Mapping[str, Any]], slots: int) -> str:
+    return atomic.render("cluster/hostfile.j2", nodes=nodes, slots=slots)
+
+
+def render_known_hosts(nodes: Sequence[Mapping[str, Any]]) -> str:
+    return atomic.render("cluster/known_hosts.j2", nodes=nodes)
+
+
+def render_ssh_config(nodes: Sequence[Mapping[str, Any]], user: str) -> str:
+    patterns = ",".join(address for node in nodes for address in node["addresses"])
+    return atomic.render(
+        "cluster/ssh_config.conf.j2", user=user, hosts=patterns, key=KEY_FILE, known_hosts=KNOWN_HOSTS
+    )
+
+
+def authorized_line(public_key: str, nodes: Sequence[Mapping[str, Any]], name: str) -> str:
+    """The authorized_keys line of the cluster key: from the cluster's addresses only,
+    no forwarding (``restrict``) but a terminal for interactive use."""
+    sources = ",".join(address for node in nodes for address in node["addresses"])
+    key = " ".join(public_key.split()[:2])
+    return f'from="{sources}",restrict,pty {key} {MARKER}{name}'
+
+
+def peer_links(interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Each peer address this host reaches, with its own interface on that subnet."""
+    found = []
+    for peer in peers:
+        for address in peer["addresses"]:
+            for name, own in interfaces.items():
+                if ipaddress.IPv4Address(address) in ipaddress.IPv4Interface(own).network:
+                    found.append({"name": peer["name"], "address": address, "interface": name})
+    return found
+
+
+def render_check(
+    name: str, user: str, mtu: int, interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]], env_file: str
+) -> str:
+    return atomic.render(
+        "cluster/spark-cluster-check.sh.j2", name=name, user=user, mtu=mtu, interfaces=sorted(interfaces),
+        peers=peer_links(interfaces, peers), hostfile=HOSTFILE, env_file=env_file,
+    )
+
+
+def render_profile_script(env_file: str) -> str:
+    return atomic.render("cluster/profile.sh.j2", env_file=env_file)
+
+
+# The controller's key pair -----------------------------------------------------------------
+
+
+def controller_key(key_dir: str, name: str) -> tuple[bytes, str]:
+    """The cluster's key pair on the controller (private bytes, public line), made once:
+    ``KEY_DIR/NAME/id_ed25519`` (0600) in a 0700 directory. Two runs making it at once
+    keep the first one's (the key is linked into place, never replaced)."""
+    directory = Path(key_dir).expanduser() / name
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    private = directory / "id_ed25519"
+    if not private.exists():
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            new = Path(tmp) / "id_ed25519"
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARKER}{name}", "-f", str(new)],
+                check=True, capture_output=True,
+            )
+            try:
+                os.link(new, private)
+            except FileExistsError:
+                pass
+    os.chmod(private, 0o600)
+    public = subprocess.run(["ssh-keygen", "-y", "-f", str(private)], check=True, capture_output=True, text=True)
+    return private.read_bytes(), public.stdout.strip()
+
+
+# Operations -----------------------------------------------------------------------------
+
+
+class Secret(bytes):
+    """Bytes that never show in a log (pyinfra's debug output prints commands' arguments)."""
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+    __str__ = __repr__
+
+
+def _stage_secret(state, host, directory: str, data: bytes) -> bool:
+    """Upload ``data`` as the login user into ``directory``, made 0700 first (mkdir fails if
+    anything is there): pyinfra's own uploads pass through a world-readable temp file."""
+    ok, output = host.connector.run_shell_command(
+        StringCommand("umask 077 && mkdir -m 700", QuoteString(directory))
+    )
+    if not ok:
+        logger.error(f"{host.print_prefix}sparkrig: cannot make a private directory for the cluster key: {output.stderr}")
+        return False
+    return bool(host.connector.put_file(BytesIO(data), f"{directory}/key"))
+
+
+@operation()
+def private_key(dest: str, key: bytes, user: str, group: str):
+    """
+    Install a private key as a 0600 file of ``user``, never passing through a file others may read.
+
+    + dest: where, in a directory of root's
+    + key: the private key (OpenSSH format)
+    + user: its owner
+    + group: its group
+    """
+    staged = f"/tmp/sparkrig-key-{secrets.token_hex(8)}"
+    temp = atomic.temp_path(dest)
+    yield FunctionCommand(_stage_secret, (staged, Secret(key)), {})
+    yield StringCommand(
+        "install -d -m 755 -o root -g root", QuoteString(posixpath.dirname(dest)),
+        "&& install -m 600 -o", QuoteString(user), "-g", QuoteString(group), QuoteString(f"{staged}/key"), QuoteString(temp),
+        "&& ssh-keygen -y -f", QuoteString(temp), ">/dev/null && mv -f", QuoteString(temp), QuoteString(dest),
+        "; s=$?; rm -rf", QuoteString(staged), QuoteString(temp), "; exit $s",
+    )
+
+
+# As the cluster user: their authorized_keys keeps every line but sparkrig's cluster
+# lines, then gets $2's (a file in root's stage); written beside it, renamed over it.
+# $1: their home.
+_PUT_AUTHORIZED = (
+    'set -e; umask 077; d="$1/.ssh"; f="$d/authorized_keys"; t="$d/.authorized_keys.sparkrig-new"; '
+    'mkdir -p "$d"; '
+    f'{{ if [ -f "$f" ]; then grep -v -F -e " {MARKER}" "$f" || [ $? -eq 1 ]; fi; cat "$2"; }} >"$t"; '
+    'chmod 600 "$t"; mv -f "$t" "$f"'
+)
+
+
+@operation()
+def authorized_key(user: str, home: str, line: str):
+    """
+    Make ``line`` the one cluster line of ``user``'s ``~/.ssh/authorized_keys``, written as them.
+
+    + user: the cluster user
+    + home: their home directory
+    + line: the authorized_keys line (its comment starts with ``sparkrig-cluster:``)
+    """
+    staged = f"{STAGE}/authorized-{secrets.token_hex(8)}"
+    yield StringCommand("install -d -m 755 -o root -g root", QuoteString(STAGE))
+    yield FileUploadCommand(BytesIO(f"{line}\n".encode()), staged)
+    yield StringCommand(
+        "runuser -u", QuoteString(user), "-- sh -c", QuoteString(_PUT_AUTHORIZED), "sparkrig",
+        QuoteString(home), QuoteString(staged), "; s=$?; rm -f", QuoteString(staged), "; exit $s",
+    )
+
+
+@operation()
+def apply_link(interfaces: Sequence[str], netplan: bool, networkmanager: bool = False):
+    """
+    Apply the cluster link's configuration to its interfaces alone, then prove a new SSH connection.
+
+    + interfaces: the cluster interfaces (never the one the deploy's connection uses)
+    + netplan: the host renders netplan's files first
+    + networkmanager: NetworkManager runs and re-reads its configuration first (it lets go of them)
+    """
+    if netplan:
+        yield "netplan generate"
+    if networkmanager:
+        yield "systemctl reload NetworkManager"
+    names = [QuoteString(name) for name in interfaces]
+    yield StringCommand("networkctl reload && networkctl reconfigure", *names, "&& networkctl up", *names)
+    yield FunctionCommand(prove_new_connection, ("applying the cluster link",), {})
+
+
+# As the former cluster user: sparkrig's cluster lines leave their authorized_keys.
+_DROP_AUTHORIZED = (
+    'set -e; f="$1/.ssh/authorized_keys"; t="$1/.ssh/.authorized_keys.sparkrig-new"; [ -f "$f" ] || exit 0; '
+    f'umask 077; {{ grep -v -F -e " {MARKER}" "$f" || [ $? -eq 1 ]; }} >"$t"; chmod 600 "$t"; mv -f "$t" "$f"'
+)
+
+
+@operation()
+def leave(files: Sequence[str], key_owner: str | None):
+    """
+    Take a host out of its cluster: remove the files a node holds, and the cluster key's
+    line from its user's authorized_keys (written as them).
+
+    + files: the cluster files still there
+    + key_owner: the user the cluster key belonged to (None: no key left)
+    """
+    atomic.detail(f"removing {', '.join(files)}")
+    if key_owner and key_owner != "root":
+        yield StringCommand(
+            "h=$(getent passwd", QuoteString(key_owner), "| cut -d: -f6) && [ -n \"$h\" ] && runuser -u",
+            QuoteString(key_owner), "-- sh -c", QuoteString(_DROP_AUTHORIZED), 'sparkrig "$h" || true',
+        )
+    yield StringCommand("rm -f", *[QuoteString(f) for f in files])
+    if any(f in (NETPLAN_FILE, NM_FILE) or f.startswith(f"{NETWORKD_DIR}/") for f in files):
+        # The addresses stay on the interfaces until networkd or the box restarts.
+        yield StringCommand(
+            "if [ -d /etc/netplan ] && command -v netplan >/dev/null; then netplan generate; fi;",
+            f"if systemctl is-active -q {NETWORKD}; then networkctl reload; fi;",
+            "if systemctl is-active -q NetworkManager; then systemctl reload NetworkManager; fi",
+        )
+
+
+# The deploy --------------------------------------------------------------------------------
+
+
+def _management_interface(links: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(the address the deploy's SSH connection arrives at, the interface holding it)."""
+    client = getattr(host.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    if transport is None:
+        return None, None
+    address = transport.getpeername()[0]
+    for name, link in links.items():
+        if any(a.split("/")[0] == address for a in link["addresses"]):
+            return address, name
+    return address, None
+
+
+def _node(name: str, settings: Mapping[str, Any], host_keys: Sequence[str]) -> dict:
+    return {
+        "name": name,
+        "addresses": addresses(settings["cluster_interfaces"]),
+        "first": first_address(settings["cluster_interfaces"]),
+        "host_keys": list(host_keys),
+    }
+
+
+def _nodes(settings: Mapping[str, Any], own_keys: Sequence[str]) -> list[dict] | str:
+    """Every node of this host's cluster, head first (with its host keys from its own
+    reading), or why they cannot be had."""
+    everyone = [(h.name, resolve(SETTINGS, h.data.dict())) for h in host.inventory]
+    name = settings["cluster_name"]
+    head = head_of(everyone, name)
+    found = []
+    for peer in host.inventory:
+        peer_settings = dict(everyone)[peer.name]
+        if peer_settings.get("cluster_name") != name:
+            continue
+        if peer.name == host.name:
+            found.append(_node(peer.name, peer_settings, own_keys))
+            continue
+        with ctx_host.use(peer):
+            value = reading.value(parts(peer_settings)[1])
+            failed = atomic.fact_failed()
+        if failed or not value["host_keys"]:
+            return f"cluster node {peer.name} could not be read (or has no SSH host key): its trust is not written"
+        found.append(_node(peer.name, peer_settings, value["host_keys"]))
+    found.sort(key=lambda node: node["name"] != head)
+    return found
+
+
+@deploy("Cluster", data_defaults=ALL_DEFAULTS)
+def cluster():
+    """
+    Link this host to the other nodes of its cluster, trust them, and give jobs NCCL's environment.
+
+    Settings: ``cluster_name`` (None: nothing is done), ``cluster_interfaces``, ``cluster_mtu``,
+    ``cluster_head``, ``cluster_user``, ``cluster_slots``, ``cluster_key_dir``,
+    ``cluster_env_file``, ``cluster_env_extra``; see docs/settings.md and docs/cluster.md.
+    """
+    settings = resolve(SETTINGS, host.data.dict())
+    wanted = parts(settings)
+    if settings["cluster_name"] is None:
+        leftovers = reading.value(wanted[0])
+        if leftovers["files"] and not atomic.fact_failed():
+            leave(name="Out of any cluster: its key, trust, environment and link files removed",
+                  files=leftovers["files"], key_owner=leftovers["key_owner"])
+        return
+    state_part, node_part = wanted
+    state = reading.value(state_part)
+    node = reading.value(node_part)
+    if atomic.fact_failed():
+        return
+    name, user, mtu = settings["cluster_name"], settings["cluster_user"], settings["cluster_mtu"]
+    interfaces: dict[str, str] = dict(settings["cluster_interfaces"])
+    files = state["files"]
+
+    missing = [i for i in interfaces if i not in node["links"]]
+    if missing:
+        atomic.refused(name="Cluster interfaces exist", message=f"cluster_interfaces names {', '.join(missing)}, "
+                       f"which this host has no interface of (it has {', '.join(sorted(node['links']))})")
+        return
+    address, management = _management_interface(node["links"])
+    if management in interfaces:
+        atomic.refused(name="Cluster link is not the deploy's connection", message=(
+            f"{management} carries this deploy's SSH connection ({address}): sparkrig never reconfigures "
+            "it as a cluster link; connect through another interface"))
+        return
+    if node["user"] is None:
+        atomic.refused(name="Cluster user exists", message=f"cluster_user {user} is no user on this host: create it first")
+        return
+    if not node["ssh_config_d"]:
+        atomic.refused(name="ssh reads /etc/ssh/ssh_config.d", message=(
+            "/etc/ssh/ssh_config has no 'Include /etc/ssh/ssh_config.d/*.conf': the cluster's pinned host keys "
+            "would not apply"))
+        return
+    left_out = [
+        peer.name for peer in host.inventory
+        if resolve(SETTINGS, peer.data.dict())["cluster_name"] == name and not host.state.is_host_in_limit(peer)
+    ]
+    if left_out:
+        # Half a cluster is never configured: its nodes' trust and hostfile must agree.
+        logger.warning(
+            f"{host.print_prefix}cluster {name}: {', '.join(left_out)} not in this run (--limit): "
+            "nothing of the cluster is changed; run all its nodes together to converge it"
+        )
+        return
+    nodes = _nodes(settings, node["host_keys"])
+    if isinstance(nodes, str):
+        atomic.refused(name="Cluster nodes are read", message=nodes)
+        return
+    peers = [n for n in nodes if n["name"] != host.name]
+
+    if any(state["packages"].get(p) is None for p in PACKAGES):
+        install_packages(name="Install ping (iputils-ping) for spark-cluster-check", packages=list(PACKAGES))
+
+    # The link.
+    netplan = node["netplan"]
+    if netplan:
+        contents = {NETPLAN_FILE: (render_netplan(interfaces, mtu), 0o600, ("sh", "-c", VERIFY_NETPLAN, "verify"))}
+    else:
+        contents = {
+            path: (render_networkd(i, interfaces[i], mtu), 0o644, NETWORKD_VALIDATOR)
+            for i, path in zip(interfaces, link_files(interfaces, False))
+        }
+        if node["networkmanager"]:
+            contents[NM_FILE] = (render_networkmanager(interfaces), 0o644, NM_VALIDATOR)
+    link_changed = False
+    for dest, (content, mode, validate) in host.loop(contents.items()):
+        if not atomic.up_to_date(files.get(dest), content, mode=mode):
+            link_changed = True
+            atomic.file(name=f"Cluster link ({dest})", dest=dest, current=files.get(dest), content=content, mode=mode,
+                        validate=validate)
+    stale = sorted(set(node["link_files"]) - set(contents))
+    if stale:
+        link_changed = True
+        atomic.detail(f"removing {', '.join(stale)}")
+        server.shell(name="Remove cluster link files of interfaces no longer in the cluster",
+                     commands=[StringCommand("rm -f", *[QuoteString(p) for p in stale])])
+    units = state["units"]
+    if (units.get(NETWORKD, {}).get("active"), units.get(NETWORKD, {}).get("enabled")) != ("active", "enabled"):
+        link_changed = True
+        commands = [f"systemctl enable --now {NETWORKD}"]
+        if units.get(WAIT_ONLINE, {}).get("enabled") not in ("enabled", "enabled-runtime"):
+            # Enabling networkd enables its wait-online too (Also=), which would hold boot up
+            # to two minutes for links it does not manage: keep boot as it was.
+            commands.append(f"systemctl disable {WAIT_ONLINE}")
+        server.shell(name="systemd-networkd is enabled and running", commands=commands)
+    drifted = [
+        i for i, a in interfaces.items()
+        if not node["links"][i]["up"] or node["links"][i]["mtu"] != mtu or a not in node["links"][i]["addresses"]
+    ]
+    if link_changed or drifted:
+        if drifted:
+            atomic.detail(f"{', '.join(drifted)}: down, or MTU or address not as configured")
+        apply_link(name="Apply the cluster link (its interfaces only), then prove a new SSH connection",
+                   interfaces=list(interfaces), netplan=netplan,
+                   networkmanager=node["networkmanager"] and not netplan)
+
+    # Trust.
+    key, public = controller_key(settings["cluster_key_dir"], name)
+    group = node["user"]["group"]
+    if not atomic.up_to_date(files.get(KEY_FILE), key, mode=0o600, user=user, group=group):
+        private_key(name=f"Cluster key of {user} ({KEY_FILE}, 0600)", dest=KEY_FILE, key=key, user=user, group=group)
+    root_files = {
+        KNOWN_HOSTS: ("Every node's pinned host keys", render_known_hosts(nodes), 0o644, None),
+        SSH_CONFIG: ("ssh uses the cluster key and the pinned host keys between nodes",
+                     render_ssh_config(nodes, user), 0o644,
+                     ("sh", "-c", 'ssh -G -F "$1" 127.0.0.1 >/dev/null', "verify")),
+        HOSTFILE: ("MPI hostfile", render_hostfile(nodes, settings["cluster_slots"]), 0o644, None),
+        settings["cluster_env_file"]: (
+            "NCCL environment (cluster_env_file)",
+            render_env_file(env_variables(
+                list(interfaces), first_address(interfaces), nodes[0]["first"], name, settings["cluster_env_extra"]
+            )),
+            0o644, ("sh", "-n"),
+        ),
+        PROFILE_SCRIPT: ("Login shells read the NCCL environment", render_profile_script(settings["cluster_env_file"]),
+                         0o644, ("sh", "-n")),
+        CHECK: ("spark-cluster-check command",
+                render_check(name, user, mtu, interfaces, peers, settings["cluster_env_file"]), 0o755, ("sh", "-n")),
+    }
+    for dest, (title, content, mode, validate) in host.loop(root_files.items()):
+        if not atomic.up_to_date(files.get(dest), content, mode=mode):
+            atomic.file(name=f"{title} ({dest})", dest=dest, current=files.get(dest), content=content, mode=mode,
+                        validate=validate)
+    line = authorized_line(public, nodes, name)
+    if node["user"]["authorized"] != [line]:
+        authorized_key(name=f"Cluster key in {user}'s authorized_keys, from the cluster's addresses only",
+                       user=user, home=node["user"]["home"], line=line)

@@ -1,0 +1,181 @@
+"""
+Cluster controls: the link carries its address and jumbo MTU to every peer, the cluster user
+logs in to every peer without a prompt and only to pinned host keys, from the cluster's
+addresses only, and jobs get NCCL's environment.
+
+The expected addresses, peers and variables are worked out here from the inventory's
+settings, independently of operations/cluster.py. Hosts that are in no cluster skip.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+
+import pytest
+
+from tests.compliance.conftest import inventory_name
+from tests.conftest import LAB_INVENTORY
+from tests.support import REPO, inventory_host_data
+
+
+@pytest.fixture(scope="session")
+def inventory_hosts(request, host_data) -> dict[str, dict]:
+    """Every host of the inventory (a --limit may leave peers out of host_data)."""
+    inventory = request.config.getoption("--inventory") or (
+        str(REPO / LAB_INVENTORY) if request.config.sparkrig_targets == "lab" else None)
+    return inventory_host_data(inventory) if inventory else {}
+
+
+@pytest.fixture
+def node(request, host, settings) -> dict:
+    """This host's cluster: its interfaces and its peers with their addresses."""
+    name = settings["cluster_name"]
+    if name is None:
+        pytest.skip("not in a cluster (cluster_name is None)")
+    inventory_hosts = request.getfixturevalue("inventory_hosts")  # read only where needed
+    me = inventory_name(host)
+    nodes = {n: d for n, d in inventory_hosts.items() if d.get("cluster_name") == name}
+    if me not in nodes:
+        pytest.skip("the suite has no inventory for this host's cluster (a --hosts target)")
+    interfaces = settings["cluster_interfaces"]
+    peers = []
+    for peer, data in nodes.items():
+        if peer == me:
+            continue
+        for address in data["cluster_interfaces"].values():
+            ip = ipaddress.IPv4Interface(address).ip
+            for interface, own in interfaces.items():
+                if ip in ipaddress.IPv4Interface(own).network:
+                    peers.append({"name": peer, "address": str(ip), "interface": interface})
+    head = settings["cluster_head"] or next(iter(nodes))
+    return {
+        "name": name, "interfaces": interfaces, "peers": peers, "user": settings["cluster_user"],
+        "mtu": settings["cluster_mtu"],
+        "addresses": sorted(str(ipaddress.IPv4Interface(a).ip) for d in nodes.values()
+                            for a in d["cluster_interfaces"].values()),
+        "head": str(ipaddress.IPv4Interface(next(iter(nodes[head]["cluster_interfaces"].values()))).ip),
+        "nodes": [head] + [n for n in nodes if n != head],
+        "firsts": {n: str(ipaddress.IPv4Interface(next(iter(d["cluster_interfaces"].values()))).ip)
+                   for n, d in nodes.items()},
+    }
+
+
+def as_user(host, user: str, command: str) -> str:
+    """``command`` as the cluster user (through sudo when the suite logs in as someone else)."""
+    if host.user().name == user:
+        return command
+    return f"sudo -n runuser -u {shlex.quote(user)} -- {command}"
+
+
+def test_cluster_interfaces_carry_their_address_and_mtu(host, node):
+    """Protects against a link that comes up without its address (NCCL then finds no
+    interface to bind), at the default 1500 bytes (NCCL over TCP loses much of its
+    bandwidth), or left down."""
+    for interface, address in node["interfaces"].items():
+        (link,) = json.loads(host.check_output(f"ip -j addr show dev {shlex.quote(interface)}"))
+        assert "UP" in link["flags"], f"{interface} is down: {link['flags']}"
+        assert link["mtu"] == node["mtu"], f"{interface}: MTU {link['mtu']}"
+        found = [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a["family"] == "inet"]
+        assert address in found, f"{interface}: {found}"
+
+
+def test_jumbo_frames_reach_every_peer_unfragmented(host, node):
+    """Protects against a path with a smaller MTU somewhere (a switch, the peer's port):
+    large frames are then dropped or fragmented, and collectives stall or crawl."""
+    if not node["peers"]:
+        pytest.skip("no peer shares a subnet with this node")
+    size = node["mtu"] - 28
+    for peer in node["peers"]:
+        route = host.check_output(f"ip -o route get {peer['address']}")
+        assert f" dev {peer['interface']} " in f"{route} ", route
+        with host.sudo():  # Debian 13 lets users ping only where ping_group_range allows it
+            result = host.run(f"ping -n -c 1 -W 2 -M do -s {size} {peer['address']}")
+        assert result.rc == 0, f"{peer['name']} ({peer['address']}): {result.stdout}{result.stderr}"
+
+
+def test_the_cluster_user_logs_in_to_every_peer_without_a_prompt(host, node):
+    """Protects against mpirun and Ray stopping at a password or host-key prompt on a
+    node (every node runs this control, so trust is checked both ways)."""
+    for peer in node["peers"]:
+        result = host.run(as_user(host, node["user"],
+                                  f"ssh -n -o BatchMode=yes -o ConnectTimeout=5 {peer['address']} id -un"))
+        assert result.rc == 0 and result.stdout.strip() == node["user"], \
+            f"{peer['name']}: {result.stdout}{result.stderr}"
+
+
+def test_a_host_key_that_is_not_pinned_is_refused(host, node):
+    """Protects against trust on first use: a node answering with a key sparkrig did not
+    pin (a replaced box, a man in the middle on the link) is refused, never learnt."""
+    if not node["peers"]:
+        pytest.skip("no peer shares a subnet with this node")
+    peer = node["peers"][0]
+    # ssh's own exit status 255 reads to testinfra as a lost connection: report it instead.
+    probe = f"ssh -n -o BatchMode=yes -o ConnectTimeout=5 -o GlobalKnownHostsFile=/dev/null {peer['address']} true"
+    said = host.check_output(f"{as_user(host, node['user'], probe)} 2>&1; echo exit=$?")
+    assert "Host key verification failed" in said and said.endswith("exit=255"), said
+
+
+def test_the_cluster_key_is_the_cluster_users_alone(host, node):
+    """Protects against a private key others can read (anyone holding it logs in to every
+    node as the cluster user) or replace (a root-owned directory keeps it in place)."""
+    key = host.file("/etc/sparkrig/cluster/id_ed25519")
+    assert key.is_file and not key.is_symlink
+    assert (key.user, key.mode) == (node["user"], 0o600), (key.user, oct(key.mode))
+    directory = host.file("/etc/sparkrig/cluster")
+    assert directory.user == "root" and not directory.mode & 0o022, oct(directory.mode)
+
+
+def test_authorized_keys_admit_the_cluster_key_from_cluster_addresses_only(host, node):
+    """Protects against the cluster key opening the node from anywhere: a copy of it off
+    the cluster, or a node removed from the inventory, is refused."""
+    home = host.user(node["user"]).home
+    with host.sudo():
+        text = host.file(f"{home}/.ssh/authorized_keys").content_string
+    lines = [line for line in text.splitlines() if " sparkrig-cluster:" in line]
+    assert len(lines) == 1, lines
+    options = lines[0].split(" ", 1)[0]
+    sources = options.split('from="', 1)[1].split('"', 1)[0].split(",")
+    assert sorted(sources) == node["addresses"], sources
+    assert "restrict" in options.split(","), options
+
+
+def test_nccl_environment_names_the_link_for_shells_and_units(host, node, settings):
+    """Protects against NCCL, Gloo or MPI choosing the management network (slow, and it
+    may not reach the peers) in a login shell or a systemd unit."""
+    interfaces = ",".join(node["interfaces"])
+    own = str(ipaddress.IPv4Interface(next(iter(node["interfaces"].values()))).ip)
+    wanted = [interfaces, interfaces, node["head"], own]
+    names = ["NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "VLLM_HOST_IP"]
+    shown = " ".join(f'"${n}"' for n in names)
+    script = f"printf '%s\\n' {shown}"
+    login = host.check_output(as_user(host, node["user"], f"bash -lc {shlex.quote(script)}"))
+    assert login.splitlines() == wanted
+    with host.sudo():
+        unit = host.check_output(
+            f"systemd-run -q --wait --pipe -p EnvironmentFile={settings['cluster_env_file']} "
+            f"printenv {' '.join(names)}")
+    assert unit.splitlines() == wanted
+
+
+def test_the_mpi_hostfile_lists_every_node_head_first(host, node):
+    """Protects against mpirun starting ranks on a node left out, or rank 0 (NCCL's root)
+    off the head."""
+    lines = [line.split()[0] for line in host.file("/etc/sparkrig/cluster/hostfile").content_string.splitlines()
+             if line and not line.startswith("#")]
+    assert lines == [node["firsts"][n] for n in node["nodes"]]
+
+
+def test_spark_cluster_check_passes(host, node):
+    """Protects against a cluster that looks configured yet cannot run a job: the same
+    checks a user runs before a multi-node job, each line OK or SKIP (the NCCL run needs
+    GPUs and nccl-tests)."""
+    with host.sudo():
+        result = host.run("spark-cluster-check")
+    assert result.rc == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert all(line.startswith(("OK ", "SKIP ")) for line in lines), lines
+    for peer in node["peers"]:
+        assert f"OK ping {peer['name']}: {node['mtu'] - 28} bytes to {peer['address']}" in result.stdout
+        assert f"OK ssh {peer['name']}: " in result.stdout

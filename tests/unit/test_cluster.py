@@ -1,0 +1,425 @@
+"""Clusters: settings checked one host at a time and across the cluster, the files, the plan."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.context import ctx_host, ctx_state
+
+from operations import cluster as cl
+from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
+from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, _record, host_state
+
+LINK = {"cluster_name": "lab", "cluster_user": "spark"}
+A = {**LINK, "ssh_hostname": "10.0.0.1", "cluster_interfaces": {"cx7": "192.168.100.11/24"}}
+B = {**LINK, "ssh_hostname": "10.0.0.2", "cluster_interfaces": {"cx7": "192.168.100.12/24"}}
+
+
+# Settings, one host at a time ---------------------------------------------------------
+
+
+def test_off_by_default_and_the_defaults_are_valid():
+    assert problems(cl.SETTINGS, {}) == []
+    # Off a cluster a host reads only what a node would have left (in its one reading).
+    assert [part.fact for part in cl.parts(resolve(all_settings(), {}))] == [cl.ClusterLeftovers]
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({**A, "cluster_name": "Lab A"}, "cluster_name = 'Lab A': allowed is None (not in a cluster) or a cluster name"),
+        ({**LINK, "cluster_interfaces": {}}, "cluster_interfaces = {}: allowed is a mapping of interface names"),
+        ({**LINK, "cluster_interfaces": {"cx7": "192.168.100.11"}}, "not an IPv4 address with its prefix"),
+        ({**LINK, "cluster_interfaces": {"cx7": "192.168.100.011/24"}}, "'192.168.100.011/24'"),
+        ({**LINK, "cluster_interfaces": {"cx7": "192.168.100.0/24"}}, "network or broadcast address"),
+        ({**LINK, "cluster_interfaces": {"cx7": "169.254.3.4/16"}}, "link-local addresses are not"),
+        ({**LINK, "cluster_interfaces": {"lo": "192.168.100.11/24"}}, "'lo' is no interface name"),
+        ({**LINK, "cluster_interfaces": {"a-very-long-name-0": "192.168.100.11/24"}}, "is no interface name"),
+        ({**LINK, "cluster_interfaces": {"a": "192.168.100.11/24", "b": "192.168.100.12/25"}},
+         "two interfaces of one host in 192.168.100.0/24"),
+        ({"cluster_name": "lab", "cluster_interfaces": {"cx7": "192.168.100.11/24"}},
+         "cluster_user = None: allowed is the user (not root)"),
+        ({**A, "cluster_user": "root"}, "cluster_user = 'root'"),
+        ({**A, "cluster_mtu": 65000}, "cluster_mtu = 65000: allowed is an integer from 1280 to 9216"),
+        ({**A, "cluster_env_extra": {"MASTER_ADDR": "x"}}, "MASTER_ADDR is managed"),
+        ({**A, "cluster_mut": 9000}, "not a sparkrig setting (did you mean cluster_mtu?)"),
+    ],
+)
+def test_bad_values_say_key_and_what_is_allowed(data, expected):
+    found = problems(cl.SETTINGS, data)
+    assert len(found) == 1 and expected in found[0], found
+
+
+# Across the cluster ----------------------------------------------------------------------
+
+
+def _fleet(*hosts, targeted=None):
+    everyone = [(name, {**data, **resolve(cl.SETTINGS, data)}) for name, data in hosts]
+    run = everyone if targeted is None else [h for h in everyone if h[0] in targeted]
+    return cl.fleet_problems(run, everyone)
+
+
+def test_a_valid_cluster_of_two_has_no_problem():
+    assert _fleet(("a", A), ("b", B), ("c", {})) == []
+
+
+def test_a_run_that_leaves_out_a_node_is_no_settings_problem():
+    # The deploy then leaves the cluster as it is (--limit and the rollout's batches work).
+    assert _fleet(("a", A), ("b", B), targeted={"a"}) == []
+    assert _fleet(("a", A), ("b", {**B, "cluster_mtu": 1500}), targeted={"a"}) != []  # seen across the inventory
+
+
+def test_a_cluster_of_one_is_refused():
+    assert "a cluster of two hosts or more" in _fleet(("a", A), ("b", {}))[0][1]
+
+
+@pytest.mark.parametrize(
+    ("b", "expected"),
+    [
+        ({**B, "cluster_interfaces": {"cx7": "192.168.100.11/24"}}, "192.168.100.11 is also a's"),
+        ({**B, "cluster_interfaces": {"cx7": "192.168.100.12/25"}}, "overlaps 192.168.100.0/24, which a uses"),
+        ({**B, "cluster_interfaces": {"cx7": "192.168.101.12/24"}}, "no other node of cluster 'lab' has an address in"),
+        ({**B, "cluster_mtu": 1500}, "cluster_mtu = 1500: allowed is the same value on every node"),
+        ({**B, "cluster_user": "other"}, "cluster_user = 'other': allowed is the same value"),
+        ({**B, "ssh_hostname": "192.168.100.50"}, "192.168.100.50 is in 192.168.100.0/24): sparkrig never"),
+    ],
+)
+def test_cluster_wide_rules(b, expected):
+    found = _fleet(("a", A), ("b", b))
+    assert any(host in ("a", "b") and expected in problem for host, problem in found), found
+
+
+def test_the_head_must_be_a_node():
+    found = _fleet(("a", {**A, "cluster_head": "c"}), ("b", {**B, "cluster_head": "c"}), ("c", {}))
+    assert {host for host, _ in found} == {"a", "b"} and "a host of cluster 'lab': a, b" in found[0][1]
+    assert cl.head_of([("a", resolve(cl.SETTINGS, A)), ("b", resolve(cl.SETTINGS, {**B}))], "lab") == "a"
+
+
+def test_validation_reports_cluster_problems_before_any_host_is_contacted():
+    with pytest.raises(SettingsError) as error:
+        validate_hosts([("a", A)], [("a", A), ("b", {**B, "cluster_interfaces": {"cx7": "192.168.100.11/24"}})])
+    assert ("  host 'b': cluster_interfaces = {'cx7': '192.168.100.11/24'}: allowed is addresses unique in "
+            "cluster 'lab' (192.168.100.11 is also a's)") in str(error.value)
+    validate_hosts([("a", A), ("b", B)])  # the whole cluster: fine
+
+
+# The files ------------------------------------------------------------------------------
+
+
+def test_the_networkd_file_passes_its_own_validation(tmp_path):
+    text = cl.render_networkd("cx7", "192.168.100.11/24", 9000)
+    path = tmp_path / "link.network"
+    path.write_text(text)
+    assert subprocess.run([*cl.NETWORKD_VALIDATOR, str(path)]).returncode == 0
+    assert "MTUBytes=9000\n" in text and "Address=192.168.100.11/24\n" in text
+    path.write_text(text + "Gateway=192.168.100.1\n")  # a route out through the link: refused
+    assert subprocess.run([*cl.NETWORKD_VALIDATOR, str(path)]).returncode != 0
+
+
+def test_the_env_file_names_the_link_for_every_library(tmp_path):
+    variables = cl.env_variables(["cx7a", "cx7b"], "192.168.100.12", "192.168.100.11", "lab", {"NCCL_DEBUG": "INFO"})
+    path = tmp_path / "cluster.env"
+    path.write_text(cl.render_env_file(variables))
+    shown = subprocess.run(["sh", "-c", f"set -a; . {path}; env"], capture_output=True, text=True, check=True).stdout
+    for line in ("NCCL_SOCKET_IFNAME=cx7a,cx7b", "GLOO_SOCKET_IFNAME=cx7a", "UCX_NET_DEVICES=cx7a,cx7b",
+                 "OMPI_MCA_btl_tcp_if_include=cx7a,cx7b", "MASTER_ADDR=192.168.100.11",
+                 "VLLM_HOST_IP=192.168.100.12", "NCCL_DEBUG=INFO"):
+        assert line in shown.splitlines()
+
+
+NODES = [
+    {"name": "a", "addresses": ["192.168.100.11"], "first": "192.168.100.11", "host_keys": ["ssh-ed25519 AAAAa"]},
+    {"name": "b", "addresses": ["192.168.100.12"], "first": "192.168.100.12", "host_keys": ["ssh-ed25519 AAAAb",
+                                                                                              "ssh-rsa AAAAB"]},
+]
+
+
+def test_trust_is_pinned_and_restricted_to_the_cluster_addresses(tmp_path):
+    known = cl.render_known_hosts(NODES)
+    assert [line for line in known.splitlines() if not line.startswith("#")] == [
+        "192.168.100.11 ssh-ed25519 AAAAa", "192.168.100.12 ssh-ed25519 AAAAb", "192.168.100.12 ssh-rsa AAAAB"]
+    line = cl.authorized_line("ssh-ed25519 AAAAkey sparkrig-cluster:lab", NODES, "lab")
+    assert line == 'from="192.168.100.11,192.168.100.12",restrict,pty ssh-ed25519 AAAAkey sparkrig-cluster:lab'
+    config = tmp_path / "c.conf"
+    config.write_text(cl.render_ssh_config(NODES, getpass.getuser()))  # Match localuser: the one running ssh
+    if shutil.which("ssh"):
+        shown = subprocess.run(["ssh", "-G", "-F", str(config), "192.168.100.12"], capture_output=True, text=True)
+        assert shown.returncode == 0, shown.stderr
+        assert "stricthostkeychecking true" in shown.stdout and "identitiesonly yes" in shown.stdout
+    assert "StrictHostKeyChecking yes" in config.read_text() and "StrictHostKeyChecking no" not in config.read_text()
+
+
+def test_the_check_script_is_valid_sh_and_names_each_peer_link():
+    script = cl.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env")
+    assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
+    assert "check_ping b 192.168.100.12 cx7\n" in script and "check_link cx7" in script
+
+
+def test_the_controller_key_is_made_once_and_kept_private(tmp_path):
+    key, public = cl.controller_key(str(tmp_path / "keys"), "lab")
+    again, public_again = cl.controller_key(str(tmp_path / "keys"), "lab")
+    assert (key, public) == (again, public_again) and public.startswith("ssh-ed25519 ")
+    assert (tmp_path / "keys" / "lab" / "id_ed25519").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "keys" / "lab").stat().st_mode & 0o777 == 0o700
+    assert repr(cl.Secret(key)) == "<secret>"
+
+
+# The plan, on two fake hosts --------------------------------------------------------------
+
+
+def _node_fact(links: dict, user=True, authorized=(), host_key="ssh-ed25519 AAAAhost", files=()) -> list[str]:
+    lines = ["links " + json.dumps([
+        {"ifname": name, "flags": ["BROADCAST", "UP"] if up else ["BROADCAST"], "mtu": mtu,
+         "addr_info": [{"family": "inet", "local": a.split("/")[0], "prefixlen": int(a.split("/")[1])} for a in addrs]}
+        for name, (up, mtu, addrs) in links.items()
+    ]), "netplan no", "networkmanager no", "ssh_config_d yes", f"hostkey {host_key}", *[f"linkfile {f}" for f in files]]
+    if user:
+        lines += ["user 1000 spark /home/spark", *[f"authorized {a}" for a in authorized]]
+    else:
+        lines.append("nouser")
+    return lines
+
+
+class _Client:
+    """What the SSH connector's paramiko client says about the deploy's connection."""
+
+    def __init__(self, address: str):
+        self.address = address
+
+    def get_transport(self):
+        return self
+
+    def getpeername(self):
+        return (self.address, 22)
+
+
+def _plan(tmp_path, responses_a: dict, responses_b: dict, connected_to: str | None = None) -> list[PlannedOp]:
+    keys = {"cluster_key_dir": str(tmp_path / "keys")}
+    hosts = [
+        ("@fake/a", {**A, **keys, "fake_responses": responses_a}),
+        ("@fake/b", {**B, **keys, "fake_responses": responses_b}),
+    ]
+    inventory = Inventory(([(name, {"fake_delay": 0, "fake_delay_jitter": 0, **data}) for name, data in hosts], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    # The cross-host check keys on inventory names: the fake hosts connect to no address.
+    if connected_to:
+        inventory.get_host("@fake/a").connector.client = _Client(connected_to)
+    add_deploy(state, cl.cluster)
+    host = inventory.get_host("@fake/a")
+    ops = []
+    for op_hash in state.get_op_order():
+        planned = PlannedOp(name=" ".join(sorted(state.op_meta[op_hash].names)))
+        with ctx_state.use(state), ctx_host.use(host):
+            if op_hash not in state.ops[host]:
+                continue
+            op = state.get_op_data_for_host(host, op_hash)
+            for command in op.command_generator():
+                _record(planned, command)
+        if planned.commands or planned.uploads:
+            ops.append(planned)
+    return ops
+
+
+FRESH = {"cx7": (False, 1500, [])}
+CONVERGED = {"cx7": (True, 9000, ["192.168.100.11/24"]), "eth0": (True, 1500, ["10.0.0.1/24"])}
+
+
+def test_a_fresh_node_gets_link_trust_and_environment(tmp_path):
+    ops = _plan(tmp_path, {HOST_STATE: host_state(packages={"iputils-ping": None}),
+                           "ip -j addr": _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})},
+                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    names = [op.name for op in ops]
+    assert any("Cluster link (/etc/systemd/network/40-sparkrig-cluster-cx7.network)" in n for n in names), names
+    apply = next(op for op in ops if "| Apply the cluster link (its interfaces only), then prove a new SSH connection" in op.name)
+    assert apply.commands == ["networkctl reload && networkctl reconfigure cx7 && networkctl up cx7",
+                              "python: prove_new_connection"]
+    key = next(op for op in ops if "| Cluster key of spark" in op.name)
+    assert key.commands[0] == "python: _stage_secret" and "install -m 600 -o spark -g spark" in key.commands[1]
+    assert not key.uploads  # the private key never goes through pyinfra's world-readable temp file
+    known = next(op for op in ops if "| Every node's pinned host keys" in op.name)
+    assert b"192.168.100.12 ssh-ed25519 AAAApeer\n" in next(iter(known.uploads.values()))
+    auth = next(op for op in ops if "| Cluster key in spark's authorized_keys" in op.name)
+    assert any("runuser -u spark -- sh -c" in c for c in auth.commands)
+    assert any("Install ping" in n for n in names)
+
+
+def test_a_converged_node_plans_nothing(tmp_path):
+    key, public = cl.controller_key(str(tmp_path / "keys"), "lab")
+    settings_a = resolve(cl.SETTINGS, A)
+    nodes = [cl._node("@fake/a", settings_a, ["ssh-ed25519 AAAAhost"]),
+             cl._node("@fake/b", resolve(cl.SETTINGS, B), ["ssh-ed25519 AAAApeer"])]
+    files = {
+        cl.link_files(["cx7"], False)[0]: cl.render_networkd("cx7", "192.168.100.11/24", 9000),
+        cl.KNOWN_HOSTS: cl.render_known_hosts(nodes),
+        cl.SSH_CONFIG: cl.render_ssh_config(nodes, "spark"),
+        cl.HOSTFILE: cl.render_hostfile(nodes, 1),
+        "/etc/sparkrig/cluster.env": cl.render_env_file(
+            cl.env_variables(["cx7"], "192.168.100.11", "192.168.100.11", "lab", {})),
+        cl.PROFILE_SCRIPT: cl.render_profile_script("/etc/sparkrig/cluster.env"),
+        cl.CHECK: (cl.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, nodes[1:],
+                                   "/etc/sparkrig/cluster.env"), 0o755),
+    }
+    state = host_state(files=files, units={cl.NETWORKD: (True, True)}, packages={"iputils-ping": "1"})
+    # The key is the cluster user's: HostState reports its owner.
+    import hashlib
+    state.append(f"file 600 spark spark {hashlib.sha256(key).hexdigest()} {cl.KEY_FILE}")
+    line = cl.authorized_line(public, nodes, "lab")
+    ops = _plan(tmp_path, {HOST_STATE: state, "ip -j addr": _node_fact(CONVERGED, authorized=[line],
+                                                                        files=list(files)[:1])},
+                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    assert ops == []
+
+
+def test_a_link_that_is_down_is_brought_up_again(tmp_path):
+    down = {**CONVERGED, "cx7": (False, 9000, ["192.168.100.11/24"])}
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(down)},
+                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    assert any("| Apply the cluster link (its interfaces only), then prove a new SSH connection" in op.name for op in ops)
+
+
+@pytest.mark.parametrize(
+    ("fact", "expected"),
+    [
+        (_node_fact({"eth0": (True, 1500, ["10.0.0.1/24"])}), "names cx7, which this host has no interface of"),
+        (_node_fact(CONVERGED, user=False), "cluster_user spark is no user on this host"),
+    ],
+)
+def test_what_cannot_be_done_fails_the_host_saying_why(tmp_path, fact, expected):
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": fact},
+                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    assert len(ops) == 1 and expected in ops[0].commands[0], ops
+
+
+def test_a_peer_without_a_host_key_is_not_trusted_blindly(tmp_path):
+    fact = _node_fact({})
+    fact = [line for line in fact if not line.startswith("hostkey")]
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(CONVERGED)},
+                {HOST_STATE: host_state(), "ip -j addr": fact})
+    assert len(ops) == 1 and "cluster node @fake/b could not be read" in ops[0].commands[0]
+
+
+def test_a_host_key_line_that_is_no_key_fails_the_host():
+    with pytest.raises(Exception, match="not an SSH host key"):
+        cl.ClusterHost().process(["hostkey ssh-ed25519 AAAA; rm -rf /"])
+
+
+
+def _fake_tools(bin_dir: Path, link: str, route: str, ping_rc: int, ssh_rc: int) -> None:
+    """ip, ping and ssh as a node would answer: the check's own logic runs for real."""
+    bin_dir.mkdir()
+    tools = {
+        "ip": f'case "$*" in *"route get"*) echo {shlex.quote(route)} ;; *) echo {shlex.quote(link)} ;; esac',
+        "ping": f"echo 'ping: local error: message too long, mtu=1500'; exit {ping_rc}",
+        "ssh": f"echo 'Permission denied (publickey).' >&2; exit {ssh_rc}",
+    }
+    for name, body in tools.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("link", "ping_rc", "ssh_rc", "status", "wanted"),
+    [
+        ("2: cx7: <BROADCAST,UP,LOWER_UP> mtu 9000 qdisc mq state UP mode DEFAULT", 0, 0, 0,
+         ["OK link cx7: up", "OK mtu cx7: 9000", "OK ping b: 8972 bytes to 192.168.100.12 through cx7, not fragmented",
+          "OK ssh b: "]),
+        ("2: cx7: <NO-CARRIER,BROADCAST,UP> mtu 9000 qdisc mq state DOWN mode DEFAULT", 1, 255, 4 | 16 | 32,
+         ["FAIL link cx7: cx7 is DOWN, not up", "FAIL ping b: no answer", "FAIL ssh b: "]),
+        ("2: cx7: <BROADCAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP mode DEFAULT", 1, 0, 8 | 16,
+         ["FAIL mtu cx7: 1500, not 9000", "FAIL ping b: no answer to 8972 unfragmented bytes from 192.168.100.12 "
+                                          "through cx7: ping: local error: message too long, mtu=1500"]),
+    ],
+)
+def test_spark_cluster_check_says_which_check_failed_and_sums_the_codes(tmp_path, link, ping_rc, ssh_rc, status, wanted):
+    script = tmp_path / "spark-cluster-check"
+    script.write_text(cl.render_check("lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:],
+                                      "/etc/sparkrig/cluster.env"))
+    _fake_tools(tmp_path / "bin", link, "192.168.100.12 dev cx7 src 192.168.100.11 uid 0", ping_rc, ssh_rc)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    result = subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env)
+    assert result.returncode == status, result.stdout
+    for line in wanted:
+        assert any(shown.startswith(line) for shown in result.stdout.splitlines()), (line, result.stdout)
+    assert result.stdout.splitlines()[-1].startswith("SKIP nccl: not asked for")
+
+
+def test_spark_cluster_check_fails_a_peer_reached_through_another_interface(tmp_path):
+    script = tmp_path / "spark-cluster-check"
+    script.write_text(cl.render_check("lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:],
+                                      "/etc/sparkrig/cluster.env"))
+    _fake_tools(tmp_path / "bin", "2: cx7: <UP> mtu 9000 state UP mode", "192.168.100.12 via 10.0.0.1 dev eth0", 0, 0)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    result = subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env)
+    assert result.returncode == 16 and "FAIL ping b: 192.168.100.12 is not reached through cx7" in result.stdout
+
+
+def _plan_one(data: dict, responses: dict) -> list[PlannedOp]:
+    from tests.unit.pyinfra_fake import plan
+
+    return [op for op in plan(cl.cluster, data, responses) if op.commands]
+
+
+def test_a_host_in_no_cluster_with_nothing_left_plans_nothing():
+    assert _plan_one({}, {"keyowner": []}) == []
+
+
+def test_a_node_taken_out_of_its_cluster_loses_the_clusters_files_and_key_line():
+    ops = _plan_one({}, {"keyowner": [f"file {cl.KEY_FILE}", "file /etc/systemd/network/40-sparkrig-cluster-cx7.network",
+                                      "keyowner spark"]})
+    (op,) = ops
+    assert "runuser -u spark -- sh -c" in op.commands[0] and "sparkrig-cluster:" in op.commands[0]
+    assert op.commands[1] == f"rm -f {cl.KEY_FILE} /etc/systemd/network/40-sparkrig-cluster-cx7.network"
+    assert "networkctl reload" in op.commands[2]
+
+
+def test_the_deploys_own_connection_is_never_reconfigured(tmp_path):
+    peer = {HOST_STATE: host_state(), "ip -j addr": _node_fact({**CONVERGED}, host_key="ssh-ed25519 AAAApeer")}
+    # Connected through eth0: the cluster goes ahead.
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(FRESH | {"eth0": CONVERGED["eth0"]})},
+                peer, connected_to="10.0.0.1")
+    assert any("Apply the cluster link" in op.name for op in ops)
+    # Connected to an address the cluster interface holds: refused before any change.
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(CONVERGED)}, peer,
+                connected_to="192.168.100.11")
+    assert len(ops) == 1 and "cx7 carries this deploy's SSH connection (192.168.100.11): sparkrig never" \
+        in ops[0].commands[0].replace("'\"'\"'", "'")
+
+
+def test_networkmanager_lets_go_of_the_cluster_ports(tmp_path):
+    text = cl.render_networkmanager(["cx7a", "cx7b"])
+    path = tmp_path / "nm.conf"
+    path.write_text(text)
+    assert subprocess.run([*cl.NM_VALIDATOR, str(path)]).returncode == 0
+    assert "match-device=interface-name:cx7a,interface-name:cx7b\nmanaged=0\n" in text
+    fact = [line.replace("networkmanager no", "networkmanager yes") for line in
+            _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})]
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": fact},
+                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    assert any(cl.NM_FILE in op.name for op in ops)
+    apply = next(op for op in ops if "Apply the cluster link" in op.name)
+    assert apply.commands[0] == "systemctl reload NetworkManager"
+
+
+@pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed on this machine")
+def test_the_scripts_pass_shellcheck_as_posix_sh(tmp_path):
+    scripts = {
+        "check": cl.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env"),
+        "profile": cl.render_profile_script("/etc/sparkrig/cluster.env"),
+    }
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(text)
+    # SC1091: the env file it reads exists on the node only.
+    result = subprocess.run(["shellcheck", "-s", "sh", "-e", "SC1091", *[str(tmp_path / n) for n in scripts]],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
