@@ -19,9 +19,11 @@ from operations.python_stack import python_stack, synced
 from operations.source_builds import host_requirement_lines, source_builds
 from operations.sshd_guard import sshd_guard
 from operations.swap import swap
+from operations.updates import updates
 from operations.watchdog import watchdog
 
 hardware()  # the box is the kind its profile says (or "auto" detects it); else it stops here
+updates()  # holds, unattended upgrades, systemd-oomd; the expected kernel and driver (may stop here)
 ca_certificates()  # extra CA certificates (a TLS-intercepting proxy's) in the system store
 cuda_env()  # CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ... for login shells and systemd units
 swap()  # no swap now, nothing that turns it on at boot

@@ -92,6 +92,22 @@ def _ngc(host: dict) -> dict:
     }
 
 
+def _updates(host: dict) -> dict:
+    """The versions the lab's report shows: its hosts share the controller's kernel and have
+    no NVIDIA driver, so the kernel-like and driver-like STAND-INs (sparkrig-lab-standin-kernel,
+    sparkrig-lab-standin-nvidia-driver, in two versions in the lab's DGX OS stand-in
+    repository, lab/repo.py) count as kernel and driver packages beside the real names, and
+    the toolkit's stand-in as the toolkit. The updates tests install, hold and upgrade them."""
+    return {
+        "updates_packages": {
+            "kernel": ["linux-image-*", "sparkrig-lab-standin-kernel"],
+            "driver": ["nvidia-driver-*", "libnvidia-compute-*", "sparkrig-lab-standin-nvidia-driver"],
+            "docker": ["docker-ce", "docker.io", "moby-engine"],
+            "toolkit": ["nvidia-container-toolkit", _repo["toolkit_package"]],
+        },
+    }
+
+
 def _jobs(host: dict) -> dict:
     """Job-only variables on every lab host (the controls read them back from a job), and the
     shared model cache on lab-deb13, where spark-container mounts it. The emulated Spark (flavour
@@ -265,6 +281,7 @@ lab = [
             **_python_stack(_host),
             **_source_builds(_host),
             **_cluster(_host),
+            **_updates(_host),
         },
     )
     for _host in _inventory["hosts"]

@@ -74,6 +74,10 @@ CGROUP_PARENT = f"sparkrig-lab{LAB_ID}"
 REPO_PORT = 8765
 DOCKER_STANDIN_PACKAGE = "sparkrig-lab-standin-docker-ce"
 TOOLKIT_STANDIN_PACKAGE = "sparkrig-lab-standin-nvidia-container-toolkit"
+# Stand-ins for a kernel and an NVIDIA driver package, each in an old and a new version.
+KERNEL_STANDIN_PACKAGE = "sparkrig-lab-standin-kernel"
+DRIVER_STANDIN_PACKAGE = "sparkrig-lab-standin-nvidia-driver"
+UPDATE_STANDIN_VERSIONS = ("1.0", "2.0")
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 CONTROLLER_RESOLV_CONF = Path("/etc/resolv.conf")

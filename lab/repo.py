@@ -15,7 +15,10 @@ holding clearly named stand-in packages:
 - ``dgx/baseos``, a flat repository standing in for the NVIDIA-configured
   sources DGX OS installs its stack from (``gpgkey`` beside it), holding both
   stand-in packages: the ``dgx_os`` flavours' hosts are given it, pinned, and
-  install Docker and the toolkit from it before any deploy (lab/dgxos.py).
+  install Docker and the toolkit from it before any deploy (lab/dgxos.py); it also
+  holds kernel-like and driver-like stand-ins in two versions each
+  (``sparkrig-lab-standin-kernel``, ``sparkrig-lab-standin-nvidia-driver``), which
+  the updates tests hold, pin and upgrade.
 
 Every index covers each architecture of the lab's flavours (amd64, and arm64
 for the emulated ``gb10``); the packages themselves are ``Architecture: all``.
@@ -54,7 +57,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import sourcebuild, wheelhouse
-from .config import DOCKER_STANDIN_PACKAGE, LOCAL_WHEEL_DIR, STOP_GRACE_S, TOOLKIT_STANDIN_PACKAGE
+from .config import (
+    DOCKER_STANDIN_PACKAGE,
+    DRIVER_STANDIN_PACKAGE,
+    KERNEL_STANDIN_PACKAGE,
+    LOCAL_WHEEL_DIR,
+    STOP_GRACE_S,
+    TOOLKIT_STANDIN_PACKAGE,
+    UPDATE_STANDIN_VERSIONS,
+)
 from .model import FLAVOURS, REPO_SERVER_SCRIPT, AptRepo
 from .render import (
     parse_gpg_fingerprints,
@@ -204,6 +215,33 @@ TOOLKIT_STANDIN = StandinPackage(
 STANDINS: tuple[StandinPackage, ...] = (DOCKER_STANDIN, TOOLKIT_STANDIN)
 
 
+def _update_standin(name: str, version: str, real: str) -> StandinPackage:
+    return StandinPackage(
+        name=name,
+        version=version,
+        depends="base-files",
+        summary=f"sparkrig lab stand-in for {real} (version {version}; installs nothing that runs)",
+        description=(
+            "A package of the sparkrig test lab, served in two versions from the lab's DGX OS\n"
+            "stand-in repository, so that holds, pins and upgrades (operations/updates.py)\n"
+            "are tested on a package whose new version apt really offers."
+        ),
+        files=(_readme(name, real, f"Version {version}: it holds only this file."),),
+    )
+
+
+# Kernel-like and driver-like packages in two versions each (lab hosts share the
+# controller's kernel and have no GPU): what updates_hold holds back in the lab.
+UPDATE_STANDINS: tuple[StandinPackage, ...] = tuple(
+    _update_standin(name, version, real)
+    for name, real in (
+        (KERNEL_STANDIN_PACKAGE, "a kernel package (linux-image-*)"),
+        (DRIVER_STANDIN_PACKAGE, "an NVIDIA driver package (nvidia-driver-*)"),
+    )
+    for version in UPDATE_STANDIN_VERSIONS
+)
+
+
 def suites() -> list[str]:
     """The Debian suites of the Docker-like repository: those of the lab's flavours."""
     return sorted({flavour.suite for flavour in FLAVOURS.values()})
@@ -234,10 +272,14 @@ def control_fields(package: StandinPackage) -> dict[str, str]:
     }
 
 
-def site_files(debs: Mapping[str, bytes], date: str) -> dict[str, bytes]:
+def site_files(
+    debs: Mapping[str, bytes], date: str, update_debs: Mapping[str, bytes] | None = None
+) -> dict[str, bytes]:
     """Every file of the site except keys and signatures, by path below the site.
 
-    ``debs`` maps package names (of :data:`STANDINS`) to their built .deb.
+    ``debs`` maps package names (of :data:`STANDINS`) to their built .deb,
+    ``update_debs`` the .deb file names of :data:`UPDATE_STANDINS` (both versions of
+    each, in the DGX OS stand-in repository) to theirs.
     The files to sign are the ``Release`` ones (:func:`release_files`).
     """
     files: dict[str, bytes] = {}
@@ -282,9 +324,14 @@ def site_files(debs: Mapping[str, bytes], date: str) -> dict[str, bytes]:
         files.update({f"{flat}/{path}": data for path, data in indexes.items()})
         files[f"{flat}/{TOOLKIT_STANDIN.deb_name}"] = debs[TOOLKIT_STANDIN.name]
 
+    update_debs = update_debs or {}
+    updates = [package for package in UPDATE_STANDINS if package.deb_name in update_debs]
     entries = [
         render_packages_entry(control_fields(package), f"./{package.deb_name}", debs[package.name])
         for package in STANDINS
+    ] + [
+        render_packages_entry(control_fields(package), f"./{package.deb_name}", update_debs[package.deb_name])
+        for package in updates
     ]
     indexes = _packages_files("", render_packages(entries))
     release = {
@@ -298,6 +345,8 @@ def site_files(debs: Mapping[str, bytes], date: str) -> dict[str, bytes]:
     files.update({f"{DGX_FLAT}/{path}": data for path, data in indexes.items()})
     for package in STANDINS:
         files[f"{DGX_FLAT}/{package.deb_name}"] = debs[package.name]
+    for package in updates:
+        files[f"{DGX_FLAT}/{package.deb_name}"] = update_debs[package.deb_name]
     return files
 
 
@@ -319,7 +368,7 @@ def release_files() -> dict[str, list[str]]:
 def repo_key(fingerprints: Mapping[str, str]) -> str:
     """A short hash of everything that makes up the served tree."""
     recipe = {
-        "packages": [repr(package) for package in STANDINS],
+        "packages": [repr(package) for package in STANDINS + UPDATE_STANDINS],
         "suites": suites(),
         "architectures": architectures(),
         "recipe_version": RECIPE_VERSION,
@@ -403,8 +452,9 @@ def _build(final: Path, gnupg: Path, fingerprints: Mapping[str, str]) -> None:
     log.info("building the lab's apt repositories %s", final.name)
     try:
         debs = {package.name: _build_deb(package, work) for package in STANDINS}
+        update_debs = {package.deb_name: _build_deb(package, work) for package in UPDATE_STANDINS}
         now = datetime.datetime.now(datetime.timezone.utc)
-        for path, data in site_files(debs, release_date(now)).items():
+        for path, data in site_files(debs, release_date(now), update_debs).items():
             _write_bytes(site / path, data)
         wheelhouse.build(site, wheelhouse.local_torch_wheels(LOCAL_WHEEL_DIR))
         sourcebuild.build(site)
@@ -426,7 +476,7 @@ def _build(final: Path, gnupg: Path, fingerprints: Mapping[str, str]) -> None:
 
 
 def _build_deb(package: StandinPackage, work: Path) -> bytes:
-    stage = work / f"stage-{package.name}"
+    stage = work / f"stage-{package.name}-{package.version}"
     control = stage / "DEBIAN" / "control"
     _write_bytes(control, render_deb822(control_fields(package)).encode())
     for file in package.files:

@@ -20,11 +20,12 @@ from . import (
     source_builds,
     sshd_guard,
     swap,
+    updates,
     watchdog,
 )
 
 # Every module that declares settings, in deploy order.
 CONCERNS = (
-    hardware, packages, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, ngc,
+    hardware, updates, packages, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, ngc,
     python_stack, source_builds, cluster,
 )

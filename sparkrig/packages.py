@@ -83,14 +83,20 @@ dpkg --configure -a
 """
 
 
-def install_command(packages: Sequence[str], timeout_s: int, no_recommends: bool = True) -> StringCommand:
+def install_command(
+    packages: Sequence[str], timeout_s: int, no_recommends: bool = True, only_upgrade: bool = False
+) -> StringCommand:
     """The one remote command: wait for the locks, finish an interrupted dpkg run,
-    fresh lists, install. apt also waits (the rest of the timeout) should another
-    process take the lock between the check and the install. No packages: the lists only."""
+    fresh lists, install (``only_upgrade``: upgrade those installed, install none).
+    apt also waits (the rest of the timeout) should another process take the lock
+    between the check and the install. No packages: the lists only."""
     apt = ["DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "-y", "-o", f"DPkg::Lock::Timeout={timeout_s}"]
     # A conffile sparkrig changed (e.g. /etc/default/earlyoom) is kept on a reinstall, never prompted for.
     keep = ["-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
-    install = [*keep, "install", *(["--no-install-recommends"] if no_recommends else [])]
+    install = [
+        *keep, "install", *(["--no-install-recommends"] if no_recommends else []),
+        *(["--only-upgrade"] if only_upgrade else []),
+    ]
     return StringCommand(
         "sh", "-c", QuoteString(WAIT_FOR_LOCKS), "sparkrig-wait-for-apt", str(timeout_s), *LOCKS,
         "&&", "DEBIAN_FRONTEND=noninteractive", "sh", "-c", QuoteString(COMPLETE_DPKG),
@@ -100,14 +106,27 @@ def install_command(packages: Sequence[str], timeout_s: int, no_recommends: bool
     )
 
 
+def locked(argv: Sequence[str], timeout_s: int | None = None) -> StringCommand:
+    """``argv`` (a dpkg or apt command, such as ``apt-mark hold``) once the locks are free,
+    waiting as :func:`install_command` does (``packages_dpkg_lock_timeout_s`` by default)."""
+    timeout = host.data.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S) if timeout_s is None else timeout_s
+    return StringCommand(
+        "sh", "-c", QuoteString(WAIT_FOR_LOCKS), "sparkrig-wait-for-apt", str(timeout), *LOCKS,
+        "&&", *[QuoteString(word) for word in argv],
+    )
+
+
 @operation()
-def installed(packages: Sequence[str], no_recommends: bool = True) -> Iterator[StringCommand]:
+def installed(
+    packages: Sequence[str], no_recommends: bool = True, only_upgrade: bool = False
+) -> Iterator[StringCommand]:
     """
     Install Debian packages the caller found missing, with fresh package lists, waiting a
     bounded time for the dpkg and apt locks.
 
     + packages: the package names (the caller decided from its facts that some are missing)
     + no_recommends: install without recommended packages
+    + only_upgrade: upgrade those of ``packages`` that are installed, install none
 
     **Example:**
 
@@ -117,7 +136,7 @@ def installed(packages: Sequence[str], no_recommends: bool = True) -> Iterator[S
     """
     # From any deploy: the setting's default where the caller's data_defaults lack it.
     timeout = host.data.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S)
-    yield install_command(packages, timeout, no_recommends)
+    yield install_command(packages, timeout, no_recommends, only_upgrade)
 
 
 SETTINGS = (

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.lab
 # repositories and registries, PyPI's multi-GB CUDA torch, the real vLLM wheel, and so
 # the locks of that stand-in stack, kept in the lab's state), or
 # because the lab's hosts differ from a Spark (Debian's Python 3.11 instead of DGX OS's
-# 3.12, the proxy's CA, the lab's source build). Everything else is the default.
+# 3.12, the proxy's CA, the lab's source build, the kernel and driver stand-ins the version
+# report shows). Everything else is the default.
 LAB_REPLACED = {
     "ca_certificates_extra",
     "containers_check_image",
@@ -41,6 +42,7 @@ LAB_REPLACED = {
     "source_builds",
     "source_builds_controller_cache",
     "source_builds_enabled",
+    "updates_packages",
 }
 
 

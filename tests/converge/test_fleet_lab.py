@@ -21,6 +21,7 @@ import pytest
 
 from operations.sshd_guard import DROPIN_NAME
 import lab
+from lab import dgxos
 from tests.compliance.conftest import host_of
 from tests.conftest import LAB_INVENTORY
 from tests.support import PYINFRA, REPO, DeployResult, run_deploy
@@ -126,9 +127,10 @@ STANDIN_NVIDIA_SMI = "/usr/local/bin/nvidia-smi"
 
 def test_a_box_that_contradicts_its_profile_stops_before_anything_changes(first_converge):
     """The lab's hosts have no GPU: a STAND-IN nvidia-smi (named as such, removed after)
-    reports an sm_120 card, as an RTX 50xx box's does."""
+    reports an sm_120 card, as an RTX 50xx box's does, and answers other queries (the version
+    report's driver_version) as nvidia-smi does without a driver."""
     host = "lab-deb13-b"
-    script = "#!/bin/sh\n# sparkrig lab STAND-IN for nvidia-smi: no GPU here\necho '12.0, sparkrig-lab stand-in GPU'\n"
+    script = dgxos.nvidia_smi_standin("12.0, sparkrig-lab stand-in GPU")
     lab.run_ssh(host, f"sudo tee {STANDIN_NVIDIA_SMI} >/dev/null && sudo chmod 755 {STANDIN_NVIDIA_SMI}",
                 input=script)
     try:

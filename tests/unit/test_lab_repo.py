@@ -437,3 +437,17 @@ def test_build_signs_each_repository_with_its_own_key(tmp_path):
     assert sorted(path.name for path in cache.iterdir()) == ["gnupg", site.name, "tmp"]
     agents = subprocess.run(["pgrep", "-f", f"gpg-agent --homedir {cache}"], capture_output=True)
     assert agents.stdout == b""
+
+
+def test_dgx_os_standin_repository_offers_the_kernel_and_driver_standins_in_two_versions():
+    update_debs = {package.deb_name: package.deb_name.encode() for package in repo.UPDATE_STANDINS}
+    files = repo.site_files(DEBS, DATE, update_debs)
+    entries = [_stanza(entry) for entry in files[f"{DGX}/Packages"].decode().strip().split("\n\n")]
+    versions = {(e["Package"], e["Version"]) for e in entries}
+    for name in ("sparkrig-lab-standin-kernel", "sparkrig-lab-standin-nvidia-driver"):
+        assert {(name, "1.0"), (name, "2.0")} <= versions
+        for version in ("1.0", "2.0"):
+            deb = f"{name}_{version}_all.deb"
+            assert files[f"{DGX}/{deb}"] == deb.encode()
+    # Named as stand-ins in their description too.
+    assert all("stand-in" in e["Description"] for e in entries)

@@ -1,0 +1,173 @@
+"""Versions across a fleet: one row per host, one column per version, differing cells marked.
+
+    uv run python -m tools.report INVENTORY [--limit GROUP_OR_HOST] [--json]
+
+Each host is read once, with one remote command: the :class:`operations.updates.Versions`
+part of the host's one reading, with the arguments its settings give (as a deploy reads
+it). A cell that differs from what most hosts have is marked with ``*``. A host that cannot
+be reached or read gets one line saying why, and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from operations.updates import pending_reboot, versions_part
+from sparkrig import reading
+from sparkrig.settings import resolved, validate_hosts
+from tools.rollout import REPO, limit_hosts
+
+COLUMNS = (
+    "os", "dgx_os", "kernel", "kernel_pkgs", "driver", "driver_pkgs", "cuda", "docker", "toolkit",
+    "torch", "vllm", "reboot",
+)
+MARK = "*"
+NONE = "-"
+
+
+def _versions(installed: Mapping[str, str]) -> str:
+    """Installed packages' versions, each once (a kernel's image and meta package share one)."""
+    return " ".join(sorted(set(installed.values()))) or NONE
+
+
+def row(facts: Mapping[str, Any]) -> dict[str, str]:
+    """One host's cells, from its :class:`operations.updates.Versions`."""
+    os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
+    python = facts["python"]
+    vllm = [version for name, version in python.items() if name != "torch"]
+    return {
+        "os": " ".join(filter(None, (os_release.get("ID"), os_release.get("VERSION_ID")))) or NONE,
+        "dgx_os": dgx.get("DGX_OTA_VERSION") or dgx.get("DGX_SWBUILD_VERSION") or NONE,
+        "kernel": facts["kernel"] or NONE,
+        "kernel_pkgs": _versions(packages["kernel"]),
+        "driver": facts["driver"] or NONE,
+        "driver_pkgs": _versions(packages["driver"]),
+        "cuda": facts["cuda"] or NONE,
+        "docker": _versions(packages["docker"]),
+        "toolkit": _versions(packages["toolkit"]),
+        "torch": python.get("torch") or NONE,
+        "vllm": " ".join(sorted(set(vllm))) or NONE,
+        "reboot": "pending" if pending_reboot(facts) else NONE,
+    }
+
+
+def differing(rows: Mapping[str, Mapping[str, str]]) -> dict[str, list[str]]:
+    """For each host, the columns whose value is not the one most hosts have (with no single
+    most common value, every cell of that column that is not shared by all)."""
+    found: dict[str, list[str]] = {name: [] for name in rows}
+    for column in COLUMNS:
+        counts = Counter(cells[column] for cells in rows.values())
+        if len(counts) < 2:
+            continue
+        (top, n), *rest = counts.most_common()
+        tie = bool(rest) and rest[0][1] == n
+        for name, cells in rows.items():
+            if tie or cells[column] != top:
+                found[name].append(column)
+    return found
+
+
+def table(rows: Mapping[str, Mapping[str, str]], errors: Mapping[str, str]) -> str:
+    """The fleet as a text table, a legend, and one line per host that could not be read."""
+    marks = differing(rows)
+    header = ["host", *COLUMNS]
+    lines = [
+        [name, *(cells[c] + (f" {MARK}" if c in marks[name] else "") for c in COLUMNS)]
+        for name, cells in rows.items()
+    ]
+    widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
+    out = ["  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip() for r in [header, *lines]]
+    if any(marks.values()):
+        out.append(f"{MARK}: differs from most hosts")
+    out += [f"{name}: not read: {why}" for name, why in errors.items()]
+    return "\n".join(out)
+
+
+def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], dict[str, str]]:
+    """Each host's :class:`Versions` (one command per host, hosts in parallel), and why a
+    host could not be read. Settings are validated first, as a deploy validates them."""
+    # pyinfra's CLI modules patch this process for gevent, as the pyinfra command does.
+    from gevent import pool
+    from pyinfra.api import Config, State
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.api.connect import connect_all
+    from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    # As the pyinfra command sets itself up (pyinfra_cli.cli): the inventory file runs in
+    # a state and config of its own.
+    state = State(check_for_changes=False)
+    state.cwd = str(REPO)
+    ctx_state.set(state)
+    config = Config()
+    ctx_config.set(config)
+    inventory_obj = make_inventory(inventory, cwd=str(REPO))
+    ctx_inventory.set(inventory_obj)
+    chosen = set(limit_hosts({h.name: list(h.groups) for h in inventory_obj}, limit))
+    hosts = [h for h in inventory_obj if h.name in chosen]
+    validate_hosts([(h.name, h.data.dict()) for h in hosts], [(h.name, h.data.dict()) for h in inventory_obj])
+    state.init(inventory_obj, config, initial_limit=hosts)
+    facts: dict[str, dict] = {}
+    errors: dict[str, str] = {}
+    try:
+        connect_all(state)
+    except PyinfraError as error:  # pyinfra gives up when no host (or too few) could be reached
+        return {}, {h.name: f"could not connect ({error})" for h in hosts}
+
+    def read(host) -> None:
+        if host not in state.activated_hosts:
+            errors[host.name] = "could not connect (see above)"
+            return
+        with ctx_state.use(state), ctx_host.use(host):
+            part = versions_part(resolved(host.data.dict()))
+            try:
+                value = reading.read([part])[part]
+            except Exception as error:  # a host that fails is reported, never the fleet
+                errors[host.name] = f"{type(error).__name__}: {error}"
+                return
+            if host in state.failed_hosts:
+                errors[host.name] = "its output could not be read (see above)"
+            else:
+                facts[host.name] = value
+
+    workers = pool.Pool(32)
+    for host in hosts:
+        workers.spawn(read, host)
+    workers.join()
+    ordered = {h.name: facts[h.name] for h in hosts if h.name in facts}
+    return ordered, {h.name: errors[h.name] for h in hosts if h.name in errors}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.report", description=__doc__.splitlines()[0])
+    parser.add_argument("inventory", help="pyinfra inventory, e.g. inventory/spark.py")
+    parser.add_argument("--limit", action="append", default=[], help="as pyinfra's --limit (group or host glob)")
+    parser.add_argument("--json", action="store_true", help="print JSON: each host's cells, marks and facts")
+    args = parser.parse_args(argv)
+    facts, errors = read_fleet(args.inventory, args.limit)
+    rows = {name: row(value) for name, value in facts.items()}
+    if args.json:
+        marks = differing(rows)
+        print(json.dumps({
+            "columns": list(COLUMNS),
+            "hosts": {
+                name: {"versions": rows[name], "differs": marks[name], "facts": facts[name]} for name in rows
+            },
+            "errors": errors,
+        }, indent=2, sort_keys=True))
+    else:
+        print(table(rows, errors))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    from gevent import monkey
+
+    monkey.patch_all()
+    sys.exit(main())
+
