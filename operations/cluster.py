@@ -59,7 +59,7 @@ from sparkrig.settings import (
     absolute_path,
     controller_path,
     defaults,
-    env_mapping,
+    env_mapping_except,
     int_range,
     resolve,
 )
@@ -159,14 +159,6 @@ def head_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     return "None (the cluster's first host in inventory order) or the inventory name of one of its hosts"
 
 
-def _extra_check(value: Any, data: Mapping[str, Any]) -> str | None:
-    allowed = env_mapping(value, data)
-    if allowed:
-        return allowed
-    clash = sorted(set(value) & set(_MANAGED_ENV))
-    if clash:
-        return f"variables other than the ones sparkrig manages ({', '.join(clash)} is managed)"
-    return None
 
 
 SETTINGS = (
@@ -238,7 +230,7 @@ SETTINGS = (
         {},
         "Extra variables for the same file, e.g. {'NCCL_IB_HCA': 'mlx5_0,mlx5_1'}: valid names "
         "other than the managed ones; literal values without single quotes or newlines.",
-        _extra_check,
+        env_mapping_except(_MANAGED_ENV),
     ),
 )
 

@@ -25,7 +25,7 @@ from pyinfra.api import FactBase, deploy
 
 from sparkrig import atomic, reading
 from sparkrig.profile import host_profile
-from sparkrig.settings import ALL_DEFAULTS, Setting, absolute_path, env_mapping
+from sparkrig.settings import ALL_DEFAULTS, Setting, absolute_path, env_mapping_except
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 CUDA_LINK = "/usr/local/cuda"
@@ -45,12 +45,9 @@ _TOOLKIT = re.compile(r"/cuda-(\d+)(?:\.(\d+))?\Z")
 
 
 def _extra_check(value: Any, data: Mapping[str, Any]) -> str | None:
-    allowed = env_mapping(value, data)
+    allowed = env_mapping_except(MANAGED)(value, data)
     if allowed:
         return allowed
-    clash = sorted(set(value) & set(MANAGED))
-    if clash:
-        return f"variables other than the ones sparkrig manages ({', '.join(clash)} is managed)"
     if "HF_HOME" in value and data.get("jobs_model_cache"):
         return "variables other than HF_HOME while jobs_model_cache is set (it is HF_HOME)"
     return None

@@ -163,6 +163,22 @@ env_mapping = mapping_of(
 )
 
 
+def env_mapping_except(managed: Iterable[str]) -> Check:
+    """:data:`env_mapping` for a file sparkrig writes, refusing the variables it sets itself."""
+    names = frozenset(managed)
+
+    def check(value: Any, data: Mapping[str, Any]) -> str | None:
+        allowed = env_mapping(value, data)
+        if allowed:
+            return allowed
+        clash = sorted(set(value) & names)
+        if clash:
+            return f"variables other than the ones sparkrig manages ({', '.join(clash)} is managed)"
+        return None
+
+    return check
+
+
 # Validation ----------------------------------------------------------------
 
 
