@@ -43,6 +43,20 @@ def _as(host, user: str, script: str):
         return host.run("cd && bash -c %s", script)
 
 
+def _listeners(host, port: int, tries: int) -> list[str]:
+    """The local addresses listening on TCP ``port``, once there is one (a second apart, at
+    most ``tries`` times: a container may be starting); empty if none came."""
+    listeners: list[str] = []
+    for _ in range(tries):
+        with host.sudo():
+            out = host.check_output("ss -ltnH 'sport = :%s'", str(port))
+        listeners = [line.split()[3] for line in out.splitlines() if line.strip()]
+        if listeners:
+            break
+        time.sleep(1)
+    return listeners
+
+
 def test_base_image_is_present_at_the_pinned_digest(ngc, settings):
     """Protects against training on whatever a moving tag pointed to that day, and a first
     launch that waits for a 20 GB pull: the base image is there, at the pinned digest."""
@@ -137,14 +151,7 @@ def test_jupyter_listens_on_loopback_only(jupyter, settings):
     service = jupyter.service(UNIT)
     assert service.is_enabled and service.is_running, f"{UNIT} is not enabled and running"
     port = settings["ngc_jupyter_port"]
-    listeners = []
-    for _ in range(30):  # the container may be starting
-        with jupyter.sudo():
-            out = jupyter.check_output("ss -ltnH 'sport = :%s'", str(port))
-        listeners = [line.split()[3] for line in out.splitlines() if line.strip()]
-        if listeners:
-            break
-        time.sleep(1)
+    listeners = _listeners(jupyter, port, tries=30)  # the container may be starting
     assert listeners, f"nothing listens on port {port}"
     exposed = [a for a in listeners if not a.startswith(("127.0.0.1:", "[::1]:"))]
     assert not exposed, f"Jupyter's port {port} is bound beyond loopback: {exposed}"
@@ -214,14 +221,7 @@ def test_a_detached_server_publishes_its_port_on_loopback_only(ngc, launcher_use
                                       f"sh -c 'exec busybox httpd -f -p {port} || exec python3 -m http.server {port}'")
     try:
         assert started.rc == 0, started.stderr
-        listeners = []
-        for _ in range(60):
-            with ngc.sudo():
-                out = ngc.check_output("ss -ltnH 'sport = :%s'", str(port))
-            listeners = [line.split()[3] for line in out.splitlines() if line.strip()]
-            if listeners:
-                break
-            time.sleep(1)
+        listeners = _listeners(ngc, port, tries=60)
         assert listeners, f"nothing listens on port {port}"
         assert all(a.startswith(("127.0.0.1:", "[::1]:")) for a in listeners), listeners
         jobs = _as(ngc, launcher_user, "spark-jobs list").stdout
