@@ -6,10 +6,10 @@ Targets of the compliance suite: every host of a pyinfra inventory, over SSH.
 reaches each host with the inventory's own SSH settings (ssh_hostname, ssh_user,
 ssh_port, ssh_key, known hosts) through testinfra's ``ssh://`` backend, and checks
 it against the settings pyinfra would deploy to it (group_data included).
-``--limit`` picks hosts as pyinfra's does (a group, or a host name glob). With
-several hosts the controls run in parallel, one pytest-xdist worker per host (at
-most 8; ``-n N`` chooses another number, ``-n 0`` none), and the run ends with a
-table of passed/failed/skipped controls per host.
+``--limit`` picks hosts as pyinfra's does (a group, or a host name glob). The
+controls run in parallel, spread over pytest-xdist workers (one per host, at least
+6, at most 8; ``-n N`` chooses another number, ``-n 0`` none), and the run ends with
+a table of passed/failed/skipped controls per host.
 testinfra's own ``--hosts`` also works; the hosts are then checked against
 group_data/all.py alone. With neither, the suite targets the local lab: it boots
 and converges the lab fleet first.
@@ -39,6 +39,8 @@ from tests.support import REPO, inventory_host_data, ssh_config_for
 # host-wide constants once per host (tests/compliance/reads.py says when it forgets).
 reads.install(SshBackend)
 reads.install(LocalBackend)
+# What every host is asked, the hardware identity included (the `identity` fixture's command).
+CONSTANTS = (*reads.EVERY_HOST, HardwareIdentity().command().get_raw_value())
 
 
 def pytest_addoption(parser):
@@ -53,13 +55,38 @@ def pytest_addoption(parser):
     )
 
 
+# Controls mostly wait on the network, so workers beyond the controller's cores still pay:
+# on the lab's 2-core controller one host's suite at +50 ms took 9.5 s with 5 workers,
+# 9.3 s with 6 and 10.3 s with 8 (benchmarks/noop_run.py; serial: 26 s).
+MIN_WORKERS = 6
 MAX_WORKERS = 8
+
+
+def inventory_hosts(config, limit=None) -> dict[str, dict]:
+    """The --inventory's hosts with their data (under ``limit``, by default --limit's), read
+    once per run: pyinfra loads an inventory in about a second, and every xdist worker
+    would load it again; the controller hands its readings to the workers instead."""
+    limit = list(config.getoption("--limit") if limit is None else limit)
+    readings = config.__dict__.setdefault("_sparkrig_inventories", {})
+    key = ",".join(limit)
+    if key not in readings:
+        given = getattr(config, "workerinput", {}).get("sparkrig_inventories", {})
+        readings[key] = given[key] if key in given else inventory_host_data(config.getoption("--inventory"), limit)
+    return readings[key]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist's controller starting a worker: the inventory as the controller read it."""
+    node.workerinput["sparkrig_inventories"] = dict(getattr(node.config, "_sparkrig_inventories", {}))
+    node.workerinput["sparkrig_constants"] = getattr(node.config, "sparkrig_constants", {})
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """With --inventory, one xdist worker per host (hosts in parallel, each host's controls in
-    one worker over one SSH connection), unless -n was given."""
+    """With --inventory, the controls spread over xdist workers (one per host, at least
+    MIN_WORKERS, at most MAX_WORKERS; all share each host's one SSH connection), unless -n
+    was given; TOGETHER's controls of one host stay in one worker."""
     inventory = config.getoption("--inventory")
     if not inventory or not config.pluginmanager.hasplugin("xdist"):
         return
@@ -69,13 +96,9 @@ def pytest_cmdline_main(config):
         if config.option.numprocesses and config.option.dist in ("no", "load"):
             config.option.dist = "loadgroup"
         return
-    hosts = inventory_host_data(inventory, config.getoption("--limit"))
-    config.sparkrig_inventory_hosts = hosts
-    if len(hosts) > 1:
-        config.option.numprocesses = min(len(hosts), MAX_WORKERS)
-    if config.option.numprocesses:
-        # A host's controls in one worker: they share that host's connection and files.
-        config.option.dist = "loadgroup"
+    hosts = inventory_hosts(config)
+    config.option.numprocesses = min(max(len(hosts), MIN_WORKERS), MAX_WORKERS)
+    config.option.dist = "loadgroup"
 
 
 # One SSH connection per host for the whole suite. testinfra asks ssh for
@@ -138,12 +161,15 @@ def pytest_configure(config):
         return
     if inventory:
         config.sparkrig_targets = "inventory"
-        hosts = getattr(config, "sparkrig_inventory_hosts", None)
-        if hosts is None:
-            hosts = inventory_host_data(inventory, config.getoption("--limit"))
+        hosts = inventory_hosts(config)
         ssh_config = Path(config.rootpath) / ".pytest_cache" / "sparkrig-ssh-config"
         write_multiplexed(ssh_config_for(hosts), ssh_config)
         names = list(hosts)
+        if hasattr(config, "workerinput"):
+            config.sparkrig_constants = config.workerinput.get("sparkrig_constants", {})
+        else:  # read once here, for every worker (this also opens each host's shared connection)
+            config.sparkrig_constants = reads.prefetch(str(ssh_config), names, CONSTANTS)
+        reads.seed(config.sparkrig_constants)
     else:
         config.sparkrig_targets = "lab"
         # Written once the lab is up (_lab_ssh_config): the lab's own, multiplexed.
@@ -181,7 +207,7 @@ def host_data(request) -> dict[str, dict]:
         if result.returncode != 0:
             pytest.fail("the lab converge failed, so no control can be checked:\n" + result.log[-3000:])
         return inventory_host_data(str(REPO / LAB_INVENTORY))
-    return inventory_host_data(request.config.getoption("--inventory"), request.config.getoption("--limit"))
+    return inventory_hosts(request.config)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -225,14 +251,13 @@ def profile(settings, identity) -> dict:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """In lab mode the controls need the lab: mark them so `-m "not lab"` leaves them out.
-    Every control is grouped by its host, so xdist's loadgroup runs a host's controls in
-    one worker (first: xdist's worker reads the groups in this same hook, and host
-    controls that share files on the host, such as the lab's image import, must not run
-    at once)."""
+    The controls of TOGETHER's modules are grouped by host, so xdist's loadgroup runs them
+    in one worker, one after the other (first: xdist's worker reads the groups in this
+    same hook); every other control goes to whichever worker is free."""
     here = Path(__file__).parent
     if config.sparkrig_targets == "inventory" and os.environ.get("PYTEST_XDIST_WORKER"):
         # xdist's worker derives loadgroup from its own command line, which lacks the
-        # --dist the controller was given in pytest_cmdline_main: group by host here too.
+        # --dist the controller was given in pytest_cmdline_main: read the groups here too.
         config.option.loadgroup = True
     for item in items:
         if here not in Path(item.fspath).parents:
@@ -241,7 +266,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.lab)
         callspec = getattr(item, "callspec", None)
         if callspec and "_testinfra_host" in callspec.params:
-            item.add_marker(pytest.mark.xdist_group(inventory_name(callspec.params["_testinfra_host"])))
+            together = TOGETHER.get(Path(item.fspath).stem)
+            if together:
+                item.add_marker(pytest.mark.xdist_group(f"{inventory_name(callspec.params['_testinfra_host'])}/{together}"))
+
+
+# Controls that share something they set up on a host run one after the other, in one
+# worker: the container controls import the lab's stand-in image into the same place.
+# Every other control reads or makes what it alone uses, and may run beside any other.
+TOGETHER = {"test_containers": "containers", "test_ngc": "containers"}
 
 
 # --- the per-host table ----------------------------------------------------------

@@ -15,7 +15,7 @@ import shlex
 
 import pytest
 
-from tests.compliance.conftest import inventory_name
+from tests.compliance.conftest import inventory_hosts as _inventory_hosts, inventory_name
 from tests.conftest import LAB_INVENTORY
 from tests.support import REPO, inventory_host_data
 
@@ -23,9 +23,9 @@ from tests.support import REPO, inventory_host_data
 @pytest.fixture(scope="session")
 def inventory_hosts(request, host_data) -> dict[str, dict]:
     """Every host of the inventory (a --limit may leave peers out of host_data)."""
-    inventory = request.config.getoption("--inventory") or (
-        str(REPO / LAB_INVENTORY) if request.config.sparkrig_targets == "lab" else None)
-    return inventory_host_data(inventory) if inventory else {}
+    if request.config.sparkrig_targets == "inventory":
+        return _inventory_hosts(request.config, limit=[])
+    return inventory_host_data(str(REPO / LAB_INVENTORY)) if request.config.sparkrig_targets == "lab" else {}
 
 
 @pytest.fixture

@@ -224,13 +224,17 @@ def test_a_detached_job_outlives_its_ssh_session_and_keeps_its_exit_status(reque
     it ends its exit status and its output are there."""
     ssh = _fresh_ssh(request, host)
     marker = uuid.uuid4().hex
+    go = f".{job_name}-go"  # in the home directory, where both the job and the suite start
     session = f"sleep 600.{uuid.uuid4().int % 10**6}"  # this session's own process
     # A terminal (-tt), as a person's session has: when the connection drops, sshd hangs
-    # it up, and the session (sleep, standing in for the shell) ends.
+    # it up, and the session (sleep, standing in for the shell) ends. The job runs until the
+    # control lets it end (the go file), at most a minute: it must outlive the reconnection.
     start = subprocess.Popen(
-        [*ssh, "-tt", f"spark-run --detach {job_name} -- sh -c 'echo started-{marker}; sleep 10; "
+        [*ssh, "-tt", f"spark-run --detach {job_name} -- sh -c 'echo started-{marker}; i=0; "
+               f"while [ ! -e {go} ] && [ $i -lt 300 ]; do sleep 0.2; i=$((i+1)); done; "
                f"echo finished-{marker}; exit 3' && {session}"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    request.addfinalizer(lambda: host.run("rm -f %s", go))
     try:
         assert _wait_for(lambda: (_row(host, job_name) or [None] * 3)[2] == "active", 30), \
             f"the job did not start: {_row(host, job_name)}"
@@ -243,6 +247,7 @@ def test_a_detached_job_outlives_its_ssh_session_and_keeps_its_exit_status(reque
     assert reconnect.returncode == 0, reconnect.stderr
     row = next((line.split() for line in reconnect.stdout.splitlines() if line.startswith(job_name + " ")), None)
     assert row and row[1:3] == [job_user, "active"], f"after reconnecting: {reconnect.stdout}"
+    host.check_output("touch %s", go)
     ended = _wait_for(lambda: (_row(host, job_name) or [""] * 3)[2] == "failed" and _row(host, job_name), 60)
     assert ended and ended[-1] == "3", f"the job's exit status is not kept: {ended}"
     logs = subprocess.run([*ssh, f"spark-jobs logs {job_name}"], capture_output=True, text=True, timeout=60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 
 import pytest
@@ -74,3 +75,50 @@ def test_a_command_that_may_change_the_host_forgets_what_was_read(tmp_path):
     host.run("touch %s", str(path))
     assert host.file(str(path)).exists
     assert host.check_output("id -nu") == host.check_output("id -nu")
+
+
+def test_prefetched_constants_are_what_the_host_answers_and_cost_no_command():
+    """The controller reads the host-wide constants in one command; a worker answers them
+    from that reading, exactly as the host would, and sends none of them itself."""
+    import subprocess
+    plain, _ = fresh_host(PLAIN_RUN)
+    expected = {c: plain.run(c) for c in reads.EVERY_HOST}
+    script = reads.prefetch_script(reads.EVERY_HOST, "n0nce")
+    output = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    found = reads.parse_prefetch(output, reads.EVERY_HOST, "n0nce")
+    assert list(found) == list(reads.EVERY_HOST)
+    ran = []
+
+    def counting(self, command, *args, **kwargs):
+        ran.append(command)
+        return PLAIN_RUN(self, command, *args, **kwargs)
+
+    host, backend_class = fresh_host(counting)
+    reads.install(backend_class)
+    name = host.backend.get_hostname()
+    reads.seed({name: {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
+                       for c, (rc, out, err) in found.items()}})
+    try:
+        for command, want in expected.items():
+            got = host.run(command)
+            assert (got.rc, got.stdout, got.stderr) == (want.rc, want.stdout, want.stderr), command
+        assert ran == []
+    finally:
+        reads._SEEDS.pop(name, None)
+
+
+@pytest.mark.parametrize("output", [
+    "",  # nothing came back
+    "n0nce:0:aWQ=:\n",  # fewer lines than commands
+    "other:0::\n" * len(reads.EVERY_HOST),  # another run's nonce (or a host printing look-alikes)
+    "n0nce:x::\n" * len(reads.EVERY_HOST),  # no exit status
+    "n0nce:0:not base64!:\n" * len(reads.EVERY_HOST),
+])
+def test_a_prefetch_that_does_not_parse_answers_nothing(output):
+    """Output that is not whole is never half-used: the controls then ask for themselves."""
+    assert reads.parse_prefetch(output, reads.EVERY_HOST, "n0nce") == {}
+
+
+def test_only_host_wide_constants_can_be_prefetched():
+    with pytest.raises(ValueError, match="not a host-wide constant"):
+        reads.prefetch_script(["spark-jobs list"], "n0nce")

@@ -169,7 +169,11 @@ def test_the_suite_starts_workers_in_the_controller_only(monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     controller = config()
     conftest.pytest_cmdline_main(controller)
-    assert (controller.option.numprocesses, controller.option.dist) == (3, "loadgroup")
+    assert (controller.option.numprocesses, controller.option.dist) == (conftest.MIN_WORKERS, "loadgroup")
+    monkeypatch.setattr(conftest, "inventory_host_data", lambda inv, limit: {f"h{i}": {} for i in range(12)})
+    fleet = config()
+    conftest.pytest_cmdline_main(fleet)
+    assert fleet.option.numprocesses == conftest.MAX_WORKERS
     worker = config(workerinput={"workerid": "gw0"})
     conftest.pytest_cmdline_main(worker)
     assert (worker.option.numprocesses, worker.option.dist) == (None, "no")
