@@ -9,7 +9,10 @@ it, checks that a second run changes nothing, then, for each added round-trip ti
 measures:
 
 - the no-change run of the full deploy (`pyinfra -y inventory deploy.py`): wall time,
-  median of ``--runs`` runs, each of which must report zero changes;
+  median of ``--runs`` runs, each of which must report zero changes, with the CPU time of
+  pyinfra's process (the controller's own cost) and of the whole machine in that run
+  (the lab hosts included: here they share the controller's cores, on a fleet each host
+  does its own part on its own CPU);
 - the remote commands per host, counted from pyinfra's own debug output (one
   "Running command on HOST" line per command; the SSH connection itself is not one);
 - the compliance suite (`pytest tests/compliance --inventory`): wall time, per host,
@@ -27,6 +30,7 @@ import json
 import math
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,6 +60,8 @@ class Row:
     compliance_s: float
     compliance_commands: dict[str, int]
     compliance_outcome: str
+    controller_cpu_s: float = float("nan")
+    machine_cpu_s: float = float("nan")
 
 
 def fleet(size: int) -> list[tuple[str, str]]:
@@ -66,10 +72,29 @@ def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, **kwargs)
 
 
+def machine_cpu_s() -> float:
+    """CPU time the whole machine has spent busy so far (/proc/stat's first line)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def deploy(inventory: Path | str, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     started = time.monotonic()
     result = run([PYINFRA, "-y", *args, str(inventory), "deploy.py"], timeout=3600)
     return time.monotonic() - started, result
+
+
+def deploy_costs(inventory: Path | str, *args: str) -> tuple[float, float, float, subprocess.CompletedProcess]:
+    """One deploy: its wall time, pyinfra's CPU time and the whole machine's CPU time."""
+    controller, machine = children_cpu_s(), machine_cpu_s()
+    seconds, result = deploy(inventory, *args)
+    return seconds, children_cpu_s() - controller, machine_cpu_s() - machine, result
 
 
 def changes(result: subprocess.CompletedProcess) -> int:
@@ -133,12 +158,14 @@ def measure(size: int, rtt_ms: float, runs: int, hosts: list[dict], compliance: 
     try:
         with tempfile.TemporaryDirectory(prefix="sparkrig-bench-") as tmp:
             inventory = write_inventory(Path(tmp), hosts, relays.ports)
-            times = []
+            times, controller_cpu, machine_cpu = [], [], []
             for _ in range(runs):
-                seconds, result = deploy(inventory, "--json")
+                seconds, controller, machine, result = deploy_costs(inventory, "--json")
                 if result.returncode != 0 or changes(result):
                     raise RuntimeError(f"the no-change run changed something or failed:\n{result.stderr[-3000:]}")
                 times.append(seconds)
+                controller_cpu.append(controller)
+                machine_cpu.append(machine)
             _, debug = deploy(inventory, "--debug")
             commands = Counter(COMMAND_LINE.findall(debug.stderr + debug.stdout))
             compliance_s, counted, outcome = float("nan"), {}, "not measured"
@@ -157,11 +184,16 @@ def measure(size: int, rtt_ms: float, runs: int, hosts: list[dict], compliance: 
                 counted = json.loads(counts.read_text()) if counts.exists() else {}
     finally:
         relays.close()
-    return Row(size, rtt_ms, statistics.median(times), times, dict(commands), compliance_s, counted, outcome)
+    return Row(size, rtt_ms, statistics.median(times), times, dict(commands), compliance_s, counted, outcome,
+               statistics.median(controller_cpu), statistics.median(machine_cpu))
 
 
 def _seconds(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.1f} s"
+
+
+def _cpu(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f} s"
 
 
 def _span(values) -> str:
@@ -173,14 +205,15 @@ def _span(values) -> str:
 
 def table(rows: list[Row]) -> str:
     lines = [
-        "| hosts | added RTT | no-change deploy (median) | runs | remote commands per host | "
-        "compliance suite | per host | testinfra commands per host | suite result |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| hosts | added RTT | no-change deploy (median) | runs | pyinfra CPU | machine CPU | "
+        "remote commands per host | compliance suite | per host | testinfra commands per host | suite result |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         lines.append(
             f"| {row.hosts} | {row.rtt_ms:g} ms | {row.deploy_s:.2f} s | "
             f"{', '.join(f'{t:.2f}' for t in row.deploy_runs)} | "
+            f"{_cpu(row.controller_cpu_s)} | {_cpu(row.machine_cpu_s)} | "
             f"{_span(row.commands.values())} | "
             f"{_seconds(row.compliance_s)} | {_seconds(row.compliance_s / row.hosts)} | "
             f"{_span(row.compliance_commands.values())} | {row.compliance_outcome} |"

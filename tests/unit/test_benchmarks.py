@@ -72,4 +72,16 @@ def test_the_bench_inventory_reaches_each_host_through_its_relay(tmp_path, monke
 def test_the_table_spans_command_counts_and_marks_unmeasured_suites():
     row = noop_run.Row(4, 50, 2.5, [2.4, 2.5, 2.6], {"a": 11, "b": 12}, float("nan"), {}, "not measured")
     line = noop_run.table([row]).splitlines()[-1]
-    assert line == "| 4 | 50 ms | 2.50 s | 2.40, 2.50, 2.60 | 11-12 | - | - | ? | not measured |"
+    assert line == "| 4 | 50 ms | 2.50 s | 2.40, 2.50, 2.60 | - | - | 11-12 | - | - | ? | not measured |"
+    row.controller_cpu_s, row.machine_cpu_s = 0.5, 1.25
+    assert "| 2.40, 2.50, 2.60 | 0.50 s | 1.25 s | 11-12 |" in noop_run.table([row])
+
+
+def test_cpu_times_grow_with_work():
+    """The machine's and the children's CPU clocks move when a child burns CPU."""
+    import subprocess
+    import sys
+    machine, children = noop_run.machine_cpu_s(), noop_run.children_cpu_s()
+    subprocess.run([sys.executable, "-c", "sum(range(20_000_000))"], check=True)
+    assert noop_run.children_cpu_s() - children > 0.1
+    assert noop_run.machine_cpu_s() - machine > 0.1

@@ -707,6 +707,16 @@ def test_container_host_fact_probes_candidates_only_where_the_program_is_missing
         assert found["available"] == ["dpkg"]  # once: `sh` exists, so its probe is skipped
     assert found["own_sources"] == []
 
+
+@pytest.mark.skipif(not shutil.which("apt-cache"), reason="needs apt-cache (a Debian controller)")
+def test_container_host_fact_finds_available_packages_in_one_apt_cache_call():
+    command = ct.ContainerHost().command(
+        available=("dpkg", "no-such-package-x"), candidates=(("no-such-program-x", "apt"),)).get_raw_value()
+    assert command.count("apt-cache") == 1
+    result = subprocess.run(["dash", "-c", command], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert ct.ContainerHost().process(result.stdout.splitlines())["available"] == ["dpkg", "apt"]
+
 # A hostile or broken daemon.json --------------------------------------------------------------
 
 
