@@ -24,6 +24,9 @@ training runs, and the slice that caps the memory of every job.
 it only when it changed. On GB10 the caps count CPU-side memory and page cache,
 not CUDA allocations: the watchdog (operations/watchdog.py) covers those.
 
+Records of ended detached jobs older than ``jobs_records_max_age`` are removed by
+systemd-tmpfiles' daily clean (``/etc/tmpfiles.d/sparkrig-jobs.conf``).
+
 ``jobs_model_cache`` (off by default) is a model cache shared by a group: the
 directory, root's and the group's (setgid, 2775), the group and its members.
 cuda_env exports it as ``HF_HOME``; spark-container mounts it.
@@ -55,8 +58,10 @@ PATHS = {name: f"{BIN_DIR}/{name}" for name in COMMAND_NAMES}
 # spark-run --detach NAME starts UNIT_PREFIX + NAME + ".service"; spark-jobs records how it ended.
 UNIT_PREFIX = JOB_UNIT_PREFIX
 RECORDS = "/var/lib/sparkrig/jobs"
+RECORDS_CLEAN = "/etc/tmpfiles.d/sparkrig-jobs.conf"
 # Everything the concern decides from, in the host's one reading.
-STATE = reading.part(atomic.HostState, paths=(SLICE_FILE, *PATHS.values()))
+STATE = reading.part(atomic.HostState, paths=(SLICE_FILE, *PATHS.values(), RECORDS_CLEAN))
+_AGE = re.compile(r"[1-9][0-9]{0,3}[hdw]")
 
 
 
@@ -96,6 +101,16 @@ SETTINGS = (
         "more memory available on Sparks). Names are variable names; values are literal strings "
         "without single quotes or newlines.",
         env_mapping,
+    ),
+    Setting(
+        "jobs_records_max_age",
+        "30d",
+        "How long spark-jobs keeps the record of an ended detached job (how it ended, listed by "
+        "spark-jobs), counted from its end: systemd-tmpfiles' daily clean removes older ones "
+        '(/etc/tmpfiles.d/sparkrig-jobs.conf). Hours, days or weeks: "12h", "30d", "8w". "": '
+        "records stay until spark-jobs forget.",
+        lambda value, _data: None if value == "" or (isinstance(value, str) and _AGE.fullmatch(value)) else (
+            'hours, days or weeks such as "12h", "30d" or "8w" (1 to 9999), or "" to keep records'),
     ),
     Setting(
         "jobs_model_cache",
@@ -208,6 +223,19 @@ def render_slice(memory_max: str) -> str:
     return atomic.render("jobs/training.slice.j2", description=SLICE_DESCRIPTION, memory_max=memory_max)
 
 
+# A file of sparkrig's single line, nothing else (comments aside).
+RECORDS_CLEAN_VALIDATOR = (
+    "sh", "-c", '! grep -Evx "$0" "$1"', rf"#.*|d {RECORDS} 0755 root root mM:[1-9][0-9]*[hdw]",
+)
+
+
+def render_records_clean(max_age: str) -> str:
+    """The tmpfiles.d line that ages out job records. ``mM:`` counts from a record's (and a
+    user directory's) last change only: spark-jobs reading a record moves its atime, and
+    root's writes move ctime, neither of which says when the job ended."""
+    return atomic.render("jobs/sparkrig-jobs.tmpfiles.j2", records=RECORDS, max_age=max_age)
+
+
 def render_commands(
     memory_max: str,
     oom_score_adj: int,
@@ -273,6 +301,16 @@ def jobs():
             mode=0o755,
             validate=("sh", "-n"),
         )
+    if host.data.jobs_records_max_age:
+        clean = render_records_clean(host.data.jobs_records_max_age)
+        if not atomic.up_to_date(state.get(RECORDS_CLEAN), clean):
+            atomic.file(
+                name=f"Job records older than jobs_records_max_age are removed ({RECORDS_CLEAN})",
+                dest=RECORDS_CLEAN, current=state.get(RECORDS_CLEAN), content=clean,
+                validate=RECORDS_CLEAN_VALIDATOR,
+            )
+    elif state.get(RECORDS_CLEAN):
+        files.file(name=f"Job records are kept ({RECORDS_CLEAN})", path=RECORDS_CLEAN, present=False)
     if host.data.jobs_model_cache:
         model_cache(host.data.jobs_model_cache, host.data.jobs_model_cache_group,
                     host.data.jobs_model_cache_users)

@@ -2,8 +2,8 @@
 Job wrapper controls: training.slice caps the jobs' memory, spark-run puts a job in
 it with a raised OOM score, a detached job outlives the SSH session that started it
 and its exit status stays readable, spark-jobs acts on the caller's own jobs only,
-spark-preflight passes on a converged host, spark-drop-caches works as root, and the
-shared model cache belongs to its group.
+spark-preflight passes on a converged host, spark-drop-caches works as root, old job
+records are cleaned, and the shared model cache belongs to its group.
 
 The expected caps are worked out here from the settings and the host's memory the
 way systemd computes them, independently of operations/jobs.py.
@@ -288,6 +288,35 @@ def test_a_running_job_name_is_refused_and_others_jobs_cannot_be_stopped(host, j
     refused = host.run("spark-jobs stop %s", job_name)
     assert refused.rc == 1 and "is root's job" in refused.stderr, refused.stderr
     assert (_row(host, job_name) or [""] * 3)[1:3] == ["root", "active"]
+
+
+RECORDS = "/var/lib/sparkrig/jobs"
+_AGE_SECONDS = {"h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def test_old_job_records_are_removed_and_recent_ones_kept(host, settings):
+    """Protects against /var/lib/sparkrig/jobs growing for as long as the box lives (one record
+    per detached job), and against a clean that takes the records of jobs that ended lately,
+    or that a daily `spark-jobs list` keeps alive: systemd-tmpfiles' clean, as its daily timer
+    runs it, removes a record that ended before jobs_records_max_age (read just now) and keeps
+    a fresh one."""
+    age = settings["jobs_records_max_age"]
+    if not age:
+        pytest.skip("jobs_records_max_age is empty for this host: records stay until spark-jobs forget")
+    seconds = int(age[:-1]) * _AGE_SECONDS[age[-1]]
+    name = f"sparkrig-check-{uuid.uuid4().hex[:8]}"
+    old, new = f"{RECORDS}/root/{name}-old", f"{RECORDS}/root/{name}-new"
+    with host.sudo():
+        assert host.service("systemd-tmpfiles-clean.timer").is_running
+        host.check_output(
+            "mkdir -p %s && echo ended > %s && echo ended > %s && touch -d @$(($(date +%%s) - %s)) %s && cat %s",
+            f"{RECORDS}/root", old, new, str(seconds + 3600), old, old)
+        try:
+            host.check_output("systemd-tmpfiles --clean --prefix=%s", RECORDS)
+            assert not host.file(old).exists, f"a record older than {age} was kept"
+            assert host.file(new).exists, "a fresh record was removed"
+        finally:
+            host.run("rm -f %s %s", old, new)
 
 
 def test_the_shared_model_cache_belongs_to_its_group(host, settings):

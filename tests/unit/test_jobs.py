@@ -562,10 +562,12 @@ def test_drop_caches_takes_no_arguments(tmp_path):
 # Plans -------------------------------------------------------------------------
 
 
-def _converged(memory_max="85%", oom=500, kib=67108864, watchdog=True, modes=None) -> dict:
+def _converged(memory_max="85%", oom=500, kib=67108864, watchdog=True, modes=None, records_age="30d") -> dict:
     """The concern's one HostState read, and each file's FileDigest (read by the file
     operations the concern adds)."""
     files = {jobs.SLICE_FILE: (jobs.render_slice(memory_max), 0o644)}
+    if records_age:
+        files[jobs.RECORDS_CLEAN] = (jobs.render_records_clean(records_age), 0o644)
     for name, text in jobs.render_commands(memory_max, oom, kib, watchdog).items():
         files[f"{jobs.BIN_DIR}/{name}"] = (text, (modes or {}).get(name, 0o755))
     responses = {HOST_STATE: host_state(files=files)}
@@ -587,6 +589,7 @@ def test_first_run_writes_the_slice_reloads_systemd_and_installs_four_commands()
         "spark-jobs command (/usr/local/bin/spark-jobs)",
         "spark-preflight command (/usr/local/bin/spark-preflight)",
         "spark-drop-caches command (/usr/local/bin/spark-drop-caches)",
+        "Job records older than jobs_records_max_age are removed (/etc/tmpfiles.d/sparkrig-jobs.conf)",
     ]
     slice_op = ops["Memory cap of every job (/etc/systemd/system/training.slice)"]
     assert slice_op.uploads == {"/etc/systemd/system/.training.slice.sparkrig-new": jobs.render_slice("85%").encode()}
@@ -618,6 +621,36 @@ def test_disabling_the_watchdog_rewrites_spark_preflight_only():
     ops = _by_name(execute(jobs.jobs, data={"watchdog_enabled": False}, responses=_converged()))
     assert [name for name, op in ops.items() if op.commands] == [
         "spark-preflight command (/usr/local/bin/spark-preflight)"]
+
+
+def test_a_new_records_age_rewrites_the_tmpfiles_line_only():
+    ops = _by_name(execute(jobs.jobs, data={"jobs_records_max_age": "8w"}, responses=_converged()))
+    (name,) = [name for name, op in ops.items() if op.commands]
+    upload = ops[name].uploads["/etc/tmpfiles.d/.sparkrig-jobs.conf.sparkrig-new"]
+    assert upload.decode().splitlines()[-1] == "d /var/lib/sparkrig/jobs 0755 root root mM:8w"
+
+
+def test_keeping_records_removes_the_tmpfiles_line_and_then_changes_nothing():
+    ops = _by_name(execute(jobs.jobs, data={"jobs_records_max_age": ""}, responses=_converged()))
+    assert list(ops) == ["Job records are kept (/etc/tmpfiles.d/sparkrig-jobs.conf)"]
+    assert execute(jobs.jobs, data={"jobs_records_max_age": ""}, responses=_converged(records_age="")) == []
+
+
+@pytest.mark.parametrize("bad", ["30", "0d", "30 d", "1y", "30d\n", "-30d", 30, None])
+def test_records_age_refuses_what_tmpfiles_would_not_read_as_meant(bad):
+    found = problems(jobs.SETTINGS, {"jobs_records_max_age": bad})
+    assert len(found) == 1 and "allowed is hours, days or weeks" in found[0], found
+
+
+def test_records_clean_validator_takes_sparkrigs_line_alone(tmp_path):
+    path = tmp_path / "sparkrig-jobs.conf"
+    path.write_text(jobs.render_records_clean("30d"))
+    assert _run([*jobs.RECORDS_CLEAN_VALIDATOR, path]).returncode == 0
+    # Another line (here: remove /etc at boot) or another path must never take effect.
+    for bad in ("R /etc - - - -\n", "d /var/lib/sparkrig 0755 root root mM:30d\n",
+                "d /var/lib/sparkrig/jobs 0777 root root mM:30d\n"):
+        path.write_text(jobs.render_records_clean("30d") + bad)
+        assert _run([*jobs.RECORDS_CLEAN_VALIDATOR, path]).returncode != 0, bad
 
 
 def _cache_data(**extra) -> dict:
