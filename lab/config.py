@@ -17,9 +17,9 @@ Paths come from the environment once, at import time:
   ``sparkrig<ID>-*``, links ``sr<ID>lab*``, table ``sparkrig_lab<ID>``, subnet
   ``10.<213+ID>``, cgroup ``sparkrig-lab<ID>``, its own state directory and
   apt repository server), so two checkouts can run their lab tests at once;
-  the image cache is shared. ``down`` of one never touches the other. Set the
-  controller's ``net.ipv4.ip_forward`` to 1 before running several: each lab
-  restores the value it found when it goes down.
+  the image cache is shared. ``down`` of one never touches the other: each lab
+  restores the ``net.ipv4.ip_forward`` it found when it goes down, except that it
+  leaves it at 1 while another lab still runs.
 """
 
 from __future__ import annotations

@@ -619,7 +619,11 @@ def _teardown() -> None:
     if state is not None and state.ip_forward_before is not None:
         recorded = state.ip_forward_before
     if recorded is not None and network.read_ip_forward() != recorded:
-        network.write_ip_forward(recorded)
+        others = network.other_labs_netns() if recorded == 0 else []
+        if others:  # their hosts still reach the registries through this machine
+            log.info("leaving net.ipv4.ip_forward at 1: another lab still runs (%s)", ", ".join(others[:3]))
+        else:
+            network.write_ip_forward(recorded)
 
     if HOSTS_DIR.is_dir():
         # All hosts at once: a deployed host's tree (a venv, Docker's images) takes seconds

@@ -282,6 +282,14 @@ def is_lab_netns(name: str) -> bool:
     return name.startswith(NETNS_PREFIX) and len(name) > len(NETNS_PREFIX)
 
 
+_ANY_LAB_NETNS = re.compile(r"sparkrig[1-9]?-.+")
+
+
+def is_other_lab_netns(name: str) -> bool:
+    """Whether a network namespace belongs to another lab (another SPARKRIG_LAB_ID) than this one."""
+    return bool(_ANY_LAB_NETNS.fullmatch(name)) and not is_lab_netns(name)
+
+
 def is_lab_link(name: str) -> bool:
     """Whether a root-namespace link name is one the lab makes (``srlab<i>``, ``srlab<i>c``)."""
     return bool(_LAB_LINK.match(name.partition("@")[0]))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .config import IP_FORWARD, NFT_TABLE
-from .model import LabHost, is_lab_link, is_lab_netns
+from .model import LabHost, is_lab_link, is_lab_netns, is_other_lab_netns
 from .render import parse_ip_forward_before, render_nft_ruleset
 from .system import LabError, run
 
@@ -49,6 +49,12 @@ def lab_netns() -> list[str]:
     out = run(["ip", "-j", "netns", "list"]).stdout.strip()
     names = [entry["name"] for entry in json.loads(out or "[]")]
     return sorted(name for name in names if is_lab_netns(name))
+
+
+def other_labs_netns() -> list[str]:
+    """Network namespaces of other labs (other SPARKRIG_LAB_IDs) running beside this one."""
+    out = run(["ip", "-j", "netns", "list"]).stdout.strip()
+    return sorted(entry["name"] for entry in json.loads(out or "[]") if is_other_lab_netns(entry["name"]))
 
 
 def lab_links() -> list[str]:

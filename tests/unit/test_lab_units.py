@@ -295,6 +295,17 @@ def test_lab_netns_names(name, ours):
 
 
 @pytest.mark.parametrize(
+    "name, other",
+    [("sparkrig7-lab-a", True), ("sparkrig-lab-deb12", False), ("sparkrig7-", False), ("sparkrigx-a", False),
+     ("docker", False)],
+)
+def test_other_labs_netns_names(name, other):
+    """This module's lab is the default one (no SPARKRIG_LAB_ID in the unit run)."""
+    from lab.model import is_other_lab_netns
+    assert is_other_lab_netns(name) is other
+
+
+@pytest.mark.parametrize(
     "name, ours",
     [
         ("srlab1", True),
