@@ -499,12 +499,13 @@ if [ -f "$v/pyvenv.cfg" ]; then
 fi
 [ -f "$s/requirements.lock" ] && echo "lock $(sha256sum < "$s/requirements.lock" | cut -d' ' -f1)"
 [ -n "$w" ] && [ -d "$w" ] && for f in "$w"/*.whl; do [ -f "$f" ] && echo "wheel ${{f##*/}}"; done
+[ -d {offline} ] && echo "offline_dir yes"
 if [ -x {uv} ] && [ -f "$s/requirements.lock" ] && [ -x "$v/bin/python" ] && id -u "$o" >/dev/null 2>&1; then
   echo "plan $(runuser -u "$o" -- env {env} {uv} pip sync --no-config --offline --dry-run --require-hashes --python "$v/bin/python" "$s/requirements.lock" 2>&1 | tail -n 1)"
 fi
 true
 """.format(
-    uv=UV, link=UV_LINK, cache=UV_CACHE, env=" ".join(UV_ENV)
+    uv=UV, link=UV_LINK, cache=UV_CACHE, env=" ".join(UV_ENV), offline=OFFLINE_DIR
 )
 
 
@@ -514,13 +515,15 @@ class PythonStack(FactBase):
     whether ``/usr/local/bin/uv`` is taken, whether ``python3 -m venv`` can make a tool
     environment, the venv's Python, owner and usability, the sha256 of its lock, the
     last line of an offline ``uv pip sync --dry-run`` of the lock (run as the owner), and
-    the wheel files in ``wheels`` (the controller's wheels, with ``python_offline``).
+    the wheel files in ``wheels`` (the controller's wheels, with ``python_offline``), and
+    whether :data:`OFFLINE_DIR` is there at all (``offline_dir``).
 
     .. code:: python
 
         {"uv": "0.13.9", "link_exists": True,
          "venv_module": True, "cache_owner": "spark", "owner_exists": True, "occupied": True, "python": "3.12.3",
-         "owner": "spark", "usable": True, "lock": "9a...", "plan": "Would make no changes", "wheels": []}
+         "owner": "spark", "usable": True, "lock": "9a...", "plan": "Would make no changes", "wheels": [],
+         "offline_dir": False}
     """
 
     def command(self, venv: str, owner: str, wheels: str = "") -> StringCommand:
@@ -538,7 +541,7 @@ class PythonStack(FactBase):
         found = self.default()
         for line in output:
             key, _, value = line.partition(" ")
-            if key in ("link_exists", "venv_module", "usable", "occupied", "owner_exists"):
+            if key in ("link_exists", "venv_module", "usable", "occupied", "owner_exists", "offline_dir"):
                 found[key] = value == "yes"
             elif key == "wheel":
                 found["wheels"].append(value)
@@ -551,7 +554,7 @@ class PythonStack(FactBase):
         return {
             "uv": None, "link_exists": False, "venv_module": False,
             "cache_owner": None, "owner_exists": False, "occupied": False, "python": None, "owner": None, "usable": False,
-            "lock": None, "plan": None, "wheels": [],
+            "lock": None, "plan": None, "wheels": [], "offline_dir": False,
         }
 
 
@@ -655,7 +658,8 @@ def virtualenv(
     + extra_index_urls: the indexes the manifest names for some packages alone (torch, vLLM)
     + python_preference: uv's ``--python-preference`` when the venv is made
     + wheels: offline: every locked wheel, file name: path on the controller; uploaded to
-      :data:`OFFLINE_DIR` when missing there, and installed with ``--offline --no-index``
+      :data:`OFFLINE_DIR` when missing there, and installed with ``--offline --no-index``;
+      without them, :data:`OFFLINE_DIR` is removed
 
     Reads the host with :class:`PythonStack`. The lock is uploaded when its sha256 differs;
     ``uv pip sync --require-hashes`` runs when it was, or when uv's dry run of it would
@@ -729,6 +733,11 @@ def virtualenv(
                                 QuoteString(f"{OFFLINE_DIR}/{name}"))
         if extra:
             yield StringCommand("rm -f", *[QuoteString(f"{OFFLINE_DIR}/{name}") for name in extra])
+    elif not wheels and found["offline_dir"]:
+        # python_offline was turned off: the controller's copies of the locked wheels (torch's
+        # alone is over a GB) would stay for good. Root's directory, below root's /var/lib/sparkrig.
+        changed = True
+        yield StringCommand("rm -rf", QuoteString(OFFLINE_DIR))
 
     stale_lock = fresh or found["lock"] != digest(lock)
     if stale_lock:
@@ -800,6 +809,7 @@ def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, whe
         or found["lock"] != digest(lock)
         or found["plan"] != NO_CHANGES
         or sorted(found["wheels"]) != sorted(wheels)
+        or (found["offline_dir"] and not wheels)
     )
 
 

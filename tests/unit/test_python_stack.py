@@ -283,6 +283,20 @@ def test_drift_found_by_the_dry_run_only_syncs():
     assert len(venv.commands) == 1 and "pip sync" in venv.commands[0] and not venv.uploads
 
 
+def test_turning_python_offline_off_removes_the_controllers_wheels_once():
+    """A host left with python_offline's wheels (over a GB with torch) loses them; the venv,
+    which holds the same lock either way, is not touched."""
+    (venv,) = _ops(_fact_output(offline_dir="yes"))
+    assert venv.commands == ["rm -rf /var/lib/sparkrig/python-wheels"] and not venv.uploads
+    assert _ops(_fact_output()) == []
+
+
+def test_the_fact_says_whether_the_offline_wheels_are_there():
+    assert ps.PythonStack().parse(_fact_output(offline_dir="yes"))["offline_dir"] is True
+    assert ps.PythonStack().parse(_fact_output())["offline_dir"] is False
+    assert f"[ -d {ps.OFFLINE_DIR} ]" in ps.PythonStack().command("/opt/sparkrig/venv", "spark").get_raw_value()
+
+
 def test_a_venv_of_another_python_is_made_anew():
     (venv,) = _ops(_fact_output(python="3.11.2"))
     assert "uv venv --no-config --clear --python 3.12" in "\n".join(venv.commands)
