@@ -215,11 +215,39 @@ _sources = _inventory.get("sources") or {}
 LAB_BUILD = "lab-ext"
 
 
+# STAND-INS for an owner's NCCL and nccl-tests prefix builds: the lab's C project
+# built with make and gcc (lab/sourcebuild.py); off here, turned on by
+# tests/converge/test_prefix_builds_lab.py. `bc` stands in for nccl-tests' openmpi-bin.
+LAB_PREFIX, LAB_PREFIX_TESTS = "lab-prefix", "lab-prefix-tests"
+
+
+def _prefix_standins(url: str, commit: str) -> dict:
+    common = {
+        "kind": "prefix", "url": url, "ref": commit, "env": {"MAX_JOBS": "2"},
+        "build_packages": ["git", "gcc", "make", "libc6-dev"], "submodules": False, "subdirectory": ".",
+        "memory_max": "1G",
+    }
+    return {
+        LAB_PREFIX: {
+            **common,
+            "steps": ['make -j"$MAX_JOBS" -C lib', 'make -C lib install PREFIX="$SPARKRIG_PREFIX"'],
+            "needs": [], "runtime_packages": [],
+        },
+        LAB_PREFIX_TESTS: {
+            **common,
+            "steps": ['make -C tests STANDIN_HOME="$SPARKRIG_NEED_LAB_PREFIX"',
+                      'mkdir -p "$SPARKRIG_PREFIX/bin" && cp tests/standin_perf "$SPARKRIG_PREFIX/bin/"'],
+            "needs": [LAB_PREFIX], "runtime_packages": ["bc"],
+        },
+    }
+
+
 def _source_builds(host: dict) -> dict:
     if not _sources:
         return {}
     catalogue = _load_catalogue()
     catalogue[LAB_BUILD] = {
+        "kind": "wheel",
         "url": host["apt_repo_url"] + _sources["path"],
         "ref": _sources["refs"]["v1.0"]["commit"],
         "package": _sources["name"],
@@ -233,6 +261,9 @@ def _source_builds(host: dict) -> dict:
         "abi3": True,
         "memory_max": "2G",
     }
+    prefix = _sources.get("prefix")
+    if prefix:
+        catalogue.update(_prefix_standins(host["apt_repo_url"] + prefix["path"], prefix["refs"]["p1.0"]["commit"]))
     return {
         "source_builds": catalogue,
         "source_builds_enabled": [LAB_BUILD],

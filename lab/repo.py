@@ -374,7 +374,7 @@ def repo_key(fingerprints: Mapping[str, str]) -> str:
         "recipe_version": RECIPE_VERSION,
         "fingerprints": dict(sorted(fingerprints.items())),
         "wheelhouse": wheelhouse.recipe(wheelhouse.local_torch_wheels(LOCAL_WHEEL_DIR)),
-        "sources": [sourcebuild.RECIPE_VERSION, sourcebuild.COMMITS],
+        "sources": [sourcebuild.RECIPE_VERSION, sourcebuild.COMMITS, sourcebuild.PREFIX_COMMITS],
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 

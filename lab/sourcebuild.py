@@ -19,6 +19,14 @@ each tagged:
 ``SPARKRIG_LAB_BUILD_SLEEP`` (seconds) in the build's environment makes the
 compile step wait first, so a test can cut the deploy's SSH connection while
 the build runs.
+
+A second repository, ``sparkrig-lab-prefix``, is the STAND-IN for NCCL and
+nccl-tests (prefix builds: make and gcc, no GPU, no MPI): ``lib/`` builds
+``libstandin.so.1`` (the NCCL stand-in; ``make install PREFIX=...`` installs it
+with its ``libstandin.so`` link and header), ``tests/`` builds ``standin_perf``
+(the all_reduce_perf stand-in) against an installed ``lib/`` (``STANDIN_HOME``,
+found again at run time by its RUNPATH), which prints the answer the library
+gives. Tags ``p1.0`` (answer 1) and ``p2.0`` (answer 2).
 """
 
 from __future__ import annotations
@@ -32,8 +40,10 @@ from pathlib import Path
 ROOT = "sources"
 NAME = "sparkrig-lab-ext"
 REPOSITORY = f"{ROOT}/{NAME}.git"
+PREFIX_NAME = "sparkrig-lab-prefix"
+PREFIX_REPOSITORY = f"{ROOT}/{PREFIX_NAME}.git"
 DESCRIPTION = f"{ROOT}/sources.json"
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 _SETUP = '''\
 """sparkrig lab project: one C module built for the stable ABI (lab/sourcebuild.py)."""
@@ -109,6 +119,44 @@ _GIT_ENV = {
 }
 
 
+_PREFIX_FILES = {
+    "README": "sparkrig lab: a STAND-IN for NCCL (lib/) and nccl-tests (tests/), built with make and gcc.\n",
+    "lib/standin.h": "int standin_answer(void);\n",
+    "lib/Makefile": (
+        "# STAND-IN for NCCL's makefiles: make, then make install PREFIX=...\n"
+        "PREFIX ?= /usr/local\n"
+        "all: libstandin.so.1\n"
+        "libstandin.so.1: standin.c standin.h\n"
+        "\t$(CC) -O2 -fPIC -shared -Wl,-soname,libstandin.so.1 -o $@ standin.c\n"
+        "install: libstandin.so.1\n"
+        "\tmkdir -p $(PREFIX)/lib $(PREFIX)/include\n"
+        "\tcp libstandin.so.1 standin.h $(PREFIX)/lib/\n"
+        "\tmv $(PREFIX)/lib/standin.h $(PREFIX)/include/\n"
+        "\tln -sf libstandin.so.1 $(PREFIX)/lib/libstandin.so\n"
+    ),
+    "tests/Makefile": (
+        "# STAND-IN for nccl-tests' makefiles: built against an installed lib/ (STANDIN_HOME)\n"
+        "standin_perf: perf.c\n"
+        "\t$(CC) -O2 -I$(STANDIN_HOME)/include -o $@ perf.c -L$(STANDIN_HOME)/lib -lstandin"
+        " -Wl,-rpath,$(STANDIN_HOME)/lib\n"
+    ),
+    "tests/perf.c": (
+        "#include <stdio.h>\n#include \"standin.h\"\n"
+        "int main(void)\n{\n"
+        "    printf(\"standin_perf (a STAND-IN for all_reduce_perf): libstandin answers %d\\n\", standin_answer());\n"
+        "    return 0;\n}\n"
+    ),
+}
+
+# (tag, answer) of the prefix stand-in
+PREFIX_COMMITS = (("p1.0", 1), ("p2.0", 2))
+
+
+def prefix_files(answer: int) -> dict[str, str]:
+    """The prefix stand-in's files at one commit."""
+    return {**_PREFIX_FILES, "lib/standin.c": f"int standin_answer(void) {{ return {answer}; }}\n"}
+
+
 def files(version: str, answer: int, broken: bool) -> dict[str, str]:
     """The project's files at one commit."""
     return {
@@ -127,29 +175,44 @@ def _git(cwd: Path, *args: str, date: str | None = None) -> str:
     ).stdout.strip()
 
 
-def build(site: Path) -> None:
-    """Make the bare repository and its description below ``site``."""
+def _repository(site: Path, repository: str, commits: list[tuple[str, str, dict[str, str], dict]]) -> dict:
+    """A bare repository at ``site/repository`` of ``commits`` (tag, message, files, what the
+    description says of it), each tagged; its refs as the description lists them."""
     with tempfile.TemporaryDirectory() as temp:
         work = Path(temp) / "work"
         work.mkdir()
         _git(work, "init", "--quiet", "--initial-branch=main")
         refs = {}
-        for number, (tag, version, answer, broken) in enumerate(COMMITS):
-            for name, text in files(version, answer, broken).items():
+        for number, (tag, message, texts, described) in enumerate(commits):
+            for name, text in texts.items():
                 (work / name).parent.mkdir(parents=True, exist_ok=True)
                 (work / name).write_text(text)
             _git(work, "add", "--all")
             date = f"2026-01-0{number + 1}T12:00:00+00:00"
-            _git(work, "commit", "--quiet", "-m", f"sparkrig lab project {version}", date=date)
+            _git(work, "commit", "--quiet", "-m", message, date=date)
             _git(work, "tag", tag)
-            refs[tag] = {"commit": _git(work, "rev-parse", "HEAD"), "version": version, "answer": answer}
-        bare = site / REPOSITORY
+            refs[tag] = {"commit": _git(work, "rev-parse", "HEAD"), **described}
+        bare = site / repository
         bare.parent.mkdir(parents=True, exist_ok=True)
         _git(site, "clone", "--quiet", "--bare", str(work), str(bare))
         _git(bare, "update-server-info")
-    (site / DESCRIPTION).write_text(
-        json.dumps({"name": NAME, "path": f"/{REPOSITORY}", "refs": refs}, indent=2) + "\n"
-    )
+    return refs
+
+
+def build(site: Path) -> None:
+    """Make the bare repositories and their description below ``site``."""
+    refs = _repository(site, REPOSITORY, [
+        (tag, f"sparkrig lab project {version}", files(version, answer, broken), {"version": version, "answer": answer})
+        for tag, version, answer, broken in COMMITS
+    ])
+    prefix_refs = _repository(site, PREFIX_REPOSITORY, [
+        (tag, f"sparkrig lab prefix stand-in {tag}", prefix_files(answer), {"answer": answer})
+        for tag, answer in PREFIX_COMMITS
+    ])
+    (site / DESCRIPTION).write_text(json.dumps({
+        "name": NAME, "path": f"/{REPOSITORY}", "refs": refs,
+        "prefix": {"name": PREFIX_NAME, "path": f"/{PREFIX_REPOSITORY}", "refs": prefix_refs},
+    }, indent=2) + "\n")
 
 
 def read_description(site: Path) -> dict | None:

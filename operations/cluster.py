@@ -21,7 +21,9 @@ host with the same ``cluster_name``. Per host:
 - **NCCL's environment** (``NCCL_SOCKET_IFNAME``, ``MASTER_ADDR``, ...) in ``cluster_env_file``,
   read by login shells and units, and an MPI hostfile, ``/etc/sparkrig/cluster/hostfile``.
 - ``spark-cluster-check``: per peer, link up, MTU, a jumbo ping that must not fragment,
-  SSH as the cluster user without a prompt.
+  SSH as the cluster user without a prompt; with ``--nccl``, nccl-tests' ``all_reduce_perf``
+  (a prefix source build named ``nccl-tests``, in ``/opt/sparkrig/builds/nccl-tests/current/bin``)
+  across the nodes with mpirun.
 
 Every node's host keys come from its own reading (a peer's reading is its one reading,
 made early), so a node added to the inventory is trusted by the others after one run
@@ -49,7 +51,7 @@ from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, QuoteStrin
 from pyinfra.context import ctx_host
 from pyinfra.operations import server
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, prefix, reading
 from sparkrig.connection import prove_new_connection
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import (
@@ -78,6 +80,8 @@ HOSTFILE = f"{DIRECTORY}/hostfile"
 SSH_CONFIG = "/etc/ssh/ssh_config.d/50-sparkrig-cluster.conf"
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cluster.sh"
 CHECK = "/usr/local/bin/spark-cluster-check"
+# Where a prefix source build named nccl-tests (the owner's catalogue entry) is installed.
+NCCL_TESTS_BIN = f"{prefix.current('nccl-tests')}/bin"
 PACKAGES = ("iputils-ping",)  # ping -M do (busybox's ping has no -M)
 MARKER = "sparkrig-cluster:"  # the comment of every line sparkrig manages in authorized_keys
 STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user
@@ -607,11 +611,12 @@ def peer_links(interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]]
 
 
 def render_check(
-    name: str, user: str, mtu: int, interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]], env_file: str
+    name: str, user: str, mtu: int, interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]], env_file: str,
+    hostfile: str = HOSTFILE, nccl_tests_bin: str = NCCL_TESTS_BIN,
 ) -> str:
     return atomic.render(
         "cluster/spark-cluster-check.sh.j2", name=name, user=user, mtu=mtu, interfaces=sorted(interfaces),
-        peers=peer_links(interfaces, peers), hostfile=HOSTFILE, env_file=env_file,
+        peers=peer_links(interfaces, peers), hostfile=hostfile, env_file=env_file, nccl_tests_bin=nccl_tests_bin,
     )
 
 

@@ -1,6 +1,7 @@
 """
 Source builds: packages compiled on the hosts from a git repository at a pinned ref
-(Triton, xformers, vLLM for sm_121), built once per fleet, installed from a wheelhouse.
+(Triton, xformers, vLLM for sm_121), built once per fleet, installed from a wheelhouse;
+and prefixes (C/C++/CUDA projects such as NCCL), installed by root into /opt/sparkrig/builds.
 
 Each build is data (``source_builds``, loaded from ``group_data/source_builds.yml``):
 repository URL, ref (a commit or a tag), build environment, build steps, build
@@ -31,6 +32,14 @@ builds on by name with ``source_builds_enabled``.
   build. A wheel already in the cache is uploaded, not built.
 - **Failure.** A failed build leaves the venv as it was; the deploy fails that
   host with the journal's last lines, and the next deploy tries again.
+- **Prefix builds** (``kind: prefix``, entries of the owner's: the catalogue ships none) run their steps into
+  ``$SPARKRIG_PREFIX``; the product is ``prefix.tar.gz`` of it with ``stamp.json``,
+  shared like a wheel. Root copies the archive out as its owner into a root-owned file,
+  checks its sha256 and every member (:mod:`sparkrig.unpack_prefix`: files, directories
+  and links that stay inside only; no setuid bit) and unpacks it into
+  ``/opt/sparkrig/builds/<name>/<key>/``, then points ``current`` at it. ``needs`` names
+  prefixes a build compiles against (built first; their keys enter its stamp);
+  ``runtime_packages`` are installed on every host that installs it. The venv is not touched.
 
 A converged host costs one remote command (:class:`SourceBuilds`, read once while
 pyinfra prepares, by python_stack, which installs the wheels, and by this concern).
@@ -63,10 +72,12 @@ from pyinfra.api import (
 )
 
 from sparkrig.venv import STATE_DIR, UV, UV_ENV, package_name
+from sparkrig.prefix import ARCHIVE, PREFIX_ROOT, current, installed_dir, installed_stamp, need_variable, unpacker_source
 from sparkrig.python_wheels import normalise
 from sparkrig import atomic, reading
 from sparkrig.units import TRAINING_SLICE
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
+from sparkrig.packages import installed as install_packages
 from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, memory_max_check, resolved
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "group_data" / "source_builds.yml"
@@ -78,6 +89,7 @@ OUTGOING = "/var/lib/sparkrig/outgoing"
 INCOMING = "/var/lib/sparkrig/incoming"
 # The controller names what it keeps itself; a host's names never become controller paths.
 CACHED_WHEEL = "wheel.whl"
+CACHED_ARCHIVE = ARCHIVE
 CACHED_STAMP = "stamp.json"
 UNIT_PREFIX = "sparkrig-build-"
 KEY_LENGTH = 16
@@ -98,9 +110,12 @@ WHEEL_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*-[A-Za-z0-9_.!+]+(-[0-9
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _DEB = re.compile(r"[a-z0-9][a-z0-9.+-]+")
 _SUBDIR = re.compile(r"(\.|[A-Za-z0-9_][A-Za-z0-9_./-]*)")
-_KEYS = {
-    "url", "ref", "package", "env", "steps", "build_requirements", "build_packages",
-    "submodules", "subdirectory", "uses_torch", "abi3", "memory_max",
+# Each kind's keys: a wheel is installed into the venv (so its package, build venv, torch
+# and Python count); a prefix is unpacked by root into PREFIX_ROOT and touches no venv.
+_COMMON_KEYS = {"kind", "url", "ref", "env", "steps", "build_packages", "submodules", "subdirectory", "memory_max"}
+KIND_KEYS = {
+    "wheel": _COMMON_KEYS | {"package", "build_requirements", "uses_torch", "abi3"},
+    "prefix": _COMMON_KEYS | {"needs", "runtime_packages"},
 }
 
 
@@ -116,8 +131,11 @@ def spec_problem(name: Any, spec: Any) -> str | None:
     """What is wrong with one catalogue entry, or None."""
     if not (isinstance(name, str) and _NAME.fullmatch(name)):
         return f"{name!r} is not a build name ([a-z0-9-], at most 31 characters)"
-    if not isinstance(spec, Mapping) or set(spec) != _KEYS:
-        return f"{name} must hold exactly: {', '.join(sorted(_KEYS))}"
+    kind = spec.get("kind") if isinstance(spec, Mapping) else None
+    if kind not in KIND_KEYS:
+        return f"{name}.kind must be one of: {', '.join(sorted(KIND_KEYS))}"
+    if set(spec) != KIND_KEYS[kind]:
+        return f"{name} (kind {kind}) must hold exactly: {', '.join(sorted(KIND_KEYS[kind]))}"
     if not (isinstance(spec["url"], str) and _URL.fullmatch(spec["url"])):
         return f"{name}.url must be an http(s):// or file:/// URL or an absolute path, without quotes or spaces"
     if "@" in spec["url"].split("://", 1)[-1].split("/", 1)[0]:
@@ -126,7 +144,7 @@ def spec_problem(name: Any, spec: Any) -> str | None:
     ref = spec["ref"]
     if not (isinstance(ref, str) and (_COMMIT.fullmatch(ref) or _TAG.fullmatch(ref))) or ref in ("HEAD", "main", "master"):
         return f"{name}.ref must be a commit id (40 lower-case hex digits) or a tag, never a branch"
-    if not (isinstance(spec["package"], str) and package_name(spec["package"])):
+    if kind == "wheel" and not (isinstance(spec["package"], str) and package_name(spec["package"])):
         return f"{name}.package must be a distribution name"
     env = spec["env"]
     if not isinstance(env, Mapping) or not all(
@@ -138,14 +156,21 @@ def spec_problem(name: Any, spec: Any) -> str | None:
         isinstance(s, str) and s.strip() and not any(c in s for c in "\n\r\0") for s in steps
     ):
         return f"{name}.steps must be a list of one-line shell commands"
-    reqs = spec["build_requirements"]
+    if kind == "prefix" and not steps:
+        return f"{name}.steps must install the build into $SPARKRIG_PREFIX (a prefix build without steps makes nothing)"
+    reqs = spec.get("build_requirements", [])
     if not isinstance(reqs, list) or not all(isinstance(r, str) and _REQUIREMENT.fullmatch(r) for r in reqs):
         return f"{name}.build_requirements must be a list of pip requirements such as 'ninja' or 'setuptools>=64'"
-    debs = spec["build_packages"]
-    if not isinstance(debs, list) or not all(isinstance(d, str) and _DEB.fullmatch(d) for d in debs):
-        return f"{name}.build_packages must be a list of apt package names"
+    for key in ("build_packages", "runtime_packages"):
+        debs = spec.get(key, [])
+        if not isinstance(debs, list) or not all(isinstance(d, str) and _DEB.fullmatch(d) for d in debs):
+            return f"{name}.{key} must be a list of apt package names"
+    needs = spec.get("needs", [])
+    if not isinstance(needs, list) or not all(isinstance(n, str) and _NAME.fullmatch(n) for n in needs) \
+            or len(set(needs)) != len(needs) or name in needs:
+        return f"{name}.needs must be a list of other prefix builds of the catalogue, each once"
     for flag in ("submodules", "uses_torch", "abi3"):
-        if not isinstance(spec[flag], bool):
+        if flag in spec and not isinstance(spec[flag], bool):
             return f"{name}.{flag} must be true or false"
     subdirectory = spec["subdirectory"]
     if not (
@@ -168,6 +193,13 @@ def catalogue_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if problem:
         return problem
     allowed = _CATALOGUE_ALLOWED
+    for name, spec in value.items():
+        for need in spec.get("needs", []):
+            if (value.get(need) or {}).get("kind") != "prefix":
+                return f"{allowed} ({name}.needs names {need}, which is no prefix build of the catalogue)"
+    loop = _needs_loop(value)
+    if loop:
+        return f"{allowed} ({name_loop(loop)}: builds cannot need each other in a loop)"
     manifest = data.get("python_stack")
     enabled = data.get("source_builds_enabled")
     # A bad list is reported by its own check; here it only enables nothing.
@@ -180,13 +212,43 @@ def catalogue_check(value: Any, data: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _needs_loop(catalogue: Mapping[str, Any]) -> list[str] | None:
+    """A loop of ``needs`` in the catalogue (its builds in order), or None."""
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        if name in path:
+            return path[path.index(name):] + [name]
+        for need in (catalogue.get(name) or {}).get("needs", []):
+            loop = visit(need, path + [name])
+            if loop:
+                return loop
+        return None
+
+    for name in sorted(catalogue):
+        loop = visit(name, [])
+        if loop:
+            return loop
+    return None
+
+
+def name_loop(loop: Sequence[str]) -> str:
+    return " needs ".join(loop)
+
+
 def enabled_check(value: Any, data: Mapping[str, Any]) -> str | None:
     catalogue = data.get("source_builds")
     known = sorted(catalogue) if isinstance(catalogue, Mapping) else []
+    allowed = f"a list of builds of source_builds: {', '.join(known) or '(none defined)'}"
     ok = isinstance(value, list) and len(set(value)) == len(value) and all(
         isinstance(name, str) and name in known for name in value
     )
-    return None if ok else f"a list of builds of source_builds: {', '.join(known) or '(none defined)'}"
+    if not ok:
+        return allowed
+    for name in value:
+        needs = catalogue[name].get("needs") if isinstance(catalogue[name], Mapping) else None
+        missing = [n for n in needs if n not in value] if isinstance(needs, list) else []
+        if missing:
+            return f"{allowed}, with every build each one needs ({name} needs {', '.join(missing)}: enable it too)"
+    return None
 
 
 def wait_check(value: Any, _data: Mapping[str, Any]) -> str | None:
@@ -197,19 +259,22 @@ SETTINGS = (
     Setting(
         "source_builds",
         load_catalogue(),
-        "The catalogue of builds a host may turn on: Triton, xformers and vLLM, each with its "
-        "repository URL, pinned ref (commit or tag), build environment, steps and the apt packages"
-        " it needs. It lives in group_data/source_builds.yml (documented there); point `url` at a "
-        "mirror or a local clone if you have one.",
+        "The catalogue of builds a host may turn on: Triton, xformers and vLLM (kind wheel: into the "
+        "venv) and any C/C++/CUDA project you add, such as NCCL (kind prefix: unpacked by root into "
+        "/opt/sparkrig/builds/NAME), each "
+        "with its repository URL, pinned ref (commit or tag), build environment, steps and the apt "
+        "packages it needs. It lives in group_data/source_builds.yml (documented there); point `url` "
+        "at a mirror or a local clone if you have one.",
         catalogue_check,
     ),
     Setting(
         "source_builds_enabled",
         [],
-        'Which builds of the catalogue a host builds and installs into its venv, e.g. ["triton", '
-        '"xformers"]. Off by default. Each build takes 20 to 60 minutes and many GB of memory on a'
-        ' Spark (docs/source-builds.md); one host of each architecture and profile builds it, '
-        "the others receive its wheel.",
+        'Which builds of the catalogue a host builds and installs, e.g. ["triton", "xformers"] (into '
+        'its venv) or your prefix builds (into /opt/sparkrig/builds; a build needs what its '
+        "`needs` names enabled too). Off by default. Each build takes minutes to an hour and many GB"
+        " of memory (docs/source-builds.md); one host of each architecture and profile builds it, "
+        "the others receive its wheel or prefix.",
         enabled_check,
     ),
     Setting(
@@ -223,9 +288,9 @@ SETTINGS = (
     Setting(
         "source_builds_controller_cache",
         "~/.cache/sparkrig/wheels",
-        "Where the controller keeps built wheels (by build and stamp) to upload them to the other "
-        "hosts of the fleet instead of building there too. `~` is the home of the user running "
-        "pyinfra.",
+        "Where the controller keeps built wheels and prefix archives (by build and stamp) to upload "
+        "them to the other hosts of the fleet instead of building there too. `~` is the home of the "
+        "user running pyinfra.",
         controller_path,
     ),
 )
@@ -247,6 +312,22 @@ def stamp_inputs(name: str, data: Mapping[str, Any]) -> dict:
     spec = data["source_builds"][name]
     profile = data["hardware_profiles"][data["hardware_profile"]]
     manifest = data["python_stack"]
+    if spec["kind"] == "prefix":
+        # What the prefix is made of; each needed build by its key, so a new library rebuilds
+        # what was compiled against it. No venv, Python or torch.
+        return {
+            "name": name,
+            "kind": "prefix",
+            "url": None if _COMMIT.fullmatch(spec["ref"]) else spec["url"],
+            "ref": spec["ref"],
+            "env": dict(sorted(spec["env"].items())),
+            "steps": list(spec["steps"]),
+            "submodules": spec["submodules"],
+            "subdirectory": spec["subdirectory"],
+            "needs": {need: stamp_key(stamp_inputs(need, data)) for need in spec["needs"]},
+            "arch": profile["arch"],
+            "profile": data["hardware_profile"],
+        }
     return {
         "name": name,
         "url": None if _COMMIT.fullmatch(spec["ref"]) else spec["url"],
@@ -269,11 +350,24 @@ def stamp_problem(stamp: Any) -> str | None:
     trusted to name a file, or None."""
     if not isinstance(stamp, Mapping):
         return "it is not a JSON object"
-    if not (isinstance(stamp.get("wheel"), str) and WHEEL_NAME.fullmatch(stamp["wheel"])):
+    if "archive" in stamp or stamp.get("kind") == "prefix":
+        if "wheel" in stamp or stamp.get("archive") != ARCHIVE:
+            return f"its archive {str(stamp.get('archive'))[:100]!r} is not {ARCHIVE}"
+    elif not (isinstance(stamp.get("wheel"), str) and WHEEL_NAME.fullmatch(stamp["wheel"])):
         return f"its wheel {str(stamp.get('wheel'))[:100]!r} is not a wheel file name"
     if not (isinstance(stamp.get("sha256"), str) and _SHA256.fullmatch(stamp["sha256"])):
         return "its sha256 is not 64 lower-case hex digits"
     return None
+
+
+def product(stamp: Mapping[str, Any]) -> str:
+    """The file a checked stamp names: its wheel, or a prefix build's archive."""
+    return stamp.get("wheel") or stamp["archive"]
+
+
+def cached_file(stamp: Mapping[str, Any]) -> str:
+    """The name the controller keeps a build's product under."""
+    return CACHED_WHEEL if "wheel" in stamp else CACHED_ARCHIVE
 
 
 def stamp_key(inputs: Mapping[str, Any]) -> str:
@@ -306,9 +400,28 @@ def wheelhouse_dir(name: str, key: str) -> str:
     return f"{WHEELHOUSE}/{name}/{key}"
 
 
+def in_order(data: Mapping[str, Any]) -> list[str]:
+    """The enabled builds in the order enabled, each after the builds it needs."""
+    done: list[str] = []
+
+    def add(name: str) -> None:
+        if name not in done:
+            for need in data["source_builds"][name].get("needs", []):
+                add(need)
+            done.append(name)
+
+    for name in data["source_builds_enabled"]:
+        add(name)
+    return done
+
+
 def wanted(data: Mapping[str, Any]) -> dict[str, str]:
-    """Each enabled build's key, by name, in the order enabled."""
-    return {name: stamp_key(stamp_inputs(name, data)) for name in data["source_builds_enabled"]}
+    """Each enabled build's key, by name, each after the builds it needs."""
+    return {name: stamp_key(stamp_inputs(name, data)) for name in in_order(data)}
+
+
+def kind(data: Mapping[str, Any], name: str) -> str:
+    return data["source_builds"][name]["kind"]
 
 
 def line_prefix(name: str, package: str) -> str:
@@ -318,11 +431,26 @@ def line_prefix(name: str, package: str) -> str:
 
 def fact_arguments(data: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments of :class:`SourceBuilds` for a host's enabled builds."""
-    packages = {name: data["source_builds"][name]["package"] for name in data["source_builds_enabled"]}
-    return {
-        "builds": tuple((name, key, line_prefix(name, packages[name])) for name, key in wanted(data).items()),
+    builds = wanted(data)
+    specs = data["source_builds"]
+    arguments: dict[str, Any] = {
+        "builds": tuple(
+            (name, key, line_prefix(name, specs[name]["package"]) if specs[name]["kind"] == "wheel" else "")
+            for name, key in builds.items()
+        ),
         "venv": data["python_venv_path"],
     }
+    installs = tuple((name, key) for name, key in builds.items() if specs[name]["kind"] == "prefix")
+    if installs:
+        # Only where a prefix build is enabled: the wheel builds' reading stays as it was.
+        arguments["installs"] = installs
+    return arguments
+
+
+def runtime_packages(data: Mapping[str, Any]) -> tuple[str, ...]:
+    """The apt packages the enabled prefix builds need on every host that installs them."""
+    specs = data["source_builds"]
+    return tuple(sorted({p for name in wanted(data) for p in specs[name].get("runtime_packages", [])}))
 
 
 def requirement_lines(data: Mapping[str, Any], found: Mapping[str, Any]) -> dict[str, str]:
@@ -331,6 +459,8 @@ def requirement_lines(data: Mapping[str, Any], found: Mapping[str, Any]) -> dict
     earlier ref: the venv keeps it until the new one is built), else none."""
     lines = {}
     for name, key in wanted(data).items():
+        if kind(data, name) != "wheel":
+            continue
         entry = found.get(name) or {}
         stamp = entry.get("stamp")
         package = normalise(data["source_builds"][name]["package"])
@@ -369,7 +499,10 @@ def reads(settings):
     # (hardware()), so such a host reads its builds when they are asked for: one command more.
     if not settings["source_builds_enabled"] or settings["hardware_profile"] not in settings["hardware_profiles"]:
         return []
-    return [reading.part(SourceBuilds, **fact_arguments(settings))]
+    parts = [reading.part(SourceBuilds, **fact_arguments(settings))]
+    if runtime_packages(settings):
+        parts.append(reading.part(atomic.HostState, packages=runtime_packages(settings)))
+    return parts
 
 
 def public_inputs(inputs: Mapping[str, Any]) -> dict:
@@ -382,6 +515,28 @@ def public_inputs(inputs: Mapping[str, Any]) -> dict:
 def render_build_script(name: str, key: str, data: Mapping[str, Any]) -> str:
     spec = data["source_builds"][name]
     inputs = stamp_inputs(name, data)
+    if spec["kind"] == "prefix":
+        return atomic.render(
+            "source_builds/build-prefix.sh.j2",
+            name=name,
+            key=key,
+            unit=unit_name(name, key),
+            url=spec["url"],
+            ref=spec["ref"],
+            commit_ref=bool(_COMMIT.fullmatch(spec["ref"])),
+            submodules=spec["submodules"],
+            subdirectory=spec["subdirectory"],
+            steps=spec["steps"],
+            build_dir=work_dir(name, key),
+            wheelhouse_dir=wheelhouse_dir(name, key),
+            install_dir=installed_dir(name, key),
+            archive=ARCHIVE,
+            needs=[
+                (need_variable(need), installed_dir(need, need_key), installed_stamp(need, need_key))
+                for need, need_key in inputs["needs"].items()
+            ],
+            stamp=json.dumps({**public_inputs(inputs), "url": spec["url"], "key": key}, sort_keys=True),
+        )
     venv = data["python_venv_path"]
     return atomic.render(
         "source_builds/build.sh.j2",
@@ -416,6 +571,8 @@ class SourceBuilds(FactBase):
     exit status, or None when it never wrote one, as when it was killed) or ``absent``;
     and ``current``: the line of the venv's requirements.lock that starts with ``prefix``
     (the build's wheel the venv holds now, maybe of an earlier ref) while its wheel exists.
+    For each prefix build of ``installs`` also ``installed`` (its key, when root's record of
+    it is there) and ``link`` (the key ``/opt/sparkrig/builds/NAME/current`` points to).
 
     .. code:: python
 
@@ -426,8 +583,20 @@ class SourceBuilds(FactBase):
                      "current": "x @ file:///var/lib/sparkrig/wheelhouse/lab-ext/af37…/x-1.0-….whl --hash=sha256:9f…"}}
     """
 
-    def command(self, builds: Sequence[tuple[str, str, str]], venv: str) -> StringCommand:
+    def command(
+        self,
+        builds: Sequence[tuple[str, str, str]],
+        venv: str,
+        installs: Sequence[tuple[str, str]] = (),
+    ) -> StringCommand:
         bits: list = ["r=", QuoteString(posixpath.join(venv, STATE_DIR, "requirements.lock")), ";"]
+        for name, key in installs:
+            # A prefix build: installed (root's record of it, written last) and the link in use.
+            bits += [
+                "[ -d ", QuoteString(installed_dir(name, key)), " ] && [ -f ", QuoteString(installed_stamp(name, key)),
+                " ] && echo ", QuoteString(f"installed {name} {key}"), ";",
+                "l=$(readlink ", QuoteString(current(name)), "); [ -n \"$l\" ] && echo \"link ", name, ' $l";',
+            ]
         for name, key, prefix in builds:
             n, d, w = QuoteString(name), QuoteString(build_dir(name, key)), QuoteString(wheelhouse_dir(name, key))
             r = QuoteString(f"{work_dir(name, key)}/result")
@@ -435,7 +604,7 @@ class SourceBuilds(FactBase):
                 "n=", n, "; d=", d, "; w=", w, "; u=", QuoteString(unit_name(name, key)), ";",
                 'echo "unit $n $(systemctl is-active "$u" 2>/dev/null)";',
                 '[ -f "$w/stamp.json" ] && echo "stamp $n $(tr -d \'\\n\' < "$w/stamp.json")";',
-                'for f in "$w"/*.whl; do [ -f "$f" ] && echo "wheel $n ${f##*/}"; done;',
+                'for f in "$w"/*.whl "$w"/', QuoteString(ARCHIVE), '; do [ -f "$f" ] && echo "wheel $n ${f##*/}"; done;',
                 '[ -f "$d/attempt" ] && echo "attempt $n yes";',
                 "[ -f", r, '] && echo "result $n $(head -c 16 ', r, ')";',
             ]
@@ -462,7 +631,8 @@ class SourceBuilds(FactBase):
         for line in output:
             kind, _, rest = line.partition(" ")
             name, _, value = rest.partition(" ")
-            entry = raw.setdefault(name, {"unit": None, "stamp": None, "wheels": [], "attempt": False, "result": None, "current": None})
+            entry = raw.setdefault(name, {"unit": None, "stamp": None, "wheels": [], "attempt": False, "result": None,
+                                          "current": None, "installed": None, "link": None})
             if kind == "unit":
                 entry["unit"] = value or None
             elif kind == "stamp":
@@ -481,12 +651,16 @@ class SourceBuilds(FactBase):
                 entry["result"] = value or None
             elif kind == "current":
                 entry["current"] = value or None
+            elif kind == "installed":
+                entry["installed"] = value
+            elif kind == "link":
+                entry["link"] = value or None
         found = {}
         for name, entry in raw.items():
             stamp = entry["stamp"]
             if entry["unit"] in ("active", "activating", "deactivating", "reloading"):
                 state = "running"
-            elif isinstance(stamp, dict) and stamp.get("wheel") in entry["wheels"]:
+            elif isinstance(stamp, dict) and product(stamp) in entry["wheels"]:
                 state = "built"
             elif entry["attempt"] or entry["result"] not in (None, "0"):
                 state = "failed"
@@ -494,6 +668,9 @@ class SourceBuilds(FactBase):
                 state = "absent"
             found[name] = {"state": state, "unit": entry["unit"], "stamp": stamp if state == "built" else None,
                            "result": entry["result"], "current": entry["current"]}
+            if entry["installed"] is not None or entry["link"] is not None:
+                # A prefix build: the key root installed, and the one `current` links to.
+                found[name].update(installed=entry["installed"], link=entry["link"])
         return found
 
 
@@ -512,7 +689,7 @@ def cached(cache: Path, name: str, key: str) -> dict | None:
         stamp = json.loads(stamp_file.read_text())
     except (OSError, ValueError, RecursionError):
         return None
-    if stamp_problem(stamp) or not (stamp_file.parent / CACHED_WHEEL).is_file():
+    if stamp_problem(stamp) or not (stamp_file.parent / cached_file(stamp)).is_file():
         return None
     return stamp
 
@@ -522,10 +699,10 @@ def _keep_in_cache(staging: str, final: str, stamp: Mapping[str, Any]) -> None:
     with the stamp and the sha256 the controller computed: what peers receive is pinned."""
     staging_dir, final_dir = Path(staging), Path(final)
     problem = stamp_problem(stamp)
-    actual = atomic.file_sha256(staging_dir / CACHED_WHEEL)
+    actual = None if problem else atomic.file_sha256(staging_dir / cached_file(stamp))
     if problem or actual != stamp["sha256"]:
         shutil.rmtree(staging_dir, ignore_errors=True)
-        raise ValueError(problem or f"fetched {stamp['wheel']} has sha256 {actual}, its stamp says {stamp['sha256']}")
+        raise ValueError(problem or f"fetched {product(stamp)} has sha256 {actual}, its stamp says {stamp['sha256']}")
     kept = {**stamp, "sha256": actual}
     (staging_dir / CACHED_STAMP).write_text(json.dumps(kept, sort_keys=True) + "\n")
     if final_dir.exists():
@@ -701,15 +878,15 @@ def fetch(build_name: str, key: str, cache: str, owner: str = "root", active: bo
         return
     # The owner reads their wheel (never root, who would follow a planted link) into a
     # root-owned file of a name the controller chose; the controller keeps it as wheel.whl.
-    outgoing = f"{OUTGOING}/{name}-{key}.whl"
+    outgoing = f"{OUTGOING}/{name}-{key}.{'whl' if 'wheel' in stamp else ARCHIVE}"
     staging = root / name / f".{key}.{host.name}.new"
     yield StringCommand(
         "install -d -m 755 -o root -g root", QuoteString(OUTGOING), "&& rm -f", QuoteString(outgoing),
-        "&& runuser -u", QuoteString(owner), "-- cat --", QuoteString(f"{wheelhouse_dir(name, key)}/{stamp['wheel']}"),
+        "&& runuser -u", QuoteString(owner), "-- cat --", QuoteString(f"{wheelhouse_dir(name, key)}/{product(stamp)}"),
         ">", QuoteString(outgoing), "&& chmod 644", QuoteString(outgoing),
     )
     yield FunctionCommand(_make_dir, (str(staging),), {})
-    yield FileDownloadCommand(outgoing, str(staging / CACHED_WHEEL), _sudo=False)
+    yield FileDownloadCommand(outgoing, str(staging / cached_file(stamp)), _sudo=False)
     yield StringCommand("rm -f", QuoteString(outgoing))
     yield FunctionCommand(_keep_in_cache, (str(staging), str(root / name / key), stamp), {})
 
@@ -739,14 +916,14 @@ def receive(build_name: str, key: str, cache: str, builder: str, owner: str, act
     w = wheelhouse_dir(name, key)
     incoming = f"{INCOMING}/{name}-{key}"
     local = cache_root(cache) / name / key
-    wheel = stamp["wheel"]  # checked by cached(): a wheel file name, no path
+    wheel = product(stamp)  # checked by cached(): a wheel file name or the archive's, no path
     yield StringCommand(
         "install -d -m 755 -o root -g root", QuoteString(INCOMING), QuoteString(WHEELHOUSE),
         "&& rm -rf", QuoteString(incoming), "&& install -d -m 755 -o root -g root", QuoteString(incoming),
         "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {atomic.quote_literal(owner)})"',
         QuoteString(posixpath.dirname(w)),
     )
-    yield FileUploadCommand(str(local / CACHED_WHEEL), f"{incoming}/{wheel}")
+    yield FileUploadCommand(str(local / cached_file(stamp)), f"{incoming}/{wheel}")
     yield FileUploadCommand(BytesIO((json.dumps(stamp, sort_keys=True) + "\n").encode()), f"{incoming}/stamp.json")
     # Into the wheelhouse as its owner (the entry's directory is theirs), checked there.
     yield StringCommand(
@@ -754,6 +931,63 @@ def receive(build_name: str, key: str, cache: str, builder: str, owner: str, act
         "&& runuser -u", QuoteString(owner), "-- sh -c", QuoteString(RECEIVE_SCRIPT), "receive",
         QuoteString(incoming), QuoteString(w), QuoteString(wheel), QuoteString(stamp["sha256"]),
         "&& rm -rf", QuoteString(incoming),
+    )
+
+
+@operation()
+def install_prefix(build_name: str, key: str, cache: str, owner: str = "root"):
+    """
+    Unpack a prefix build's archive from the wheelhouse into ``/opt/sparkrig/builds/NAME/KEY``
+    (root's) and point ``/opt/sparkrig/builds/NAME/current`` at it; nothing while no archive
+    is built. Root copies the archive out as its owner, checks it against its sha256 (the
+    controller's, when the controller holds it) and checks every member before it unpacks
+    (sparkrig/unpack_prefix.py): a member it refuses fails this host, and nothing is installed.
+
+    + build_name: the build's name
+    + key: its stamp key
+    + cache: the controller's cache directory (its stamp pins the sha256 when it has one)
+    + owner: the wheelhouse's owner, who reads the archive out of it
+    """
+    name = build_name
+    found = atomic.fact(SourceBuilds, builds=((name, key, ""),), venv="")
+    stamp = ((found or {}).get(name) or {}).get("stamp")
+    if (found or {}).get(name, {}).get("state") != "built" or not stamp or "archive" not in stamp:
+        return
+    pinned = cached(cache_root(cache), name, key)
+    sha256 = (pinned or stamp)["sha256"]
+    incoming = f"{INCOMING}/{name}-{key}.{ARCHIVE}"
+    final, record = installed_dir(name, key), installed_stamp(name, key)
+    parent = posixpath.dirname(final)
+    record_new = f"{parent}/.{key}.json.new"
+    # Root's directories, made anew if anything else is in their place; the owner's archive
+    # read by the owner (root never opens a path in their directory) into a root-owned file.
+    top = posixpath.dirname(PREFIX_ROOT)
+    yield StringCommand(
+        # /opt/sparkrig holds the venv too: made where missing, never chowned; refused unless root's.
+        "mkdir -p -m 755", QuoteString(top), "&& { [ -n \"$(find", QuoteString(top),
+        "-maxdepth 0 -user root ! -perm /022)\" ] || { echo", QuoteString(
+            f"sparkrig: source build {name}: {top} is not root's alone (owned or writable by another user):"
+            " root installs no prefix below it"), ">&2; exit 1; }; }",
+        "&& install -d -m 755 -o root -g root", QuoteString(INCOMING), QuoteString(PREFIX_ROOT), QuoteString(parent),
+        "&& rm -rf", QuoteString(incoming), QuoteString(f"{final}.new"), QuoteString(record_new),
+        "&& install -m 600 -o root -g root /dev/null", QuoteString(incoming),
+        "&& runuser -u", QuoteString(owner), "-- cat --", QuoteString(f"{wheelhouse_dir(name, key)}/{ARCHIVE}"),
+        ">", QuoteString(incoming),
+    )
+    public = {k: v for k, v in stamp.items() if k != "sha256"}
+    yield FileUploadCommand(BytesIO((json.dumps({**public, "sha256": sha256}, sort_keys=True) + "\n").encode()), record_new)
+    yield StringCommand(
+        "command -v python3 >/dev/null || { echo", QuoteString(f"sparkrig: source build {name}: root checks its archive"
+                                                          " with python3, which this host lacks"), ">&2; exit 1; };",
+        "python3 -I -c", QuoteString(unpacker_source()), QuoteString(incoming), QuoteString(sha256),
+        QuoteString(f"{final}.new"), QuoteString(f"source build {name}"),
+        "|| { rm -rf", QuoteString(f"{final}.new"), QuoteString(incoming), QuoteString(record_new), "; exit 1; };",
+        "rm -rf", QuoteString(final), QuoteString(record), "&& mv", QuoteString(f"{final}.new"), QuoteString(final),
+        "&& chmod 644", QuoteString(record_new), "&& chown root:root", QuoteString(record_new),
+        "&& mv", QuoteString(record_new), QuoteString(record),
+        "&& ln -sfn", QuoteString(key), QuoteString(f"{current(name)}.new"),
+        "&& mv -T", QuoteString(f"{current(name)}.new"), QuoteString(current(name)),
+        "&& rm -f", QuoteString(incoming),
     )
 
 
@@ -795,7 +1029,8 @@ def known_key(data: Mapping[str, Any], name: str) -> str | None:
 @deploy("Source builds", data_defaults=ALL_DEFAULTS)
 def source_builds(sync_venv: Callable[..., Any] | None = None):
     """
-    Build the enabled source builds once per fleet and have their wheels installed into the venv.
+    Build the enabled source builds once per fleet; have their wheels installed into the venv
+    and their prefixes into /opt/sparkrig/builds.
 
     + sync_venv: the venv owner's operation that makes the venv hold its lock and the built
       wheels as they are when it runs (``python_stack.synced``; deploy.py passes it); called
@@ -811,9 +1046,19 @@ def source_builds(sync_venv: Callable[..., Any] | None = None):
     found = read_builds(data)
     cache = data["source_builds_controller_cache"]
     owner = data["python_venv_owner"]
+    packages = runtime_packages(data)
+    if packages:
+        present = reading.get(atomic.HostState, packages=packages)["packages"]
+        missing = [p for p in packages if present.get(p) is None]
+        if missing:
+            install_packages(name=f"Packages the prefix builds need at run time ({', '.join(missing)})", packages=missing)
     pending = False
+    deferred: set[str] = set()  # prefix builds that cannot be installed in this run
     for name, key in builds.items():
-        state = (found.get(name) or {}).get("state", "absent")
+        spec = data["source_builds"][name]
+        prefix = spec["kind"] == "prefix"
+        entry = found.get(name) or {}
+        state = entry.get("state", "absent")
         peers = _peers(name, key)
         builder = peers[0] if peers else host.name
         building = builder == host.name  # `host` is a context proxy: compare names
@@ -822,19 +1067,28 @@ def source_builds(sync_venv: Callable[..., Any] | None = None):
         if state == "failed":
             report_failure(name=f"Source build {name} failed", build_name=name, key=key)
             continue
-        if state == "built" and not (share and building):
+        installed = prefix and entry.get("installed") == key and entry.get("link") == key
+        if (installed or (state == "built" and not prefix)) and not (share and building):
             continue
-        pending = pending or state != "built"
-        spec = data["source_builds"][name]
+        pending = pending or (state != "built" and not prefix)
         runs_here = state == "running" or (state == "absent" and building and not in_cache)
+        waiting_for = [need for need in spec.get("needs", []) if need in deferred]
+        if runs_here and state != "running" and waiting_for:
+            # Its build compiles against the needed prefix, which is not installed yet.
+            _report(f"source build {name} waits for {', '.join(waiting_for)}: it is built by a later deploy")
+            deferred.add(name)
+            continue
         if runs_here and not data["source_builds_wait"]:
             _report(
                 f"source build {name} {'runs' if state == 'running' else 'starts'} detached "
-                f"({unit_name(name, key)}; journalctl -u to follow it): its wheel comes with a later deploy"
+                f"({unit_name(name, key)}; journalctl -u to follow it): its "
+                f"{'prefix' if prefix else 'wheel'} comes with a later deploy"
             )
-        # Every host with work for this build calls the same three operations in the same
-        # order (each a no-op where it is not this host's part): pyinfra orders operations
-        # by each host's sequence, and the others' upload must come after the builder's fetch.
+        if prefix and not installed and (state != "built" and (runs_here and not data["source_builds_wait"])):
+            deferred.add(name)
+        # Every host with work for this build calls the same operations in the same order
+        # (each a no-op where it is not this host's part): pyinfra orders operations by each
+        # host's sequence, and the others' upload must come after the builder's fetch.
         build(
             name=f"Source build {name}, on its builder",
             build_name=name,
@@ -849,15 +1103,21 @@ def source_builds(sync_venv: Callable[..., Any] | None = None):
             launch=runs_here and state != "running",
             wait=runs_here and data["source_builds_wait"],
         )
+        product_name = "prefix" if prefix else "wheel"
         fetch(
-            name=f"Source build {name}: the wheel from its builder into the controller's cache",
+            name=f"Source build {name}: the {product_name} from its builder into the controller's cache",
             build_name=name, key=key, cache=cache, owner=owner, active=share and building,
         )
         receive(
-            name=f"Source build {name}: the wheel from the controller's cache",
+            name=f"Source build {name}: the {product_name} from the controller's cache",
             build_name=name, key=key, cache=cache, builder=builder, owner=owner,
             active=state == "absent" and not runs_here,
         )
+        if prefix and not installed:
+            install_prefix(
+                name=f"Source build {name}: root checks its archive and installs it into {installed_dir(name, key)}",
+                build_name=name, key=key, cache=cache, owner=owner,
+            )
     if pending and sync_venv is not None:
         sync_venv(
             name="Built wheels into the venv (python_venv_path)",

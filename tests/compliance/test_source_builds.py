@@ -20,6 +20,7 @@ import pytest
 from tests.compliance.conftest import as_venv_owner
 
 WHEELHOUSE = "/var/lib/sparkrig/wheelhouse"
+PREFIXES = "/opt/sparkrig/builds"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -29,9 +30,21 @@ def _normal(name: str) -> str:
 
 @pytest.fixture
 def enabled(settings) -> dict[str, dict]:
+    """The enabled wheel builds (prefix builds are not in the venv: see ``prefixes``)."""
     names = settings["source_builds_enabled"]
     if not names:
         pytest.skip("no source build is enabled on this host (source_builds_enabled is empty)")
+    wheels = {name: settings["source_builds"][name] for name in names if settings["source_builds"][name]["kind"] == "wheel"}
+    if not wheels:
+        pytest.skip(f"no wheel build is enabled on this host (only prefix builds: {', '.join(names)})")
+    return wheels
+
+
+@pytest.fixture
+def prefixes(settings) -> dict[str, dict]:
+    names = [n for n in settings["source_builds_enabled"] if settings["source_builds"][n]["kind"] == "prefix"]
+    if not names:
+        pytest.skip("no prefix build (kind: prefix, such as nccl) is enabled on this host")
     return {name: settings["source_builds"][name] for name in names}
 
 
@@ -101,3 +114,30 @@ def test_builds_turned_off_are_not_in_the_venv(host, settings):
         url = found["direct"]["url"]
         for build in off:
             assert not url.startswith(f"file://{WHEELHOUSE}/{build}/"), f"{name} still comes from {url}"
+
+
+def test_every_enabled_prefix_is_installed_root_owned_from_its_stamped_archive(host, prefixes):
+    """Protects against a prefix (NCCL, nccl-tests) that runs other code than configured: an
+    earlier ref still linked as current, a build its unprivileged build user could change
+    after root installed it (a file or directory not root's, writable by others), a setuid
+    file, or a link that leads out of the prefix."""
+    for name, spec in prefixes.items():
+        link = f"{PREFIXES}/{name}/current"
+        assert host.file(link).is_symlink, f"{name}: {link} is no link"
+        key = host.file(link).linked_to.rsplit("/", 1)[-1]
+        directory = f"{PREFIXES}/{name}/{key}"
+        record = json.loads(host.file(f"{directory}.json").content_string)
+        assert record["ref"] == spec["ref"] and record["kind"] == "prefix", f"{name}: installed {record['ref']}"
+        if COMMIT.match(spec["ref"]):
+            assert record["commit"] == spec["ref"]
+        assert record["env"] == {k: hashlib.sha256(v.encode()).hexdigest() for k, v in spec["env"].items()}
+        assert record["steps"] == spec["steps"] and sorted(record["needs"]) == sorted(spec["needs"])
+        listing = host.check_output(f"find {shlex.quote(directory)} -printf '%u %g %m %y %p\\n'").splitlines()
+        assert listing, f"{name}: {directory} is empty"
+        for line in listing:
+            user, group, mode, kind, path = line.split(" ", 4)
+            assert (user, group) == ("root", "root"), line
+            assert kind in "fdl" and (kind == "l" or int(mode, 8) & 0o6022 == 0), line
+            if kind == "l":
+                target = host.check_output(f"realpath -m -- {shlex.quote(path)}")
+                assert target == directory or target.startswith(directory + "/"), f"{line} leads to {target}"

@@ -423,3 +423,59 @@ def test_the_scripts_pass_shellcheck_as_posix_sh(tmp_path):
     result = subprocess.run(["shellcheck", "-s", "sh", "-e", "SC1091", *[str(tmp_path / n) for n in scripts]],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def _nccl_tools(tmp_path, gpu: bool, build: bool, mpirun: str | None) -> tuple[str, str]:
+    """STAND-INS for nvidia-smi, the nccl-tests build and mpirun (no GPU, no MPI here); the
+    check's own sh decides from what they answer. Returns the check's PATH and the build's bin."""
+    tools, built = tmp_path / "tools", tmp_path / "nccl-tests" / "bin"
+    tools.mkdir()
+    built.mkdir(parents=True)
+    scripts = {tools / "nvidia-smi": "echo 'GPU 0: NVIDIA GB10 (UUID: GPU-0)'" if gpu else "exit 9"}
+    if build:
+        scripts[built / "all_reduce_perf"] = 'echo "ran $0 $*"; echo "# Avg bus bandwidth    : 21.75 "'
+    if mpirun is not None:
+        # Drops mpirun's options, then runs the program it was given, as mpirun would on each node.
+        scripts[tools / "mpirun"] = (
+            'echo "mpirun $*" >&2; while [ $# -gt 0 ]; do case $1 in --hostfile|-np|-x) shift 2;; *) break;; esac; done; '
+            + mpirun
+        )
+    for path, body in scripts.items():
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+    return f"{tools}:/usr/bin:/bin", str(built)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "build", "mpirun", "status", "line"),
+    [
+        (False, True, '"$@"', 0, "SKIP nccl: no GPU on this node (nvidia-smi lists none)"),
+        (True, False, '"$@"', 0, "SKIP nccl: nccl-tests are not built here (no all_reduce_perf in {bin} nor on PATH:"
+                                 ' a prefix source build named nccl-tests puts it there)'),
+        (True, True, None, 0, "SKIP nccl: no mpirun on PATH (openmpi-bin; a prefix build installs it with runtime_packages)"),
+        (True, True, '"$@"', 0, "OK nccl: all_reduce_perf on 2 nodes: average bus bandwidth 21.75 GB/s"),
+        (True, True, "echo 'ORTE was unable to reliably start one or more daemons.'; exit 1", 64,
+         "FAIL nccl: all_reduce_perf on 2 nodes failed: ORTE was unable to reliably start one or more daemons."),
+    ],
+)
+def test_spark_cluster_check_nccl_runs_the_built_all_reduce_perf_or_says_why_not(tmp_path, gpu, build, mpirun,
+                                                                                  status, line):
+    hostfile, env_file = tmp_path / "hostfile", tmp_path / "cluster.env"
+    hostfile.write_text("192.168.100.11 slots=1\n192.168.100.12 slots=1\n")
+    env_file.write_text("NCCL_SOCKET_IFNAME='cx7'\n")
+    path, built = _nccl_tools(tmp_path, gpu, build, mpirun)
+    script = tmp_path / "spark-cluster-check"
+    # No interface and no peer: only the nccl check runs.
+    script.write_text(cl.render_check("lab", getpass.getuser(), 9000, {}, [], str(env_file), hostfile=str(hostfile),
+                                      nccl_tests_bin=built))
+    result = subprocess.run(["sh", str(script), "--nccl"], capture_output=True, text=True, env={"PATH": path})
+    assert result.returncode == status, result.stdout
+    assert result.stdout.splitlines() == [line.format(bin=built)], result.stdout
+
+
+def test_spark_cluster_check_looks_for_the_source_build_where_source_builds_installs_it():
+    from sparkrig.prefix import current
+
+    assert cl.NCCL_TESTS_BIN == current("nccl-tests") + "/bin" == "/opt/sparkrig/builds/nccl-tests/current/bin"
+    text = cl.render_check("lab", "spark", 9000, {}, [], "/etc/sparkrig/cluster.env")
+    assert "NCCL_TESTS_BIN=/opt/sparkrig/builds/nccl-tests/current/bin" in text and '"$perf" -b 8' in text

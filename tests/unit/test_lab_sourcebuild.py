@@ -51,3 +51,14 @@ def test_each_commit_holds_its_version_and_answer():
 
 def test_the_setup_script_is_valid_python():
     compile(sourcebuild.files("1.0.0", 1, False)["setup.py"], "setup.py", "exec")
+
+
+def test_the_prefix_stand_in_is_described_with_its_tags_and_answers(site):
+    """The STAND-IN for NCCL and nccl-tests (lab/sourcebuild.py): its own repository, tags p1.0 and
+    p2.0 whose library answers differently, the program's makefile linking it by RUNPATH."""
+    prefix = sourcebuild.read_description(site)["prefix"]
+    assert prefix["path"] == "/sources/sparkrig-lab-prefix.git"
+    assert {tag: ref["answer"] for tag, ref in prefix["refs"].items()} == {"p1.0": 1, "p2.0": 2}
+    assert prefix["refs"]["p1.0"]["commit"] != prefix["refs"]["p2.0"]["commit"]
+    assert "return 2;" in sourcebuild.prefix_files(2)["lib/standin.c"]
+    assert "-Wl,-rpath,$(STANDIN_HOME)/lib" in sourcebuild.prefix_files(1)["tests/Makefile"]

@@ -31,6 +31,7 @@ CATALOGUE = sb.load_catalogue()
 FACT = 'echo "unit $n'  # SourceBuilds' command holds this
 STACK = "pip sync --no-config --offline --dry-run"  # PythonStack's
 LAB = {
+    "kind": "wheel",
     "url": "http://10.0.0.1:8765/sources/lab.git",
     "ref": "a" * 40,
     "package": "lab-ext",
@@ -67,7 +68,7 @@ def test_defaults_and_the_shipped_catalogue_are_valid_and_off():
     assert _problems() == []
     assert resolve(SETTINGS, {})["source_builds_enabled"] == []
     for name in CATALOGUE:
-        assert _problems(source_builds_enabled=[name]) == [], name
+        assert _problems(source_builds_enabled=[*CATALOGUE[name].get("needs", []), name]) == [], name
 
 
 def test_the_shipped_builds_are_the_checked_recipes():
@@ -95,7 +96,7 @@ def test_the_shipped_builds_are_the_checked_recipes():
         ({"source_builds": _catalogue(memory_max="lots")}, "lab.memory_max must be null or"),
         ({"source_builds": _catalogue(abi3="yes")}, "lab.abi3 must be true or false"),
         ({"source_builds": {"Bad_Name": LAB}}, "'Bad_Name' is not a build name"),
-        ({"source_builds": {"lab": {**LAB, "colour": "red"}}}, "lab must hold exactly"),
+        ({"source_builds": {"lab": {**LAB, "colour": "red"}}}, "lab (kind wheel) must hold exactly"),
         ({"source_builds_enabled": ["tritonn"]}, "a list of builds of source_builds: triton, vllm, xformers"),
         ({"source_builds_enabled": ["triton", "triton"]}, "a list of builds of source_builds"),
         ({"source_builds_enabled": ["vllm"], "python_stack": {**ps.load_manifest(), "torch": None}},
