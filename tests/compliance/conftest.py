@@ -22,6 +22,7 @@ import re
 import runpy
 import shlex
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -75,11 +76,27 @@ def inventory_hosts(config, limit=None) -> dict[str, dict]:
     return readings[key]
 
 
+def constants(config) -> dict:
+    """The host-wide constants the controller read of every --inventory host (empty for
+    other targets), seeded in this process too."""
+    prefetch = getattr(config, "sparkrig_prefetch", None)
+    if prefetch is None:
+        return {}
+    found = prefetch.result()
+    reads.seed(found)
+    return found
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
-    """xdist's controller starting a worker: the inventory as the controller read it."""
+    """xdist's controller starting a worker: the inventory and the constants as the controller read them."""
     node.workerinput["sparkrig_inventories"] = dict(getattr(node.config, "_sparkrig_inventories", {}))
-    node.workerinput["sparkrig_constants"] = getattr(node.config, "sparkrig_constants", {})
+    node.workerinput["sparkrig_constants"] = constants(node.config)
+
+
+def pytest_sessionstart(session):
+    """Without workers, the controls run here: the constants before the first of them."""
+    constants(session.config)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -166,10 +183,12 @@ def pytest_configure(config):
         write_multiplexed(ssh_config_for(hosts), ssh_config)
         names = list(hosts)
         if hasattr(config, "workerinput"):
-            config.sparkrig_constants = config.workerinput.get("sparkrig_constants", {})
-        else:  # read once here, for every worker (this also opens each host's shared connection)
-            config.sparkrig_constants = reads.prefetch(str(ssh_config), names, CONSTANTS)
-        reads.seed(config.sparkrig_constants)
+            reads.seed(config.workerinput.get("sparkrig_constants", {}))
+        else:
+            # Read once here, for every worker, while the workers start (this also opens each
+            # host's shared connection); constants(config) waits for it.
+            config.sparkrig_prefetch = ThreadPoolExecutor(max_workers=1).submit(
+                reads.prefetch, str(ssh_config), names, CONSTANTS)
     else:
         config.sparkrig_targets = "lab"
         # Written once the lab is up (_lab_ssh_config): the lab's own, multiplexed.
