@@ -515,31 +515,7 @@ def public_inputs(inputs: Mapping[str, Any]) -> dict:
 def render_build_script(name: str, key: str, data: Mapping[str, Any]) -> str:
     spec = data["source_builds"][name]
     inputs = stamp_inputs(name, data)
-    if spec["kind"] == "prefix":
-        return atomic.render(
-            "source_builds/build-prefix.sh.j2",
-            name=name,
-            key=key,
-            unit=unit_name(name, key),
-            url=spec["url"],
-            ref=spec["ref"],
-            commit_ref=bool(_COMMIT.fullmatch(spec["ref"])),
-            submodules=spec["submodules"],
-            subdirectory=spec["subdirectory"],
-            steps=spec["steps"],
-            build_dir=work_dir(name, key),
-            wheelhouse_dir=wheelhouse_dir(name, key),
-            install_dir=installed_dir(name, key),
-            archive=ARCHIVE,
-            needs=[
-                (need_variable(need), installed_dir(need, need_key), installed_stamp(need, need_key))
-                for need, need_key in inputs["needs"].items()
-            ],
-            stamp=json.dumps({**public_inputs(inputs), "url": spec["url"], "key": key}, sort_keys=True),
-        )
-    venv = data["python_venv_path"]
-    return atomic.render(
-        "source_builds/build.sh.j2",
+    common = dict(
         name=name,
         key=key,
         unit=unit_name(name, key),
@@ -549,14 +525,30 @@ def render_build_script(name: str, key: str, data: Mapping[str, Any]) -> str:
         submodules=spec["submodules"],
         subdirectory=spec["subdirectory"],
         steps=spec["steps"],
-        build_requirements=["pip", "setuptools", "wheel", *spec["build_requirements"]],
         build_dir=work_dir(name, key),
         wheelhouse_dir=wheelhouse_dir(name, key),
+        stamp=json.dumps({**public_inputs(inputs), "url": spec["url"], "key": key}, sort_keys=True),
+    )
+    if spec["kind"] == "prefix":
+        return atomic.render(
+            "source_builds/build-prefix.sh.j2",
+            **common,
+            install_dir=installed_dir(name, key),
+            archive=ARCHIVE,
+            needs=[
+                (need_variable(need), installed_dir(need, need_key), installed_stamp(need, need_key))
+                for need, need_key in inputs["needs"].items()
+            ],
+        )
+    venv = data["python_venv_path"]
+    return atomic.render(
+        "source_builds/build.sh.j2",
+        **common,
+        build_requirements=["pip", "setuptools", "wheel", *spec["build_requirements"]],
         venv=venv,
         venv_python=posixpath.join(venv, "bin", "python"),
         uv=UV,
         index_url=data["python_index_url"],
-        stamp=json.dumps({**public_inputs(inputs), "url": spec["url"], "key": key}, sort_keys=True),
     )
 
 

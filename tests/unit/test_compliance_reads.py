@@ -38,6 +38,15 @@ def paths(tmp_path):
     return [str(tmp_path / n) for n in ("file", "dir", "tool", "link", "dangling", "absent", "with space")]
 
 
+def counting_host(ran: list):
+    """A fresh host whose backend records each command in ``ran`` and runs it."""
+    def counting(self, command, *args, **kwargs):
+        ran.append(command)
+        return PLAIN_RUN(self, command, *args, **kwargs)
+
+    return fresh_host(counting)
+
+
 def fresh_host(run):
     """A testinfra host of its own (testinfra.get_host caches hosts) whose backend runs ``run``."""
     backend = type("Backend", (LocalBackend,), {"run": run})()
@@ -52,12 +61,7 @@ def test_answers_are_the_hosts_and_each_path_costs_one_command(paths):
     plain, _ = fresh_host(PLAIN_RUN)
     expected = {path: answers(plain, path) for path in paths}
     ran = []
-
-    def counting(self, command, *args, **kwargs):
-        ran.append(command)
-        return PLAIN_RUN(self, command, *args, **kwargs)
-
-    host, backend_class = fresh_host(counting)
+    host, backend_class = counting_host(ran)
     reads.install(backend_class)
     assert {path: answers(host, path) for path in paths} == expected
     path_reads = [c for c in ran if c.startswith("p=")]
@@ -88,12 +92,7 @@ def test_prefetched_constants_are_what_the_host_answers_and_cost_no_command():
     found = reads.parse_prefetch(output, reads.EVERY_HOST, "n0nce")
     assert list(found) == list(reads.EVERY_HOST)
     ran = []
-
-    def counting(self, command, *args, **kwargs):
-        ran.append(command)
-        return PLAIN_RUN(self, command, *args, **kwargs)
-
-    host, backend_class = fresh_host(counting)
+    host, backend_class = counting_host(ran)
     reads.install(backend_class)
     name = host.backend.get_hostname()
     reads.seed({name: {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
