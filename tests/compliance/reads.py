@@ -59,6 +59,7 @@ EVERY_HOST = (
     "getconf PAGESIZE", "awk '$1 == \"MemTotal:\" { print $2 }' /proc/meminfo",
 )
 PREFETCH_TIMEOUT_S = 60
+CONNECT_TIMEOUT_S = 10  # an unreachable host delays the suite's start by this much at most
 # Answers read by the controller: host name -> command -> (exit status, stdout, stderr).
 _SEEDS: dict[str, dict[str, tuple[int, bytes, bytes]]] = {}
 
@@ -108,7 +109,8 @@ def prefetch(ssh_config: str, names: Iterable[str], commands: Iterable[str] = EV
         nonce = uuid.uuid4().hex
         try:
             result = subprocess.run(
-                ["ssh", "-F", ssh_config, "-o", "BatchMode=yes", name, prefetch_script(commands, nonce)],
+                ["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+                 name, prefetch_script(commands, nonce)],
                 capture_output=True, text=True, timeout=PREFETCH_TIMEOUT_S, stdin=subprocess.DEVNULL,
             )
         except (OSError, subprocess.TimeoutExpired):
