@@ -44,17 +44,19 @@ def create_cluster_link(first: LabHost, second: LabHost, interface: str) -> None
          "peer", "name", interface, "netns", second.netns])
 
 
+def _netns_names() -> list[str]:
+    out = run(["ip", "-j", "netns", "list"]).stdout.strip()
+    return [entry["name"] for entry in json.loads(out or "[]")]
+
+
 def lab_netns() -> list[str]:
     """Network namespaces named like the lab's."""
-    out = run(["ip", "-j", "netns", "list"]).stdout.strip()
-    names = [entry["name"] for entry in json.loads(out or "[]")]
-    return sorted(name for name in names if is_lab_netns(name))
+    return sorted(name for name in _netns_names() if is_lab_netns(name))
 
 
 def other_labs_netns() -> list[str]:
     """Network namespaces of other labs (other SPARKRIG_LAB_IDs) running beside this one."""
-    out = run(["ip", "-j", "netns", "list"]).stdout.strip()
-    return sorted(entry["name"] for entry in json.loads(out or "[]") if is_other_lab_netns(entry["name"]))
+    return sorted(name for name in _netns_names() if is_other_lab_netns(name))
 
 
 def lab_links() -> list[str]:

@@ -199,7 +199,7 @@ def catalogue_check(value: Any, data: Mapping[str, Any]) -> str | None:
                 return f"{allowed} ({name}.needs names {need}, which is no prefix build of the catalogue)"
     loop = _needs_loop(value)
     if loop:
-        return f"{allowed} ({name_loop(loop)}: builds cannot need each other in a loop)"
+        return f"{allowed} ({' needs '.join(loop)}: builds cannot need each other in a loop)"
     manifest = data.get("python_stack")
     enabled = data.get("source_builds_enabled")
     # A bad list is reported by its own check; here it only enables nothing.
@@ -228,10 +228,6 @@ def _needs_loop(catalogue: Mapping[str, Any]) -> list[str] | None:
         if loop:
             return loop
     return None
-
-
-def name_loop(loop: Sequence[str]) -> str:
-    return " needs ".join(loop)
 
 
 def enabled_check(value: Any, data: Mapping[str, Any]) -> str | None:
@@ -312,34 +308,26 @@ def stamp_inputs(name: str, data: Mapping[str, Any]) -> dict:
     spec = data["source_builds"][name]
     profile = data["hardware_profiles"][data["hardware_profile"]]
     manifest = data["python_stack"]
-    if spec["kind"] == "prefix":
-        # What the prefix is made of; each needed build by its key, so a new library rebuilds
-        # what was compiled against it. No venv, Python or torch.
-        return {
-            "name": name,
-            "kind": "prefix",
-            "url": None if _COMMIT.fullmatch(spec["ref"]) else spec["url"],
-            "ref": spec["ref"],
-            "env": dict(sorted(spec["env"].items())),
-            "steps": list(spec["steps"]),
-            "submodules": spec["submodules"],
-            "subdirectory": spec["subdirectory"],
-            "needs": {need: stamp_key(stamp_inputs(need, data)) for need in spec["needs"]},
-            "arch": profile["arch"],
-            "profile": data["hardware_profile"],
-        }
-    return {
+    common = {
         "name": name,
         "url": None if _COMMIT.fullmatch(spec["ref"]) else spec["url"],
         "ref": spec["ref"],
-        "package": spec["package"],
         "env": dict(sorted(spec["env"].items())),
         "steps": list(spec["steps"]),
-        "build_requirements": list(spec["build_requirements"]),
         "submodules": spec["submodules"],
         "subdirectory": spec["subdirectory"],
         "arch": profile["arch"],
         "profile": data["hardware_profile"],
+    }
+    if spec["kind"] == "prefix":
+        # Each needed build by its key, so a new library rebuilds what was compiled against
+        # it. No venv, Python or torch.
+        return {**common, "kind": "prefix",
+                "needs": {need: stamp_key(stamp_inputs(need, data)) for need in spec["needs"]}}
+    return {
+        **common,
+        "package": spec["package"],
+        "build_requirements": list(spec["build_requirements"]),
         "python": None if spec["abi3"] else manifest["python"],
         "torch": _torch_version(manifest) if spec["uses_torch"] else None,
     }
@@ -420,10 +408,6 @@ def wanted(data: Mapping[str, Any]) -> dict[str, str]:
     return {name: stamp_key(stamp_inputs(name, data)) for name in in_order(data)}
 
 
-def kind(data: Mapping[str, Any], name: str) -> str:
-    return data["source_builds"][name]["kind"]
-
-
 def line_prefix(name: str, package: str) -> str:
     """How python_stack's requirement line of any wheel of build ``name`` begins."""
     return f"{normalise(package)} @ file://{WHEELHOUSE}/{name}/"
@@ -459,7 +443,7 @@ def requirement_lines(data: Mapping[str, Any], found: Mapping[str, Any]) -> dict
     earlier ref: the venv keeps it until the new one is built), else none."""
     lines = {}
     for name, key in wanted(data).items():
-        if kind(data, name) != "wheel":
+        if data["source_builds"][name]["kind"] != "wheel":
             continue
         entry = found.get(name) or {}
         stamp = entry.get("stamp")
