@@ -8,19 +8,19 @@ operations, templates/<concern>/ its files, group_data/all.py its settings and
 tests/compliance/test_<concern>.py the controls that prove it.
 """
 
-from operations.ca_certificates import ca_certificates
-from operations.cluster import cluster
-from operations.containers import containers
-from operations.cuda_env import cuda_env
-from operations.hardware import hardware
-from operations.jobs import jobs
-from operations.ngc import ngc
-from operations.python_stack import python_stack, synced
-from operations.source_builds import host_requirement_lines, source_builds
-from operations.sshd_guard import sshd_guard
-from operations.swap import swap
-from operations.updates import updates
-from operations.watchdog import watchdog
+from sparkrig.operations.ca_certificates import ca_certificates
+from sparkrig.operations.cluster import cluster
+from sparkrig.operations.containers import containers
+from sparkrig.operations.cuda_env import cuda_env
+from sparkrig.operations.hardware import hardware
+from sparkrig.operations.jobs import jobs
+from sparkrig.operations.ngc import ngc
+from sparkrig.operations.python_stack import python_stack, synced
+from sparkrig.operations.source_builds import host_requirement_lines, source_builds
+from sparkrig.operations.sshd_guard import sshd_guard
+from sparkrig.operations.swap import swap
+from sparkrig.operations.updates import updates
+from sparkrig.operations.watchdog import watchdog
 
 hardware()  # the box is the kind its profile says (or "auto" detects it); else it stops here
 updates()  # holds, unattended upgrades, systemd-oomd; the expected kernel and driver (may stop here)

@@ -11,8 +11,8 @@ from pathlib import Path as _Path
 
 import yaml as _yaml
 
-from operations.python_stack import load_manifest as _load_manifest
-from operations.source_builds import load_catalogue as _load_catalogue
+from sparkrig.operations.python_stack import load_manifest as _load_manifest
+from sparkrig.operations.source_builds import load_catalogue as _load_catalogue
 from lab import FLAVOURS as _FLAVOURS
 from lab import inventory_path as _inventory_path
 from lab.config import CLUSTER_KEYS as _CLUSTER_KEYS

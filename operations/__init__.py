@@ -1,31 +1,56 @@
 """
-sparkrig's concerns, one module each, in the order deploy.py applies them.
+sparkrig's concerns, in the order deploy.py applies them: the one registry.
 
-Every concern module exposes a ``@deploy`` function (usable from any other
-pyinfra deploy), the facts it decides changes from, and ``SETTINGS``: its
-settings, declared once (docs/settings.md is generated from them).
+Each name is a concern under ``sparkrig.operations`` that exposes a ``@deploy`` function of
+its own name (usable from any other pyinfra deploy), the facts it decides changes from, and
+``SETTINGS``: its settings, declared once (docs/settings.md is generated from them). Nothing
+is imported here: importing one concern imports only it, what it reads, and sparkrig's shared
+layer.
+
+A deploy of your own gets sparkrig's settings validation, deploy lock and summary line with
+one call in its ``config.py`` (pyinfra loads it before it contacts any host)::
+
+    from sparkrig.operations import install
+    install("swap")  # the concerns your deploy calls; none named: every concern
 """
 
-from sparkrig import packages
+from __future__ import annotations
 
-from . import (
-    ca_certificates,
-    cluster,
-    containers,
-    cuda_env,
-    hardware,
-    jobs,
-    ngc,
-    python_stack,
-    source_builds,
-    sshd_guard,
-    swap,
-    updates,
-    watchdog,
-)
+import importlib
+from types import ModuleType
 
-# Every module that declares settings, in deploy order.
 CONCERNS = (
-    hardware, updates, packages, ca_certificates, cuda_env, swap, sshd_guard, watchdog, jobs, containers, ngc,
-    python_stack, source_builds, cluster,
+    "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "jobs",
+    "containers", "ngc", "python_stack", "source_builds", "cluster",
 )
+# The shared layer's own settings (apt's), documented after the concern that reads them first.
+_SHARED_SETTINGS = {"updates": "sparkrig.packages"}
+
+
+def concern(name: str) -> ModuleType:
+    """The concern ``name`` (one of :data:`CONCERNS`), imported."""
+    if name not in CONCERNS:
+        raise ValueError(f"no sparkrig concern {name!r}: one of {', '.join(CONCERNS)}")
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def declaring(names: tuple[str, ...] = CONCERNS) -> tuple[ModuleType, ...]:
+    """The modules that declare the settings of ``names``, in deploy order (the reference's)."""
+    found: list[ModuleType] = []
+    for name in names:
+        found.append(concern(name))
+        if name in _SHARED_SETTINGS:
+            found.append(importlib.import_module(_SHARED_SETTINGS[name]))
+    return tuple(found)
+
+
+def install(*names: str) -> None:
+    """Call from a deploy's ``config.py``: validate the settings of the concerns ``names``
+    (default: all) on every targeted host before any host is contacted, take each host's
+    deploy lock before its first change, and end the run with its one summary line."""
+    from pyinfra.context import ctx_state
+
+    from sparkrig import hooks
+
+    declaring(names or CONCERNS)
+    hooks.install(ctx_state.get())

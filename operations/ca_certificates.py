@@ -21,7 +21,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
 from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import ALL_DEFAULTS, Setting, mapping_of
+from sparkrig.settings import ALL_DEFAULTS, Setting, mapping_of, declare
 
 CERT_DIR = "/usr/local/share/ca-certificates"
 LINK_DIR = "/etc/ssl/certs"
@@ -60,6 +60,7 @@ SETTINGS = (
         extra_check,
     ),
 )
+declare(__name__, SETTINGS)
 
 
 def cert_file(name: str) -> str:

@@ -56,6 +56,7 @@ from sparkrig.connection import prove_new_connection
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import (
     ALL_DEFAULTS,
+    declare,
     USER_NAME,
     Setting,
     absolute_path,
@@ -345,6 +346,7 @@ def _management_ip(name: str, data: Mapping[str, Any]) -> ipaddress.IPv4Address 
 
 
 FLEET_CHECKS = (fleet_problems,)
+declare(__name__, SETTINGS, FLEET_CHECKS)
 
 
 # Facts -----------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from pyinfra.operations import systemd
 from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
 from sparkrig.atomic import refuse, refused
-from sparkrig.settings import ALL_DEFAULTS, IMAGE_REFERENCE, USER_NAME, Setting, boolean, one_of
+from sparkrig.settings import ALL_DEFAULTS, IMAGE_REFERENCE, USER_NAME, Setting, boolean, one_of, declare
 
 DOCKER_SOURCES = ("auto", "docker-ce", "distro", "preinstalled")
 TOOLKIT_SOURCES = ("auto", "nvidia", "preinstalled")
@@ -244,6 +244,7 @@ SETTINGS = (
         image_check,
     ),
 )
+declare(__name__, SETTINGS)
 
 
 # Repositories --------------------------------------------------------------

@@ -25,7 +25,7 @@ from pyinfra.api import FactBase, deploy
 
 from sparkrig import atomic, reading
 from sparkrig.profile import host_profile
-from sparkrig.settings import ALL_DEFAULTS, Setting, absolute_path, env_mapping_except
+from sparkrig.settings import ALL_DEFAULTS, Setting, absolute_path, env_mapping_except, declare
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 CUDA_LINK = "/usr/local/cuda"
@@ -80,6 +80,7 @@ SETTINGS = (
         _extra_check,
     ),
 )
+declare(__name__, SETTINGS)
 
 
 class CudaToolkits(FactBase):

@@ -22,7 +22,7 @@ from pyinfra.api import deploy
 
 from sparkrig.atomic import refused
 from sparkrig import reading
-from sparkrig.settings import ALL_DEFAULTS, Setting
+from sparkrig.settings import ALL_DEFAULTS, Setting, declare
 
 from sparkrig.profile import (
     AUTO, DEFAULT_PROFILES, IDENTITY, _resolve_auto, contradiction, profile_name_check, profiles_check,
@@ -47,6 +47,7 @@ SETTINGS = (
         profiles_check,
     ),
 )
+declare(__name__, SETTINGS)
 
 
 @deploy("Hardware profile", data_defaults=ALL_DEFAULTS)

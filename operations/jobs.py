@@ -45,7 +45,7 @@ from pyinfra.operations import files, server
 from sparkrig import atomic, reading
 from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
 from sparkrig.settings import (
-    ALL_DEFAULTS, USER_NAME, Setting, absolute_path, boolean, env_mapping, int_range, memory_max_check,
+    ALL_DEFAULTS, USER_NAME, Setting, absolute_path, boolean, declare, env_mapping, int_range, memory_max_check,
 )
 
 
@@ -145,6 +145,7 @@ SETTINGS = (
         int_range(0, 1 << 40, "KiB; 67108864 is 64 GiB"),
     ),
 )
+declare(__name__, SETTINGS)
 
 def _cache_path_check(value: Any, data: Mapping[str, Any]) -> str | None:
     # One word wherever it goes: the env file, docker's --volume (':'), a unit's arguments.

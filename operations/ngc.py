@@ -43,7 +43,7 @@ from pyinfra.operations.util import any_changed
 from sparkrig.python_wheels import REFUSED, normalise
 from sparkrig import atomic, reading
 from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN
-from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, IMAGE_REFERENCE, USER_NAME, Setting, absolute_path, boolean, int_range, one_of
+from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, IMAGE_REFERENCE, USER_NAME, Setting, absolute_path, boolean, int_range, one_of, declare
 
 BUILDS = ("none", "packages", "unsloth")
 JUPYTER_COMMAND = "jupyter lab --ip=127.0.0.1 --port={port} --no-browser --ServerApp.root_dir={project}"
@@ -255,6 +255,7 @@ SETTINGS = (
         jupyter_command_check,
     ),
 )
+declare(__name__, SETTINGS)
 
 
 # Rendering -----------------------------------------------------------------

@@ -44,15 +44,16 @@ from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand,
 
 from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL, package_name
 from sparkrig import atomic, reading
+from sparkrig.resources import GROUP_DATA
 from sparkrig.profile import ARCHES, host_profile
 from sparkrig.profile import profiles_check as hardware_profiles_check
 from sparkrig.python_wheels import LOCK_PLATFORM, REFUSED, lock_entries, normalise, offline_wheels
 from sparkrig.atomic import refused
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import ALL_DEFAULTS, USER_NAME, Setting, absolute_path, boolean, controller_path, one_of, resolved
+from sparkrig.settings import ALL_DEFAULTS, USER_NAME, Setting, absolute_path, boolean, controller_path, one_of, resolved, declare
 
-REPO = Path(__file__).resolve().parent.parent
-MANIFEST = REPO / "group_data" / "python_stack.yml"
+REPO = GROUP_DATA.parent  # the checkout, or the installed package: what relative locks paths start from
+MANIFEST = GROUP_DATA / "python_stack.yml"
 LOCKS = "group_data/python_stack.locks"  # beside the manifest, relative to the repository
 REFRESH = "uv run python -m tools.python_lock"
 # Every lock is resolved for this glibc: DGX OS 7 (Ubuntu 24.04) has 2.39, Debian 12 2.36.
@@ -321,6 +322,7 @@ SETTINGS = (
         hashes_check,
     ),
 )
+declare(__name__, SETTINGS)
 
 
 # The wanted state --------------------------------------------------------------

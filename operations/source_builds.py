@@ -75,12 +75,13 @@ from sparkrig.venv import STATE_DIR, UV, UV_ENV, package_name
 from sparkrig.prefix import ARCHIVE, PREFIX_ROOT, current, installed_dir, installed_stamp, need_variable, unpacker_source
 from sparkrig.python_wheels import normalise
 from sparkrig import atomic, reading
+from sparkrig.resources import GROUP_DATA
 from sparkrig.units import TRAINING_SLICE
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, memory_max_check, resolved
+from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, memory_max_check, resolved, declare
 
-CATALOGUE = Path(__file__).resolve().parent.parent / "group_data" / "source_builds.yml"
+CATALOGUE = GROUP_DATA / "source_builds.yml"
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"
 WHEELHOUSE = "/var/lib/sparkrig/wheelhouse"
 # Root-owned places where root stages a wheel on its way out of or into a host: root never
@@ -290,6 +291,7 @@ SETTINGS = (
         controller_path,
     ),
 )
+declare(__name__, SETTINGS)
 
 
 # The wanted state --------------------------------------------------------------

@@ -25,7 +25,7 @@ from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, d
 
 from sparkrig import atomic, reading
 from sparkrig.connection import prove_new_connection
-from sparkrig.settings import ALL_DEFAULTS, SIZE_UNITS, Setting
+from sparkrig.settings import ALL_DEFAULTS, SIZE_UNITS, Setting, declare
 
 DROPIN_NAME = "zz-sparkrig.conf"  # read last: wins over earlier drop-ins such as the guides' oom.conf
 SLICE = "system.slice"
@@ -72,6 +72,7 @@ SETTINGS = (
         _slice_check,
     ),
 )
+declare(__name__, SETTINGS)
 
 
 class SshdUnit(FactBase):

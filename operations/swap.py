@@ -35,7 +35,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.api.command import PyinfraCommand
 
 from sparkrig import atomic, reading
-from sparkrig.settings import ALL_DEFAULTS, Setting, boolean
+from sparkrig.settings import ALL_DEFAULTS, Setting, boolean, declare
 
 FSTAB = "/etc/fstab"
 FSTAB_BACKUP = "/etc/fstab.sparkrig.bak"
@@ -82,6 +82,7 @@ SETTINGS = (
         boolean,
     ),
 )
+declare(__name__, SETTINGS)
 
 
 # fstab, read the way libmount reads it ----------------------------------------

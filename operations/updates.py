@@ -41,7 +41,7 @@ from pyinfra.operations import files, systemd
 from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
 from sparkrig.packages import locked
-from sparkrig.settings import ALL_DEFAULTS, Setting, boolean, defaults, one_of, resolved
+from sparkrig.settings import ALL_DEFAULTS, Setting, boolean, defaults, one_of, resolved, declare
 
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
 APT_CONF = "/etc/apt/apt.conf.d/99sparkrig-updates"
@@ -189,6 +189,7 @@ SETTINGS = (
         packages_check,
     ),
 )
+declare(__name__, SETTINGS)
 
 
 # The facts ---------------------------------------------------------------------------

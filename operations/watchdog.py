@@ -36,7 +36,7 @@ from pyinfra.operations.util import any_changed
 from sparkrig import atomic, reading
 from sparkrig.units import WATCHDOG_SERVICE
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import ALL_DEFAULTS, Setting, boolean, int_range
+from sparkrig.settings import ALL_DEFAULTS, Setting, boolean, int_range, declare
 
 PACKAGE = "earlyoom"
 SERVICE = WATCHDOG_SERVICE
@@ -117,6 +117,7 @@ SETTINGS = (
         int_range(0, 86400, "seconds"),
     ),
 )
+declare(__name__, SETTINGS)
 
 
 def earlyoom_args(min_available_kib: int, report_interval_s: int, prefer: str, avoid: str) -> list[str]:

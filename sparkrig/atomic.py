@@ -25,7 +25,8 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+from .resources import TEMPLATES
+
 
 _jinja = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(TEMPLATES)),

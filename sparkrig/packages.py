@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from .settings import Setting, int_range
+from .settings import Setting, int_range, declare
 
 TIMEOUT_KEY = "packages_dpkg_lock_timeout_s"
 DEFAULT_TIMEOUT_S = 300
@@ -149,3 +149,4 @@ SETTINGS = (
         int_range(0, 3600, "seconds"),
     ),
 )
+declare(__name__, SETTINGS)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import difflib
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from pyinfra.api.exceptions import PyinfraError
@@ -252,11 +253,24 @@ def problems(settings: Iterable[Setting], data: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def all_settings() -> tuple[Setting, ...]:
-    """The settings of every concern, in deploy order."""
-    from operations import CONCERNS
+# What each imported concern declared, by module name, in the order they were imported:
+# the shared layer learns the concerns from them and never imports one.
+_DECLARED: dict[str, tuple[tuple[Setting, ...], tuple[Callable, ...]]] = {}
 
-    return tuple(setting for concern in CONCERNS for setting in concern.SETTINGS)
+
+def declare(module: str, settings: tuple[Setting, ...], fleet_checks: tuple[Callable, ...] = ()) -> None:
+    """Record a concern's settings and fleet checks (each concern calls it once, as it is
+    imported). A key another module already declared is an error: one declaration each."""
+    taken = {s.key: name for name, (declared, _) in _DECLARED.items() if name != module for s in declared}
+    clashes = sorted(s.key for s in settings if s.key in taken)
+    if clashes:
+        raise ValueError(f"{module} declares {', '.join(clashes)}, already declared by {taken[clashes[0]]}")
+    _DECLARED[module] = (tuple(settings), tuple(fleet_checks))
+
+
+def all_settings() -> tuple[Setting, ...]:
+    """The settings of every concern imported so far, in the order they were imported."""
+    return tuple(setting for settings, _ in _DECLARED.values() for setting in settings)
 
 
 def validate_hosts(
@@ -271,8 +285,6 @@ def validate_hosts(
     each is called with the run's and the inventory's (name, data with every setting
     resolved) and returns (host, problem) pairs.
     """
-    from operations import CONCERNS
-
     hosts = list(hosts)
     settings = all_settings()
     lines = [
@@ -285,8 +297,8 @@ def validate_hosts(
         # Each host's data with every setting resolved (ssh_hostname and such stay).
         resolved = {name: {**data, **resolve(settings, data)} for name, data in everyone}
         targeted = [(name, resolved.get(name) or {**data, **resolve(settings, data)}) for name, data in hosts]
-        for concern in CONCERNS:
-            for check in getattr(concern, "FLEET_CHECKS", ()):
+        for _, checks in _DECLARED.values():
+            for check in checks:
                 lines += [f"  host {name!r}: {problem}" for name, problem in check(targeted, list(resolved.items()))]
     if lines:
         raise SettingsError(
@@ -344,10 +356,9 @@ def _default(value: Any) -> str:
     return f"{len(value)} items (see the module)"
 
 
-def reference() -> str:
-    """``docs/settings.md``: every concern's settings, default, what is allowed and what each does."""
-    from operations import CONCERNS
-
+def reference(concerns: Sequence[ModuleType]) -> str:
+    """``docs/settings.md``: the settings of ``concerns`` (modules that declared them), each
+    one's default, what is allowed and what it does."""
     data = defaults(all_settings())
     out = [
         "# Settings reference",
@@ -358,9 +369,11 @@ def reference() -> str:
         "value is checked before any host is contacted; a bad one stops the run with one message",
         "naming the host, the key and what is allowed.",
     ]
-    for concern in CONCERNS:
+    for concern in concerns:
         title = (concern.__doc__ or concern.__name__).strip().splitlines()[0].rstrip(".:,")
-        module = concern.__name__.replace(".", "/") + ".py"
+        name = concern.__name__  # the checkout's path: operations/ sits beside sparkrig/
+        module = name.removeprefix("sparkrig." if name.startswith("sparkrig.operations.") else "")
+        module = module.replace(".", "/") + ".py"
         out += ["", f"## {title}", "", f"`{module}`"]
         for setting in concern.SETTINGS:
             out += [

@@ -18,7 +18,10 @@ import pytest
 
 import lab
 from lab.stack import make_locks
+from sparkrig.operations import declaring
 from tests.support import DeployResult, run_deploy
+
+declaring()  # every concern imported: the tests know every setting, as deploy.py's run does
 
 LAB_INVENTORY = "inventory/lab.py"
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from operations import python_stack as ps
+from sparkrig.operations import python_stack as ps
 from sparkrig.python_wheels import DEFAULT_INDEX
 
 

@@ -2,7 +2,7 @@
 
     uv run python -m tools.report INVENTORY [--limit GROUP_OR_HOST] [--json]
 
-Each host is read once, with one remote command: the :class:`operations.updates.Versions`
+Each host is read once, with one remote command: the :class:`sparkrig.operations.updates.Versions`
 part of the host's one reading, with the arguments its settings give (as a deploy reads
 it). A cell that differs from what most hosts have is marked with ``*``. A host that cannot
 be reached or read gets one line saying why, and the exit status is 1.
@@ -17,7 +17,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from operations.updates import pending_reboot, versions_part
+from sparkrig.operations import declaring
+from sparkrig.operations.updates import pending_reboot, versions_part
 from sparkrig import reading
 from sparkrig.settings import resolved, validate_hosts
 from tools.rollout import REPO, limit_hosts
@@ -36,7 +37,7 @@ def _versions(installed: Mapping[str, str]) -> str:
 
 
 def row(facts: Mapping[str, Any]) -> dict[str, str]:
-    """One host's cells, from its :class:`operations.updates.Versions`."""
+    """One host's cells, from its :class:`sparkrig.operations.updates.Versions`."""
     os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
     python = facts["python"]
     vllm = [version for name, version in python.items() if name != "torch"]
@@ -110,6 +111,7 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
     ctx_inventory.set(inventory_obj)
     chosen = set(limit_hosts({h.name: list(h.groups) for h in inventory_obj}, limit))
     hosts = [h for h in inventory_obj if h.name in chosen]
+    declaring()  # every concern's settings, as the deploy validates them
     validate_hosts([(h.name, h.data.dict()) for h in hosts], [(h.name, h.data.dict()) for h in inventory_obj])
     state.init(inventory_obj, config, initial_limit=hosts)
     facts: dict[str, dict] = {}

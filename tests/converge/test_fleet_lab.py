@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.sshd_guard import DROPIN_NAME
+from sparkrig.operations.sshd_guard import DROPIN_NAME
 import lab
 from lab import dgxos
 from tests.compliance.conftest import host_of

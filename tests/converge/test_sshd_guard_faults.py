@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from operations.sshd_guard import DROPIN_NAME, VERIFY_DROPIN
+from sparkrig.operations.sshd_guard import DROPIN_NAME, VERIFY_DROPIN
 import lab
 from tests.conftest import LAB_INVENTORY
 from tests.support import run_deploy

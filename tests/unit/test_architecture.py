@@ -21,8 +21,8 @@ def import_graph(package: Path = OPERATIONS) -> dict[str, set[str]]:
                     found.add(node.module.split(".")[0])
                 else:  # from . import x, y
                     found |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("operations."):
-                found.add(node.module.split(".")[1])
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sparkrig.operations."):
+                found.add(node.module.split(".")[2])
         graph[path.stem] = (found & modules) - {path.stem}
     return graph
 
@@ -54,7 +54,7 @@ def test_no_import_cycle_under_operations():
 def test_the_cycle_finder_finds_a_loop_through_a_function_level_import(tmp_path):
     (tmp_path / "a.py").write_text("from . import b\n")
     (tmp_path / "b.py").write_text("def f():\n    from .c import x\n")
-    (tmp_path / "c.py").write_text("from operations.a import y\n")
+    (tmp_path / "c.py").write_text("from sparkrig.operations.a import y\n")
     assert cycles(import_graph(tmp_path)) == [["a", "b", "c", "a"]]
 
 
@@ -65,12 +65,32 @@ def test_no_concern_imports_another():
     assert {name: deps for name, deps in graph.items() if deps} == {}
 
 
-def test_shared_library_and_tools_import_no_concern_at_module_level():
-    """sparkrig/ is what concerns build on: it reaches the concerns only inside functions
-    (the list of every setting), never while it is imported."""
+def _imported_names(tree: ast.AST) -> list[str]:
+    """Every module name an import anywhere in ``tree`` names (functions' imports included)."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names += [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def test_the_shared_layer_imports_no_concern_anywhere():
+    """sparkrig/ is what concerns build on: it learns them from what they declare as they are
+    imported (sparkrig.settings.declare), never by importing one, not even inside a function."""
     root = OPERATIONS.parent
     for path in sorted((root / "sparkrig").glob("*.py")):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-                assert not any(n == "operations" or n.startswith("operations.") for n in names), path
+        for name in _imported_names(ast.parse(path.read_text())):
+            assert not (name == "operations" or name.startswith(("operations.", "sparkrig.operations"))), (path, name)
+
+
+def test_the_old_top_level_import_names_are_gone():
+    """Every import name lives under sparkrig. (the wheel has no top-level operations)."""
+    root = OPERATIONS.parent
+    for folder in ("sparkrig", "operations", "tools", "tests", "lab", "benchmarks", "inventory", "group_data"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for name in _imported_names(ast.parse(path.read_text())):
+                assert not (name == "operations" or name.startswith("operations.")), (path, name)
+    for path in (root / "deploy.py", root / "config.py"):
+        assert not any(n.startswith("operations") for n in _imported_names(ast.parse(path.read_text()))), path

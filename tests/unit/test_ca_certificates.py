@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from operations import ca_certificates as ca
+from sparkrig.operations import ca_certificates as ca
 from sparkrig.settings import problems
 from tests.unit.pyinfra_fake import execute
 

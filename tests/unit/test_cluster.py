@@ -16,7 +16,7 @@ from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.context import ctx_host, ctx_state
 
-from operations import cluster as cl
+from sparkrig.operations import cluster as cl
 from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
 from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, _record, host_state
 

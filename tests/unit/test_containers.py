@@ -15,7 +15,7 @@ import pytest
 
 from tests.unit import pyinfra_fake
 
-from operations import containers as ct
+from sparkrig.operations import containers as ct
 from pyinfra.api.exceptions import FactProcessError
 from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import PlannedOp, digest, execute, plan
@@ -748,7 +748,7 @@ def test_every_fact_turns_unparseable_output_into_a_host_failure():
 
     from pyinfra.api import FactBase
 
-    from operations import (ca_certificates, containers, cuda_env, hardware, ngc, python_stack, source_builds,
+    from sparkrig.operations import (ca_certificates, containers, cuda_env, hardware, ngc, python_stack, source_builds,
                             sshd_guard, swap)
     from sparkrig import atomic
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from operations import cuda_env as ce
+from sparkrig.operations import cuda_env as ce
 from tests.unit.pyinfra_fake import HOST_STATE, host_state, plan
 
 # Outputs of CudaToolkits' command recorded on real machines.

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from operations import hardware as hw
+from sparkrig.operations import hardware as hw
 from sparkrig import profile
 from sparkrig.settings import problems
 from tests.unit.pyinfra_fake import plan

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import jobs
+from sparkrig.operations import jobs
 from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, digest, execute, host_state
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations import containers, cuda_env, hardware, jobs, ngc
+from sparkrig.operations import containers, cuda_env, hardware, jobs, ngc
 from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, digest, execute, host_state
 

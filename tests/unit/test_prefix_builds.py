@@ -16,7 +16,7 @@ import tarfile
 
 import pytest
 
-from operations import source_builds as sb
+from sparkrig.operations import source_builds as sb
 from sparkrig import prefix as px
 from sparkrig.packages import install_command
 from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts

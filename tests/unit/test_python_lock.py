@@ -17,7 +17,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tools import python_lock
-from operations import python_stack as ps
+from sparkrig.operations import python_stack as ps
 from sparkrig import python_wheels
 from lab import wheelhouse
 

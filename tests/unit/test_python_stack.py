@@ -13,8 +13,8 @@ import subprocess
 
 import pytest
 
-from operations import hardware
-from operations import python_stack as ps
+from sparkrig.operations import hardware
+from sparkrig.operations import python_stack as ps
 from sparkrig.settings import SettingsError, defaults, problems, validate_hosts
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan

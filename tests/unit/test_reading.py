@@ -102,8 +102,10 @@ def test_parts_are_hashable_whatever_their_arguments():
 
 
 def test_planned_joins_every_concern_once_in_order():
-    import operations
+    from sparkrig.operations import declaring
     from sparkrig.settings import all_settings, defaults
+
+    declaring()  # every concern imported: each registered its reads
 
     settings = defaults(all_settings())
     seen = reading.planned({**settings, "ngc_enabled": True, "source_builds_enabled": []})
@@ -114,7 +116,6 @@ def test_planned_joins_every_concern_once_in_order():
                  "ContainerHost", "SparkrigAptRepositories", "NgcHost", "PythonStack"):
         assert name in facts, name
     assert facts.index("HardwareIdentity") < facts.index("PythonStack")
-    assert operations.CONCERNS  # imported: every concern registered its reads
 
 
 def test_a_reading_under_way_is_waited_for_not_made_twice(monkeypatch):

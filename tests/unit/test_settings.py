@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import CONCERNS, cuda_env
+from sparkrig.operations import cuda_env, declaring
 from sparkrig import profile
 from sparkrig.settings import (
     REFERENCE,
@@ -32,10 +32,10 @@ ALL_PY = REPO / "group_data" / "all.py"
 
 
 def test_the_settings_reference_is_generated_from_the_declarations_and_current():
-    assert (REPO / REFERENCE).read_text() == reference(), (
+    assert (REPO / REFERENCE).read_text() == reference(declaring()), (
         f"{REFERENCE} is stale: run `uv run python -m tools.reference`")
     for setting in all_settings():
-        assert f"### `{setting.key}`\n" in reference()
+        assert f"### `{setting.key}`\n" in reference(declaring())
 
 
 def test_every_setting_says_what_it_allows_from_its_own_check():
@@ -60,7 +60,7 @@ def test_group_data_all_sets_only_sparkrig_settings_with_valid_values():
 def test_every_concern_setting_has_a_doc_and_a_unique_key():
     keys = [s.key for s in all_settings()]
     assert len(keys) == len(set(keys))
-    assert all(s.doc for concern in CONCERNS for s in concern.SETTINGS)
+    assert all(s.doc for concern in declaring() for s in concern.SETTINGS)
 
 
 def test_defaults_are_valid():
@@ -114,10 +114,8 @@ def test_validate_hosts_names_every_bad_host_in_one_error():
 
 
 def test_every_deploy_takes_every_settings_default_derived_not_listed():
-    import operations
-
     everything = {s.key: s.default for s in all_settings()}
-    deploys = [getattr(module, module.__name__.rsplit(".", 1)[1], None) for module in operations.CONCERNS]
+    deploys = [getattr(module, module.__name__.rsplit(".", 1)[1], None) for module in declaring()]
     deploys = [d for d in deploys if d is not None]
     assert len(deploys) >= 11
     for function in deploys:
@@ -214,7 +212,7 @@ def test_a_trailing_newline_is_refused_everywhere(key, bad):
 
 def test_operations_match_whole_values():
     """No pattern in operations/ is anchored with `$` (fullmatch, or \\Z, instead)."""
-    for path in (REPO / "operations").glob("*.py"):
+    for path in (REPO / "operations").rglob("*.py"):
         text = path.read_text()
         assert ".match(" not in text, f"{path.name}: use fullmatch"
         for line in text.splitlines():

@@ -16,8 +16,8 @@ import pytest
 
 from sparkrig.packages import install_command
 
-from operations import python_stack as ps
-from operations import source_builds as sb
+from sparkrig.operations import python_stack as ps
+from sparkrig.operations import source_builds as sb
 from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
 from pyinfra.api.exceptions import FactProcessError
 

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from operations import sshd_guard as sg
+from sparkrig.operations import sshd_guard as sg
 from sparkrig.settings import all_settings, problems
 from tests.unit.pyinfra_fake import HOST_STATE, host_state, plan
 

@@ -14,7 +14,7 @@ from pyinfra.api import State
 from pyinfra.api.exceptions import FactProcessError, PyinfraError
 from pyinfra.connectors.fake import FakeConnector
 
-from operations import swap as sw
+from sparkrig.operations import swap as sw
 from sparkrig.settings import problems, resolve
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import plan

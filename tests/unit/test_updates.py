@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from operations import updates as up
+from sparkrig.operations import updates as up
 from sparkrig.settings import all_settings, defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, execute, host_state
 from tools import report

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from operations import watchdog as wd
+from sparkrig.operations import watchdog as wd
 from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, execute, host_state, plan
 
