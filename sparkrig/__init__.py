@@ -1,6 +1,6 @@
 """
 sparkrig's shared library: what the concerns under operations/ build on, and the only way they
-share anything. It never imports a concern (tests/unit/test_architecture.py): settings (the
+share anything. It never imports a concern (tests/repo/test_architecture.py): settings (the
 schema settings are declared in, their validation, every default), reading (the one command
 that reads a host), atomic (files written atomically and validated), packages (apt), profile
 (the hardware profile, read through host_profile()), venv (uv's place and the venv's, for the

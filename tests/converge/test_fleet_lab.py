@@ -82,7 +82,7 @@ def test_the_fleet_passes_the_suite_run_through_its_inventory_in_parallel(first_
     for host, controls in suite.outcomes.items():
         assert not suite.failed(host)
         assert sum(o == "passed" for o in controls.values()) >= 40, (host, controls)
-    # xdist's workers (how many: tests/unit/test_fleet.py), and the per-host table at the end.
+    # xdist's workers (how many: tests/unit/tools/test_fleet.py), and the per-host table at the end.
     assert "bringing up nodes" in suite.output, suite.output[:2000]
     table = suite.output.split("sparkrig compliance, per host", 1)[1]
     assert all(f"\n{host} " in table for host in FLEET), table

@@ -61,7 +61,7 @@ FakeConnector._lookup_response = _lookup_encoded
 def _read_alone(parts):
     """Unit tests answer each fact from its own recorded output: the part a concern asks
     for is read alone, as one fact (sparkrig.reading's one command, which joins every
-    planned part, is tested for real in tests/unit/test_reading.py)."""
+    planned part, is tested for real in tests/unit/sparkrig/test_reading.py)."""
     wanted = parts[0]
     value = pyinfra_host.get_fact(wanted.fact, **dict(wanted.kwargs))
     return {wanted: None if atomic.fact_failed() else value}

@@ -27,7 +27,7 @@ from sparkrig.settings import (
     validate_hosts,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ALL_PY = REPO / "group_data" / "all.py"
 
 
