@@ -22,16 +22,16 @@ from sparkrig.operations.swap import swap
 from sparkrig.operations.updates import updates
 from sparkrig.operations.watchdog import watchdog
 
-hardware()  # the box is the kind its profile says (or "auto" detects it); else it stops here
-updates()  # holds, unattended upgrades, systemd-oomd; the expected kernel and driver (may stop here)
-ca_certificates()  # extra CA certificates (a TLS-intercepting proxy's) in the system store
-cuda_env()  # CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ... for login shells and systemd units
+hardware()  # the box is the kind its profile says (or `"auto"` detects it); otherwise that host stops before any change
+updates()  # holds, unattended upgrades (off by default), the expected kernel and driver, systemd-oomd masked beside earlyoom
+ca_certificates()  # a proxy's CA in the system store, for apt, curl, Docker, pip and uv
+cuda_env()  # one env file (CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ...) read by login shells and systemd units
 swap()  # no swap now, nothing that turns it on at boot
-sshd_guard()  # sshd keeps memory under pressure; SSH sessions stay killable
+sshd_guard()  # sshd keeps its memory under pressure; SSH sessions stay killable
 watchdog()  # earlyoom kills the job before the box freezes
-jobs()  # spark-run, spark-preflight, spark-drop-caches and training.slice
-containers()  # Docker, the NVIDIA container toolkit and the nvidia runtime in daemon.json
-ngc()  # NGC training containers: pinned image, spark-container, Jupyter on 127.0.0.1 (off by default)
-python_stack(built_wheels=host_requirement_lines)  # uv; a venv holding the controller's lock (PyPI's CUDA 13.0 torch, vLLM, extras) and the built wheels
-source_builds(sync_venv=synced)  # optional Triton/xformers/vLLM from source: built once per fleet, detached; python_stack's synced installs them
-cluster()  # off unless the host has cluster_name: its ConnectX-7 link, SSH trust between nodes, NCCL's environment
+jobs()  # `spark-run` (also `--detach`), `spark-jobs`, `spark-preflight`, `spark-drop-caches`, `training.slice`, the shared model cache
+containers()  # Docker and the NVIDIA container toolkit, the `nvidia` runtime merged into `daemon.json`
+ngc()  # off by default: NVIDIA's PyTorch image pinned by digest (or built on it), `spark-container`, JupyterLab on 127.0.0.1
+python_stack(built_wheels=host_requirement_lines)  # uv, and a venv holding the controller's lock of `group_data/python_stack.yml` (PyPI's CUDA 13.0 PyTorch, a pinned vLLM, extras) and the built wheels
+source_builds(sync_venv=synced)  # optional Triton, xformers, vLLM (wheels into the venv) and your own C/CUDA projects such as NCCL (root-owned prefixes), built from source once per fleet, detached
+cluster()  # off unless a host has `cluster_name`: the ConnectX-7 link, SSH trust between nodes, NCCL's environment, `spark-cluster-check`

@@ -48,6 +48,7 @@ SETTINGS = (
     ),
 )
 declare(__name__, SETTINGS)
+DOC = "docs/fleets.md"  # profiles are what a mixed fleet is made of
 
 
 @deploy("Hardware profile", data_defaults=ALL_DEFAULTS)
