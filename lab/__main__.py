@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ssh -F {ssh_config_path()} NAME")
         elif args.command == "down":
             down()
+        elif args.command == "try":
+            from .tryit import run  # noqa: PLC0415 (pyinfra and pytest only for this command)
+
+            return run(keep=args.keep)
         elif not ssh_config_path().exists():
             print(f"lab: the lab is not up ({ssh_config_path()} is missing)", file=sys.stderr)
             return 1
@@ -68,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
         "--keep-on-failure", action="store_true", help="leave a failed lab up to inspect it"
     )
     commands.add_parser("down", help="remove the lab (keeps the image cache and SSH key)")
+    trial = commands.add_parser("try", help="boot a fresh lab, converge it twice, prove it, tear it down")
+    trial.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
     commands.add_parser("status", help="one line per host: process alive? ssh ok?")
     shell = commands.add_parser("ssh", help="ssh to a lab host as the lab user")
     shell.add_argument("name")
