@@ -19,6 +19,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from pyinfra.context import ctx_state
+
+from sparkrig import hooks
+
 CONCERNS = (
     "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "jobs",
     "containers", "ngc", "python_stack", "source_builds", "cluster",
@@ -48,9 +52,5 @@ def install(*names: str) -> None:
     """Call from a deploy's ``config.py``: validate the settings of the concerns ``names``
     (default: all) on every targeted host before any host is contacted, take each host's
     deploy lock before its first change, and end the run with its one summary line."""
-    from pyinfra.context import ctx_state
-
-    from sparkrig import hooks
-
     declaring(names or CONCERNS)
     hooks.install(ctx_state.get())

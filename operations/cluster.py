@@ -56,11 +56,11 @@ from sparkrig.connection import prove_new_connection
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import (
     ALL_DEFAULTS,
-    declare,
     USER_NAME,
     Setting,
     absolute_path,
     controller_path,
+    declare,
     defaults,
     env_mapping_except,
     int_range,

@@ -42,15 +42,25 @@ import yaml
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, deploy, operation
 
-from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL, package_name
 from sparkrig import atomic, reading
-from sparkrig.resources import GROUP_DATA
+from sparkrig.atomic import refused
+from sparkrig.packages import installed as install_packages
 from sparkrig.profile import ARCHES, host_profile
 from sparkrig.profile import profiles_check as hardware_profiles_check
 from sparkrig.python_wheels import LOCK_PLATFORM, REFUSED, lock_entries, normalise, offline_wheels
-from sparkrig.atomic import refused
-from sparkrig.packages import installed as install_packages
-from sparkrig.settings import ALL_DEFAULTS, USER_NAME, Setting, absolute_path, boolean, controller_path, one_of, resolved, declare
+from sparkrig.resources import GROUP_DATA
+from sparkrig.settings import (
+    ALL_DEFAULTS,
+    USER_NAME,
+    Setting,
+    absolute_path,
+    boolean,
+    controller_path,
+    declare,
+    one_of,
+    resolved,
+)
+from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL, package_name
 
 REPO = GROUP_DATA.parent  # the checkout, or the installed package: what relative locks paths start from
 MANIFEST = GROUP_DATA / "python_stack.yml"

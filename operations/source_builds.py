@@ -71,15 +71,33 @@ from pyinfra.api import (
     operation,
 )
 
-from sparkrig.venv import STATE_DIR, UV, UV_ENV, package_name
-from sparkrig.prefix import ARCHIVE, PREFIX_ROOT, current, installed_dir, installed_stamp, need_variable, unpacker_source
-from sparkrig.python_wheels import normalise
 from sparkrig import atomic, reading
-from sparkrig.resources import GROUP_DATA
-from sparkrig.units import TRAINING_SLICE
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, memory_max_check, resolved, declare
+from sparkrig.prefix import (
+    ARCHIVE,
+    PREFIX_ROOT,
+    current,
+    installed_dir,
+    installed_stamp,
+    need_variable,
+    unpacker_source,
+)
+from sparkrig.python_wheels import normalise
+from sparkrig.resources import GROUP_DATA
+from sparkrig.settings import (
+    ALL_DEFAULTS,
+    ENV_NAME,
+    Setting,
+    controller_path,
+    declare,
+    env_value_problem,
+    mapping_of,
+    memory_max_check,
+    resolved,
+)
+from sparkrig.units import TRAINING_SLICE
+from sparkrig.venv import STATE_DIR, UV, UV_ENV, package_name
 
 CATALOGUE = GROUP_DATA / "source_builds.yml"
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"

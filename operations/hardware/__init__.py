@@ -20,34 +20,18 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig.atomic import refused
 from sparkrig import reading
-from sparkrig.settings import ALL_DEFAULTS, Setting, declare
-
+from sparkrig.atomic import refused
 from sparkrig.profile import (
-    AUTO, DEFAULT_PROFILES, IDENTITY, _resolve_auto, contradiction, profile_name_check, profiles_check,
+    AUTO,
+    IDENTITY,
+    _resolve_auto,
+    contradiction,
 )
+from sparkrig.settings import ALL_DEFAULTS
 
-SETTINGS = (
-    Setting(
-        "hardware_profile",
-        "gb10",
-        'Which entry of hardware_profiles describes the hosts, or "auto": the one profile whose '
-        "architecture and compute capability match what the box reports (uname -m, nvidia-smi). "
-        "Set it per group (group_data/<group>.py) on a mixed fleet. Either way the box is checked "
-        "first: a host that contradicts its profile fails before anything changes on it. The lab "
-        'inventory sets "rtx50" (x86_64 hosts); a Hopper box "hopper".',
-        profile_name_check,
-    ),
-    Setting(
-        "hardware_profiles",
-        DEFAULT_PROFILES,
-        "The kinds of box sparkrig knows: CPU architecture, the GPU's compute capability, and the "
-        "TORCH_CUDA_ARCH_LIST that source builds target. Add your own kind here.",
-        profiles_check,
-    ),
-)
-declare(__name__, SETTINGS)
+from .settings import SETTINGS  # noqa: F401 (re-exported)
+
 DOC = "docs/fleets.md"  # profiles are what a mixed fleet is made of
 
 

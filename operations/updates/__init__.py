@@ -41,16 +41,30 @@ from pyinfra.operations import files, systemd
 from sparkrig import atomic, reading
 from sparkrig.packages import installed as install_packages
 from sparkrig.packages import locked
-from sparkrig.settings import ALL_DEFAULTS, Setting, boolean, defaults, one_of, resolved, declare
+from sparkrig.settings import ALL_DEFAULTS, defaults, resolved
 
-PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
+from .settings import (  # noqa: F401 (re-exported)
+    _DRIVER_VERSION,
+    _KERNEL_RELEASE,
+    _PACKAGE,
+    _VERSION,
+    DEFAULT_PACKAGES,
+    MODES,
+    OOMD_CHOICES,
+    PACKAGE_COLUMNS,
+    PIN_FILE,
+    SETTINGS,
+    hold_check,
+    optional,
+    packages_check,
+    parse_hold,
+)
+
 APT_CONF = "/etc/apt/apt.conf.d/99sparkrig-updates"
 RECORD = "/var/lib/sparkrig/updates-held"
 TIMERS = ("apt-daily.timer", "apt-daily-upgrade.timer")
 OOMD_UNITS = ("systemd-oomd.service", "systemd-oomd.socket")
 UNATTENDED_PACKAGE = "unattended-upgrades"
-MODES = ("off", "security", "on")
-OOMD_CHOICES = ("auto", "off", "keep")
 CUDA_LINK = "/usr/local/cuda"
 NVIDIA_PROC = "/proc/driver/nvidia/version"
 REBOOT_REQUIRED = "/run/reboot-required"
@@ -63,133 +77,17 @@ SECURITY_ORIGINS = (
 )
 ALL_ORIGINS = ("origin=*",)
 
-# The report's columns of packages, and which packages count as each.
-PACKAGE_COLUMNS = ("kernel", "driver", "docker", "toolkit")
-DEFAULT_PACKAGES = {
-    "kernel": ["linux-image-*"],
-    "driver": ["nvidia-driver-*", "libnvidia-compute-*"],
-    "docker": ["docker-ce", "docker.io", "moby-engine"],
-    "toolkit": ["nvidia-container-toolkit"],
-}
-
-# A dpkg package name, or a glob of one (apt-mark, dpkg-query and apt preferences take globs).
-_PACKAGE = re.compile(r"[a-z0-9*?][a-z0-9+.*?-]*")
-# A Debian version (epoch, upstream, revision), or a glob of one as apt's "Pin: version" takes.
-_VERSION = re.compile(r"[A-Za-z0-9*][A-Za-z0-9.+~:*-]*")
-_KERNEL_RELEASE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~-]*")
-_DRIVER_VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,2}")
 
 
-def parse_hold(entry: str) -> tuple[str, str | None]:
-    """``NAME`` or ``NAME=VERSION`` of ``updates_hold``, as (name, version or None)."""
-    name, _, version = entry.partition("=")
-    return name, (version or None)
 
 
-def hold_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    allowed = (
-        "a list of package names or globs (a-z 0-9 + . - * ?), each alone (held with apt-mark "
-        "hold) or as NAME=VERSION (pinned to that version, a glob allowed: 580.95.*), each name once"
-    )
-    if not isinstance(value, (list, tuple)):
-        return allowed
-    names = []
-    for entry in value:
-        if not isinstance(entry, str):
-            return f"{allowed} (not a string: {entry!r})"
-        name, version = parse_hold(entry)
-        if not _PACKAGE.fullmatch(name) or ("=" in entry and not (version and _VERSION.fullmatch(version))):
-            return f"{allowed} (bad entry: {entry!r})"
-        names.append(name)
-    if len(set(names)) != len(names):
-        return f"{allowed} (a name given twice)"
-    return None
 
 
-def packages_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    allowed = (
-        f"a mapping of each of {', '.join(PACKAGE_COLUMNS)} to a list of package names or globs "
-        "(a-z 0-9 + . - * ?)"
-    )
-    if not isinstance(value, Mapping) or set(value) != set(PACKAGE_COLUMNS):
-        return allowed
-    for column, names in value.items():
-        if not isinstance(names, (list, tuple)) or not all(
-            isinstance(n, str) and _PACKAGE.fullmatch(n) for n in names
-        ):
-            return f"{allowed} (bad {column}: {names!r})"
-    return None
 
 
-def optional(pattern: re.Pattern, what: str):
-    def check(value: Any, _data: Mapping[str, Any]) -> str | None:
-        ok = isinstance(value, str) and (value == "" or pattern.fullmatch(value))
-        return None if ok else f'"" (no expectation) or {what}'
-
-    return check
 
 
-SETTINGS = (
-    Setting(
-        "updates_hold",
-        [],
-        "Packages held, as data: a name or glob (e.g. \"linux-image-*\") is held with apt-mark hold "
-        "(every installed package it matches); NAME=VERSION pins it to that version in "
-        f"{PIN_FILE} (Pin-Priority 1000). Held packages are never upgraded, unattended or by "
-        "`apt-get upgrade`. Removing an entry releases the hold and upgrades the package in the "
-        "same run; holds made by hand stay as they are.",
-        hold_check,
-    ),
-    Setting(
-        "updates_unattended",
-        "off",
-        "Unattended upgrades: \"off\" (sparkrig's boxes are GPU boxes, where a kernel or driver "
-        "upgrade must be the owner's decision; DGX OS's own recipe and NVIDIA DeepOps turn them "
-        "off), \"security\" (the distribution's security pocket only) or \"on\" (every source). "
-        "The apt-daily timers stop or run to match; held packages are never upgraded.",
-        one_of(*MODES),
-    ),
-    Setting(
-        "updates_expected_kernel",
-        "",
-        "The running kernel (uname -r) every box of this group must have, e.g. "
-        "\"6.17.0-1007-nvidia\"; a box that runs another fails the compliance control, naming both. "
-        "\"\": no expectation.",
-        optional(_KERNEL_RELEASE, "a kernel release as uname -r prints it"),
-    ),
-    Setting(
-        "updates_expected_driver",
-        "",
-        "The loaded NVIDIA driver version every box of this group must have, e.g. \"580.95.05\"; "
-        "a box with another (or none loaded) fails the compliance control, naming both. \"\": no "
-        "expectation.",
-        optional(_DRIVER_VERSION, "a driver version such as 580.95.05"),
-    ),
-    Setting(
-        "updates_stop_on_unexpected",
-        False,
-        "Refuse a box whose kernel or driver is not the expected one before anything changes on "
-        "it (other hosts go on). False: the deploy only says so.",
-        boolean,
-    ),
-    Setting(
-        "updates_systemd_oomd",
-        "auto",
-        "systemd-oomd: \"auto\" masks it where earlyoom is the watchdog (watchdog_enabled) and "
-        "leaves it alone elsewhere, \"off\" masks it, \"keep\" leaves it alone. It kills whole "
-        "cgroups under memory pressure (a user's session with every job started from it), racing "
-        "earlyoom, which kills one process, the preferred one (docs/updates.md).",
-        one_of(*OOMD_CHOICES),
-    ),
-    Setting(
-        "updates_packages",
-        DEFAULT_PACKAGES,
-        "Which installed packages the version report shows as kernel, driver, Docker and toolkit "
-        "packages (names or globs).",
-        packages_check,
-    ),
-)
-declare(__name__, SETTINGS)
+
 
 
 # The facts ---------------------------------------------------------------------------

@@ -25,62 +25,19 @@ from pyinfra.api import FactBase, deploy
 
 from sparkrig import atomic, reading
 from sparkrig.profile import host_profile
-from sparkrig.settings import ALL_DEFAULTS, Setting, absolute_path, env_mapping_except, declare
+from sparkrig.settings import ALL_DEFAULTS
+
+from .settings import MANAGED, SETTINGS, _extra_check  # noqa: F401 (re-exported)
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 CUDA_LINK = "/usr/local/cuda"
 # systemd's default PATH: what a unit would have had without the env file.
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-MANAGED = (
-    "CUDA_HOME",
-    "PATH",
-    "LD_LIBRARY_PATH",
-    "TORCH_CUDA_ARCH_LIST",
-    "TRITON_PTXAS_PATH",
-    "TRITON_PTXAS_BLACKWELL_PATH",
-    "UV_NO_SYNC",
-    "UV_PROJECT_ENVIRONMENT",
-)
 _TOOLKIT = re.compile(r"/cuda-(\d+)(?:\.(\d+))?\Z")
 
 
-def _extra_check(value: Any, data: Mapping[str, Any]) -> str | None:
-    allowed = env_mapping_except(MANAGED)(value, data)
-    if allowed:
-        return allowed
-    if "HF_HOME" in value and data.get("jobs_model_cache"):
-        return "variables other than HF_HOME while jobs_model_cache is set (it is HF_HOME)"
-    return None
 
 
-SETTINGS = (
-    Setting(
-        "cuda_env_file",
-        "/etc/sparkrig/cuda.env",
-        "The single KEY=VALUE file holding CUDA_HOME, PATH, LD_LIBRARY_PATH, TORCH_CUDA_ARCH_LIST,"
-        " TRITON_PTXAS_PATH, TRITON_PTXAS_BLACKWELL_PATH and UV_NO_SYNC=1 and "
-        "UV_PROJECT_ENVIRONMENT (python_venv_path: `uv run` in a project uses the managed venv as "
-        "it is). Login shells read it through /etc/profile.d/sparkrig-cuda.sh; systemd units read "
-        "it with EnvironmentFile=. HF_HOME too when jobs_model_cache is set.",
-        absolute_path,
-    ),
-    Setting(
-        "cuda_env_default_home",
-        "/usr/local/cuda",
-        "CUDA_HOME when the host has no /usr/local/cuda link and no /usr/local/cuda-X.Y directory "
-        "(the link's target, else the newest X.Y, wins when present).",
-        absolute_path,
-    ),
-    Setting(
-        "cuda_env_extra",
-        {},
-        'Extra variables for the same file, e.g. {"HF_HOME": "/data/hf"}. Names must be valid '
-        "variable names other than the managed ones above; values are literal strings without "
-        "single quotes or newlines.",
-        _extra_check,
-    ),
-)
-declare(__name__, SETTINGS)
 
 
 class CudaToolkits(FactBase):

@@ -35,7 +35,9 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 from pyinfra.api.command import PyinfraCommand
 
 from sparkrig import atomic, reading
-from sparkrig.settings import ALL_DEFAULTS, Setting, boolean, declare
+from sparkrig.settings import ALL_DEFAULTS
+
+from .settings import SETTINGS  # noqa: F401 (re-exported)
 
 FSTAB = "/etc/fstab"
 FSTAB_BACKUP = "/etc/fstab.sparkrig.bak"
@@ -63,26 +65,6 @@ _DEVNODE_CHARS = frozenset(string.ascii_letters + string.digits + "#+-.:=@_")  #
 _UNIT_CHARS = frozenset((string.ascii_letters + string.digits + ":_.").encode())  # systemd keeps these
 
 
-SETTINGS = (
-    Setting(
-        "swap_disable",
-        True,
-        "Turn swap off now and keep it off: every swap entry of /etc/fstab commented out (the old "
-        "file kept as /etc/fstab.sparkrig.bak), swap and zram units masked and stopped, swapoff -a"
-        " while swap is active. On GB10 swap turns memory pressure into a freeze of the whole box "
-        "instead of an OOM kill. False leaves swap as it is.",
-        boolean,
-    ),
-    Setting(
-        "swap_remove_files",
-        False,
-        "Also delete, once swap is off, the swap files (regular files with a swap signature, e.g. "
-        "/swap.img) of the fstab entries sparkrig disabled. Off by default: deleting is the one "
-        "step that uncommenting a line cannot undo.",
-        boolean,
-    ),
-)
-declare(__name__, SETTINGS)
 
 
 # fstab, read the way libmount reads it ----------------------------------------
