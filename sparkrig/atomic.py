@@ -65,6 +65,14 @@ def render(template: str, **context) -> str:
     return _jinja.get_template(template).render(**context)
 
 
+def script(template: str, **context) -> str:
+    """A host-side script of ``templates/`` (every one is a file there, shellchecked by
+    tests/repo/test_shell.py) as ``sh -c`` takes it: rendered, without its comment lines
+    (those starting with ``#``) and blank lines, which would only lengthen each command."""
+    lines = render(template, **context).splitlines()
+    return "\n".join(line for line in lines if line.strip() and not line.startswith("#"))
+
+
 # Host output ----------------------------------------------------------------------
 # A host's output is data from the other side of a trust boundary. pyinfra stops reading a
 # command's output at its first byte that is not UTF-8 (the rest is lost without a word), so

@@ -378,9 +378,8 @@ def disabled(backup: str = FSTAB_BACKUP, remove_files: bool = False):
 
 
 def fstab_check_script() -> str:
-    """templates/swap/fstab-check.sh without its comments, for ``sh -c SCRIPT NAME OLD NEW``."""
-    lines = atomic.render("swap/fstab-check.sh").splitlines()
-    return "\n".join(line for line in lines if line and not line.startswith("#"))
+    """templates/swap/fstab-check.sh, for ``sh -c SCRIPT NAME OLD NEW``."""
+    return atomic.script("swap/fstab-check.sh")
 
 
 def _fstab_commands(found: Mapping[str, Any], backup: str) -> Iterator[PyinfraCommand]:
