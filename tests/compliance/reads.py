@@ -27,6 +27,8 @@ host would give the same commands at that point; only the number of round trips 
 from __future__ import annotations
 
 import base64
+import json
+import os
 import re
 import shlex
 import subprocess
@@ -190,6 +192,21 @@ class HostReads:
         return backend.result(rc, backend.encode(command), out, b"")
 
 
+# SPARKRIG_COMPLIANCE_LOG=FILE: every command sent to a host is logged there, one JSON line
+# (host, control, command), to see what each control asks (benchmarks count them).
+_LOG = os.environ.get("SPARKRIG_COMPLIANCE_LOG")
+
+
+def _logged(run, backend):
+    def sent(command, *args):
+        with open(_LOG, "a") as log:
+            log.write(json.dumps({"host": backend.get_hostname(), "control": os.environ.get("PYTEST_CURRENT_TEST", ""),
+                                  "command": backend.quote(command, *args), "sudo": bool(backend.sudo)}) + "\n")
+        return run(command, *args)
+
+    return sent
+
+
 def install(backend_class) -> None:
     """Answer ``backend_class``'s commands through one :class:`HostReads` per backend."""
     run = backend_class.run
@@ -200,7 +217,8 @@ def install(backend_class) -> None:
         reads = self.__dict__.get("_sparkrig_reads")
         if reads is None:
             reads = self.__dict__["_sparkrig_reads"] = HostReads(_SEEDS.get(self.get_hostname()))
-        return reads.answer(self, lambda c, *a: run(self, c, *a, **kwargs), command, args)
+        send = lambda c, *a: run(self, c, *a, **kwargs)  # noqa: E731
+        return reads.answer(self, _logged(send, self) if _LOG else send, command, args)
 
     answered.sparkrig_reads = True
     answered.__wrapped__ = run
