@@ -404,6 +404,17 @@ def test_the_odd_host_is_marked():
     assert lines[-2:] == ["*: differs from most hosts", "spark-4: not read: could not connect"]
 
 
+def test_a_hosts_control_characters_never_reach_the_terminal():
+    """A hostile host's strings (its os-release, a version, its error) can hold escape
+    sequences: the table shows them escaped, one line per host."""
+    evil = "\x1b]0;owned\x07\x1b[2J\r\n\x9b31m\u202e"
+    rows = {"a": _row(kernel=evil, driver="580\x1b[8m"), "b": _row()}
+    text = report.table(rows, {"c": f"FactProcessError: {evil}"})
+    assert not any(ch in text for ch in "\x1b\x07\r\x9b\u202e"), repr(text)
+    assert "\\x1b]0;owned" in text and "580\\x1b[8m" in text
+    assert len(text.splitlines()) == 1 + 2 + 1 + 1  # header, two hosts, the legend, one error
+
+
 def test_with_no_majority_every_differing_cell_is_marked():
     rows = {"a": _row(kernel="1"), "b": _row(kernel="2")}
     assert report.differing(rows) == {"a": ["kernel"], "b": ["kernel"]}
