@@ -350,10 +350,12 @@ FLEET_CHECKS = (fleet_problems,)
 # Facts -----------------------------------------------------------------------------
 
 # As the cluster user (runuser: no PAM session, no shell start-up files): the lines of
-# their authorized_keys that sparkrig manages. $1: their home.
+# their authorized_keys that sparkrig manages, read as every user's file is
+# (atomic.USER_READ, at most AUTHORIZED_LIMIT bytes). $1: their home.
+AUTHORIZED_LIMIT = 1 << 20
 _READ_AUTHORIZED = (
     'f="$1/.ssh/authorized_keys"; [ -f "$f" ] || exit 0; '
-    f'grep -F -e " {MARKER}" "$f"; [ $? -le 1 ]'
+    f'{atomic.user_read(chr(34) + "$f" + chr(34), AUTHORIZED_LIMIT)} | grep -F -e " {MARKER}"; [ $? -le 1 ]'
 )
 
 

@@ -52,6 +52,7 @@ import json
 import os
 import posixpath
 import re
+import shlex
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from io import BytesIO
@@ -71,7 +72,7 @@ from pyinfra.api import (
     operation,
 )
 
-from sparkrig.venv import STATE_DIR, UV, UV_ENV, package_name
+from sparkrig.venv import LOCK_LIMIT, STATE_DIR, UV, UV_ENV, package_name
 from sparkrig.prefix import ARCHIVE, PREFIX_ROOT, current, installed_dir, installed_stamp, need_variable, unpacker_source
 from sparkrig.python_wheels import normalise
 from sparkrig import atomic, reading
@@ -91,6 +92,10 @@ INCOMING = "/var/lib/sparkrig/incoming"
 CACHED_WHEEL = "wheel.whl"
 CACHED_ARCHIVE = ARCHIVE
 CACHED_STAMP = "stamp.json"
+# The most a deploy reads of a host's stamp (its owner can replace it; a stamp is about 1 KB)
+# and of a build's result (its exit status).
+STAMP_LIMIT = 1 << 20
+RESULT_LIMIT = 64
 UNIT_PREFIX = "sparkrig-build-"
 KEY_LENGTH = 16
 TAIL_LINES = 30
@@ -575,19 +580,21 @@ class SourceBuilds(FactBase):
             ]
         for name, key, prefix in builds:
             n, d, w = QuoteString(name), QuoteString(build_dir(name, key)), QuoteString(wheelhouse_dir(name, key))
-            r = QuoteString(f"{work_dir(name, key)}/result")
             bits += [
                 "n=", n, "; d=", d, "; w=", w, "; u=", QuoteString(unit_name(name, key)), ";",
                 'echo "unit $n $(systemctl is-active "$u" 2>/dev/null)";',
-                '[ -f "$w/stamp.json" ] && echo "stamp $n $(tr -d \'\\n\' < "$w/stamp.json")";',
+                "s=$(", atomic.user_read('"$w/stamp.json"', STAMP_LIMIT), " | tr -d '\\n');",
+                ' [ -n "$s" ] && echo "stamp $n $s";',
                 'for f in "$w"/*.whl "$w"/', QuoteString(ARCHIVE), '; do [ -f "$f" ] && echo "wheel $n ${f##*/}"; done;',
                 '[ -f "$d/attempt" ] && echo "attempt $n yes";',
-                "[ -f", r, '] && echo "result $n $(head -c 16 ', r, ')";',
+                "x=$(", atomic.user_read(shlex.quote(f"{work_dir(name, key)}/result"), RESULT_LIMIT),
+                ') && echo "result $n $x";',
             ]
             if venv and prefix:
                 # The line of this build's wheel in the venv's requirements, if that wheel is there.
                 bits += [
-                    "c=$(grep -sF -- ", QuoteString(prefix), ' "$r" | head -n 1); p=${c#* @ file://};',
+                    "c=$(", atomic.user_read('"$r"', LOCK_LIMIT), " | grep -F -- ", QuoteString(prefix),
+                    ' | head -n 1); p=${c#* @ file://};',
                     ' [ -n "$c" ] && [ -f "${p%% *}" ] && echo "current $n $c";',
                 ]
         return atomic.encoded(StringCommand(*bits, "true", _separator=""))
@@ -716,10 +723,11 @@ def _wait_command(name: str, key: str) -> StringCommand:
 
 def _failure_script(name: str, key: str) -> str:
     unit = unit_name(name, key)
+    result = atomic.user_read('"$d/work/result"', RESULT_LIMIT)
     return (
-        'if [ "$(head -c 16 "$d/work/result" 2>/dev/null)" = 0 ] && [ -f "$w/stamp.json" ]; then'
+        f'if [ "$({result} 2>/dev/null)" = 0 ] && [ -f "$w/stamp.json" ]; then'
         f' echo "sparkrig: source build {name} finished"; rm -f "$d/attempt"; exit 0; fi;'
-        f' echo "sparkrig: source build {name} failed (exit status $(head -c 16 "$d/work/result" 2>/dev/null || echo none:'
+        f' echo "sparkrig: source build {name} failed (exit status $({result} 2>/dev/null || echo none:'
         ' killed or interrupted)); the venv is unchanged; the next deploy tries again.'
         f' Last lines of journalctl -u {unit}:" >&2;'
         f' journalctl -u "$u" -n {TAIL_LINES} -o cat --no-pager >&2;'

@@ -87,6 +87,32 @@ def decoded(output: Sequence[str]) -> list[str]:
     return lines[:-1] if lines[-1] == "" else lines
 
 
+# Reads of a path a user controls ----------------------------------------------------
+# Root (or a deploy waiting on a user's process) reads files a user can replace: a build's
+# stamp and result, the venv's lock and metadata, authorized_keys. Each such read is
+# USER_READ: a regular file only (a FIFO, device, directory or link reads as missing),
+# opened without following a link and without blocking (dd's nofollow, nonblock: a FIFO
+# swapped in after the check still never blocks), at most LIMIT bytes (a larger file is
+# refused on stderr), and killed after READ_TIMEOUT_S seconds whatever happens.
+# Exit status: 0 read, 1 missing or not a regular file, 2 too large, 124 timed out.
+READ_TIMEOUT_S = 10
+USER_READ = (
+    's=$(stat -c "%F %s" -- "$1" 2>/dev/null) || exit 1; '
+    'case "$s" in "regular file "*|"regular empty file "*) ;; '
+    '*) echo "sparkrig: $1 is not a regular file (${s% *}): read as missing" >&2; exit 1;; esac; '
+    '[ "${s##* }" -le "$2" ] || { echo "sparkrig: $1 is over $2 bytes: not read" >&2; exit 2; }; '
+    f'exec timeout -k 1 {READ_TIMEOUT_S} dd if="$1" iflag=nofollow,nonblock,count_bytes count="$2" bs=65536 status=none'
+)
+
+
+def user_read(path: str, limit: int, as_user: str | None = None) -> str:
+    """Shell text printing the file at ``path`` (shell syntax, quoted by the caller: e.g.
+    ``'"$w/stamp.json"'``) as :data:`USER_READ` reads it, at most ``limit`` bytes; run as
+    ``as_user`` (shell syntax too, through ``runuser``) when given."""
+    prefix = f"runuser -u {as_user} -- " if as_user else ""
+    return f"{prefix}sh -c {shlex.quote(USER_READ)} sparkrig-read {path} {int(limit)}"
+
+
 def parses(process):
     """A fact's ``process``: output it cannot parse fails this host (pyinfra's
     FactProcessError, with what went wrong), never the run, never silently."""

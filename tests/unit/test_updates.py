@@ -167,6 +167,19 @@ def test_the_command_reads_a_venv_and_this_machine(tmp_path):
     assert facts["kernel"] == os.uname().release
 
 
+@pytest.mark.skipif(not shutil.which("dpkg-query"), reason="needs dpkg-query (a Debian controller)")
+def test_a_fifo_for_a_venvs_metadata_never_hangs_the_report(tmp_path):
+    """The venv's owner makes torch's METADATA a FIFO (no writer ever comes): the fact's own
+    command still ends (the deploy and tools.report read it), torch's version unknown."""
+    info = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "torch-2.11.0.dist-info"
+    info.mkdir(parents=True)
+    os.mkfifo(info / "METADATA")
+    part = up.versions_part({**DEFAULTS, "python_venv_path": str(tmp_path / "venv")})
+    command = up.Versions().command(**dict(part.kwargs)).get_raw_value()
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    assert up.Versions().process(result.stdout.splitlines())["python"] == {"torch": "?"}
+
+
 def test_the_manifests_vllm_name_is_the_one_read():
     manifest = {**DEFAULTS["python_stack"], "vllm": {"name": "sparkrig-lab-standin-vllm"}}
     assert up.python_names({**DEFAULTS, "python_stack": manifest}) == ("torch", "sparkrig_lab_standin_vllm")
