@@ -597,13 +597,13 @@ def uv_tool(version: str, index_url: str, present: str | None = None, link: bool
     if present != version:
         atomic.detail(f"uv {version} (this host has {present or 'none'})")
         new = QuoteString(f"{UV_TOOL}.sparkrig-new")
-        pip = QuoteString(f"{UV_TOOL}.sparkrig-new/bin/pip")
+        python = QuoteString(f"{UV_TOOL}.sparkrig-new/bin/python")
         yield StringCommand(
             "rm -rf", new,
-            "&& python3 -m venv", new,
+            "&& python3 -I -m venv", new,
             # Debian's and Ubuntu's pip read the system store; say so for any other pip.
             f"&& {{ [ ! -f {CA_BUNDLE} ] || export PIP_CERT={CA_BUNDLE}; }}",
-            "&&", pip, "install --quiet --disable-pip-version-check --no-cache-dir",
+            "&&", python, "-I -m pip install --quiet --disable-pip-version-check --no-cache-dir",
             "--require-hashes --only-binary :all: --index-url", QuoteString(index_url),
             "-r", QuoteString(UV_REQUIREMENTS),
             "&&", QuoteString(f"{UV_TOOL}.sparkrig-new/bin/uv"), "--version",

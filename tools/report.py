@@ -20,6 +20,7 @@ from typing import Any
 
 from operations.updates import pending_reboot, versions_part
 from sparkrig import reading
+from sparkrig.connection import from_slash
 from sparkrig.settings import resolved, validate_hosts
 from tools.rollout import REPO, limit_hosts
 
@@ -123,6 +124,7 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
     hosts = [h for h in inventory_obj if h.name in chosen]
     validate_hosts([(h.name, h.data.dict()) for h in hosts], [(h.name, h.data.dict()) for h in inventory_obj])
     state.init(inventory_obj, config, initial_limit=hosts)
+    from_slash(inventory_obj)  # as config.py makes a deploy's commands run from /
     facts: dict[str, dict] = {}
     errors: dict[str, str] = {}
     try:
