@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.context import ctx_host
 from pyinfra.operations import server
 
@@ -720,9 +720,9 @@ def authorized_key(user: str, home: str, line: str):
     """
     staged = f"{STAGE}/authorized-{secrets.token_hex(8)}"
     yield StringCommand("install -d -m 755 -o root -g root", QuoteString(STAGE))
-    yield FileUploadCommand(BytesIO(f"{line}\n".encode()), staged)
+    yield atomic.Upload(BytesIO(f"{line}\n".encode()), staged)
     yield StringCommand(
-        "runuser -u", QuoteString(user), "-- sh -c", QuoteString(_PUT_AUTHORIZED), "sparkrig",
+        "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(user), "-- sh -c", QuoteString(_PUT_AUTHORIZED), "sparkrig",
         QuoteString(home), QuoteString(staged), "; s=$?; rm -f", QuoteString(staged), "; exit $s",
     )
 

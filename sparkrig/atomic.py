@@ -257,6 +257,48 @@ def temp_path(dest: str) -> str:
     return posixpath.join(directory, f".{name}.sparkrig-new")
 
 
+# Uploads ------------------------------------------------------------------------------
+# pyinfra uploads a root-bound file through /tmp/pyinfra-<sha1 of its destination>, created
+# by the login user with the default mode (0644): any local user can read it, or create
+# that path first and make the update fail (or, with fs.protected_regular off, replace its
+# content). Every sparkrig upload is an Upload instead.
+
+# The connector arguments that change who runs a command: the staging runs without them.
+_AS_LOGIN_USER = {"_sudo": False, "_sudo_user": None, "_su_user": None, "_doas": False, "_dzdo": False}
+_STAGE = re.compile(r"/[A-Za-z0-9._/-]+")
+
+
+class Upload(FileUploadCommand):
+    """Put ``src`` (a controller file's path, or a file object) at ``dest`` as root, through
+    a fresh directory nobody else can enter or predict: the login user makes it
+    (``umask 077; mktemp -d``: 0700, a random name), uploads into it (SFTP runs as the login
+    user), and root copies the file to ``dest`` and removes the directory. A new ``dest`` is
+    made 0600: the caller sets its mode."""
+
+    def execute(self, state, host, connector_arguments):
+        connector_arguments.update(self.connector_arguments)
+        mine = {**connector_arguments, **_AS_LOGIN_USER}
+        shown = {"print_output": state.print_output, "print_input": state.print_input}
+        ok, output = host.connector.run_shell_command(StringCommand("umask 077 && mktemp -d"), **shown, **mine)
+        stage = output.stdout.strip() if ok else ""
+        if not _STAGE.fullmatch(stage):
+            logger.error(f"{host.print_prefix}sparkrig: no private directory to upload {self.dest} through: "
+                         f"{output.stderr or stage!r}")
+            return False
+        staged = f"{stage}/file"
+        if not host.connector.put_file(self.src, staged, **shown, **mine):
+            host.connector.run_shell_command(StringCommand("rm -rf", QuoteString(stage)), **mine)
+            return False
+        ok, output = host.connector.run_shell_command(
+            StringCommand("umask 077 && cp", QuoteString(staged), QuoteString(self.dest), "; s=$?; rm -rf", QuoteString(stage),
+                          "; exit $s"),
+            **shown, **connector_arguments,
+        )
+        if not ok:
+            logger.error(f"{host.print_prefix}sparkrig: upload of {self.dest} failed: {output.stderr}")
+        return ok
+
+
 @operation()
 def file(
     dest: str,
@@ -316,7 +358,7 @@ def file(
     temp = QuoteString(temp_path(dest))
     if current is None:
         yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(dest)))
-    yield FileUploadCommand(BytesIO(data), temp_path(dest))
+    yield Upload(BytesIO(data), temp_path(dest))
     check = (
         ["&& {", *[QuoteString(part) for part in validate], temp, "|| { rm -f", temp, "; false; }; }"]
         if validate

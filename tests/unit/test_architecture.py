@@ -162,3 +162,17 @@ def test_no_operation_moves_a_command_out_of_slash():
         if isinstance(node, ast.keyword) and node.arg == "_chdir"
     ]
     assert found == []
+
+
+def test_every_upload_goes_through_a_private_directory():
+    """pyinfra's own uploads pass through /tmp/pyinfra-<sha1 of the destination> (0644, a
+    name anyone can create first): every upload is sparkrig.atomic.Upload instead."""
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id}"
+        for folder in ("operations", "sparkrig", "tools") for path in sorted((REPO / folder).glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) in ("FileUploadCommand", "put")
+        and not (isinstance(node.func, ast.Attribute) and node.func.attr == "put" and getattr(node.func.value, "id", "") != "files")
+    ]
+    assert found == []
