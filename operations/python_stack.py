@@ -501,7 +501,7 @@ fi
 [ -f "$s/requirements.lock" ] && echo "lock $({read_lock} | sha256sum | cut -d' ' -f1)"
 [ -n "$w" ] && [ -d "$w" ] && for f in "$w"/*.whl; do [ -f "$f" ] && echo "wheel ${{f##*/}}"; done
 [ -d {offline} ] && echo "offline_dir yes"
-if [ -x {uv} ] && [ -f "$s/requirements.lock" ] && [ -x "$v/bin/python" ] && id -u "$o" >/dev/null 2>&1; then
+if [ -x {uv} ] && [ -f "$s/requirements.lock" ] && [ ! -L "$s/requirements.lock" ] && [ -x "$v/bin/python" ] && id -u "$o" >/dev/null 2>&1; then
   echo "plan $(runuser -u "$o" -- timeout -k 5 {plan_timeout} env {env} {uv} pip sync --no-config --offline --dry-run --require-hashes --python "$v/bin/python" "$s/requirements.lock" 2>&1 | tail -n 1)"
 fi
 true
