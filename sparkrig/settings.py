@@ -230,6 +230,27 @@ def resolved(data: Mapping[str, Any]) -> dict[str, Any]:
     return resolve(all_settings(), data)
 
 
+# A URL's user information (``scheme://user:token@host``): a secret that would reach build
+# scripts, unit files and command lines. Refused in every setting, whatever its check says.
+_CREDENTIALS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@]+@")
+
+
+def holds_credentials(value: Any) -> bool:
+    """Whether ``value`` (a string, or lists and mappings of them) holds a URL with user information."""
+    if isinstance(value, str):
+        return bool(_CREDENTIALS.search(value))
+    if isinstance(value, Mapping):
+        return any(holds_credentials(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(holds_credentials(v) for v in value)
+    return False
+
+
+def allowed_text(setting: Setting, data: Mapping[str, Any]) -> str:
+    """:func:`allowed`, named here because ``problems`` has a local of that name."""
+    return allowed(setting, data)
+
+
 def problems(settings: Iterable[Setting], data: Mapping[str, Any]) -> list[str]:
     """Every problem with one host's data, one line each, empty when valid."""
     settings = tuple(settings)
@@ -246,6 +267,13 @@ def problems(settings: Iterable[Setting], data: Mapping[str, Any]) -> list[str]:
             found.append(f"{key}: not a sparkrig setting{hint}")
     for setting in settings:
         value = resolved[setting.key]
+        if holds_credentials(value):
+            found.append(
+                f"{setting.key} holds a URL with credentials (user:token@, not repeated here): allowed is "
+                f"{allowed_text(setting, resolved)} without them; a URL reaches files and command lines other "
+                "local users can read: give the hosts their credentials another way (netrc, git's credential store)"
+            )
+            continue
         allowed = setting.check(value, resolved)
         if allowed:
             found.append(f"{setting.key} = {value!r}: allowed is {allowed}")

@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from operations.updates import pending_reboot, versions_part
 from sparkrig import reading
+from sparkrig.connection import from_slash
 from sparkrig.settings import resolved, validate_hosts
 from tools.rollout import REPO, limit_hosts
 
@@ -72,19 +74,29 @@ def differing(rows: Mapping[str, Mapping[str, str]]) -> dict[str, list[str]]:
     return found
 
 
+def printable(text: str) -> str:
+    """``text`` with every control, format and separator character escaped (``\\x1b``): a
+    host's strings are data, and an escape sequence in them would drive the terminal."""
+    return "".join(
+        (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        if unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp") else ch
+        for ch in text
+    )
+
+
 def table(rows: Mapping[str, Mapping[str, str]], errors: Mapping[str, str]) -> str:
     """The fleet as a text table, a legend, and one line per host that could not be read."""
     marks = differing(rows)
     header = ["host", *COLUMNS]
     lines = [
-        [name, *(cells[c] + (f" {MARK}" if c in marks[name] else "") for c in COLUMNS)]
+        [name, *(printable(cells[c]) + (f" {MARK}" if c in marks[name] else "") for c in COLUMNS)]
         for name, cells in rows.items()
     ]
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     out = ["  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip() for r in [header, *lines]]
     if any(marks.values()):
         out.append(f"{MARK}: differs from most hosts")
-    out += [f"{name}: not read: {why}" for name, why in errors.items()]
+    out += [f"{name}: not read: {printable(why)}" for name, why in errors.items()]
     return "\n".join(out)
 
 
@@ -112,6 +124,7 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
     hosts = [h for h in inventory_obj if h.name in chosen]
     validate_hosts([(h.name, h.data.dict()) for h in hosts], [(h.name, h.data.dict()) for h in inventory_obj])
     state.init(inventory_obj, config, initial_limit=hosts)
+    from_slash(inventory_obj)  # as config.py makes a deploy's commands run from /
     facts: dict[str, dict] = {}
     errors: dict[str, str] = {}
     try:

@@ -264,3 +264,21 @@ def test_the_suite_runs_the_venvs_python_as_its_owner_when_it_is_root(tmp_path):
         assert command == "runuser -u nobody -- id -un" and host.check_output(command) == "nobody"
     else:
         assert command == "id -un"
+
+
+def test_a_relative_inventory_is_the_same_file_for_the_hosts_and_the_batches(tmp_path, monkeypatch):
+    """The rollout reads its hosts from INVENTORY and deploys each batch with INVENTORY: a
+    relative path is the caller's, for both (the batch ran from the repository, where the
+    same relative name is another file or none). The inventory notes each load of it; its
+    host's name does not resolve (.invalid), so the batch fails without reaching anything."""
+    from tools import rollout
+    loads = tmp_path / "loads"
+    (tmp_path / "rollout-test-inventory.py").write_text(
+        f"open({str(loads)!r}, 'a').write('loaded\\n')\n"
+        'hosts = [("sparkrig-rollout-test.invalid", {"ssh_connect_timeout": 2})]\n'
+    )
+    assert not (REPO / "rollout-test-inventory.py").exists()
+    monkeypatch.chdir(tmp_path)
+    assert rollout.rollout("rollout-test-inventory.py", 1, [], []) == 1  # the host is unreachable
+    # debug-inventory, then the batch's deploy: both loaded this file.
+    assert loads.read_text().count("loaded") >= 2, loads.read_text()

@@ -220,3 +220,19 @@ def test_operations_match_whole_values():
         for line in text.splitlines():
             if "re.compile(" in line:
                 assert not line.rstrip().rstrip(")").endswith('$"'), f"{path.name}: {line.strip()}"
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("python_index_url", "https://alice:s3cret-token@pypi.example.com/simple"),
+    ("python_index_url", "https://s3cret-token@pypi.example.com/simple"),
+    ("containers_docker_repo_url", "https://bob:s3cret-token@mirror.example.com/docker/linux/{os}"),
+])
+def test_a_url_holding_credentials_is_refused_for_every_setting(key, value):
+    """A URL's user:token@ would reach files and command lines other local users can read
+    (build.sh, uv's arguments): every setting refuses it, naming the host and the key,
+    without repeating the secret."""
+    with pytest.raises(SettingsError) as error:
+        validate_hosts([("spark-01", {key: value})])
+    message = str(error.value)
+    assert "spark-01" in message and key in message and "credentials" in message, message
+    assert "s3cret-token" not in message, message
