@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
+import re
 from html import escape
 from urllib.parse import quote
 from pathlib import Path
@@ -100,6 +101,11 @@ def _cell(text: Any, cls: str = "", title: str = "", sort: str | None = None) ->
     return f"<td{attributes}>{escape(str(text))}</td>"
 
 
+def _short(when: str) -> str:
+    """ISO 8601 times as a person reads them (``2026-11-25 09:48:36``; the zone in the cell's title)."""
+    return re.sub(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(?:[+-]\d\d:\d\d|Z)?", r"\1 \2", when)
+
+
 def _most(hosts: Mapping[str, Host], column: str) -> str:
     values = [h.versions.get(column, "") for h in hosts.values() if h.versions]
     return max(set(values), key=values.count) if values else ""
@@ -132,8 +138,8 @@ def render(hosts: Mapping[str, Host], *, columns: Sequence[str], title: str = "s
                     cells.append(_cell(value, "differs", f"differs from most hosts ({_most(hosts, column) or '-'})"))
                 else:
                     cells.append(_cell(value))
-            cells.append(_cell(h.versions_read, "when"))
-        cells.append(_cell(h.controls_read, "when"))
+            cells.append(_cell(_short(h.versions_read), "when", h.versions_read))
+        cells.append(_cell(_short(h.controls_read), "when", h.controls_read))
         status = "failed" if name in failing else ("drift" if name in drifted else "ok")
         version_rows.append(
             f'<tr data-host="{escape(name)}" data-status="{status}">{"".join(cells)}</tr>'
@@ -170,12 +176,12 @@ def render(hosts: Mapping[str, Host], *, columns: Sequence[str], title: str = "s
     if with_controls:
         controls = f"""
 <h2>Controls</h2>
-<table id="controls" class="sortable">
+<div class="scroll"><table id="controls" class="sortable">
 <thead><tr><th>host</th><th>outcome</th><th>concern</th><th>control</th><th>found / why skipped</th><th>protects against</th></tr></thead>
 <tbody>
 {chr(10).join(control_rows)}
 </tbody>
-</table>"""
+</table></div>"""
     else:
         controls = ('<p class="note">No controls on this page: the compliance suite writes them '
                     "(<code>pytest tests/compliance --inventory INVENTORY --fleet-page PATH</code>).</p>")
@@ -241,9 +247,8 @@ th, td { text-align: left; vertical-align: top; padding: 5px 8px; border-bottom:
 th { background: #f3f4f6; cursor: pointer; user-select: none; white-space: nowrap; position: relative; }
 th.asc::after { content: " ▲"; } th.desc::after { content: " ▼"; }
 .scroll { overflow-x: auto; }
-td.host { font-weight: 600; max-width: 28ch; overflow-wrap: anywhere; }
-#versions td { white-space: nowrap; font-variant-numeric: tabular-nums; }
-#versions td.host { white-space: normal; }
+td.host { font-weight: 600; white-space: nowrap; }
+#versions td { white-space: nowrap; font-variant-numeric: tabular-nums; font-size: 13px; }
 td.differs, span.differs { background: var(--diff-bg); font-weight: 600; }
 td.differs::after { content: " ≠"; color: var(--skip); }
 td.when { color: var(--muted); font-size: 12px; }

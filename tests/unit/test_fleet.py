@@ -99,15 +99,15 @@ def test_the_table_counts_each_control_once_by_its_worst_phase():
 
 
 # A failed control's message as pytest reports it (reprcrash.message): the assertion's message,
-# its continuation lines indented by two, then pytest's explanation. The stderr is a Debian 12
-# host's (sudo 1.9.13, docker.io 20.10.24) whose own name does not resolve, pulling an image
-# it cannot reach.
+# its continuation lines indented by two, then pytest's explanation. The stderr is a lab Debian 12
+# host's (docker.io 20.10.24), captured after `hostname deb` (a name that does not resolve) from
+# `sudo docker run --runtime=nvidia ubuntu:24.04 true` (no registry reachable), 2026-11-25.
 DOCKER_PULL_FAILED = (
     "AssertionError: docker run --runtime=nvidia ubuntu:24.04 true failed: "
     "sudo: unable to resolve host deb: Name or service not known\n"
     "  Unable to find image 'ubuntu:24.04' locally\n"
     "  docker: Error response from daemon: Get \"https://registry-1.docker.io/v2/\": dial tcp: "
-    "lookup registry-1.docker.io on 10.0.2.3:53: no such host.\n"
+    "lookup registry-1.docker.io on 10.255.255.53:53: no such host.\n"
     "  See 'docker run --help'.\n"
     "  \n"
     "assert 125 == 0\n"
@@ -120,7 +120,7 @@ DOCKER_PULL_FAILED = (
 @pytest.mark.parametrize(("message", "line"), [
     (DOCKER_PULL_FAILED,
      "docker run --runtime=nvidia ubuntu:24.04 true failed: docker: Error response from daemon: Get "
-     "\"https://registry-1.docker.io/v2/\": dial tcp: lookup registry-1.docker.io on 10.0.2.3:53: no such host."),
+     "\"https://registry-1.docker.io/v2/\": dial tcp: lookup registry-1.docker.io on 10.255.255.53:53: no such host."),
     # sudo's warning alone: nothing else said why, so it stays.
     ("AssertionError: docker run --runtime=nvidia ubuntu:24.04 true failed: sudo: unable to resolve host "
      "deb: Name or service not known\n  \nassert 1 == 0",

@@ -117,8 +117,9 @@ def test_the_page_has_a_row_per_host_and_per_control_with_its_outcome_reason_and
     assert [c["text"] for c in versions["spark-02"]["cells"][1:4]] == ["1", "1", "0"]
     assert versions["spark-02"]["attrs"]["data-status"] == "failed"
     assert versions["spark-01"]["attrs"]["data-status"] == "ok"
-    assert versions["spark-01"]["cells"][-2]["text"] == "2026-11-25T10:00:00+00:00"
-    assert versions["spark-01"]["cells"][-1]["text"].endswith("to 2026-11-25T10:00:09+00:00")
+    assert versions["spark-01"]["cells"][-2]["text"] == "2026-11-25 10:00:00"
+    assert versions["spark-01"]["cells"][-2]["attrs"]["title"] == "2026-11-25T10:00:00+00:00"
+    assert versions["spark-01"]["cells"][-1]["text"] == "2026-11-25 10:00:01 to 2026-11-25 10:00:09"
     assert versions["spark-03"]["cells"][-2]["text"] == (
         "versions not read: could not connect (ssh: connect to host spark-03 port 22: No route to host)")
     controls = parsed.rows["controls"][1:]
