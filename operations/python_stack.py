@@ -38,7 +38,6 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
@@ -49,7 +48,7 @@ from sparkrig.profile import profiles_check as hardware_profiles_check
 from sparkrig.python_wheels import LOCK_PLATFORM, REFUSED, lock_entries, normalise, offline_wheels
 from sparkrig.atomic import refused
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import ALL_DEFAULTS, USER_NAME, Setting, absolute_path, boolean, controller_path, one_of, resolved
+from sparkrig.settings import ALL_DEFAULTS, USER_NAME, Setting, absolute_path, boolean, controller_path, one_of, resolved, yaml_file
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "group_data" / "python_stack.yml"
@@ -79,7 +78,7 @@ _UV_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 def load_manifest(path: Path | str = MANIFEST) -> dict:
     """The versions manifest at ``path`` (YAML)."""
-    return yaml.safe_load(Path(path).read_text())
+    return yaml_file(path)
 
 
 

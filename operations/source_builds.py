@@ -59,7 +59,6 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pyinfra import host, logger
 from pyinfra.api import (
     FactBase,
@@ -78,7 +77,7 @@ from sparkrig import atomic, reading
 from sparkrig.units import TRAINING_SLICE
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, memory_max_check, resolved
+from sparkrig.settings import ALL_DEFAULTS, ENV_NAME, Setting, controller_path, env_value_problem, mapping_of, memory_max_check, resolved, yaml_file
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "group_data" / "source_builds.yml"
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"
@@ -125,7 +124,7 @@ KIND_KEYS = {
 
 def load_catalogue(path: Path | str = CATALOGUE) -> dict:
     """The source builds catalogue at ``path`` (YAML)."""
-    return yaml.safe_load(Path(path).read_text())
+    return yaml_file(path)
 
 
 # Checks --------------------------------------------------------------------

@@ -236,3 +236,24 @@ def test_a_url_holding_credentials_is_refused_for_every_setting(key, value):
     message = str(error.value)
     assert "spark-01" in message and key in message and "credentials" in message, message
     assert "s3cret-token" not in message, message
+
+
+def test_a_yaml_file_is_parsed_once_each_caller_gets_its_own_copy_and_a_change_is_read(tmp_path, monkeypatch):
+    import os
+
+    import yaml
+
+    from sparkrig import settings
+
+    path = tmp_path / "manifest.yml"
+    path.write_text("python: '3.12'\npins: {torch: '2.9.0'}\n")
+    parses = []
+    real = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda stream, Loader: parses.append(Loader) or real(stream, Loader=Loader))
+    first = settings.yaml_file(path)
+    first["pins"]["torch"] = "changed by a caller"
+    assert settings.yaml_file(path) == {"python": "3.12", "pins": {"torch": "2.9.0"}}
+    assert parses == [yaml.CSafeLoader]  # libyaml's, once
+    path.write_text("python: '3.13'\n")
+    os.utime(path, ns=(1, 1))  # a change the clock cannot hide
+    assert settings.yaml_file(path) == {"python": "3.13"} and len(parses) == 2
