@@ -19,6 +19,10 @@ measures:
   three runs), per host,
   and the commands testinfra ran per host (counted by ``benchmarks/count_commands.py``).
 
+``--baseline DIR`` (repeatable) also times another checkout's no-change run (DIR, with its own ``.venv``:
+say, a worktree of the commit before a change) on the same converged fleet, its runs and this
+checkout's taking turns, so both see the same machine; its rows are marked "baseline".
+
 Latency comes from ``benchmarks/relay.py``, a delaying TCP relay on 127.0.0.1 in front of
 each lab host's sshd (``netem`` is not available here). It prints one Markdown table and
 tears the lab down. Not a test: nothing here passes or fails on a time.
@@ -65,6 +69,7 @@ class Row:
     controller_cpu_s: float = float("nan")
     machine_cpu_s: float = float("nan")
     compliance_runs: list[float] = field(default_factory=list)
+    code: str = "this checkout"
 
 
 def fleet(size: int) -> list[tuple[str, str]]:
@@ -87,16 +92,19 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def deploy(inventory: Path | str, *args: str) -> tuple[float, subprocess.CompletedProcess]:
+def deploy(inventory: Path | str, *args: str, tree: Path = REPO) -> tuple[float, subprocess.CompletedProcess]:
+    """``pyinfra -y ARGS INVENTORY deploy.py`` of the checkout ``tree`` (its own .venv), from there."""
+    pyinfra = PYINFRA if tree == REPO else str(tree / ".venv" / "bin" / "pyinfra")
     started = time.monotonic()
-    result = run([PYINFRA, "-y", *args, str(inventory), "deploy.py"], timeout=3600)
+    result = subprocess.run([pyinfra, "-y", *args, str(inventory), "deploy.py"], cwd=tree,
+                            capture_output=True, text=True, timeout=3600)
     return time.monotonic() - started, result
 
 
-def deploy_costs(inventory: Path | str, *args: str) -> tuple[float, float, float, subprocess.CompletedProcess]:
+def deploy_costs(inventory: Path | str, *args: str, tree: Path = REPO) -> tuple[float, float, float, subprocess.CompletedProcess]:
     """One deploy: its wall time, pyinfra's CPU time and the whole machine's CPU time."""
     controller, machine = children_cpu_s(), machine_cpu_s()
-    seconds, result = deploy(inventory, *args)
+    seconds, result = deploy(inventory, *args, tree=tree)
     return seconds, children_cpu_s() - controller, machine_cpu_s() - machine, result
 
 
@@ -156,21 +164,27 @@ def write_inventory(directory: Path, hosts: list[dict], ports: dict[str, int]) -
     return inventory
 
 
-def measure(size: int, rtt_ms: float, runs: int, hosts: list[dict], compliance: bool) -> Row:
+def measure(size: int, rtt_ms: float, runs: int, hosts: list[dict], compliance: bool,
+            baselines: list[Path] = ()) -> list[Row]:
+    """This checkout's row (after each baseline's, when there are some) at one RTT."""
     relays = Relays(hosts, rtt_ms)
+    trees = [*baselines, REPO]
     try:
         with tempfile.TemporaryDirectory(prefix="sparkrig-bench-") as tmp:
             inventory = write_inventory(Path(tmp), hosts, relays.ports)
-            times, controller_cpu, machine_cpu = [], [], []
+            times, controller_cpu, machine_cpu = ({tree: [] for tree in trees} for _ in range(3))
             for _ in range(runs):
-                seconds, controller, machine, result = deploy_costs(inventory, "--json")
-                if result.returncode != 0 or changes(result):
-                    raise RuntimeError(f"the no-change run changed something or failed:\n{result.stderr[-3000:]}")
-                times.append(seconds)
-                controller_cpu.append(controller)
-                machine_cpu.append(machine)
-            _, debug = deploy(inventory, "--debug")
-            commands = Counter(COMMAND_LINE.findall(debug.stderr + debug.stdout))
+                for tree in trees:  # taking turns: both see the same machine
+                    seconds, controller, machine, result = deploy_costs(inventory, "--json", tree=tree)
+                    if result.returncode != 0 or changes(result):
+                        raise RuntimeError(f"the no-change run changed something or failed:\n{result.stderr[-3000:]}")
+                    times[tree].append(seconds)
+                    controller_cpu[tree].append(controller)
+                    machine_cpu[tree].append(machine)
+            commands = {}
+            for tree in trees:
+                _, debug = deploy(inventory, "--debug", tree=tree)
+                commands[tree] = Counter(COMMAND_LINE.findall(debug.stderr + debug.stdout))
             compliance_s, compliance_runs, counted, outcome = float("nan"), [], {}, "not measured"
             if compliance:
                 counts = Path(tmp) / "counts.json"
@@ -189,8 +203,15 @@ def measure(size: int, rtt_ms: float, runs: int, hosts: list[dict], compliance: 
                 compliance_s = statistics.median(compliance_runs)
     finally:
         relays.close()
-    return Row(size, rtt_ms, statistics.median(times), times, dict(commands), compliance_s, counted, outcome,
-               statistics.median(controller_cpu), statistics.median(machine_cpu), compliance_runs)
+    rows = []
+    for tree in trees:
+        ours = tree == REPO
+        rows.append(Row(size, rtt_ms, statistics.median(times[tree]), times[tree], dict(commands[tree]),
+                        compliance_s if ours else float("nan"), counted if ours else {},
+                        outcome if ours else "not measured", statistics.median(controller_cpu[tree]),
+                        statistics.median(machine_cpu[tree]), compliance_runs if ours else [],
+                        "this checkout" if ours else f"baseline {tree}"))
+    return rows
 
 
 def _seconds(value: float) -> str:
@@ -213,14 +234,15 @@ def _span(values) -> str:
 
 
 def table(rows: list[Row]) -> str:
+    compared = any(row.code != "this checkout" for row in rows)
     lines = [
-        "| hosts | added RTT | no-change deploy (median) | runs | pyinfra CPU | machine CPU | "
+        "| " + "code | " * compared + "hosts | added RTT | no-change deploy (median) | runs | pyinfra CPU | machine CPU | "
         "remote commands per host | compliance suite | per host | testinfra commands per host | suite result |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| " + "--- | " * compared + "--- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         lines.append(
-            f"| {row.hosts} | {row.rtt_ms:g} ms | {row.deploy_s:.2f} s | "
+            "| " + f"{row.code} | " * compared + f"{row.hosts} | {row.rtt_ms:g} ms | {row.deploy_s:.2f} s | "
             f"{', '.join(f'{t:.2f}' for t in row.deploy_runs)} | "
             f"{_cpu(row.controller_cpu_s)} | {_cpu(row.machine_cpu_s)} | "
             f"{_span(row.commands.values())} | "
@@ -239,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         "--compliance-hosts", default="1,4,8",
         help="fleet sizes at which the compliance suite is measured too (comma-separated, '' for none)",
     )
+    parser.add_argument("--baseline", type=Path, metavar="DIR", action="append", default=[],
+                        help="another checkout (with its own .venv) whose no-change run is timed too, in turns "
+                             "(repeatable)")
     args = parser.parse_args(argv)
     rows = []
     try:
@@ -253,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench: first converge of {size} host(s) took {seconds:.0f} s", file=sys.stderr, flush=True)
             for rtt in (float(r) for r in args.rtt_ms.split(",")):
                 compliance = str(size) in args.compliance_hosts.split(",")
-                rows.append(measure(size, rtt, args.runs, hosts, compliance))
-                print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+                measured = measure(size, rtt, args.runs, hosts, compliance, [b.resolve() for b in args.baseline])
+                rows += measured
+                print("\n".join(table(measured).splitlines()[2:]), file=sys.stderr, flush=True)
     finally:
         lab.down()
     print(table(rows))

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.context import ctx_host
 from pyinfra.operations import server
 
@@ -352,10 +352,12 @@ declare(__name__, SETTINGS, FLEET_CHECKS)
 # Facts -----------------------------------------------------------------------------
 
 # As the cluster user (runuser: no PAM session, no shell start-up files): the lines of
-# their authorized_keys that sparkrig manages. $1: their home.
+# their authorized_keys that sparkrig manages, read as every user's file is
+# (atomic.USER_READ, at most AUTHORIZED_LIMIT bytes). $1: their home.
+AUTHORIZED_LIMIT = 1 << 20
 _READ_AUTHORIZED = (
     'f="$1/.ssh/authorized_keys"; [ -f "$f" ] || exit 0; '
-    f'grep -F -e " {MARKER}" "$f"; [ $? -le 1 ]'
+    f'{atomic.user_read(chr(34) + "$f" + chr(34), AUTHORIZED_LIMIT)} | grep -F -e " {MARKER}"; [ $? -le 1 ]'
 )
 
 
@@ -720,9 +722,9 @@ def authorized_key(user: str, home: str, line: str):
     """
     staged = f"{STAGE}/authorized-{secrets.token_hex(8)}"
     yield StringCommand("install -d -m 755 -o root -g root", QuoteString(STAGE))
-    yield FileUploadCommand(BytesIO(f"{line}\n".encode()), staged)
+    yield atomic.Upload(BytesIO(f"{line}\n".encode()), staged)
     yield StringCommand(
-        "runuser -u", QuoteString(user), "-- sh -c", QuoteString(_PUT_AUTHORIZED), "sparkrig",
+        "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(user), "-- sh -c", QuoteString(_PUT_AUTHORIZED), "sparkrig",
         QuoteString(home), QuoteString(staged), "; s=$?; rm -f", QuoteString(staged), "; exit $s",
     )
 

@@ -38,9 +38,8 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pyinfra import host
-from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
 from sparkrig import atomic, reading
 from sparkrig.atomic import refused
@@ -59,8 +58,9 @@ from sparkrig.settings import (
     declare,
     one_of,
     resolved,
+    yaml_file,
 )
-from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL, package_name
+from sparkrig.venv import LOCK_LIMIT, STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL, package_name
 
 REPO = GROUP_DATA.parent  # the checkout, or the installed package: what relative locks paths start from
 MANIFEST = GROUP_DATA / "python_stack.yml"
@@ -77,6 +77,7 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 NO_CHANGES = "Would make no changes"
 LOCK_STAMP = "# sparkrig-input: "
 OFFLINE_DIR = "/var/lib/sparkrig/python-wheels"  # the controller's wheels, on a host
+PLAN_TIMEOUT_S = 300  # the longest the offline dry run of the lock may take (emulated aarch64 included)
 # What PyTorch's indexes may serve when the manifest names one for torch: nothing else.
 TORCH_INDEX_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "triton", "pytorch-triton"})
 
@@ -89,7 +90,7 @@ _UV_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 
 def load_manifest(path: Path | str = MANIFEST) -> dict:
     """The versions manifest at ``path`` (YAML)."""
-    return yaml.safe_load(Path(path).read_text())
+    return yaml_file(path)
 
 
 
@@ -497,27 +498,30 @@ _STACK_SCRIPT = r"""
 s="$v/sparkrig"
 [ -x {uv} ] && echo "uv $({uv} --version 2>/dev/null | cut -d' ' -f2)"
 [ -e {link} ] && echo "link_exists yes"
-python3 -c 'import ensurepip' 2>/dev/null &&
+python3 -I -c 'import ensurepip' 2>/dev/null &&
   case "$(dpkg-query -W -f '${{db:Status-Abbrev}}' python3-venv 2>/dev/null)" in ""|ii*) echo "venv_module yes";; esac
 [ -d {cache} ] && echo "cache_owner $(stat -c %U {cache})"
 id -u "$o" >/dev/null 2>&1 && echo "owner_exists yes"
 [ -d "$v" ] && [ -n "$(ls -A "$v")" ] && echo "occupied yes"
 if [ -f "$v/pyvenv.cfg" ]; then
-  echo "python $(sed -n 's/^version_info *= *//p; s/^version *= *//p' "$v/pyvenv.cfg" | head -n 1)"
+  echo "python $({read_cfg} | sed -n 's/^version_info *= *//p; s/^version *= *//p' | head -n 1)"
   echo "owner $(stat -c %U "$v")"
   # Usable: its interpreter link leads to an executable file. Read, never run: the owner
   # can put anything at bin/python, and this runs as root.
   t=$(readlink -e "$v/bin/python") && [ -f "$t" ] && [ -x "$t" ] && echo "usable yes"
 fi
-[ -f "$s/requirements.lock" ] && echo "lock $(sha256sum < "$s/requirements.lock" | cut -d' ' -f1)"
+[ -f "$s/requirements.lock" ] && echo "lock $({read_lock} | sha256sum | cut -d' ' -f1)"
 [ -n "$w" ] && [ -d "$w" ] && for f in "$w"/*.whl; do [ -f "$f" ] && echo "wheel ${{f##*/}}"; done
 [ -d {offline} ] && echo "offline_dir yes"
-if [ -x {uv} ] && [ -f "$s/requirements.lock" ] && [ -x "$v/bin/python" ] && id -u "$o" >/dev/null 2>&1; then
-  echo "plan $(runuser -u "$o" -- env {env} {uv} pip sync --no-config --offline --dry-run --require-hashes --python "$v/bin/python" "$s/requirements.lock" 2>&1 | tail -n 1)"
+if [ -x {uv} ] && [ -f "$s/requirements.lock" ] && [ ! -L "$s/requirements.lock" ] && [ -x "$v/bin/python" ] && id -u "$o" >/dev/null 2>&1; then
+  echo "plan $(runuser -u "$o" -- timeout -k 5 {plan_timeout} env {env} {uv} pip sync --no-config --offline --dry-run --require-hashes --python "$v/bin/python" "$s/requirements.lock" 2>&1 | tail -n 1)"
 fi
 true
 """.format(
-    uv=UV, link=UV_LINK, cache=UV_CACHE, env=" ".join(UV_ENV), offline=OFFLINE_DIR
+    uv=UV, link=UV_LINK, cache=UV_CACHE, env=" ".join(UV_ENV), offline=OFFLINE_DIR,
+    read_cfg=atomic.user_read('"$v/pyvenv.cfg"', 1 << 16), read_lock=atomic.user_read('"$s/requirements.lock"', LOCK_LIMIT),
+    # The owner's venv could make the dry run wait for ever (a FIFO where uv reads).
+    plan_timeout=PLAN_TIMEOUT_S,
 )
 
 
@@ -605,13 +609,13 @@ def uv_tool(version: str, index_url: str, present: str | None = None, link: bool
     if present != version:
         atomic.detail(f"uv {version} (this host has {present or 'none'})")
         new = QuoteString(f"{UV_TOOL}.sparkrig-new")
-        pip = QuoteString(f"{UV_TOOL}.sparkrig-new/bin/pip")
+        python = QuoteString(f"{UV_TOOL}.sparkrig-new/bin/python")
         yield StringCommand(
             "rm -rf", new,
-            "&& python3 -m venv", new,
+            "&& python3 -I -m venv", new,
             # Debian's and Ubuntu's pip read the system store; say so for any other pip.
             f"&& {{ [ ! -f {CA_BUNDLE} ] || export PIP_CERT={CA_BUNDLE}; }}",
-            "&&", pip, "install --quiet --disable-pip-version-check --no-cache-dir",
+            "&&", python, "-I -m pip install --quiet --disable-pip-version-check --no-cache-dir",
             "--require-hashes --only-binary :all: --index-url", QuoteString(index_url),
             "-r", QuoteString(UV_REQUIREMENTS),
             "&&", QuoteString(f"{UV_TOOL}.sparkrig-new/bin/uv"), "--version",
@@ -740,7 +744,7 @@ def virtualenv(
         yield StringCommand("mkdir -p", QuoteString(OFFLINE_DIR), "&& chmod 755", QuoteString(OFFLINE_DIR))
         for name in missing:
             temp = f"{OFFLINE_DIR}/.{name}.sparkrig-new"
-            yield FileUploadCommand(wheels[name], temp)
+            yield atomic.Upload(wheels[name], temp)
             yield StringCommand("chmod 644", QuoteString(temp), "&& mv -f", QuoteString(temp),
                                 QuoteString(f"{OFFLINE_DIR}/{name}"))
         if extra:
@@ -760,7 +764,7 @@ def virtualenv(
         yield StringCommand(
             "install -d -m 755 -o root -g root", QuoteString(STAGE), "&& rm -f", QuoteString(staged)
         )
-        yield FileUploadCommand(BytesIO(lock.encode()), staged)
+        yield atomic.Upload(BytesIO(lock.encode()), staged)
         yield StringCommand(
             "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(owner), "-- sh -c",
             QuoteString(_PUT_AS_OWNER), "put", q_state, QuoteString(staged), "requirements.lock",

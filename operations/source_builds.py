@@ -52,18 +52,17 @@ import json
 import os
 import posixpath
 import re
+import shlex
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pyinfra import host, logger
 from pyinfra.api import (
     FactBase,
     FileDownloadCommand,
-    FileUploadCommand,
     FunctionCommand,
     QuoteString,
     StringCommand,
@@ -95,9 +94,10 @@ from sparkrig.settings import (
     mapping_of,
     memory_max_check,
     resolved,
+    yaml_file,
 )
 from sparkrig.units import TRAINING_SLICE
-from sparkrig.venv import STATE_DIR, UV, UV_ENV, package_name
+from sparkrig.venv import LOCK_LIMIT, STATE_DIR, UV, UV_ENV, package_name
 
 CATALOGUE = GROUP_DATA / "source_builds.yml"
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"
@@ -110,6 +110,10 @@ INCOMING = "/var/lib/sparkrig/incoming"
 CACHED_WHEEL = "wheel.whl"
 CACHED_ARCHIVE = ARCHIVE
 CACHED_STAMP = "stamp.json"
+# The most a deploy reads of a host's stamp (its owner can replace it; a stamp is about 1 KB)
+# and of a build's result (its exit status).
+STAMP_LIMIT = 1 << 20
+RESULT_LIMIT = 64
 UNIT_PREFIX = "sparkrig-build-"
 KEY_LENGTH = 16
 TAIL_LINES = 30
@@ -140,7 +144,7 @@ KIND_KEYS = {
 
 def load_catalogue(path: Path | str = CATALOGUE) -> dict:
     """The source builds catalogue at ``path`` (YAML)."""
-    return yaml.safe_load(Path(path).read_text())
+    return yaml_file(path)
 
 
 # Checks --------------------------------------------------------------------
@@ -157,9 +161,6 @@ def spec_problem(name: Any, spec: Any) -> str | None:
         return f"{name} (kind {kind}) must hold exactly: {', '.join(sorted(KIND_KEYS[kind]))}"
     if not (isinstance(spec["url"], str) and _URL.fullmatch(spec["url"])):
         return f"{name}.url must be an http(s):// or file:/// URL or an absolute path, without quotes or spaces"
-    if "@" in spec["url"].split("://", 1)[-1].split("/", 1)[0]:
-        # It would reach build.sh, the journal, git's command line and the stamp on every host.
-        return f"{name}.url must hold no credentials (user:token@): give git its credentials on the hosts instead"
     ref = spec["ref"]
     if not (isinstance(ref, str) and (_COMMIT.fullmatch(ref) or _TAG.fullmatch(ref))) or ref in ("HEAD", "main", "master"):
         return f"{name}.ref must be a commit id (40 lower-case hex digits) or a tag, never a branch"
@@ -595,19 +596,21 @@ class SourceBuilds(FactBase):
             ]
         for name, key, prefix in builds:
             n, d, w = QuoteString(name), QuoteString(build_dir(name, key)), QuoteString(wheelhouse_dir(name, key))
-            r = QuoteString(f"{work_dir(name, key)}/result")
             bits += [
                 "n=", n, "; d=", d, "; w=", w, "; u=", QuoteString(unit_name(name, key)), ";",
                 'echo "unit $n $(systemctl is-active "$u" 2>/dev/null)";',
-                '[ -f "$w/stamp.json" ] && echo "stamp $n $(tr -d \'\\n\' < "$w/stamp.json")";',
+                "s=$(", atomic.user_read('"$w/stamp.json"', STAMP_LIMIT), " | tr -d '\\n');",
+                ' [ -n "$s" ] && echo "stamp $n $s";',
                 'for f in "$w"/*.whl "$w"/', QuoteString(ARCHIVE), '; do [ -f "$f" ] && echo "wheel $n ${f##*/}"; done;',
                 '[ -f "$d/attempt" ] && echo "attempt $n yes";',
-                "[ -f", r, '] && echo "result $n $(head -c 16 ', r, ')";',
+                "x=$(", atomic.user_read(shlex.quote(f"{work_dir(name, key)}/result"), RESULT_LIMIT),
+                ') && echo "result $n $x";',
             ]
             if venv and prefix:
                 # The line of this build's wheel in the venv's requirements, if that wheel is there.
                 bits += [
-                    "c=$(grep -sF -- ", QuoteString(prefix), ' "$r" | head -n 1); p=${c#* @ file://};',
+                    "c=$(", atomic.user_read('"$r"', LOCK_LIMIT), " | grep -F -- ", QuoteString(prefix),
+                    ' | head -n 1); p=${c#* @ file://};',
                     ' [ -n "$c" ] && [ -f "${p%% *}" ] && echo "current $n $c";',
                 ]
         return atomic.encoded(StringCommand(*bits, "true", _separator=""))
@@ -736,10 +739,11 @@ def _wait_command(name: str, key: str) -> StringCommand:
 
 def _failure_script(name: str, key: str) -> str:
     unit = unit_name(name, key)
+    result = atomic.user_read('"$d/work/result"', RESULT_LIMIT)
     return (
-        'if [ "$(head -c 16 "$d/work/result" 2>/dev/null)" = 0 ] && [ -f "$w/stamp.json" ]; then'
+        f'if [ "$({result} 2>/dev/null)" = 0 ] && [ -f "$w/stamp.json" ]; then'
         f' echo "sparkrig: source build {name} finished"; rm -f "$d/attempt"; exit 0; fi;'
-        f' echo "sparkrig: source build {name} failed (exit status $(head -c 16 "$d/work/result" 2>/dev/null || echo none:'
+        f' echo "sparkrig: source build {name} failed (exit status $({result} 2>/dev/null || echo none:'
         ' killed or interrupted)); the venv is unchanged; the next deploy tries again.'
         f' Last lines of journalctl -u {unit}:" >&2;'
         f' journalctl -u "$u" -n {TAIL_LINES} -o cat --no-pager >&2;'
@@ -806,8 +810,8 @@ def build(
             q_work, QuoteString(posixpath.dirname(w)),
             "&& install -m 600 -o root -g root /dev/null", QuoteString(f"{d}/env.new"),
         )
-        yield FileUploadCommand(BytesIO(script.encode()), temp)
-        yield FileUploadCommand(BytesIO(_env_text(env).encode()), f"{d}/env.new")
+        yield atomic.Upload(BytesIO(script.encode()), temp)
+        yield atomic.Upload(BytesIO(_env_text(env).encode()), f"{d}/env.new")
         properties = [
             f"Nice={UNIT_NICE}", f"OOMScoreAdjust={oom_score_adj}", "MemorySwapMax=0",
             f"EnvironmentFile=-{cuda_env_file}", f"EnvironmentFile={env_file(name, key)}",
@@ -919,8 +923,8 @@ def receive(build_name: str, key: str, cache: str, builder: str, owner: str, act
         "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {atomic.quote_literal(owner)})"',
         QuoteString(posixpath.dirname(w)),
     )
-    yield FileUploadCommand(str(local / cached_file(stamp)), f"{incoming}/{wheel}")
-    yield FileUploadCommand(BytesIO((json.dumps(stamp, sort_keys=True) + "\n").encode()), f"{incoming}/stamp.json")
+    yield atomic.Upload(str(local / cached_file(stamp)), f"{incoming}/{wheel}")
+    yield atomic.Upload(BytesIO((json.dumps(stamp, sort_keys=True) + "\n").encode()), f"{incoming}/stamp.json")
     # Into the wheelhouse as its owner (the entry's directory is theirs), checked there.
     yield StringCommand(
         "chmod 644", QuoteString(f"{incoming}/{wheel}"), QuoteString(f"{incoming}/stamp.json"),
@@ -971,7 +975,7 @@ def install_prefix(build_name: str, key: str, cache: str, owner: str = "root"):
         ">", QuoteString(incoming),
     )
     public = {k: v for k, v in stamp.items() if k != "sha256"}
-    yield FileUploadCommand(BytesIO((json.dumps({**public, "sha256": sha256}, sort_keys=True) + "\n").encode()), record_new)
+    yield atomic.Upload(BytesIO((json.dumps({**public, "sha256": sha256}, sort_keys=True) + "\n").encode()), record_new)
     yield StringCommand(
         "command -v python3 >/dev/null || { echo", QuoteString(f"sparkrig: source build {name}: root checks its archive"
                                                           " with python3, which this host lacks"), ">&2; exit 1; };",

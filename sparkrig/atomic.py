@@ -96,6 +96,32 @@ def decoded(output: Sequence[str]) -> list[str]:
     return lines[:-1] if lines[-1] == "" else lines
 
 
+# Reads of a path a user controls ----------------------------------------------------
+# Root (or a deploy waiting on a user's process) reads files a user can replace: a build's
+# stamp and result, the venv's lock and metadata, authorized_keys. Each such read is
+# USER_READ: a regular file only (a FIFO, device, directory or link reads as missing),
+# opened without following a link and without blocking (dd's nofollow, nonblock: a FIFO
+# swapped in after the check still never blocks), at most LIMIT bytes (a larger file is
+# refused on stderr), and killed after READ_TIMEOUT_S seconds whatever happens.
+# Exit status: 0 read, 1 missing or not a regular file, 2 too large, 124 timed out.
+READ_TIMEOUT_S = 10
+USER_READ = (
+    's=$(stat -c "%F %s" -- "$1" 2>/dev/null) || exit 1; '
+    'case "$s" in "regular file "*|"regular empty file "*) ;; '
+    '*) echo "sparkrig: $1 is not a regular file (${s% *}): read as missing" >&2; exit 1;; esac; '
+    '[ "${s##* }" -le "$2" ] || { echo "sparkrig: $1 is over $2 bytes: not read" >&2; exit 2; }; '
+    f'exec timeout -k 1 {READ_TIMEOUT_S} dd if="$1" iflag=nofollow,nonblock,count_bytes count="$2" bs=65536 status=none'
+)
+
+
+def user_read(path: str, limit: int, as_user: str | None = None) -> str:
+    """Shell text printing the file at ``path`` (shell syntax, quoted by the caller: e.g.
+    ``'"$w/stamp.json"'``) as :data:`USER_READ` reads it, at most ``limit`` bytes; run as
+    ``as_user`` (shell syntax too, through ``runuser``) when given."""
+    prefix = f"runuser -u {as_user} -- " if as_user else ""
+    return f"{prefix}sh -c {shlex.quote(USER_READ)} sparkrig-read {path} {int(limit)}"
+
+
 def parses(process):
     """A fact's ``process``: output it cannot parse fails this host (pyinfra's
     FactProcessError, with what went wrong), never the run, never silently."""
@@ -240,6 +266,48 @@ def temp_path(dest: str) -> str:
     return posixpath.join(directory, f".{name}.sparkrig-new")
 
 
+# Uploads ------------------------------------------------------------------------------
+# pyinfra uploads a root-bound file through /tmp/pyinfra-<sha1 of its destination>, created
+# by the login user with the default mode (0644): any local user can read it, or create
+# that path first and make the update fail (or, with fs.protected_regular off, replace its
+# content). Every sparkrig upload is an Upload instead.
+
+# The connector arguments that change who runs a command: the staging runs without them.
+_AS_LOGIN_USER = {"_sudo": False, "_sudo_user": None, "_su_user": None, "_doas": False, "_dzdo": False}
+_STAGE = re.compile(r"/[A-Za-z0-9._/-]+")
+
+
+class Upload(FileUploadCommand):
+    """Put ``src`` (a controller file's path, or a file object) at ``dest`` as root, through
+    a fresh directory nobody else can enter or predict: the login user makes it
+    (``umask 077; mktemp -d``: 0700, a random name), uploads into it (SFTP runs as the login
+    user), and root copies the file to ``dest`` and removes the directory. A new ``dest`` is
+    made 0600: the caller sets its mode."""
+
+    def execute(self, state, host, connector_arguments):
+        connector_arguments.update(self.connector_arguments)
+        mine = {**connector_arguments, **_AS_LOGIN_USER}
+        shown = {"print_output": state.print_output, "print_input": state.print_input}
+        ok, output = host.connector.run_shell_command(StringCommand("umask 077 && mktemp -d"), **shown, **mine)
+        stage = output.stdout.strip() if ok else ""
+        if not _STAGE.fullmatch(stage):
+            logger.error(f"{host.print_prefix}sparkrig: no private directory to upload {self.dest} through: "
+                         f"{output.stderr or stage!r}")
+            return False
+        staged = f"{stage}/file"
+        if not host.connector.put_file(self.src, staged, **shown, **mine):
+            host.connector.run_shell_command(StringCommand("rm -rf", QuoteString(stage)), **mine)
+            return False
+        ok, output = host.connector.run_shell_command(
+            StringCommand("umask 077 && cp", QuoteString(staged), QuoteString(self.dest), "; s=$?; rm -rf", QuoteString(stage),
+                          "; exit $s"),
+            **shown, **connector_arguments,
+        )
+        if not ok:
+            logger.error(f"{host.print_prefix}sparkrig: upload of {self.dest} failed: {output.stderr}")
+        return ok
+
+
 @operation()
 def file(
     dest: str,
@@ -299,7 +367,7 @@ def file(
     temp = QuoteString(temp_path(dest))
     if current is None:
         yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(dest)))
-    yield FileUploadCommand(BytesIO(data), temp_path(dest))
+    yield Upload(BytesIO(data), temp_path(dest))
     check = (
         ["&& {", *[QuoteString(part) for part in validate], temp, "|| { rm -f", temp, "; false; }; }"]
         if validate

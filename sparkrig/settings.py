@@ -13,7 +13,9 @@ what is allowed.
 
 from __future__ import annotations
 
+import copy
 import difflib
+import os
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import yaml
 from pyinfra.api.exceptions import PyinfraError
 
 # A check receives the value and every resolved setting of the host (for
@@ -231,6 +234,27 @@ def resolved(data: Mapping[str, Any]) -> dict[str, Any]:
     return resolve(all_settings(), data)
 
 
+# A URL's user information (``scheme://user:token@host``): a secret that would reach build
+# scripts, unit files and command lines. Refused in every setting, whatever its check says.
+_CREDENTIALS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@]+@")
+
+
+def holds_credentials(value: Any) -> bool:
+    """Whether ``value`` (a string, or lists and mappings of them) holds a URL with user information."""
+    if isinstance(value, str):
+        return bool(_CREDENTIALS.search(value))
+    if isinstance(value, Mapping):
+        return any(holds_credentials(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(holds_credentials(v) for v in value)
+    return False
+
+
+def allowed_text(setting: Setting, data: Mapping[str, Any]) -> str:
+    """:func:`allowed`, named here because ``problems`` has a local of that name."""
+    return allowed(setting, data)
+
+
 def problems(settings: Iterable[Setting], data: Mapping[str, Any]) -> list[str]:
     """Every problem with one host's data, one line each, empty when valid."""
     settings = tuple(settings)
@@ -247,6 +271,13 @@ def problems(settings: Iterable[Setting], data: Mapping[str, Any]) -> list[str]:
             found.append(f"{key}: not a sparkrig setting{hint}")
     for setting in settings:
         value = resolved[setting.key]
+        if holds_credentials(value):
+            found.append(
+                f"{setting.key} holds a URL with credentials (user:token@, not repeated here): allowed is "
+                f"{allowed_text(setting, resolved)} without them; a URL reaches files and command lines other "
+                "local users can read: give the hosts their credentials another way (netrc, git's credential store)"
+            )
+            continue
         allowed = setting.check(value, resolved)
         if allowed:
             found.append(f"{setting.key} = {value!r}: allowed is {allowed}")
@@ -386,3 +417,20 @@ def reference(concerns: Sequence[ModuleType]) -> str:
             ]
     return "\n".join(out) + "\n"
 
+
+# libyaml's safe loader where PyYAML was built with it: a quarter of the pure-Python one's time.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YAML_READ: dict[tuple[str, int, int], Any] = {}
+
+
+def yaml_file(path: os.PathLike | str) -> Any:
+    """A YAML file of the controller's, parsed once per run however often it is asked for (the
+    settings' defaults, each host's inventory data and the checks each read group_data's
+    manifests: eight parses of two files in a no-change run of the lab). Each caller gets its
+    own copy, free to change it; a file changed since is read again."""
+    found = os.stat(path)
+    key = (os.fspath(path), found.st_mtime_ns, found.st_size)
+    if key not in _YAML_READ:
+        with open(path, encoding="utf-8") as stream:
+            _YAML_READ[key] = yaml.load(stream, Loader=_YAML_LOADER)
+    return copy.deepcopy(_YAML_READ[key])

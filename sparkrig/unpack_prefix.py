@@ -5,8 +5,9 @@
 The archive was made by the build's unprivileged owner, so nothing in it is trusted: the
 sha256 must match; every member must be a regular file, a directory or a symlink whose
 target, resolved through the archive's own links, stays inside the prefix; no absolute
-name, no ``..``, no member below a symlink, no name twice, no setuid or setgid bit. Any
-other member refuses the whole archive before anything is written. DEST must not exist:
+name, no ``..``, no member below a symlink, no name twice, no setuid or setgid bit; at most
+MAX_MEMBERS members and MAX_BYTES bytes unpacked (the members' declared sizes, summed). Any
+other archive is refused whole before anything is written. DEST must not exist:
 it is made (0755) and filled with root-owned files (0755 where the member was executable,
 else 0644), opened with O_EXCL|O_NOFOLLOW, so nothing is written outside it.
 Standard library only: it runs with the host's python3 (3.9 or later).
@@ -20,6 +21,11 @@ import sys
 import tarfile
 
 MAX_LINKS = 40
+# A prefix build's product is a library tree (NCCL's: about 100 members, 0.5 GB): these
+# stop an archive that would fill the disk or the inode table as root (a few hundred
+# compressed bytes can declare gigabytes of zeros) before a byte is written.
+MAX_MEMBERS = 200_000
+MAX_BYTES = 32 << 30
 
 
 class Refused(Exception):
@@ -68,10 +74,15 @@ def _resolve(path, links):
     return done
 
 
-def check(members):
-    """The members to unpack, in order, as (path, member); Refused for the first bad one."""
+def check(members, max_members=MAX_MEMBERS, max_bytes=MAX_BYTES):
+    """The members to unpack, in order, as (path, member); Refused for the first bad one.
+    Linear in the members (each name's directories are looked up, never every member)."""
     seen, links, found = set(), {}, []
-    for member in members:
+    below = {}  # each directory some member lies in: the first such member
+    total = 0
+    for count, member in enumerate(members, start=1):
+        if count > max_members:
+            raise Refused(f"it holds more than {max_members} members")
         path = _name(member)
         if path in seen:
             raise Refused(f"member {member.name!r} appears twice")
@@ -82,10 +93,16 @@ def check(members):
             raise Refused(f"member {member.name!r} is not a regular file, directory or symlink (a device, fifo or the like)")
         if member.mode & (stat.S_ISUID | stat.S_ISGID):
             raise Refused(f"member {member.name!r} has a setuid or setgid bit (mode {member.mode:o})")
+        if member.isreg():
+            total += member.size
+            if total > max_bytes:
+                raise Refused(f"its members would unpack to more than {max_bytes} bytes")
         parent = path.split("/")[:-1]
         for i in range(1, len(parent) + 1):
-            if "/".join(parent[:i]) in links:
-                raise Refused(f"member {member.name!r} lies below the symlink {'/'.join(parent[:i])!r}")
+            directory = "/".join(parent[:i])
+            if directory in links:
+                raise Refused(f"member {member.name!r} lies below the symlink {directory!r}")
+            below.setdefault(directory, path)
         if member.issym():
             if not path:
                 raise Refused("the prefix itself is a symlink")
@@ -93,9 +110,8 @@ def check(members):
         if path:
             found.append((path, member))
     for path, target in links.items():
-        below = next((other for other, _ in found if other.startswith(path + "/")), None)
-        if below:
-            raise Refused(f"member {below!r} lies below the symlink {path!r}")
+        if path in below:
+            raise Refused(f"member {below[path]!r} lies below the symlink {path!r}")
         try:
             if target.startswith("/"):
                 raise Refused(f"points to the absolute path {target!r}")
@@ -114,10 +130,9 @@ def unpack(archive, sha256, dest):
         raise Refused(f"its sha256 is {digest.hexdigest()}, expected {sha256}")
     with tarfile.open(archive, "r:gz") as tar:
         try:
-            members = tar.getmembers()
+            found = check(tar)  # read member by member: the count stops a huge table early
         except (tarfile.TarError, EOFError, OSError) as error:
             raise Refused(f"it is no readable tar.gz ({error})") from None
-        found = check(members)
         os.mkdir(dest, 0o755)
         counts = {"files": 0, "directories": 0, "symlinks": 0}
         for path, member in found:

@@ -15,6 +15,9 @@ UV = f"{UV_TOOL}/bin/uv"
 UV_CACHE = "/var/cache/sparkrig/uv"
 UV_ENV = ("UV_SYSTEM_CERTS=1", "UV_NATIVE_TLS=1", f"UV_CACHE_DIR={UV_CACHE}", "UV_NO_PROGRESS=1")
 STATE_DIR = "sparkrig"  # inside the venv: requirements.lock
+# The most of the venv's requirements.lock a deploy reads (its owner can replace it): a lock
+# of the default stack is about 0.4 MB.
+LOCK_LIMIT = 16 << 20
 
 _NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 

@@ -1,11 +1,13 @@
 """Versions across a fleet: one row per host, one column per version, differing cells marked.
 
-    uv run python -m tools.report INVENTORY [--limit GROUP_OR_HOST] [--json]
+    uv run python -m tools.report INVENTORY [--limit GROUP_OR_HOST] [--json] [--html PAGE]
 
 Each host is read once, with one remote command: the :class:`sparkrig.operations.updates.Versions`
 part of the host's one reading, with the arguments its settings give (as a deploy reads
 it). A cell that differs from what most hosts have is marked with ``*``. A host that cannot
-be reached or read gets one line saying why, and the exit status is 1.
+be reached or read gets one line saying why, and the exit status is 1. ``--html PAGE`` also
+writes the fleet page (:mod:`tools.fleet_page`) with these versions; the compliance suite's
+``--fleet-page`` writes it with every control's outcome too.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,7 +23,9 @@ from typing import Any
 from sparkrig.operations import declaring
 from sparkrig.operations.updates import pending_reboot, versions_part
 from sparkrig import reading
+from sparkrig.connection import from_slash
 from sparkrig.settings import resolved, validate_hosts
+from tools import fleet_page
 from tools.rollout import REPO, limit_hosts
 
 COLUMNS = (
@@ -73,20 +78,41 @@ def differing(rows: Mapping[str, Mapping[str, str]]) -> dict[str, list[str]]:
     return found
 
 
+def printable(text: str) -> str:
+    """``text`` with every control, format and separator character escaped (``\\x1b``): a
+    host's strings are data, and an escape sequence in them would drive the terminal."""
+    return "".join(
+        (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        if unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp") else ch
+        for ch in text
+    )
+
+
 def table(rows: Mapping[str, Mapping[str, str]], errors: Mapping[str, str]) -> str:
     """The fleet as a text table, a legend, and one line per host that could not be read."""
     marks = differing(rows)
     header = ["host", *COLUMNS]
     lines = [
-        [name, *(cells[c] + (f" {MARK}" if c in marks[name] else "") for c in COLUMNS)]
+        [name, *(printable(cells[c]) + (f" {MARK}" if c in marks[name] else "") for c in COLUMNS)]
         for name, cells in rows.items()
     ]
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     out = ["  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip() for r in [header, *lines]]
     if any(marks.values()):
         out.append(f"{MARK}: differs from most hosts")
-    out += [f"{name}: not read: {why}" for name, why in errors.items()]
+    out += [f"{name}: not read: {printable(why)}" for name, why in errors.items()]
     return "\n".join(out)
+
+
+def page_hosts(report: Mapping[str, Any]) -> dict[str, fleet_page.Host]:
+    """The fleet page's hosts from this tool's ``--json`` report: versions, marks, when read,
+    and why a host was not read."""
+    hosts = {name: fleet_page.Host(versions=value["versions"], differs=value["differs"],
+                                   versions_read=report.get("read", ""))
+             for name, value in report["hosts"].items()}
+    for name, why in report["errors"].items():
+        hosts[name] = fleet_page.Host(versions_error=why)
+    return hosts
 
 
 def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], dict[str, str]]:
@@ -114,6 +140,7 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
     declaring()  # every concern's settings, as the deploy validates them
     validate_hosts([(h.name, h.data.dict()) for h in hosts], [(h.name, h.data.dict()) for h in inventory_obj])
     state.init(inventory_obj, config, initial_limit=hosts)
+    from_slash(inventory_obj)  # as config.py makes a deploy's commands run from /
     facts: dict[str, dict] = {}
     errors: dict[str, str] = {}
     try:
@@ -150,20 +177,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("inventory", help="pyinfra inventory, e.g. inventory/spark.py")
     parser.add_argument("--limit", action="append", default=[], help="as pyinfra's --limit (group or host glob)")
     parser.add_argument("--json", action="store_true", help="print JSON: each host's cells, marks and facts")
+    parser.add_argument("--html", metavar="PAGE", help="also write the fleet page (one HTML file) to PAGE")
     args = parser.parse_args(argv)
     facts, errors = read_fleet(args.inventory, args.limit)
+    read = fleet_page.now()
     rows = {name: row(value) for name, value in facts.items()}
+    marks = differing(rows)
+    report = {
+        "columns": list(COLUMNS),
+        "hosts": {
+            name: {"versions": rows[name], "differs": marks[name], "facts": facts[name]} for name in rows
+        },
+        "errors": errors,
+        "read": read,
+    }
+    if args.html:
+        fleet_page.write(args.html, fleet_page.render(
+            page_hosts(report), columns=COLUMNS, source=f"tools.report {args.inventory}"))
     if args.json:
-        marks = differing(rows)
-        print(json.dumps({
-            "columns": list(COLUMNS),
-            "hosts": {
-                name: {"versions": rows[name], "differs": marks[name], "facts": facts[name]} for name in rows
-            },
-            "errors": errors,
-        }, indent=2, sort_keys=True))
+        print(json.dumps(report, indent=2, sort_keys=True))
     else:
         print(table(rows, errors))
+        if args.html:
+            print(f"fleet page: {args.html}")
     return 1 if errors else 0
 
 

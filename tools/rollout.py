@@ -121,6 +121,8 @@ def run_batch(inventory: str, hosts: Sequence[str], extra: Sequence[str]) -> Bat
 
 def rollout(inventory: str, batch: int, limit: Sequence[str], extra: Sequence[str]) -> int:
     """Deploy batch after batch; the exit status (0: every host converged)."""
+    # The caller's path, for the hosts and every batch alike (batches run from the repository).
+    inventory = str(Path(inventory).resolve())
     hosts = limit_hosts(inventory_groups(inventory), limit)
     planned = batches(hosts, batch)
     for number, group in enumerate(planned, start=1):

@@ -542,7 +542,7 @@ def daemon_json_change(text: str | None, default_runtime: bool) -> str | None:
 DAEMON_JSON_CHECK = (
     'if dockerd --help 2>/dev/null | grep -q -e --validate; then '
     'dockerd --validate --config-file "$1"; '
-    'else python3 -c "import json, sys; json.load(open(sys.argv[1]))" "$1"; fi'
+    'else python3 -I -c "import json, sys; json.load(open(sys.argv[1]))" "$1"; fi'
 )
 
 

@@ -98,7 +98,10 @@ def _sh_glob_words(names: Iterable[str]) -> list:
 
 
 # Reads each .dist-info's METADATA as the venv's owner (root runs only runuser and sed,
-# which root owns; a link in the venv leads only where its owner could read anyway).
+# which root owns; a link in the venv leads only where its owner could read anyway), as
+# every read of a user's file is made (atomic.USER_READ: never blocks, at most
+# METADATA_LIMIT bytes; torch's is about 30 KB).
+METADATA_LIMIT = 1 << 20
 # Arguments: the venv, then the normalised distribution names.
 _PYTHON_VERSIONS = r"""
 venv=$1; shift
@@ -108,7 +111,7 @@ as_owner() { if [ "$(id -u)" = 0 ] && [ "$owner" != root ]; then runuser -u "$ow
 for name in "$@"; do
   find "$venv/lib" -mindepth 3 -maxdepth 3 -type d -path "*/site-packages/$name-*.dist-info" |
   while IFS= read -r dir; do
-    version=$(as_owner sed -n 's/^Version: //p;/^$/q' "$dir/METADATA") || exit
+    version=$(as_owner """ + atomic.user_read('"$dir/METADATA"', METADATA_LIMIT) + r""" | sed -n 's/^Version: //p;/^$/q') || exit
     echo "python $name ${version:-?}"
   done || exit
 done

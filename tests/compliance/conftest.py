@@ -1,7 +1,7 @@
 """
 Targets of the compliance suite: every host of a pyinfra inventory, over SSH.
 
-    pytest tests/compliance --inventory inventory/spark.py [--limit GROUP_OR_HOST] [--junitxml report.xml]
+    pytest tests/compliance --inventory inventory/spark.py [--limit GROUP_OR_HOST] [--junitxml report.xml] [--fleet-page fleet.html]
 
 reaches each host with the inventory's own SSH settings (ssh_hostname, ssh_user,
 ssh_port, ssh_key, known hosts) through testinfra's ``ssh://`` backend, and checks
@@ -17,12 +17,16 @@ and converges the lab fleet first.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import runpy
 import shlex
 import stat
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -48,6 +52,11 @@ def pytest_addoption(parser):
     parser.addoption(
         "--inventory",
         help="pyinfra inventory whose hosts the compliance suite checks (default: the local lab)",
+    )
+    parser.addoption(
+        "--fleet-page", metavar="PATH",
+        help="also write the fleet page, one HTML file: each host's versions and every control's "
+             "outcome, why, and what it protects against (with --inventory, or against the lab)",
     )
     parser.addoption(
         "--limit", action="append", default=[],
@@ -175,6 +184,9 @@ def pytest_configure(config):
         config.option.tbstyle = "no"
     if config.option.hosts:
         config.sparkrig_targets = "hosts"
+        if config.getoption("--fleet-page"):
+            raise pytest.UsageError("--fleet-page needs --inventory (or the lab): testinfra's --hosts "
+                                    "name no inventory to read the versions from")
         return
     if inventory:
         config.sparkrig_targets = "inventory"
@@ -189,6 +201,8 @@ def pytest_configure(config):
             # host's shared connection); constants(config) waits for it.
             config.sparkrig_prefetch = ThreadPoolExecutor(max_workers=1).submit(
                 reads.prefetch, str(ssh_config), names, CONSTANTS)
+            if config.getoption("--fleet-page"):
+                read_versions(config)  # beside the controls
     else:
         config.sparkrig_targets = "lab"
         # Written once the lab is up (_lab_ssh_config): the lab's own, multiplexed.
@@ -316,20 +330,63 @@ _COMMAND_RESULT = re.compile(
     r"_stdout=b.*?, _stderr=b(?P<q2>['\"])(?P<stderr>.*?)(?P=q2)\)"
 )
 FINDING_MAX = 300
+# What sudo says on its own account before it runs the command, which then goes on and fails
+# for its own reason: never why a control failed.
+_SUDO_WARNING = re.compile(
+    r"sudo: (?:unable to resolve host |setrlimit\(|unable to send audit message|"
+    r"unable to change to root gid|unable to set runas group)"
+)
+# Lines a command adds after its error that say nothing of the failure.
+_NOISE = re.compile(r"(?:See|Run) '[^']*--help'(?: for more information)?|Unable to find image '[^']*' locally")
+# "X failed: <the command's stderr>", the controls' way of saying a command failed.
+_FAILED_COMMAND = re.compile(r"(?P<head>.*?\bfailed(?: \([^)]*\))?:)(?P<rest>.*)")
+
+
+def _meaningful(lines) -> list[str]:
+    """Lines that say something about a failure: sudo's own warnings, a command's pointers to
+    its help and blank lines left out."""
+    kept = []
+    for line in lines:
+        line = line.strip()
+        if line and not _SUDO_WARNING.match(line) and not _NOISE.fullmatch(line.rstrip(".")):
+            kept.append(line)
+    return kept
+
+
+def _reason(message: str) -> str:
+    """The one line that says why, from a failed control's message (an assertion's message,
+    its continuation lines indented, then pytest's own explanation from an "assert" line on).
+    Where a command's stderr follows "failed:", or a line ends in ":" with the output under it,
+    the command's last meaningful line is the reason: sudo's warnings ("sudo: unable to
+    resolve host ...") come first, and the error last."""
+    lines = message.strip().splitlines()
+    if not lines:
+        return "(no message)"
+    first, body = lines[0], []
+    for line in lines[1:]:
+        if line.startswith("assert ") or line == "assert":
+            break  # pytest's explanation of the comparison
+        body.append(line)
+    command = _FAILED_COMMAND.match(first)
+    if command and _meaningful([command["rest"], *body]):
+        return f"{command['head']} {_meaningful([command['rest'], *body])[-1]}"
+    if first.rstrip().endswith(":") and _meaningful(body):
+        return f"{first.rstrip()} {_meaningful(body)[-1]}"
+    return first
 
 
 def found(report) -> str:
-    """What a failed control found: the first line of its error, without the exception's
-    type where that is an assertion's or pytest.fail's."""
+    """What a failed control found, in one line: the reason in its error (see :func:`_reason`),
+    without the exception's type where that is an assertion's or pytest.fail's."""
     crash = getattr(report.longrepr, "reprcrash", None)
     message = crash.message if crash is not None else str(report.longrepr or "")
-    lines = message.strip().splitlines()
-    line = lines[0] if lines else "(no message)"
     for prefix in ("AssertionError: ", "Failed: "):
-        line = line.removeprefix(prefix)
+        message = message.strip().removeprefix(prefix)
+    line = _reason(message)
     result = _COMMAND_RESULT.search(line)
     if result:
-        stderr = result["stderr"].replace("\\r", "").replace("\\n", " ").strip()
+        said = result["stderr"].replace("\\r", "").split("\\n")
+        stderr = (_meaningful(said) or [""])[-1]
         if result["rc"] == "255":  # ssh's own failure: the host unreached
             line = f"{stderr} (running: {result['command']})"
         else:
@@ -337,6 +394,14 @@ def found(report) -> str:
     if len(line) > FINDING_MAX:
         line = line[:FINDING_MAX - 1] + "…"
     return f"{line} (at setup)" if report.when == "setup" else line
+
+
+def skipped(report) -> str:
+    """Why a control was skipped (pytest's "Skipped: " taken off)."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr or "")
 
 
 class HostTable:
@@ -347,6 +412,8 @@ class HostTable:
         self.names = list(names)
         self.outcomes: dict[str, dict[str, str]] = {}
         self.findings: dict[tuple[str, str], str] = {}
+        self.skips: dict[tuple[str, str], str] = {}  # why a control was skipped
+        self.spans: dict[str, list[float]] = {}  # each host's first start and last stop (epoch)
 
     def add(self, report) -> None:
         target = host_of(report.nodeid, self.names)
@@ -357,11 +424,15 @@ class HostTable:
         test = test.rsplit("]@", 1)[0] + "]" if "]@" in test else test  # xdist's group suffix
         key = f"{path.rsplit('/', 1)[-1]}::{test}"
         known = self.outcomes.setdefault(target, {})
+        if getattr(report, "start", 0):
+            span = self.spans.setdefault(target, [report.start, report.stop])
+            span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
         if report.failed:
             known[key] = "failed"
             self.findings.setdefault((target, key), found(report))
         elif report.skipped and known.get(key) != "failed":
             known[key] = "skipped"
+            self.skips.setdefault((target, key), skipped(report))
         elif report.when == "call" and report.passed and key not in known:
             known[key] = "passed"
 
@@ -388,6 +459,64 @@ def pytest_runtest_logreport(report):
     _TABLE.add(report)
 
 
+def read_versions(config) -> subprocess.Popen | None:
+    """``tools.report --json`` of the suite's hosts, started once (for --fleet-page): the versions
+    cost one remote command per host, read beside the controls."""
+    reader = getattr(config, "_sparkrig_versions", None)
+    if reader is None and config.sparkrig_targets in ("inventory", "lab"):
+        inventory = config.getoption("--inventory") or str(REPO / LAB_INVENTORY)
+        limits = [arg for limit in config.getoption("--limit") for arg in ("--limit", limit)]
+        reader = subprocess.Popen(
+            [sys.executable, "-m", "tools.report", inventory, *limits, "--json"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        config._sparkrig_versions = reader
+    return reader
+
+
+def page_hosts(config, table: HostTable) -> dict:
+    """The fleet page's hosts: versions from :func:`read_versions`, controls from ``table``."""
+    from tools import fleet_page
+    from tools.report import page_hosts as versions_of
+
+    reader = read_versions(config)
+    versions = {}
+    if reader is not None:
+        out, err = reader.communicate(timeout=600)
+        try:
+            versions = versions_of(json.loads(out))
+        except (ValueError, KeyError):
+            why = (err.strip().splitlines() or [f"tools.report exited {reader.returncode}"])[-1]
+            versions = {name: fleet_page.Host(versions_error=why) for name in table.names}
+    known = fleet_page.protections(Path(__file__).parent)
+    hosts = {}
+    for name in [*table.names, *(n for n in table.outcomes if n not in table.names)]:
+        controls = [
+            fleet_page.control_of(key, name, outcome,
+                                  table.findings.get((name, key)) or table.skips.get((name, key), ""), known)
+            for key, outcome in sorted(table.outcomes.get(name, {}).items())
+        ]
+        span = table.spans.get(name)
+        ran = " to ".join(_when(t) for t in span) if span else ""
+        hosts[name] = versions.get(name, fleet_page.Host())._replace(controls=controls, controls_read=ran)
+    return hosts
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def write_fleet_page(config, table: HostTable) -> str:
+    from tools import fleet_page
+    from tools.report import COLUMNS
+
+    path = config.getoption("--fleet-page")
+    fleet_page.write(path, fleet_page.render(
+        page_hosts(config, table), columns=COLUMNS, title="sparkrig compliance",
+        source=f"the compliance suite ({config.getoption('--inventory') or 'the lab'})"))
+    return path
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """The table ends the run (after pytest's short summary), its failures one line each.
@@ -405,3 +534,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             terminalreporter.section("sparkrig compliance, per host")
             for line in table.lines():
                 terminalreporter.write_line(line)
+        if config.getoption("--fleet-page") and not hasattr(config, "workerinput"):
+            terminalreporter.write_line(f"fleet page: {write_fleet_page(config, table)}")

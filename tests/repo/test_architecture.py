@@ -4,6 +4,7 @@ two modules import each other, directly or around a loop (imports inside functio
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "operations"
@@ -94,3 +95,104 @@ def test_the_old_top_level_import_names_are_gone():
                 assert not (name == "operations" or name.startswith("operations.")), (path, name)
     for path in (root / "deploy.py", root / "config.py"):
         assert not any(n.startswith("operations") for n in _imported_names(ast.parse(path.read_text()))), path
+
+
+# Trust rules, held by the code's shape -------------------------------------------------
+
+REPO = OPERATIONS.parent
+# A Python started by a command: python, python3, python3.12, a venv's bin/python or bin/pip,
+# in a command's place (a line's start, after ; & | ( ` then else do exec env -- timeout),
+# not followed by -I. Not an option (--python), nor a word in a message or a path.
+_PYTHON_RUN = re.compile(
+    r"(?:^|[;&|({`]|\b(?:then|else|do|exec|env|timeout(?:\s+-\w+\s+\d+)?(?:\s+\d+)?)|(?<!-)--(?=\s))[ \t]*"
+    r"((?:[^\s'\"=;&|]*/)?python3?(?:\.\d+)?|[^\s'\"=;&|]*/pip3?)(?=\s)(?!\s+-I\b)",
+    re.MULTILINE,
+)
+# A path to an interpreter, alone in a string (joined into a command elsewhere).
+_PYTHON_PATH = re.compile(r"[^\s'\"]*/bin/(?:python3?(?:\.\d+)?|pip3?)")
+# Where a Python runs as someone other than root, or on the controller, and why.
+_NOT_ROOT = {
+    "templates/source_builds/build.sh.j2": "the build runs as the venv's owner (the unit's User=)",
+    "templates/source_builds/build-prefix.sh.j2": "the build runs as the venv's owner (the unit's User=)",
+    "templates/ngc/packages.Dockerfile.j2": "runs inside the container image's build",
+    "templates/ngc/unsloth.Dockerfile.j2": "runs inside the container image's build",
+}
+# Interpreter paths in a string of their own, each with how it is run.
+_INTERPRETER_PATHS = {".sparkrig-new/bin/python": "uv's new tool environment: `-I -m pip install` follows it"}
+# Texts that name python but are no command, each with what it is.
+_MESSAGES = {"python must be a quoted major.minor version such as '3.12'": "the manifest's key, in an error"}
+_CONTROLLER_TEXT = re.compile(r"uv run python -m |python -m (tools|lab)\b")
+
+
+def command_texts() -> list[tuple[str, str]]:
+    """Every string the deploy may send a host: the string constants of operations/,
+    sparkrig/ and tools/ (docstrings aside) and every template, each with where it is."""
+    found = []
+    for folder in ("operations", "sparkrig", "tools"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            docstrings = {
+                id(node.body[0].value) for node in ast.walk(tree)
+                if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+            }
+            found += [
+                (f"{path.relative_to(REPO)}:{node.lineno}", node.value) for node in ast.walk(tree)
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            ]
+    for path in sorted((REPO / "templates").rglob("*")):
+        if path.is_file() and str(path.relative_to(REPO)) not in _NOT_ROOT:
+            found.append((str(path.relative_to(REPO)), path.read_text()))
+    return found
+
+
+def pythons_without_isolation(texts: list[tuple[str, str]]) -> list[str]:
+    found = []
+    for where, text in texts:
+        if text in _MESSAGES:
+            continue
+        text = _CONTROLLER_TEXT.sub("", text)
+        found += [f"{where}: {m.group(1)!r} in {text[max(0, m.start() - 40):m.end() + 20]!r}"
+                  for m in _PYTHON_RUN.finditer(text)]
+        if _PYTHON_PATH.fullmatch(text.strip()) and text.strip() not in _INTERPRETER_PATHS:
+            found.append(f"{where}: the interpreter path {text!r} (list it with its use, or run it with -I)")
+    return found
+
+
+def test_every_python_a_host_runs_is_isolated():
+    """Root's working directory and environment are the login user's until something
+    changes them: a Python started without -I imports a json.py, venv.py or ensurepip.py
+    planted there. Every Python in a command string or template gets -I."""
+    assert pythons_without_isolation(command_texts()) == []
+
+
+def test_the_isolation_scan_finds_a_python_without_dash_i():
+    texts = [("a", "python3 -c 'import ensurepip'"), ("b", "&& /opt/x/bin/pip install y"),
+             ("c", "python3 -I -m venv d"), ("d", "uv venv --python 3.12 x"), ("e", "/var/lib/python-wheels x")]
+    assert [line.split(":")[0] for line in pythons_without_isolation(texts)] == ["a", "b"]
+
+
+def test_no_operation_moves_a_command_out_of_slash():
+    """Every command starts in / (sparkrig/connection.py sets pyinfra's `_chdir` for every
+    host): an operation or fact passing its own `_chdir` would undo that."""
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for folder in ("operations", "sparkrig", "tools") for path in sorted((REPO / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.keyword) and node.arg == "_chdir"
+    ]
+    assert found == []
+
+
+def test_every_upload_goes_through_a_private_directory():
+    """pyinfra's own uploads pass through /tmp/pyinfra-<sha1 of the destination> (0644, a
+    name anyone can create first): every upload is sparkrig.atomic.Upload instead."""
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id}"
+        for folder in ("operations", "sparkrig", "tools") for path in sorted((REPO / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) in ("FileUploadCommand", "put")
+        and not (isinstance(node.func, ast.Attribute) and node.func.attr == "put" and getattr(node.func.value, "id", "") != "files")
+    ]
+    assert found == []

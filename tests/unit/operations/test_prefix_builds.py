@@ -363,3 +363,56 @@ def test_an_existing_destination_is_never_written_through(tmp_path):
     run, _ = _unpack(tmp_path, [("./ok", "file", None)])
     assert run.returncode == 1 and "unpacking it failed" in run.stderr
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def _members(count: int, size: int = 1, links: int = 0) -> list[tarfile.TarInfo]:
+    found = []
+    for i in range(count):
+        info = tarfile.TarInfo(f"d{i % 100}/f{i}")
+        info.size = size
+        found.append(info)
+    for i in range(links):
+        info = tarfile.TarInfo(f"l{i}")
+        info.type, info.linkname = tarfile.SYMTYPE, f"d{i % 100}/f{i}"
+        found.append(info)
+    return found
+
+
+def test_an_archive_over_the_member_or_byte_limit_is_refused_before_anything_is_written():
+    """A few hundred compressed bytes can declare gigabytes of zeros: the declared sizes and
+    the member count are checked against the unpacker's limits first."""
+    unpacker = _unpacker()
+    with pytest.raises(unpacker.Refused, match="more than 10 members"):
+        unpacker.check(_members(11), max_members=10)
+    with pytest.raises(unpacker.Refused, match="more than 1000 bytes"):
+        unpacker.check(_members(3, size=400), max_bytes=1000)
+    with pytest.raises(unpacker.Refused, match="bytes"):
+        unpacker.check(_members(1, size=unpacker.MAX_BYTES + 1))
+    assert len(unpacker.check(_members(10), max_members=10)) == 10
+
+
+def test_the_link_check_is_linear_in_the_members():
+    """40,000 members, half of them links (16,000 took the quadratic check 17 s, so this
+    would take minutes): the check alone, in a process of its own, ends within the bound."""
+    script = (
+        "import importlib.util, tarfile, sys\n"
+        "spec = importlib.util.spec_from_file_location('u', sys.argv[1]); u = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(u)\n"
+        "members = []\n"
+        "for i in range(20000):\n"
+        "    f = tarfile.TarInfo(f'd{i % 100}/f{i}'); f.size = 1; members.append(f)\n"
+        "    l = tarfile.TarInfo(f'l{i}'); l.type, l.linkname = tarfile.SYMTYPE, f'd{i % 100}/f{i}'; members.append(l)\n"
+        "print(len(u.check(members)))\n"
+    )
+    run = subprocess.run([sys.executable, "-I", "-c", script, str(px.UNPACKER)], capture_output=True, text=True,
+                         timeout=30)
+    assert run.stdout.strip() == "40000", run.stderr
+
+
+def _unpacker():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("unpack_prefix_under_test", px.UNPACKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

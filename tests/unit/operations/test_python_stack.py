@@ -205,7 +205,7 @@ def test_fact_reads_every_field():
 def test_fact_command_quotes_the_venv_and_owner():
     command = ps.PythonStack().command("/opt/my venv", "spark").get_raw_value()
     assert command.startswith("{ v='/opt/my venv'; o=spark;")
-    assert 'runuser -u "$o" -- env UV_SYSTEM_CERTS=1' in command
+    assert 'runuser -u "$o" -- timeout -k 5 300 env UV_SYSTEM_CERTS=1' in command
 
 
 def test_the_fact_never_runs_the_venvs_python_as_root(tmp_path):
@@ -227,6 +227,22 @@ def test_the_fact_never_runs_the_venvs_python_as_root(tmp_path):
     (venv / "bin" / "python").symlink_to(tmp_path / "gone")
     run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     assert ps.PythonStack().process(run.stdout.splitlines())["usable"] is False
+
+
+def test_the_fact_reads_the_venvs_files_without_blocking_or_following_links(tmp_path):
+    """The owner makes pyvenv.cfg a FIFO and the lock a link to a large file only root may
+    read: the fact's real command ends, and sends none of that file."""
+    venv = tmp_path / "venv"
+    (venv / "sparkrig").mkdir(parents=True)
+    os.mkfifo(venv / "pyvenv.cfg")
+    secret = tmp_path / "root-only"
+    secret.write_text("SECRET\n" * 100_000)
+    (venv / "sparkrig" / "requirements.lock").symlink_to(secret)
+    command = ps.PythonStack().command(str(venv), "nobody").get_raw_value()
+    run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    found = ps.PythonStack().process(run.stdout.splitlines())
+    assert found["python"] is None and found["lock"] != hashlib.sha256(secret.read_bytes()).hexdigest(), found
 
 
 def test_a_pyvenv_cfg_that_is_not_utf8_is_read_not_fatal():

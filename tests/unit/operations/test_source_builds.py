@@ -8,12 +8,15 @@ import copy
 import functools
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from sparkrig import atomic
 from sparkrig.packages import install_command
 
 from sparkrig.operations import python_stack as ps
@@ -225,7 +228,7 @@ def test_fact_a_killed_build_is_failed_and_a_stamp_without_its_wheel_is_not_buil
 def test_fact_command_quotes_its_paths_and_reads_the_venvs_line():
     command = sb.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), "/opt/my venv").get_raw_value()
     assert command.startswith("{ r='/opt/my venv/sparkrig/requirements.lock';n=lab; d=/var/lib/sparkrig/source-builds/lab/0123")
-    assert "grep -sF -- 'lab-ext @ file:///w/lab/'" in command
+    assert "| grep -F -- 'lab-ext @ file:///w/lab/'" in command
     assert "systemctl is-active" in command and command.endswith("true \n} | base64 -w0; echo; echo sparkrig-end")
 
 
@@ -462,7 +465,7 @@ def test_receive_as_the_owner_in_a_scratch_tree(tmp_path):
 @pytest.mark.parametrize("url", ["https://user:ghp_secret@github.com/x/y.git", "https://token@example.com/r.git"])
 def test_credentials_in_a_url_are_refused(url):
     found = problems(sb.SETTINGS, {"source_builds": {**CATALOGUE, "lab": {**LAB, "url": url}}})
-    assert found and "no credentials" in found[0]
+    assert found and "credentials" in found[0] and "ghp_secret" not in found[0] and "token@example" not in found[0]
 
 
 def test_a_secret_env_value_reaches_no_world_readable_file_nor_command_line():
@@ -484,3 +487,61 @@ def test_a_host_whose_profile_is_auto_plans_its_reading_without_the_builds():
     assert not any(part.fact is sb.SourceBuilds for part in reading.planned(data))
     named = resolve(SETTINGS, _data())
     assert any(part.fact is sb.SourceBuilds for part in reading.planned(named))
+
+
+def _run_fact(tmp_path, monkeypatch, prepare, sent: list | None = None) -> dict:
+    """SourceBuilds' real command, run by dash against a real directory (the build and
+    wheelhouse roots moved below ``tmp_path``), its output parsed as a deploy parses it."""
+    monkeypatch.setattr(sb, "BUILD_ROOT", str(tmp_path / "builds"))
+    monkeypatch.setattr(sb, "WHEELHOUSE", str(tmp_path / "wheelhouse"))
+    work = Path(sb.work_dir("lab", "0123"))
+    work.mkdir(parents=True)
+    Path(sb.wheelhouse_dir("lab", "0123")).mkdir(parents=True)
+    prepare(Path(sb.build_dir("lab", "0123")), work, Path(sb.wheelhouse_dir("lab", "0123")))
+    command = sb.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), str(tmp_path / "venv"))
+    run = subprocess.run(["dash", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    if sent is not None:  # what the host sends the controller
+        sent += atomic.decoded(run.stdout.splitlines())
+    return sb.SourceBuilds().process(run.stdout.splitlines())["lab"]
+
+
+def test_fact_reads_a_failed_builds_exit_status_from_the_host(tmp_path, monkeypatch):
+    def failed(build, work, wheelhouse):
+        (build / "attempt").write_text("")
+        (work / "result").write_text("2\n")
+
+    found = _run_fact(tmp_path, monkeypatch, failed)
+    assert (found["state"], found["result"]) == ("failed", "2"), found
+
+
+def test_fact_a_fifo_where_root_reads_a_builds_files_never_hangs_the_deploy(tmp_path, monkeypatch):
+    """The owner (of the build's work directory and the wheelhouse entry) puts FIFOs where
+    root reads the stamp, the result and the venv's lock: no writer ever comes, and the
+    reading still ends, the FIFOs read as missing."""
+    def fifos(build, work, wheelhouse):
+        (build / "attempt").write_text("")
+        for path in (work / "result", wheelhouse / "stamp.json"):
+            os.mkfifo(path)
+        (tmp_path / "venv" / "sparkrig").mkdir(parents=True)
+        os.mkfifo(tmp_path / "venv" / "sparkrig" / "requirements.lock")
+
+    found = _run_fact(tmp_path, monkeypatch, fifos)
+    assert (found["state"], found["result"], found["stamp"], found["current"]) == ("failed", None, None, None), found
+
+
+def test_fact_a_link_where_root_reads_a_builds_files_is_not_followed(tmp_path, monkeypatch):
+    """The owner points the stamp and the result at a file only root may read (here: a
+    large file of this test's): nothing of it reaches the controller."""
+    secret = tmp_path / "root-only"
+    secret.write_text("0" + "SECRET" * 200_000)
+
+    def links(build, work, wheelhouse):
+        (build / "attempt").write_text("")
+        (work / "result").symlink_to(secret)
+        (wheelhouse / "stamp.json").symlink_to(secret)
+
+    sent: list[str] = []
+    found = _run_fact(tmp_path, monkeypatch, links, sent)
+    assert (found["state"], found["result"], found["stamp"]) == ("failed", None, None), found
+    assert not any("SECRET" in line for line in sent), [line[:80] for line in sent]

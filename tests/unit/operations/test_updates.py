@@ -167,6 +167,19 @@ def test_the_command_reads_a_venv_and_this_machine(tmp_path):
     assert facts["kernel"] == os.uname().release
 
 
+@pytest.mark.skipif(not shutil.which("dpkg-query"), reason="needs dpkg-query (a Debian controller)")
+def test_a_fifo_for_a_venvs_metadata_never_hangs_the_report(tmp_path):
+    """The venv's owner makes torch's METADATA a FIFO (no writer ever comes): the fact's own
+    command still ends (the deploy and tools.report read it), torch's version unknown."""
+    info = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "torch-2.11.0.dist-info"
+    info.mkdir(parents=True)
+    os.mkfifo(info / "METADATA")
+    part = up.versions_part({**DEFAULTS, "python_venv_path": str(tmp_path / "venv")})
+    command = up.Versions().command(**dict(part.kwargs)).get_raw_value()
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    assert up.Versions().process(result.stdout.splitlines())["python"] == {"torch": "?"}
+
+
 def test_the_manifests_vllm_name_is_the_one_read():
     manifest = {**DEFAULTS["python_stack"], "vllm": {"name": "sparkrig-lab-standin-vllm"}}
     assert up.python_names({**DEFAULTS, "python_stack": manifest}) == ("torch", "sparkrig_lab_standin_vllm")
@@ -402,6 +415,17 @@ def test_the_odd_host_is_marked():
     assert lines[0].split() == ["host", *report.COLUMNS]
     assert "6.17.0-1008-nvidia *" in lines[3] and "*" not in lines[1] + lines[2]
     assert lines[-2:] == ["*: differs from most hosts", "spark-4: not read: could not connect"]
+
+
+def test_a_hosts_control_characters_never_reach_the_terminal():
+    """A hostile host's strings (its os-release, a version, its error) can hold escape
+    sequences: the table shows them escaped, one line per host."""
+    evil = "\x1b]0;owned\x07\x1b[2J\r\n\x9b31m\u202e"
+    rows = {"a": _row(kernel=evil, driver="580\x1b[8m"), "b": _row()}
+    text = report.table(rows, {"c": f"FactProcessError: {evil}"})
+    assert not any(ch in text for ch in "\x1b\x07\r\x9b\u202e"), repr(text)
+    assert "\\x1b]0;owned" in text and "580\\x1b[8m" in text
+    assert len(text.splitlines()) == 1 + 2 + 1 + 1  # header, two hosts, the legend, one error
 
 
 def test_with_no_majority_every_differing_cell_is_marked():

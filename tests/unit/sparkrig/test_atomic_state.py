@@ -4,6 +4,8 @@ is parsed as the shell prints it, and up_to_date() compares it with the wanted f
 from __future__ import annotations
 
 import hashlib
+import os
+import shlex
 import subprocess
 
 from sparkrig import atomic
@@ -51,3 +53,39 @@ def test_up_to_date_compares_content_mode_and_owner():
     assert not atomic.up_to_date(state, "x\n", mode=0o755)
     assert not atomic.up_to_date({**state, "user": "spark"}, "x\n")
     assert not atomic.up_to_date(None, "x\n")
+
+
+# Reads of a user's files ---------------------------------------------------------------
+
+
+def _user_read(path, limit: int = 1024) -> subprocess.CompletedProcess:
+    return subprocess.run(["dash", "-c", atomic.user_read(shlex.quote(str(path)), limit)],
+                          capture_output=True, timeout=atomic.READ_TIMEOUT_S + 30)
+
+
+def test_a_users_file_is_read_whole_when_regular_and_small(tmp_path):
+    (tmp_path / "f").write_bytes(b"a\x00b\n")
+    assert (_user_read(tmp_path / "f").returncode, _user_read(tmp_path / "f").stdout) == (0, b"a\x00b\n")
+    assert _user_read(tmp_path / "missing").returncode == 1
+
+
+def test_a_users_fifo_link_or_large_file_is_never_read(tmp_path):
+    """A FIFO (no writer: an open would block), a link to a file root alone may read, a file
+    over the limit: none is read, none blocks, each says why on stderr."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "secret").write_bytes(b"SECRET" * 100)
+    (tmp_path / "link").symlink_to(tmp_path / "secret")
+    for name, status in (("fifo", 1), ("link", 1), ("secret", 2)):
+        run = _user_read(tmp_path / name, limit=100)
+        assert (run.returncode, run.stdout) == (status, b""), (name, run)
+        assert b"sparkrig: " in run.stderr
+
+
+def test_the_cluster_users_authorized_keys_is_read_as_a_users_file(tmp_path):
+    from sparkrig.operations import cluster
+
+    (tmp_path / ".ssh").mkdir()
+    os.mkfifo(tmp_path / ".ssh" / "authorized_keys")
+    run = subprocess.run(["dash", "-c", cluster._READ_AUTHORIZED, "sparkrig", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert (run.returncode, run.stdout) == (0, "")

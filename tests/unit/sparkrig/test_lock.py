@@ -220,3 +220,26 @@ def test_a_refused_lock_stops_that_host_before_its_first_write_and_others_go_on(
 
 def test_the_lock_is_taken_as_root():
     assert lock.take_lock().connector_arguments == {"_sudo": True}
+
+
+def test_every_command_a_run_sends_starts_in_slash():
+    """config.py's hook gives every host `_chdir="/"`: pyinfra puts `cd /` inside the shell
+    that sudo starts, for facts and operations alike (their global arguments' default)."""
+    import inspect
+
+    from pyinfra.api.arguments import pop_global_arguments
+    from pyinfra.api.command import StringCommand
+    from pyinfra.connectors.util import make_unix_command
+
+    from sparkrig.connection import from_slash_on
+
+    inventory = Inventory(([("@fake/spark", {"_sudo": True})], {}))
+    state = State()
+    from_slash_on(state)  # as config.py does
+    state.init(inventory, Config())
+    host = inventory.get_host("@fake/spark")
+    arguments, _ = pop_global_arguments(state, host, {})
+    taken = inspect.signature(make_unix_command).parameters
+    connector = {key: value for key, value in arguments.items() if key in taken}
+    command = make_unix_command(StringCommand("python3 -I -c pass"), **connector).get_raw_value()
+    assert command == "sudo -H -n sh -c 'cd / && python3 -I -c pass'"

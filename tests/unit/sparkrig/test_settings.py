@@ -218,3 +218,40 @@ def test_operations_match_whole_values():
         for line in text.splitlines():
             if "re.compile(" in line:
                 assert not line.rstrip().rstrip(")").endswith('$"'), f"{path.name}: {line.strip()}"
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("python_index_url", "https://alice:s3cret-token@pypi.example.com/simple"),
+    ("python_index_url", "https://s3cret-token@pypi.example.com/simple"),
+    ("containers_docker_repo_url", "https://bob:s3cret-token@mirror.example.com/docker/linux/{os}"),
+])
+def test_a_url_holding_credentials_is_refused_for_every_setting(key, value):
+    """A URL's user:token@ would reach files and command lines other local users can read
+    (build.sh, uv's arguments): every setting refuses it, naming the host and the key,
+    without repeating the secret."""
+    with pytest.raises(SettingsError) as error:
+        validate_hosts([("spark-01", {key: value})])
+    message = str(error.value)
+    assert "spark-01" in message and key in message and "credentials" in message, message
+    assert "s3cret-token" not in message, message
+
+
+def test_a_yaml_file_is_parsed_once_each_caller_gets_its_own_copy_and_a_change_is_read(tmp_path, monkeypatch):
+    import os
+
+    import yaml
+
+    from sparkrig import settings
+
+    path = tmp_path / "manifest.yml"
+    path.write_text("python: '3.12'\npins: {torch: '2.9.0'}\n")
+    parses = []
+    real = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda stream, Loader: parses.append(Loader) or real(stream, Loader=Loader))
+    first = settings.yaml_file(path)
+    first["pins"]["torch"] = "changed by a caller"
+    assert settings.yaml_file(path) == {"python": "3.12", "pins": {"torch": "2.9.0"}}
+    assert parses == [yaml.CSafeLoader]  # libyaml's, once
+    path.write_text("python: '3.13'\n")
+    os.utime(path, ns=(1, 1))  # a change the clock cannot hide
+    assert settings.yaml_file(path) == {"python": "3.13"} and len(parses) == 2

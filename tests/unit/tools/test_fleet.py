@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from tools.rollout import PYINFRA, batches, failed_hosts, limit_hosts
-from tests.compliance.conftest import HostTable, host_of, multiplexed
+from tests.compliance.conftest import HostTable, found, host_of, multiplexed
 from tests.support import REPO
 
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
@@ -96,6 +96,54 @@ def test_the_table_counts_each_control_once_by_its_worst_phase():
     assert lines[1].split() == ["h1", "1", "0", "1"]
     assert lines[2].split() == ["h2", "0", "1", "1"]
     assert lines[3:] == ["failed controls:", "  h2: test_swap.py::test_off[ssh://h2]: /proc/swaps lists /swap.img"]
+
+
+# A failed control's message as pytest reports it (reprcrash.message): the assertion's message,
+# its continuation lines indented by two, then pytest's explanation. The stderr is a lab Debian 12
+# host's (docker.io 20.10.24), captured after `hostname deb` (a name that does not resolve) from
+# `sudo docker run --runtime=nvidia ubuntu:24.04 true` (no registry reachable), 2026-11-25.
+DOCKER_PULL_FAILED = (
+    "AssertionError: docker run --runtime=nvidia ubuntu:24.04 true failed: "
+    "sudo: unable to resolve host deb: Name or service not known\n"
+    "  Unable to find image 'ubuntu:24.04' locally\n"
+    "  docker: Error response from daemon: Get \"https://registry-1.docker.io/v2/\": dial tcp: "
+    "lookup registry-1.docker.io on 10.255.255.53:53: no such host.\n"
+    "  See 'docker run --help'.\n"
+    "  \n"
+    "assert 125 == 0\n"
+    " +  where 125 = CommandResult(backend=<testinfra.backend.ssh.SshBackend object at 0x7f1c>, "
+    "exit_status=125, command=b'sudo docker run --runtime=nvidia ubuntu:24.04 true', _stdout=b'', "
+    "_stderr=b'sudo: unable to resolve host deb: Name or service not known\\n').rc"
+)
+
+
+@pytest.mark.parametrize(("message", "line"), [
+    (DOCKER_PULL_FAILED,
+     "docker run --runtime=nvidia ubuntu:24.04 true failed: docker: Error response from daemon: Get "
+     "\"https://registry-1.docker.io/v2/\": dial tcp: lookup registry-1.docker.io on 10.255.255.53:53: no such host."),
+    # sudo's warning alone: nothing else said why, so it stays.
+    ("AssertionError: docker run --runtime=nvidia ubuntu:24.04 true failed: sudo: unable to resolve host "
+     "deb: Name or service not known\n  \nassert 1 == 0",
+     "docker run --runtime=nvidia ubuntu:24.04 true failed: sudo: unable to resolve host deb: Name or service not known"),
+    # Newer Docker (25+) ends with "Run '... --help' for more information".
+    ("AssertionError: docker run --gpus all ubuntu:24.04 nvidia-smi -L failed: docker: Error response from "
+     "daemon: could not select device driver \"\" with capabilities: [[gpu]]\n  \n"
+     "  Run 'docker run --help' for more information\nassert 125 == 0",
+     "docker run --gpus all ubuntu:24.04 nvidia-smi -L failed: docker: Error response from daemon: could not "
+     "select device driver \"\" with capabilities: [[gpu]]"),
+    # A one-line finding stays as it was, and so does pytest.fail's.
+    ("AssertionError: swap is active: /swap.img\nassert ['/swap.img'] == []", "swap is active: /swap.img"),
+    ("Failed: the lab converge failed, so no control can be checked:\nE: Unable to locate package x",
+     "the lab converge failed, so no control can be checked: E: Unable to locate package x"),
+    # testinfra's check_output: sudo's warning left out of the command's stderr.
+    ("AssertionError: Unexpected exit code 1 for CommandResult(backend=<x>, exit_status=1, "
+     "command=b'sudo cat /etc/x', _stdout=b'', _stderr=b'sudo: unable to resolve host deb: Name or service "
+     "not known\\ncat: /etc/x: No such file or directory\\n')",
+     "a command exited 1: cat: /etc/x: No such file or directory"),
+])
+def test_a_failed_controls_line_says_why_not_what_sudo_warned(message, line):
+    report = SimpleNamespace(longrepr=SimpleNamespace(reprcrash=SimpleNamespace(message=message)), when="call")
+    assert found(report) == line
 
 
 def _compliance(tmp_path, *options):
@@ -264,3 +312,21 @@ def test_the_suite_runs_the_venvs_python_as_its_owner_when_it_is_root(tmp_path):
         assert command == "runuser -u nobody -- id -un" and host.check_output(command) == "nobody"
     else:
         assert command == "id -un"
+
+
+def test_a_relative_inventory_is_the_same_file_for_the_hosts_and_the_batches(tmp_path, monkeypatch):
+    """The rollout reads its hosts from INVENTORY and deploys each batch with INVENTORY: a
+    relative path is the caller's, for both (the batch ran from the repository, where the
+    same relative name is another file or none). The inventory notes each load of it; its
+    host's name does not resolve (.invalid), so the batch fails without reaching anything."""
+    from tools import rollout
+    loads = tmp_path / "loads"
+    (tmp_path / "rollout-test-inventory.py").write_text(
+        f"open({str(loads)!r}, 'a').write('loaded\\n')\n"
+        'hosts = [("sparkrig-rollout-test.invalid", {"ssh_connect_timeout": 2})]\n'
+    )
+    assert not (REPO / "rollout-test-inventory.py").exists()
+    monkeypatch.chdir(tmp_path)
+    assert rollout.rollout("rollout-test-inventory.py", 1, [], []) == 1  # the host is unreachable
+    # debug-inventory, then the batch's deploy: both loaded this file.
+    assert loads.read_text().count("loaded") >= 2, loads.read_text()
