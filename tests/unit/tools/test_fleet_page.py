@@ -213,7 +213,7 @@ def _chromium() -> str:
         return CHROMIUM
     why = f"{CHROMIUM} is missing (apt-get install chromium): the page is not opened in a browser"
     if os.environ.get("CI") == "true":
-        pytest.fail(f"CI installs chromium (.ci/run), yet {why}")
+        pytest.fail(f"CI installs chromium (.ci/install), yet {why}")
     pytest.skip(why)
 
 
