@@ -368,6 +368,12 @@ def test_systemd_oomd_is_masked_where_earlyoom_is_the_watchdog(data, masked):
     assert ops == (expected if masked else {})
 
 
+def test_the_deploy_has_the_default_of_watchdog_enabled_which_it_reads():
+    """Alone in a user's deploy, updates still knows earlyoom is the watchdog by default."""
+    assert up_settings.DEFAULTS["watchdog_enabled"] is True
+    assert up.updates._inner.deploy_data["watchdog_enabled"] is True
+
+
 def test_security_upgrades_install_unattended_upgrades_and_run_the_timers():
     data = {"updates_unattended": "security"}
     responses = _host(files={up_operations.APT_CONF: up_operations.render_apt_conf("security", [])}, timers=(False, False))
