@@ -3,7 +3,7 @@ The hardware profile of a host, read through one function, :func:`host_profile`:
 kind of box is (a profile: CPU architecture, the GPU's compute capability, the
 ``TORCH_CUDA_ARCH_LIST`` that builds for it), what the box says it is
 (:class:`HardwareIdentity`, in the host's one reading), and for ``hardware_profile = "auto"``
-the one profile that matches it. operations/hardware.py checks the box against its profile;
+the one profile that matches it. operations/hardware/ checks the box against its profile;
 every concern that needs the profile asks :func:`host_profile`.
 """
 

@@ -4,7 +4,7 @@ checks it), the slice every job runs in (source builds run there too), and the d
 spark-run starts (spark-container --detach hands its launch to spark-run).
 """
 
-WATCHDOG_SERVICE = "earlyoom.service"  # operations/watchdog.py installs and configures it
+WATCHDOG_SERVICE = "earlyoom.service"  # operations/watchdog/ installs and configures it
 TRAINING_SLICE = "training.slice"  # operations/jobs.py writes it; spark-run and the builds use it
 JOB_UNIT_PREFIX = "spark-job-"  # spark-run --detach NAME starts spark-job-NAME.service (operations/jobs.py)
 SPARK_RUN = "/usr/local/bin/spark-run"  # operations/jobs.py installs it; spark-container --detach runs it

@@ -2,7 +2,7 @@
 
     uv run python -m tools.report INVENTORY [--limit GROUP_OR_HOST] [--json] [--html PAGE]
 
-Each host is read once, with one remote command: the :class:`sparkrig.operations.updates.Versions`
+Each host is read once, with one remote command: the :class:`sparkrig.operations.updates.facts.Versions`
 part of the host's one reading, with the arguments its settings give (as a deploy reads
 it). A cell that differs from what most hosts have is marked with ``*``. A host that cannot
 be reached or read gets one line saying why, and the exit status is 1. ``--html PAGE`` also
@@ -20,10 +20,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sparkrig.operations import declaring
-from sparkrig.operations.updates import pending_reboot, versions_part
 from sparkrig import reading
 from sparkrig.connection import from_slash
+from sparkrig.operations import declaring
+from sparkrig.operations.updates.deploy import versions_part
+from sparkrig.operations.updates.facts import pending_reboot
 from sparkrig.settings import resolved, validate_hosts
 from tools import fleet_page
 from tools.rollout import REPO, limit_hosts
@@ -42,7 +43,7 @@ def _versions(installed: Mapping[str, str]) -> str:
 
 
 def row(facts: Mapping[str, Any]) -> dict[str, str]:
-    """One host's cells, from its :class:`sparkrig.operations.updates.Versions`."""
+    """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions`."""
     os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
     python = facts["python"]
     vllm = [version for name, version in python.items() if name != "torch"]
@@ -118,13 +119,14 @@ def page_hosts(report: Mapping[str, Any]) -> dict[str, fleet_page.Host]:
 def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], dict[str, str]]:
     """Each host's :class:`Versions` (one command per host, hosts in parallel), and why a
     host could not be read. Settings are validated first, as a deploy validates them."""
-    # pyinfra's CLI modules patch this process for gevent, as the pyinfra command does.
-    from gevent import pool
-    from pyinfra.api import Config, State
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.connect import connect_all
-    from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    # Imported here, when the fleet is read: pyinfra's CLI modules patch this process for
+    # gevent, as the pyinfra command does.
+    from gevent import pool  # noqa: PLC0415
+    from pyinfra.api import Config, State  # noqa: PLC0415
+    from pyinfra.api.connect import connect_all  # noqa: PLC0415
+    from pyinfra.api.exceptions import PyinfraError  # noqa: PLC0415
+    from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state  # noqa: PLC0415
+    from pyinfra_cli.inventory import make_inventory  # noqa: PLC0415
 
     # As the pyinfra command sets itself up (pyinfra_cli.cli): the inventory file runs in
     # a state and config of its own.

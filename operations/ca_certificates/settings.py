@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sparkrig.settings import Setting, declare, mapping_of
+from sparkrig.settings import Setting, declare, defaults, mapping_of
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -44,5 +44,6 @@ SETTINGS = (
     ),
 )
 
+DEFAULTS = defaults(SETTINGS)  # the settings this concern's deploy reads: its own
 
 declare(__name__, SETTINGS)

@@ -15,39 +15,9 @@ identity and the choice for "auto" live in sparkrig/profile.py, which every conc
 the profile asks (``host_profile()``).
 """
 
-from __future__ import annotations
+from .deploy import hardware
+from .settings import SETTINGS
 
-from pyinfra import host
-from pyinfra.api import deploy
-
-from sparkrig import reading
-from sparkrig.atomic import refused
-from sparkrig.profile import (
-    AUTO,
-    IDENTITY,
-    _resolve_auto,
-    contradiction,
-)
-from sparkrig.settings import ALL_DEFAULTS
-
-from .settings import SETTINGS  # noqa: F401 (re-exported)
+__all__ = ["DOC", "SETTINGS", "hardware"]
 
 DOC = "docs/fleets.md"  # profiles are what a mixed fleet is made of
-
-
-@deploy("Hardware profile", data_defaults=ALL_DEFAULTS)
-def hardware():
-    """
-    Check that the box is the kind its ``hardware_profile`` says, or choose its profile
-    for ``"auto"``: a contradiction fails this host before anything changes on it.
-
-    Settings: ``hardware_profile``, ``hardware_profiles``; see docs/settings.md.
-    """
-    identity = reading.value(IDENTITY)
-    name = host.data.hardware_profile
-    if name == AUTO:
-        problem = _resolve_auto(identity)
-    else:
-        problem = contradiction(name, host.data.hardware_profiles[name], identity)
-    if problem:
-        refused(name="The box is the hardware its profile says", message=problem)

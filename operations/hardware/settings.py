@@ -7,7 +7,7 @@ from sparkrig.profile import (
     profile_name_check,
     profiles_check,
 )
-from sparkrig.settings import Setting, declare
+from sparkrig.settings import Setting, declare, defaults
 
 SETTINGS = (
     Setting(
@@ -29,5 +29,6 @@ SETTINGS = (
     ),
 )
 
+DEFAULTS = defaults(SETTINGS)  # the settings this concern's deploy reads: its own
 
 declare(__name__, SETTINGS)

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sparkrig.settings import SIZE_UNITS, Setting, declare
+from sparkrig.settings import SIZE_UNITS, Setting, declare, defaults
 
 _SIZE = re.compile(r"(\d+)([KMGT]?)")
 
@@ -52,5 +52,6 @@ SETTINGS = (
     ),
 )
 
+DEFAULTS = defaults(SETTINGS)  # the settings this concern's deploy reads: its own
 
 declare(__name__, SETTINGS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkrig.settings import Setting, boolean, declare
+from sparkrig.settings import Setting, boolean, declare, defaults
 
 SETTINGS = (
     Setting(
@@ -24,5 +24,6 @@ SETTINGS = (
     ),
 )
 
+DEFAULTS = defaults(SETTINGS)  # the settings this concern's deploy reads: its own
 
 declare(__name__, SETTINGS)

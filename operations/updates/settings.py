@@ -6,7 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sparkrig.settings import Setting, boolean, declare, one_of
+from sparkrig.operations.watchdog import settings as watchdog_settings
+from sparkrig.settings import Setting, boolean, declare, defaults, one_of
 
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
 
@@ -153,5 +154,9 @@ SETTINGS = (
     ),
 )
 
+# Its own settings, and watchdog's: systemd-oomd is masked where earlyoom is the watchdog
+# (watchdog_enabled). python_stack's python_venv_path and python_stack are read too, through
+# the resolved settings (python_stack's settings module comes with its split).
+DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS))
 
 declare(__name__, SETTINGS)

@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from sparkrig.settings import Setting, boolean, declare, int_range
+from sparkrig.settings import Setting, boolean, declare, defaults, int_range
 
 # One word of earlyoom's command line: no whitespace, quotes or backslashes (systemd
 # splits $EARLYOOM_ARGS at whitespace and removes quotes), and '$' only where sh leaves
@@ -82,5 +82,6 @@ SETTINGS = (
     ),
 )
 
+DEFAULTS = defaults(SETTINGS)  # the settings this concern's deploy reads: its own
 
 declare(__name__, SETTINGS)

@@ -2,7 +2,7 @@
 Extra CA certificate controls: each configured certificate is in the system store.
 
 Expected values come from the settings alone, independently of the code that converges
-(operations/ca_certificates.py).
+(operations/ca_certificates/).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 SSH guard controls: sshd survives memory pressure, and SSH sessions stay killable.
 
 Expected values come from the settings and from the host; the unit that runs sshd is
-found here independently of operations/sshd_guard.py.
+found here independently of operations/sshd_guard/.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ and deepens a freeze of the whole box (SSH included) instead of an OOM kill that
 the job and keeps the OS (shared/notes/spark-facts.md, "Memory safety").
 
 What each control expects is worked out here from the host, independently of the code
-that converges (operations/swap.py).
+that converges (operations/swap/).
 """
 
 from __future__ import annotations

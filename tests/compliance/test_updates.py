@@ -3,7 +3,7 @@ Updates controls: the kernel and driver a box must run, holds that hold, unatten
 as the owner set them, and no systemd-oomd beside earlyoom.
 
 What the host must show is worked out here from the settings, independently of the code
-that converges (operations/updates.py).
+that converges (operations/updates/).
 """
 
 from __future__ import annotations

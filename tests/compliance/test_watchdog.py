@@ -3,7 +3,7 @@ Memory watchdog controls: earlyoom runs, with the configured thresholds and rege
 and cannot itself be OOM-killed.
 
 What earlyoom must run with is worked out here from the settings, independently of
-the code that converges (operations/watchdog.py).
+the code that converges (operations/watchdog/).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkrig.operations.sshd_guard import DROPIN_NAME
 import lab
 from lab import dgxos
+from sparkrig.operations.sshd_guard.operations import DROPIN_NAME
 from tests.compliance.conftest import host_of
 from tests.conftest import LAB_INVENTORY
 from tests.support import PYINFRA, REPO, DeployResult, run_deploy

@@ -8,8 +8,8 @@ import shlex
 
 import pytest
 
-from sparkrig.operations.sshd_guard import DROPIN_NAME, VERIFY_DROPIN
 import lab
+from sparkrig.operations.sshd_guard.operations import DROPIN_NAME, VERIFY_DROPIN
 from tests.conftest import LAB_INVENTORY
 from tests.support import run_deploy
 

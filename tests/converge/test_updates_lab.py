@@ -22,7 +22,9 @@ import pytest
 import lab
 from lab.config import DRIVER_STANDIN_PACKAGE as DRIVER
 from lab.config import KERNEL_STANDIN_PACKAGE as KERNEL
-from sparkrig.operations.updates import APT_CONF, PIN_FILE, RECORD
+from sparkrig.operations.updates.facts import RECORD
+from sparkrig.operations.updates.operations import APT_CONF
+from sparkrig.operations.updates.settings import PIN_FILE
 from tests.conftest import LAB_INVENTORY
 from tests.support import REPO, run_deploy
 

@@ -8,6 +8,8 @@ import hashlib
 import pytest
 
 from sparkrig.operations import ca_certificates as ca
+from sparkrig.operations.ca_certificates import deploy as ca_deploy
+from sparkrig.operations.ca_certificates import facts as ca_facts
 from sparkrig.settings import problems
 from tests.unit.pyinfra_fake import execute
 
@@ -36,11 +38,11 @@ def test_bad_values_are_refused(value, expected):
 
 def test_a_certificate_without_final_newline_is_valid_and_written_with_one():
     assert problems(ca.SETTINGS, {"ca_certificates_extra": {"corp": PEM.strip()}}) == []
-    assert ca.pem_content(PEM.strip()) == PEM
+    assert ca_deploy.pem_content(PEM.strip()) == PEM
 
 
 def test_fact_reads_files_links_and_the_tool():
-    found = ca.SparkrigCaCertificates().process(["tool", _line(linked="no")])
+    found = ca_facts.SparkrigCaCertificates().process(["tool", _line(linked="no")])
     assert found == {
         "tool": True,
         "files": {PATH: {"sha256": hashlib.sha256(PEM.encode()).hexdigest(), "mode": 0o644,
@@ -66,7 +68,7 @@ def test_a_new_certificate_is_validated_written_and_the_store_refreshed():
         "Extra CA certificates | An extra CA certificate (ca_certificates_extra)",
         "Extra CA certificates | Refresh the system CA store (update-ca-certificates)",
     ]
-    assert ops[0].uploads[f"/usr/local/share/ca-certificates/.sparkrig-corp.crt.sparkrig-new"] == PEM.encode()
+    assert ops[0].uploads["/usr/local/share/ca-certificates/.sparkrig-corp.crt.sparkrig-new"] == PEM.encode()
     assert any("openssl x509 -noout -in" in c for c in ops[0].commands)
     assert ops[1].commands == ["update-ca-certificates --fresh"]
 

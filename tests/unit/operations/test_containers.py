@@ -748,8 +748,10 @@ def test_every_fact_turns_unparseable_output_into_a_host_failure():
 
     from pyinfra.api import FactBase
 
-    from sparkrig.operations import (ca_certificates, containers, cuda_env, hardware, ngc, python_stack, source_builds,
-                            sshd_guard, swap)
+    from sparkrig.operations import containers, cuda_env, hardware, ngc, python_stack, source_builds
+    from sparkrig.operations.ca_certificates import facts as ca_certificates
+    from sparkrig.operations.sshd_guard import facts as sshd_guard
+    from sparkrig.operations.swap import facts as swap
     from sparkrig import atomic
 
     forged = ["file x y", "## swaps", "\udcff\udcfe", "unit", "token=a b c", "stamp lab {", "src x 9z",

@@ -6,7 +6,11 @@ import hashlib
 
 import pytest
 
+from sparkrig import atomic
 from sparkrig.operations import sshd_guard as sg
+from sparkrig.operations.sshd_guard import facts as sg_facts
+from sparkrig.operations.sshd_guard import operations as sg_operations
+from sparkrig.operations.sshd_guard import settings as sg_settings
 from sparkrig.settings import all_settings, problems
 from tests.unit.pyinfra_fake import HOST_STATE, host_state, plan
 
@@ -90,7 +94,7 @@ RHEL = [
     ],
 )
 def test_fact_finds_the_unit_that_runs_sshd(output, expected):
-    assert sg.SshdUnit().process(output) == expected
+    assert sg_facts.SshdUnit().process(output) == expected
 
 
 @pytest.mark.parametrize(
@@ -110,14 +114,14 @@ def test_bad_sizes_are_refused(data, expected):
 
 
 def test_size_bytes():
-    assert [sg.size_bytes(v) for v in ("512", "1K", "128M", "2G", "1T")] == [512, 1024, 128 << 20, 2 << 30, 1 << 40]
+    assert [sg_settings.size_bytes(v) for v in ("512", "1K", "128M", "2G", "1T")] == [512, 1024, 128 << 20, 2 << 30, 1 << 40]
 
 
 def test_service_dropin_never_makes_sessions_unkillable():
-    text = sg.atomic.render("sshd_guard/service.conf.j2", memory_min="128M")
+    text = atomic.render("sshd_guard/service.conf.j2", memory_min="128M")
     settings = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert settings == ["[Service]", "OOMScoreAdjust=0", "MemoryMin=128M"]
-    assert sg.DROPIN_NAME > "oom.conf"  # read after the guides' drop-in, so it wins
+    assert sg_operations.DROPIN_NAME > "oom.conf"  # read after the guides' drop-in, so it wins
 
 
 def _digest(text: str) -> list[str]:
@@ -125,8 +129,8 @@ def _digest(text: str) -> list[str]:
 
 
 def _converged(extra=()):
-    service = sg.atomic.render("sshd_guard/service.conf.j2", memory_min="128M")
-    slice_ = sg.atomic.render("sshd_guard/slice.conf.j2", memory_min="512M")
+    service = atomic.render("sshd_guard/service.conf.j2", memory_min="128M")
+    slice_ = atomic.render("sshd_guard/slice.conf.j2", memory_min="512M")
     return {
         FACT: DEBIAN13_SOCKET + list(extra),
         HOST_STATE: host_state(files={

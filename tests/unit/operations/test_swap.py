@@ -15,6 +15,8 @@ from pyinfra.api.exceptions import FactProcessError, PyinfraError
 from pyinfra.connectors.fake import FakeConnector
 
 from sparkrig.operations import swap as sw
+from sparkrig.operations.swap import facts as sw_facts
+from sparkrig.operations.swap import operations as sw_operations
 from sparkrig.settings import problems, resolve
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import plan
@@ -147,7 +149,7 @@ def with_fstab(output: list[str], content: bytes) -> list[str]:
 
 
 def test_fact_parses_a_seeded_container():
-    assert sw.SwapSources().parse(NSPAWN_SEEDED) == {
+    assert sw_facts.SwapSources().parse(NSPAWN_SEEDED) == {
         "active": [],
         "fstab": {"content": SEEDED_FSTAB, "mode": 0o644, "user": "root", "group": "root"},
         "fstab_link": None,
@@ -163,19 +165,19 @@ def test_fact_parses_a_seeded_container():
 
 
 def test_fact_parses_a_host_without_systemd():
-    found = sw.SwapSources().parse(DOCKER_NO_SYSTEMD)
+    found = sw_facts.SwapSources().parse(DOCKER_NO_SYSTEMD)
     assert found["fstab"]["content"] == b"# UNCONFIGURED FSTAB FOR BASE SYSTEM\n"
     assert (found["systemd"], found["unit_files"], found["units"]) == (False, {}, {})
     assert (found["active"], found["container"]) == ([], "docker")
 
 
 def test_fact_parses_active_swap_in_the_kernels_format():
-    found = sw.SwapSources().parse(SPARK_ACTIVE)
+    found = sw_facts.SwapSources().parse(SPARK_ACTIVE)
     assert found["active"] == [
         {"filename": "/swap.img", "type": "file", "size_kib": 16777212, "used_kib": 0, "priority": -2}]
     assert found["container"] is None
     line = r"/mnt/my\040swap\040file" + "          file\t\t1048572\t\t0\t\t-3"
-    (area,) = sw.SwapSources().parse(["## swaps", SWAPS_HEADER, line])["active"]
+    (area,) = sw_facts.SwapSources().parse(["## swaps", SWAPS_HEADER, line])["active"]
     assert area["filename"] == "/mnt/my swap file"
 
 
@@ -185,19 +187,19 @@ def test_fact_parses_active_swap_in_the_kernels_format():
     ids=["bare metal or VM", "nspawn", "docker (marker file, no systemd-detect-virt)", "nothing printed"],
 )
 def test_fact_reads_the_container(lines, container):
-    assert sw.SwapSources().parse(["## container", *lines])["container"] == container
+    assert sw_facts.SwapSources().parse(["## container", *lines])["container"] == container
 
 
 def test_fact_without_fstab():
-    assert sw.SwapSources().parse(["## swaps", "## fstab", "## libmount"])["fstab"] is None
-    assert sw.SwapSources().default()["fstab"] is None
+    assert sw_facts.SwapSources().parse(["## swaps", "## fstab", "## libmount"])["fstab"] is None
+    assert sw_facts.SwapSources().default()["fstab"] is None
 
 
 def test_fact_command_run_here_reads_this_machine():
     """The real command here (as whoever runs the tests): the exact fstab bytes come back."""
-    result = subprocess.run(["sh", "-c", sw.SwapSources().command().get_raw_value()], capture_output=True, text=True)
+    result = subprocess.run(["sh", "-c", sw_facts.SwapSources().command().get_raw_value()], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    found = sw.SwapSources().process(result.stdout.splitlines())
+    found = sw_facts.SwapSources().process(result.stdout.splitlines())
     with open("/etc/fstab", "rb") as fstab:
         assert found["fstab"]["content"] == fstab.read()
     with open("/proc/swaps") as swaps:
@@ -214,14 +216,14 @@ def test_swap_files_fact_finds_only_regular_files_with_a_swap_signature(tmp_path
     plain.write_bytes(b"\0" * 1024 * 1024)
     link.symlink_to(swapfile)
     paths = [str(swapfile), str(plain), str(link), str(tmp_path), str(tmp_path / "missing")]
-    command = sw.SwapFiles().command(paths=paths).get_raw_value()
+    command = sw_facts.SwapFiles().command(paths=paths).get_raw_value()
     result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
-    assert sw.SwapFiles().process(result.stdout.splitlines()) == [str(swapfile)]
+    assert sw_facts.SwapFiles().process(result.stdout.splitlines()) == [str(swapfile)]
 
 
 # --- the fstab editor ----------------------------------------------------------------
 
-D = sw.DISABLED
+D = sw_facts.DISABLED
 
 # (fstab as found, fstab after): many shapes of swap entries and of lines that are not.
 SHAPES = {
@@ -284,22 +286,22 @@ def _after(shape: str) -> bytes:
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_swap_entries_are_commented_and_every_other_byte_kept(shape):
-    assert sw.disable_swap_entries(SHAPES[shape][0]) == _after(shape)
+    assert sw_operations.disable_swap_entries(SHAPES[shape][0]) == _after(shape)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_converged_fstab_is_left_as_it_is(shape):
-    assert sw.disable_swap_entries(_after(shape)) == _after(shape)
+    assert sw_operations.disable_swap_entries(_after(shape)) == _after(shape)
 
 
 def test_active_and_disabled_sources():
     fstab = SHAPES["escaped spaces"][0] + SHAPES["tags"][0] + b"UUID=\"q\" none swap sw 0 0\n"
-    assert sw.active_swap_sources(fstab) == [
+    assert sw_facts.active_swap_sources(fstab) == [
         "/var/swap file", "LABEL=swap", "PARTUUID=0a1b2c3d-03", "PARTLABEL=sw", 'UUID="q"']
-    assert sw.disabled_swap_sources(fstab) == []
-    converged = sw.disable_swap_entries(fstab) + b"#/old none swap sw 0 0\n"
-    assert sw.active_swap_sources(converged) == []
-    assert sw.disabled_swap_sources(converged) == sw.active_swap_sources(fstab)
+    assert sw_facts.disabled_swap_sources(fstab) == []
+    converged = sw_operations.disable_swap_entries(fstab) + b"#/old none swap sw 0 0\n"
+    assert sw_facts.active_swap_sources(converged) == []
+    assert sw_facts.disabled_swap_sources(converged) == sw_facts.active_swap_sources(fstab)
 
 
 def _findmnt(tmp_path, content: bytes) -> list[dict]:
@@ -318,7 +320,7 @@ def test_libmount_agrees(tmp_path, shape):
         pytest.skip("findmnt (util-linux) is not installed on this machine")
     before = SHAPES[shape][0]
     swap_sources = {fs["source"] for fs in _findmnt(tmp_path, before) if fs["fstype"] == "swap"}
-    assert swap_sources <= set(sw.active_swap_sources(before))
+    assert swap_sources <= set(sw_facts.active_swap_sources(before))
     assert [fs for fs in _findmnt(tmp_path, _after(shape)) if fs["fstype"] == "swap"] == []
     others = [fs for fs in _findmnt(tmp_path, before) if fs["fstype"] != "swap"]
     assert _findmnt(tmp_path, _after(shape)) == others
@@ -347,7 +349,7 @@ GENERATED = {
 
 @pytest.mark.parametrize(("source", "unit"), GENERATED.items())
 def test_swap_unit_names_match_systemds_fstab_generator(source, unit):
-    assert sw.swap_unit_name(source) == unit
+    assert sw_operations.swap_unit_name(source) == unit
 
 
 PATHS = ["/swap.img", "/", "/var//swap/./file/", "/.hidden/swap", "/a-b_c:d.e", "/with space",
@@ -359,14 +361,14 @@ def test_unit_names_match_systemd_escape_run_here():
         pytest.skip("systemd-escape is not installed on this machine")
     expected = subprocess.run(["systemd-escape", "--path", "--suffix=swap", *PATHS],
                               capture_output=True, text=True, check=True).stdout.split()
-    assert [sw.unit_name_from_path(path, "swap") for path in PATHS] == expected
+    assert [sw_operations.unit_name_from_path(path, "swap") for path in PATHS] == expected
 
 
 def test_udev_escapes_tag_values_like_udev():
-    assert sw.udev_node("LABEL=a/b c") == r"/dev/disk/by-label/a\x2fb\x20c"
-    assert sw.udev_node("LABEL=ünï") == "/dev/disk/by-label/ünï"
-    assert sw.udev_node("LABEL='x'") == "/dev/disk/by-label/x"
-    assert sw.udev_node("/path=with/equals") == "/path=with/equals"
+    assert sw_operations.udev_node("LABEL=a/b c") == r"/dev/disk/by-label/a\x2fb\x20c"
+    assert sw_operations.udev_node("LABEL=ünï") == "/dev/disk/by-label/ünï"
+    assert sw_operations.udev_node("LABEL='x'") == "/dev/disk/by-label/x"
+    assert sw_operations.udev_node("/path=with/equals") == "/path=with/equals"
 
 
 # --- the fstab check -----------------------------------------------------------------
@@ -376,13 +378,13 @@ def _check(tmp_path, old: bytes, new: bytes | None, env: dict | None = None) -> 
     (tmp_path / "old").write_bytes(old)
     if new is not None:
         (tmp_path / "new").write_bytes(new)
-    return subprocess.run(["sh", "-c", sw.fstab_check_script(), "fstab-check", str(tmp_path / "old"),
+    return subprocess.run(["sh", "-c", sw_operations.fstab_check_script(), "fstab-check", str(tmp_path / "old"),
                            str(tmp_path / "new")], capture_output=True, text=True, env=env)
 
 
 # A Spark's fstab in a container: the root and swap UUIDs are absent here.
 ABSENT = SEEDED_FSTAB
-DISABLED_ABSENT = sw.disable_swap_entries(ABSENT)
+DISABLED_ABSENT = sw_operations.disable_swap_entries(ABSENT)
 
 
 BROKEN = b"/dev/sda1 /boot\n"  # two fields: a parse error, libmount ignores the line
@@ -391,12 +393,12 @@ BROKEN = b"/dev/sda1 /boot\n"  # two fields: a parse error, libmount ignores the
 @pytest.mark.parametrize(
     ("old", "new", "passes"),
     [
-        (ABSENT, sw.disable_swap_entries(ABSENT), True),  # fewer errors: absent devices are the host's
+        (ABSENT, sw_operations.disable_swap_entries(ABSENT), True),  # fewer errors: absent devices are the host's
         (ABSENT, ABSENT, True),
         (b"proc /proc proc defaults 0 0\n", b"proc /proc proc defaults 0 0\n#x\n", True),  # nothing to report
-        (BROKEN + ABSENT, BROKEN + sw.disable_swap_entries(ABSENT), True),  # a parse error was there before
-        (ABSENT, sw.disable_swap_entries(ABSENT) + BROKEN, False),  # a new parse error
-        (ABSENT, sw.disable_swap_entries(ABSENT) + b"UUID=feed none swap sw 0 0\n"
+        (BROKEN + ABSENT, BROKEN + sw_operations.disable_swap_entries(ABSENT), True),  # a parse error was there before
+        (ABSENT, sw_operations.disable_swap_entries(ABSENT) + BROKEN, False),  # a new parse error
+        (ABSENT, sw_operations.disable_swap_entries(ABSENT) + b"UUID=feed none swap sw 0 0\n"
          + b"UUID=beef none swap sw 0 0\n" + b"UUID=cafe none swap sw 0 0\n", False),  # more errors
         (ABSENT, DISABLED_ABSENT.replace(b"defaults 0 1", b"ro 0 1"), False),  # an entry changed
         (ABSENT, DISABLED_ABSENT.replace(b"UUID=0a34", b"#UUID=0a34"), False),  # an entry lost
@@ -424,8 +426,8 @@ def test_fstab_check_when_findmnt_crashes_on_the_file_in_use(tmp_path):
     shim.chmod(0o755)
     env = {"PATH": f"{shim.parent}:/usr/bin:/bin"}
     old = b"/bad none swap sw 0 x\n" + ABSENT
-    assert _check(tmp_path, old, sw.disable_swap_entries(old), env).returncode == 0
-    assert _check(tmp_path, old, sw.disable_swap_entries(old) + BROKEN, env).returncode == 1
+    assert _check(tmp_path, old, sw_operations.disable_swap_entries(old), env).returncode == 0
+    assert _check(tmp_path, old, sw_operations.disable_swap_entries(old) + BROKEN, env).returncode == 1
 
 
 def test_findmnt_verify_counts_an_absent_uuid_as_an_error_here(tmp_path):
@@ -433,7 +435,7 @@ def test_findmnt_verify_counts_an_absent_uuid_as_an_error_here(tmp_path):
     fstab wherever its disks are absent (a container), before any edit."""
     if not shutil.which("findmnt"):
         pytest.skip("findmnt (util-linux) is not installed on this machine")
-    (tmp_path / "fstab").write_bytes(sw.disable_swap_entries(ABSENT))
+    (tmp_path / "fstab").write_bytes(sw_operations.disable_swap_entries(ABSENT))
     result = subprocess.run(["findmnt", "--verify", "--tab-file", str(tmp_path / "fstab")],
                             capture_output=True, text=True, env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 1
@@ -441,7 +443,7 @@ def test_findmnt_verify_counts_an_absent_uuid_as_an_error_here(tmp_path):
 
 
 def test_fstab_check_script_is_valid_sh():
-    subprocess.run(["sh", "-n", "-c", sw.fstab_check_script()], check=True)
+    subprocess.run(["sh", "-n", "-c", sw_operations.fstab_check_script()], check=True)
 
 
 # --- the plan ------------------------------------------------------------------------
@@ -453,7 +455,7 @@ def _digest(content: bytes) -> list[str]:
 
 def _responses(output: list[str]) -> dict:
     """Fake answers: SwapSources' recorded output, and atomic.file's digest of its fstab."""
-    content = sw.SwapSources().parse(output)["fstab"]["content"]
+    content = sw_facts.SwapSources().parse(output)["fstab"]["content"]
     return {"## swaps": output, "sha256sum /etc/fstab": _digest(content)}
 
 
@@ -478,7 +480,7 @@ def test_a_spark_with_active_swap(remote_commands):
     assert [op.name for op in ops] == [
         "Swap off | Swap off now and at every boot (fstab entries, swap and zram units)"]
     (op,) = ops
-    assert op.uploads == {"/etc/.fstab.sparkrig-new": sw.disable_swap_entries(SPARK_FSTAB)}
+    assert op.uploads == {"/etc/.fstab.sparkrig-new": sw_operations.disable_swap_entries(SPARK_FSTAB)}
     write, reload, units, swapoff = op.commands
     assert write.startswith(
         "chown root:root /etc/.fstab.sparkrig-new && chmod 644 /etc/.fstab.sparkrig-new && { sh -c ")
@@ -495,7 +497,7 @@ def test_a_spark_with_active_swap(remote_commands):
 
 def test_the_seeded_container_gets_what_the_recorded_run_did():
     (op,) = plan(sw.swap, responses=_responses(NSPAWN_SEEDED))
-    assert op.uploads == {"/etc/.fstab.sparkrig-new": sw.disable_swap_entries(SEEDED_FSTAB)}
+    assert op.uploads == {"/etc/.fstab.sparkrig-new": sw_operations.disable_swap_entries(SEEDED_FSTAB)}
     assert op.commands[1:] == [
         "systemctl daemon-reload",
         "mv -f /etc/systemd/system/hand.swap /etc/systemd/system/hand.swap.sparkrig-disabled"
@@ -503,8 +505,8 @@ def test_the_seeded_container_gets_what_the_recorded_run_did():
         " systemd-zram-setup@.service zramswap.service"
         " && systemctl stop -- systemd-zram-setup@zram0.service zramswap.service",
     ]
-    converged = sw.SwapSources().parse(NSPAWN_CONVERGED)["fstab"]["content"]
-    assert converged == sw.disable_swap_entries(SEEDED_FSTAB)
+    converged = sw_facts.SwapSources().parse(NSPAWN_CONVERGED)["fstab"]["content"]
+    assert converged == sw_operations.disable_swap_entries(SEEDED_FSTAB)
 
 
 def test_a_converged_host_costs_one_command_and_changes_nothing(remote_commands):
@@ -533,7 +535,7 @@ def test_without_systemd_only_the_fstab_changes():
 
 
 def test_a_newly_added_entry_is_disabled_and_its_unit_masked():
-    converged = sw.SwapSources().parse(NSPAWN_CONVERGED)["fstab"]["content"]
+    converged = sw_facts.SwapSources().parse(NSPAWN_CONVERGED)["fstab"]["content"]
     content = converged + b"LABEL=spare\tnone swap sw 0 0\r\n"
     (op,) = plan(sw.swap, responses=_responses(with_fstab(NSPAWN_CONVERGED, content)))
     assert op.uploads["/etc/.fstab.sparkrig-new"] == content.replace(b"LABEL=", D + b"LABEL=")
@@ -552,8 +554,8 @@ def test_swap_files_are_removed_only_when_asked_and_only_swap_files():
 
 
 def test_the_swap_files_fact_is_asked_about_file_entries_only(remote_commands):
-    converged = sw.SwapSources().parse(NSPAWN_CONVERGED)
-    assert sw.swap_file_candidates(converged) == ["/swap.img"]
+    converged = sw_facts.SwapSources().parse(NSPAWN_CONVERGED)
+    assert sw_operations.swap_file_candidates(converged) == ["/swap.img"]
     plan(sw.swap, data={"swap_remove_files": True}, responses=_responses(NSPAWN_CONVERGED))
     (files,) = [command for command in remote_commands if "blkid" in command]
     assert "/swap.img" in files and "UUID" not in files
@@ -581,7 +583,7 @@ def test_a_swap_file_name_that_is_not_utf8_is_still_turned_off():
     assert op.commands == ["swapoff -a"]
     encoded = pyinfra_fake.encode(output)
     assert all(line.isascii() for line in encoded)
-    assert sw.SwapSources().process(encoded)["active"][0]["filename"] == name
+    assert sw_facts.SwapSources().process(encoded)["active"][0]["filename"] == name
 
 
 def test_a_fstab_only_entry_that_is_not_utf8_is_disabled(tmp_path):
@@ -591,9 +593,9 @@ def test_a_fstab_only_entry_that_is_not_utf8_is_disabled(tmp_path):
     libmount = '{"filesystems": [{"source": "/swap\udcff.img", "fstype": "swap"}]}'
     output = ["## swaps", SWAPS_HEADER, "## fstab", "644 root root", base64.b64encode(fstab).decode(),
               "## libmount", libmount, "## container", "none"]
-    found = sw.SwapSources().process(pyinfra_fake.encode(output))
-    assert found["libmount_swap_sources"] == ["/swap\udcff.img"] == sw.active_swap_sources(fstab)
-    assert sw.disable_swap_entries(fstab) == sw.DISABLED + fstab
+    found = sw_facts.SwapSources().process(pyinfra_fake.encode(output))
+    assert found["libmount_swap_sources"] == ["/swap\udcff.img"] == sw_facts.active_swap_sources(fstab)
+    assert sw_operations.disable_swap_entries(fstab) == sw_facts.DISABLED + fstab
 
 
 @pytest.mark.parametrize("output", [
@@ -608,7 +610,7 @@ def test_output_the_fact_cannot_read_fails_that_host_with_a_message(output):
     """Forged or truncated output: pyinfra's FactProcessError (this host fails, with the
     reason), never another exception that would stop the run for every host."""
     with pytest.raises(FactProcessError, match="SwapSources: cannot read the host's output"):
-        sw.SwapSources().process(output)
+        sw_facts.SwapSources().process(output)
     if output:  # pyinfra hands no empty output to a fact (its default, nothing found, instead)
         # pyinfra fails the host, and this fake inventory has no other host to go on with.
         with pytest.raises(PyinfraError, match="No hosts remaining"):
@@ -634,16 +636,16 @@ def test_the_fstab_mode_is_read_through_a_link(tmp_path):
     real.chmod(0o640)
     link = tmp_path / "fstab"
     link.symlink_to(real)
-    command = sw.SwapSources().command().get_raw_value().replace(sw.FSTAB, str(link))
+    command = sw_facts.SwapSources().command().get_raw_value().replace(sw_facts.FSTAB, str(link))
     result = subprocess.run(["sh", "-c", command], capture_output=True, check=True)
-    found = sw.SwapSources().process(result.stdout.decode("ascii").splitlines())
+    found = sw_facts.SwapSources().process(result.stdout.decode("ascii").splitlines())
     assert found["fstab"]["mode"] == 0o640 and found["fstab_link"] == str(real)
 
 
 def test_units_to_mask():
-    assert sw.units_to_mask(sw.SwapSources().parse(NSPAWN_SEEDED)) == [
+    assert sw_operations.units_to_mask(sw_facts.SwapSources().parse(NSPAWN_SEEDED)) == [
         UUID_UNIT, "hand.swap", "swap.img.swap", "systemd-zram-setup@.service", "zramswap.service"]
-    assert sw.units_to_mask(sw.SwapSources().parse(DOCKER_NO_SYSTEMD)) == []
+    assert sw_operations.units_to_mask(sw_facts.SwapSources().parse(DOCKER_NO_SYSTEMD)) == []
 
 
 # --- settings ------------------------------------------------------------------------

@@ -4,16 +4,24 @@ checks of the files, the plan, and the fleet report's table."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
+from sparkrig import atomic
 from sparkrig.operations import updates as up
+from sparkrig.operations.updates import deploy as up_deploy
+from sparkrig.operations.updates import facts as up_facts
+from sparkrig.operations.updates import operations as up_operations
+from sparkrig.operations.updates import settings as up_settings
 from sparkrig.settings import all_settings, defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, execute, host_state
 from tools import report
+from tools.rollout import REPO
 
 DEFAULTS = defaults(all_settings())
 
@@ -51,7 +59,7 @@ def test_holds_and_expectations_accept_what_a_fleet_writes():
         ({"updates_stop_on_unexpected": "yes"}, "allowed is True or False"),
         ({"updates_systemd_oomd": "on"}, "allowed is one of 'auto', 'off', 'keep'"),
         ({"updates_packages": {"kernel": ["linux-image-*"]}}, "a mapping of each of kernel, driver"),
-        ({"updates_packages": {**up.DEFAULT_PACKAGES, "docker": "docker.io"}}, "(bad docker: 'docker.io')"),
+        ({"updates_packages": {**up_settings.DEFAULT_PACKAGES, "docker": "docker.io"}}, "(bad docker: 'docker.io')"),
         ({"updates_hodl": []}, "not a sparkrig setting (did you mean updates_hold?)"),
     ],
 )
@@ -101,7 +109,7 @@ SPARK = [
 
 
 def test_a_spark_reads_as_its_versions():
-    facts = up.Versions().process(SPARK)
+    facts = up_facts.Versions().process(SPARK)
     assert facts["os"] == {"PRETTY_NAME": "Ubuntu 24.04.3 LTS", "VERSION_ID": "24.04", "ID": "ubuntu"}
     assert facts["dgx"] == {"DGX_SWBUILD_VERSION": "7.2.3", "DGX_OTA_VERSION": "7.4.0"}
     assert facts["kernel"] == "6.17.0-1007-nvidia"
@@ -113,20 +121,20 @@ def test_a_spark_reads_as_its_versions():
     assert (facts["held"], facts["record"]) == (["nvidia-driver-580-open"], ["nvidia-driver-580-open"])
     assert (facts["driver"], facts["cuda"]) == ("580.95.05", "13.0.2")
     assert facts["python"] == {"torch": "2.11.0", "vllm": "0.20.2"}
-    assert up.pending_reboot(facts) == "kernel 6.17.0-1008-nvidia is installed, 6.17.0-1007-nvidia is running"
+    assert up_facts.pending_reboot(facts) == "kernel 6.17.0-1008-nvidia is installed, 6.17.0-1007-nvidia is running"
 
 
 def test_driver_from_nvidia_smi_and_cuda_from_the_directory_name():
-    facts = up.Versions().process(["kernel 6.8.0-45-generic", "nvsmi 580.159.04", "cudadir /usr/local/cuda-13.1"])
+    facts = up_facts.Versions().process(["kernel 6.8.0-45-generic", "nvsmi 580.159.04", "cudadir /usr/local/cuda-13.1"])
     assert (facts["driver"], facts["cuda"]) == ("580.159.04", "13.1")
     older = "nvproc NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023"
-    assert up.Versions().process([older])["driver"] == "535.129.03"
+    assert up_facts.Versions().process([older])["driver"] == "535.129.03"
 
 
 def test_a_host_with_nothing_reads_as_nothing():
-    facts = up.Versions().process(["os ID=debian", "kernel 6.1.0-26-amd64"])
+    facts = up_facts.Versions().process(["os ID=debian", "kernel 6.1.0-26-amd64"])
     assert (facts["driver"], facts["cuda"], facts["python"]) == (None, None, {})
-    assert up.pending_reboot(facts) is None
+    assert up_facts.pending_reboot(facts) is None
 
 
 @pytest.mark.parametrize(
@@ -145,7 +153,7 @@ def test_a_host_with_nothing_reads_as_nothing():
 )
 def test_output_the_fact_cannot_parse_fails_the_host(line):
     with pytest.raises(FactProcessError, match="Versions: cannot read the host's output"):
-        up.Versions().process(["kernel 6.1.0-26-amd64", line])
+        up_facts.Versions().process(["kernel 6.1.0-26-amd64", line])
 
 
 @pytest.mark.skipif(not shutil.which("dpkg-query"), reason="needs dpkg-query (a Debian controller)")
@@ -159,10 +167,10 @@ def test_the_command_reads_a_venv_and_this_machine(tmp_path):
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {said}\n\nVersion: no\n")
     (venv / "lib" / "python3.12" / "site-packages" / "torchaudio-2.11.0.dist-info").mkdir()
     settings = {**DEFAULTS, "python_venv_path": str(venv)}
-    part = up.versions_part(settings)
-    command = up.Versions().command(**dict(part.kwargs)).get_raw_value()
+    part = up_deploy.versions_part(settings)
+    command = up_facts.Versions().command(**dict(part.kwargs)).get_raw_value()
     result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
-    facts = up.Versions().process(result.stdout.splitlines())
+    facts = up_facts.Versions().process(result.stdout.splitlines())
     assert facts["python"] == {"torch": "2.11.0+cpu", "vllm": "0.20.2"}
     assert facts["kernel"] == os.uname().release
 
@@ -174,27 +182,27 @@ def test_a_fifo_for_a_venvs_metadata_never_hangs_the_report(tmp_path):
     info = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "torch-2.11.0.dist-info"
     info.mkdir(parents=True)
     os.mkfifo(info / "METADATA")
-    part = up.versions_part({**DEFAULTS, "python_venv_path": str(tmp_path / "venv")})
-    command = up.Versions().command(**dict(part.kwargs)).get_raw_value()
+    part = up_deploy.versions_part({**DEFAULTS, "python_venv_path": str(tmp_path / "venv")})
+    command = up_facts.Versions().command(**dict(part.kwargs)).get_raw_value()
     result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
-    assert up.Versions().process(result.stdout.splitlines())["python"] == {"torch": "?"}
+    assert up_facts.Versions().process(result.stdout.splitlines())["python"] == {"torch": "?"}
 
 
 def test_the_manifests_vllm_name_is_the_one_read():
     manifest = {**DEFAULTS["python_stack"], "vllm": {"name": "sparkrig-lab-standin-vllm"}}
-    assert up.python_names({**DEFAULTS, "python_stack": manifest}) == ("torch", "sparkrig_lab_standin_vllm")
-    assert up.python_names({**DEFAULTS, "python_stack": {**manifest, "vllm": None}}) == ("torch", "vllm")
+    assert up_deploy.python_names({**DEFAULTS, "python_stack": manifest}) == ("torch", "sparkrig_lab_standin_vllm")
+    assert up_deploy.python_names({**DEFAULTS, "python_stack": {**manifest, "vllm": None}}) == ("torch", "vllm")
 
 
 def test_unexpected_versions_name_both():
-    facts = up.Versions().process(SPARK)
+    facts = up_facts.Versions().process(SPARK)
     settings = {**DEFAULTS, "updates_expected_kernel": "6.17.0-1008-nvidia", "updates_expected_driver": "580.95.05"}
-    assert up.unexpected(settings, facts) == [
+    assert up_facts.unexpected(settings, facts) == [
         "kernel 6.17.0-1007-nvidia is running, updates_expected_kernel is 6.17.0-1008-nvidia"
     ]
     settings["updates_expected_driver"] = "590.1.2"
     facts["driver"] = None
-    assert up.unexpected(settings, facts)[1] == (
+    assert up_facts.unexpected(settings, facts)[1] == (
         "NVIDIA driver (none loaded) is loaded, updates_expected_driver is 590.1.2"
     )
 
@@ -209,10 +217,10 @@ def _validate(validator, text: str, tmp_path) -> int:
 
 
 @pytest.mark.skipif(not shutil.which("apt-config"), reason="needs apt-config (a Debian controller)")
-@pytest.mark.parametrize("mode", up.MODES)
+@pytest.mark.parametrize("mode", up_settings.MODES)
 def test_apt_conf_is_what_apt_reads(mode, tmp_path):
-    text = up.render_apt_conf(mode, ["linux-image-*", "nvidia-driver-580-open=580.95.05-0ubuntu1"])
-    assert _validate(up.APT_CONF_VALIDATOR, text, tmp_path) == 0
+    text = up_operations.render_apt_conf(mode, ["linux-image-*", "nvidia-driver-580-open=580.95.05-0ubuntu1"])
+    assert _validate(up_operations.APT_CONF_VALIDATOR, text, tmp_path) == 0
     path = tmp_path / "candidate"
     dump = subprocess.run(["apt-config", "-c", str(path), "dump"], capture_output=True, text=True).stdout
     assert f'APT::Periodic::Unattended-Upgrade "{0 if mode == "off" else 1}";' in dump
@@ -220,29 +228,27 @@ def test_apt_conf_is_what_apt_reads(mode, tmp_path):
     assert 'Unattended-Upgrade::Package-Blacklist:: "^nvidia-driver-580-open$";' in dump
     if mode == "security":
         assert "origin=*" not in dump and "label=Debian-Security" in dump
-    assert _validate(up.APT_CONF_VALIDATOR, text + 'APT::Periodic "1\n', tmp_path) != 0
+    assert _validate(up_operations.APT_CONF_VALIDATOR, text + 'APT::Periodic "1\n', tmp_path) != 0
 
 
 @pytest.mark.skipif(not shutil.which("apt-cache"), reason="needs apt-cache (a Debian controller)")
 def test_pin_file_is_what_apt_reads(tmp_path):
-    text = up.render_pins(["linux-image-*", "nvidia-driver-580-open=580.95.05-0ubuntu1", "libnvidia-*=580.95.*"])
+    text = up_operations.render_pins(["linux-image-*", "nvidia-driver-580-open=580.95.05-0ubuntu1", "libnvidia-*=580.95.*"])
     assert "Package: nvidia-driver-580-open\nPin: version 580.95.05-0ubuntu1\nPin-Priority: 1000\n" in text
     assert "linux-image" not in text
-    assert _validate(up.PIN_VALIDATOR, text, tmp_path) == 0
-    assert _validate(up.PIN_VALIDATOR, text + "Pin-Priority: 2000\n", tmp_path) != 0
-    assert _validate(up.PIN_VALIDATOR, text + "\nPackage: x\nPin-Priority: 1000\n", tmp_path) != 0  # no pin
-    assert _validate(up.PIN_VALIDATOR, text + "\nPackage: x\nPin: release o=x\nPin-Priority: 1000\n", tmp_path) != 0
-    assert up.render_pins(["linux-image-*"]) is None
+    assert _validate(up_operations.PIN_VALIDATOR, text, tmp_path) == 0
+    assert _validate(up_operations.PIN_VALIDATOR, text + "Pin-Priority: 2000\n", tmp_path) != 0
+    assert _validate(up_operations.PIN_VALIDATOR, text + "\nPackage: x\nPin-Priority: 1000\n", tmp_path) != 0  # no pin
+    assert _validate(up_operations.PIN_VALIDATOR, text + "\nPackage: x\nPin: release o=x\nPin-Priority: 1000\n", tmp_path) != 0
+    assert up_operations.render_pins(["linux-image-*"]) is None
 
 
 def test_glob_regex_matches_what_the_glob_matches():
-    import re
-
-    regex = re.compile(up.glob_regex("linux-image-6.17*"))
+    regex = re.compile(up_operations.glob_regex("linux-image-6.17*"))
     assert regex.match("linux-image-6.17.0-1008-nvidia")
     assert not regex.match("linux-image-6x17")
     assert not regex.match("xlinux-image-6.17")
-    assert "\\" not in up.glob_regex("libstdc++6.*")
+    assert "\\" not in up_operations.glob_regex("libstdc++6.*")
 
 
 # Plans -------------------------------------------------------------------------------
@@ -254,15 +260,15 @@ TIMER_ENABLED = "--property UnitFileState"
 
 def _host(versions=(), files=None, timers=(False, False), oomd=None, unattended=None) -> dict:
     """The host as the concern's one reading reads it (Versions, HostState)."""
-    units = {timer: timers for timer in up.TIMERS}
+    units = {timer: timers for timer in up_operations.TIMERS}
     if oomd is not None:
-        units[up.OOMD_UNITS[0]] = oomd
+        units[up_operations.OOMD_UNITS[0]] = oomd
     return {
         VERSIONS: ["os ID=debian", "kernel 6.1.0-26-amd64", *versions],
         HOST_STATE: host_state(
-            files={up.PIN_FILE: None, up.APT_CONF: up.render_apt_conf("off", []), up.RECORD: None, **(files or {})},
+            files={up_settings.PIN_FILE: None, up_operations.APT_CONF: up_operations.render_apt_conf("off", []), up_facts.RECORD: None, **(files or {})},
             units=units,
-            packages={up.UNATTENDED_PACKAGE: unattended},
+            packages={up_operations.UNATTENDED_PACKAGE: unattended},
         ),
         TIMER_STATUS: ["Id=apt-daily.timer", f"SubState={'waiting' if timers[0] else 'dead'}"],
         TIMER_ENABLED: ["Id=apt-daily.timer", f"UnitFileState={'enabled' if timers[1] else 'disabled'}"],
@@ -278,10 +284,10 @@ def test_converged_host_gets_no_operation():
 
 
 def test_a_fresh_host_turns_unattended_upgrades_and_their_timers_off():
-    responses = _host(files={up.APT_CONF: None}, timers=(True, True))
+    responses = _host(files={up_operations.APT_CONF: None}, timers=(True, True))
     ops = _commands(execute(up.updates, responses=responses))
     assert list(ops) == [
-        f"Unattended upgrades as updates_unattended says ({up.APT_CONF})",
+        f"Unattended upgrades as updates_unattended says ({up_operations.APT_CONF})",
         "apt-daily.timer runs as updates_unattended says",
         "apt-daily-upgrade.timer runs as updates_unattended says",
     ]
@@ -293,27 +299,27 @@ def test_holds_are_made_recorded_and_pinned():
     holds = ["sparkrig-lab-standin-kernel", "sparkrig-lab-standin-nvidia-driver=1.0"]
     responses = _host(
         versions=["pkg hold ii  sparkrig-lab-standin-kernel 1.0"],
-        files={up.APT_CONF: up.render_apt_conf("off", holds)},
+        files={up_operations.APT_CONF: up_operations.render_apt_conf("off", holds)},
     )
     ops = execute(up.updates, data={"updates_hold": holds}, responses=responses)
     commands = _commands(ops)
     assert list(commands) == [
-        f"Version pins ({up.PIN_FILE})",
+        f"Version pins ({up_settings.PIN_FILE})",
         "Packages held as updates_hold says (apt-mark)",
-        f"What sparkrig holds ({up.RECORD})",
+        f"What sparkrig holds ({up_facts.RECORD})",
     ]
     assert commands["Packages held as updates_hold says (apt-mark)"][0].endswith("&& apt-mark hold sparkrig-lab-standin-kernel")
     uploads = {path: data for op in ops for path, data in op.uploads.items()}
-    assert uploads[up.atomic.temp_path(up.RECORD)] == b"sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n"
-    assert uploads[up.atomic.temp_path(up.PIN_FILE)].decode() == up.render_pins(holds)
+    assert uploads[atomic.temp_path(up_facts.RECORD)] == b"sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n"
+    assert uploads[atomic.temp_path(up_settings.PIN_FILE)].decode() == up_operations.render_pins(holds)
 
     # Held and recorded: nothing more to do.
     converged = _host(
         versions=["pkg hold hi  sparkrig-lab-standin-kernel 1.0", "held sparkrig-lab-standin-kernel",
                   "record sparkrig-lab-standin-kernel", "record sparkrig-lab-standin-nvidia-driver"],
         files={
-            up.APT_CONF: up.render_apt_conf("off", holds), up.PIN_FILE: up.render_pins(holds),
-            up.RECORD: "sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n",
+            up_operations.APT_CONF: up_operations.render_apt_conf("off", holds), up_settings.PIN_FILE: up_operations.render_pins(holds),
+            up_facts.RECORD: "sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n",
         },
     )
     assert execute(up.updates, data={"updates_hold": holds}, responses=converged) == []
@@ -328,15 +334,15 @@ def test_releasing_holds_unholds_unpins_upgrades_then_forgets():
     responses = _host(
         versions=["held sparkrig-lab-standin-kernel", "record sparkrig-lab-standin-kernel",
                   "record sparkrig-lab-standin-nvidia-driver"],
-        files={up.PIN_FILE: up.render_pins(["sparkrig-lab-standin-nvidia-driver=1.0"]),
-               up.RECORD: "sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n"},
+        files={up_settings.PIN_FILE: up_operations.render_pins(["sparkrig-lab-standin-nvidia-driver=1.0"]),
+               up_facts.RECORD: "sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n"},
     )
     commands = _commands(execute(up.updates, responses=responses))
     assert list(commands) == [
-        f"No version pins ({up.PIN_FILE})",
+        f"No version pins ({up_settings.PIN_FILE})",
         "Packages held as updates_hold says (apt-mark)",
         "Upgrade what a released hold kept back",
-        f"What sparkrig holds ({up.RECORD})",
+        f"What sparkrig holds ({up_facts.RECORD})",
     ]
     assert commands["Packages held as updates_hold says (apt-mark)"][0].endswith(
         "&& apt-mark unhold sparkrig-lab-standin-kernel")
@@ -348,14 +354,14 @@ def test_releasing_holds_unholds_unpins_upgrades_then_forgets():
 def test_an_upgrade_that_failed_is_tried_again():
     """Unheld but still in the record (the upgrade did not go through): upgrade again."""
     responses = _host(versions=["record sparkrig-lab-standin-kernel"],
-                      files={up.RECORD: "sparkrig-lab-standin-kernel\n"})
+                      files={up_facts.RECORD: "sparkrig-lab-standin-kernel\n"})
     assert list(_commands(execute(up.updates, responses=responses))) == [
-        "Upgrade what a released hold kept back", f"What sparkrig holds ({up.RECORD})"]
+        "Upgrade what a released hold kept back", f"What sparkrig holds ({up_facts.RECORD})"]
 
 
 def test_an_unexpected_kernel_refuses_the_host_before_any_change():
     data = {"updates_expected_kernel": "6.17.0-1007-nvidia", "updates_stop_on_unexpected": True}
-    responses = _host(files={up.APT_CONF: None}, timers=(True, True))
+    responses = _host(files={up_operations.APT_CONF: None}, timers=(True, True))
     commands = _commands(execute(up.updates, data=data, responses=responses))
     assert list(commands) == ["The box runs the expected kernel and driver (updates_stop_on_unexpected)"]
     (refusal,) = commands["The box runs the expected kernel and driver (updates_stop_on_unexpected)"]
@@ -375,9 +381,15 @@ def test_systemd_oomd_is_masked_where_earlyoom_is_the_watchdog(data, masked):
     assert ops == (expected if masked else {})
 
 
+def test_the_deploy_has_the_default_of_watchdog_enabled_which_it_reads():
+    """Alone in a user's deploy, updates still knows earlyoom is the watchdog by default."""
+    assert up_settings.DEFAULTS["watchdog_enabled"] is True
+    assert up.updates._inner.deploy_data["watchdog_enabled"] is True
+
+
 def test_security_upgrades_install_unattended_upgrades_and_run_the_timers():
     data = {"updates_unattended": "security"}
-    responses = _host(files={up.APT_CONF: up.render_apt_conf("security", [])}, timers=(False, False))
+    responses = _host(files={up_operations.APT_CONF: up_operations.render_apt_conf("security", [])}, timers=(False, False))
     ops = _commands(execute(up.updates, data=data, responses=responses))
     assert list(ops) == [
         "Install unattended-upgrades",
@@ -390,7 +402,7 @@ def test_security_upgrades_install_unattended_upgrades_and_run_the_timers():
 
 
 def _row(**changes):
-    facts = up.Versions().process(SPARK)
+    facts = up_facts.Versions().process(SPARK)
     for key, value in changes.items():
         facts[key] = value
     return report.row(facts)
@@ -435,10 +447,6 @@ def test_with_no_majority_every_differing_cell_is_marked():
 
 def test_the_report_names_a_host_it_cannot_reach_and_fails(tmp_path):
     """The real command, against a host whose SSH port refuses: one line for it, exit status 1."""
-    import sys
-
-    from tools.rollout import REPO
-
     inventory = tmp_path / "unreachable.py"
     inventory.write_text('hosts = [("nobody-home", {"ssh_hostname": "127.0.0.1", "ssh_port": 1})]\n')
     result = subprocess.run(

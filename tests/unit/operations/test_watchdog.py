@@ -8,11 +8,12 @@ import subprocess
 import pytest
 
 from sparkrig.operations import watchdog as wd
+from sparkrig.operations.watchdog import deploy as wd_deploy
 from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, execute, host_state, plan
 
 DEFAULTS = defaults(wd.SETTINGS)
-DEFAULT_ARGS = wd.earlyoom_args(
+DEFAULT_ARGS = wd_deploy.earlyoom_args(
     DEFAULTS["watchdog_min_available_kib"],
     DEFAULTS["watchdog_report_interval_s"],
     DEFAULTS["watchdog_prefer"],
@@ -107,9 +108,9 @@ def test_tricky_regexes_are_allowed(regex):
 
 
 def _write_default_file(tmp_path, prefer: str):
-    args = wd.earlyoom_args(4194304, 60, prefer, DEFAULTS["watchdog_avoid"])
+    args = wd_deploy.earlyoom_args(4194304, 60, prefer, DEFAULTS["watchdog_avoid"])
     path = tmp_path / "earlyoom"
-    path.write_text(wd.render_default_file(args))
+    path.write_text(wd_deploy.render_default_file(args))
     return path, args
 
 
@@ -147,14 +148,14 @@ def test_default_file_is_one_double_quoted_assignment_systemd_reads_literally(tm
 # Drop-in -----------------------------------------------------------------------
 
 
-def _validate(tmp_path, content: str, validator=wd.DROP_IN_VALIDATOR) -> subprocess.CompletedProcess:
+def _validate(tmp_path, content: str, validator=wd_deploy.DROP_IN_VALIDATOR) -> subprocess.CompletedProcess:
     path = tmp_path / "unit.conf"
     path.write_text(content)
     return subprocess.run([*validator, str(path)], capture_output=True, text=True)
 
 
 def test_drop_in_protects_earlyoom_and_passes_its_validation(tmp_path):
-    text = wd.render_drop_in()
+    text = wd_deploy.render_drop_in()
     assert "[Service]\nOOMScoreAdjust=-1000\nNice=-20\n" in text
     assert _validate(tmp_path, text).returncode == 0
 
@@ -175,7 +176,7 @@ def test_drop_in_validation_refuses_anything_else(tmp_path, bad):
 
 
 def test_validation_fails_on_an_unreadable_file(tmp_path):
-    result = subprocess.run([*wd.DROP_IN_VALIDATOR, str(tmp_path / "missing")], capture_output=True)
+    result = subprocess.run([*wd_deploy.DROP_IN_VALIDATOR, str(tmp_path / "missing")], capture_output=True)
     assert result.returncode != 0
 
 
@@ -192,9 +193,9 @@ def _host(installed=True, running=True, enabled=True, args_text=None, drop_in_te
     operations it adds (apt's DebPackages, systemd's status) read it when they run."""
     return {
         HOST_STATE: host_state(
-            files={wd.DEFAULT_FILE: args_text, wd.DROP_IN: drop_in_text},
-            units={wd.SERVICE: (running, enabled)},
-            packages={wd.PACKAGE: "1.7-1+b1" if installed else None},
+            files={wd_deploy.DEFAULT_FILE: args_text, wd_deploy.DROP_IN: drop_in_text},
+            units={wd_deploy.SERVICE: (running, enabled)},
+            packages={wd_deploy.PACKAGE: "1.7-1+b1" if installed else None},
         ),
         "dpkg -l": INSTALLED if installed else [],
         STATUS: ["Id=earlyoom.service", f"SubState={'running' if running else 'dead'}"],
@@ -202,7 +203,7 @@ def _host(installed=True, running=True, enabled=True, args_text=None, drop_in_te
     }
 
 
-CONVERGED = _host(args_text=wd.render_default_file(DEFAULT_ARGS), drop_in_text=wd.render_drop_in())
+CONVERGED = _host(args_text=wd_deploy.render_default_file(DEFAULT_ARGS), drop_in_text=wd_deploy.render_drop_in())
 
 
 def _commands(ops: list[PlannedOp]) -> dict[str, list[str]]:
@@ -214,9 +215,9 @@ def test_fresh_host_gets_earlyoom_installed_with_fresh_package_lists():
     commands = _commands(ops)
     assert list(commands) == [
         "Install earlyoom",
-        f"earlyoom is never OOM-killed ({wd.DROP_IN})",
+        f"earlyoom is never OOM-killed ({wd_deploy.DROP_IN})",
         "Reload systemd: the earlyoom drop-in changed",
-        f"earlyoom arguments ({wd.DEFAULT_FILE})",
+        f"earlyoom arguments ({wd_deploy.DEFAULT_FILE})",
         "earlyoom is enabled and running",
         "Restart earlyoom: its arguments or drop-in changed",
     ]
@@ -227,16 +228,16 @@ def test_fresh_host_gets_earlyoom_installed_with_fresh_package_lists():
     assert commands["earlyoom is enabled and running"] == [
         "systemctl start earlyoom.service", "systemctl enable earlyoom.service"]
     upload = ops[3].uploads["/etc/default/.earlyoom.sparkrig-new"].decode()
-    assert upload == wd.render_default_file(DEFAULT_ARGS)
+    assert upload == wd_deploy.render_default_file(DEFAULT_ARGS)
 
 
 def test_package_default_config_is_replaced_and_earlyoom_restarted():
-    ops = execute(wd.watchdog, responses=_host(args_text=DEBIAN_DEFAULT_FILE, drop_in_text=wd.render_drop_in()))
+    ops = execute(wd.watchdog, responses=_host(args_text=DEBIAN_DEFAULT_FILE, drop_in_text=wd_deploy.render_drop_in()))
     commands = _commands(ops)
     # Installed and running: no apt-get, not even an update; no start.
     assert list(commands) == [
-        f"earlyoom arguments ({wd.DEFAULT_FILE})", "Restart earlyoom: its arguments or drop-in changed"]
-    assert commands[f"earlyoom arguments ({wd.DEFAULT_FILE})"][-1].endswith(
+        f"earlyoom arguments ({wd_deploy.DEFAULT_FILE})", "Restart earlyoom: its arguments or drop-in changed"]
+    assert commands[f"earlyoom arguments ({wd_deploy.DEFAULT_FILE})"][-1].endswith(
         "sh -n /etc/default/.earlyoom.sparkrig-new || { rm -f /etc/default/.earlyoom.sparkrig-new "
         "; false; }; } && mv -f /etc/default/.earlyoom.sparkrig-new /etc/default/earlyoom")
     assert commands["Restart earlyoom: its arguments or drop-in changed"] == [
@@ -259,7 +260,7 @@ def test_new_threshold_rewrites_arguments_and_restarts_without_daemon_reload():
 
 
 def test_changed_drop_in_reloads_systemd_then_restarts():
-    responses = _host(args_text=wd.render_default_file(DEFAULT_ARGS), drop_in_text="[Service]\n")
+    responses = _host(args_text=wd_deploy.render_default_file(DEFAULT_ARGS), drop_in_text="[Service]\n")
     commands = _commands(execute(wd.watchdog, responses=responses))
     assert commands["Reload systemd: the earlyoom drop-in changed"] == ["systemctl daemon-reload"]
     assert commands["Restart earlyoom: its arguments or drop-in changed"] == [
@@ -268,7 +269,7 @@ def test_changed_drop_in_reloads_systemd_then_restarts():
 
 def test_stopped_earlyoom_is_started_and_not_restarted_when_nothing_changed():
     responses = _host(
-        running=False, args_text=wd.render_default_file(DEFAULT_ARGS), drop_in_text=wd.render_drop_in()
+        running=False, args_text=wd_deploy.render_default_file(DEFAULT_ARGS), drop_in_text=wd_deploy.render_drop_in()
     )
     commands = _commands(execute(wd.watchdog, responses=responses))
     assert commands == {"earlyoom is enabled and running": ["systemctl start earlyoom.service"]}
@@ -277,7 +278,7 @@ def test_stopped_earlyoom_is_started_and_not_restarted_when_nothing_changed():
 def test_restart_is_decided_at_execution_not_at_plan_time():
     """The restart depends on what the file operations did (``_if=``): planning alone
     cannot know it, so a plan lists it; a converged host plans nothing at all."""
-    responses = _host(args_text=DEBIAN_DEFAULT_FILE, drop_in_text=wd.render_drop_in())
+    responses = _host(args_text=DEBIAN_DEFAULT_FILE, drop_in_text=wd_deploy.render_drop_in())
     planned = _commands(plan(wd.watchdog, responses=responses))
     assert planned["Restart earlyoom: its arguments or drop-in changed"] == [
         "systemctl restart earlyoom.service"]

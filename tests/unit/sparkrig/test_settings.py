@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import ast
+import importlib
 import runpy
 import socket
 import subprocess
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkrig.operations import cuda_env, declaring
 from sparkrig import profile
+from sparkrig.operations import declaring
 from sparkrig.settings import (
     REFERENCE,
     SettingsError,
@@ -113,13 +113,23 @@ def test_validate_hosts_names_every_bad_host_in_one_error():
     assert "good" not in message
 
 
-def test_every_deploy_takes_every_settings_default_derived_not_listed():
+def test_every_deploy_takes_the_defaults_of_the_settings_it_reads():
+    """A split concern's @deploy takes its settings module's DEFAULTS (its own settings and
+    those of the concerns it reads); one not split yet takes every default."""
     everything = {s.key: s.default for s in all_settings()}
-    deploys = [getattr(module, module.__name__.rsplit(".", 1)[1], None) for module in declaring()]
-    deploys = [d for d in deploys if d is not None]
-    assert len(deploys) >= 11
-    for function in deploys:
-        assert dict(function._inner.deploy_data) == everything, function.__name__
+    checked = 0
+    for module in declaring():
+        function = getattr(module, module.__name__.rsplit(".", 1)[1], None)
+        if function is None:
+            continue
+        checked += 1
+        settings = importlib.import_module(f"{module.__name__}.settings") if hasattr(module, "__path__") else None
+        if hasattr(settings, "DEFAULTS"):  # split: operations/<concern>/settings.py says what it reads
+            assert {s.key for s in settings.SETTINGS} <= set(settings.DEFAULTS), module.__name__
+            assert dict(function._inner.deploy_data) == settings.DEFAULTS, module.__name__
+        else:  # not split yet: ALL_DEFAULTS
+            assert dict(function._inner.deploy_data) == everything, module.__name__
+    assert checked >= 11
 
 
 def test_pyinfra_stops_on_a_bad_setting_before_contacting_any_host(tmp_path):

@@ -1,0 +1,170 @@
+"""Updates: the deploy, and the parts of the host's one reading it decides from."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, systemd
+
+from sparkrig import atomic, reading
+from sparkrig.packages import installed as install_packages
+from sparkrig.settings import defaults, resolved
+
+from .facts import RECORD, Versions, dist_name, pending_reboot, unexpected
+from .operations import (
+    APT_CONF,
+    APT_CONF_VALIDATOR,
+    OOMD_UNITS,
+    PIN_VALIDATOR,
+    TIMERS,
+    UNATTENDED_PACKAGE,
+    marked,
+    oomd_masked,
+    render_apt_conf,
+    render_pins,
+    render_record,
+)
+from .settings import DEFAULTS, PIN_FILE, SETTINGS, parse_hold
+
+
+def python_names(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    """torch and the manifest's vLLM (its name may be a stand-in's), as .dist-info names."""
+    manifest = settings.get("python_stack")  # python_stack's setting (its settings module comes with its split)
+    vllm = (manifest.get("vllm") or {}) if isinstance(manifest, Mapping) else {}
+    return (dist_name("torch"), dist_name(vllm.get("name") or "vllm"))
+
+
+def versions_part(settings: Mapping[str, Any]) -> reading.Part:
+    """The host's :class:`Versions`, as the deploy and the report read it."""
+    settings = {**defaults(SETTINGS), **settings}
+    holds = sorted({name for name, version in map(parse_hold, settings["updates_hold"]) if version is None})
+    return reading.part(
+        Versions,
+        packages=dict(settings["updates_packages"]),
+        holds=holds,
+        # python_stack's setting (its settings module comes with its split)
+        venv=settings.get("python_venv_path", ""),
+        python=python_names(settings),
+    )
+
+
+STATE = reading.part(
+    atomic.HostState,
+    paths=(PIN_FILE, APT_CONF, RECORD),
+    units=(*TIMERS, *OOMD_UNITS),
+    packages=(UNATTENDED_PACKAGE,),
+)
+
+
+@reading.planner
+def reads(settings):
+    return [versions_part(settings), STATE]
+
+
+def oomd_off(settings: Mapping[str, Any]) -> bool:
+    """Whether systemd-oomd is to be masked (``auto``: where earlyoom is the watchdog)."""
+    choice = settings["updates_systemd_oomd"]
+    # watchdog_enabled: watchdog's setting (updates.settings imports it, DEFAULTS holds it).
+    return choice == "off" or (choice == "auto" and bool(settings.get("watchdog_enabled", True)))
+
+
+@deploy("Updates", data_defaults=DEFAULTS)
+def updates():
+    """
+    Check the expected kernel and driver, hold packages, set unattended upgrades and
+    systemd-oomd as the settings say.
+
+    Settings: ``updates_hold``, ``updates_unattended``, ``updates_expected_kernel``,
+    ``updates_expected_driver``, ``updates_stop_on_unexpected``, ``updates_systemd_oomd``,
+    ``updates_packages``; see docs/settings.md.
+    """
+    # Every setting resolved as the reading's planner saw them (the venv's path, the
+    # manifest's vLLM, watchdog_enabled): the same parts, so no command of their own.
+    settings = resolved(host.data.dict())
+    facts = reading.value(versions_part(settings))
+    state = reading.value(STATE)
+    if atomic.fact_failed():
+        return
+    wrong = unexpected(settings, facts)
+    if wrong and settings["updates_stop_on_unexpected"]:
+        atomic.refused(
+            name="The box runs the expected kernel and driver (updates_stop_on_unexpected)",
+            message="; ".join(wrong) + ": nothing changed on this host (updates_stop_on_unexpected)",
+        )
+        return
+    for line in wrong:
+        atomic.detail(f"updates: {line}")
+    reboot = pending_reboot(facts)
+    if reboot:
+        atomic.detail(f"updates: a reboot is pending ({reboot})")
+
+    # Holds: pins, then apt-mark, then what was released is upgraded.
+    holds = settings["updates_hold"]
+    pins = render_pins(holds)
+    pin_state = state["files"].get(PIN_FILE)
+    if pins is None:
+        if pin_state is not None:
+            files.file(name=f"No version pins ({PIN_FILE})", path=PIN_FILE, present=False)
+    elif not atomic.up_to_date(pin_state, pins):
+        atomic.file(
+            name=f"Version pins ({PIN_FILE})", dest=PIN_FILE, current=pin_state, content=pins, validate=PIN_VALIDATOR
+        )
+    versions = dict(map(parse_hold, holds))
+    marks = [name for name, version in versions.items() if version is None]
+    wanted = {name for name in facts["hold_matches"] if any(fnmatch.fnmatchcase(name, g) for g in marks)}
+    pinned = {name for name, version in versions.items() if version and not set(name) & set("*?")}
+    held, record = set(facts["held"]), set(facts["record"])
+    to_hold = sorted(wanted - held)
+    # Released: what sparkrig held or pinned and the setting no longer names. It stays in
+    # the record until its upgrade went through, so a failed upgrade is tried again.
+    released = sorted(record - wanted - pinned)
+    unhold = sorted(set(released) & held)
+    if to_hold or unhold:
+        marked(name="Packages held as updates_hold says (apt-mark)", hold=to_hold, unhold=unhold)
+    if released:
+        atomic.detail(f"updates: released, upgrading: {' '.join(released)}")
+        install_packages(name="Upgrade what a released hold kept back", packages=released, only_upgrade=True)
+    new_record = (wanted & (record | set(to_hold))) | pinned
+    record_text = render_record(new_record) if new_record else None
+    record_state = state["files"].get(RECORD)
+    if record_text is None:
+        if record_state is not None:
+            files.file(name=f"What sparkrig holds ({RECORD})", path=RECORD, present=False)
+    elif not atomic.up_to_date(record_state, record_text):
+        atomic.file(name=f"What sparkrig holds ({RECORD})", dest=RECORD, current=record_state, content=record_text)
+
+    # Unattended upgrades and the timers that run them.
+    mode = settings["updates_unattended"]
+    conf = render_apt_conf(mode, holds)
+    if mode != "off" and state["packages"].get(UNATTENDED_PACKAGE) is None:
+        install_packages(name="Install unattended-upgrades", packages=[UNATTENDED_PACKAGE])
+    conf_state = state["files"].get(APT_CONF)
+    if not atomic.up_to_date(conf_state, conf):
+        atomic.file(
+            name=f"Unattended upgrades as updates_unattended says ({APT_CONF})",
+            dest=APT_CONF, current=conf_state, content=conf, validate=APT_CONF_VALIDATOR,
+        )
+    running = mode != "off"
+    for timer in host.loop(TIMERS):
+        unit = state["units"].get(timer, {})
+        if unit.get("enabled") not in ("enabled", "disabled"):
+            continue  # absent (or masked by the owner): nothing to keep consistent
+        if (unit.get("active") == "active", unit.get("enabled") == "enabled") != (running, running):
+            systemd.service(
+                name=f"{timer} runs as updates_unattended says",
+                service=timer, running=running, enabled=running,
+            )
+
+    # systemd-oomd.
+    if oomd_off(settings):
+        present = [
+            u for u in OOMD_UNITS
+            if state["units"].get(u, {}).get("enabled") not in (None, "unknown", "not-found", "masked")
+            or state["units"].get(u, {}).get("active") == "active"
+        ]
+        if present:
+            oomd_masked(name="systemd-oomd is masked (earlyoom is the watchdog)", units=present)

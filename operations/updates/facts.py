@@ -1,0 +1,195 @@
+"""Updates: the versions a fleet wants alike and the host's holds, read in one command, and
+what they mean (a pending reboot, an unexpected kernel or driver)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from sparkrig import atomic
+
+from .settings import _DRIVER_VERSION, _KERNEL_RELEASE, _PACKAGE, PACKAGE_COLUMNS
+
+RECORD = "/var/lib/sparkrig/updates-held"
+NVIDIA_PROC = "/proc/driver/nvidia/version"
+REBOOT_REQUIRED = "/run/reboot-required"
+
+
+def _sh_glob_words(names: Iterable[str]) -> list:
+    return [QuoteString(name) for name in names]
+
+
+# For `sh -c SCRIPT`: the venv's torch and vLLM versions (as sparkrig-python-versions VENV
+# NAME...), the loaded driver, and CUDA's version.
+# torch's METADATA is about 30 KB.
+METADATA_LIMIT = 1 << 20
+_PYTHON_VERSIONS = atomic.script(
+    "updates/python-versions.sh.j2", limit=METADATA_LIMIT, user_read=atomic.user_read('"$dir/METADATA"', METADATA_LIMIT)
+)
+_DRIVER = atomic.script("updates/driver.sh")
+_CUDA = atomic.script("updates/cuda.sh")
+
+
+def dist_name(name: str) -> str:
+    """A distribution's name as its ``.dist-info`` directory spells it (PEP 427)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+class Versions(FactBase):
+    """
+    Returns the versions a fleet wants alike, and the host's holds.
+
+    + packages: column -> package names or globs (``updates_packages``)
+    + holds: the names or globs of ``updates_hold`` held with apt-mark (installed matches listed)
+    + venv: the Python venv whose torch and vLLM are read
+    + python: the distributions read in it (normalised names)
+
+    .. code:: python
+
+        {"os": {"ID": "ubuntu", "VERSION_ID": "24.04", "PRETTY_NAME": "Ubuntu 24.04.3 LTS"},
+         "dgx": {"DGX_SWBUILD_VERSION": "7.2.3", "DGX_OTA_VERSION": "7.4.0"},
+         "kernel": "6.17.0-1008-nvidia", "boot_kernels": ["6.17.0-1008-nvidia"],
+         "reboot_required": False,
+         "packages": {"kernel": {"linux-image-6.17.0-1008-nvidia": "6.17.0-1008.8"}, ...},
+         "hold_matches": {"nvidia-driver-580-open": "580.95.05-0ubuntu1"},
+         "held": ["nvidia-driver-580-open"], "record": [...],
+         "driver": "580.95.05", "cuda": "13.0.2", "python": {"torch": "2.11.0", "vllm": "0.20.2"}}
+    """
+
+    def command(
+        self,
+        packages: Sequence = (),
+        holds: Sequence[str] = (),
+        venv: str = "",
+        python: Sequence[str] = (),
+    ) -> StringCommand:
+        bits: list = [
+            "sed -n 's/^\\(ID\\|VERSION_ID\\|PRETTY_NAME\\)=/os \\1=/p' /etc/os-release;",
+            "if [ -f /etc/dgx-release ]; then sed -n 's/^\\(DGX_[A-Z_]*VERSION\\)=/dgx \\1=/p'",
+            "/etc/dgx-release; fi;",
+            "echo kernel $(uname -r);",
+            "for f in /boot/vmlinuz-*; do [ -f \"$f\" ] && echo boot \"${f#/boot/vmlinuz-}\"; done;",
+            f"if [ -e {REBOOT_REQUIRED} ]; then echo reboot; fi;",
+        ]
+        for column, names in dict(packages).items():
+            if names:
+                bits += [
+                    f"dpkg-query -W -f='pkg {column} ${{db:Status-Abbrev}} ${{Package}} ${{Version}}\\n'",
+                    *_sh_glob_words(names), "2>/dev/null;",
+                ]
+        if holds:
+            bits += [
+                "dpkg-query -W -f='pkg hold ${db:Status-Abbrev} ${Package} ${Version}\\n'",
+                *_sh_glob_words(holds), "2>/dev/null;",
+            ]
+        bits += [
+            "dpkg --get-selections | awk '$2 == \"hold\" { sub(/:.*/, \"\", $1); print \"held\", $1 }';",
+            f"if [ -f {RECORD} ]; then sed 's/^/record /' {RECORD}; fi;",
+            "sh -c", QuoteString(_DRIVER), ";",
+            "sh -c", QuoteString(_CUDA), ";",
+        ]
+        if venv and python:
+            bits += ["sh -c", QuoteString(_PYTHON_VERSIONS), "sparkrig-python-versions", QuoteString(venv),
+                     *[QuoteString(name) for name in python], ";"]
+        return StringCommand(*bits, "true")
+
+    @atomic.parses
+    def process(self, output: list[str]) -> dict:
+        found = self.default()
+        cuda_json: list[str] = []
+        cuda_dir = None
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "os" or kind == "dgx":
+                key, _, value = rest.partition("=")
+                words = shlex.split(value)
+                found[kind][key] = words[0] if words else ""
+            elif kind == "kernel":
+                if not _KERNEL_RELEASE.fullmatch(rest):
+                    raise ValueError(f"uname -r printed {rest!r}")
+                found["kernel"] = rest
+            elif kind == "boot":
+                found["boot_kernels"].append(rest)
+            elif kind == "reboot":
+                found["reboot_required"] = True
+            elif kind == "pkg":
+                # "kernel ii  NAME VERSION" ("hi": held; no version: known, not installed)
+                words = rest.split()
+                if len(words) not in (3, 4):
+                    raise ValueError(f"dpkg-query printed {rest[:120]!r}")
+                column, status, name, version = (words + [""])[:4]
+                if status[1:2] == "i" and version:
+                    target = found["hold_matches"] if column == "hold" else found["packages"][column]
+                    target[name] = version
+            elif kind == "held":
+                found["held"].append(rest)
+            elif kind == "record":
+                if not _PACKAGE.fullmatch(rest):
+                    raise ValueError(f"{RECORD} holds {rest!r}")
+                found["record"].append(rest)
+            elif kind == "nvproc":
+                match = re.search(r"Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+){1,2})\s", rest + " ")
+                if not match:
+                    raise ValueError(f"{NVIDIA_PROC} says {rest[:120]!r}")
+                found["driver"] = match[1]
+            elif kind == "nvsmi":
+                versions = set(rest.split())
+                if len(versions) != 1 or not _DRIVER_VERSION.fullmatch(next(iter(versions))):
+                    raise ValueError(f"nvidia-smi said {rest[:120]!r}")
+                found["driver"] = versions.pop()
+            elif kind == "cudadir":
+                cuda_dir = rest
+            elif kind == "cudajson":
+                cuda_json.append(rest)
+            elif kind == "python":
+                name, version = rest.split(" ")
+                found["python"][name] = version
+            else:
+                raise ValueError(f"unexpected line {line[:120]!r}")
+        if cuda_json:
+            found["cuda"] = str(json.loads("\n".join(cuda_json))["cuda"]["version"])
+        elif cuda_dir:
+            match = re.fullmatch(r".*/cuda-([0-9]+\.[0-9]+)", cuda_dir)
+            found["cuda"] = match[1] if match else None
+        return found
+
+    @staticmethod
+    def default() -> dict:
+        return {
+            "os": {}, "dgx": {}, "kernel": None, "boot_kernels": [], "reboot_required": False,
+            "packages": {column: {} for column in PACKAGE_COLUMNS}, "hold_matches": {}, "held": [],
+            "record": [], "driver": None, "cuda": None, "python": {},
+        }
+
+
+# What the facts mean ---------------------------------------------------------------------
+
+
+def _version_key(text: str) -> list:
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part]
+
+
+def pending_reboot(facts: Mapping[str, Any]) -> str | None:
+    """Why a reboot is pending (a newer kernel installed than the one running), or None."""
+    boot = sorted(facts["boot_kernels"], key=_version_key)
+    if boot and facts["kernel"] and boot[-1] != facts["kernel"]:
+        return f"kernel {boot[-1]} is installed, {facts['kernel']} is running"
+    if facts["reboot_required"]:
+        return f"{REBOOT_REQUIRED} exists"
+    return None
+
+
+def unexpected(settings: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:
+    """Each expected version the host does not run, naming both."""
+    found = []
+    kernel, driver = settings["updates_expected_kernel"], settings["updates_expected_driver"]
+    if kernel and facts["kernel"] != kernel:
+        found.append(f"kernel {facts['kernel']} is running, updates_expected_kernel is {kernel}")
+    if driver and facts["driver"] != driver:
+        found.append(f"NVIDIA driver {facts['driver'] or '(none loaded)'} is loaded, updates_expected_driver is {driver}")
+    return found
