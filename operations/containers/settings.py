@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sparkrig.settings import IMAGE_REFERENCE, USER_NAME, Setting, boolean, declare, one_of
+from sparkrig.settings import IMAGE_REFERENCE, USER_NAME, Setting, boolean, declare, defaults, one_of
 
 DOCKER_SOURCES = ("auto", "docker-ce", "distro", "preinstalled")
 
@@ -167,3 +167,6 @@ SETTINGS = (
 
 
 declare(__name__, SETTINGS)
+
+# The deploy's data_defaults: its own settings (it reads no other concern's).
+DEFAULTS = defaults(SETTINGS)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sparkrig.settings import Setting, absolute_path, declare, env_mapping_except
+from sparkrig.operations.hardware import settings as hardware_settings
+from sparkrig.operations.jobs import settings as jobs_settings
+from sparkrig.settings import Setting, absolute_path, declare, defaults, env_mapping_except
 
 MANAGED = (
     "CUDA_HOME",
@@ -23,7 +25,7 @@ def _extra_check(value: Any, data: Mapping[str, Any]) -> str | None:
     allowed = env_mapping_except(MANAGED)(value, data)
     if allowed:
         return allowed
-    if "HF_HOME" in value and data.get("jobs_model_cache"):
+    if "HF_HOME" in value and data.get("jobs_model_cache"):  # jobs' setting
         return "variables other than HF_HOME while jobs_model_cache is set (it is HF_HOME)"
     return None
 
@@ -58,3 +60,14 @@ SETTINGS = (
 
 
 declare(__name__, SETTINGS)
+
+# python_stack's setting (its settings module comes with its split): the venv `uv run` uses
+# (UV_PROJECT_ENVIRONMENT). Its default until then; a unit test keeps the two the same.
+PYTHON_VENV_PATH_DEFAULT = "/opt/sparkrig/venv"
+
+# The deploy's data_defaults: its own settings, the hardware profile (TORCH_CUDA_ARCH_LIST),
+# jobs_model_cache (HF_HOME) and python_venv_path (UV_PROJECT_ENVIRONMENT).
+DEFAULTS = {
+    **defaults((*SETTINGS, *hardware_settings.SETTINGS, *jobs_settings.SETTINGS)),
+    "python_venv_path": PYTHON_VENV_PATH_DEFAULT,
+}

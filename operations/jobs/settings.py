@@ -6,12 +6,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sparkrig.operations.watchdog import settings as watchdog_settings
 from sparkrig.settings import (
     USER_NAME,
     Setting,
     absolute_path,
     boolean,
     declare,
+    defaults,
     env_mapping,
     int_range,
     memory_max_check,
@@ -103,6 +105,10 @@ SETTINGS = (
 
 
 declare(__name__, SETTINGS)
+
+# The deploy's data_defaults: its own settings, and watchdog_enabled (spark-preflight's
+# watchdog check).
+DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS))
 
 
 def _cache_path_check(value: Any, data: Mapping[str, Any]) -> str | None:

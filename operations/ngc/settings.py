@@ -6,6 +6,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sparkrig.operations.containers import settings as containers_settings
+from sparkrig.operations.cuda_env import settings as cuda_env_settings
+from sparkrig.operations.hardware import settings as hardware_settings
+from sparkrig.operations.jobs import settings as jobs_settings
 from sparkrig.python_wheels import REFUSED, normalise
 from sparkrig.settings import (
     ENV_NAME,
@@ -15,6 +19,7 @@ from sparkrig.settings import (
     absolute_path,
     boolean,
     declare,
+    defaults,
     int_range,
     one_of,
 )
@@ -86,7 +91,7 @@ def launch_users_check(value: Any, data: Mapping[str, Any]) -> str | None:
     allowed = "a list of user names, each also in containers_docker_users (launching needs Docker access)"
     if not isinstance(value, (list, tuple)) or not all(isinstance(u, str) and USER_NAME.fullmatch(u) for u in value):
         return allowed
-    docker_users = data.get("containers_docker_users")
+    docker_users = data.get("containers_docker_users")  # containers' setting
     if docker_users is not None and any(u not in docker_users for u in value):
         return allowed
     return None
@@ -224,3 +229,11 @@ SETTINGS = (
 
 
 declare(__name__, SETTINGS)
+
+# The deploy's data_defaults: its own settings and those it reads of hardware (the profile's
+# compute capability), jobs (jobs_model_cache, jobs_env), cuda_env (cuda_env_file) and
+# containers (containers_docker_users, which ngc_users must be in).
+DEFAULTS = defaults((
+    *SETTINGS, *hardware_settings.SETTINGS, *jobs_settings.SETTINGS, *cuda_env_settings.SETTINGS,
+    *containers_settings.SETTINGS,
+))

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
+import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -12,12 +15,29 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from tests.unit import pyinfra_fake
-
-from sparkrig.operations import containers as ct
+from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
+
+from sparkrig import atomic
+from sparkrig.operations import (
+    ca_certificates,
+    containers,
+    cuda_env,
+    hardware,
+    jobs,
+    ngc,
+    python_stack,
+    source_builds,
+    sshd_guard,
+    swap,
+)
+from sparkrig.operations import containers as ct
+from sparkrig.operations.containers import facts as ct_facts
+from sparkrig.operations.containers import operations as ct_ops
+from sparkrig.operations.containers import repositories as ct_repos
+from sparkrig.operations.containers import settings as ct_settings
 from sparkrig.settings import defaults, problems
+from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import PlannedOp, digest, execute, plan
 
 DEFAULTS = defaults(ct.SETTINGS)
@@ -65,20 +85,20 @@ def test_bad_values_say_key_and_what_is_allowed(data, expected):
     "ubuntu@sha256:" + "a" * 64,
 ])
 def test_image_references_are_allowed(image):
-    assert ct.image_check(image, {}) is None
+    assert ct_settings.image_check(image, {}) is None
 
 
 # Repositories ----------------------------------------------------------------
 
 
 def test_default_repositories_are_the_vendors_with_host_values_filled_in():
-    docker, toolkit = ct.repositories(VENDOR, NOBLE_ARM)
-    assert docker == ct.AptRepository(
+    docker, toolkit = ct_repos.repositories(VENDOR, NOBLE_ARM)
+    assert docker == ct_repos.AptRepository(
         "docker", "https://download.docker.com/linux/ubuntu", "noble", ("stable",),
         "https://download.docker.com/linux/ubuntu/gpg", "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
         "download.docker.com/linux",
     )
-    assert toolkit == ct.AptRepository(
+    assert toolkit == ct_repos.AptRepository(
         "nvidia-container-toolkit", "https://nvidia.github.io/libnvidia-container/stable/deb/arm64",
         "/", (), "https://nvidia.github.io/libnvidia-container/gpgkey",
         "C95B321B61E88C1809C4F759DDCAE044F796ECB0", "nvidia.github.io/libnvidia-container/stable/deb",
@@ -94,12 +114,12 @@ def test_default_repositories_are_the_vendors_with_host_values_filled_in():
 ])
 def test_only_the_repositories_the_sources_need(docker, toolkit, names):
     data = {**DEFAULTS, "containers_docker_source": docker, "containers_toolkit_source": toolkit}
-    assert [repo.name for repo in ct.repositories(data, NOBLE_ARM)] == names
+    assert [repo.name for repo in ct_repos.repositories(data, NOBLE_ARM)] == names
 
 
 def test_sources_files_are_deb822_with_their_own_keyring():
-    docker, toolkit = ct.repositories(VENDOR, NOBLE_ARM)
-    text = ct.render_sources(docker, "arm64")
+    docker, toolkit = ct_repos.repositories(VENDOR, NOBLE_ARM)
+    text = ct_repos.render_sources(docker, "arm64")
     assert text.splitlines()[2:] == [
         "Types: deb",
         "URIs: https://download.docker.com/linux/ubuntu",
@@ -108,7 +128,7 @@ def test_sources_files_are_deb822_with_their_own_keyring():
         "Architectures: arm64",
         "Signed-By: /etc/apt/keyrings/sparkrig-docker.gpg",
     ]
-    flat = ct.render_sources(toolkit, "arm64")
+    flat = ct_repos.render_sources(toolkit, "arm64")
     assert "Suites: /\n" in flat and "Components" not in flat
     assert "Signed-By: /etc/apt/keyrings/sparkrig-nvidia-container-toolkit.gpg\n" in flat
 
@@ -117,8 +137,8 @@ def test_sources_files_are_deb822_with_their_own_keyring():
 def test_apt_reads_both_sources_files_as_intended(tmp_path):
     parts = tmp_path / "sources.list.d"
     parts.mkdir()
-    for repo in ct.repositories(VENDOR, NOBLE_ARM):
-        (parts / Path(repo.sources_file).name).write_text(ct.render_sources(repo, "arm64"))
+    for repo in ct_repos.repositories(VENDOR, NOBLE_ARM):
+        (parts / Path(repo.sources_file).name).write_text(ct_repos.render_sources(repo, "arm64"))
     result = subprocess.run(
         ["apt-get", "indextargets", "--no-release-info", "--format", "$(URI)",
          "-o", "Dir::Etc::SourceList=/dev/null", "-o", f"Dir::Etc::SourceParts={parts}",
@@ -143,19 +163,19 @@ def test_apt_reads_both_sources_files_as_intended(tmp_path):
     ("deb-src http://deb.debian.org/debian bookworm main", ["http://deb.debian.org/debian"]),
 ])
 def test_source_uris_in_both_formats(line, uris):
-    assert ct.source_uris(line) == uris
+    assert ct_repos.source_uris(line) == uris
 
 
 def test_a_repository_configured_by_another_file_is_found_and_our_own_file_is_not():
-    docker, _ = ct.repositories(VENDOR, NOBLE_ARM)
+    docker, _ = ct_repos.repositories(VENDOR, NOBLE_ARM)
     entries = [
         (docker.sources_file, "URIs: https://download.docker.com/linux/ubuntu"),
         ("/etc/apt/sources.list.d/docker.list",
          "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu/ noble stable"),
         ("/etc/apt/sources.list.d/ubuntu.sources", "URIs: http://ports.ubuntu.com/ubuntu-ports/"),
     ]
-    assert ct.foreign_sources(entries, docker) == ["/etc/apt/sources.list.d/docker.list"]
-    assert ct.foreign_sources(entries[:1] + entries[2:], docker) == []
+    assert ct_repos.foreign_sources(entries, docker) == ["/etc/apt/sources.list.d/docker.list"]
+    assert ct_repos.foreign_sources(entries[:1] + entries[2:], docker) == []
 
 
 # The key check, run for real with curl and gpg ---------------------------------
@@ -201,18 +221,23 @@ def two_keys(tmp_path_factory):
     subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True)
 
 
+def test_the_key_script_reads_the_primary_fingerprints_as_the_fact_does():
+    """templates/containers/fetch-key.sh holds the fact's awk program, word for word."""
+    assert ct_facts.PRIMARY_FINGERPRINTS in ct_repos.FETCH_KEY
+
+
 def _fetch(url: str, fingerprint: str, keyring: Path):
-    return subprocess.run(["sh", "-c", ct.FETCH_KEY, "fetch-key", url, fingerprint, str(keyring)],
+    return subprocess.run(["sh", "-c", ct_repos.FETCH_KEY, "fetch-key", url, fingerprint, str(keyring)],
                           capture_output=True, text=True)
 
 
 def _fingerprints(keyring: Path, tmp_path: Path) -> list[str]:
     """What the SparkrigAptRepositories fact reads from a keyring."""
-    command = ct.SparkrigAptRepositories().command(names=["x"]).get_raw_value()
+    command = ct_facts.SparkrigAptRepositories().command(names=["x"]).get_raw_value()
     command = command.replace("/etc/apt/keyrings/sparkrig-x.gpg", str(keyring))
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, cwd=tmp_path).stdout
     lines = [line for line in out.splitlines() if line.startswith("key x")]
-    return ct.SparkrigAptRepositories().process(lines)["x"]["fingerprints"]
+    return ct_facts.SparkrigAptRepositories().process(lines)["x"]["fingerprints"]
 
 
 @needs_gpg
@@ -250,16 +275,16 @@ USER_CONFIG = {"log-driver": "json-file", "log-opts": {"max-size": "10m"}, "data
 
 
 def test_a_right_file_needs_no_change_and_a_missing_one_is_created():
-    merged = ct.daemon_json_change(json.dumps(USER_CONFIG), False)
-    assert ct.daemon_json_change(merged, False) is None
+    merged = ct_ops.daemon_json_change(json.dumps(USER_CONFIG), False)
+    assert ct_ops.daemon_json_change(merged, False) is None
     # Reformatted by the user (or written by nvidia-ctk): same content, no change.
-    assert ct.daemon_json_change(json.dumps(json.loads(merged), indent=8, sort_keys=True), False) is None
-    assert json.loads(ct.daemon_json_change(None, False)) == {"runtimes": {"nvidia": ct.NVIDIA_RUNTIME}}
-    assert ct.daemon_json_change("", False) is not None
+    assert ct_ops.daemon_json_change(json.dumps(json.loads(merged), indent=8, sort_keys=True), False) is None
+    assert json.loads(ct_ops.daemon_json_change(None, False)) == {"runtimes": {"nvidia": ct_ops.NVIDIA_RUNTIME}}
+    assert ct_ops.daemon_json_change("", False) is not None
 
 
 def test_merge_keeps_every_user_key_and_adds_the_runtime():
-    merged = ct.merged_daemon_config(USER_CONFIG, default_runtime=False)
+    merged = ct_ops.merged_daemon_config(USER_CONFIG, default_runtime=False)
     assert merged == {**USER_CONFIG, "runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}
     assert list(merged)[:3] == list(USER_CONFIG)  # the user's order is kept
     assert USER_CONFIG == {"log-driver": "json-file", "log-opts": {"max-size": "10m"}, "data-root": "/srv/docker"}
@@ -268,22 +293,22 @@ def test_merge_keeps_every_user_key_and_adds_the_runtime():
 def test_merge_keeps_an_existing_registration_and_other_runtimes():
     current = {"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime", "args": []},
                             "crun": {"path": "/usr/bin/crun"}}}
-    assert ct.merged_daemon_config(current, default_runtime=False) == current
+    assert ct_ops.merged_daemon_config(current, default_runtime=False) == current
 
 
 def test_merge_sets_and_unsets_the_default_runtime():
-    on = ct.merged_daemon_config(USER_CONFIG, default_runtime=True)
+    on = ct_ops.merged_daemon_config(USER_CONFIG, default_runtime=True)
     assert on["default-runtime"] == "nvidia"
-    off = ct.merged_daemon_config(on, default_runtime=False)
+    off = ct_ops.merged_daemon_config(on, default_runtime=False)
     assert "default-runtime" not in off
-    crun = ct.merged_daemon_config({"default-runtime": "crun"}, default_runtime=False)
+    crun = ct_ops.merged_daemon_config({"default-runtime": "crun"}, default_runtime=False)
     assert crun["default-runtime"] == "crun"
 
 
 def test_nvidia_ctk_output_is_already_merged():
     # What `nvidia-ctk runtime configure --runtime=docker` writes: sparkrig accepts it as is.
     ctk = {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
-    assert ct.merged_daemon_config(ctk, default_runtime=False) == ctk
+    assert ct_ops.merged_daemon_config(ctk, default_runtime=False) == ctk
 
 
 @pytest.mark.parametrize(("text", "why"), [
@@ -292,20 +317,20 @@ def test_nvidia_ctk_output_is_already_merged():
 ])
 def test_unusable_daemon_json_says_why(text, why):
     with pytest.raises(ValueError, match=rf"^{why.replace('(', '[(]')}"):
-        ct.parse_daemon_json(text)
+        ct_ops.parse_daemon_json(text)
 
 
 def test_runtimes_that_is_not_an_object_is_refused():
     with pytest.raises(ValueError, match='"runtimes" is not a JSON object'):
-        ct.merged_daemon_config({"runtimes": []}, default_runtime=False)
+        ct_ops.merged_daemon_config({"runtimes": []}, default_runtime=False)
 
 
 @pytest.mark.skipif(shutil.which("dockerd") is not None, reason="tests the fallback for hosts without dockerd --validate")
 def test_daemon_json_check_falls_back_to_a_json_parse(tmp_path):
     good, bad = tmp_path / "good.json", tmp_path / "bad.json"
-    good.write_text(ct.daemon_json_change(json.dumps(USER_CONFIG), False))
+    good.write_text(ct_ops.daemon_json_change(json.dumps(USER_CONFIG), False))
     bad.write_text('{"runtimes": ')
-    check = ["sh", "-c", ct.DAEMON_JSON_CHECK, "daemon-json-check"]
+    check = ["sh", "-c", ct_ops.DAEMON_JSON_CHECK, "daemon-json-check"]
     assert subprocess.run([*check, str(good)], capture_output=True).returncode == 0
     assert subprocess.run([*check, str(bad)], capture_output=True).returncode != 0
 
@@ -314,11 +339,11 @@ def test_daemon_json_check_falls_back_to_a_json_parse(tmp_path):
 
 
 def test_container_host_fact_command_runs_and_parses_here():
-    command = ct.ContainerHost().command(
+    command = ct_facts.ContainerHost().command(
         packages=("dpkg", "no-such-package-x"), users=("root", "no-such-user-x")).get_raw_value()
     result = subprocess.run(["dash", "-c", command], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    found = ct.ContainerHost().process(result.stdout.splitlines())
+    found = ct_facts.ContainerHost().process(result.stdout.splitlines())
     release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().split() if "=" in line)
     assert found["os"] == release["ID"].strip('"')
     assert found["arch"] == subprocess.run(["dpkg", "--print-architecture"], capture_output=True,
@@ -341,7 +366,7 @@ def test_container_host_fact_reads_a_dgx_os_like_host():
         "dockerd=/usr/bin/dockerd", "nvidia_runtime=/usr/bin/nvidia-container-runtime",
         "nvidia_ctk=/usr/bin/nvidia-ctk", "gpu=1", "cdi_refresh=enabled active",
     ]
-    assert ct.ContainerHost().process(output) == {
+    assert ct_facts.ContainerHost().process(output) == {
         "os": "ubuntu", "codename": "noble", "arch": "arm64",
         "installed": ["docker-ce", "nvidia-container-toolkit"],  # curl: removed, config left
         "available": [], "own_sources": [],
@@ -355,22 +380,22 @@ def test_container_host_fact_reads_a_dgx_os_like_host():
 def test_daemon_json_and_group_facts():
     text = '{"data-root": "/srv/docker"}\n'
     encoded = base64.b64encode(text.encode()).decode()
-    assert ct.DockerDaemonJson().process([f"daemon_json={encoded}"]) == text
-    assert ct.DockerDaemonJson().process([]) is None
-    assert ct.GroupMembers().process(["group=docker:x:990:spark", "user=spark"]) == {
+    assert ct_facts.DockerDaemonJson().process([f"daemon_json={encoded}"]) == text
+    assert ct_facts.DockerDaemonJson().process([]) is None
+    assert ct_facts.GroupMembers().process(["group=docker:x:990:spark", "user=spark"]) == {
         "members": ["spark"], "users": ["spark"]}
-    assert ct.GroupMembers().process(["group="]) == {"members": None, "users": []}
+    assert ct_facts.GroupMembers().process(["group="]) == {"members": None, "users": []}
 
 
 def test_container_host_fact_reads_a_bare_host():
-    found = ct.ContainerHost().process([
+    found = ct_facts.ContainerHost().process([
         "os=debian", "codename=bookworm", "arch=amd64", "group=", "dockerd=", "nvidia_runtime=", "nvidia_ctk="])
     assert found["daemon_json"] is None and found["group_members"] is None
     assert found["dockerd"] is None and found["nvidia_runtime"] is None and not found["gpu"]
 
 
 def test_repositories_fact_reads_keys_sources_and_entries():
-    found = ct.SparkrigAptRepositories().process([
+    found = ct_facts.SparkrigAptRepositories().process([
         "key docker 9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
         "src docker " + "ab" * 32 + " 644",
         "key nvidia-container-toolkit",
@@ -393,7 +418,7 @@ STATUS = "--property SubState"
 ENABLED = "--property UnitFileState"
 PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin",
             "docker-compose-plugin", "nvidia-container-toolkit", "ca-certificates", "curl", "gnupg"]
-MERGED = ct.daemon_json_change(json.dumps(USER_CONFIG), False)
+MERGED = ct_ops.daemon_json_change(json.dumps(USER_CONFIG), False)
 
 
 def _host(
@@ -409,13 +434,13 @@ def _host(
     state += [f"dockerd={'/usr/bin/dockerd' if dockerd else ''}",
               f"nvidia_runtime={'/usr/bin/nvidia-container-runtime' if runtime else ''}", *extra_state]
     if sources:  # sparkrig's own sources files: "auto" keeps using its repositories
-        state += [f"own={name}" for name in ct.REPOSITORY_NAMES]
+        state += [f"own={name}" for name in ct_facts.REPOSITORY_NAMES]
     repos = []
-    for repo in ct.repositories(VENDOR, NOBLE_ARM | {"arch": arch}):
+    for repo in ct_repos.repositories(VENDOR, NOBLE_ARM | {"arch": arch}):
         if keys:
             repos.append(f"key {repo.name} {repo.fingerprint}")
         if sources:
-            text = ct.render_sources(repo, arch)
+            text = ct_repos.render_sources(repo, arch)
             repos.append(f"src {repo.name} {hashlib.sha256(text.encode()).hexdigest()} 644")
     repos += [f"entry {path}:{line}" for path, line in extra_entries]
     return {
@@ -675,13 +700,13 @@ def test_auto_keeps_the_repository_sparkrig_added_itself():
     ({"own_sources": ["docker"], "dockerd": "/usr/bin/dockerd", "nvidia_runtime": None, "available": []},
      ("docker-ce", "nvidia")),
     ({"own_sources": [], "dockerd": None, "nvidia_runtime": None,
-      "available": ["docker-ce", "nvidia-container-toolkit"]}, (ct.HOST_SOURCE, ct.HOST_SOURCE)),
+      "available": ["docker-ce", "nvidia-container-toolkit"]}, (ct_repos.HOST_SOURCE, ct_repos.HOST_SOURCE)),
 ])
 def test_auto_resolves_from_the_host(found, expected):
-    resolved = ct.resolve_sources(DEFAULTS, found)
+    resolved = ct_repos.resolve_sources(DEFAULTS, found)
     assert (resolved["containers_docker_source"], resolved["containers_toolkit_source"]) == expected
     # A source named outright is taken as it is.
-    assert ct.resolve_sources(VENDOR, found) == {
+    assert ct_repos.resolve_sources(VENDOR, found) == {
         "containers_docker_source": "docker-ce", "containers_toolkit_source": "nvidia"}
 
 
@@ -693,16 +718,16 @@ def test_auto_resolves_from_the_host(found, expected):
     ("https://mirror.example/docker/linux/ubuntu", False),
 ])
 def test_same_origin(uri, same):
-    docker, _ = ct.repositories(VENDOR, NOBLE_ARM)
-    assert ct.same_origin(uri, docker) is same
+    docker, _ = ct_repos.repositories(VENDOR, NOBLE_ARM)
+    assert ct_repos.same_origin(uri, docker) is same
 
 
 def test_container_host_fact_probes_candidates_only_where_the_program_is_missing():
-    command = ct.ContainerHost().command(
+    command = ct_facts.ContainerHost().command(
         candidates=(("sh", "dpkg"), ("no-such-program-x", "dpkg"))).get_raw_value()
     result = subprocess.run(["dash", "-c", command], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    found = ct.ContainerHost().process(result.stdout.splitlines())
+    found = ct_facts.ContainerHost().process(result.stdout.splitlines())
     if shutil.which("apt-cache"):
         assert found["available"] == ["dpkg"]  # once: `sh` exists, so its probe is skipped
     assert found["own_sources"] == []
@@ -710,12 +735,12 @@ def test_container_host_fact_probes_candidates_only_where_the_program_is_missing
 
 @pytest.mark.skipif(not shutil.which("apt-cache"), reason="needs apt-cache (a Debian controller)")
 def test_container_host_fact_finds_available_packages_in_one_apt_cache_call():
-    command = ct.ContainerHost().command(
+    command = ct_facts.ContainerHost().command(
         available=("dpkg", "no-such-package-x"), candidates=(("no-such-program-x", "apt"),)).get_raw_value()
     assert command.count("apt-cache") == 1
     result = subprocess.run(["dash", "-c", command], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert ct.ContainerHost().process(result.stdout.splitlines())["available"] == ["dpkg", "apt"]
+    assert ct_facts.ContainerHost().process(result.stdout.splitlines())["available"] == ["dpkg", "apt"]
 
 # A hostile or broken daemon.json --------------------------------------------------------------
 
@@ -726,42 +751,43 @@ def test_container_host_fact_finds_available_packages_in_one_apt_cache_call():
 def test_a_daemon_json_that_is_not_utf8_fails_that_host_not_the_run(content, why):
     output = [f"daemon_json={base64.b64encode(content).decode()}"]
     with pytest.raises(FactProcessError, match=f"DockerDaemonJson: cannot read the host's output \\({why}"):
-        ct.DockerDaemonJson().process(output)
+        ct_facts.DockerDaemonJson().process(output)
     with pytest.raises(FactProcessError, match="ContainerHost: cannot read"):
-        ct.ContainerHost().process(output)
+        ct_facts.ContainerHost().process(output)
 
 
 def test_a_daemon_json_5000_deep_is_refused_with_a_message():
     text = "[" * 5000 + "]" * 5000
     with pytest.raises(ValueError, match="nests deeper"):
-        ct.daemon_json_change(text, True)
-    ops = plan(lambda: ct.daemon_config(name="daemon.json", default_runtime=True), None,
+        ct_ops.daemon_json_change(text, True)
+    ops = plan(lambda: ct_ops.daemon_config(name="daemon.json", default_runtime=True), None,
                {"daemon_json": [f"daemon_json={base64.b64encode(text.encode()).decode()}"]})
     (op,) = ops
     assert not op.uploads and "nests deeper" in op.commands[0] and op.commands[0].endswith("exit 1")
 
 
+def _with_facts_module(module):
+    """A concern's module, and its facts module where the concern is a package."""
+    yield module
+    if hasattr(module, "__path__") and importlib.util.find_spec(f"{module.__name__}.facts"):
+        yield importlib.import_module(f"{module.__name__}.facts")
+
+
 def test_every_fact_turns_unparseable_output_into_a_host_failure():
     """Forged output for every fact of operations/: FactProcessError (that host fails, with
     the reason), never another exception."""
-    import inspect
-
-    from pyinfra.api import FactBase
-
-    from sparkrig.operations import containers, cuda_env, hardware, ngc, python_stack, source_builds
-    from sparkrig.operations.ca_certificates import facts as ca_certificates
-    from sparkrig.operations.sshd_guard import facts as sshd_guard
-    from sparkrig.operations.swap import facts as swap
-    from sparkrig import atomic
-
     forged = ["file x y", "## swaps", "\udcff\udcfe", "unit", "token=a b c", "stamp lab {", "src x 9z",
               "user=a:b:c", "key", "CudaToolkits", "gpu 1 2"]
-    for module in (atomic, ca_certificates, containers, cuda_env, hardware, ngc, python_stack,
-                   source_builds, sshd_guard, swap):
-        for fact in [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, FactBase)
-                     and c.__module__.startswith(("operations", "sparkrig"))]:
-            for output in (forged, pyinfra_fake.encode(forged), ["", atomic.END]):
-                try:
-                    fact().process(list(output))
-                except FactProcessError:
-                    pass
+    checked = set()
+    for concern in (atomic, ca_certificates, containers, cuda_env, hardware, jobs, ngc, python_stack,
+                    source_builds, sshd_guard, swap):
+        for module in _with_facts_module(concern):
+            for fact in [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, FactBase)
+                         and c.__module__.startswith(("operations", "sparkrig"))]:
+                checked.add(fact.__name__)
+                for output in (forged, pyinfra_fake.encode(forged), ["", atomic.END]):
+                    try:
+                        fact().process(list(output))
+                    except FactProcessError:
+                        pass
+    assert {"ContainerHost", "SparkrigAptRepositories", "CudaToolkits", "ModelCache", "NgcHost"} <= checked

@@ -10,7 +10,12 @@ import subprocess
 
 import pytest
 
+from sparkrig import atomic
 from sparkrig.operations import cuda_env as ce
+from sparkrig.operations import python_stack
+from sparkrig.operations.cuda_env import facts as ce_facts
+from sparkrig.operations.cuda_env import operations as ce_ops
+from sparkrig.operations.cuda_env import settings as ce_settings
 from tests.unit.pyinfra_fake import HOST_STATE, host_state, plan
 
 # Outputs of CudaToolkits' command recorded on real machines.
@@ -35,16 +40,16 @@ NO_CUDA: list[str] = []
     ],
 )
 def test_fact_parses_recorded_outputs(output, expected):
-    assert ce.CudaToolkits().process(output) == expected
+    assert ce_facts.CudaToolkits().process(output) == expected
 
 
 def test_fact_command_run_here_agrees_with_python():
     """The real command on this machine (which may or may not have CUDA) against os.path."""
-    result = subprocess.run(["sh", "-c", ce.CudaToolkits().command()], capture_output=True, text=True)
+    result = subprocess.run(["sh", "-c", ce_facts.CudaToolkits().command()], capture_output=True, text=True)
     assert result.returncode == 0
     link = os.path.realpath("/usr/local/cuda") if os.path.exists("/usr/local/cuda") else None
-    toolkits = sorted((p.rstrip("/") for p in glob.glob("/usr/local/cuda-*/")), key=ce.toolkit_version)
-    assert ce.CudaToolkits().process(result.stdout.splitlines()) == {"link": link, "toolkits": toolkits}
+    toolkits = sorted((p.rstrip("/") for p in glob.glob("/usr/local/cuda-*/")), key=ce_facts.toolkit_version)
+    assert ce_facts.CudaToolkits().process(result.stdout.splitlines()) == {"link": link, "toolkits": toolkits}
 
 
 @pytest.mark.parametrize(
@@ -61,16 +66,16 @@ def test_fact_command_run_here_agrees_with_python():
     ],
 )
 def test_cuda_home_resolution(output, expected):
-    assert ce.resolve_cuda_home(ce.CudaToolkits().process(output), "/opt/default") == expected
+    assert ce_ops.resolve_cuda_home(ce_facts.CudaToolkits().process(output), "/opt/default") == expected
 
 
 def test_env_variables_in_fixed_order_with_extras_sorted_after():
-    variables = ce.env_variables(
+    variables = ce_ops.env_variables(
         "/usr/local/cuda-13.0", "12.1a", {"ZED": "1", "HF_HOME": "/data/hf"}, "/home/spark/venv"
     )
     assert variables == [
         ("CUDA_HOME", "/usr/local/cuda-13.0"),
-        ("PATH", "/usr/local/cuda-13.0/bin:" + ce.BASE_PATH),
+        ("PATH", "/usr/local/cuda-13.0/bin:" + ce_ops.BASE_PATH),
         ("LD_LIBRARY_PATH", "/usr/local/cuda-13.0/lib64"),
         ("TORCH_CUDA_ARCH_LIST", "12.1a"),
         ("TRITON_PTXAS_PATH", "/usr/local/cuda-13.0/bin/ptxas"),
@@ -88,7 +93,7 @@ def test_env_variables_in_fixed_order_with_extras_sorted_after():
      ("a b", "'a b'"), ("$HOME", "'$HOME'"), ("~/x", "'~/x'"), ("", "")],
 )
 def test_env_quote(value, quoted):
-    assert ce.atomic.quote_literal(value) == quoted
+    assert atomic.quote_literal(value) == quoted
 
 
 def _sourced(env_file, *names, shell="sh", env=None):
@@ -99,18 +104,18 @@ def _sourced(env_file, *names, shell="sh", env=None):
 
 def test_env_file_values_read_back_literally_by_sh(tmp_path):
     extra = {"WEIRD": "a b;c $HOME `x` \\n", "EMPTY": ""}
-    variables = ce.env_variables("/usr/local/cuda-13.0", "9.0;12.0+PTX", extra)
+    variables = ce_ops.env_variables("/usr/local/cuda-13.0", "9.0;12.0+PTX", extra)
     env_file = tmp_path / "cuda.env"
-    env_file.write_text(ce.render_env_file(variables))
+    env_file.write_text(ce_ops.render_env_file(variables))
     names = [name for name, _ in variables]
     assert _sourced(env_file, *names) == [value for _, value in variables]
 
 
 def _login(tmp_path, shell, before: dict[str, str], *names):
     env_file = tmp_path / "cuda.env"
-    env_file.write_text(ce.render_env_file(ce.env_variables("/usr/local/cuda-13.0", "12.1a", {})))
+    env_file.write_text(ce_ops.render_env_file(ce_ops.env_variables("/usr/local/cuda-13.0", "12.1a", {})))
     profile = tmp_path / "profile.sh"
-    profile.write_text(ce.render_profile_script(str(env_file)))
+    profile.write_text(ce_ops.render_profile_script(str(env_file)))
     script = f". '{profile}'; " + "; ".join(f'printf "%s\\n" "${{{n}-<unset>}}"' for n in names)
     script += '; case $- in *a*) echo allexport-on;; *) echo allexport-off;; esac'
     script += '; printf "[%s]\\n" "$IFS"; type _sparkrig_merge >/dev/null 2>&1 && echo leaked || echo clean'
@@ -127,7 +132,7 @@ def test_login_shell_gets_the_file_with_its_own_path_kept(tmp_path, shell):
               "LD_LIBRARY_PATH": "/opt/lib"}
     out = _login(tmp_path, shell, before, "CUDA_HOME", "PATH", "LD_LIBRARY_PATH", "UV_NO_SYNC")
     assert out[0] == "/usr/local/cuda-13.0"
-    assert out[1] == "/usr/local/cuda-13.0/bin:" + ce.BASE_PATH + ":/home/me/.local/bin"
+    assert out[1] == "/usr/local/cuda-13.0/bin:" + ce_ops.BASE_PATH + ":/home/me/.local/bin"
     assert out[2] == "/usr/local/cuda-13.0/lib64:/opt/lib"
     assert out[3] == "1"
     assert out[4:] == ["allexport-off", "[ \t", "]", "clean"]
@@ -140,7 +145,7 @@ def test_login_shell_without_ld_library_path_gets_only_cuda_lib64(tmp_path):
 
 def test_profile_script_does_nothing_without_the_env_file(tmp_path):
     profile = tmp_path / "profile.sh"
-    profile.write_text(ce.render_profile_script(str(tmp_path / "missing.env")))
+    profile.write_text(ce_ops.render_profile_script(str(tmp_path / "missing.env")))
     result = subprocess.run(["sh", "-c", f". '{profile}'; echo \"$PATH|${{CUDA_HOME-unset}}\""],
                             capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert result.stdout.strip() == "/usr/bin:/bin|unset"
@@ -184,8 +189,8 @@ def test_first_run_uploads_both_files_beside_their_destination_and_validates_the
 
 
 def test_converged_host_gets_no_operation():
-    env_text = ce.render_env_file(ce.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
-    profile_text = ce.render_profile_script("/etc/sparkrig/cuda.env")
+    env_text = ce_ops.render_env_file(ce_ops.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
+    profile_text = ce_ops.render_profile_script("/etc/sparkrig/cuda.env")
     ops = plan(ce.cuda_env, responses={
         "readlink -f /usr/local/cuda": DEVICE_H200, **_files(env_text, profile_text),
     })
@@ -193,8 +198,8 @@ def test_converged_host_gets_no_operation():
 
 
 def test_cuda_update_rewrites_the_env_file_only():
-    old_text = ce.render_env_file(ce.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
-    profile_text = ce.render_profile_script("/etc/sparkrig/cuda.env")
+    old_text = ce_ops.render_env_file(ce_ops.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
+    profile_text = ce_ops.render_profile_script("/etc/sparkrig/cuda.env")
     ops = plan(ce.cuda_env, responses={
         "readlink -f /usr/local/cuda": UPDATED_SPARK, **_files(old_text, profile_text),
     })
@@ -205,8 +210,8 @@ def test_cuda_update_rewrites_the_env_file_only():
 
 
 def test_wrong_mode_only_is_fixed_without_rewriting():
-    env_text = ce.render_env_file(ce.env_variables("/usr/local/cuda", "12.1a", {}))
-    profile_text = ce.render_profile_script("/etc/sparkrig/cuda.env")
+    env_text = ce_ops.render_env_file(ce_ops.env_variables("/usr/local/cuda", "12.1a", {}))
+    profile_text = ce_ops.render_profile_script("/etc/sparkrig/cuda.env")
     ops = plan(ce.cuda_env, responses=_files(env_text, profile_text, env_mode=0o600))
     assert len(ops) == 1 and ops[0].uploads == {}
     assert ops[0].commands == ["chown root:root /etc/sparkrig/cuda.env && chmod 644 /etc/sparkrig/cuda.env"]
@@ -216,3 +221,10 @@ def test_extra_variables_and_env_file_path_come_from_settings():
     ops = plan(ce.cuda_env, data={"cuda_env_file": "/opt/sr/env", "cuda_env_extra": {"HF_HOME": "/data/hf x"}})
     assert "HF_HOME='/data/hf x'\n" in ops[0].uploads["/opt/sr/.env.sparkrig-new"].decode()
     assert "'/opt/sr/env'" in ops[1].uploads["/etc/profile.d/.sparkrig-cuda.sh.sparkrig-new"].decode()
+
+
+def test_python_venv_path_defaults_as_python_stack_declares_it():
+    """cuda_env's deploy defaults python_venv_path itself until python_stack has a settings
+    module to import: the two defaults must not drift apart."""
+    declared = {s.key: s.default for s in python_stack.SETTINGS}["python_venv_path"]
+    assert ce_settings.DEFAULTS["python_venv_path"] == ce_settings.PYTHON_VENV_PATH_DEFAULT == declared

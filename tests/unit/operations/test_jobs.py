@@ -7,16 +7,21 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from sparkrig import atomic
 from sparkrig.operations import jobs
+from sparkrig.operations.jobs import facts as jobs_facts
+from sparkrig.operations.jobs import operations as jobs_ops
 from sparkrig.settings import defaults, problems
+from sparkrig.units import SPARK_RUN
 from tests.unit.pyinfra_fake import HOST_STATE, digest, execute, host_state
 
 DEFAULTS = defaults(jobs.SETTINGS)
-SCRIPTS = jobs.render_commands("85%", 500, 67108864, True)
+SCRIPTS = jobs_ops.render_commands("85%", 500, 67108864, True)
 SHELLS = ["sh", "dash", "bash"]
 
 
@@ -102,12 +107,12 @@ def test_new_settings_take_good_values():
 def _validate_slice(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
     path = tmp_path / "training.slice"
     path.write_text(text)
-    return _run([*jobs.SLICE_VALIDATOR, path])
+    return _run([*jobs_ops.SLICE_VALIDATOR, path])
 
 
 @pytest.mark.parametrize("size", GOOD_SIZES)
 def test_slice_caps_memory_forbids_swap_and_passes_its_validation(tmp_path, size):
-    text = jobs.render_slice(size)
+    text = jobs_ops.render_slice(size)
     assert f"[Slice]\nMemoryMax={size}\nMemorySwapMax=0\n" in text
     assert _validate_slice(tmp_path, text).returncode == 0
 
@@ -150,7 +155,7 @@ def test_help(tmp_path, name):
 
 
 def test_spark_run_help_states_the_caps_and_the_gb10_caveat(tmp_path):
-    script = _script(tmp_path, "spark-run", jobs.render_commands("100G", 700, 1, True)["spark-run"])
+    script = _script(tmp_path, "spark-run", jobs_ops.render_commands("100G", 700, 1, True)["spark-run"])
     text = _run([script, "--help"]).stdout
     assert "MemoryMax      100G for this job (and for all jobs of training.slice together)" in text
     assert "MemorySwapMax  0: the job never swaps" in text
@@ -224,7 +229,7 @@ def test_a_detached_job_gets_the_callers_environment_and_command_literally(tmp_p
 
 
 def test_spark_run_help_lists_jobs_env_and_the_drop_caches_default(tmp_path):
-    scripts = jobs.render_commands("85%", 500, 1, True, True, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    scripts = jobs_ops.render_commands("85%", 500, 1, True, True, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     text = _run([_script(tmp_path, "spark-run", scripts["spark-run"]), "--help"]).stdout
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text
     assert "(the default here)" in text and "--no-drop-caches" in text
@@ -237,8 +242,7 @@ def test_spark_run_help_lists_jobs_env_and_the_drop_caches_default(tmp_path):
 
 
 def _spark_jobs(tmp_path: Path, records: Path) -> Path:
-    from sparkrig import atomic
-    return _script(tmp_path, "spark-jobs", atomic.render("jobs/spark-jobs.sh.j2", unit_prefix=jobs.UNIT_PREFIX,
+    return _script(tmp_path, "spark-jobs", atomic.render("jobs/spark-jobs.sh.j2", unit_prefix=jobs_ops.UNIT_PREFIX,
                                                           records=str(records)))
 
 
@@ -273,7 +277,6 @@ def test_spark_jobs_lists_ended_jobs_from_their_records(tmp_path):
 @pytest.fixture
 def open_dir():
     """A directory every user may read (pytest's own are root's alone when it runs as root)."""
-    import tempfile
     path = Path(tempfile.mkdtemp(prefix="sparkrig-jobs-"))
     path.chmod(0o755)
     yield path
@@ -467,7 +470,7 @@ def test_preflight_names_a_visible_gpu(tmp_path):
 
 
 def test_preflight_skips_the_watchdog_when_it_is_disabled(tmp_path):
-    script = jobs.render_commands("85%", 500, 67108864, False)["spark-preflight"]
+    script = jobs_ops.render_commands("85%", 500, 67108864, False)["spark-preflight"]
     result = _preflight(tmp_path, _fake_system(tmp_path, earlyoom_active=False), script=script)
     assert "SKIP watchdog: disabled by the watchdog_enabled setting" in result.stdout.splitlines()
     assert result.returncode == 0
@@ -565,11 +568,11 @@ def test_drop_caches_takes_no_arguments(tmp_path):
 def _converged(memory_max="85%", oom=500, kib=67108864, watchdog=True, modes=None, records_age="30d") -> dict:
     """The concern's one HostState read, and each file's FileDigest (read by the file
     operations the concern adds)."""
-    files = {jobs.SLICE_FILE: (jobs.render_slice(memory_max), 0o644)}
+    files = {jobs_ops.SLICE_FILE: (jobs_ops.render_slice(memory_max), 0o644)}
     if records_age:
-        files[jobs.RECORDS_CLEAN] = (jobs.render_records_clean(records_age), 0o644)
-    for name, text in jobs.render_commands(memory_max, oom, kib, watchdog).items():
-        files[f"{jobs.BIN_DIR}/{name}"] = (text, (modes or {}).get(name, 0o755))
+        files[jobs_ops.RECORDS_CLEAN] = (jobs_ops.render_records_clean(records_age), 0o644)
+    for name, text in jobs_ops.render_commands(memory_max, oom, kib, watchdog).items():
+        files[f"{jobs_ops.BIN_DIR}/{name}"] = (text, (modes or {}).get(name, 0o755))
     responses = {HOST_STATE: host_state(files=files)}
     for path, (text, mode) in files.items():
         responses[f"sha256sum {path}"] = digest(text, mode=mode)
@@ -592,7 +595,7 @@ def test_first_run_writes_the_slice_reloads_systemd_and_installs_four_commands()
         "Job records older than jobs_records_max_age are removed (/etc/tmpfiles.d/sparkrig-jobs.conf)",
     ]
     slice_op = ops["Memory cap of every job (/etc/systemd/system/training.slice)"]
-    assert slice_op.uploads == {"/etc/systemd/system/.training.slice.sparkrig-new": jobs.render_slice("85%").encode()}
+    assert slice_op.uploads == {"/etc/systemd/system/.training.slice.sparkrig-new": jobs_ops.render_slice("85%").encode()}
     assert ops["Reload systemd: training.slice changed"].commands == ["systemctl daemon-reload"]
     run_op = ops["spark-run command (/usr/local/bin/spark-run)"]
     assert run_op.commands[-1].startswith(
@@ -644,13 +647,13 @@ def test_records_age_refuses_what_tmpfiles_would_not_read_as_meant(bad):
 
 def test_records_clean_validator_takes_sparkrigs_line_alone(tmp_path):
     path = tmp_path / "sparkrig-jobs.conf"
-    path.write_text(jobs.render_records_clean("30d"))
-    assert _run([*jobs.RECORDS_CLEAN_VALIDATOR, path]).returncode == 0
+    path.write_text(jobs_ops.render_records_clean("30d"))
+    assert _run([*jobs_ops.RECORDS_CLEAN_VALIDATOR, path]).returncode == 0
     # Another line (here: remove /etc at boot) or another path must never take effect.
     for bad in ("R /etc - - - -\n", "d /var/lib/sparkrig 0755 root root mM:30d\n",
                 "d /var/lib/sparkrig/jobs 0777 root root mM:30d\n"):
-        path.write_text(jobs.render_records_clean("30d") + bad)
-        assert _run([*jobs.RECORDS_CLEAN_VALIDATOR, path]).returncode != 0, bad
+        path.write_text(jobs_ops.render_records_clean("30d") + bad)
+        assert _run([*jobs_ops.RECORDS_CLEAN_VALIDATOR, path]).returncode != 0, bad
 
 
 def _cache_data(**extra) -> dict:
@@ -684,7 +687,7 @@ def test_model_cache_that_is_a_link_is_refused():
 
 def test_model_cache_unparsable_output_fails():
     with pytest.raises(Exception):
-        jobs.ModelCache().process(["weird line"])
+        jobs_facts.ModelCache().process(["weird line"])
 
 
 def test_wrong_mode_is_fixed_without_rewriting():
@@ -694,5 +697,4 @@ def test_wrong_mode_is_fixed_without_rewriting():
 
 
 def test_spark_run_is_where_spark_container_looks_for_it():
-    from sparkrig.units import SPARK_RUN
-    assert jobs.PATHS["spark-run"] == SPARK_RUN
+    assert jobs_ops.PATHS["spark-run"] == SPARK_RUN

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -16,6 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from sparkrig.operations import containers, cuda_env, hardware, jobs, ngc
+from sparkrig.operations.ngc import facts as ngc_facts
+from sparkrig.operations.ngc import operations as ngc_ops
+from sparkrig.operations.ngc import settings as ngc_settings
 from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, digest, execute, host_state
 
@@ -85,38 +89,36 @@ def test_a_complete_configuration_is_valid():
 
 def test_no_build_runs_the_pinned_base_and_writes_no_dockerfile():
     data = _data()
-    assert ngc.render_dockerfile(data, "12.1") is None
-    assert ngc.run_image(data) == BASE
+    assert ngc_ops.render_dockerfile(data, "12.1") is None
+    assert ngc_ops.run_image(data) == BASE
 
 
 def test_packages_dockerfile_is_from_the_pinned_base_with_the_pins():
     data = _data(ngc_build="packages", ngc_pip_packages=["datasets==4.0.0", "peft==0.17.1"])
-    text = ngc.render_dockerfile(data, "12.1")
+    text = ngc_ops.render_dockerfile(data, "12.1")
     assert f"FROM {BASE}\n" in text
     assert "RUN pip install --no-cache-dir datasets==4.0.0 peft==0.17.1\n" in text
-    assert ngc.run_image(data) == "sparkrig/ngc:local"
-    assert "RUN" not in ngc.render_dockerfile(_data(ngc_build="packages"), "12.1")
+    assert ngc_ops.run_image(data) == "sparkrig/ngc:local"
+    assert "RUN" not in ngc_ops.render_dockerfile(_data(ngc_build="packages"), "12.1")
 
 
 def test_every_pip_install_of_a_recipe_is_pinned_and_the_label_follows_the_pins():
     """An unpinned `pip install unsloth` gave hosts built on different days different images
     under one label: every requirement a recipe installs from an index is name==version."""
-    import re
-
     for build in ("packages", "unsloth"):
-        text = ngc.render_dockerfile(_data(ngc_build=build, ngc_pip_packages=["peft==0.17.1"]), "12.1")
+        text = ngc_ops.render_dockerfile(_data(ngc_build=build, ngc_pip_packages=["peft==0.17.1"]), "12.1")
         for words in re.findall(r"pip install --no-cache-dir ([^\n&\\]+)", text):
             for word in words.split():
                 assert word.startswith(("-", "/")) or re.fullmatch(r"[A-Za-z0-9_.\[\],-]+==[A-Za-z0-9.+!_-]+", word), word
-    one = ngc.render_dockerfile(_data(ngc_build="unsloth"), "12.1")
-    pins = [p.replace("unsloth==2025.10.1", "unsloth==2025.11.1") for p in ngc.UNSLOTH_PACKAGES]
-    other = ngc.render_dockerfile(_data(ngc_build="unsloth", ngc_unsloth_packages=pins), "12.1")
-    assert ngc.recipe(one) != ngc.recipe(other)
+    one = ngc_ops.render_dockerfile(_data(ngc_build="unsloth"), "12.1")
+    pins = [p.replace("unsloth==2025.10.1", "unsloth==2025.11.1") for p in ngc_settings.UNSLOTH_PACKAGES]
+    other = ngc_ops.render_dockerfile(_data(ngc_build="unsloth", ngc_unsloth_packages=pins), "12.1")
+    assert ngc_ops.recipe(one) != ngc_ops.recipe(other)
     assert problems(ngc.SETTINGS, {"ngc_unsloth_packages": ["unsloth"]})
 
 
 def test_unsloth_dockerfile_is_seed_000s_recipe_with_the_checked_pins():
-    text = ngc.render_dockerfile(_data(ngc_build="unsloth"), "12.1")
+    text = ngc_ops.render_dockerfile(_data(ngc_build="unsloth"), "12.1")
     assert f"FROM {BASE}\n" in text
     assert 'ENV TORCH_CUDA_ARCH_LIST="12.1"' in text
     assert "checkout c5d671f91d90f40900027382f98b17a3e04045f6" in text
@@ -126,24 +128,24 @@ def test_unsloth_dockerfile_is_seed_000s_recipe_with_the_checked_pins():
 
 
 def test_the_recipe_follows_the_dockerfile_and_so_the_base_digest():
-    one = ngc.render_dockerfile(_data(ngc_build="packages"), "12.1")
-    other = ngc.render_dockerfile(_data(ngc_build="packages", ngc_base_image=BASE[:-1] + "b"), "12.1")
-    assert ngc.recipe(one) == hashlib.sha256(one.encode()).hexdigest() != ngc.recipe(other)
+    one = ngc_ops.render_dockerfile(_data(ngc_build="packages"), "12.1")
+    other = ngc_ops.render_dockerfile(_data(ngc_build="packages", ngc_base_image=BASE[:-1] + "b"), "12.1")
+    assert ngc_ops.recipe(one) == hashlib.sha256(one.encode()).hexdigest() != ngc_ops.recipe(other)
 
 
 def _validate(tmp_path: Path, text: str) -> int:
     path = tmp_path / "unit"
     path.write_text(text)
-    return subprocess.run([*ngc.JUPYTER_VALIDATOR, str(path)], capture_output=True).returncode
+    return subprocess.run([*ngc_ops.JUPYTER_VALIDATOR, str(path)], capture_output=True).returncode
 
 
 # The lab's stand-in server (inventory/lab.py), beside the default JupyterLab.
-COMMANDS = [ngc.JUPYTER_COMMAND, "busybox httpd -f -p 127.0.0.1:{port} -h {project}"]
+COMMANDS = [ngc_settings.JUPYTER_COMMAND, "busybox httpd -f -p 127.0.0.1:{port} -h {project}"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_jupyter_unit_binds_loopback_and_passes_its_validation(tmp_path, command):
-    text = ngc.render_jupyter_unit(_data(**JUPYTER, ngc_jupyter_command=command), "/home/spark")
+    text = ngc_ops.render_jupyter_unit(_data(**JUPYTER, ngc_jupyter_command=command), "/home/spark")
     assert "--network host --secret JUPYTER_TOKEN=/var/lib/sparkrig/jupyter/token --" in text
     assert "127.0.0.1" in text and "0.0.0.0" not in text and "{port}" not in text
     assert "Restart=always\n" in text and "User=spark\n" in text
@@ -158,7 +160,7 @@ def test_jupyter_unit_binds_loopback_and_passes_its_validation(tmp_path, command
     ("[Install]", "[Install]\nExecStartPost=/bin/sh"),
 ])
 def test_jupyter_unit_validation_refuses_anything_else(tmp_path, bad):
-    text = ngc.render_jupyter_unit(_data(**JUPYTER), "/home/spark")
+    text = ngc_ops.render_jupyter_unit(_data(**JUPYTER), "/home/spark")
     assert bad[0] in text
     assert _validate(tmp_path, text.replace(bad[0], bad[1])) != 0
 
@@ -176,7 +178,7 @@ def test_a_project_mount_with_a_blank_never_reaches_the_unit():
 def test_ngc_host_parses_present_images_user_and_token():
     out = ["docker=1", "pinned=sha256:f93e", "built=sha256:1c2d 9f86", "user=1000:1000:/home/spark",
            "directory=1", "token=spark 600 64"]
-    assert ngc.NgcHost().process(out) == {
+    assert ngc_facts.NgcHost().process(out) == {
         "docker": True, "pinned": "sha256:f93e", "built": {"id": "sha256:1c2d", "recipe": "9f86"},
         "user": {"uid": 1000, "gid": 1000, "home": "/home/spark"}, "directory": True,
         "token": {"user": "spark", "mode": 0o600, "size": 64},
@@ -184,13 +186,13 @@ def test_ngc_host_parses_present_images_user_and_token():
 
 
 def test_ngc_host_parses_a_bare_host():
-    assert ngc.NgcHost().process(["user="]) == {
+    assert ngc_facts.NgcHost().process(["user="]) == {
         "docker": False, "pinned": None, "built": None, "user": None, "directory": False, "token": None}
-    assert ngc.NgcHost().process(["built=sha256:1c2d "])["built"] == {"id": "sha256:1c2d", "recipe": ""}
+    assert ngc_facts.NgcHost().process(["built=sha256:1c2d "])["built"] == {"id": "sha256:1c2d", "recipe": ""}
 
 
 def test_ngc_host_command_quotes_its_arguments():
-    command = ngc.NgcHost().command(pinned=BASE, built="sparkrig/ngc:local", user="spark", directory="/data/nb")
+    command = ngc_facts.NgcHost().command(pinned=BASE, built="sparkrig/ngc:local", user="spark", directory="/data/nb")
     raw = command.get_raw_value()
     assert f"docker image inspect --format 'pinned={{{{.Id}}}}' {BASE}" in raw
     assert """'built={{.Id}} {{index .Config.Labels "sparkrig.recipe"}}' sparkrig/ngc:local""" in raw
@@ -223,7 +225,7 @@ def launcher(tmp_path):
     data = _data(ngc_users=[me, "spark"], cuda_env_file=str(env_file), ngc_outputs="~/outputs",
                  ngc_home_mounts=["~/.aws", "~/.wandb"], jobs_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     script = tmp_path / "spark-container"
-    script.write_text(ngc.render_launcher(data))
+    script.write_text(ngc_ops.render_launcher(data))
     script.chmod(0o755)
     home = tmp_path / "home"
     project = home / "g2p"
@@ -266,7 +268,7 @@ def test_launcher_without_a_command_starts_bash_and_can_drop_memlock(launcher, t
     _, argv, _ = launcher.run()
     assert argv[-2:] == [BASE, "bash"]
     script = tmp_path / "no-memlock"
-    script.write_text(ngc.render_launcher(SimpleNamespace(**{**vars(launcher.data), "ngc_memlock_unlimited": False})))
+    script.write_text(ngc_ops.render_launcher(SimpleNamespace(**{**vars(launcher.data), "ngc_memlock_unlimited": False})))
     script.chmod(0o755)
     assert "memlock" not in script.read_text().split("MEMLOCK=(")[1].split(")")[0]
 
@@ -317,7 +319,7 @@ def test_home_mounts_are_read_only_where_present_and_jobs_env_is_passed_unless_s
 
 def test_the_shared_model_cache_replaces_the_users_own(launcher, tmp_path):
     script = tmp_path / "cached"
-    script.write_text(ngc.render_launcher(SimpleNamespace(**{**vars(launcher.data),
+    script.write_text(ngc_ops.render_launcher(SimpleNamespace(**{**vars(launcher.data),
                                                              "jobs_model_cache": str(tmp_path / "models")})))
     assert f"HF_CACHE={tmp_path}/models\n" in script.read_text()
 
@@ -328,16 +330,16 @@ def test_detach_hands_the_same_launch_to_spark_run(launcher, tmp_path, monkeypat
     fake = tmp_path / "spark-run"
     fake.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$RECORD.detach\"\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(ngc, "SPARK_RUN", str(fake))
+    monkeypatch.setattr(ngc_ops, "SPARK_RUN", str(fake))
     script = tmp_path / "detaching"
-    script.write_text(ngc.render_launcher(launcher.data))
+    script.write_text(ngc_ops.render_launcher(launcher.data))
     script.chmod(0o755)
     environment = {"PATH": "/usr/bin:/bin", "HOME": str(launcher.home), "RECORD": str(tmp_path / "r")}
     result = subprocess.run([str(script), "--detach", "serve", "--publish", "8000", "--", "vllm", "serve", "m"],
                             cwd=launcher.project, env=environment, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "r.detach").read_text().splitlines() == [
-        "--detach", "serve", "--", ngc.LAUNCHER, "--project", str(launcher.project), "--publish", "8000",
+        "--detach", "serve", "--", ngc_ops.LAUNCHER, "--project", str(launcher.project), "--publish", "8000",
         "--name", "spark-job-serve", "--", "vllm", "serve", "m"]
 
 
@@ -367,7 +369,7 @@ def test_a_project_path_docker_cannot_mount_is_refused(launcher):
 
 def test_only_the_allowed_users_may_launch(tmp_path):
     script = tmp_path / "spark-container"
-    script.write_text(ngc.render_launcher(_data(ngc_users=["someone-else"])))
+    script.write_text(ngc_ops.render_launcher(_data(ngc_users=["someone-else"])))
     script.chmod(0o755)
     # Root may always launch: as root, ask as nobody (the script on stdin: pytest's
     # directories are root's alone).
@@ -382,7 +384,7 @@ def test_only_the_allowed_users_may_launch(tmp_path):
 @pytest.mark.skipif(not shutil.which("shellcheck"), reason="needs shellcheck")
 def test_launcher_passes_shellcheck(tmp_path):
     script = tmp_path / "spark-container"
-    script.write_text(ngc.render_launcher(_data()))
+    script.write_text(ngc_ops.render_launcher(_data()))
     result = subprocess.run(["shellcheck", "--severity=warning", str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
@@ -405,16 +407,16 @@ def _responses(data: dict | None = None, *, docker=True, pinned=True, built=None
     out.append("user=1000:1000:/home/spark")
     if token:
         out.append("token=spark 600 64")
-    state_files = {ngc.LAUNCHER: (ngc.render_launcher(ns), 0o755)}
-    dockerfile = ngc.render_dockerfile(ns, "12.0")
+    state_files = {ngc_ops.LAUNCHER: (ngc_ops.render_launcher(ns), 0o755)}
+    dockerfile = ngc_ops.render_dockerfile(ns, "12.0")
     if dockerfile:
-        state_files[ngc.DOCKERFILE] = dockerfile
+        state_files[ngc_ops.DOCKERFILE] = dockerfile
     if ns.ngc_jupyter:
-        state_files[ngc.JUPYTER_UNIT_FILE] = ngc.render_jupyter_unit(ns, "/home/spark")
+        state_files[ngc_ops.JUPYTER_UNIT_FILE] = ngc_ops.render_jupyter_unit(ns, "/home/spark")
     state_files.update(files or {})
     responses = {
         NGC_HOST: out,
-        HOST_STATE: host_state(files=state_files, units={ngc.JUPYTER_UNIT: unit}),
+        HOST_STATE: host_state(files=state_files, units={ngc_ops.JUPYTER_UNIT: unit}),
     }
     for path, spec in state_files.items():
         if spec is not None:
@@ -440,7 +442,7 @@ def test_converged_host_gets_no_operation():
 
 def test_a_fresh_host_pulls_by_digest_installs_the_launcher_and_starts_jupyter():
     responses = _responses(LAB_LIKE, pinned=False, token=False, unit=(False, False),
-                           files={ngc.LAUNCHER: None, ngc.JUPYTER_UNIT_FILE: None})
+                           files={ngc_ops.LAUNCHER: None, ngc_ops.JUPYTER_UNIT_FILE: None})
     ops = execute(ngc.ngc, data=LAB_LIKE, responses=responses)
     assert _names(ops) == [
         "Pull the pinned base image (ngc_base_image)",
@@ -469,26 +471,26 @@ def test_a_new_base_digest_pulls_it_rewrites_the_launcher_and_restarts_jupyter()
 
 def test_a_build_runs_only_when_the_recipe_differs():
     data = {**ON, "ngc_build": "packages", "ngc_pip_packages": ["datasets==4.0.0"]}
-    dockerfile = ngc.render_dockerfile(_data(**data), "12.1")
-    assert execute(ngc.ngc, data=data, responses=_responses(data, built=ngc.recipe(dockerfile))) == []
+    dockerfile = ngc_ops.render_dockerfile(_data(**data), "12.1")
+    assert execute(ngc.ngc, data=data, responses=_responses(data, built=ngc_ops.recipe(dockerfile))) == []
     ops = execute(ngc.ngc, data=data, responses=_responses(data, built="0" * 64))
     assert _names(ops) == ["Build ngc_image (ngc_build) on the pinned base"]
     assert ops[0].commands == [
         "systemd-run --quiet --wait --collect --pipe --unit=sparkrig-ngc-build -- docker build "
-        f"--label sparkrig.recipe={ngc.recipe(dockerfile)} --tag sparkrig/ngc:local "
+        f"--label sparkrig.recipe={ngc_ops.recipe(dockerfile)} --tag sparkrig/ngc:local "
         "--file /etc/sparkrig/ngc/Dockerfile /etc/sparkrig/ngc"
     ]
 
 
 def test_a_changed_dockerfile_is_written_then_built():
     data = {**ON, "ngc_build": "unsloth"}
-    ops = execute(ngc.ngc, data=data, responses=_responses(data, built=None, files={ngc.DOCKERFILE: None}))
+    ops = execute(ngc.ngc, data=data, responses=_responses(data, built=None, files={ngc_ops.DOCKERFILE: None}))
     assert _names(ops) == [
         "Dockerfile of the ngc_build image (/etc/sparkrig/ngc/Dockerfile)",
         "Build ngc_image (ngc_build) on the pinned base",
     ]
     uploaded = ops[0].uploads["/etc/sparkrig/ngc/.Dockerfile.sparkrig-new"].decode()
-    assert uploaded == ngc.render_dockerfile(_data(**data), "12.1")  # gb10: compute capability 12.1
+    assert uploaded == ngc_ops.render_dockerfile(_data(**data), "12.1")  # gb10: compute capability 12.1
 
 
 def test_a_host_without_docker_yet_plans_the_pull_which_fails_if_docker_never_came():
@@ -528,7 +530,7 @@ def test_the_token_script_never_follows_the_users_link():
         directory.mkdir(mode=0o700)
         os.chown(directory, 65534, 65534)
         (directory / "token").symlink_to(shadow)
-        run = subprocess.run(["sh", "-c", ngc.TOKEN_SCRIPT, "jupyter-token", str(directory),
+        run = subprocess.run(["sh", "-c", ngc_ops.TOKEN_SCRIPT, "jupyter-token", str(directory),
                               str(directory / "token"), "nobody"], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
         assert shadow.read_text() == "root:secret\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import ast
 import runpy
 import socket
 import subprocess
@@ -113,23 +113,69 @@ def test_validate_hosts_names_every_bad_host_in_one_error():
     assert "good" not in message
 
 
-def test_every_deploy_takes_the_defaults_of_the_settings_it_reads():
-    """A split concern's @deploy takes its settings module's DEFAULTS (its own settings and
-    those of the concerns it reads); one not split yet takes every default."""
-    everything = {s.key: s.default for s in all_settings()}
-    checked = 0
+def _deploys():
+    """Each concern module that has a @deploy of its own name, with that deploy."""
     for module in declaring():
         function = getattr(module, module.__name__.rsplit(".", 1)[1], None)
-        if function is None:
+        if function is not None:
+            yield module, function
+
+
+def test_every_deploy_takes_the_defaults_of_the_settings_it_reads_derived_not_listed():
+    """A concern split into a package takes its settings module's DEFAULTS: its own settings'
+    and those of the concerns whose settings it reads, each a declared setting with its
+    declared default; a concern not split yet takes every default."""
+    everything = {s.key: s.default for s in all_settings()}
+    deploys = list(_deploys())
+    assert len(deploys) >= 11
+    for module, function in deploys:
+        taken = dict(function._inner.deploy_data)
+        own = getattr(sys.modules.get(f"{module.__name__}.settings"), "DEFAULTS", None)
+        if own is None:
+            assert taken == everything, module.__name__
             continue
-        checked += 1
-        settings = importlib.import_module(f"{module.__name__}.settings") if hasattr(module, "__path__") else None
-        if hasattr(settings, "DEFAULTS"):  # split: operations/<concern>/settings.py says what it reads
-            assert {s.key for s in settings.SETTINGS} <= set(settings.DEFAULTS), module.__name__
-            assert dict(function._inner.deploy_data) == settings.DEFAULTS, module.__name__
-        else:  # not split yet: ALL_DEFAULTS
-            assert dict(function._inner.deploy_data) == everything, module.__name__
-    assert checked >= 11
+        assert taken == own, module.__name__
+        assert defaults(module.SETTINGS).items() <= own.items(), module.__name__
+        assert own.items() <= everything.items(), module.__name__
+
+
+def _setting_keys_named(package: Path, keys: set[str]) -> dict[str, set[str]]:
+    """The setting keys each module of ``package`` names as a whole string or an attribute
+    (``data.X``, ``host.data.X``, ``settings["X"]``, ``data.get("X")``)."""
+    found = {}
+    for path in sorted(package.glob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                names.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names.add(node.value)
+        found[path.name] = names & keys
+    return found
+
+
+def test_a_split_concern_defaults_every_setting_its_code_reads():
+    """A concern's deploy must run on its own (a user's deploy calling only it): every setting
+    its code names, its own or another concern's, has a default in its DEFAULTS."""
+    everything = {s.key for s in all_settings()}
+    split = 0
+    for module, _function in _deploys():
+        own = getattr(sys.modules.get(f"{module.__name__}.settings"), "DEFAULTS", None)
+        if own is None:
+            continue
+        split += 1
+        for name, keys in _setting_keys_named(Path(module.__file__).parent, everything).items():
+            assert keys <= set(own), f"{module.__name__}: {name} reads {sorted(keys - set(own))} without a default"
+    assert split >= 4
+
+
+def test_the_setting_key_finder_sees_attributes_and_strings(tmp_path):
+    (tmp_path / "deploy.py").write_text(
+        'x = host.data.jobs_env\ny = settings["cuda_env_file"]\nz = data.get("ngc_users")\n'
+        'w = "jobs_env is not read here"\n'
+    )
+    keys = {"jobs_env", "cuda_env_file", "ngc_users", "swap_remove_files"}
+    assert _setting_keys_named(tmp_path, keys) == {"deploy.py": {"jobs_env", "cuda_env_file", "ngc_users"}}
 
 
 def test_pyinfra_stops_on_a_bad_setting_before_contacting_any_host(tmp_path):
