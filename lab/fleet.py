@@ -16,9 +16,9 @@ keeps serving through ``recreate`` and ``restart`` until ``down``.
 from __future__ import annotations
 
 import json
-import re
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile

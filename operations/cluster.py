@@ -51,7 +51,7 @@ from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, d
 from pyinfra.context import ctx_host
 from pyinfra.operations import server
 
-from sparkrig import atomic, prefix, reading
+from sparkrig import atomic, host_output, messages, prefix, reading, rendering, user_files
 from sparkrig.connection import prove_new_connection
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import (
@@ -353,11 +353,11 @@ declare(__name__, SETTINGS, FLEET_CHECKS)
 
 # As the cluster user (runuser: no PAM session, no shell start-up files): the lines of
 # their authorized_keys that sparkrig manages, read as every user's file is
-# (atomic.USER_READ, at most AUTHORIZED_LIMIT bytes). $1: their home.
+# (user_files.USER_READ, at most AUTHORIZED_LIMIT bytes). $1: their home.
 AUTHORIZED_LIMIT = 1 << 20
 _READ_AUTHORIZED = (
     'f="$1/.ssh/authorized_keys"; [ -f "$f" ] || exit 0; '
-    f'{atomic.user_read(chr(34) + "$f" + chr(34), AUTHORIZED_LIMIT)} | grep -F -e " {MARKER}"; [ $? -le 1 ]'
+    f'{user_files.user_read(chr(34) + "$f" + chr(34), AUTHORIZED_LIMIT)} | grep -F -e " {MARKER}"; [ $? -le 1 ]'
 )
 
 
@@ -394,7 +394,7 @@ class ClusterHost(FactBase):
             "else echo nouser; fi",
         )
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]) -> dict:
         found: dict = {"links": {}, "netplan": False, "networkmanager": False, "ssh_config_d": False,
                        "host_keys": [], "link_files": [], "user": None}
@@ -454,7 +454,7 @@ class ClusterLeftovers(FactBase):
             f"[ -f {KEY_FILE} ] && echo keyowner $(stat -c %U {KEY_FILE}); true",
         )
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]) -> dict:
         found: dict = {"files": [], "key_owner": None}
         for line in output:
@@ -504,7 +504,7 @@ def reads(settings):
 
 
 def render_networkd(interface: str, address: str, mtu: int) -> str:
-    return atomic.render("cluster/link.network.j2", interface=interface, address=address, mtu=mtu)
+    return rendering.render("cluster/link.network.j2", interface=interface, address=address, mtu=mtu)
 
 
 NETWORKD_VALIDATOR = atomic.unit_file_validator(
@@ -522,7 +522,7 @@ NETWORKD_VALIDATOR = atomic.unit_file_validator(
 
 
 def render_networkmanager(interfaces: Iterable[str]) -> str:
-    return atomic.render("cluster/networkmanager.conf.j2",
+    return rendering.render("cluster/networkmanager.conf.j2",
                          devices=",".join(f"interface-name:{name}" for name in interfaces))
 
 
@@ -533,7 +533,7 @@ NM_VALIDATOR = atomic.unit_file_validator(
 
 
 def render_netplan(interfaces: Mapping[str, str], mtu: int) -> str:
-    return atomic.render("cluster/netplan.yaml.j2", interfaces=sorted(interfaces.items()), mtu=mtu)
+    return rendering.render("cluster/netplan.yaml.j2", interfaces=sorted(interfaces.items()), mtu=mtu)
 
 
 # netplan reads every file under /etc/netplan: the new one is checked with all the others,
@@ -567,8 +567,8 @@ def env_variables(
 
 
 def render_env_file(variables: Sequence[tuple[str, str]]) -> str:
-    return atomic.render(
-        "cluster/cluster.env.j2", lines=[f"{key}={atomic.quote_literal(value)}" for key, value in variables]
+    return rendering.render(
+        "cluster/cluster.env.j2", lines=[f"{key}={rendering.quote_literal(value)}" for key, value in variables]
     )
 
 
@@ -581,16 +581,16 @@ def addresses(interfaces: Mapping[str, str]) -> list[str]:
 
 
 def render_hostfile(nodes: Sequence[Mapping[str, Any]], slots: int) -> str:
-    return atomic.render("cluster/hostfile.j2", nodes=nodes, slots=slots)
+    return rendering.render("cluster/hostfile.j2", nodes=nodes, slots=slots)
 
 
 def render_known_hosts(nodes: Sequence[Mapping[str, Any]]) -> str:
-    return atomic.render("cluster/known_hosts.j2", nodes=nodes)
+    return rendering.render("cluster/known_hosts.j2", nodes=nodes)
 
 
 def render_ssh_config(nodes: Sequence[Mapping[str, Any]], user: str) -> str:
     patterns = ",".join(address for node in nodes for address in node["addresses"])
-    return atomic.render(
+    return rendering.render(
         "cluster/ssh_config.conf.j2", user=user, hosts=patterns, key=KEY_FILE, known_hosts=KNOWN_HOSTS
     )
 
@@ -618,14 +618,14 @@ def render_check(
     name: str, user: str, mtu: int, interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]], env_file: str,
     hostfile: str = HOSTFILE, nccl_tests_bin: str = NCCL_TESTS_BIN,
 ) -> str:
-    return atomic.render(
+    return rendering.render(
         "cluster/spark-cluster-check.sh.j2", name=name, user=user, mtu=mtu, interfaces=sorted(interfaces),
         peers=peer_links(interfaces, peers), hostfile=hostfile, env_file=env_file, nccl_tests_bin=nccl_tests_bin,
     )
 
 
 def render_profile_script(env_file: str) -> str:
-    return atomic.render("cluster/profile.sh.j2", env_file=env_file)
+    return rendering.render("cluster/profile.sh.j2", env_file=env_file)
 
 
 # The controller's key pair -----------------------------------------------------------------
@@ -763,7 +763,7 @@ def leave(files: Sequence[str], key_owner: str | None):
     + files: the cluster files still there
     + key_owner: the user the cluster key belonged to (None: no key left)
     """
-    atomic.detail(f"removing {', '.join(files)}")
+    messages.detail(f"removing {', '.join(files)}")
     if key_owner and key_owner != "root":
         yield StringCommand(
             "h=$(getent passwd", QuoteString(key_owner), "| cut -d: -f6) && [ -n \"$h\" ] && runuser -u",
@@ -820,7 +820,7 @@ def _nodes(settings: Mapping[str, Any], own_keys: Sequence[str]) -> list[dict] |
             continue
         with ctx_host.use(peer):
             value = reading.value(parts(peer_settings)[1])
-            failed = atomic.fact_failed()
+            failed = host_output.fact_failed()
         if failed or not value["host_keys"]:
             return f"cluster node {peer.name} could not be read (or has no SSH host key): its trust is not written"
         found.append(_node(peer.name, peer_settings, value["host_keys"]))
@@ -841,14 +841,14 @@ def cluster():
     wanted = parts(settings)
     if settings["cluster_name"] is None:
         leftovers = reading.value(wanted[0])
-        if leftovers["files"] and not atomic.fact_failed():
+        if leftovers["files"] and not host_output.fact_failed():
             leave(name="Out of any cluster: its key, trust, environment and link files removed",
                   files=leftovers["files"], key_owner=leftovers["key_owner"])
         return
     state_part, node_part = wanted
     state = reading.value(state_part)
     node = reading.value(node_part)
-    if atomic.fact_failed():
+    if host_output.fact_failed():
         return
     name, user, mtu = settings["cluster_name"], settings["cluster_user"], settings["cluster_mtu"]
     interfaces: dict[str, str] = dict(settings["cluster_interfaces"])
@@ -856,20 +856,20 @@ def cluster():
 
     missing = [i for i in interfaces if i not in node["links"]]
     if missing:
-        atomic.refused(name="Cluster interfaces exist", message=f"cluster_interfaces names {', '.join(missing)}, "
+        messages.refused(name="Cluster interfaces exist", message=f"cluster_interfaces names {', '.join(missing)}, "
                        f"which this host has no interface of (it has {', '.join(sorted(node['links']))})")
         return
     address, management = _management_interface(node["links"])
     if management in interfaces:
-        atomic.refused(name="Cluster link is not the deploy's connection", message=(
+        messages.refused(name="Cluster link is not the deploy's connection", message=(
             f"{management} carries this deploy's SSH connection ({address}): sparkrig never reconfigures "
             "it as a cluster link; connect through another interface"))
         return
     if node["user"] is None:
-        atomic.refused(name="Cluster user exists", message=f"cluster_user {user} is no user on this host: create it first")
+        messages.refused(name="Cluster user exists", message=f"cluster_user {user} is no user on this host: create it first")
         return
     if not node["ssh_config_d"]:
-        atomic.refused(name="ssh reads /etc/ssh/ssh_config.d", message=(
+        messages.refused(name="ssh reads /etc/ssh/ssh_config.d", message=(
             "/etc/ssh/ssh_config has no 'Include /etc/ssh/ssh_config.d/*.conf': the cluster's pinned host keys "
             "would not apply"))
         return
@@ -886,7 +886,7 @@ def cluster():
         return
     nodes = _nodes(settings, node["host_keys"])
     if isinstance(nodes, str):
-        atomic.refused(name="Cluster nodes are read", message=nodes)
+        messages.refused(name="Cluster nodes are read", message=nodes)
         return
     peers = [n for n in nodes if n["name"] != host.name]
 
@@ -913,7 +913,7 @@ def cluster():
     stale = sorted(set(node["link_files"]) - set(contents))
     if stale:
         link_changed = True
-        atomic.detail(f"removing {', '.join(stale)}")
+        messages.detail(f"removing {', '.join(stale)}")
         server.shell(name="Remove cluster link files of interfaces no longer in the cluster",
                      commands=[StringCommand("rm -f", *[QuoteString(p) for p in stale])])
     units = state["units"]
@@ -931,7 +931,7 @@ def cluster():
     ]
     if link_changed or drifted:
         if drifted:
-            atomic.detail(f"{', '.join(drifted)}: down, or MTU or address not as configured")
+            messages.detail(f"{', '.join(drifted)}: down, or MTU or address not as configured")
         apply_link(name="Apply the cluster link (its interfaces only), then prove a new SSH connection",
                    interfaces=list(interfaces), netplan=netplan,
                    networkmanager=node["networkmanager"] and not netplan)

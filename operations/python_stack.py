@@ -41,8 +41,8 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, deploy, operation
 
-from sparkrig import atomic, reading
-from sparkrig.atomic import refused
+from sparkrig import atomic, host_output, messages, reading, rendering, user_files
+from sparkrig.messages import refused
 from sparkrig.packages import installed as install_packages
 from sparkrig.profile import ARCHES, host_profile
 from sparkrig.profile import profiles_check as hardware_profiles_check
@@ -519,7 +519,7 @@ fi
 true
 """.format(
     uv=UV, link=UV_LINK, cache=UV_CACHE, env=" ".join(UV_ENV), offline=OFFLINE_DIR,
-    read_cfg=atomic.user_read('"$v/pyvenv.cfg"', 1 << 16), read_lock=atomic.user_read('"$s/requirements.lock"', LOCK_LIMIT),
+    read_cfg=user_files.user_read('"$v/pyvenv.cfg"', 1 << 16), read_lock=user_files.user_read('"$s/requirements.lock"', LOCK_LIMIT),
     # The owner's venv could make the dry run wait for ever (a FIFO where uv reads).
     plan_timeout=PLAN_TIMEOUT_S,
 )
@@ -543,14 +543,14 @@ class PythonStack(FactBase):
     """
 
     def command(self, venv: str, owner: str, wheels: str = "") -> StringCommand:
-        return atomic.encoded(StringCommand(
+        return host_output.encoded(StringCommand(
             "v=", QuoteString(venv), "; o=", QuoteString(owner), "; w=", QuoteString(wheels), ";",
             _STACK_SCRIPT, _separator=""
         ))
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]) -> dict:
-        return self.parse(atomic.decoded(output))
+        return self.parse(host_output.decoded(output))
 
     def parse(self, output: list[str]) -> dict:
         """The reading from the command's decoded lines."""
@@ -583,7 +583,7 @@ def as_owner(owner: str, *argv: Any) -> list[Any]:
 
 
 def render_uv_requirements(version: str, hashes: Sequence[str]) -> str:
-    return atomic.render("python_stack/uv-requirements.txt.j2", version=version, hashes=hashes)
+    return rendering.render("python_stack/uv-requirements.txt.j2", version=version, hashes=hashes)
 
 
 @operation()
@@ -607,7 +607,7 @@ def uv_tool(version: str, index_url: str, present: str | None = None, link: bool
         uv_tool(name="uv 0.13.9", version="0.13.9", index_url="https://pypi.org/simple")
     """
     if present != version:
-        atomic.detail(f"uv {version} (this host has {present or 'none'})")
+        messages.detail(f"uv {version} (this host has {present or 'none'})")
         new = QuoteString(f"{UV_TOOL}.sparkrig-new")
         python = QuoteString(f"{UV_TOOL}.sparkrig-new/bin/python")
         yield StringCommand(
@@ -694,10 +694,10 @@ def virtualenv(
         )
     """
     wheels = wheels or {}
-    found = atomic.fact(PythonStack, venv=path, owner=owner, wheels=OFFLINE_DIR if wheels else "")
+    found = host_output.direct_fact(PythonStack, venv=path, owner=owner, wheels=OFFLINE_DIR if wheels else "")
     if found is None:
         return
-    atomic.detail(f"virtualenv {path}: Python {python}, owner {owner}")
+    messages.detail(f"virtualenv {path}: Python {python}, owner {owner}")
     state = posixpath.join(path, STATE_DIR)
     lock_path = posixpath.join(state, "requirements.lock")
     q_path, q_state = QuoteString(path), QuoteString(state)
@@ -706,10 +706,10 @@ def virtualenv(
     changed = False
 
     if not lock:
-        yield atomic.refuse(f"no lock for this host on the controller: run `{REFRESH}`")
+        yield messages.refuse(f"no lock for this host on the controller: run `{REFRESH}`")
         return
     if not found["owner_exists"]:
-        yield atomic.refuse(f"python_venv_owner {owner} is no user on this host: create it first")
+        yield messages.refuse(f"python_venv_owner {owner} is no user on this host: create it first")
         return
     if found["cache_owner"] != owner:
         changed = True
@@ -717,7 +717,7 @@ def virtualenv(
 
     fresh = not found["usable"] or major_minor(found["python"]) != python
     if fresh and found["occupied"] and found["python"] is None:
-        yield atomic.refuse(
+        yield messages.refuse(
             f"{path} is a non-empty directory but no virtualenv (no pyvenv.cfg): sparkrig "
             "makes its venv only in an empty or new directory, or over an earlier venv"
         )
@@ -726,7 +726,7 @@ def virtualenv(
         changed = True
         yield StringCommand(
             # Root makes the directory, never through a link (-h: the links inside are the owner's).
-            "{ [ ! -L", q_path, "] || {", atomic.refuse(f"{path} is a symbolic link: sparkrig makes its venv only in a directory"), "; }; }",
+            "{ [ ! -L", q_path, "] || {", messages.refuse(f"{path} is a symbolic link: sparkrig makes its venv only in a directory"), "; }; }",
             "&& mkdir -p", q_path, "&& chown -hR", q_group, q_path,
             "&&", *as_owner(
                 owner, QuoteString(UV), "venv --no-config --clear --python", QuoteString(python),

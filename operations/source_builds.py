@@ -70,7 +70,7 @@ from pyinfra.api import (
     operation,
 )
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_output, messages, reading, rendering, user_files
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
 from sparkrig.packages import installed as install_packages
 from sparkrig.prefix import (
@@ -535,7 +535,7 @@ def render_build_script(name: str, key: str, data: Mapping[str, Any]) -> str:
         stamp=json.dumps({**public_inputs(inputs), "url": spec["url"], "key": key}, sort_keys=True),
     )
     if spec["kind"] == "prefix":
-        return atomic.render(
+        return rendering.render(
             "source_builds/build-prefix.sh.j2",
             **common,
             install_dir=installed_dir(name, key),
@@ -546,7 +546,7 @@ def render_build_script(name: str, key: str, data: Mapping[str, Any]) -> str:
             ],
         )
     venv = data["python_venv_path"]
-    return atomic.render(
+    return rendering.render(
         "source_builds/build.sh.j2",
         **common,
         build_requirements=["pip", "setuptools", "wheel", *spec["build_requirements"]],
@@ -599,29 +599,29 @@ class SourceBuilds(FactBase):
             bits += [
                 "n=", n, "; d=", d, "; w=", w, "; u=", QuoteString(unit_name(name, key)), ";",
                 'echo "unit $n $(systemctl is-active "$u" 2>/dev/null)";',
-                "s=$(", atomic.user_read('"$w/stamp.json"', STAMP_LIMIT), " | tr -d '\\n');",
+                "s=$(", user_files.user_read('"$w/stamp.json"', STAMP_LIMIT), " | tr -d '\\n');",
                 ' [ -n "$s" ] && echo "stamp $n $s";',
                 'for f in "$w"/*.whl "$w"/', QuoteString(ARCHIVE), '; do [ -f "$f" ] && echo "wheel $n ${f##*/}"; done;',
                 '[ -f "$d/attempt" ] && echo "attempt $n yes";',
-                "x=$(", atomic.user_read(shlex.quote(f"{work_dir(name, key)}/result"), RESULT_LIMIT),
+                "x=$(", user_files.user_read(shlex.quote(f"{work_dir(name, key)}/result"), RESULT_LIMIT),
                 ') && echo "result $n $x";',
             ]
             if venv and prefix:
                 # The line of this build's wheel in the venv's requirements, if that wheel is there.
                 bits += [
-                    "c=$(", atomic.user_read('"$r"', LOCK_LIMIT), " | grep -F -- ", QuoteString(prefix),
+                    "c=$(", user_files.user_read('"$r"', LOCK_LIMIT), " | grep -F -- ", QuoteString(prefix),
                     ' | head -n 1); p=${c#* @ file://};',
                     ' [ -n "$c" ] && [ -f "${p%% *}" ] && echo "current $n $c";',
                 ]
-        return atomic.encoded(StringCommand(*bits, "true", _separator=""))
+        return host_output.encoded(StringCommand(*bits, "true", _separator=""))
 
     @staticmethod
     def default() -> dict:
         return {}
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]) -> dict:
-        return self.parse(atomic.decoded(output))
+        return self.parse(host_output.decoded(output))
 
     def parse(self, output: list[str]) -> dict:
         """The reading from the command's decoded lines; ValueError for a stamp that names
@@ -739,7 +739,7 @@ def _wait_command(name: str, key: str) -> StringCommand:
 
 def _failure_script(name: str, key: str) -> str:
     unit = unit_name(name, key)
-    result = atomic.user_read('"$d/work/result"', RESULT_LIMIT)
+    result = user_files.user_read('"$d/work/result"', RESULT_LIMIT)
     return (
         f'if [ "$({result} 2>/dev/null)" = 0 ] && [ -f "$w/stamp.json" ]; then'
         f' echo "sparkrig: source build {name} finished"; rm -f "$d/attempt"; exit 0; fi;'
@@ -792,7 +792,7 @@ def build(
     unit, d, w = unit_name(name, key), build_dir(name, key), wheelhouse_dir(name, key)
     q_d, q_work, q_env = QuoteString(d), QuoteString(work_dir(name, key)), QuoteString(env_file(name, key))
     if launch:
-        atomic.detail(f"source build {name}: starting {unit}")
+        messages.detail(f"source build {name}: starting {unit}")
         script_path = f"{d}/build.sh"
         temp = atomic.temp_path(script_path)
         if packages:
@@ -806,7 +806,7 @@ def build(
             "install -d -m 755 -o root -g root", QuoteString(posixpath.dirname(d)), q_d,
             QuoteString(WHEELHOUSE),
             "&& rm -rf", QuoteString(temp), QuoteString(f"{d}/attempt"), q_env, QuoteString(f"{d}/env.new"),
-            "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {atomic.quote_literal(owner)})"',
+            "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {rendering.quote_literal(owner)})"',
             q_work, QuoteString(posixpath.dirname(w)),
             "&& install -m 600 -o root -g root /dev/null", QuoteString(f"{d}/env.new"),
         )
@@ -872,7 +872,7 @@ def fetch(build_name: str, key: str, cache: str, owner: str = "root", active: bo
     root = cache_root(cache)
     if not active or cached(root, name, key):
         return
-    found = atomic.fact(SourceBuilds, builds=((name, key, ""),), venv="")
+    found = host_output.direct_fact(SourceBuilds, builds=((name, key, ""),), venv="")
     stamp = ((found or {}).get(name) or {}).get("stamp")
     if (found or {}).get(name, {}).get("state") != "built" or not stamp:
         return
@@ -920,7 +920,7 @@ def receive(build_name: str, key: str, cache: str, builder: str, owner: str, act
     yield StringCommand(
         "install -d -m 755 -o root -g root", QuoteString(INCOMING), QuoteString(WHEELHOUSE),
         "&& rm -rf", QuoteString(incoming), "&& install -d -m 755 -o root -g root", QuoteString(incoming),
-        "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {atomic.quote_literal(owner)})"',
+        "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {rendering.quote_literal(owner)})"',
         QuoteString(posixpath.dirname(w)),
     )
     yield atomic.Upload(str(local / cached_file(stamp)), f"{incoming}/{wheel}")
@@ -949,7 +949,7 @@ def install_prefix(build_name: str, key: str, cache: str, owner: str = "root"):
     + owner: the wheelhouse's owner, who reads the archive out of it
     """
     name = build_name
-    found = atomic.fact(SourceBuilds, builds=((name, key, ""),), venv="")
+    found = host_output.direct_fact(SourceBuilds, builds=((name, key, ""),), venv="")
     stamp = ((found or {}).get(name) or {}).get("stamp")
     if (found or {}).get(name, {}).get("state") != "built" or not stamp or "archive" not in stamp:
         return

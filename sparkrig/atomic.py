@@ -10,45 +10,17 @@ already match costs one remote command and changes nothing.
 
 from __future__ import annotations
 
-import base64
-import functools
 import hashlib
 import posixpath
 import re
-import shlex
+from collections.abc import Mapping, Sequence
 from io import BytesIO
-from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-import jinja2
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, operation
-from pyinfra.api.exceptions import FactProcessError
 
-from .resources import TEMPLATES
-
-
-_jinja = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True,
-    autoescape=False,
-)
-# `{{ value | q }}`: one word for sh, whatever the value holds.
-_jinja.filters["q"] = shlex.quote
-
-
-_LITERAL_WORD = re.compile(r"[A-Za-z0-9_./:+,=@%-]*")
-
-
-def quote_literal(value: str) -> str:
-    """Quote a value so sh and systemd (``EnvironmentFile=``, ``$VAR`` splitting) read it
-    back literally: as it is when it holds only safe characters, else single-quoted.
-
-    Both take single-quoted text literally; callers' settings validation keeps single
-    quotes and newlines out of the value.
-    """
-    return value if _LITERAL_WORD.fullmatch(value) else f"'{value}'"
+from .host_output import fact_failed, parses
 
 
 def file_sha256(path: Path) -> str:
@@ -58,99 +30,6 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: stream.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def render(template: str, **context) -> str:
-    """Render ``templates/<template>`` with ``context``; undefined names are errors."""
-    return _jinja.get_template(template).render(**context)
-
-
-def script(template: str, **context) -> str:
-    """A host-side script of ``templates/`` (every one is a file there, shellchecked by
-    tests/repo/test_shell.py) as ``sh -c`` takes it: rendered, without its comment lines
-    (those starting with ``#``) and blank lines, which would only lengthen each command."""
-    lines = render(template, **context).splitlines()
-    return "\n".join(line for line in lines if line.strip() and not line.startswith("#"))
-
-
-# Host output ----------------------------------------------------------------------
-# A host's output is data from the other side of a trust boundary. pyinfra stops reading a
-# command's output at its first byte that is not UTF-8 (the rest is lost without a word), so
-# a fact that reads bytes anyone may have written (file contents and names) has its output
-# sent base64-encoded, ending in END: what arrives is complete or is refused.
-END = "sparkrig-end"
-
-
-def encoded(*bits) -> StringCommand:
-    """A fact's command whose standard output travels base64-encoded on one line, then END."""
-    return StringCommand("{", *bits, "\n} | base64 -w0; echo; echo", END)
-
-
-def decoded(output: Sequence[str]) -> list[str]:
-    """The lines a command of :func:`encoded` printed (bytes that are not UTF-8 kept as
-    surrogates, as ``os.fsdecode`` keeps them); ValueError when the output is incomplete."""
-    if len(output) != 2 or output[1] != END:
-        raise ValueError(f"expected one base64 line and {END}, got {len(output)} lines")
-    text = base64.b64decode(output[0], validate=True).decode("utf-8", "surrogateescape")
-    lines = text.split("\n")
-    return lines[:-1] if lines[-1] == "" else lines
-
-
-# Reads of a path a user controls ----------------------------------------------------
-# Root (or a deploy waiting on a user's process) reads files a user can replace: a build's
-# stamp and result, the venv's lock and metadata, authorized_keys. Each such read is
-# USER_READ: a regular file only (a FIFO, device, directory or link reads as missing),
-# opened without following a link and without blocking (dd's nofollow, nonblock: a FIFO
-# swapped in after the check still never blocks), at most LIMIT bytes (a larger file is
-# refused on stderr), and killed after READ_TIMEOUT_S seconds whatever happens.
-# Exit status: 0 read, 1 missing or not a regular file, 2 too large, 124 timed out.
-READ_TIMEOUT_S = 10
-USER_READ = (
-    's=$(stat -c "%F %s" -- "$1" 2>/dev/null) || exit 1; '
-    'case "$s" in "regular file "*|"regular empty file "*) ;; '
-    '*) echo "sparkrig: $1 is not a regular file (${s% *}): read as missing" >&2; exit 1;; esac; '
-    '[ "${s##* }" -le "$2" ] || { echo "sparkrig: $1 is over $2 bytes: not read" >&2; exit 2; }; '
-    f'exec timeout -k 1 {READ_TIMEOUT_S} dd if="$1" iflag=nofollow,nonblock,count_bytes count="$2" bs=65536 status=none'
-)
-
-
-def user_read(path: str, limit: int, as_user: str | None = None) -> str:
-    """Shell text printing the file at ``path`` (shell syntax, quoted by the caller: e.g.
-    ``'"$w/stamp.json"'``) as :data:`USER_READ` reads it, at most ``limit`` bytes; run as
-    ``as_user`` (shell syntax too, through ``runuser``) when given."""
-    prefix = f"runuser -u {as_user} -- " if as_user else ""
-    return f"{prefix}sh -c {shlex.quote(USER_READ)} sparkrig-read {path} {int(limit)}"
-
-
-def parses(process):
-    """A fact's ``process``: output it cannot parse fails this host (pyinfra's
-    FactProcessError, with what went wrong), never the run, never silently."""
-
-    @functools.wraps(process)
-    def checked(self, output):
-        try:
-            return process(self, output)
-        except FactProcessError:
-            raise
-        except (ValueError, LookupError, TypeError, AttributeError, RecursionError) as error:
-            raise FactProcessError(
-                f"sparkrig: {type(self).__name__}: cannot read the host's output "
-                f"({type(error).__name__}: {str(error)[:200]}); this host stops here"
-            ) from error
-
-    return checked
-
-
-def fact_failed() -> bool:
-    """Whether this host has failed (a fact could not read it, and pyinfra said why)."""
-    return host.name in {failed_host.name for failed_host in host.state.failed_hosts}
-
-
-def fact(cls, **kwargs):
-    """``host.get_fact(cls, **kwargs)``, or None when the reading failed this host (pyinfra
-    has said why): the caller then does nothing more on it."""
-    value = host.get_fact(cls, **kwargs)
-    return None if fact_failed() else value
 
 
 class FileDigest(FactBase):
@@ -411,24 +290,3 @@ def unit_file_validator(sections: Sequence[str], keys: Mapping[str, str]) -> tup
     return ("sh", "-c", script, "sh", *[arg for pattern in patterns for arg in ("-e", pattern)])
 
 
-def detail(message: str) -> None:
-    """Say, under the running operation, what it does on this host. pyinfra shows one name
-    per operation for every host, so a name holds nothing that differs between hosts (a
-    setting's value, a fact); this line does."""
-    logger.info(f"{host.print_prefix}{message}")
-
-
-def refuse(message: str) -> StringCommand:
-    """A command that fails this host's operation with ``message`` on stderr; other
-    hosts go on."""
-    return StringCommand("echo", QuoteString(f"sparkrig: {message}"), ">&2; exit 1")
-
-
-@operation()
-def refused(message: str) -> Iterator[StringCommand]:
-    """
-    Fail this host with a message: what sparkrig will not do, and why; other hosts go on.
-
-    + message: printed on the host's stderr, prefixed with ``sparkrig:``
-    """
-    yield refuse(message)

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from .settings import Setting, int_range, declare
+from .settings import Setting, declare, int_range
 
 TIMEOUT_KEY = "packages_dpkg_lock_timeout_s"
 DEFAULT_TIMEOUT_S = 300

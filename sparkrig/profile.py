@@ -16,7 +16,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, StringCommand
 
-from . import atomic, reading
+from . import host_output, reading
 
 ARCHES = ("aarch64", "x86_64")
 PROFILE_FIELDS = ("arch", "compute_capability", "torch_cuda_arch_list")
@@ -91,7 +91,7 @@ class HardwareIdentity(FactBase):
         """A box that printed nothing: no architecture, which no profile matches."""
         return {"arch": "", "gpus": []}
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: Sequence[str]) -> dict[str, Any]:
         lines = [line.strip() for line in output if line.strip()]
         gpus = []

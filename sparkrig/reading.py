@@ -38,7 +38,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
-from . import atomic
+from . import host_output
 
 
 class Part(NamedTuple):
@@ -88,7 +88,7 @@ class Reading(FactBase):
                 "{ { (", command, f"); echo {tag} end {index} $?; }} 2>&1 1>&3 | sed 's/^/{tag} err {index} /';",
                 "} 3>&1;",
             ]
-        return atomic.encoded(*bits)
+        return host_output.encoded(*bits)
 
     def process(self, output: list[str]) -> dict[Part, Any]:
         raise NotImplementedError("a Reading is made for its parts by reading_of()")
@@ -98,7 +98,7 @@ def split(parts: Sequence[Part], nonce: str, output: Sequence[str]) -> dict[Part
     """Each part's value from the reading's output; FactProcessError naming the part when
     one failed, printed what its parser refuses, or is missing."""
     tag = f"@@{nonce} "
-    lines = atomic.decoded(output)
+    lines = host_output.decoded(output)
     stdout: dict[int, list[str]] = {i: [] for i in range(len(parts))}
     stderr: dict[int, list[str]] = {i: [] for i in range(len(parts))}
     status: dict[int, int] = {}
@@ -173,7 +173,7 @@ def read(parts: Sequence[Part]) -> dict[Part, Any]:
     """Read ``parts`` on the current host now, in one command (no memo)."""
     fact_class = reading_of(parts)
     value = host.get_fact(fact_class, parts=tuple(parts), nonce=fact_class.nonce)
-    if atomic.fact_failed() or not value:
+    if host_output.fact_failed() or not value:
         return {each: each.fact().default() for each in parts}
     return value
 
@@ -186,7 +186,7 @@ def reading_of(parts: Sequence[Part], nonce: str | None = None) -> type[Reading]
     class ThisReading(Reading):
         nonce = chosen
 
-        @atomic.parses
+        @host_output.parses
         def process(self, output):
             return split(parts, chosen, output)
 
@@ -227,4 +227,4 @@ def fact(fact_class: type, **kwargs: Any) -> Any:
     """:func:`get`, or None when this host has failed (a reading could not be made of it,
     and pyinfra said why): the caller then does nothing more on it."""
     found = get(fact_class, **kwargs)
-    return None if atomic.fact_failed() else found
+    return None if host_output.fact_failed() else found

@@ -16,13 +16,13 @@ or script to the page.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-import re
 from html import escape
-from urllib.parse import quote
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import quote
 
 COMPLIANCE = Path(__file__).resolve().parent.parent / "tests" / "compliance"
 OUTCOMES = ("failed", "skipped", "passed")  # the order controls are listed in

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from sparkrig import atomic
+from sparkrig import host_output
 
 CERT_DIR = "/usr/local/share/ca-certificates"
 LINK_DIR = "/etc/ssl/certs"
@@ -32,7 +32,7 @@ class SparkrigCaCertificates(FactBase):
             "done; true"
         )
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]) -> dict:
         found = self.default()
         for line in output:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from sparkrig import atomic
+from sparkrig import messages
 
 
 @operation()
@@ -23,7 +23,7 @@ def refresh_store(remove: Sequence[str] = ()):
         refresh_store(name="Refresh the CA store", remove=["/usr/local/share/ca-certificates/old.crt"])
     """
     if remove:
-        atomic.detail(f"no longer trusted: {', '.join(remove)}")
+        messages.detail(f"no longer trusted: {', '.join(remove)}")
         yield StringCommand("rm", "-f", *[QuoteString(path) for path in remove])
     # --fresh: the links of removed certificates go too.
     yield StringCommand("update-ca-certificates", "--fresh")

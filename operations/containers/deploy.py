@@ -10,8 +10,8 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from sparkrig import atomic, reading
-from sparkrig.atomic import refused
+from sparkrig import atomic, host_output, reading
+from sparkrig.messages import refused
 from sparkrig.packages import installed as install_packages
 
 from .facts import (
@@ -99,7 +99,7 @@ def containers():
     settings = {s.key: getattr(data, s.key) for s in SETTINGS}
     distro = data.containers_docker_source == "distro"
     found = reading.value(host_part(settings))
-    if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
+    if host_output.fact_failed():  # unreadable: pyinfra has failed this host and said why
         return
     sources = resolve_sources(settings, found)
     packages = wanted_packages(data, sources)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from sparkrig import atomic
+from sparkrig import host_output
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ class ContainerHost(FactBase):
         ]
         return StringCommand(*parts)
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]):
         values = _lines(output)
 
@@ -180,7 +180,7 @@ class DockerDaemonJson(FactBase):
     def command(self) -> str:
         return f"[ -f {DAEMON_JSON} ] && echo daemon_json=$(base64 -w0 {DAEMON_JSON}); true"
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]):
         # Not UTF-8 (a Latin-1 file): UnicodeDecodeError, a ValueError: this host fails.
         return _decode(_lines(output), "daemon_json")
@@ -202,7 +202,7 @@ class GroupMembers(FactBase):
             "for u in", *map(QuoteString, users), "; do getent passwd \"$u\" >/dev/null && echo user=$u; done",
         )
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]):
         values = _lines(output)
         return {"members": _group_members(values.get("group", [""])[0]), "users": values.get("user", [])}
@@ -248,7 +248,7 @@ class SparkrigAptRepositories(FactBase):
     def default():
         return {"entries": [], **{name: {"fingerprints": None, "sources": None} for name in REPOSITORY_NAMES}}
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]):
         found = self.default()
         for line in output:

@@ -12,8 +12,8 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import File
 
-from sparkrig import atomic
-from sparkrig.atomic import refuse
+from sparkrig import atomic, host_output, messages, rendering
+from sparkrig.messages import refuse
 
 from .facts import CDI_STATIC_SPEC, DAEMON_JSON, DockerDaemonJson, GroupMembers
 
@@ -62,7 +62,7 @@ def daemon_json_change(text: str | None, default_runtime: bool) -> str | None:
 
 
 # dockerd --validate, or a JSON parse where dockerd is older than 23.0. $1: the new file.
-DAEMON_JSON_CHECK = atomic.script("containers/daemon-json-check.sh")
+DAEMON_JSON_CHECK = rendering.script("containers/daemon-json-check.sh")
 
 
 @operation()
@@ -79,7 +79,7 @@ def daemon_config(default_runtime: bool = False):
         containers.daemon_config(default_runtime=True)
     """
     text = host.get_fact(DockerDaemonJson)
-    if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
+    if host_output.fact_failed():  # unreadable: pyinfra has failed this host and said why
         return
     try:
         content = daemon_json_change(text, default_runtime)
@@ -126,7 +126,7 @@ def group_members(group: str, users: Sequence[str]):
     if not joining:
         host.noop(f"{', '.join(users)} in group {group}")
         return
-    atomic.detail(f"adding {', '.join(joining)} to group {group}")
+    messages.detail(f"adding {', '.join(joining)} to group {group}")
     for user in joining:
         yield StringCommand("gpasswd", "-a", QuoteString(user), QuoteString(group))
 

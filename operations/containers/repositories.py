@@ -11,7 +11,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from sparkrig import atomic
+from sparkrig import rendering
 
 from .facts import KEYRING_DIR, REPOSITORY_NAMES, SOURCES, SOURCES_DIR, SparkrigAptRepositories
 
@@ -118,7 +118,7 @@ def in_slots(repos: Sequence[AptRepository]) -> Iterator[AptRepository]:
 
 
 def render_sources(repo: AptRepository, arch: str) -> str:
-    return atomic.render(
+    return rendering.render(
         "containers/repository.sources.j2",
         name=repo.name,
         url=repo.url,
@@ -159,7 +159,7 @@ def foreign_sources(entries: Sequence[tuple[str, str]], repo: AptRepository) -> 
 
 
 # The key is fetched on the host, its primary fingerprint checked and only that key kept.
-FETCH_KEY = atomic.script("containers/fetch-key.sh")
+FETCH_KEY = rendering.script("containers/fetch-key.sh")
 
 
 @operation()

@@ -6,7 +6,7 @@ import re
 
 from pyinfra.api import FactBase
 
-from sparkrig import atomic
+from sparkrig import host_output
 
 CUDA_LINK = "/usr/local/cuda"
 _TOOLKIT = re.compile(r"/cuda-(\d+)(?:\.(\d+))?\Z")
@@ -28,7 +28,7 @@ class CudaToolkits(FactBase):
             f"for d in {CUDA_LINK}-*/; do [ -d \"$d\" ] && echo toolkit \"${{d%/}}\"; done; true"
         )
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]) -> dict:
         link, toolkits = None, []
         for line in output:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sparkrig import atomic
+from sparkrig import rendering
 
 from .facts import toolkit_version
 from .settings import MANAGED, PYTHON_VENV_PATH_DEFAULT
@@ -43,11 +43,11 @@ def env_variables(
 
 
 def render_env_file(variables: list[tuple[str, str]]) -> str:
-    return atomic.render(
+    return rendering.render(
         "cuda_env/cuda.env.j2",
-        lines=[f"{name}={atomic.quote_literal(value)}" for name, value in variables],
+        lines=[f"{name}={rendering.quote_literal(value)}" for name, value in variables],
     )
 
 
 def render_profile_script(env_file: str) -> str:
-    return atomic.render("cuda_env/profile.sh.j2", env_file=env_file)
+    return rendering.render("cuda_env/profile.sh.j2", env_file=env_file)

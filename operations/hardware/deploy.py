@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from sparkrig import reading
-from sparkrig.atomic import refused
+from sparkrig.messages import refused
 from sparkrig.profile import (
     AUTO,
     IDENTITY,

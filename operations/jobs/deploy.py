@@ -9,7 +9,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.operations import files, server
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, messages, reading
 
 from .facts import ModelCache
 from .operations import (
@@ -97,7 +97,7 @@ def model_cache(path: str, group: str, users: list[str]) -> None:
     """The shared model cache: its group with its members, the directory root's and the group's."""
     found = reading.get(ModelCache, path=path, group=group)
     if found["directory"] == "link":
-        atomic.refused(name="Model cache directory (jobs_model_cache)",
+        messages.refused(name="Model cache directory (jobs_model_cache)",
                        message=f"{path} is a symbolic link: root would follow it (make it a directory)")
         return
     if found["group"] is None:
@@ -106,7 +106,7 @@ def model_cache(path: str, group: str, users: list[str]) -> None:
     members = (found["group"] or {}).get("members", [])
     joining = [user for user in users if user not in members]
     if joining:
-        atomic.detail(f"{', '.join(joining)} join {group}")
+        messages.detail(f"{', '.join(joining)} join {group}")
         server.shell(name="Model cache group members (jobs_model_cache_users)", commands=[
             StringCommand("usermod", "--append", "--groups", QuoteString(group), QuoteString(user))
             for user in joining

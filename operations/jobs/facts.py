@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from sparkrig import atomic
+from sparkrig import host_output
 
 
 class ModelCache(FactBase):
@@ -25,7 +25,7 @@ class ModelCache(FactBase):
             "else echo nodir; fi; echo group $(getent group", g, "|| true)",
         )
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]) -> dict:
         found: dict = {"directory": None, "group": None}
         for line in output:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sparkrig import atomic
+from sparkrig import atomic, rendering
 from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
 
 SLICE = TRAINING_SLICE
@@ -30,12 +30,12 @@ SLICE_VALIDATOR = atomic.unit_file_validator(
 
 
 def render_slice(memory_max: str) -> str:
-    return atomic.render("jobs/training.slice.j2", description=SLICE_DESCRIPTION, memory_max=memory_max)
+    return rendering.render("jobs/training.slice.j2", description=SLICE_DESCRIPTION, memory_max=memory_max)
 
 
 # A file of sparkrig's single line, nothing else (comments aside).
 RECORDS_CLEAN_VALIDATOR = (
-    "sh", "-c", atomic.script("jobs/records-clean-check.sh"),
+    "sh", "-c", rendering.script("jobs/records-clean-check.sh"),
     rf"#.*|d {RECORDS} 0755 root root mM:[1-9][0-9]*[hdw]",
 )
 
@@ -44,7 +44,7 @@ def render_records_clean(max_age: str) -> str:
     """The tmpfiles.d line that ages out job records. ``mM:`` counts from a record's (and a
     user directory's) last change only: spark-jobs reading a record moves its atime, and
     root's writes move ctime, neither of which says when the job ended."""
-    return atomic.render("jobs/sparkrig-jobs.tmpfiles.j2", records=RECORDS, max_age=max_age)
+    return rendering.render("jobs/sparkrig-jobs.tmpfiles.j2", records=RECORDS, max_age=max_age)
 
 
 def render_commands(
@@ -57,16 +57,16 @@ def render_commands(
 ) -> dict[str, str]:
     """Each command's name and script."""
     return {
-        "spark-run": atomic.render(
+        "spark-run": rendering.render(
             "jobs/spark-run.sh.j2", slice=SLICE, memory_max=memory_max, oom_score_adj=oom_score_adj,
             drop_caches="yes" if drop_caches else "no", env=sorted((env or {}).items()),
             unit_prefix=UNIT_PREFIX, jobs_command=PATHS["spark-jobs"], self_path=SPARK_RUN,
         ),
-        "spark-jobs": atomic.render("jobs/spark-jobs.sh.j2", unit_prefix=UNIT_PREFIX, records=RECORDS),
-        "spark-preflight": atomic.render(
+        "spark-jobs": rendering.render("jobs/spark-jobs.sh.j2", unit_prefix=UNIT_PREFIX, records=RECORDS),
+        "spark-preflight": rendering.render(
             "jobs/spark-preflight.sh.j2",
             min_available_kib=min_available_kib,
             watchdog_service=WATCHDOG_SERVICE if watchdog_enabled else "",
         ),
-        "spark-drop-caches": atomic.render("jobs/spark-drop-caches.sh.j2"),
+        "spark-drop-caches": rendering.render("jobs/spark-drop-caches.sh.j2"),
     }

@@ -10,7 +10,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_output, messages, reading
 
 from .facts import TOKEN_FILE, NgcHost
 from .operations import (
@@ -74,7 +74,7 @@ def ngc():
     jupyter = data.ngc_jupyter
     found_part, state_part = parts({s.key: getattr(data, s.key) for s in SETTINGS})
     found = reading.value(found_part)
-    if atomic.fact_failed():  # unreadable: pyinfra has failed this host and said why
+    if host_output.fact_failed():  # unreadable: pyinfra has failed this host and said why
         return
     # No docker yet on a fresh host: the containers concern installs it in this run, and
     # image_pulled checks again (and fails the host if there is still none) when it runs.
@@ -110,7 +110,7 @@ def ngc():
         return
     user = found["user"]
     if user is None:
-        atomic.refused(name="The Jupyter user exists",
+        messages.refused(name="The Jupyter user exists",
                        message=f"ngc_jupyter_user {data.ngc_jupyter_user!r} has no account on this host")
         return
     directory = data.ngc_jupyter_dir or user["home"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from sparkrig import atomic
+from sparkrig import host_output
 
 RECIPE_LABEL = "sparkrig.recipe"
 TOKEN_DIR = "/var/lib/sparkrig/jupyter"
@@ -44,7 +44,7 @@ class NgcHost(FactBase):
                  "true"]
         return StringCommand(*bits)
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]):
         values = {}
         for line in output:

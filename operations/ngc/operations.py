@@ -10,7 +10,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from sparkrig import atomic
+from sparkrig import atomic, messages, rendering
 from sparkrig.settings import USER_NAME
 from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN
 
@@ -40,7 +40,7 @@ def render_dockerfile(data: Any, torch_cuda_arch_list: str) -> str | None:
     """The Dockerfile of ``ngc_build``, ``None`` for 'none'."""
     if data.ngc_build == "none":
         return None
-    return atomic.render(
+    return rendering.render(
         f"ngc/{data.ngc_build}.Dockerfile.j2",
         base_image=data.ngc_base_image,
         packages=" ".join(data.ngc_pip_packages),
@@ -56,8 +56,8 @@ def recipe(dockerfile: str) -> str:
 
 
 def render_launcher(data: Any) -> str:
-    q = atomic.quote_literal
-    return atomic.render(
+    q = rendering.quote_literal
+    return rendering.render(
         "ngc/spark-container.sh.j2",
         image=q(run_image(data)),
         memlock="--ulimit memlock=-1" if data.ngc_memlock_unlimited else "",
@@ -80,7 +80,7 @@ def jupyter_command(command: str, port: int, project_mount: str) -> str:
 
 
 def render_jupyter_unit(data: Any, directory: str) -> str:
-    return atomic.render(
+    return rendering.render(
         "ngc/jupyter.service.j2",
         description=JUPYTER_DESCRIPTION,
         server_note=f"The notebook server: ngc_jupyter_command ({data.ngc_jupyter_command.split()[0]}).",
@@ -128,12 +128,12 @@ def image_pulled(image: str):
     """
     found = host.get_fact(NgcHost, pinned=image)
     if not found["docker"]:
-        yield atomic.refuse("ngc_enabled needs Docker (the containers concern): there is no docker command")
+        yield messages.refuse("ngc_enabled needs Docker (the containers concern): there is no docker command")
         return
     if found["pinned"]:
         host.noop(f"{image} is present")
         return
-    atomic.detail(f"pulling {image}")
+    messages.detail(f"pulling {image}")
     yield StringCommand("docker", "pull", "--quiet", QuoteString(image))
 
 
@@ -161,7 +161,7 @@ def image_built(tag: str, dockerfile: str, recipe: str, context: str = BUILD_DIR
     if built and built["recipe"] == recipe:
         host.noop(f"{tag} is built from this recipe")
         return
-    atomic.detail(f"building {tag} from {dockerfile}")
+    messages.detail(f"building {tag} from {dockerfile}")
     yield StringCommand(
         "systemd-run", "--quiet", "--wait", "--collect", "--pipe", f"--unit={BUILD_UNIT}", "--",
         "docker", "build", "--label", QuoteString(f"{RECIPE_LABEL}={recipe}"), "--tag", QuoteString(tag),
@@ -170,7 +170,7 @@ def image_built(tag: str, dockerfile: str, recipe: str, context: str = BUILD_DIR
 
 
 # An existing token is kept, a new one written by its owner: see the script.
-TOKEN_SCRIPT = atomic.script("ngc/jupyter-token.sh")
+TOKEN_SCRIPT = rendering.script("ngc/jupyter-token.sh")
 
 
 @operation()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from sparkrig import atomic
+from sparkrig import host_output
 
 # Present from the moment the drop-ins change until sshd has restarted: a run that
 # failed in between restarts sshd on the next run although the files already match.
@@ -34,7 +34,7 @@ class SshdUnit(FactBase):
             f"ssh.socket sshd.service ssh.service; [ -e {RESTART_PENDING} ] && printf '\\nRestartPending=yes\\n'; true"
         )
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]):
         blocks, block = [], {}
         for line in [*output, ""]:

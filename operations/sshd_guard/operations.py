@@ -6,7 +6,7 @@ import posixpath
 
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
-from sparkrig import atomic
+from sparkrig import atomic, messages, rendering
 from sparkrig.connection import prove_new_connection
 
 from .facts import RESTART_PENDING
@@ -14,8 +14,8 @@ from .facts import RESTART_PENDING
 DROPIN_NAME = "zz-sparkrig.conf"  # read last: wins over earlier drop-ins such as the guides' oom.conf
 SLICE = "system.slice"
 # For `sh -c SCRIPT NAME UNIT NEW` and `sh -c SCRIPT NAME UNIT`.
-VERIFY_DROPIN = atomic.script("sshd_guard/verify-dropin.sh")
-CHECK_SSHD = atomic.script("sshd_guard/check-sshd.sh")
+VERIFY_DROPIN = rendering.script("sshd_guard/verify-dropin.sh")
+CHECK_SSHD = rendering.script("sshd_guard/check-sshd.sh")
 
 
 def dropin_path(unit: str) -> str:
@@ -25,8 +25,8 @@ def dropin_path(unit: str) -> str:
 def dropin_contents(unit: str, memory_min: str, slice_memory_min: str) -> dict[str, str]:
     """The drop-in of the sshd unit and of system.slice, by unit."""
     return {
-        unit: atomic.render("sshd_guard/service.conf.j2", memory_min=memory_min),
-        SLICE: atomic.render("sshd_guard/slice.conf.j2", memory_min=slice_memory_min),
+        unit: rendering.render("sshd_guard/service.conf.j2", memory_min=memory_min),
+        SLICE: rendering.render("sshd_guard/slice.conf.j2", memory_min=slice_memory_min),
     }
 
 
@@ -62,7 +62,7 @@ def guard(
     changes = [*_verified_dropin(unit, dropins[unit]), *_verified_dropin(SLICE, dropins[SLICE])]
     if not changes and not restart_pending:
         return
-    atomic.detail(f"sshd runs as {unit}")
+    messages.detail(f"sshd runs as {unit}")
     if active:
         yield StringCommand("sh", "-c", QuoteString(CHECK_SSHD), "sparkrig-check", QuoteString(unit))
     if changes:

@@ -10,7 +10,7 @@ from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from sparkrig import atomic
+from sparkrig import host_output
 
 FSTAB = "/etc/fstab"
 # What a disabled swap entry starts with; the entry follows exactly as it was.
@@ -118,7 +118,7 @@ class SwapSources(FactBase):
     def command(self) -> StringCommand:
         patterns = _shell_words(UNIT_PATTERNS)
         names = " -o ".join(f"-name '{pattern}'" for pattern in UNIT_PATTERNS)
-        return atomic.encoded(
+        return host_output.encoded(
             "echo '## swaps'; cat /proc/swaps; "
             f"echo '## fstab'; if [ -f {FSTAB} ]; then stat -L -c '%a %U %G' {FSTAB} && "
             f"base64 -w0 {FSTAB} && echo; fi; "
@@ -136,9 +136,9 @@ class SwapSources(FactBase):
             '[ -e "$f" ] && echo "$f"; done; true'
         )
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]) -> dict:
-        return self.parse(atomic.decoded(output))
+        return self.parse(host_output.decoded(output))
 
     def parse(self, output: list[str]) -> dict:
         """The reading from the command's decoded lines."""
@@ -211,11 +211,11 @@ class SwapFiles(FactBase):
                 '[ "$(blkid -p -o value -s TYPE', quoted, '2>/dev/null)" = swap ];',
                 "then printf '%s\\n'", quoted, "; fi;",
             ]
-        return atomic.encoded(*parts, "true")
+        return host_output.encoded(*parts, "true")
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]) -> list[str]:
-        return atomic.decoded(output)
+        return host_output.decoded(output)
 
     @staticmethod
     def default() -> list[str]:

@@ -10,7 +10,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_output, messages, reading, rendering
 
 from .facts import (
     DISABLED,
@@ -155,7 +155,7 @@ def disabled(backup: str = FSTAB_BACKUP, remove_files: bool = False):
 
 def fstab_check_script() -> str:
     """templates/swap/fstab-check.sh, for ``sh -c SCRIPT NAME OLD NEW``."""
-    return atomic.script("swap/fstab-check.sh")
+    return rendering.script("swap/fstab-check.sh")
 
 
 def _fstab_commands(found: Mapping[str, Any], backup: str) -> Iterator[PyinfraCommand]:
@@ -165,7 +165,7 @@ def _fstab_commands(found: Mapping[str, Any], backup: str) -> Iterator[PyinfraCo
         return
     missed = sorted(set(found["libmount_swap_sources"]) - set(active_swap_sources(fstab["content"])))
     if missed:
-        yield atomic.refuse(
+        yield messages.refuse(
             f"libmount (findmnt --fstab) reads swap entries in {FSTAB} that sparkrig's parser "
             f"does not: {', '.join(missed)}; nothing was changed"
         )
@@ -177,7 +177,7 @@ def _fstab_commands(found: Mapping[str, Any], backup: str) -> Iterator[PyinfraCo
     if found["fstab_link"] is not None:
         # Renaming a new file over the link would leave its target (and whatever manages
         # it) behind; writing through it would have root write wherever the link points.
-        yield atomic.refuse(
+        yield messages.refuse(
             f"{FSTAB} is a symbolic link to {found['fstab_link']}: sparkrig neither replaces the link "
             "nor writes through it. Comment out its swap entries there yourself, or make "
             f"{FSTAB} a regular file; nothing was changed"
@@ -234,7 +234,7 @@ def _swapoff_commands(found: Mapping[str, Any]) -> Iterator[PyinfraCommand]:
 
 
 def _file_commands(paths: list[str]) -> Iterator[PyinfraCommand]:
-    present = atomic.fact(SwapFiles, paths=paths) if paths else []
+    present = host_output.direct_fact(SwapFiles, paths=paths) if paths else []
     if present is None:
         return
     if not present:

@@ -10,7 +10,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_output, messages, reading
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import defaults, resolved
 
@@ -87,20 +87,20 @@ def updates():
     settings = resolved(host.data.dict())
     facts = reading.value(versions_part(settings))
     state = reading.value(STATE)
-    if atomic.fact_failed():
+    if host_output.fact_failed():
         return
     wrong = unexpected(settings, facts)
     if wrong and settings["updates_stop_on_unexpected"]:
-        atomic.refused(
+        messages.refused(
             name="The box runs the expected kernel and driver (updates_stop_on_unexpected)",
             message="; ".join(wrong) + ": nothing changed on this host (updates_stop_on_unexpected)",
         )
         return
     for line in wrong:
-        atomic.detail(f"updates: {line}")
+        messages.detail(f"updates: {line}")
     reboot = pending_reboot(facts)
     if reboot:
-        atomic.detail(f"updates: a reboot is pending ({reboot})")
+        messages.detail(f"updates: a reboot is pending ({reboot})")
 
     # Holds: pins, then apt-mark, then what was released is upgraded.
     holds = settings["updates_hold"]
@@ -126,7 +126,7 @@ def updates():
     if to_hold or unhold:
         marked(name="Packages held as updates_hold says (apt-mark)", hold=to_hold, unhold=unhold)
     if released:
-        atomic.detail(f"updates: released, upgrading: {' '.join(released)}")
+        messages.detail(f"updates: released, upgrading: {' '.join(released)}")
         install_packages(name="Upgrade what a released hold kept back", packages=released, only_upgrade=True)
     new_record = (wanted & (record | set(to_hold))) | pinned
     record_text = render_record(new_record) if new_record else None

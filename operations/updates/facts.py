@@ -11,7 +11,7 @@ from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from sparkrig import atomic
+from sparkrig import host_output, rendering, user_files
 
 from .settings import _DRIVER_VERSION, _KERNEL_RELEASE, _PACKAGE, PACKAGE_COLUMNS
 
@@ -28,11 +28,11 @@ def _sh_glob_words(names: Iterable[str]) -> list:
 # NAME...), the loaded driver, and CUDA's version.
 # torch's METADATA is about 30 KB.
 METADATA_LIMIT = 1 << 20
-_PYTHON_VERSIONS = atomic.script(
-    "updates/python-versions.sh.j2", limit=METADATA_LIMIT, user_read=atomic.user_read('"$dir/METADATA"', METADATA_LIMIT)
+_PYTHON_VERSIONS = rendering.script(
+    "updates/python-versions.sh.j2", limit=METADATA_LIMIT, user_read=user_files.user_read('"$dir/METADATA"', METADATA_LIMIT)
 )
-_DRIVER = atomic.script("updates/driver.sh")
-_CUDA = atomic.script("updates/cuda.sh")
+_DRIVER = rendering.script("updates/driver.sh")
+_CUDA = rendering.script("updates/cuda.sh")
 
 
 def dist_name(name: str) -> str:
@@ -98,7 +98,7 @@ class Versions(FactBase):
                      *[QuoteString(name) for name in python], ";"]
         return StringCommand(*bits, "true")
 
-    @atomic.parses
+    @host_output.parses
     def process(self, output: list[str]) -> dict:
         found = self.default()
         cuda_json: list[str] = []

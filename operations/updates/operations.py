@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from pyinfra.api import StringCommand, operation
 
-from sparkrig import atomic
+from sparkrig import rendering
 from sparkrig.packages import locked
 
 from .settings import parse_hold
@@ -37,12 +37,12 @@ def glob_regex(name: str) -> str:
 def render_apt_conf(mode: str, holds: Sequence[str]) -> str:
     origins = SECURITY_ORIGINS if mode == "security" else ALL_ORIGINS
     names = [parse_hold(entry)[0] for entry in holds]
-    return atomic.render("updates/apt.conf.j2", mode=mode, origins=origins, blacklist=[glob_regex(n) for n in names])
+    return rendering.render("updates/apt.conf.j2", mode=mode, origins=origins, blacklist=[glob_regex(n) for n in names])
 
 
 def render_pins(holds: Sequence[str]) -> str | None:
     pins = [(name, version) for name, version in map(parse_hold, holds) if version]
-    return atomic.render("updates/holds.pref.j2", pins=pins) if pins else None
+    return rendering.render("updates/holds.pref.j2", pins=pins) if pins else None
 
 
 def render_record(names: Iterable[str]) -> str:
@@ -51,9 +51,9 @@ def render_record(names: Iterable[str]) -> str:
 
 # Each record exactly Package, Pin (a version), Pin-Priority 1000, as render_pins writes
 # them; then apt itself must read the file without a word (templates/updates/pin-check.sh).
-PIN_VALIDATOR = ("sh", "-c", atomic.script("updates/pin-check.sh"), "sh")
+PIN_VALIDATOR = ("sh", "-c", rendering.script("updates/pin-check.sh"), "sh")
 # apt-config parses the file as apt will (a syntax error fails it).
-APT_CONF_VALIDATOR = ("sh", "-c", atomic.script("updates/apt-conf-check.sh"), "sh")
+APT_CONF_VALIDATOR = ("sh", "-c", rendering.script("updates/apt-conf-check.sh"), "sh")
 
 
 @operation()

@@ -10,7 +10,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, reading, rendering
 from sparkrig.packages import installed as install_packages
 from sparkrig.units import WATCHDOG_SERVICE
 
@@ -42,13 +42,13 @@ def render_default_file(args: Sequence[str]) -> str:
     systemd (``EnvironmentFile=`` then ``$EARLYOOM_ARGS`` split with quote removal) and
     Debian's init script (``bash -c "exec earlyoom $EARLYOOM_ARGS"``) all turn back into
     the bare word; settings validation keeps quotes, backslashes and whitespace out."""
-    return atomic.render(
-        "watchdog/earlyoom.default.j2", args=" ".join(map(atomic.quote_literal, args))
+    return rendering.render(
+        "watchdog/earlyoom.default.j2", args=" ".join(map(rendering.quote_literal, args))
     )
 
 
 def render_drop_in() -> str:
-    return atomic.render("watchdog/earlyoom.conf.j2", oom_score_adjust=OOM_SCORE_ADJUST, nice=NICE)
+    return rendering.render("watchdog/earlyoom.conf.j2", oom_score_adjust=OOM_SCORE_ADJUST, nice=NICE)
 
 
 DROP_IN_VALIDATOR = atomic.unit_file_validator(

@@ -33,11 +33,11 @@ import pytest
 from testinfra.backend.local import LocalBackend
 from testinfra.backend.ssh import SshBackend
 
+import lab
 from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
-import lab
-from tests.conftest import LAB_INVENTORY, lab_says
 from tests.compliance import reads
+from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
 
 # A question about a path is read once with everything else about that path, and

@@ -15,7 +15,8 @@ import shlex
 
 import pytest
 
-from tests.compliance.conftest import inventory_hosts as _inventory_hosts, inventory_name
+from tests.compliance.conftest import inventory_hosts as _inventory_hosts
+from tests.compliance.conftest import inventory_name
 from tests.conftest import LAB_INVENTORY
 from tests.support import REPO, inventory_host_data
 

@@ -18,8 +18,8 @@ import subprocess
 
 import pytest
 
-from sparkrig.lock import LOCK
 import lab
+from sparkrig.lock import LOCK
 from tests.conftest import LAB_INVENTORY
 from tests.support import PYINFRA, REPO, DeployResult, inventory_host_data, run_deploy
 

@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from sparkrig.settings import all_settings
 import lab
-from tests.conftest import LAB_INVENTORY
 from lab import dgxos
 from lab.model import FLAVOURS
+from sparkrig.settings import all_settings
+from tests.conftest import LAB_INVENTORY
 from tests.support import inventory_host_data
 
 pytestmark = pytest.mark.lab

@@ -11,7 +11,6 @@ real manifest is locked into group_data/python_stack.locks. Each test restores w
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 import sys
 
@@ -19,8 +18,8 @@ import pytest
 import yaml
 
 import lab
-from tests.conftest import LAB_INVENTORY
 from lab.model import netns_name
+from tests.conftest import LAB_INVENTORY
 from tests.support import REPO, run_deploy
 
 pytestmark = pytest.mark.lab

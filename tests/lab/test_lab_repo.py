@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.config import LAB_ID
-
 from lab import repo
+from lab.config import LAB_ID
 from lab.model import AptRepo, is_lab_repo_server, plan_fleet, repo_url
 from lab.render import (
     parse_gpg_fingerprints,

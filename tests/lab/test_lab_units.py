@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.config import LAB_ID
-from tests.support import REPO
-
 from lab.cgroups import systemd_hierarchies
+from lab.config import LAB_ID
 from lab.image import Chroot, Systemctl, WriteFile, image_key, recipe_steps
 from lab.model import (
     FLAVOURS,
@@ -42,6 +40,7 @@ from lab.render import (
     render_ssh_config,
 )
 from lab.system import mounts_below
+from tests.support import REPO
 
 # These expectations are the default lab's names and addresses (10.213.*, srlab*, ...);
 # a lab with SPARKRIG_LAB_ID has others, whose derivation test_lab_units.py tests.

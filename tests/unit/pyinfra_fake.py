@@ -10,37 +10,34 @@ asked to do.
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-from dataclasses import dataclass, field
-
 import base64
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from pyinfra import host as pyinfra_host
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.command import FileDownloadCommand, FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
-from pyinfra.connectors.util import CommandOutput
 from pyinfra.connectors.fake import FakeConnector
-from pyinfra.connectors.util import OutputLine
+from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host, ctx_state
 
-from pyinfra import host as pyinfra_host
-
-from sparkrig import atomic, reading
+from sparkrig import host_output, reading
 
 
 def encode(lines: list[str]) -> list[str]:
-    """What a fact of :func:`atomic.encoded` prints for these output lines."""
+    """What a fact of :func:`host_output.encoded` prints for these output lines."""
     text = "".join(f"{line}\n" for line in lines)
-    return [base64.b64encode(text.encode("utf-8", "surrogateescape")).decode(), atomic.END]
+    return [base64.b64encode(text.encode("utf-8", "surrogateescape")).decode(), host_output.END]
 
 
 _lookup_response = FakeConnector._lookup_response
 
 
 def _lookup_encoded(self, command_str: str):
-    """Recorded outputs are what a fact's command prints; a command of atomic.encoded()
+    """Recorded outputs are what a fact's command prints; a command of host_output.encoded()
     pipes that through base64 and adds its end line, as the real host's shell does. A
     response ``{"as_sent": LINES}`` is what pyinfra receives, unchanged (forged output)."""
     for matcher, response in (self.data.get("fake_responses") or {}).items():
@@ -48,7 +45,7 @@ def _lookup_encoded(self, command_str: str):
                 and "as_sent" in response:
             return True, CommandOutput([OutputLine("stdout", line) for line in response["as_sent"]])
     success, output = _lookup_response(self, command_str)
-    if f"echo {atomic.END}" not in command_str:
+    if f"echo {host_output.END}" not in command_str:
         return success, output
     stdout = [line.line for line in output if line.buffer_name == "stdout"]
     stderr = [line for line in output if line.buffer_name != "stdout"]
@@ -64,7 +61,7 @@ def _read_alone(parts):
     planned part, is tested for real in tests/unit/sparkrig/test_reading.py)."""
     wanted = parts[0]
     value = pyinfra_host.get_fact(wanted.fact, **dict(wanted.kwargs))
-    return {wanted: None if atomic.fact_failed() else value}
+    return {wanted: None if host_output.fact_failed() else value}
 
 
 reading.read = _read_alone

@@ -18,7 +18,7 @@ import pytest
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig import atomic
+from sparkrig import atomic, host_output
 from sparkrig.operations import (
     ca_certificates,
     containers,
@@ -785,9 +785,9 @@ def test_every_fact_turns_unparseable_output_into_a_host_failure():
             for fact in [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, FactBase)
                          and c.__module__.startswith(("operations", "sparkrig"))]:
                 checked.add(fact.__name__)
-                for output in (forged, pyinfra_fake.encode(forged), ["", atomic.END]):
+                for said in (forged, pyinfra_fake.encode(forged), ["", host_output.END]):
                     try:
-                        fact().process(list(output))
+                        fact().process(list(said))
                     except FactProcessError:
                         pass
     assert {"ContainerHost", "SparkrigAptRepositories", "CudaToolkits", "ModelCache", "NgcHost"} <= checked

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from sparkrig import atomic
+from sparkrig import rendering
 from sparkrig.operations import cuda_env as ce
 from sparkrig.operations import python_stack
 from sparkrig.operations.cuda_env import facts as ce_facts
@@ -93,7 +93,7 @@ def test_env_variables_in_fixed_order_with_extras_sorted_after():
      ("a b", "'a b'"), ("$HOME", "'$HOME'"), ("~/x", "'~/x'"), ("", "")],
 )
 def test_env_quote(value, quoted):
-    assert atomic.quote_literal(value) == quoted
+    assert rendering.quote_literal(value) == quoted
 
 
 def _sourced(env_file, *names, shell="sh", env=None):

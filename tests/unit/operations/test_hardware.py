@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from sparkrig.operations import hardware as hw
 from sparkrig import profile
+from sparkrig.operations import hardware as hw
 from sparkrig.settings import problems
 from tests.unit.pyinfra_fake import plan
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkrig import atomic
+from sparkrig import rendering
 from sparkrig.operations import jobs
 from sparkrig.operations.jobs import facts as jobs_facts
 from sparkrig.operations.jobs import operations as jobs_ops
@@ -242,7 +242,7 @@ def test_spark_run_help_lists_jobs_env_and_the_drop_caches_default(tmp_path):
 
 
 def _spark_jobs(tmp_path: Path, records: Path) -> Path:
-    return _script(tmp_path, "spark-jobs", atomic.render("jobs/spark-jobs.sh.j2", unit_prefix=jobs_ops.UNIT_PREFIX,
+    return _script(tmp_path, "spark-jobs", rendering.render("jobs/spark-jobs.sh.j2", unit_prefix=jobs_ops.UNIT_PREFIX,
                                                           records=str(records)))
 
 

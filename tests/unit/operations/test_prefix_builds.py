@@ -16,8 +16,8 @@ import tarfile
 
 import pytest
 
-from sparkrig.operations import source_builds as sb
 from sparkrig import prefix as px
+from sparkrig.operations import source_builds as sb
 from sparkrig.packages import install_command
 from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
 from tests.unit.pyinfra_fake import execute

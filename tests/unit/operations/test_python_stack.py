@@ -7,15 +7,15 @@ import copy
 import hashlib
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
-import subprocess
 
 import pytest
 
 from sparkrig.operations import hardware
 from sparkrig.operations import python_stack as ps
-from sparkrig.settings import SettingsError, defaults, problems, validate_hosts
+from sparkrig.settings import SettingsError, problems, validate_hosts
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
 

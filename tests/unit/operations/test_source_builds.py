@@ -15,15 +15,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from sparkrig import atomic
-from sparkrig.packages import install_command
-
-from sparkrig.operations import python_stack as ps
-from sparkrig.operations import source_builds as sb
-from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
 from pyinfra.api.exceptions import FactProcessError
 
+from sparkrig import host_output
+from sparkrig.operations import python_stack as ps
+from sparkrig.operations import source_builds as sb
+from sparkrig.packages import install_command
+from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
 
@@ -356,7 +354,7 @@ def test_a_wheel_in_the_controllers_cache_is_uploaded_not_built(tmp_path):
     receive = ops[2]
     assert receive.uploads[f"/var/lib/sparkrig/incoming/lab-{key}/stamp.json"].startswith(b'{"sha256"')
     assert receive.uploads[f"/var/lib/sparkrig/incoming/lab-{key}/{WHEEL}"] == b"wheel"
-    assert f"runuser -u root -- sh -c" in "\n".join(receive.commands)
+    assert "runuser -u root -- sh -c" in "\n".join(receive.commands)
 
 
 def test_the_cache_keeps_a_fetched_wheel_only_when_its_sha256_matches(tmp_path):
@@ -502,7 +500,7 @@ def _run_fact(tmp_path, monkeypatch, prepare, sent: list | None = None) -> dict:
     run = subprocess.run(["dash", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     if sent is not None:  # what the host sends the controller
-        sent += atomic.decoded(run.stdout.splitlines())
+        sent += host_output.decoded(run.stdout.splitlines())
     return sb.SourceBuilds().process(run.stdout.splitlines())["lab"]
 
 

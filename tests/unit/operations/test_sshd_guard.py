@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from sparkrig import atomic
+from sparkrig import rendering
 from sparkrig.operations import sshd_guard as sg
 from sparkrig.operations.sshd_guard import facts as sg_facts
 from sparkrig.operations.sshd_guard import operations as sg_operations
@@ -118,7 +118,7 @@ def test_size_bytes():
 
 
 def test_service_dropin_never_makes_sessions_unkillable():
-    text = atomic.render("sshd_guard/service.conf.j2", memory_min="128M")
+    text = rendering.render("sshd_guard/service.conf.j2", memory_min="128M")
     settings = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert settings == ["[Service]", "OOMScoreAdjust=0", "MemoryMin=128M"]
     assert sg_operations.DROPIN_NAME > "oom.conf"  # read after the guides' drop-in, so it wins
@@ -129,8 +129,8 @@ def _digest(text: str) -> list[str]:
 
 
 def _converged(extra=()):
-    service = atomic.render("sshd_guard/service.conf.j2", memory_min="128M")
-    slice_ = atomic.render("sshd_guard/slice.conf.j2", memory_min="512M")
+    service = rendering.render("sshd_guard/service.conf.j2", memory_min="128M")
+    slice_ = rendering.render("sshd_guard/slice.conf.j2", memory_min="512M")
     return {
         FACT: DEBIAN13_SOCKET + list(extra),
         HOST_STATE: host_state(files={

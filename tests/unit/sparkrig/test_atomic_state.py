@@ -8,7 +8,7 @@ import os
 import shlex
 import subprocess
 
-from sparkrig import atomic
+from sparkrig import atomic, user_files
 
 SHA = hashlib.sha256(b"x\n").hexdigest()
 
@@ -59,8 +59,8 @@ def test_up_to_date_compares_content_mode_and_owner():
 
 
 def _user_read(path, limit: int = 1024) -> subprocess.CompletedProcess:
-    return subprocess.run(["dash", "-c", atomic.user_read(shlex.quote(str(path)), limit)],
-                          capture_output=True, timeout=atomic.READ_TIMEOUT_S + 30)
+    return subprocess.run(["dash", "-c", user_files.user_read(shlex.quote(str(path)), limit)],
+                          capture_output=True, timeout=user_files.READ_TIMEOUT_S + 30)
 
 
 def test_a_users_file_is_read_whole_when_regular_and_small(tmp_path):

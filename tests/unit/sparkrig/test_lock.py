@@ -17,12 +17,12 @@ import subprocess
 import time
 
 import pytest
+from pyinfra import host
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy, deploy
 from pyinfra.api.operation import operation
 from pyinfra.api.operations import run_ops
-from pyinfra import host
 
 from sparkrig import lock
 

@@ -121,9 +121,9 @@ def test_planned_joins_every_concern_once_in_order():
 def test_a_reading_under_way_is_waited_for_not_made_twice(monkeypatch):
     """pyinfra runs each host's deploy code in its own greenlet, and a cluster node reads its
     peers: a second asker waits for the reading under way instead of making another."""
-    import gevent
     from types import SimpleNamespace
 
+    import gevent
     from pyinfra.context import ctx_host
 
     made = []

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tools.rollout import PYINFRA, batches, failed_hosts, limit_hosts
 from tests.compliance.conftest import HostTable, found, host_of, multiplexed
 from tests.support import REPO
+from tools.rollout import PYINFRA, batches, failed_hosts, limit_hosts
 
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
 

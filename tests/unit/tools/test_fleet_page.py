@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.compliance.conftest import HostTable
+from tests.support import REPO
 from tools import fleet_page
 from tools.fleet_page import Control, Host
 from tools.report import COLUMNS, differing, page_hosts
-from tests.support import REPO
 
 # Where the browser test leaves its screenshot and the page it took it of; CI keeps this folder.
 ARTIFACTS = Path(os.environ.get("SPARKRIG_ARTIFACTS", REPO / "artifacts"))

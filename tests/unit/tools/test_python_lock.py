@@ -16,10 +16,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tools import python_lock
-from sparkrig.operations import python_stack as ps
-from sparkrig import python_wheels
 from lab import wheelhouse
+from sparkrig import python_wheels
+from sparkrig.operations import python_stack as ps
+from tools import python_lock
 
 MANIFEST = ps.load_manifest()
 
