@@ -39,6 +39,8 @@ import os
 import posixpath
 import re
 import secrets
+import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -180,7 +182,9 @@ SETTINGS = (
         "The host's cluster link: each ConnectX-7 interface and its static address with prefix, e.g. "
         "{'enp1s0f0np0': '192.168.100.11/24'}. Addresses are unique in the cluster, one subnet per "
         "link (every address of a subnet has the same prefix, each subnet holds two nodes or more), "
-        "and the address the deploy connects to is never in one.",
+        "and no subnet holds the address the deploy connects to (a host name is resolved on the "
+        "controller), nor the controller's own address towards the node, nor overlaps the "
+        "controller's route to it (other than a default route).",
         interfaces_check,
     ),
     Setting(
@@ -317,15 +321,7 @@ def _address_problems(cluster: str, nodes: Sequence[str], data: Mapping[str, Map
                 )))
                 continue
             subnets.setdefault(interface.network, []).append(node)
-        management = _management_ip(node, data[node])
-        for address in interfaces.values():
-            network = ipaddress.IPv4Interface(address).network
-            if management is not None and management in network:
-                found.append((node, _said(
-                    "cluster_interfaces", interfaces,
-                    f"subnets apart from the address the deploy connects to ({management} is in "
-                    f"{network}): sparkrig never reconfigures its own connection",
-                )))
+        found += _management_problems(node, data[node], interfaces)
     for network, holders in subnets.items():
         if len(holders) < 2:
             node = holders[0]
@@ -336,12 +332,75 @@ def _address_problems(cluster: str, nodes: Sequence[str], data: Mapping[str, Map
     return found
 
 
-def _management_ip(name: str, data: Mapping[str, Any]) -> ipaddress.IPv4Address | None:
-    """The address the deploy connects to, when the inventory gives it as one."""
+def _management_problems(node: str, data: Mapping[str, Any], interfaces: Mapping[str, str]) -> list[tuple[str, str]]:
+    """A cluster subnet must keep clear of the deploy's own path to ``node``: the address it
+    connects to, the controller's source address towards it (the node would answer the
+    controller through the link) and the controller's route to it (unless a default route)."""
+    target = str(data.get("ssh_hostname") or node)
+    if target.startswith("@"):  # @local, @docker...: no SSH path to keep clear
+        return []
     try:
-        return ipaddress.IPv4Address(str(data.get("ssh_hostname") or name))
+        node_ip = _resolve(target)
+    except OSError as error:
+        return [(node, _said("ssh_hostname", target, (
+            f"a host name the controller resolves, or an IPv4 address ({error}): a cluster node's "
+            "management path is checked against its cluster subnets before any host is contacted"
+        )))]
+    if node_ip is None:  # IPv6 only: no IPv4 cluster subnet can take its path
+        return []
+    source, route = controller_route(node_ip)
+    found = []
+    for address in interfaces.values():
+        network = ipaddress.IPv4Interface(address).network
+        if node_ip in network:
+            why = f"the address the deploy connects to ({node_ip} is in {network})"
+        elif source is not None and source in network:
+            why = (f"the controller's own address towards this host ({source}, the source of its route to "
+                   f"{node_ip}, is in {network}: the node would answer the controller through the link)")
+        elif route is not None and route.overlaps(network):
+            why = f"the controller's route to this host ({node_ip} is reached through {route}, which {network} overlaps)"
+        else:
+            continue
+        found.append((node, _said(
+            "cluster_interfaces", interfaces, f"subnets apart from {why}: sparkrig never reconfigures its own connection",
+        )))
+    return found
+
+
+def _resolve(target: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address the controller connects to for ``target`` (None: IPv6 only)."""
+    try:
+        return ipaddress.IPv4Address(target)
     except ValueError:
-        return None
+        pass
+    infos = socket.getaddrinfo(target, 22, type=socket.SOCK_STREAM)
+    for family, *_rest, sockaddr in infos:
+        if family == socket.AF_INET:
+            return ipaddress.IPv4Address(sockaddr[0])
+    return None
+
+
+def controller_route(
+    address: ipaddress.IPv4Address,
+) -> tuple[ipaddress.IPv4Address | None, ipaddress.IPv4Network | None]:
+    """The controller's source address towards ``address`` and the (non-default) route that
+    reaches it, as its kernel says (``ip route``); where ``ip`` is missing, the source
+    address alone (a UDP socket's, nothing is sent)."""
+    if shutil.which("ip"):
+        got = subprocess.run(["ip", "-j", "route", "get", str(address)], capture_output=True, text=True)
+        routes = subprocess.run(["ip", "-j", "route", "show", "match", str(address)], capture_output=True, text=True)
+        if got.returncode == 0 and routes.returncode == 0:
+            source = next((r.get("prefsrc") for r in json.loads(got.stdout or "[]") if r.get("prefsrc")), None)
+            nets = [ipaddress.IPv4Network(r["dst"], strict=False) for r in json.loads(routes.stdout or "[]")
+                    if r.get("dst") not in (None, "default")]
+            route = max(nets, key=lambda n: n.prefixlen, default=None)
+            return (ipaddress.IPv4Address(source) if source else None), route
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((str(address), 22))
+        except OSError:
+            return None, None
+        return ipaddress.IPv4Address(probe.getsockname()[0]), None
 
 
 FLEET_CHECKS = (fleet_problems,)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -479,3 +482,96 @@ def test_spark_cluster_check_looks_for_the_source_build_where_source_builds_inst
     assert cl.NCCL_TESTS_BIN == current("nccl-tests") + "/bin" == "/opt/sparkrig/builds/nccl-tests/current/bin"
     text = cl.render_check("lab", "spark", 9000, {}, [], "/etc/sparkrig/cluster.env")
     assert "NCCL_TESTS_BIN=/opt/sparkrig/builds/nccl-tests/current/bin" in text and '"$perf" -b 8' in text
+
+
+# The deploy's own path: a cluster subnet keeps clear of it (checked before any host is contacted)
+
+UNREACHABLE = ("203.0.113.10", "203.0.113.11")  # TEST-NET-3: routed like any remote node, never answers
+
+
+def _source_towards(address: str) -> ipaddress.IPv4Address:
+    """The controller's source address towards ``address`` (a UDP socket's: nothing is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((address, 22))
+        except OSError as error:
+            pytest.skip(f"this machine has no route to {address} ({error}): no source address to take")
+        return ipaddress.IPv4Address(probe.getsockname()[0])
+
+
+def _two_beside(subnet: ipaddress.IPv4Network, *avoid: ipaddress.IPv4Address) -> list[str]:
+    hosts = [h for h in subnet.hosts() if h not in avoid]
+    return [f"{hosts[0]}/{subnet.prefixlen}", f"{hosts[1]}/{subnet.prefixlen}"]
+
+
+def _pair(first: str, second: str, addresses: list[str]) -> tuple[tuple, tuple]:
+    return (("a", {**A, "ssh_hostname": first, "cluster_interfaces": {"cx7": addresses[0]}}),
+            ("b", {**B, "ssh_hostname": second, "cluster_interfaces": {"cx7": addresses[1]}}))
+
+
+def test_a_subnet_holding_the_controllers_source_address_is_refused():
+    source = _source_towards(UNREACHABLE[0])
+    subnet = ipaddress.IPv4Interface(f"{source}/24").network
+    found = _fleet(*_pair(*UNREACHABLE, _two_beside(subnet, source)))
+    assert {host for host, _ in found} == {"a", "b"}, found
+    assert f"the controller's own address towards this host ({source}, the source of its route to 203.0.113.10, " \
+           f"is in {subnet}: the node would answer the controller through the link)" in found[0][1], found
+
+
+def test_a_subnet_overlapping_the_controllers_route_to_a_node_is_refused():
+    routes = json.loads(subprocess.run(["ip", "-j", "route"], capture_output=True, text=True).stdout or "[]") \
+        if shutil.which("ip") else []
+    connected = [ipaddress.IPv4Network(r["dst"]) for r in routes
+                 if "/" in r.get("dst", "default") and int(r["dst"].split("/")[1]) <= 28]
+    if not connected:
+        pytest.skip("this machine has no directly connected IPv4 route of /28 or wider to put a node in")
+    route = connected[0]
+    node = list(route.hosts())[-2]
+    source = _source_towards(str(node))
+    # A /30 of that route holding neither the node nor the controller's address.
+    piece = next(s for s in route.subnets(new_prefix=30) if node not in s and source not in s)
+    found = _fleet(*_pair(str(node), UNREACHABLE[1], _two_beside(piece)))
+    assert any(host == "a" and f"the controller's route to this host ({node} is reached through {route}, "
+               f"which {piece} overlaps)" in problem for host, problem in found), found
+
+
+def test_a_host_name_is_resolved_before_its_path_is_compared(monkeypatch):
+    real = socket.getaddrinfo
+
+    def dns_standin(host, *args, **kwargs):  # STAND-IN for the site's DNS: one name, one address
+        if host == "spark-01.lan":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.168.100.50", 22))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", dns_standin)
+    found = _fleet(*_pair("spark-01.lan", UNREACHABLE[1], ["192.168.100.11/24", "192.168.100.12/24"]))
+    assert [(h, "the address the deploy connects to (192.168.100.50 is in 192.168.100.0/24)" in p)
+            for h, p in found] == [("a", True)], found
+    found = _fleet(*_pair("nowhere.invalid", UNREACHABLE[1], ["192.168.100.11/24", "192.168.100.12/24"]))
+    assert found and found[0][0] == "a" and "ssh_hostname = 'nowhere.invalid': allowed is a host name the " \
+                                            "controller resolves, or an IPv4 address" in found[0][1], found
+
+
+def test_pyinfra_refuses_a_cluster_holding_the_controllers_address_before_contacting_any_host(tmp_path):
+    """The real CLI: two nodes whose cluster subnet holds the controller's own address towards them."""
+    source = _source_towards(UNREACHABLE[0])
+    subnet = ipaddress.IPv4Interface(f"{source}/24").network
+    first, second = _two_beside(subnet, source)
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        f"duo = [\n"
+        f"    ('spark-01', {{'ssh_hostname': '{UNREACHABLE[0]}', 'cluster_interfaces': {{'cx7': '{first}'}}}}),\n"
+        f"    ('spark-02', {{'ssh_hostname': '{UNREACHABLE[1]}', 'cluster_interfaces': {{'cx7': '{second}'}}}}),\n"
+        f"], {{'cluster_name': 'duo', 'cluster_user': 'spark', 'cluster_key_dir': '{tmp_path / 'keys'}'}}\n"
+    )
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "pyinfra"), "-y", str(inventory), "deploy.py"],
+        cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "invalid sparkrig settings, nothing was changed on any host" in output, output
+    assert f"host 'spark-01': cluster_interfaces = {{'cx7': '{first}'}}: allowed is subnets apart from the " \
+           f"controller's own address towards this host ({source}" in output, output
+    assert "Connecting" not in output and "Connected" not in output, output
+    assert not (tmp_path / "keys").exists()  # nothing made, not even the cluster's key pair
