@@ -26,13 +26,14 @@ this package has no side effects and needs no privileges.
 
 from .config import LAB_DIR
 from .fleet import (
-    down, images_to_build, inventory_path, kill, link, recreate, restart, run_ssh, ssh_config_path, status, unlink,
+    appear_as, down, images_to_build, inventory_path, kill, link, recreate, restart, run_ssh, ssh_config_path, status, unlink,
     up,
 )
 from .model import DEFAULT_FLEET, FLAVOURS, LabHost
 from .system import LabCommandError, LabError, missing_requirements
 
 __all__ = [
+    "appear_as",
     "DEFAULT_FLEET",
     "FLAVOURS",
     "LAB_DIR",

@@ -216,3 +216,25 @@ def test_extra_variables_and_env_file_path_come_from_settings():
     ops = plan(ce.cuda_env, data={"cuda_env_file": "/opt/sr/env", "cuda_env_extra": {"HF_HOME": "/data/hf x"}})
     assert "HF_HOME='/data/hf x'\n" in ops[0].uploads["/opt/sr/.env.sparkrig-new"].decode()
     assert "'/opt/sr/env'" in ops[1].uploads["/etc/profile.d/.sparkrig-cuda.sh.sparkrig-new"].decode()
+
+
+def test_the_link_wins_over_a_newer_toolkit_beside_it_run_here(tmp_path, monkeypatch):
+    """The fact's real shell against a real tree: /usr/local/cuda leads (through a second
+    link, as update-alternatives makes it) to 12.8 while 13.1 sits beside it; 12.8 wins."""
+    local = tmp_path / "usr" / "local"
+    for version in ("12.8", "13.1", "13.0"):
+        (local / f"cuda-{version}" / "bin").mkdir(parents=True)
+    (tmp_path / "alternatives").mkdir()
+    (tmp_path / "alternatives" / "cuda").symlink_to(local / "cuda-12.8")
+    (local / "cuda").symlink_to(tmp_path / "alternatives" / "cuda")
+    monkeypatch.setattr(ce, "CUDA_LINK", str(local / "cuda"))
+    result = subprocess.run(["sh", "-c", ce.CudaToolkits().command()], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    found = ce.CudaToolkits().process(result.stdout.splitlines())
+    assert found["toolkits"] == [str(local / f"cuda-{v}") for v in ("12.8", "13.0", "13.1")]
+    assert ce.resolve_cuda_home(found, "/opt/default") == str(local / "cuda-12.8")
+    # Without the link the newest toolkit wins; with a dangling one, too.
+    (tmp_path / "alternatives" / "cuda").unlink()
+    (tmp_path / "alternatives" / "cuda").symlink_to(local / "cuda-gone")
+    result = subprocess.run(["sh", "-c", ce.CudaToolkits().command()], capture_output=True, text=True)
+    assert ce.resolve_cuda_home(ce.CudaToolkits().process(result.stdout.splitlines()), "/x") == str(local / "cuda-13.1")
