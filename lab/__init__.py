@@ -26,6 +26,7 @@ this package has no side effects and needs no privileges.
 
 from .config import LAB_DIR
 from .fleet import (
+    appear_as,
     down,
     images_to_build,
     inventory_path,
@@ -43,6 +44,7 @@ from .model import DEFAULT_FLEET, FLAVOURS, LabHost
 from .system import LabCommandError, LabError, missing_requirements
 
 __all__ = [
+    "appear_as",
     "DEFAULT_FLEET",
     "FLAVOURS",
     "LAB_DIR",

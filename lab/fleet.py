@@ -44,6 +44,7 @@ from .config import (
     LOCK,
     MIRROR,
     NETNS_PREFIX,
+    NFT_TABLE,
     REPO_CACHE,
     REPO_PORT,
     REPO_SERVER_LOG,
@@ -217,6 +218,24 @@ def unlink(name: str, interface: str) -> None:
     with locked(LOCK):
         _state, host = _running_host(name)
         run(["ip", "-n", host.netns, "link", "delete", interface])
+
+
+def appear_as(name: str, address: str | None) -> None:
+    """A FAULT for the cluster tests: the controller's SSH connections to host ``name`` leave
+    with source ``address`` (SNAT in the lab's own table), as a controller behind NAT or a jump
+    host reaches a node under an address of its own, which the controller cannot know. ``None``
+    takes the fault away. Replies come back through the controller, which un-NATs them."""
+    _require_runnable()
+    comment = f"fault:{name}"
+    with locked(LOCK):
+        _state, host = _running_host(name)
+        listing = run(["nft", "-a", "list", "chain", "inet", NFT_TABLE, "postrouting"]).stdout
+        for line in listing.splitlines():
+            if f'comment "{comment}"' in line:
+                run(["nft", "delete", "rule", "inet", NFT_TABLE, "postrouting", "handle", line.rsplit(" ", 1)[1]])
+        if address is not None:
+            run(["nft", "add", "rule", "inet", NFT_TABLE, "postrouting", "ip", "daddr", host.address, "tcp", "dport",
+                 "22", "snat", "ip", "to", address, "comment", f'"{comment}"'])
 
 
 def _running_host(name: str) -> tuple[_State, LabHost]:

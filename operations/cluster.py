@@ -7,15 +7,17 @@ host with the same ``cluster_name``. Per host:
 - **The link.** Each interface of ``cluster_interfaces`` gets its static address and
   ``cluster_mtu``: a systemd-networkd ``.network`` file, or ``/etc/netplan/40-sparkrig-
   cluster.yaml`` (mode 600, rendered by networkd) where the host has netplan. The file is
-  validated before it takes effect and applied (``networkctl reload`` and ``reconfigure``
-  of those interfaces only) when it changed or the link drifted; the interface the deploy's
-  own SSH connection arrives on is never one of them, and a new SSH connection is proven
-  after the apply.
-- **Trust.** One key pair per cluster, made once on the controller
-  (``cluster_key_dir/NAME/id_ed25519``, 0600). Its private half is the cluster user's
-  ``/etc/sparkrig/cluster/id_ed25519``, its public half a line of their
-  ``~/.ssh/authorized_keys`` (written as them) restricted with ``from=`` to the cluster's
-  addresses; every node's host keys are pinned in ``/etc/sparkrig/cluster/known_hosts``,
+  validated before it takes effect. A change is applied node after node, to those interfaces
+  alone, and kept only when a NEW SSH connection confirms it; else the node puts the old
+  files back by itself (:func:`link`). The interface the deploy's own SSH connection arrives
+  on is never one of them, and settings validation keeps every cluster subnet clear of the
+  controller's path to each node.
+- **Trust.** One key pair per node, made once on the controller
+  (``cluster_key_dir/NAME/NODE/id_ed25519``, 0600). A node's private half is its cluster
+  user's ``/etc/sparkrig/cluster/id_ed25519``; every node's public half is a line of the
+  cluster user's ``~/.ssh/authorized_keys`` on every node (written as them), restricted with
+  ``from=`` to that node's addresses; every node's host keys are pinned in
+  ``/etc/sparkrig/cluster/known_hosts``,
   which ``/etc/ssh/ssh_config.d/50-sparkrig-cluster.conf`` makes the only host keys the
   cluster user's ssh accepts for those addresses (``StrictHostKeyChecking yes``).
 - **NCCL's environment** (``NCCL_SOCKET_IFNAME``, ``MASTER_ADDR``, ...) in ``cluster_env_file``,
@@ -27,32 +29,37 @@ host with the same ``cluster_name``. Per host:
 
 Every node's host keys come from its own reading (a peer's reading is its one reading,
 made early), so a node added to the inventory is trusted by the others after one run
-and a node removed is no longer trusted (its addresses leave ``from=``, its keys the
-pinned file).
+and a node removed is no longer trusted (its key's line leaves every authorized_keys, its
+host keys the pinned file).
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
 import posixpath
 import re
 import secrets
+import shlex
+import shutil
+import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+import gevent
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, deploy, operation
 from pyinfra.context import ctx_host
-from pyinfra.operations import server
 
 from sparkrig import atomic, host_output, messages, prefix, reading, rendering, user_files
-from sparkrig.connection import prove_new_connection
+from sparkrig.connection import run_on_new_connection
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import (
     ALL_DEFAULTS,
@@ -181,7 +188,9 @@ SETTINGS = (
         "The host's cluster link: each ConnectX-7 interface and its static address with prefix, e.g. "
         "{'enp1s0f0np0': '192.168.100.11/24'}. Addresses are unique in the cluster, one subnet per "
         "link (every address of a subnet has the same prefix, each subnet holds two nodes or more), "
-        "and the address the deploy connects to is never in one.",
+        "and no subnet holds the address the deploy connects to (a host name is resolved on the "
+        "controller), nor the controller's own address towards the node, nor overlaps the "
+        "controller's route to it (other than a default route).",
         interfaces_check,
     ),
     Setting(
@@ -190,6 +199,14 @@ SETTINGS = (
         "MTU of every cluster interface (the same on every node; jumbo frames for NCCL over TCP "
         "and RoCE). spark-cluster-check pings each peer with MTU - 28 bytes, not fragmented.",
         int_range(1280, 9216, "bytes; 9000 for jumbo frames"),
+    ),
+    Setting(
+        "cluster_link_confirm_seconds",
+        60,
+        "How long a node waits, after a change of its cluster link, for a NEW SSH connection from "
+        "the controller to confirm it; unconfirmed, the node puts its previous link files back and "
+        "applies them by itself (as `netplan try` does). Nodes change one after the other.",
+        int_range(20, 600, "seconds"),
     ),
     Setting(
         "cluster_head",
@@ -215,9 +232,9 @@ SETTINGS = (
     Setting(
         "cluster_key_dir",
         "~/.config/sparkrig/clusters",
-        "Where the controller keeps each cluster's key pair (NAME/id_ed25519, made once, mode "
-        "0600 in a 0700 directory; ~ is the controller user's home). Delete a cluster's directory "
-        "to make a new pair at the next run.",
+        "Where the controller keeps each cluster node's own key pair (NAME/NODE/id_ed25519, made once, "
+        "mode 0600 in 0700 directories; ~ is the controller user's home). Delete a node's directory "
+        "to make it a new pair at the next run.",
         controller_path,
     ),
     Setting(
@@ -318,15 +335,7 @@ def _address_problems(cluster: str, nodes: Sequence[str], data: Mapping[str, Map
                 )))
                 continue
             subnets.setdefault(interface.network, []).append(node)
-        management = _management_ip(node, data[node])
-        for address in interfaces.values():
-            network = ipaddress.IPv4Interface(address).network
-            if management is not None and management in network:
-                found.append((node, _said(
-                    "cluster_interfaces", interfaces,
-                    f"subnets apart from the address the deploy connects to ({management} is in "
-                    f"{network}): sparkrig never reconfigures its own connection",
-                )))
+        found += _management_problems(node, data[node], interfaces)
     for network, holders in subnets.items():
         if len(holders) < 2:
             node = holders[0]
@@ -337,12 +346,75 @@ def _address_problems(cluster: str, nodes: Sequence[str], data: Mapping[str, Map
     return found
 
 
-def _management_ip(name: str, data: Mapping[str, Any]) -> ipaddress.IPv4Address | None:
-    """The address the deploy connects to, when the inventory gives it as one."""
+def _management_problems(node: str, data: Mapping[str, Any], interfaces: Mapping[str, str]) -> list[tuple[str, str]]:
+    """A cluster subnet must keep clear of the deploy's own path to ``node``: the address it
+    connects to, the controller's source address towards it (the node would answer the
+    controller through the link) and the controller's route to it (unless a default route)."""
+    target = str(data.get("ssh_hostname") or node)
+    if target.startswith("@"):  # @local, @docker...: no SSH path to keep clear
+        return []
     try:
-        return ipaddress.IPv4Address(str(data.get("ssh_hostname") or name))
+        node_ip = _resolve(target)
+    except OSError as error:
+        return [(node, _said("ssh_hostname", target, (
+            f"a host name the controller resolves, or an IPv4 address ({error}): a cluster node's "
+            "management path is checked against its cluster subnets before any host is contacted"
+        )))]
+    if node_ip is None:  # IPv6 only: no IPv4 cluster subnet can take its path
+        return []
+    source, route = controller_route(node_ip)
+    found = []
+    for address in interfaces.values():
+        network = ipaddress.IPv4Interface(address).network
+        if node_ip in network:
+            why = f"the address the deploy connects to ({node_ip} is in {network})"
+        elif source is not None and source in network:
+            why = (f"the controller's own address towards this host ({source}, the source of its route to "
+                   f"{node_ip}, is in {network}: the node would answer the controller through the link)")
+        elif route is not None and route.overlaps(network):
+            why = f"the controller's route to this host ({node_ip} is reached through {route}, which {network} overlaps)"
+        else:
+            continue
+        found.append((node, _said(
+            "cluster_interfaces", interfaces, f"subnets apart from {why}: sparkrig never reconfigures its own connection",
+        )))
+    return found
+
+
+def _resolve(target: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address the controller connects to for ``target`` (None: IPv6 only)."""
+    try:
+        return ipaddress.IPv4Address(target)
     except ValueError:
-        return None
+        pass
+    infos = socket.getaddrinfo(target, 22, type=socket.SOCK_STREAM)
+    for family, *_rest, sockaddr in infos:
+        if family == socket.AF_INET:
+            return ipaddress.IPv4Address(sockaddr[0])
+    return None
+
+
+def controller_route(
+    address: ipaddress.IPv4Address,
+) -> tuple[ipaddress.IPv4Address | None, ipaddress.IPv4Network | None]:
+    """The controller's source address towards ``address`` and the (non-default) route that
+    reaches it, as its kernel says (``ip route``); where ``ip`` is missing, the source
+    address alone (a UDP socket's, nothing is sent)."""
+    if shutil.which("ip"):
+        got = subprocess.run(["ip", "-j", "route", "get", str(address)], capture_output=True, text=True)
+        routes = subprocess.run(["ip", "-j", "route", "show", "match", str(address)], capture_output=True, text=True)
+        if got.returncode == 0 and routes.returncode == 0:
+            source = next((r.get("prefsrc") for r in json.loads(got.stdout or "[]") if r.get("prefsrc")), None)
+            nets = [ipaddress.IPv4Network(r["dst"], strict=False) for r in json.loads(routes.stdout or "[]")
+                    if r.get("dst") not in (None, "default")]
+            route = max(nets, key=lambda n: n.prefixlen, default=None)
+            return (ipaddress.IPv4Address(source) if source else None), route
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((str(address), 22))
+        except OSError:
+            return None, None
+        return ipaddress.IPv4Address(probe.getsockname()[0]), None
 
 
 FLEET_CHECKS = (fleet_problems,)
@@ -595,12 +667,16 @@ def render_ssh_config(nodes: Sequence[Mapping[str, Any]], user: str) -> str:
     )
 
 
-def authorized_line(public_key: str, nodes: Sequence[Mapping[str, Any]], name: str) -> str:
-    """The authorized_keys line of the cluster key: from the cluster's addresses only,
-    no forwarding (``restrict``) but a terminal for interactive use."""
-    sources = ",".join(address for node in nodes for address in node["addresses"])
-    key = " ".join(public_key.split()[:2])
-    return f'from="{sources}",restrict,pty {key} {MARKER}{name}'
+def authorized_lines(nodes: Sequence[Mapping[str, Any]], name: str) -> list[str]:
+    """The authorized_keys lines of the cluster: each node's own key (``node["public"]``),
+    from that node's addresses only, no forwarding (``restrict``) but a terminal for
+    interactive use. A node removed from the cluster takes its line, so its key, with it."""
+    lines = []
+    for node in nodes:
+        key = " ".join(node["public"].split()[:2])
+        sources = ",".join(node["addresses"])
+        lines.append(f'from="{sources}",restrict,pty {key} {MARKER}{name}:{node_label(node["name"])}')
+    return lines
 
 
 def peer_links(interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]]) -> list[dict]:
@@ -631,19 +707,32 @@ def render_profile_script(env_file: str) -> str:
 # The controller's key pair -----------------------------------------------------------------
 
 
-def controller_key(key_dir: str, name: str) -> tuple[bytes, str]:
-    """The cluster's key pair on the controller (private bytes, public line), made once:
-    ``KEY_DIR/NAME/id_ed25519`` (0600) in a 0700 directory. Two runs making it at once
-    keep the first one's (the key is linked into place, never replaced)."""
-    directory = Path(key_dir).expanduser() / name
+def node_label(node: str) -> str:
+    """An inventory name as a key directory's name and an authorized_keys comment: letters,
+    digits, '.', '_' and '-' kept, anything else '_' (with a short hash, so two names differ)."""
+    label = re.sub(r"[^A-Za-z0-9._-]", "_", node)
+    if label != node or label in (".", ".."):
+        label = f"{label}-{hashlib.sha256(node.encode()).hexdigest()[:8]}"
+    return label
+
+
+def controller_key(key_dir: str, name: str, node: str) -> tuple[bytes, str]:
+    """The key pair of ``node`` in cluster ``name`` on the controller (private bytes, public
+    line), made once: ``KEY_DIR/NAME/NODE/id_ed25519`` (0600) in 0700 directories. Each
+    node has its own pair, so a node removed from the cluster loses its login to the others.
+    Two runs making it at once keep the first one's (the key is linked into place, never
+    replaced)."""
+    directory = Path(key_dir).expanduser() / name / node_label(node)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory.parent, 0o700)
     os.chmod(directory, 0o700)
     private = directory / "id_ed25519"
     if not private.exists():
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
             new = Path(tmp) / "id_ed25519"
             subprocess.run(
-                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARKER}{name}", "-f", str(new)],
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARKER}{name}:{node_label(node)}",
+                 "-f", str(new)],
                 check=True, capture_output=True,
             )
             try:
@@ -712,39 +801,162 @@ _PUT_AUTHORIZED = (
 
 
 @operation()
-def authorized_key(user: str, home: str, line: str):
+def authorized_key(user: str, home: str, lines: Sequence[str]):
     """
-    Make ``line`` the one cluster line of ``user``'s ``~/.ssh/authorized_keys``, written as them.
+    Make ``lines`` the cluster lines of ``user``'s ``~/.ssh/authorized_keys``, written as them.
 
     + user: the cluster user
     + home: their home directory
-    + line: the authorized_keys line (its comment starts with ``sparkrig-cluster:``)
+    + lines: the authorized_keys lines (their comments start with ``sparkrig-cluster:``)
     """
     staged = f"{STAGE}/authorized-{secrets.token_hex(8)}"
     yield StringCommand("install -d -m 755 -o root -g root", QuoteString(STAGE))
-    yield atomic.Upload(BytesIO(f"{line}\n".encode()), staged)
+    yield atomic.Upload(BytesIO("".join(f"{line}\n" for line in lines).encode()), staged)
     yield StringCommand(
         "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(user), "-- sh -c", QuoteString(_PUT_AUTHORIZED), "sparkrig",
         QuoteString(home), QuoteString(staged), "; s=$?; rm -f", QuoteString(staged), "; exit $s",
     )
 
 
-@operation()
-def apply_link(interfaces: Sequence[str], netplan: bool, networkmanager: bool = False):
-    """
-    Apply the cluster link's configuration to its interfaces alone, then prove a new SSH connection.
+# A change of the link is kept only when a NEW SSH connection confirms it (as `netplan try`
+# does): before anything is written, the host arms a timer that puts the old link files back
+# and applies them; the controller cancels it through a fresh connection once the change is
+# applied. Nodes are changed one after the other, and none after one that failed.
+LINK_DIR = "/var/lib/sparkrig/cluster-link"
+LINK_LOADED = "/var/lib/sparkrig/cluster-link.loaded"  # touched when sparkrig's networkctl reload ran
+ROLLBACK_UNIT = "sparkrig-cluster-rollback"
+APPLY_UNIT = "sparkrig-cluster-apply"
+NETWORKD_DIRS = ("/etc/systemd/network", "/run/systemd/network", "/usr/lib/systemd/network", "/lib/systemd/network")
+_unconfirmed: set[str] = set()  # clusters whose link change a node did not confirm in this run
 
-    + interfaces: the cluster interfaces (never the one the deploy's connection uses)
-    + netplan: the host renders netplan's files first
-    + networkmanager: NetworkManager runs and re-reads its configuration first (it lets go of them)
+
+def render_link_apply(interfaces: Sequence[str], netplan: bool, networkmanager: bool) -> str:
+    return rendering.render("cluster/link-apply.sh.j2", dir=LINK_DIR, loaded=LINK_LOADED, interfaces=list(interfaces),
+                         netplan=netplan, networkmanager=networkmanager)
+
+
+def render_link_rollback(paths: Sequence[str], added: Sequence[tuple[str, str]], started_networkd: bool) -> str:
+    return rendering.render("cluster/link-rollback.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT, paths=list(paths),
+                         added=list(added), started_networkd=started_networkd, networkd=NETWORKD)
+
+
+def pending_check(own: Sequence[str]) -> str:
+    """sh that fails, naming them, when networkd files other than ``own`` (name patterns)
+    changed after systemd-networkd last loaded its files (its start, or sparkrig's last
+    reload): ``networkctl reload`` would apply their change to their interfaces too."""
+    skip = " ".join(f"! -name {shlex.quote(pattern)}" for pattern in own)
+    return (
+        f"if systemctl is-active -q {NETWORKD}; then "
+        f'r="$d/networkd-started"; touch -d "$(systemctl show -P ActiveEnterTimestamp {NETWORKD})" "$r"; '
+        f'if [ {LINK_LOADED} -nt "$r" ]; then r={LINK_LOADED}; fi; '
+        f"p=$(find {' '.join(NETWORKD_DIRS)} -maxdepth 2 -type f "
+        "\\( -name '*.network' -o -name '*.netdev' -o -path '*.network.d/*.conf' -o -path '*.netdev.d/*.conf' \\) "
+        f'{skip} -newer "$r" 2>/dev/null | sort -u | tr "\\n" " "); '
+        'if [ -n "$p" ]; then echo "sparkrig: changed since systemd-networkd loaded its files: ${p% }; '
+        "networkctl reload would apply them to their interfaces too, so the cluster link is not changed: "
+        f'apply them yourself (networkctl reload) and touch {LINK_LOADED}, or undo them" >&2; exit 1; fi; fi'
+    )
+
+
+def arm_rollback(paths: Sequence[str], own: Sequence[str], apply_script: str, rollback_script: str, seconds: int) -> str:
+    """sh, as root: refuse while another link's change is pending, keep the old link files,
+    write the apply and rollback scripts, arm the rollback timer."""
+    keep = " ".join(paths)
+    return (
+        f"set -e; d={LINK_DIR}; install -d -m 755 -o root -g root /var/lib/sparkrig; "
+        f"systemctl stop {ROLLBACK_UNIT}.timer {APPLY_UNIT}.service 2>/dev/null || true; "
+        f"systemctl reset-failed {ROLLBACK_UNIT}.timer {ROLLBACK_UNIT}.service {APPLY_UNIT}.service 2>/dev/null || true; "
+        f'rm -rf "$d"; mkdir -m 700 "$d"; {pending_check(own)}; '
+        f'printf %s {shlex.quote(apply_script)} >"$d/apply.sh"; printf %s {shlex.quote(rollback_script)} >"$d/rollback.sh"; '
+        f'for f in {keep}; do if [ -f "$f" ]; then mkdir -p "$d/old${{f%/*}}"; cp -a "$f" "$d/old$f"; fi; done; '
+        f"systemd-run --quiet --unit={ROLLBACK_UNIT} --on-active={seconds}s --timer-property=AccuracySec=1s "
+        f'/bin/sh "$d/rollback.sh"'
+    )
+
+
+# Through a NEW connection: the apply's outcome; when it succeeded, the rollback is cancelled.
+CONFIRM = (
+    f"d={LINK_DIR}; if [ -f \"$d/rolled-back\" ]; then echo rolled-back; "
+    'elif [ ! -f "$d/applied" ]; then echo waiting; '
+    f'elif [ "$(cat "$d/applied")" = 0 ]; then systemctl stop {ROLLBACK_UNIT}.timer && echo confirmed; '
+    f'else echo "failed: $(tail -n 3 "$d/apply.log" | tr "\\n" " ")"; systemctl stop {ROLLBACK_UNIT}.timer; '
+    f"systemctl start --no-block {ROLLBACK_UNIT}.service; fi"
+)
+
+
+def _not_after_a_failure(state, host, cluster: str) -> bool:
+    if cluster in _unconfirmed:
+        logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: the link is not changed here, as a node "
+                     "before this one did not confirm its change in this run (see above)")
+        return False
+    return True
+
+
+def _confirm_link(state, host, cluster: str, seconds: int) -> bool:
+    """Confirm the link change through NEW SSH connections until the host's rollback timer
+    would fire; else wait for it, and say whether the host came back."""
+    deadline = time.monotonic() + seconds - 5
+    said = "no new SSH connection"
+    while time.monotonic() < deadline:
+        ok, lines = run_on_new_connection(state, host, CONFIRM, timeout=10)
+        answer = lines[-1] if ok and lines else ""
+        if answer == "confirmed":
+            return True
+        if answer.startswith("failed") or answer == "rolled-back":
+            said = f"the apply {answer}" if answer.startswith("failed") else "the host rolled back already"
+            break
+        if ok:
+            said = "the apply did not finish"
+        gevent.sleep(1)
+    _unconfirmed.add(cluster)
+    logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: the link change was not confirmed ({said}): "
+                 f"the host puts its previous link files back and applies them by itself ({ROLLBACK_UNIT}.timer)")
+    gevent.sleep(max(0.0, deadline + 15 - time.monotonic()))
+    ok, lines = run_on_new_connection(state, host, f"cat {LINK_DIR}/rolled-back", timeout=10)
+    if ok:
+        logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: rolled back; a new SSH connection works again")
+    else:
+        logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: still no new SSH connection after the rollback "
+                     f"time: reach the host another way ({LINK_DIR} holds the old files and rollback.sh)")
+    return False
+
+
+@operation()
+def link(
+    cluster: str, files: Sequence[tuple], stale: Sequence[str], start_networkd: Sequence[str], paths: Sequence[str],
+    own: Sequence[str], interfaces: Sequence[str], added: Sequence[tuple[str, str]], netplan: bool,
+    networkmanager: bool, seconds: int,
+):
     """
-    if netplan:
-        yield "netplan generate"
-    if networkmanager:
-        yield "systemctl reload NetworkManager"
-    names = [QuoteString(name) for name in interfaces]
-    yield StringCommand("networkctl reload && networkctl reconfigure", *names, "&& networkctl up", *names)
-    yield FunctionCommand(prove_new_connection, ("applying the cluster link",), {})
+    Change the cluster link: its files written, applied to its interfaces alone, kept only when
+    a NEW SSH connection confirms it within ``seconds`` (else the host restores the old files).
+
+    + cluster: the cluster's name
+    + files: (dest, content, mode, validate, current) of each link file to write
+    + stale: link files to remove
+    + start_networkd: the commands that enable and start systemd-networkd (none when it runs)
+    + paths: every link file sparkrig may hold here (kept before the change, restored after)
+    + own: name patterns of the networkd files this change makes
+    + interfaces: the cluster interfaces (never the one the deploy's connection uses)
+    + added: (interface, address) the change adds (taken off again by a rollback)
+    + netplan: the host renders netplan's files
+    + networkmanager: NetworkManager runs and re-reads its configuration first (it lets go of them)
+    + seconds: how long the host waits for the confirmation before it rolls back
+    """
+    yield FunctionCommand(_not_after_a_failure, (cluster,), {})
+    apply_script = render_link_apply(interfaces, netplan, networkmanager)
+    rollback_script = render_link_rollback(paths, added, bool(start_networkd))
+    yield StringCommand(arm_rollback(paths, own, apply_script, rollback_script, seconds))
+    for dest, content, mode, validate, current in files:
+        yield from atomic.file._inner(dest=dest, content=content, mode=mode, validate=validate, current=current)
+    if stale:
+        yield StringCommand("rm -f", *[QuoteString(p) for p in stale])
+    for command in start_networkd:
+        yield command
+    # Detached: a change that cuts this connection off still runs to its end.
+    yield StringCommand(f"systemd-run --quiet --collect --unit={APPLY_UNIT} "
+                        f"/bin/sh {LINK_DIR}/apply.sh")
+    yield FunctionCommand(_confirm_link, (cluster, seconds), {})
 
 
 # As the former cluster user: sparkrig's cluster lines leave their authorized_keys.
@@ -769,14 +981,26 @@ def leave(files: Sequence[str], key_owner: str | None):
             "h=$(getent passwd", QuoteString(key_owner), "| cut -d: -f6) && [ -n \"$h\" ] && runuser -u",
             QuoteString(key_owner), "-- sh -c", QuoteString(_DROP_AUTHORIZED), 'sparkrig "$h" || true',
         )
-    yield StringCommand("rm -f", *[QuoteString(f) for f in files])
-    if any(f in (NETPLAN_FILE, NM_FILE) or f.startswith(f"{NETWORKD_DIR}/") for f in files):
-        # The addresses stay on the interfaces until networkd or the box restarts.
-        yield StringCommand(
-            "if [ -d /etc/netplan ] && command -v netplan >/dev/null; then netplan generate; fi;",
-            f"if systemctl is-active -q {NETWORKD}; then networkctl reload; fi;",
-            "if systemctl is-active -q NetworkManager; then systemctl reload NetworkManager; fi",
-        )
+    links = [f for f in files if f in (NETPLAN_FILE, NM_FILE) or f.startswith(f"{NETWORKD_DIR}/")]
+    if not links or links == [NM_FILE]:
+        yield StringCommand("rm -f", *[QuoteString(f) for f in files])
+        if links:
+            yield StringCommand("if systemctl is-active -q NetworkManager; then systemctl reload NetworkManager; fi")
+        return
+    # The link's interfaces alone are reconfigured (their files gone: unmanaged, addresses
+    # dropped), never while another link's change waits to be loaded.
+    interfaces = [f[len(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}"):-len(".network")] for f in links if f.startswith(NETWORKD_DIR)]
+    netplan = NETPLAN_FILE in links
+    names = ([f"10-netplan-{i}.*" for i in interfaces] + ["10-netplan-*"] * netplan) or ["-"]
+    apply = render_link_apply([*interfaces, *(["$n"] if netplan else [])], netplan, NM_FILE in links)
+    yield StringCommand(
+        f"set -e; d={LINK_DIR}; install -d -m 755 -o root -g root /var/lib/sparkrig; rm -rf \"$d\"; mkdir -m 700 \"$d\"; "
+        + pending_check([f"{NETWORKD_PREFIX}*.network", *names]) + "; "
+        + (f"n=$(sed -n 's/^    \\([A-Za-z0-9_.-]*\\):$/\\1/p' {NETPLAN_FILE} | tr '\\n' ' '); export n; " if netplan else "")
+        + " ".join(["rm -f", *[shlex.quote(f) for f in files]]) + "; "
+        + f"if systemctl is-active -q {NETWORKD}; then printf %s {shlex.quote(apply)} >\"$d/apply.sh\"; "
+        + 'sh "$d/apply.sh"; cat "$d/apply.log"; [ "$(cat "$d/applied")" = 0 ]; fi'
+    )
 
 
 # The deploy --------------------------------------------------------------------------------
@@ -801,6 +1025,7 @@ def _node(name: str, settings: Mapping[str, Any], host_keys: Sequence[str]) -> d
         "addresses": addresses(settings["cluster_interfaces"]),
         "first": first_address(settings["cluster_interfaces"]),
         "host_keys": list(host_keys),
+        "public": controller_key(settings["cluster_key_dir"], settings["cluster_name"], name)[1],
     }
 
 
@@ -904,40 +1129,45 @@ def cluster():
         }
         if node["networkmanager"]:
             contents[NM_FILE] = (render_networkmanager(interfaces), 0o644, NM_VALIDATOR)
-    link_changed = False
-    for dest, (content, mode, validate) in host.loop(contents.items()):
-        if not atomic.up_to_date(files.get(dest), content, mode=mode):
-            link_changed = True
-            atomic.file(name=f"Cluster link ({dest})", dest=dest, current=files.get(dest), content=content, mode=mode,
-                        validate=validate)
+    writes = [
+        (dest, content, mode, validate, files.get(dest))
+        for dest, (content, mode, validate) in contents.items()
+        if not atomic.up_to_date(files.get(dest), content, mode=mode)
+    ]
     stale = sorted(set(node["link_files"]) - set(contents))
-    if stale:
-        link_changed = True
-        messages.detail(f"removing {', '.join(stale)}")
-        server.shell(name="Remove cluster link files of interfaces no longer in the cluster",
-                     commands=[StringCommand("rm -f", *[QuoteString(p) for p in stale])])
     units = state["units"]
+    start_networkd = []
     if (units.get(NETWORKD, {}).get("active"), units.get(NETWORKD, {}).get("enabled")) != ("active", "enabled"):
-        link_changed = True
-        commands = [f"systemctl enable --now {NETWORKD}"]
+        start_networkd = [f"systemctl enable --now {NETWORKD}"]
         if units.get(WAIT_ONLINE, {}).get("enabled") not in ("enabled", "enabled-runtime"):
             # Enabling networkd enables its wait-online too (Also=), which would hold boot up
             # to two minutes for links it does not manage: keep boot as it was.
-            commands.append(f"systemctl disable {WAIT_ONLINE}")
-        server.shell(name="systemd-networkd is enabled and running", commands=commands)
+            start_networkd.append(f"systemctl disable {WAIT_ONLINE}")
     drifted = [
         i for i, a in interfaces.items()
         if not node["links"][i]["up"] or node["links"][i]["mtu"] != mtu or a not in node["links"][i]["addresses"]
     ]
-    if link_changed or drifted:
+    if writes or stale or start_networkd or drifted:
+        for dest, *_rest in writes:
+            messages.detail(f"writing {dest}")
+        if stale:
+            messages.detail(f"removing {', '.join(stale)}")
         if drifted:
             messages.detail(f"{', '.join(drifted)}: down, or MTU or address not as configured")
-        apply_link(name="Apply the cluster link (its interfaces only), then prove a new SSH connection",
-                   interfaces=list(interfaces), netplan=netplan,
-                   networkmanager=node["networkmanager"] and not netplan)
+        link(
+            name="Cluster link: written, applied to its interfaces alone, kept once a new SSH connection confirms it",
+            cluster=name, files=writes, stale=stale, start_networkd=start_networkd,
+            paths=sorted({*contents, *stale, *node["link_files"]}),
+            own=[f"{NETWORKD_PREFIX}*.network", *[f"10-netplan-{i}.*" for i in interfaces]],
+            interfaces=list(interfaces),
+            added=[(i, a) for i, a in interfaces.items() if a not in node["links"][i]["addresses"]],
+            netplan=netplan, networkmanager=node["networkmanager"] and not netplan,
+            seconds=settings["cluster_link_confirm_seconds"],
+            _serial=True,  # node after node: a change no new connection confirms stops the others'
+        )
 
     # Trust.
-    key, public = controller_key(settings["cluster_key_dir"], name)
+    key, _public = controller_key(settings["cluster_key_dir"], name, host.name)
     group = node["user"]["group"]
     if not atomic.up_to_date(files.get(KEY_FILE), key, mode=0o600, user=user, group=group):
         private_key(name=f"Cluster key of {user} ({KEY_FILE}, 0600)", dest=KEY_FILE, key=key, user=user, group=group)
@@ -963,7 +1193,7 @@ def cluster():
         if not atomic.up_to_date(files.get(dest), content, mode=mode):
             atomic.file(name=f"{title} ({dest})", dest=dest, current=files.get(dest), content=content, mode=mode,
                         validate=validate)
-    line = authorized_line(public, nodes, name)
-    if node["user"]["authorized"] != [line]:
-        authorized_key(name=f"Cluster key in {user}'s authorized_keys, from the cluster's addresses only",
-                       user=user, home=node["user"]["home"], line=line)
+    lines = authorized_lines(nodes, name)
+    if node["user"]["authorized"] != lines:
+        authorized_key(name=f"Each node's own cluster key in {user}'s authorized_keys, from that node's addresses only",
+                       user=user, home=node["user"]["home"], lines=lines)

@@ -11,21 +11,36 @@ from pyinfra.api import StringCommand
 from pyinfra.connectors.ssh import SSHConnector
 
 
+# The operation's own privilege arguments (sudo, su, doas...) go to the new connection's command.
+_AUTH = ("_sudo", "_sudo_user", "_use_sudo_login", "_sudo_password", "_preserve_sudo_env", "_su_user",
+         "_use_su_login", "_preserve_su_env", "_su_shell", "_su_password", "_doas", "_doas_user")
+
+
+def run_on_new_connection(state, host, command: str, timeout: int = 10) -> tuple[bool, list[str] | Exception]:
+    """Run ``command`` (sh, with the running operation's sudo or su) through a brand-new SSH
+    connection, waiting ``timeout`` seconds at most for it: (ok, its output lines, or the
+    error). Another connector (@local, @docker) runs it through its own connection."""
+    arguments = {k: v for k, v in (host.current_op_global_arguments or {}).items() if k in _AUTH}
+    fresh = SSHConnector(state, host) if isinstance(host.connector, SSHConnector) else None
+    try:
+        if fresh is not None:
+            fresh.connect()
+        ok, output = (fresh or host.connector).run_shell_command(StringCommand(command), _timeout=timeout, **arguments)
+        return bool(ok), (output.stdout_lines if ok else [*output.stdout_lines, *output.stderr_lines])
+    except Exception as error:  # noqa: BLE001 - any failure means no new connection works
+        return False, error
+    finally:
+        client = getattr(fresh, "client", None)
+        if client is not None:
+            client.close()
+
+
 def prove_new_connection(state, host, after: str = "restarting sshd") -> bool:
     """Open a brand-new SSH connection to the host and run ``true`` through it (a
     ``FunctionCommand``: ``after`` says what it follows, in the error)."""
     if not isinstance(host.connector, SSHConnector):
         return True
-    fresh = SSHConnector(state, host)
-    try:
-        fresh.connect()
-        ok, output = fresh.run_shell_command(StringCommand("true"))
-    except Exception as error:  # noqa: BLE001 - any failure means users may be locked out
-        ok, output = False, error
-    finally:
-        client = getattr(fresh, "client", None)
-        if client is not None:
-            client.close()
+    ok, output = run_on_new_connection(state, host, "true")
     if not ok:
         logger.error(
             f"{host.print_prefix}sparkrig: a NEW SSH connection failed after {after} "

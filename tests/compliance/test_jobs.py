@@ -277,6 +277,26 @@ def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, settin
     assert row and row[-1] == "SIGTERM", row
 
 
+def test_stopping_a_job_that_ignores_sigterm_waits_a_bounded_time_saying_what_for(host, job_user, job_name):
+    """Protects against `spark-jobs stop` holding its caller for as long as systemd takes (more
+    than ten minutes once, on the emulated aarch64 host): a job that ignores SIGTERM is waited
+    for --wait seconds at most, with what is awaited said, and is left stopping."""
+    host.check_output("spark-run --detach %s -- sh -c %s", job_name, "trap '' TERM; while :; do sleep 1; done")
+    unit = f"spark-job-{job_name}.service"
+    assert _wait_for(lambda: (_row(host, job_name) or [None] * 3)[2] == "active", 30), _row(host, job_name)
+    started = time.monotonic()
+    stop = host.run("spark-jobs stop --wait 3 %s", job_name)
+    took = time.monotonic() - started
+    try:
+        assert stop.rc == 1 and took < 20, (stop.rc, took, stop.stderr)
+        assert f"systemd sends SIGTERM, and SIGKILL after 1min 30s; waiting up to 3 s for {unit} to end" \
+            in stop.stderr, stop.stderr
+        assert f"{job_name} did not stop within 3 s: {unit} is deactivating/stop-sigterm" in stop.stderr, stop.stderr
+    finally:
+        host.run("sudo -n systemctl kill --signal=KILL %s", unit)
+    assert _wait_for(lambda: (_row(host, job_name) or [""] * 3)[2] != "deactivating", 30), _row(host, job_name)
+
+
 def test_a_running_job_name_is_refused_and_others_jobs_cannot_be_stopped(host, job_user, job_name):
     """Protects against a second job silently taking over a running job's name (and its
     log), and against users stopping each other's jobs: root's job cannot be stopped by

@@ -8,10 +8,12 @@ removed.
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 
 import lab
-from lab.config import CLUSTER_KEYS
 from tests.conftest import LAB_INVENTORY
 from tests.support import run_deploy
 
@@ -19,7 +21,9 @@ pytestmark = pytest.mark.lab
 
 NODES = ("lab-deb12", "lab-deb13")
 LINK = "cx7-standin"
-APPLY = "Cluster | Apply the cluster link (its interfaces only), then prove a new SSH connection"
+APPLY = "Cluster | Cluster link: written, applied to its interfaces alone, kept once a new SSH connection confirms it"
+LINK_FILE = f"/etc/systemd/network/40-sparkrig-cluster-{LINK}.network"
+KEY = "/etc/sparkrig/cluster/id_ed25519"
 
 
 def _limit(*hosts: str) -> list[str]:
@@ -92,6 +96,9 @@ def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(first_
         pinned = lab.run_ssh("lab-deb13", "cat /etc/sparkrig/cluster/known_hosts").stdout
         assert "192.168.101.13 ssh-ed25519 " in pinned
         assert _check(added).returncode == 0, _check(added).stdout
+        removed_key = lab.run_ssh(added, f"sudo cat {KEY}").stdout  # what the node keeps after it leaves
+        assert removed_key.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+        assert removed_key != lab.run_ssh("lab-deb13", f"sudo cat {KEY}").stdout  # one pair per node
 
         removed = run_deploy(LAB_INVENTORY, *hosts)
         assert removed.returncode == 0, removed.log[-3000:]
@@ -99,17 +106,62 @@ def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(first_
         left = lab.run_ssh(added, "sudo ls /etc/sparkrig/cluster; grep -c sparkrig-cluster: ~/.ssh/authorized_keys",
                            check=False).stdout
         assert left.split() == ["0"], f"{added} keeps cluster files or trust: {left}"
-        # Even with a copy of the cluster key and its old address, the removed node is refused.
+        # Its own key, which it still holds, logs in from nowhere: neither from its old address
+        # nor from a remaining node's (anyone on the link can take an address of from=).
         for name, address in (("lab-deb12", "192.168.101.11/24"), (added, "192.168.101.13/24")):
             lab.run_ssh(name, f"sudo ip addr replace {address} dev {link} && sudo ip link set {link} up")
-        lab.run_ssh(added, "umask 077 && cat > /tmp/cluster-key", input=(CLUSTER_KEYS / "lab" / "id_ed25519").read_text())
-        said = lab.run_ssh(added, "ssh -n -i /tmp/cluster-key -o IdentitiesOnly=yes -o BatchMode=yes "
-                                  "-o UserKnownHostsFile=/tmp/kh -o StrictHostKeyChecking=accept-new "
-                                  "192.168.101.11 true 2>&1; echo exit=$?; rm -f /tmp/cluster-key /tmp/kh",
-                           check=False).stdout
-        assert said.endswith("exit=255\n") and "Permission denied (publickey" in said, said
+        for source, target in ((added, "192.168.101.11"), ("lab-deb13", "192.168.100.11")):
+            lab.run_ssh(source, "umask 077 && cat > /tmp/removed-key", input=removed_key)
+            said = lab.run_ssh(source, "ssh -n -F /dev/null -i /tmp/removed-key -o IdentitiesOnly=yes -o BatchMode=yes "
+                                       "-o UserKnownHostsFile=/tmp/kh -o StrictHostKeyChecking=accept-new "
+                                       f"{target} true 2>&1; echo exit=$?; rm -f /tmp/removed-key /tmp/kh",
+                               check=False).stdout
+            assert said.endswith("exit=255\n") and "Permission denied (publickey" in said, (source, said)
     finally:
         lab.unlink("lab-deb12", link)
     assert _check("lab-deb12").returncode == 0, _check("lab-deb12").stdout
     settled = run_deploy(LAB_INVENTORY, *hosts)
     assert settled.returncode == 0 and settled.changed() == {}, settled.changed()
+
+
+def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(first_converge, tmp_path):
+    """The controller reaches both nodes through NAT, as 192.168.77.50 (a FAULT the lab makes:
+    no check on the controller can see it), and the inventory moves the cluster to
+    192.168.77.0/24: the first node to apply it answers the controller through the link and is
+    cut off. It puts its old link files back by itself; the other node is not changed."""
+    assert first_converge.returncode == 0
+    inventory = tmp_path / "moved.py"
+    inventory.write_text(
+        "import copy\n"
+        "from inventory.lab import lab as _lab\n"
+        "lab = [(name, copy.deepcopy(data)) for name, data in _lab]\n"
+        "for _name, _data in lab:\n"
+        "    if _data.get('cluster_name'):\n"
+        f"        _data['cluster_interfaces'] = {{'{LINK}': {{'lab-deb12': '192.168.77.11/24', "
+        "'lab-deb13': '192.168.77.12/24'}[_name]}\n"
+        "        _data['cluster_link_confirm_seconds'] = 20\n"
+    )
+    before = {name: lab.run_ssh(name, f"cat {LINK_FILE}").stdout for name in NODES}
+    for name in NODES:
+        lab.appear_as(name, "192.168.77.50")
+    try:
+        started = time.monotonic()
+        cut = run_deploy(str(inventory), *_limit(*NODES))
+        took = time.monotonic() - started
+    finally:
+        for name in NODES:
+            lab.appear_as(name, None)
+    assert cut.returncode != 0, cut.log[-3000:]
+    # Before the timer fired no new connection got through; the one after it may see it fired.
+    assert re.search(r"the link change was not confirmed \((no new SSH connection|the host rolled back already)\)",
+                     cut.log), cut.log[-3000:]
+    assert "rolled back; a new SSH connection works again" in cut.log, cut.log[-3000:]
+    assert "the link is not changed here, as a node before this one did not confirm its change" in cut.log
+    assert took < 240, took
+    for name in NODES:  # old files, old addresses, reachable: the fault's NAT is gone, the route is back
+        assert lab.run_ssh(name, f"cat {LINK_FILE}").stdout == before[name]
+        shown = lab.run_ssh(name, f"ip -4 -o addr show dev {LINK}").stdout
+        assert "192.168.77." not in shown and "192.168.100." in shown, shown
+        assert _check(name).returncode == 0, _check(name).stdout
+    again = run_deploy(LAB_INVENTORY, *_limit(*NODES))
+    assert again.returncode == 0 and again.changed() == {}, again.changed()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,9 +141,11 @@ def test_the_env_file_names_the_link_for_every_library(tmp_path):
 
 
 NODES = [
-    {"name": "a", "addresses": ["192.168.100.11"], "first": "192.168.100.11", "host_keys": ["ssh-ed25519 AAAAa"]},
+    {"name": "a", "addresses": ["192.168.100.11"], "first": "192.168.100.11", "host_keys": ["ssh-ed25519 AAAAa"],
+     "public": "ssh-ed25519 AAAAkeya sparkrig-cluster:lab:a"},
     {"name": "b", "addresses": ["192.168.100.12"], "first": "192.168.100.12", "host_keys": ["ssh-ed25519 AAAAb",
-                                                                                              "ssh-rsa AAAAB"]},
+                                                                                              "ssh-rsa AAAAB"],
+     "public": "ssh-ed25519 AAAAkeyb sparkrig-cluster:lab:b"},
 ]
 
 
@@ -148,8 +153,11 @@ def test_trust_is_pinned_and_restricted_to_the_cluster_addresses(tmp_path):
     known = cl.render_known_hosts(NODES)
     assert [line for line in known.splitlines() if not line.startswith("#")] == [
         "192.168.100.11 ssh-ed25519 AAAAa", "192.168.100.12 ssh-ed25519 AAAAb", "192.168.100.12 ssh-rsa AAAAB"]
-    line = cl.authorized_line("ssh-ed25519 AAAAkey sparkrig-cluster:lab", NODES, "lab")
-    assert line == 'from="192.168.100.11,192.168.100.12",restrict,pty ssh-ed25519 AAAAkey sparkrig-cluster:lab'
+    # Each node's own key, from that node's addresses only.
+    assert cl.authorized_lines(NODES, "lab") == [
+        'from="192.168.100.11",restrict,pty ssh-ed25519 AAAAkeya sparkrig-cluster:lab:a',
+        'from="192.168.100.12",restrict,pty ssh-ed25519 AAAAkeyb sparkrig-cluster:lab:b',
+    ]
     config = tmp_path / "c.conf"
     config.write_text(cl.render_ssh_config(NODES, getpass.getuser()))  # Match localuser: the one running ssh
     if shutil.which("ssh"):
@@ -165,12 +173,15 @@ def test_the_check_script_is_valid_sh_and_names_each_peer_link():
     assert "check_ping b 192.168.100.12 cx7\n" in script and "check_link cx7" in script
 
 
-def test_the_controller_key_is_made_once_and_kept_private(tmp_path):
-    key, public = cl.controller_key(str(tmp_path / "keys"), "lab")
-    again, public_again = cl.controller_key(str(tmp_path / "keys"), "lab")
+def test_each_node_key_is_made_once_kept_private_and_its_own(tmp_path):
+    key, public = cl.controller_key(str(tmp_path / "keys"), "lab", "a")
+    again, public_again = cl.controller_key(str(tmp_path / "keys"), "lab", "a")
     assert (key, public) == (again, public_again) and public.startswith("ssh-ed25519 ")
-    assert (tmp_path / "keys" / "lab" / "id_ed25519").stat().st_mode & 0o777 == 0o600
+    assert cl.controller_key(str(tmp_path / "keys"), "lab", "b")[1] != public  # one pair per node
+    assert (tmp_path / "keys" / "lab" / "a" / "id_ed25519").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "keys" / "lab" / "a").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "keys" / "lab").stat().st_mode & 0o777 == 0o700
+    assert cl.node_label("@fake/a").startswith("_fake_a-") and cl.node_label("spark-01.lan") == "spark-01.lan"
     assert repr(cl.Secret(key)) == "<secret>"
 
 
@@ -232,6 +243,7 @@ def _plan(tmp_path, responses_a: dict, responses_b: dict, connected_to: str | No
 
 
 FRESH = {"cx7": (False, 1500, [])}
+LINK_OP = "| Cluster link: written, applied to its interfaces alone, kept once a new SSH connection confirms it"
 CONVERGED = {"cx7": (True, 9000, ["192.168.100.11/24"]), "eth0": (True, 1500, ["10.0.0.1/24"])}
 
 
@@ -240,25 +252,31 @@ def test_a_fresh_node_gets_link_trust_and_environment(tmp_path):
                            "ip -j addr": _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})},
                 {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
     names = [op.name for op in ops]
-    assert any("Cluster link (/etc/systemd/network/40-sparkrig-cluster-cx7.network)" in n for n in names), names
-    apply = next(op for op in ops if "| Apply the cluster link (its interfaces only), then prove a new SSH connection" in op.name)
-    assert apply.commands == ["networkctl reload && networkctl reconfigure cx7 && networkctl up cx7",
-                              "python: prove_new_connection"]
+    apply = next(op for op in ops if LINK_OP in op.name)
+    # Armed before anything is written; applied detached; confirmed through a new connection.
+    assert apply.commands[0] == "python: _not_after_a_failure"
+    assert "systemd-run --quiet --unit=sparkrig-cluster-rollback --on-active=60s" in apply.commands[1]
+    assert list(apply.uploads) == [cl.atomic.temp_path("/etc/systemd/network/40-sparkrig-cluster-cx7.network")]
+    assert apply.commands[-4:] == ["systemctl enable --now systemd-networkd.service",
+                                   "systemctl disable systemd-networkd-wait-online.service",
+                                   "systemd-run --quiet --collect --unit=sparkrig-cluster-apply /bin/sh "
+                                   "/var/lib/sparkrig/cluster-link/apply.sh", "python: _confirm_link"]
     key = next(op for op in ops if "| Cluster key of spark" in op.name)
     assert key.commands[0] == "python: _stage_secret" and "install -m 600 -o spark -g spark" in key.commands[1]
     assert not key.uploads  # the private key never goes through pyinfra's world-readable temp file
     known = next(op for op in ops if "| Every node's pinned host keys" in op.name)
     assert b"192.168.100.12 ssh-ed25519 AAAApeer\n" in next(iter(known.uploads.values()))
-    auth = next(op for op in ops if "| Cluster key in spark's authorized_keys" in op.name)
+    auth = next(op for op in ops if "| Each node's own cluster key in spark's authorized_keys" in op.name)
     assert any("runuser -u spark -- sh -c" in c for c in auth.commands)
     assert any("Install ping" in n for n in names)
 
 
 def test_a_converged_node_plans_nothing(tmp_path):
-    key, public = cl.controller_key(str(tmp_path / "keys"), "lab")
-    settings_a = resolve(cl.SETTINGS, A)
+    keys = {"cluster_key_dir": str(tmp_path / "keys")}
+    key, _public = cl.controller_key(str(tmp_path / "keys"), "lab", "@fake/a")
+    settings_a = resolve(cl.SETTINGS, {**A, **keys})
     nodes = [cl._node("@fake/a", settings_a, ["ssh-ed25519 AAAAhost"]),
-             cl._node("@fake/b", resolve(cl.SETTINGS, B), ["ssh-ed25519 AAAApeer"])]
+             cl._node("@fake/b", resolve(cl.SETTINGS, {**B, **keys}), ["ssh-ed25519 AAAApeer"])]
     files = {
         cl.link_files(["cx7"], False)[0]: cl.render_networkd("cx7", "192.168.100.11/24", 9000),
         cl.KNOWN_HOSTS: cl.render_known_hosts(nodes),
@@ -274,8 +292,8 @@ def test_a_converged_node_plans_nothing(tmp_path):
     # The key is the cluster user's: HostState reports its owner.
     import hashlib
     state.append(f"file 600 spark spark {hashlib.sha256(key).hexdigest()} {cl.KEY_FILE}")
-    line = cl.authorized_line(public, nodes, "lab")
-    ops = _plan(tmp_path, {HOST_STATE: state, "ip -j addr": _node_fact(CONVERGED, authorized=[line],
+    lines = cl.authorized_lines(nodes, "lab")
+    ops = _plan(tmp_path, {HOST_STATE: state, "ip -j addr": _node_fact(CONVERGED, authorized=lines,
                                                                         files=list(files)[:1])},
                 {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
     assert ops == []
@@ -285,7 +303,7 @@ def test_a_link_that_is_down_is_brought_up_again(tmp_path):
     down = {**CONVERGED, "cx7": (False, 9000, ["192.168.100.11/24"])}
     ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(down)},
                 {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
-    assert any("| Apply the cluster link (its interfaces only), then prove a new SSH connection" in op.name for op in ops)
+    assert any(LINK_OP in op.name for op in ops)
 
 
 @pytest.mark.parametrize(
@@ -316,11 +334,15 @@ def test_a_host_key_line_that_is_no_key_fails_the_host():
 
 
 def _fake_tools(bin_dir: Path, link: str, route: str, ping_rc: int, ssh_rc: int) -> None:
-    """ip, ping and ssh as a node would answer: the check's own logic runs for real."""
+    """STAND-INS for ip, ping and ssh as a node would answer: the check's own logic runs for real."""
     bin_dir.mkdir()
     tools = {
         "ip": f'case "$*" in *"route get"*) echo {shlex.quote(route)} ;; *) echo {shlex.quote(link)} ;; esac',
-        "ping": f"echo 'ping: local error: message too long, mtu=1500'; exit {ping_rc}",
+        # Like iputils' ping, it answers only when asked what the check means to ask: one
+        # unfragmented (-M do) packet of MTU - 28 bytes; a ping that may fragment proves nothing.
+        "ping": ('case " $* " in *" -M do "*) ;; *) echo "ping STAND-IN: fragmentation allowed: $*"; exit 3 ;; esac; '
+                 'case " $* " in *" -s 8972 "*) ;; *) echo "ping STAND-IN: not 8972 bytes: $*"; exit 3 ;; esac; '
+                 f"echo 'ping: local error: message too long, mtu=1500'; exit {ping_rc}"),
         "ssh": f"echo 'Permission denied (publickey).' >&2; exit {ssh_rc}",
     }
     for name, body in tools.items():
@@ -379,8 +401,9 @@ def test_a_node_taken_out_of_its_cluster_loses_the_clusters_files_and_key_line()
                                       "keyowner spark"]})
     (op,) = ops
     assert "runuser -u spark -- sh -c" in op.commands[0] and "sparkrig-cluster:" in op.commands[0]
-    assert op.commands[1] == f"rm -f {cl.KEY_FILE} /etc/systemd/network/40-sparkrig-cluster-cx7.network"
-    assert "networkctl reload" in op.commands[2]
+    assert f"rm -f {cl.KEY_FILE} /etc/systemd/network/40-sparkrig-cluster-cx7.network;" in op.commands[1]
+    assert "changed since systemd-networkd loaded its files" in op.commands[1]  # no other link's change applied
+    assert "networkctl reconfigure cx7" in op.commands[1]
 
 
 def test_the_deploys_own_connection_is_never_reconfigured(tmp_path):
@@ -388,7 +411,7 @@ def test_the_deploys_own_connection_is_never_reconfigured(tmp_path):
     # Connected through eth0: the cluster goes ahead.
     ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(FRESH | {"eth0": CONVERGED["eth0"]})},
                 peer, connected_to="10.0.0.1")
-    assert any("Apply the cluster link" in op.name for op in ops)
+    assert any(LINK_OP in op.name for op in ops)
     # Connected to an address the cluster interface holds: refused before any change.
     ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(CONVERGED)}, peer,
                 connected_to="192.168.100.11")
@@ -406,9 +429,10 @@ def test_networkmanager_lets_go_of_the_cluster_ports(tmp_path):
             _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})]
     ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": fact},
                 {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
-    assert any(cl.NM_FILE in op.name for op in ops)
-    apply = next(op for op in ops if "Apply the cluster link" in op.name)
-    assert apply.commands[0] == "systemctl reload NetworkManager"
+    apply = next(op for op in ops if LINK_OP in op.name)
+    assert cl.atomic.temp_path(cl.NM_FILE) in apply.uploads
+    script = cl.render_link_apply(["cx7"], False, True)
+    assert 0 < script.index("systemctl reload NetworkManager\n") < script.index("networkctl reload\n")
 
 
 @pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed on this machine")
@@ -479,3 +503,130 @@ def test_spark_cluster_check_looks_for_the_source_build_where_source_builds_inst
     assert cl.NCCL_TESTS_BIN == current("nccl-tests") + "/bin" == "/opt/sparkrig/builds/nccl-tests/current/bin"
     text = cl.render_check("lab", "spark", 9000, {}, [], "/etc/sparkrig/cluster.env")
     assert "NCCL_TESTS_BIN=/opt/sparkrig/builds/nccl-tests/current/bin" in text and '"$perf" -b 8' in text
+
+
+# The deploy's own path: a cluster subnet keeps clear of it (checked before any host is contacted)
+
+UNREACHABLE = ("203.0.113.10", "203.0.113.11")  # TEST-NET-3: routed like any remote node, never answers
+
+
+def _source_towards(address: str) -> ipaddress.IPv4Address:
+    """The controller's source address towards ``address`` (a UDP socket's: nothing is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((address, 22))
+        except OSError as error:
+            pytest.skip(f"this machine has no route to {address} ({error}): no source address to take")
+        return ipaddress.IPv4Address(probe.getsockname()[0])
+
+
+def _two_beside(subnet: ipaddress.IPv4Network, *avoid: ipaddress.IPv4Address) -> list[str]:
+    hosts = [h for h in subnet.hosts() if h not in avoid]
+    return [f"{hosts[0]}/{subnet.prefixlen}", f"{hosts[1]}/{subnet.prefixlen}"]
+
+
+def _pair(first: str, second: str, addresses: list[str]) -> tuple[tuple, tuple]:
+    return (("a", {**A, "ssh_hostname": first, "cluster_interfaces": {"cx7": addresses[0]}}),
+            ("b", {**B, "ssh_hostname": second, "cluster_interfaces": {"cx7": addresses[1]}}))
+
+
+def test_a_subnet_holding_the_controllers_source_address_is_refused():
+    source = _source_towards(UNREACHABLE[0])
+    subnet = ipaddress.IPv4Interface(f"{source}/24").network
+    found = _fleet(*_pair(*UNREACHABLE, _two_beside(subnet, source)))
+    assert {host for host, _ in found} == {"a", "b"}, found
+    assert f"the controller's own address towards this host ({source}, the source of its route to 203.0.113.10, " \
+           f"is in {subnet}: the node would answer the controller through the link)" in found[0][1], found
+
+
+def test_a_subnet_overlapping_the_controllers_route_to_a_node_is_refused():
+    routes = json.loads(subprocess.run(["ip", "-j", "route"], capture_output=True, text=True).stdout or "[]") \
+        if shutil.which("ip") else []
+    connected = [ipaddress.IPv4Network(r["dst"]) for r in routes
+                 if "/" in r.get("dst", "default") and int(r["dst"].split("/")[1]) <= 28]
+    if not connected:
+        pytest.skip("this machine has no directly connected IPv4 route of /28 or wider to put a node in")
+    route = connected[0]
+    node = list(route.hosts())[-2]
+    source = _source_towards(str(node))
+    # A /30 of that route holding neither the node nor the controller's address.
+    piece = next(s for s in route.subnets(new_prefix=30) if node not in s and source not in s)
+    found = _fleet(*_pair(str(node), UNREACHABLE[1], _two_beside(piece)))
+    assert any(host == "a" and f"the controller's route to this host ({node} is reached through {route}, "
+               f"which {piece} overlaps)" in problem for host, problem in found), found
+
+
+def test_a_host_name_is_resolved_before_its_path_is_compared(monkeypatch):
+    real = socket.getaddrinfo
+
+    def dns_standin(host, *args, **kwargs):  # STAND-IN for the site's DNS: one name, one address
+        if host == "spark-01.lan":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.168.100.50", 22))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", dns_standin)
+    found = _fleet(*_pair("spark-01.lan", UNREACHABLE[1], ["192.168.100.11/24", "192.168.100.12/24"]))
+    assert [(h, "the address the deploy connects to (192.168.100.50 is in 192.168.100.0/24)" in p)
+            for h, p in found] == [("a", True)], found
+    found = _fleet(*_pair("nowhere.invalid", UNREACHABLE[1], ["192.168.100.11/24", "192.168.100.12/24"]))
+    assert found and found[0][0] == "a" and "ssh_hostname = 'nowhere.invalid': allowed is a host name the " \
+                                            "controller resolves, or an IPv4 address" in found[0][1], found
+
+
+def test_pyinfra_refuses_a_cluster_holding_the_controllers_address_before_contacting_any_host(tmp_path):
+    """The real CLI: two nodes whose cluster subnet holds the controller's own address towards them."""
+    source = _source_towards(UNREACHABLE[0])
+    subnet = ipaddress.IPv4Interface(f"{source}/24").network
+    first, second = _two_beside(subnet, source)
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        f"duo = [\n"
+        f"    ('spark-01', {{'ssh_hostname': '{UNREACHABLE[0]}', 'cluster_interfaces': {{'cx7': '{first}'}}}}),\n"
+        f"    ('spark-02', {{'ssh_hostname': '{UNREACHABLE[1]}', 'cluster_interfaces': {{'cx7': '{second}'}}}}),\n"
+        f"], {{'cluster_name': 'duo', 'cluster_user': 'spark', 'cluster_key_dir': '{tmp_path / 'keys'}'}}\n"
+    )
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "pyinfra"), "-y", str(inventory), "deploy.py"],
+        cwd=Path(__file__).parents[3], capture_output=True, text=True, timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "invalid sparkrig settings, nothing was changed on any host" in output, output
+    assert f"host 'spark-01': cluster_interfaces = {{'cx7': '{first}'}}: allowed is subnets apart from the " \
+           f"controller's own address towards this host ({source}" in output, output
+    assert "Connecting" not in output and "Connected" not in output, output
+    assert not (tmp_path / "keys").exists()  # nothing made, not even the cluster's key pair
+
+
+def test_a_pending_change_of_another_interface_stops_the_link_change_run_here(tmp_path, monkeypatch):
+    """`networkctl reload` would apply an administrator's unapplied edit of eth0's file: the
+    check (real sh and find against a real tree; systemctl a STAND-IN, no systemd here) refuses
+    while a file other than sparkrig's is newer than networkd's start and sparkrig's last reload."""
+    network = tmp_path / "etc" / "systemd" / "network"
+    network.mkdir(parents=True)
+    mine, theirs = network / "40-sparkrig-cluster-cx7.network", network / "10-eth0.network"
+    for path in (mine, theirs):
+        path.write_text("[Match]\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(
+        '#!/bin/sh\ncase "$*" in "is-active -q"*) exit 0 ;; *ActiveEnterTimestamp*) echo "Mon 2026-11-23 10:00:00 UTC" ;; esac\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    monkeypatch.setattr(cl, "NETWORKD_DIRS", (str(network), str(tmp_path / "run" / "systemd" / "network")))
+    monkeypatch.setattr(cl, "LINK_LOADED", str(tmp_path / "loaded"))
+    (tmp_path / "state").mkdir()
+    script = f"d={tmp_path / 'state'}; " + cl.pending_check([f"{cl.NETWORKD_PREFIX}*.network"])
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def run(theirs_mtime: str, loaded: str | None = None):
+        subprocess.run(["touch", "-d", theirs_mtime, str(theirs)], check=True)
+        subprocess.run(["touch", "-d", "2026-11-25 12:00", str(mine)], check=True)  # sparkrig's own: never counted
+        if loaded:
+            subprocess.run(["touch", "-d", loaded, str(tmp_path / "loaded")], check=True)
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
+
+    assert run("2026-11-22 09:00").returncode == 0  # loaded at networkd's start
+    refused = run("2026-11-24 09:00")  # edited since, not loaded
+    assert refused.returncode == 1 and f"changed since systemd-networkd loaded its files: {theirs}; networkctl " \
+                                      "reload would apply them to their interfaces too" in refused.stderr, refused.stderr
+    assert run("2026-11-24 09:00", loaded="2026-11-24 10:00").returncode == 0  # sparkrig's reload loaded it later

@@ -228,3 +228,25 @@ def test_python_venv_path_defaults_as_python_stack_declares_it():
     module to import: the two defaults must not drift apart."""
     declared = {s.key: s.default for s in python_stack.SETTINGS}["python_venv_path"]
     assert ce_settings.DEFAULTS["python_venv_path"] == ce_settings.PYTHON_VENV_PATH_DEFAULT == declared
+
+
+def test_the_link_wins_over_a_newer_toolkit_beside_it_run_here(tmp_path, monkeypatch):
+    """The fact's real shell against a real tree: /usr/local/cuda leads (through a second
+    link, as update-alternatives makes it) to 12.8 while 13.1 sits beside it; 12.8 wins."""
+    local = tmp_path / "usr" / "local"
+    for version in ("12.8", "13.1", "13.0"):
+        (local / f"cuda-{version}" / "bin").mkdir(parents=True)
+    (tmp_path / "alternatives").mkdir()
+    (tmp_path / "alternatives" / "cuda").symlink_to(local / "cuda-12.8")
+    (local / "cuda").symlink_to(tmp_path / "alternatives" / "cuda")
+    monkeypatch.setattr(ce_facts, "CUDA_LINK", str(local / "cuda"))
+    result = subprocess.run(["sh", "-c", ce_facts.CudaToolkits().command()], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    found = ce_facts.CudaToolkits().process(result.stdout.splitlines())
+    assert found["toolkits"] == [str(local / f"cuda-{v}") for v in ("12.8", "13.0", "13.1")]
+    assert ce_ops.resolve_cuda_home(found, "/opt/default") == str(local / "cuda-12.8")
+    # Without the link the newest toolkit wins; with a dangling one, too.
+    (tmp_path / "alternatives" / "cuda").unlink()
+    (tmp_path / "alternatives" / "cuda").symlink_to(local / "cuda-gone")
+    result = subprocess.run(["sh", "-c", ce_facts.CudaToolkits().command()], capture_output=True, text=True)
+    assert ce_ops.resolve_cuda_home(ce_facts.CudaToolkits().process(result.stdout.splitlines()), "/x") == str(local / "cuda-13.1")

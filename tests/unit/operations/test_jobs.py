@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -698,3 +699,44 @@ def test_wrong_mode_is_fixed_without_rewriting():
 
 def test_spark_run_is_where_spark_container_looks_for_it():
     assert jobs_ops.PATHS["spark-run"] == SPARK_RUN
+
+
+def _slow_systemd(tmp_path: Path, stops: bool) -> dict:
+    """A STAND-IN systemctl (no systemd here) for a job that ignores SIGTERM: a blocking
+    `systemctl stop` hangs as the emulated aarch64 host's did; `stop --no-block` queues the
+    stop, after which the unit is deactivating for good (``stops=False``) or ends at once."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stopped = tmp_path / "stop-queued"
+    (bin_dir / "systemctl").write_text(f"""#!/bin/sh
+case "$*" in
+    "stop --no-block "*) touch {stopped}; exit 0 ;;
+    stop*) sleep 600 ;;
+    *"ActiveState,SubState"*)
+        if [ -e {stopped} ] && {'false' if stops else 'true'}; then printf 'deactivating\\nstop-sigterm\\n'
+        elif [ -e {stopped} ]; then printf 'inactive\\ndead\\n'; else printf 'active\\nrunning\\n'; fi ;;
+    *"--property ActiveState "*) if [ -e {stopped} ]; then echo deactivating; else echo active; fi ;;
+    *"--property User "*) id -un ;;
+    *"--property TimeoutStopUSec "*) echo "1min 30s" ;;
+esac
+""")
+    (bin_dir / "systemctl").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_spark_jobs_stop_waits_a_bounded_time_and_says_what_for(tmp_path):
+    script = _spark_jobs(tmp_path, tmp_path / "records")
+    started = time.monotonic()
+    result = _run([script, "stop", "--wait", "2", "train"], env=_slow_systemd(tmp_path, stops=False))
+    assert time.monotonic() - started < 15, "spark-jobs stop waited longer than asked"
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert ("spark-jobs: stopping train: systemd sends SIGTERM, and SIGKILL after 1min 30s; waiting up to 2 s for "
+            "spark-job-train.service to end") in result.stderr
+    assert "spark-job-train.service is deactivating/stop-sigterm" in result.stderr
+    assert "train did not stop within 2 s: spark-job-train.service is deactivating/stop-sigterm; systemd goes on " \
+           "stopping it" in result.stderr, result.stderr
+
+
+def test_spark_jobs_stop_never_blocks_on_systemctl_stop(tmp_path):
+    result = _run([_spark_jobs(tmp_path, tmp_path / "records"), "stop", "train"], env=_slow_systemd(tmp_path, stops=True))
+    assert (result.returncode, result.stdout) == (0, "spark-jobs: stopped train\n"), result.stderr

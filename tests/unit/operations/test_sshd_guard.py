@@ -192,3 +192,36 @@ def test_inactive_sshd_gets_its_dropins_without_a_restart():
     op = _guard_op({FACT: inactive})
     assert "systemctl restart ssh.service" not in op.commands
     assert not any("sshd -t" in c for c in op.commands)
+
+
+class _SessionHost:
+    """STAND-IN for testinfra's host in one SSH session (a container cannot lower
+    oom_score_adj, and this machine's sessions are not the ones under test): whether root may
+    lower oom_score_adj there, and the score the session got."""
+
+    def __init__(self, can_lower: bool, score: int):
+        self.can_lower, self.score = can_lower, score
+
+    def sudo(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def run(self, command):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(rc=0 if self.can_lower else 1)
+
+    def check_output(self, command):
+        return str(self.score)
+
+
+def test_the_fresh_session_control_skips_where_it_could_not_fail_and_fails_where_it_can():
+    from tests.compliance.test_sshd_guard import test_a_fresh_ssh_session_is_killable as control
+
+    # In a container no session can get a negative score: the control says so, never "passed".
+    with pytest.raises(pytest.skip.Exception, match="cannot lower oom_score_adj .* could not fail"):
+        control(_SessionHost(can_lower=False, score=0))
+    with pytest.raises(AssertionError):
+        control(_SessionHost(can_lower=True, score=-1000))
+    control(_SessionHost(can_lower=True, score=0))

@@ -206,6 +206,33 @@ def test_fact_command_run_here_reads_this_machine():
         assert len(found["active"]) == len(swaps.read().splitlines()) - 1
 
 
+def test_zram_units_and_configs_are_found_in_a_real_tree_run_here(tmp_path, monkeypatch):
+    """The fact's real shell against a real tree (not recorded output): a hand-written
+    zram-tools unit in /etc/systemd/system and zram-generator configs, a drop-in among them,
+    are found; a masked unit (a link to /dev/null) and a config elsewhere are not."""
+    system = tmp_path / "etc" / "systemd" / "system"
+    system.mkdir(parents=True)
+    (system / "zramswap.service").write_text("[Service]\nExecStart=/sbin/zramswap start\n")
+    (system / "zram-config.service").symlink_to("/dev/null")  # masked already
+    (system / "other.service").write_text("[Service]\n")
+    (tmp_path / "usr" / "lib" / "systemd").mkdir(parents=True)
+    (tmp_path / "usr" / "lib" / "systemd" / "zram-generator.conf").write_text("[zram0]\n")
+    dropins = tmp_path / "run" / "systemd" / "zram-generator.conf.d"
+    dropins.mkdir(parents=True)
+    (dropins / "50-size.conf").write_text("[zram0]\nzram-size = ram / 2\n")
+    (tmp_path / "etc" / "zram-generator.conf").write_text("[zram0]\n")  # not a place systemd reads
+    monkeypatch.setattr(sw_facts, "UNIT_DIR", str(system))
+    monkeypatch.setattr(sw_facts, "ZRAM_GENERATOR_CONFIGS",
+                        tuple(str(tmp_path) + path for path in sw_facts.ZRAM_GENERATOR_CONFIGS))
+    result = subprocess.run(["sh", "-c", sw_facts.SwapSources().command().get_raw_value()], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    found = sw_facts.SwapSources().process(result.stdout.splitlines())
+    assert found["admin_unit_files"] == ["zramswap.service"]
+    assert found["zram_generator_configs"] == [str(dropins / "50-size.conf"),
+                                               str(tmp_path / "usr" / "lib" / "systemd" / "zram-generator.conf")]
+    assert sw_operations.ZRAM_SETUP in sw_operations.units_to_mask(found)
+
+
 def test_swap_files_fact_finds_only_regular_files_with_a_swap_signature(tmp_path):
     if not shutil.which("mkswap") or not shutil.which("blkid"):
         pytest.skip("mkswap and blkid (util-linux) are needed to make and probe a swap file")
