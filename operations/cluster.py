@@ -810,8 +810,7 @@ def authorized_key(user: str, home: str, lines: Sequence[str]):
     """
     staged = f"{STAGE}/authorized-{secrets.token_hex(8)}"
     yield StringCommand("install -d -m 755 -o root -g root", QuoteString(STAGE))
-    yield atomic.Upload(BytesIO("".join(f"{line}
-" for line in lines).encode()), staged)
+    yield atomic.Upload(BytesIO("".join(f"{line}\n" for line in lines).encode()), staged)
     yield StringCommand(
         "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(user), "-- sh -c", QuoteString(_PUT_AUTHORIZED), "sparkrig",
         QuoteString(home), QuoteString(staged), "; s=$?; rm -f", QuoteString(staged), "; exit $s",
