@@ -277,13 +277,16 @@ def reads(plan, settings) -> None:
         codes.append("import importlib.metadata as m, json\n"
                      f"print(json.loads(m.distribution({vllm['name']!r}).read_text('direct_url.json'))['url'])")
     if manifest.get("torch"):
-        codes += ["import torch; print(torch.__version__)", "import torch; print(torch.version.cuda)",
-                  "import torch\n"
-                  "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
-                  "print('%d.%d' % torch.cuda.get_device_capability(0))"]
+        codes.append("import torch; print(torch.__version__)")
         plan.path("/dev/nvidiactl")
-    if vllm and vllm["name"] == "vllm":
-        codes.append("import vllm; print(vllm.__version__)")
+        gpu = plan.known_path("/dev/nvidiactl")
+        if gpu is not None and gpu["test -e"] == "1":  # the GPU controls' (the gpu fixture's rule)
+            codes += ["import torch; print(torch.version.cuda)",
+                      "import torch\n"
+                      "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
+                      "print('%d.%d' % torch.cuda.get_device_capability(0))"]
+            if vllm and vllm["name"] == "vllm":
+                codes.append("import vllm; print(vllm.__version__)")
     for code in codes:
         command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}"
         plan.run(f"runuser -u {shlex.quote(venv_owner)} -- {command}" if uid.strip() == "0" else command)
