@@ -1,8 +1,9 @@
 """pytest plugin: count the commands testinfra runs on each host (``-p benchmarks.count_commands``).
 
 Written for the benchmarks: with ``SPARKRIG_BENCH_COUNTS=FILE`` set, the counts are
-written to FILE as JSON (host name: commands) when the session ends, the
-controller's one reading of each host's constants included. Under
+written to FILE as JSON ("host (kind)": commands) when the session ends, by kind:
+"prefetch" (the controller's reading of the host, one per round), "read" (what read-only
+controls still sent) and "action" (what the controls marked action sent). Under
 pytest-xdist each worker writes ``FILE.<worker>`` and the controller, which ends
 last, sums them into FILE. The suite itself is unchanged.
 """
@@ -26,7 +27,8 @@ def _counting(cls):
     run = cls.run
 
     def counted(self, command, *args, **kwargs):
-        COUNTS[self.get_hostname()] += 1
+        # The controls' own commands, by kind: those of read-only controls apart from actions'.
+        COUNTS[f"{self.get_hostname()} ({'action' if reads.acting else 'read'})"] += 1
         return run(self, command, *args, **kwargs)
 
     cls.run = counted
@@ -37,15 +39,14 @@ _counting(LocalBackend)
 
 
 def _counting_prefetch():
-    """The controller's reading of each host's constants: one command per host it read."""
-    prefetch = reads.prefetch
+    """The controller's reading of each host: one command per host and round."""
+    read = reads._read
 
-    def counted(ssh_config, names, *args, **kwargs):
-        found = prefetch(ssh_config, names, *args, **kwargs)
-        COUNTS.update(found.keys())
-        return found
+    def counted(ssh_config, name, commands):
+        COUNTS[f"{name} (prefetch)"] += 1
+        return read(ssh_config, name, commands)
 
-    reads.prefetch = counted
+    reads._read = counted
 
 
 _counting_prefetch()

@@ -17,6 +17,7 @@ and converges the lab fleet first.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -46,6 +47,41 @@ reads.install(SshBackend)
 reads.install(LocalBackend)
 # What every host is asked, the hardware identity included (the `identity` fixture's command).
 CONSTANTS = (*reads.EVERY_HOST, HardwareIdentity().command().get_raw_value())
+
+
+def planners(config, hosts: dict[str, dict]) -> dict:
+    """For each host, what every compliance module's read-only controls will ask: each
+    module's ``reads(plan, settings)`` with the host's effective settings (the ``settings``
+    fixture's). A host whose settings do not resolve gets none: its controls ask for themselves."""
+    modules = [importlib.import_module(f"tests.compliance.{path.stem}")
+               for path in sorted(Path(__file__).parent.glob("test_*.py"))]
+    declared = [module.reads for module in modules if hasattr(module, "reads")]
+    everyone = None
+    found = {}
+    for name, data in hosts.items():
+        try:
+            settings = resolve(all_settings(), data)
+        except Exception:  # noqa: BLE001 - reported by the controls' own settings fixture
+            continue
+        if settings["cluster_name"] is not None and everyone is None:
+            everyone = inventory_hosts(config, limit=[])  # a --limit may leave peers out
+
+        def plan_host(plan, name=name, settings=settings):
+            plan.name, plan.inventory = name, everyone
+            for reads_of in declared:
+                reads_of(plan, settings)
+        found[name] = plan_host
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A control marked ``action`` is never answered from the prefetch (reads.py's rule)."""
+    reads.acting = item.get_closest_marker("action") is not None
+    try:
+        return (yield)
+    finally:
+        reads.acting = False
 
 
 def pytest_addoption(parser):
@@ -200,7 +236,7 @@ def pytest_configure(config):
             # Read once here, for every worker, while the workers start (this also opens each
             # host's shared connection); constants(config) waits for it.
             config.sparkrig_prefetch = ThreadPoolExecutor(max_workers=1).submit(
-                reads.prefetch, str(ssh_config), names, CONSTANTS)
+                reads.prefetch, str(ssh_config), names, CONSTANTS, planners(config, hosts))
             if config.getoption("--fleet-page"):
                 read_versions(config)  # beside the controls
     else:
@@ -295,6 +331,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if here not in Path(item.fspath).parents:
             continue
+        if item.get_closest_marker("action") is None:
+            item.add_marker(pytest.mark.read)
         if config.sparkrig_targets == "lab":
             item.add_marker(pytest.mark.lab)
         callspec = getattr(item, "callspec", None)

@@ -42,3 +42,11 @@ def test_extra_certificates_are_in_the_system_bundle(host, extra):
     bundle = _body(host.file(BUNDLE).content_string.replace("-----END CERTIFICATE-----", "\n"))
     for name, pem in extra.items():
         assert _body(pem) in bundle, f"{name} is not in {BUNDLE}"
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    for name in settings["ca_certificates_extra"]:
+        plan.file(f"{CERT_DIR}/sparkrig-{name}.crt")
+    if settings["ca_certificates_extra"]:
+        plan.run("cat -- %s", BUNDLE)

@@ -32,14 +32,21 @@ def inventory_hosts(request, host_data) -> dict[str, dict]:
 @pytest.fixture
 def node(request, host, settings) -> dict:
     """This host's cluster: its interfaces and its peers with their addresses."""
-    name = settings["cluster_name"]
-    if name is None:
+    if settings["cluster_name"] is None:
         pytest.skip("not in a cluster (cluster_name is None)")
     inventory_hosts = request.getfixturevalue("inventory_hosts")  # read only where needed
-    me = inventory_name(host)
+    found = cluster_node(inventory_name(host), settings, inventory_hosts)
+    if found is None:
+        pytest.skip("the suite has no inventory for this host's cluster (a --hosts target)")
+    return found
+
+
+def cluster_node(me: str, settings, inventory_hosts: dict[str, dict]) -> dict | None:
+    """The ``node`` of host ``me`` (None where the inventory does not hold it)."""
+    name = settings["cluster_name"]
     nodes = {n: d for n, d in inventory_hosts.items() if d.get("cluster_name") == name}
     if me not in nodes:
-        pytest.skip("the suite has no inventory for this host's cluster (a --hosts target)")
+        return None
     interfaces = settings["cluster_interfaces"]
     peers = []
     for peer, data in nodes.items():
@@ -65,7 +72,11 @@ def node(request, host, settings) -> dict:
 
 def as_user(host, user: str, command: str) -> str:
     """``command`` as the cluster user (through sudo when the suite logs in as someone else)."""
-    if host.user().name == user:
+    return _as_user(host.user().name, user, command)
+
+
+def _as_user(me: str, user: str, command: str) -> str:
+    if me == user:
         return command
     return f"sudo -n runuser -u {shlex.quote(user)} -- {command}"
 
@@ -106,6 +117,10 @@ def test_the_cluster_user_logs_in_to_every_peer_without_a_prompt(host, node):
             f"{peer['name']}: {result.stdout}{result.stderr}"
 
 
+def _unpinned_probe(peer) -> str:
+    return f"ssh -n -o BatchMode=yes -o ConnectTimeout=5 -o GlobalKnownHostsFile=/dev/null {peer['address']} true"
+
+
 def test_a_host_key_that_is_not_pinned_is_refused(host, node):
     """Protects against trust on first use: a node answering with a key sparkrig did not
     pin (a replaced box, a man in the middle on the link) is refused, never learnt."""
@@ -113,8 +128,7 @@ def test_a_host_key_that_is_not_pinned_is_refused(host, node):
         pytest.skip("no peer shares a subnet with this node")
     peer = node["peers"][0]
     # ssh's own exit status 255 reads to testinfra as a lost connection: report it instead.
-    probe = f"ssh -n -o BatchMode=yes -o ConnectTimeout=5 -o GlobalKnownHostsFile=/dev/null {peer['address']} true"
-    said = host.check_output(f"{as_user(host, node['user'], probe)} 2>&1; echo exit=$?")
+    said = host.check_output(f"{as_user(host, node['user'], _unpinned_probe(peer))} 2>&1; echo exit=$?")
     assert "Host key verification failed" in said and said.endswith("exit=255"), said
 
 
@@ -142,21 +156,25 @@ def test_authorized_keys_admit_the_cluster_key_from_cluster_addresses_only(host,
     assert "restrict" in options.split(","), options
 
 
+_NCCL_NAMES = ["NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "VLLM_HOST_IP"]
+_LOGIN_ENV = "bash -lc " + shlex.quote("printf '%s\\n' " + " ".join(f'"${n}"' for n in _NCCL_NAMES))
+
+
+def _unit_env(settings) -> str:
+    return (f"systemd-run -q --wait --pipe -p EnvironmentFile={settings['cluster_env_file']} "
+            f"printenv {' '.join(_NCCL_NAMES)}")
+
+
 def test_nccl_environment_names_the_link_for_shells_and_units(host, node, settings):
     """Protects against NCCL, Gloo or MPI choosing the management network (slow, and it
     may not reach the peers) in a login shell or a systemd unit."""
     interfaces = ",".join(node["interfaces"])
     own = str(ipaddress.IPv4Interface(next(iter(node["interfaces"].values()))).ip)
     wanted = [interfaces, interfaces, node["head"], own]
-    names = ["NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "VLLM_HOST_IP"]
-    shown = " ".join(f'"${n}"' for n in names)
-    script = f"printf '%s\\n' {shown}"
-    login = host.check_output(as_user(host, node["user"], f"bash -lc {shlex.quote(script)}"))
+    login = host.check_output(as_user(host, node["user"], _LOGIN_ENV))
     assert login.splitlines() == wanted
     with host.sudo():
-        unit = host.check_output(
-            f"systemd-run -q --wait --pipe -p EnvironmentFile={settings['cluster_env_file']} "
-            f"printenv {' '.join(names)}")
+        unit = host.check_output(_unit_env(settings))
     assert unit.splitlines() == wanted
 
 
@@ -180,3 +198,32 @@ def test_spark_cluster_check_passes(host, node):
     for peer in node["peers"]:
         assert f"OK ping {peer['name']}: {node['mtu'] - 28} bytes to {peer['address']}" in result.stdout
         assert f"OK ssh {peer['name']}: " in result.stdout
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    if settings["cluster_name"] is None or plan.inventory is None:
+        return
+    node = cluster_node(plan.name, settings, plan.inventory)
+    me = plan.known("id -nu")
+    if node is None or me is None:
+        return
+    me, user = me.strip(), node["user"]
+    for interface in node["interfaces"]:
+        plan.run(f"ip -j addr show dev {shlex.quote(interface)}")
+    for peer in node["peers"]:
+        plan.run(f"ip -o route get {peer['address']}")
+        plan.run(f"ping -n -c 1 -W 2 -M do -s {node['mtu'] - 28} {peer['address']}", sudo=True)
+        plan.run(_as_user(me, user, f"ssh -n -o BatchMode=yes -o ConnectTimeout=5 {peer['address']} id -un"))
+    if node["peers"]:
+        plan.run(f"{_as_user(me, user, _unpinned_probe(node['peers'][0]))} 2>&1; echo exit=$?")
+    for path in ("/etc/sparkrig/cluster/id_ed25519", "/etc/sparkrig/cluster"):
+        plan.path(path)
+    plan.run("getent passwd %s", user)
+    passwd = plan.known("getent passwd %s", user)
+    if passwd is not None:
+        plan.run("cat -- %s", f"{passwd.split(':')[5]}/.ssh/authorized_keys", sudo=True)
+    plan.run(_as_user(me, user, _LOGIN_ENV))
+    plan.run(_unit_env(settings), sudo=True)
+    plan.file("/etc/sparkrig/cluster/hostfile")
+    plan.run("spark-cluster-check", sudo=True)

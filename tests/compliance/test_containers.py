@@ -128,6 +128,7 @@ def test_docker_api_is_not_exposed_on_tcp(docker):
     assert sock.is_socket and sock.user == "root" and sock.mode & 0o007 == 0, "docker.sock is open to others"
 
 
+@pytest.mark.action
 def test_a_container_runs_with_the_nvidia_runtime(docker, check_image):
     """Protects against a runtime that is registered but broken (wrong path, missing
     binary): a container started with --runtime=nvidia must run to completion."""
@@ -136,6 +137,7 @@ def test_a_container_runs_with_the_nvidia_runtime(docker, check_image):
     assert result.rc == 0, f"docker run --runtime=nvidia {check_image} true failed: {result.stderr}"
 
 
+@pytest.mark.action
 def test_gpus_are_visible_in_a_container(docker, check_image):
     """Protects against containers that start but see no GPU: the toolkit's hook (or CDI)
     must hand the GPUs and nvidia-smi to the container."""
@@ -277,3 +279,36 @@ def test_packages_come_from_the_configured_repository(docker, settings):
             origins = [line.split()[1] for line in lines[at + 1:] if line.startswith("        ")]
             assert any(origin.rstrip("/").startswith(url) for origin in origins), (
                 f"{package} {installed} comes from {origins}, not {url}")
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    plan.path("/run/systemd/system")
+    plan.run("command -v dockerd", sudo=True)
+    plan.service(SERVICE)
+    plan.run("docker info --format %s", "{{json .Runtimes}}", sudo=True)
+    plan.run("docker info --format %s", "{{.DefaultRuntime}}", sudo=True)
+    for path in (BACKUP, DAEMON_JSON, "/run/docker.sock", "/dev/nvidiactl", "/etc/cdi/nvidia.yaml"):
+        plan.path(path)
+    plan.run("cat %s", BACKUP, sudo=True)
+    plan.run("cat %s", DAEMON_JSON, sudo=True)
+    plan.run("systemctl show --property MainPID --value %s", SERVICE, sudo=True)
+    pid = plan.known("systemctl show --property MainPID --value %s", SERVICE, sudo=True)
+    if pid is not None:
+        plan.run("tr '\\0' ' ' < /proc/%s/cmdline", pid.strip(), sudo=True)
+    plan.service("nvidia-cdi-refresh.path")
+    plan.run("command -v nvidia-ctk")
+    for user in settings["containers_docker_users"]:
+        plan.run("id -nG %s", user)
+    plan.file("/etc/os-release")
+    plan.run("dpkg --print-architecture")
+    plan.run("grep -s -H -E '^[[:space:]]*(deb|deb-src|URIs:)[[:space:]]' "
+             "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources")
+    for repo in _vendors(settings):
+        sources = f"/etc/apt/sources.list.d/sparkrig-{repo['name']}.sources"
+        keyring = f"/etc/apt/keyrings/sparkrig-{repo['name']}.gpg"
+        plan.file(sources)
+        plan.path(keyring)
+        plan.run("t=$(mktemp -d) && gpg --homedir $t --batch --with-colons --show-keys %s; rm -rf $t", keyring)
+        for package in repo["packages"]:
+            plan.run("apt-cache policy %s", package)

@@ -106,3 +106,38 @@ def test_cuda_compiler_runs_from_a_login_shell(host, expected):
         pytest.skip(f"no CUDA toolkit on this host: {nvcc} is missing (this control runs where one is installed)")
     assert "Cuda compilation tools" in host.check_output("bash -lc 'nvcc --version'")
     assert "ptxas" in host.check_output("bash -lc '\"$TRITON_PTXAS_PATH\" --version'").lower()
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    plan.path("/usr/local/cuda")
+    plan.run("readlink -f /usr/local/cuda")
+    plan.run("ls -d /usr/local/cuda-*")
+    for path in (plan.known("ls -d /usr/local/cuda-*") or "").split():
+        plan.path(path)
+    for path in (settings["cuda_env_file"], PROFILE_SCRIPT):
+        plan.path(path)
+    command = f"set -a; . {shlex.quote(settings['cuda_env_file'])}; env"
+    plan.run(f"sh -c {shlex.quote(command)}")
+    plan.run("bash -lc env")
+    plan.path("/run/systemd/system")
+    plan.run("systemd-run --quiet --wait --pipe --collect -p EnvironmentFile=%s /usr/bin/env",
+             settings["cuda_env_file"], sudo=True)
+    # CUDA_HOME as the rule says (a second round, once the links and folders are read).
+    home = None
+    cuda = plan.known_path("/usr/local/cuda")
+    if cuda is not None and cuda["test -e"] == "1":
+        home = plan.known("readlink -f /usr/local/cuda")
+    elif cuda is not None:
+        versions = []
+        for path in (plan.known("ls -d /usr/local/cuda-*") or "").split():
+            match = re.fullmatch(r"/usr/local/cuda-(\d+)(?:\.(\d+))?", path)
+            found = plan.known_path(path)
+            if match and found is not None and found["test -d"] == "1":
+                versions.append(((int(match[1]), int(match[2] or -1)), path))
+        home = max(versions)[1] if versions else settings["cuda_env_default_home"]
+    if home is not None:
+        home = home.strip()
+        plan.path(f"{home}/bin/nvcc")
+        plan.run("bash -lc 'nvcc --version'")
+        plan.run("bash -lc '\"$TRITON_PTXAS_PATH\" --version'")

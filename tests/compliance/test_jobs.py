@@ -90,6 +90,7 @@ def test_training_slice_caps_memory_and_forbids_swap(host, settings):
     _assert_bytes(host, shown["MemoryMax"], _slice_bytes(host, settings["jobs_memory_max"]))
 
 
+@pytest.mark.action
 def test_spark_run_puts_a_root_job_in_training_slice_with_a_raised_oom_score(host, settings):
     """Protects against jobs that escape the cap, or that the OOM killer and earlyoom
     would spare while they kill something the machine needs (sshd, the desktop)."""
@@ -100,6 +101,7 @@ def test_spark_run_puts_a_root_job_in_training_slice_with_a_raised_oom_score(hos
     assert oom_score_adj == str(settings["jobs_oom_score_adj"])
 
 
+@pytest.mark.action
 def test_spark_run_keeps_the_users_identity_and_environment(host, settings):
     """Protects against jobs that run as root, or without the caller's LD_LIBRARY_PATH,
     PYTHONPATH and virtualenv (what `sudo systemd-run --scope` would strip), and
@@ -124,6 +126,7 @@ def test_spark_run_keeps_the_users_identity_and_environment(host, settings):
     _assert_bytes(host, shown["MemoryMax"], _scope_bytes(host, settings["jobs_memory_max"]))
 
 
+@pytest.mark.action
 def test_spark_run_passes_on_the_jobs_exit_status(host):
     """Protects against scripts and schedulers that cannot tell a failed job from a
     finished one."""
@@ -155,6 +158,7 @@ def test_spark_preflight_fails_when_memory_is_short(host):
     assert result.stdout.splitlines()[0].startswith("FAIL memory: ")
 
 
+@pytest.mark.action
 def test_spark_drop_caches_works_as_root_only(host):
     """Protects against a cache flush that silently does nothing between runs (NVIDIA's
     advice on Spark), and against one that pretends to work for an ordinary user."""
@@ -217,6 +221,7 @@ def _fresh_ssh(request, host) -> list[str]:
             "-o", "BatchMode=yes", inventory_name(host)]
 
 
+@pytest.mark.action
 def test_a_detached_job_outlives_its_ssh_session_and_keeps_its_exit_status(request, host, job_user, job_name):
     """Protects against multi-day runs that die with the laptop's SSH connection (what tmux
     and screen were for), and against jobs that leave nothing to come back to: a job started
@@ -254,6 +259,7 @@ def test_a_detached_job_outlives_its_ssh_session_and_keeps_its_exit_status(reque
     assert f"started-{marker}" in logs.stdout and f"finished-{marker}" in logs.stdout, logs.stdout + logs.stderr
 
 
+@pytest.mark.action
 def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, settings, job_user, job_name):
     """Protects against background jobs that escape training.slice's cap, that the OOM killer
     and earlyoom would spare, that run as root, or without the caller's environment, directory
@@ -277,6 +283,7 @@ def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, settin
     assert row and row[-1] == "SIGTERM", row
 
 
+@pytest.mark.action
 def test_stopping_a_job_that_ignores_sigterm_waits_a_bounded_time_saying_what_for(host, job_user, job_name):
     """Protects against `spark-jobs stop` holding its caller for as long as systemd takes (more
     than ten minutes once, on the emulated aarch64 host): a job that ignores SIGTERM is waited
@@ -297,6 +304,7 @@ def test_stopping_a_job_that_ignores_sigterm_waits_a_bounded_time_saying_what_fo
     assert _wait_for(lambda: (_row(host, job_name) or [""] * 3)[2] != "deactivating", 30), _row(host, job_name)
 
 
+@pytest.mark.action
 def test_a_running_job_name_is_refused_and_others_jobs_cannot_be_stopped(host, job_user, job_name):
     """Protects against a second job silently taking over a running job's name (and its
     log), and against users stopping each other's jobs: root's job cannot be stopped by
@@ -314,6 +322,7 @@ RECORDS = "/var/lib/sparkrig/jobs"
 _AGE_SECONDS = {"h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+@pytest.mark.action
 def test_old_job_records_are_removed_and_recent_ones_kept(host, settings):
     """Protects against /var/lib/sparkrig/jobs growing for as long as the box lives (one record
     per detached job), and against a clean that takes the records of jobs that ended lately,
@@ -352,3 +361,21 @@ def test_the_shared_model_cache_belongs_to_its_group(host, settings):
     assert members.exists
     for user in settings["jobs_model_cache_users"]:
         assert settings["jobs_model_cache_group"] in host.user(user).groups, f"{user} is not in the group"
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    for name in COMMANDS:
+        plan.path(f"/usr/local/bin/{name}")
+    plan.run(f"systemctl show --property LoadState --property MemoryMax --property MemorySwapMax {SLICE}")
+    memory = plan.known("awk '$1 == \"MemTotal:\" { print $2 }' /proc/meminfo")
+    if memory is not None:
+        memory_kib = int(memory)
+        threshold = settings["jobs_preflight_min_available_kib"]
+        plan.run(f"spark-preflight {'' if memory_kib >= threshold else '--min-available-kib 1048576'}")
+        plan.run(f"spark-preflight --min-available-kib {memory_kib + 1}")
+    if settings["jobs_model_cache"]:
+        plan.path(settings["jobs_model_cache"])
+        plan.run("getent group %s", settings["jobs_model_cache_group"])
+        for user in settings["jobs_model_cache_users"]:
+            plan.run("id -nG %s", user)

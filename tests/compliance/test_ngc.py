@@ -93,6 +93,7 @@ def test_launcher_is_root_owned_and_not_writable_by_others(ngc):
     assert ngc.run("bash -n %s", LAUNCHER).rc == 0
 
 
+@pytest.mark.action
 def test_launcher_round_trip_keeps_data_on_the_host(ngc, launcher_user, settings):
     """Protects against losing checkpoints with the container (seed 000's persistence
     requirement), and against files the user cannot delete: what a command writes under
@@ -110,6 +111,7 @@ def test_launcher_round_trip_keeps_data_on_the_host(ngc, launcher_user, settings
     assert lines == [settings["ngc_project_mount"], "step-500", launcher_user], result.stdout
 
 
+@pytest.mark.action
 def test_secrets_reach_the_container_but_not_docker_inspect(ngc, launcher_user):
     """Protects against tokens visible to every docker group member through ``docker
     inspect`` (``-e TOKEN=value``): a secret from the caller's environment is there inside
@@ -195,6 +197,7 @@ def test_jupyter_wants_its_token_and_offers_the_images_python(jupyter, settings)
 STAND_IN_IMAGE = "/sparkrig-lab/ngc-stand-in:"  # lab/registry.py's busybox image
 
 
+@pytest.mark.action
 def test_pytorch_imports_inside_the_image(ngc, launcher_user, settings):
     """Protects against an image whose PyTorch is broken or CPU-only (seed 004's check): torch
     imports inside the container, and sees the GPU where the host has one."""
@@ -210,6 +213,7 @@ def test_pytorch_imports_inside_the_image(ngc, launcher_user, settings):
         assert available == "True", f"torch {version} does not see the host's GPU"
 
 
+@pytest.mark.action
 def test_a_detached_server_publishes_its_port_on_loopback_only(ngc, launcher_user):
     """Protects against a model server open to the whole network by default (vLLM's port,
     seed 002), and against detached containers spark-jobs cannot see or stop: a server
@@ -237,6 +241,7 @@ def test_a_detached_server_publishes_its_port_on_loopback_only(ngc, launcher_use
         _as(ngc, launcher_user, "rm -rf sparkrig-serve")
 
 
+@pytest.mark.action
 def test_home_mounts_are_read_only_and_the_model_cache_is_shared(ngc, launcher_user, settings):
     """Protects against credentials a container could change or delete (~/.aws), and a
     model cache the container does not share: a configured home directory is readable and
@@ -255,3 +260,23 @@ def test_home_mounts_are_read_only_and_the_model_cache_is_shared(ngc, launcher_u
             written = ngc.check_output("find %s -maxdepth 1 -name 'sparkrig-probe-*' -printf '%%g\\n' -delete",
                                        settings["jobs_model_cache"])
         assert written.split() and set(written.split()) == {settings["jobs_model_cache_group"]}, written
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    if not settings["ngc_enabled"]:
+        return
+    plan.run("docker image inspect --format '{{json .RepoDigests}}' %s", settings["ngc_base_image"], sudo=True)
+    plan.run("cat /etc/sparkrig/ngc/Dockerfile", sudo=True)
+    plan.run("sha256sum < /etc/sparkrig/ngc/Dockerfile", sudo=True)
+    plan.run("docker image inspect --format '{{index .Config.Labels \"sparkrig.recipe\"}}' %s",
+             settings["ngc_image"], sudo=True)
+    plan.path(LAUNCHER)
+    plan.run("bash -n %s", LAUNCHER)
+    if settings["ngc_jupyter"]:
+        plan.service(UNIT)
+        port = settings["ngc_jupyter_port"]
+        plan.run("ss -ltnH 'sport = :%s'", str(port), sudo=True)
+        plan.run("bash -c %s", f"exec 3<>/dev/tcp/127.0.0.1/{port}")
+        for question in ("test -e %s", "stat -Lc %%U %s", "stat -Lc %%a %s", "stat -Lc %%s %s"):
+            plan.run(question, TOKEN, sudo=True)  # under host.sudo(): asked as such

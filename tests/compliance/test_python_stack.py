@@ -147,6 +147,7 @@ def test_uv_run_never_resyncs_for_the_owner(host, settings):
     assert value.splitlines()[-1] == "UV_NO_SYNC=1"
 
 
+@pytest.mark.action
 def test_uv_run_in_a_project_uses_the_managed_venv_as_it_is(host, settings, venv):
     """Protects against seed 001's workflow missing the managed stack: `uv run` in a user's
     project (a scratch one here, made by the venv's owner) runs the managed venv's Python,
@@ -226,6 +227,7 @@ print(f"matmul_rel_err={err:.2e} sdpa_max_err={sdpa_err:.2e} device={torch.cuda.
 """
 
 
+@pytest.mark.action
 def test_gpu_bf16_matmul_and_sdpa_run_and_are_right(host, venv, gpu):
     """Protects against a stack that imports but cannot compute: kernels missing for this
     GPU ("no kernel image is available"), or wrong results, in the two operations every
@@ -241,3 +243,50 @@ def test_gpu_vllm_imports(host, manifest, venv, gpu):
         pytest.skip("the manifest installs no vLLM on this host")
     version = _python(host, venv, "import vllm; print(vllm.__version__)")
     assert _same_version(version, vllm["version"])
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    venv = settings["python_venv_path"]
+    owner = settings["python_venv_owner"]
+    plan.run(f"{UV} --version")
+    for path in (UV_TOOL, f"{UV_TOOL}/bin", UV, f"{venv}/pyvenv.cfg", venv):
+        plan.path(path)
+    lock = f"{venv}/sparkrig/requirements.lock"
+    plan.run(f"runuser -u {shlex.quote(owner)} -- env UV_CACHE_DIR=/var/cache/sparkrig/uv "
+             f"{UV} pip sync --no-config --offline --dry-run --require-hashes "
+             f"--python {shlex.quote(venv + '/bin/python')} {shlex.quote(lock)}", sudo=True)
+    plan.run(f"runuser -l {shlex.quote(owner)} -c 'echo UV_NO_SYNC=$UV_NO_SYNC'", sudo=True)
+    # The venv's Python, as its owner when the suite is root (as_venv_owner): a second round.
+    found, me = plan.known_path(venv), plan.known("id -nu")
+    if found is None or me is None or "stat -Lc %U" not in found:
+        return
+    venv_owner = found["stat -Lc %U"]
+    plan.run("id -u %s", me.strip())
+    uid = plan.known("id -u %s", me.strip())
+    if uid is None:
+        return
+    manifest = settings["python_stack"]
+    codes = [
+        "import sys; print('%d.%d' % sys.version_info[:2])",
+        "import importlib.metadata as m, json\n"
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))",
+    ]
+    vllm = manifest.get("vllm")
+    if vllm and vllm.get("wheels"):
+        codes.append("import importlib.metadata as m, json\n"
+                     f"print(json.loads(m.distribution({vllm['name']!r}).read_text('direct_url.json'))['url'])")
+    if manifest.get("torch"):
+        codes.append("import torch; print(torch.__version__)")
+        plan.path("/dev/nvidiactl")
+        gpu = plan.known_path("/dev/nvidiactl")
+        if gpu is not None and gpu["test -e"] == "1":  # the GPU controls' (the gpu fixture's rule)
+            codes += ["import torch; print(torch.version.cuda)",
+                      "import torch\n"
+                      "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
+                      "print('%d.%d' % torch.cuda.get_device_capability(0))"]
+            if vllm and vllm["name"] == "vllm":
+                codes.append("import vllm; print(vllm.__version__)")
+    for code in codes:
+        command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}"
+        plan.run(f"runuser -u {shlex.quote(venv_owner)} -- {command}" if uid.strip() == "0" else command)

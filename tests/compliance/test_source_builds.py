@@ -141,3 +141,49 @@ def test_every_enabled_prefix_is_installed_root_owned_from_its_stamped_archive(h
             if kind == "l":
                 target = host.check_output(f"realpath -m -- {shlex.quote(path)}")
                 assert target == directory or target.startswith(directory + "/"), f"{line} leads to {target}"
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    names = settings["source_builds_enabled"]
+    venv = settings["python_venv_path"]
+    plan.path(venv)
+    found, me = plan.known_path(venv), plan.known("id -nu")
+    if found is None or me is None or "stat -Lc %U" not in found:
+        return
+    plan.run("id -u %s", me.strip())
+    uid = plan.known("id -u %s", me.strip())
+    if uid is None:
+        return
+    code = (
+        "import importlib.metadata as m, json\n"
+        "found = {}\n"
+        "for d in m.distributions():\n"
+        "    direct = d.read_text('direct_url.json')\n"
+        "    if direct:\n"
+        "        found[d.metadata['Name']] = {'version': d.version, 'direct': json.loads(direct)}\n"
+        "print(json.dumps(found))"
+    )
+    command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}"
+    command = f"runuser -u {shlex.quote(found['stat -Lc %U'])} -- {command}" if uid.strip() == "0" else command
+    plan.run(command)
+    for name in names:
+        spec = settings["source_builds"][name]
+        if spec["kind"] == "wheel":
+            plan.run(f"find {shlex.quote(f'{WHEELHOUSE}/{name}')} -printf '%u %m %p\\n'")
+    installs = plan.known(command)
+    if installs is None:
+        return
+    installs = {_normal(k): v for k, v in json.loads(installs).items()}
+    for name in names:
+        spec = settings["source_builds"][name]
+        got = installs.get(_normal(spec["package"]))
+        match = got and re.match(rf"^file://{re.escape(WHEELHOUSE)}/{re.escape(name)}/([0-9a-f]+)/([^/]+\.whl)$",
+                                 got["direct"]["url"])
+        if spec["kind"] != "wheel" or not match:
+            continue
+        directory = f"{WHEELHOUSE}/{name}/{match[1]}"
+        plan.file(f"{directory}/stamp.json")
+        stamp = plan.known("cat -- %s", f"{directory}/stamp.json")
+        if stamp is not None:
+            plan.run("sha256sum %s | cut -d ' ' -f 1", f"{directory}/{json.loads(stamp)['wheel']}")

@@ -94,3 +94,40 @@ def test_sshd_configuration_is_valid(host):
     with host.sudo():
         result = host.run("sshd -t")
     assert result.rc == 0, result.stderr
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    plan.run("systemctl show %s -p %s", "ssh.socket", "LoadState,ActiveState,Accept,Triggers")
+    for name in ("sshd.service", "ssh.service"):
+        plan.run("systemctl show %s -p %s", name, "Id,LoadState")
+    plan.run("systemctl show %s -p %s", "system.slice", "MemoryMin")
+    plan.run("sh -c 'echo -1 > /proc/self/oom_score_adj'", sudo=True)
+    plan.run("cat /proc/self/oom_score_adj")
+    plan.run("sshd -t", sudo=True)
+    # The unit's properties, once the unit is known (sshd_unit's rule).
+    socket = plan.known("systemctl show %s -p %s", "ssh.socket", "LoadState,ActiveState,Accept,Triggers")
+    if socket is None:
+        return
+    shown = dict(line.split("=", 1) for line in socket.splitlines() if "=" in line)
+    unit = None
+    if shown.get("LoadState") == "loaded" and shown.get("ActiveState") == "active":
+        unit = shown["Triggers"].split()[0] if shown.get("Accept") != "yes" and shown.get("Triggers") else None
+    else:
+        for name in ("sshd.service", "ssh.service"):
+            found = plan.known("systemctl show %s -p %s", name, "Id,LoadState") or ""
+            found = dict(line.split("=", 1) for line in found.splitlines() if "=" in line)
+            if found.get("LoadState") == "loaded":
+                unit = found["Id"]
+                break
+    if unit is None:
+        return
+    for prop in ("OOMScoreAdjust", "MemoryMin", "ControlGroup", "MainPID"):
+        plan.run("systemctl show %s -p %s", unit, prop)
+    group = plan.known("systemctl show %s -p %s", unit, "ControlGroup")
+    if group is not None and "=" in group:
+        memory_min = f"/sys/fs/cgroup{group.strip().split('=', 1)[1]}/memory.min"
+        plan.file(memory_min)
+    pid = plan.known("systemctl show %s -p %s", unit, "MainPID")
+    if pid is not None and "=" in pid:
+        plan.run("cat -- %s", f"/proc/{pid.strip().split('=', 1)[1]}/oom_score_adj", sudo=True)

@@ -115,3 +115,20 @@ def test_swap_and_zram_unit_files_are_masked(host, swap_off, systemd):
     unmasked = [f"{fields[0]} ({fields[1]})" for fields in _systemctl(host, "list-unit-files")
                 if fields[1] != "masked"]
     assert unmasked == [], f"swap or zram unit files not masked: {unmasked}"
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    if not settings["swap_disable"]:
+        return
+    plan.file("/proc/swaps")
+    plan.run("systemd-detect-virt --container")
+    for path in ("/.dockerenv", "/run/.containerenv"):
+        plan.path(path)
+    plan.file(FSTAB)
+    plan.run("findmnt --fstab --types swap --noheadings --raw --output FSTYPE,SOURCE")
+    plan.run("LC_ALL=C findmnt --verify --verbose", sudo=True)
+    plan.path("/run/systemd/system")
+    patterns = " ".join(shlex.quote(pattern) for pattern in UNIT_PATTERNS)
+    for listing in ("list-units --all --plain", "list-unit-files"):
+        plan.run(f"systemctl {listing} --no-legend --no-pager --full {patterns}")

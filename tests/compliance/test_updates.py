@@ -130,3 +130,22 @@ def test_systemd_oomd_does_not_run_beside_earlyoom(host, settings):
     state = host.run("systemctl is-enabled systemd-oomd.service").stdout.strip()
     assert state in ("", "not-found", "masked"), f"systemd-oomd.service is {state}"
     assert not host.service("systemd-oomd").is_running
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    plan.run("uname -r")
+    plan.run("cat /proc/driver/nvidia/version")
+    plan.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    plan.run("apt-mark showhold")
+    plan.run("dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'")
+    plan.file(PIN_FILE)
+    plan.run("apt-config dump")
+    plan.package("unattended-upgrades")
+    for timer in TIMERS:
+        plan.run("systemctl is-enabled %s", timer)
+        plan.service(timer)
+    for path in (APT_CONF, RECORD):
+        plan.path(path)
+    plan.run("systemctl is-enabled systemd-oomd.service")
+    plan.service("systemd-oomd")

@@ -112,3 +112,18 @@ def test_earlyoom_is_off_when_disabled(host, settings):
         service = host.service("earlyoom")
         assert not service.is_running
         assert not service.is_enabled
+
+
+# What the read-only controls above ask, read once per host before they run (reads.py).
+def reads(plan, settings) -> None:
+    plan.package("earlyoom")
+    plan.service("earlyoom")
+    for path in ("/etc/default/earlyoom", "/etc/systemd/system/earlyoom.service.d/50-sparkrig.conf"):
+        plan.path(path)
+    plan.run("systemctl show --property OOMScoreAdjust --value %s", SERVICE)
+    plan.run("grep '^CapEff:' /proc/1/status")
+    plan.run("systemctl show --property MainPID --value %s", SERVICE)
+    pid = plan.known("systemctl show --property MainPID --value %s", SERVICE)
+    if pid is not None and pid.strip().isdigit():
+        plan.run("tr '\\0' '\\n' < /proc/%s/cmdline", pid.strip())
+        plan.run("cat /proc/%s/oom_score_adj", pid.strip())

@@ -118,6 +118,82 @@ def test_a_prefetch_that_does_not_parse_answers_nothing(output):
     assert reads.parse_prefetch(output, reads.EVERY_HOST, "n0nce") == {}
 
 
-def test_only_host_wide_constants_can_be_prefetched():
-    with pytest.raises(ValueError, match="not a host-wide constant"):
-        reads.prefetch_script(["spark-jobs list"], "n0nce")
+def _prefetched(plan: reads.Plan) -> dict:
+    """What the controller would hand a worker for ``plan``, read by a real shell here."""
+    import subprocess  # noqa: PLC0415 - as the test above
+    commands = list(plan.wanted)
+    script = reads.prefetch_script(commands, "n0nce")
+    output = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    found = reads.parse_prefetch(output, commands, "n0nce")
+    assert list(found) == commands
+    return found
+
+
+def test_declared_reads_answer_read_only_controls_with_the_state_at_the_start(tmp_path):
+    """A declared command and a declared path are answered from the prefetch, as the host
+    answered them then (the rule: the host's state at the suite's start); a control that
+    acts asks the host, and sees what it changed."""
+    target = tmp_path / "later"
+    plan = reads.Plan()
+    plan.run("ls -a %s", str(tmp_path))
+    plan.path(str(target))
+    found = _prefetched(plan)
+    ran = []
+    host, backend_class = counting_host(ran)
+    reads.install(backend_class)
+    name = host.backend.get_hostname()
+    reads.seed({name: {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
+                       for c, (rc, out, err) in found.items()}})
+    try:
+        target.write_text("made after the prefetch")
+        assert host.run("ls -a %s", str(tmp_path)).stdout == ".\n..\n"
+        assert not host.file(str(target)).exists
+        asked = [c for c in ran if not c.startswith(("uname", "cat /etc/os-release"))]  # testinfra's own
+        assert asked == []
+        reads.acting = True
+        assert host.file(str(target)).exists
+        assert "later" in host.run("ls -a %s", str(tmp_path)).stdout
+        assert len([c for c in ran if not c.startswith(("uname", "cat /etc/os-release"))]) == 2
+    finally:
+        reads.acting = False
+        reads._SEEDS.pop(name, None)
+
+
+def test_a_read_nobody_declared_is_asked_of_the_host(tmp_path):
+    plan = reads.Plan()
+    plan.run("echo declared")
+    found = _prefetched(plan)
+    ran = []
+    host, backend_class = counting_host(ran)
+    reads.install(backend_class)
+    name = host.backend.get_hostname()
+    reads.seed({name: {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
+                       for c, (rc, out, err) in found.items()}})
+    try:
+        assert host.check_output("echo declared") == "declared"
+        assert host.check_output("echo undeclared") == "undeclared"
+        assert ran == ["echo undeclared"]
+    finally:
+        reads._SEEDS.pop(name, None)
+
+
+def test_sudo_reads_are_keyed_as_testinfra_sends_them():
+    """A read declared with sudo is the command host.sudo() sends, never the user's own."""
+    plan = reads.Plan()
+    sent = plan.run("cat %s", "/etc/shadow", sudo=True)
+    backend = LocalBackend()
+    host = Host(backend)
+    with host.sudo():
+        assert backend.get_command("cat %s", "/etc/shadow") == sent
+    with host.sudo("spark"):
+        assert backend.get_command("id -u") == reads.Plan().run("id -u", sudo=True, user="spark")
+    assert "cat /etc/shadow" not in plan.wanted
+
+
+def test_a_declaration_can_use_an_earlier_rounds_answer():
+    plan = reads.Plan()
+    plan.run("echo 42")
+    plan.path("/")
+    second = reads.Plan(_prefetched(plan))
+    assert second.known("echo 42") == "42\n" and second.known("echo 43") is None
+    assert second.known_path("/")["test -d"] == "1"
