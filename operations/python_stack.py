@@ -33,6 +33,7 @@ import hashlib
 import json
 import posixpath
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
@@ -692,7 +693,18 @@ def virtualenv_arguments(data: Mapping[str, Any], built: Mapping[str, str]) -> d
         arguments["wheels"] = offline_wheels(
             text, arch, manifest["python"], Path(data["python_offline_cache"]).expanduser()
         )
+        arguments["lock"] = offline_lock(arguments["lock"])
     return arguments
+
+
+def offline_lock(text: str) -> str:
+    """A lock for ``--offline --no-index``: each wheel locked by its URL (vLLM's) named by its
+    copy in :data:`OFFLINE_DIR` instead, its hashes kept (uv fetches no URL offline, and
+    --find-links serves only what is locked by name)."""
+    def local(match: re.Match) -> str:
+        return f" @ file://{OFFLINE_DIR}/{urllib.parse.unquote(match[1])}"  # as offline_wheels names it
+
+    return re.sub(r" @ https?://[^\s]*/([^/\s]+\.whl)(?=\s)", local, text)
 
 
 @operation()

@@ -416,3 +416,14 @@ def test_a_fresh_venv_command_runs_its_link_check_and_goes_on(tmp_path):
     bad = subprocess.run(["sh", "-c", guard.replace("/opt/sparkrig/venv", str(tmp_path / "link")) + " && echo on"],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "is a symbolic link" in bad.stderr and bad.stdout == ""
+
+
+def test_offline_the_wheel_locked_by_url_is_named_by_its_uploaded_copy():
+    """uv fetches no URL with --offline: vLLM's wheel, locked by its URL, is installed from the
+    copy the controller uploaded (found installing the real stack in the lab)."""
+    text = ps.read_lock(ps.locks_dir(ps.LOCKS) / "x86_64-py3.12.txt")
+    offline = ps.offline_lock(text)
+    (line,) = [line for line in offline.splitlines() if line.startswith("vllm @ ")]
+    assert line == f"vllm @ file://{ps.OFFLINE_DIR}/vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl \\"
+    assert offline.count("--hash=") == text.count("--hash=") and "https://" not in offline.split("vllm @ ", 1)[1].split("\n")[0]
+    assert ps.offline_lock(offline) == offline
