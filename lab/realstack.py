@@ -197,5 +197,10 @@ def host_data(host: dict, chosen: dict) -> dict:
         for build, source in builds.items():
             catalogue[build] = {**catalogue[build], "url": host["apt_repo_url"] + served[source]["path"],
                                 "ref": served[source]["commit"]}
+            if source == "real":
+                # No CUDA in the lab: xformers' setup.py builds its CUDA extension (calling nvcc)
+                # whenever TORCH_CUDA_ARCH_LIST is set or CUDA_HOME found, so this lab-only step
+                # unsets both before the wheel is built: the CPU parts only.
+                catalogue[build]["steps"] = ["unset TORCH_CUDA_ARCH_LIST CUDA_HOME", *catalogue[build]["steps"]]
         data.update(source_builds=catalogue, source_builds_enabled=sorted(builds))
     return data
