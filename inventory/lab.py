@@ -17,6 +17,7 @@ from lab import FLAVOURS as _FLAVOURS
 from lab import inventory_path as _inventory_path
 from lab.config import CLUSTER_KEYS as _CLUSTER_KEYS
 from lab.config import WHEEL_CACHE as _WHEEL_CACHE
+from lab import realstack as _realstack
 
 if not _inventory_path().exists():
     raise SystemExit(
@@ -288,6 +289,8 @@ def _cluster(host: dict) -> dict:
     return {}
 
 
+_REAL_STACK = _realstack.choice()
+
 lab = [
     (
         _host["name"],
@@ -309,8 +312,9 @@ lab = [
             **_containers(_host),
             **_jobs(_host),
             **_ngc(_host),
-            **_python_stack(_host),
-            **_source_builds(_host),
+            # The real stack (lab/realstack.py), when a real_stack test asks for it; else the stand-ins.
+            **(_realstack.host_data(_host, _REAL_STACK) if _REAL_STACK is not None
+               else {**_python_stack(_host), **_source_builds(_host)}),
             **_cluster(_host),
             **_updates(_host),
         },

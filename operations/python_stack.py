@@ -33,6 +33,7 @@ import hashlib
 import json
 import posixpath
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
@@ -66,8 +67,8 @@ REPO = GROUP_DATA.parent  # the checkout, or the installed package: what relativ
 MANIFEST = GROUP_DATA / "python_stack.yml"
 LOCKS = "group_data/python_stack.locks"  # beside the manifest, relative to the repository
 REFRESH = "uv run python -m tools.python_lock"
-# Every lock is resolved for this glibc: DGX OS 7 (Ubuntu 24.04) has 2.39, Debian 12 2.36.
-LOCK_FORMAT = 1
+# 2: resolved wheels only (--only-binary :all:, --prerelease explicit), with from_source.
+LOCK_FORMAT = 2
 UV_REQUIREMENTS = "/opt/sparkrig/uv-requirements.txt"
 UV_LINK = "/usr/local/bin/uv"
 STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user
@@ -76,6 +77,8 @@ _PUT_AS_OWNER = 'mkdir -p "$1" && cp -- "$2" "$1/.$3.sparkrig-new" && chmod 644 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 NO_CHANGES = "Would make no changes"
 LOCK_STAMP = "# sparkrig-input: "
+# The packages a lock leaves to a source build (the manifest's from_source, where needed).
+LOCK_FROM_SOURCE = "# sparkrig-from-source: "
 OFFLINE_DIR = "/var/lib/sparkrig/python-wheels"  # the controller's wheels, on a host
 PLAN_TIMEOUT_S = 300  # the longest the offline dry run of the lock may take (emulated aarch64 included)
 # What PyTorch's indexes may serve when the manifest names one for torch: nothing else.
@@ -115,7 +118,7 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
     the host's profile is itself invalid, reported on its own; wheels are not matched)."""
     if not isinstance(manifest, Mapping):
         return "the manifest must be a mapping (group_data/python_stack.yml)"
-    unknown = set(manifest) - {"python", "torch", "vllm", "packages", "profiles", "locks"}
+    unknown = set(manifest) - {"python", "torch", "vllm", "packages", "profiles", "locks", "from_source"}
     if unknown:
         return f"unknown manifest keys: {', '.join(sorted(map(str, unknown)))}"
     if not (isinstance(manifest.get("python"), str) and _PYTHON.fullmatch(manifest["python"])):
@@ -175,6 +178,12 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
         problem = _pins_problem(pins, f"profiles.{name}")
         if problem:
             return problem
+    from_source = manifest.get("from_source") or {}
+    if not isinstance(from_source, Mapping) or not all(
+        isinstance(name, str) and package_name(name) and isinstance(arches, list) and arches
+        and all(a in ARCHES for a in arches) for name, arches in from_source.items()
+    ):
+        return f"from_source must map package names to lists of architectures ({', '.join(ARCHES)})"
     return _locks_problem(manifest.get("locks"), profiles)
 
 
@@ -194,7 +203,7 @@ def _locks_problem(locks: Any, profiles: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _arch(data: Mapping[str, Any]) -> str | None:
+def host_arch(data: Mapping[str, Any]) -> str | None:
     """The host's CPU architecture from its profile; None when the profile is invalid."""
     if hardware_profiles_check(data.get("hardware_profiles"), data):
         return None
@@ -203,7 +212,7 @@ def _arch(data: Mapping[str, Any]) -> str | None:
 
 
 def manifest_check(value: Any, data: Mapping[str, Any]) -> str | None:
-    problem = manifest_problem(value, _arch(data))
+    problem = manifest_problem(value, host_arch(data))
     if problem:
         return f"a versions manifest as documented in group_data/python_stack.yml ({problem})"
     profiles = data.get("python_stack_profiles") or []
@@ -244,7 +253,7 @@ def hashes_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 def locks_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if not (isinstance(value, str) and value):
         return f"a directory of locks on the controller, relative to the repository (default {LOCKS})"
-    manifest, arch = data.get("python_stack"), _arch(data)
+    manifest, arch = data.get("python_stack"), host_arch(data)
     profiles = data.get("python_stack_profiles")
     # A bad manifest or profile list is reported by its own key; "auto" is checked at deploy.
     if arch is None or manifest_check(manifest, data) or profiles_check(profiles, data):
@@ -397,6 +406,12 @@ def lock_requirements(manifest: Mapping[str, Any], profiles: Sequence[str], arch
     return lines
 
 
+def from_source(manifest: Mapping[str, Any], arch: str) -> list[str]:
+    """The packages the manifest leaves to a source build on ``arch`` (no wheel there), by
+    normalised name: its locks for ``arch`` never hold them."""
+    return sorted(normalise(n) for n, arches in (manifest.get("from_source") or {}).items() if arch in arches)
+
+
 def lock_input(manifest: Mapping[str, Any], profiles: Sequence[str], arch: str) -> str:
     """The digest a lock records of what it was resolved from. Index URLs are left out (a
     mirror serves the same files, whose sha256 the lock pins); which packages come from
@@ -408,6 +423,7 @@ def lock_input(manifest: Mapping[str, Any], profiles: Sequence[str], arch: str) 
         "platform": LOCK_PLATFORM, "profiles": sorted(profiles),
         "requirements": lock_requirements(manifest, profiles, arch),
         "routes": routes(manifest), "wheel_sha256": wheel["sha256"] if wheel else None,
+        "from_source": from_source(manifest, arch),
     }, sort_keys=True))
 
 
@@ -441,14 +457,58 @@ def read_lock(path: Path) -> str | None:
         return None
 
 
-def lock_stamp(text: str) -> str | None:
-    """The input digest in a lock's header."""
+def _header_value(text: str, prefix: str) -> str | None:
     for line in text.splitlines():
-        if line.startswith(LOCK_STAMP):
-            return line[len(LOCK_STAMP):].strip()
+        if line.startswith(prefix):
+            return line[len(prefix):].strip()
         if not line.startswith("#"):
             break
     return None
+
+
+def lock_stamp(text: str) -> str | None:
+    """The input digest in a lock's header."""
+    return _header_value(text, LOCK_STAMP)
+
+
+def lock_from_source(text: str) -> list[str]:
+    """The packages a lock needs and leaves to a source build (its header says which)."""
+    return (_header_value(text, LOCK_FROM_SOURCE) or "").split()
+
+
+def missing_builds(data: Mapping[str, Any], arch: str) -> dict[str, list[str]]:
+    """Each package the host's lock needs from a source build that no enabled wheel build of
+    the host makes: the catalogue's builds that would (``{"xformers": ["xformers"]}``). Empty
+    when the lock is missing or stale (reported on its own)."""
+    manifest, profiles = data["python_stack"], data["python_stack_profiles"]
+    text = read_lock(locks_dir(data["python_stack_locks"]) / lock_name(manifest, profiles, arch))
+    if text is None or lock_stamp(text) != lock_input(manifest, profiles, arch):
+        return {}
+    catalogue = data.get("source_builds") or {}
+    makes: dict[str, list[str]] = {}
+    for build, spec in catalogue.items():
+        if isinstance(spec, Mapping) and spec.get("kind") == "wheel" and isinstance(spec.get("package"), str):
+            makes.setdefault(normalise(spec["package"]), []).append(build)
+    enabled = set(data.get("source_builds_enabled") or [])
+    return {
+        package: sorted(makes.get(package, []))
+        for package in lock_from_source(text)
+        if not enabled & set(makes.get(package, []))
+    }
+
+
+def missing_builds_message(data: Mapping[str, Any], arch: str) -> str | None:
+    """:func:`missing_builds` in words, or None."""
+    missing = missing_builds(data, arch)
+    if not missing:
+        return None
+    name = lock_name(data["python_stack"], data["python_stack_profiles"], arch)
+    said = "; ".join(
+        f"{package} has no {arch} wheel: enable "
+        + (" or ".join(builds) if builds else f"a build of {package} (none in source_builds)")
+        for package, builds in sorted(missing.items())
+    )
+    return f"the lock {name} leaves {', '.join(sorted(missing))} to a source build ({said})"
 
 
 def lock_problem(manifest: Mapping[str, Any], arch: str, profiles: Sequence[str], locks: str) -> str | None:
@@ -649,7 +709,18 @@ def virtualenv_arguments(data: Mapping[str, Any], built: Mapping[str, str]) -> d
         arguments["wheels"] = offline_wheels(
             text, arch, manifest["python"], Path(data["python_offline_cache"]).expanduser()
         )
+        arguments["lock"] = offline_lock(arguments["lock"])
     return arguments
+
+
+def offline_lock(text: str) -> str:
+    """A lock for ``--offline --no-index``: each wheel locked by its URL (vLLM's) named by its
+    copy in :data:`OFFLINE_DIR` instead, its hashes kept (uv fetches no URL offline, and
+    --find-links serves only what is locked by name)."""
+    def local(match: re.Match) -> str:
+        return f" @ file://{OFFLINE_DIR}/{urllib.parse.unquote(match[1])}"  # as offline_wheels names it
+
+    return re.sub(r" @ https?://[^\s]*/([^/\s]+\.whl)(?=\s)", local, text)
 
 
 @operation()
@@ -855,7 +926,7 @@ def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
     # Checked before any connection for a named profile; for "auto", now that the box said.
     problem = manifest_problem(manifest, arch) or lock_problem(
         manifest, arch, data.python_stack_profiles, data.python_stack_locks
-    )
+    ) or missing_builds_message(resolved(data.dict()), arch)
     if problem:
         refused(name="The versions manifest and its lock fit this box", message=f"python_stack: {problem}")
         return

@@ -71,6 +71,7 @@ from pyinfra.api import (
 )
 
 from sparkrig import atomic, host_output, messages, reading, rendering, user_files
+from sparkrig.operations import python_stack
 from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
 from sparkrig.packages import installed as install_packages
 from sparkrig.prefix import (
@@ -140,6 +141,11 @@ KIND_KEYS = {
     "wheel": _COMMON_KEYS | {"package", "build_requirements", "uses_torch", "abi3"},
     "prefix": _COMMON_KEYS | {"needs", "runtime_packages"},
 }
+# Optional in both kinds: the GPU target per hardware profile, where it is not the profile's own.
+OPTIONAL_KEYS = {"torch_cuda_arch_list"}
+TARGET = "TORCH_CUDA_ARCH_LIST"
+_ARCH_LIST = re.compile(r"\d+\.\d+[af]?(\+PTX)?([ ;]\d+\.\d+[af]?(\+PTX)?)*")
+_PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")  # as sparkrig/profile.py names them
 
 
 def load_catalogue(path: Path | str = CATALOGUE) -> dict:
@@ -157,8 +163,9 @@ def spec_problem(name: Any, spec: Any) -> str | None:
     kind = spec.get("kind") if isinstance(spec, Mapping) else None
     if kind not in KIND_KEYS:
         return f"{name}.kind must be one of: {', '.join(sorted(KIND_KEYS))}"
-    if set(spec) != KIND_KEYS[kind]:
-        return f"{name} (kind {kind}) must hold exactly: {', '.join(sorted(KIND_KEYS[kind]))}"
+    if not KIND_KEYS[kind] <= set(spec) <= KIND_KEYS[kind] | OPTIONAL_KEYS:
+        return (f"{name} (kind {kind}) must hold exactly: {', '.join(sorted(KIND_KEYS[kind]))}"
+                f" (and optionally {', '.join(sorted(OPTIONAL_KEYS))})")
     if not (isinstance(spec["url"], str) and _URL.fullmatch(spec["url"])):
         return f"{name}.url must be an http(s):// or file:/// URL or an absolute path, without quotes or spaces"
     ref = spec["ref"]
@@ -171,6 +178,15 @@ def spec_problem(name: Any, spec: Any) -> str | None:
         isinstance(k, str) and ENV_NAME.fullmatch(k) and env_value_problem(v) is None for k, v in env.items()
     ):
         return f"{name}.env must map variable names to strings without quotes or newlines"
+    if TARGET in env:
+        return (f"{name}.env must not set {TARGET}: a build targets the host's hardware profile "
+                f"(hardware_profiles); set torch_cuda_arch_list: {{PROFILE: LIST}} to override it per profile")
+    targets = spec.get("torch_cuda_arch_list", {})
+    if not isinstance(targets, Mapping) or not all(
+        isinstance(k, str) and _PROFILE.fullmatch(k) and isinstance(v, str) and _ARCH_LIST.fullmatch(v)
+        for k, v in targets.items()
+    ):
+        return f"{name}.torch_cuda_arch_list must map hardware profile names to lists such as '12.1' or '9.0;12.0+PTX'"
     steps = spec["steps"]
     if not isinstance(steps, list) or not all(
         isinstance(s, str) and s.strip() and not any(c in s for c in "\n\r\0") for s in steps
@@ -264,7 +280,15 @@ def enabled_check(value: Any, data: Mapping[str, Any]) -> str | None:
         missing = [n for n in needs if n not in value] if isinstance(needs, list) else []
         if missing:
             return f"{allowed}, with every build each one needs ({name} needs {', '.join(missing)}: enable it too)"
-    return None
+    arch = python_stack.host_arch(data)
+    # A bad manifest, profile list or lock directory is reported by its own key; "auto" at deploy.
+    if arch is None or python_stack.manifest_check(data.get("python_stack"), data) \
+            or python_stack.profiles_check(data.get("python_stack_profiles"), data) \
+            or python_stack.locks_check(data.get("python_stack_locks"), data) \
+            or _catalogue_entries(catalogue, data):
+        return None
+    problem = python_stack.missing_builds_message(data, arch)
+    return f"{allowed} that makes every package the host's lock leaves to one ({problem})" if problem else None
 
 
 def wait_check(value: Any, _data: Mapping[str, Any]) -> str | None:
@@ -321,6 +345,19 @@ def _torch_version(manifest: Mapping[str, Any]) -> str | None:
     return (torch.get("packages") or {}).get("torch")
 
 
+def build_target(name: str, data: Mapping[str, Any]) -> str:
+    """The TORCH_CUDA_ARCH_LIST build ``name`` compiles for on a host with ``data``: the
+    entry's own for the host's hardware profile, else the profile's."""
+    profile = data["hardware_profile"]
+    override = data["source_builds"][name].get("torch_cuda_arch_list") or {}
+    return override.get(profile) or data["hardware_profiles"][profile]["torch_cuda_arch_list"]
+
+
+def build_env(name: str, data: Mapping[str, Any]) -> dict[str, str]:
+    """The build's environment on top of the CUDA env file: the entry's, and its target."""
+    return {**data["source_builds"][name]["env"], TARGET: build_target(name, data)}
+
+
 def stamp_inputs(name: str, data: Mapping[str, Any]) -> dict:
     """Everything that makes the wheel of build ``name`` on a host with ``data``.
 
@@ -339,6 +376,8 @@ def stamp_inputs(name: str, data: Mapping[str, Any]) -> dict:
         "subdirectory": spec["subdirectory"],
         "arch": profile["arch"],
         "profile": data["hardware_profile"],
+        # What it is built for, in the clear: the record says it, peers of another target never share it.
+        "target": build_target(name, data),
     }
     if spec["kind"] == "prefix":
         # Each needed build by its key, so a new library rebuilds what was compiled against
@@ -1095,7 +1134,7 @@ def source_builds(sync_venv: Callable[..., Any] | None = None):
             key=key,
             script=render_build_script(name, key, data) if runs_here else "",
             owner=owner,
-            env=spec["env"],
+            env=build_env(name, data),
             packages=spec["build_packages"],
             memory_max=spec["memory_max"],
             oom_score_adj=data["jobs_oom_score_adj"],

@@ -22,6 +22,8 @@ from . import atomic
 LOCK_PLATFORM = "manylinux_2_35"
 DEFAULT_INDEX = "https://pypi.org/simple"
 _SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+# PEP 600's names of the older manylinux tags, by glibc minor version.
+_LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
 _ANCHOR = re.compile(r'<a\s[^>]*href="([^"]+)"[^>]*>([^<]+)</a>', re.IGNORECASE)
 
 
@@ -49,8 +51,13 @@ def target_tags(arch: str, python: str) -> set[str]:
     """The wheel tags a host of the lock's platform and Python accepts."""
     major, minor = (int(x) for x in python.split("."))
     glibc = int(LOCK_PLATFORM.rsplit("_", 1)[1])
-    platforms = [f"manylinux_2_{m}_{arch}" for m in range(glibc, 16, -1)]
-    platforms += [f"manylinux2014_{arch}", f"linux_{arch}"]
+    platforms = []
+    for glibc_minor in range(glibc, 4, -1):  # down to manylinux1's glibc 2.5, with the legacy aliases
+        platforms.append(f"manylinux_2_{glibc_minor}_{arch}")
+        legacy = _LEGACY_MANYLINUX.get(glibc_minor)
+        if legacy and (glibc_minor == 17 or arch == "x86_64"):  # 2010 and 1 were x86 only
+            platforms.append(f"{legacy}_{arch}")
+    platforms.append(f"linux_{arch}")
     tags = list(cpython_tags((major, minor), platforms=platforms))
     tags += list(compatible_tags((major, minor), f"cp{major}{minor}", platforms))
     return {str(t) for t in tags}

@@ -94,6 +94,17 @@ def pytest_addoption(parser):
                           "(no fresh boot); implies --keep-lab")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The real_stack tests (GBs of wheels, tens of minutes) run only when ``-m`` names them
+    (``uv run pytest -m real_stack``): the default run, CI's and ``-m "not lab"`` leave them out."""
+    if "real_stack" in (config.getoption("markexpr") or ""):
+        return
+    chosen = [item for item in items if item.get_closest_marker("real_stack") is None]
+    if len(chosen) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
+        items[:] = chosen
+
+
 @pytest.fixture(scope="session")
 def lab_hosts(request):
     missing = lab.missing_requirements()

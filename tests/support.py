@@ -6,6 +6,7 @@ and turn a pyinfra inventory into testinfra targets with the same SSH settings.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,11 +48,14 @@ class DeployResult:
         return {h for op in self.operations() for h in op["success"] + op["error"] + op["no_change"]}
 
 
-def run_deploy(inventory: str, *args: str, timeout: int = 1800) -> DeployResult:
-    """Run ``pyinfra -y --json INVENTORY deploy.py`` from the repository, as a user would."""
+def run_deploy(
+    inventory: str, *args: str, timeout: int = 1800, deploy: str = "deploy.py", env: dict[str, str] | None = None,
+) -> DeployResult:
+    """Run ``pyinfra -y --json INVENTORY DEPLOY`` from the repository, as a user would
+    (``env``: added to the environment)."""
     result = subprocess.run(
-        [PYINFRA, "-y", "--json", *args, inventory, "deploy.py"],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        [PYINFRA, "-y", "--json", *args, inventory, deploy],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
     )
     try:
         report = json.loads(result.stdout)

@@ -307,14 +307,20 @@ def identity(host) -> dict:
 
 
 @pytest.fixture
-def profile(settings, identity) -> dict:
-    """The host's hardware profile; for "auto", the one the box matches (as the deploy chose)."""
+def profile_name(settings, identity) -> str:
+    """The host's hardware profile's name; for "auto", the one the box matches (as the deploy chose)."""
     name = settings["hardware_profile"]
     if name == AUTO:
         name, problem = choose_profile(settings["hardware_profiles"], identity)
         if name is None:
             pytest.fail(problem)
-    return settings["hardware_profiles"][name]
+    return name
+
+
+@pytest.fixture
+def profile(settings, profile_name) -> dict:
+    """The host's hardware profile."""
+    return settings["hardware_profiles"][profile_name]
 
 
 @pytest.hookimpl(tryfirst=True)

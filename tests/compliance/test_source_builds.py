@@ -91,6 +91,31 @@ def test_every_enabled_build_is_installed_from_its_stamped_wheel(host, settings,
         assert recorded in (None, stamp["sha256"]), f"{name}: uv recorded sha256 {recorded}"
 
 
+def target_problem(stamp: dict, spec: dict, settings: dict, profile_name: str) -> str | None:
+    """Why a build's record says it was built for another GPU than the host's, or None:
+    the entry's torch_cuda_arch_list for the host's profile, else the profile's own."""
+    wanted = (spec.get("torch_cuda_arch_list") or {}).get(profile_name) \
+        or settings["hardware_profiles"][profile_name]["torch_cuda_arch_list"]
+    if stamp.get("target") != wanted or stamp.get("profile") != profile_name:
+        return (f"built for TORCH_CUDA_ARCH_LIST={stamp.get('target')!r} (profile {stamp.get('profile')!r}); "
+                f"this host is {profile_name!r}, which wants {wanted!r}")
+    return None
+
+
+def test_every_build_targets_the_hosts_gpu(host, settings, enabled, profile_name):
+    """Protects against kernels built for another GPU: a build that took a fixed
+    TORCH_CUDA_ARCH_LIST (sm_121 on a hopper box), or a wheel shared from a host of another
+    profile. Its record (stamp.json) names the target it was compiled for."""
+    installs = _wheelhouse_installs(host, settings["python_venv_path"])
+    for name, spec in enabled.items():
+        found = installs.get(_normal(spec["package"]))
+        assert found, f"{name}: {spec['package']} is not installed from a wheel file"
+        directory = found["direct"]["url"].removeprefix("file://").rsplit("/", 1)[0]
+        stamp = json.loads(host.file(f"{directory}/stamp.json").content_string)
+        problem = target_problem(stamp, spec, settings, profile_name)
+        assert problem is None, f"{name}: {problem}"
+
+
 def test_wheelhouse_is_not_writable_by_others(host, settings, enabled):
     """Protects against code injection: whoever can replace a wheel or its stamp in the
     wheelhouse puts code into the venv at the next converge."""

@@ -285,7 +285,8 @@ def test_a_fresh_host_gets_venv_support_uv_and_the_venv():
 
 def test_a_changed_lock_is_uploaded_and_synced_without_a_new_venv():
     old = _wanted()
-    ops = _ops(_fact_output(lock=old), hardware_profile="gb10", python_stack_profiles=["unsloth"])
+    ops = _ops(_fact_output(lock=old), hardware_profile="gb10", python_stack_profiles=["unsloth"],
+               source_builds_enabled=["xformers"])
     (venv,) = ops
     assert venv.name.startswith("Python stack | Virtualenv python_venv_path")
     joined = "\n".join(venv.commands)
@@ -339,6 +340,29 @@ def test_a_stale_lock_refuses_the_host_before_any_change():
     ops = _ops(_fact_output(), python_stack=_manifest(packages={"six": "1.17.0"}))
     assert [op.name for op in ops] == ["Python stack | The versions manifest and its lock fit this box"]
     assert "is stale for its manifest: run `uv run python -m tools.python_lock`" in ops[0].commands[0]
+
+
+def test_a_lock_needing_a_source_build_wants_it_enabled_before_any_host_is_contacted():
+    # The committed aarch64 Unsloth lock leaves xformers (no aarch64 wheel) to a source build.
+    assert ps.lock_from_source(ps.read_lock(ps.locks_dir(ps.LOCKS) / "aarch64-py3.12-unsloth.txt")) == ["xformers"]
+    assert ps.lock_from_source(ps.read_lock(ps.locks_dir(ps.LOCKS) / "x86_64-py3.12-unsloth.txt")) == []
+    with pytest.raises(SettingsError) as error:
+        validate_hosts([("spark-02", {"hardware_profile": "gb10", "python_stack_profiles": ["unsloth"]})])
+    (line,) = [line for line in str(error.value).splitlines() if line.startswith("  host")]
+    assert line.startswith("  host 'spark-02': source_builds_enabled = []: allowed is a list of builds")
+    assert "aarch64-py3.12-unsloth.txt leaves xformers to a source build (xformers has no aarch64 wheel: " \
+           "enable xformers)" in line
+    validate_hosts([("spark-02", {"hardware_profile": "gb10", "python_stack_profiles": ["unsloth"],
+                                  "source_builds_enabled": ["xformers"]})])
+    # x86_64 has PyPI's wheel; the base stack does not need xformers at all.
+    validate_hosts([("ws", {"hardware_profile": "rtx50", "python_stack_profiles": ["unsloth"]})])
+    validate_hosts([("spark-03", {"hardware_profile": "gb10"})])
+
+
+def test_an_auto_profile_host_is_refused_at_deploy_when_its_lock_needs_a_build():
+    ops = _ops(_fact_output(), hardware_profile="gb10", python_stack_profiles=["unsloth"])
+    assert [op.name for op in ops] == ["Python stack | The versions manifest and its lock fit this box"]
+    assert "leaves xformers to a source build (xformers has no aarch64 wheel: enable xformers)" in ops[0].commands[0]
 
 
 def test_an_owner_that_does_not_exist_is_refused():
@@ -408,3 +432,14 @@ def test_a_fresh_venv_command_runs_its_link_check_and_goes_on(tmp_path):
     bad = subprocess.run(["sh", "-c", guard.replace("/opt/sparkrig/venv", str(tmp_path / "link")) + " && echo on"],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "is a symbolic link" in bad.stderr and bad.stdout == ""
+
+
+def test_offline_the_wheel_locked_by_url_is_named_by_its_uploaded_copy():
+    """uv fetches no URL with --offline: vLLM's wheel, locked by its URL, is installed from the
+    copy the controller uploaded (found installing the real stack in the lab)."""
+    text = ps.read_lock(ps.locks_dir(ps.LOCKS) / "x86_64-py3.12.txt")
+    offline = ps.offline_lock(text)
+    (line,) = [line for line in offline.splitlines() if line.startswith("vllm @ ")]
+    assert line == f"vllm @ file://{ps.OFFLINE_DIR}/vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl \\"
+    assert offline.count("--hash=") == text.count("--hash=") and "https://" not in offline.split("vllm @ ", 1)[1].split("\n")[0]
+    assert ps.offline_lock(offline) == offline

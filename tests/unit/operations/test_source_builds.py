@@ -76,10 +76,10 @@ def test_the_shipped_builds_are_the_checked_recipes():
     triton, xformers, vllm = CATALOGUE["triton"], CATALOGUE["xformers"], CATALOGUE["vllm"]
     assert triton["ref"] == "c5d671f91d90f40900027382f98b17a3e04045f6"
     assert triton["url"] == "https://github.com/triton-lang/triton.git"
-    assert xformers["ref"] == "v0.0.33" and xformers["env"]["TORCH_CUDA_ARCH_LIST"] == "12.1"
+    assert xformers["ref"] == "v0.0.33" and xformers["torch_cuda_arch_list"] == {"gb10": "12.1"}
     assert xformers["submodules"] and xformers["uses_torch"]
     assert vllm["steps"][0] == "python use_existing_torch.py" and vllm["uses_torch"]
-    assert vllm["env"] == {"TORCH_CUDA_ARCH_LIST": "12.1a", "MAX_JOBS": "4"}
+    assert vllm["env"] == {"MAX_JOBS": "4"} and "torch_cuda_arch_list" not in vllm  # gb10's own 12.1a
 
 
 @pytest.mark.parametrize(
@@ -96,6 +96,8 @@ def test_the_shipped_builds_are_the_checked_recipes():
         ({"source_builds": _catalogue(subdirectory="../up")}, "lab.subdirectory"),
         ({"source_builds": _catalogue(memory_max="lots")}, "lab.memory_max must be null or"),
         ({"source_builds": _catalogue(abi3="yes")}, "lab.abi3 must be true or false"),
+        ({"source_builds": _catalogue(env={"TORCH_CUDA_ARCH_LIST": "12.1"})}, "lab.env must not set TORCH_CUDA_ARCH_LIST"),
+        ({"source_builds": _catalogue(torch_cuda_arch_list={"gb10": "sm_121"})}, "lab.torch_cuda_arch_list must map"),
         ({"source_builds": {"Bad_Name": LAB}}, "'Bad_Name' is not a build name"),
         ({"source_builds": {"lab": {**LAB, "colour": "red"}}}, "lab (kind wheel) must hold exactly"),
         ({"source_builds_enabled": ["tritonn"]}, "a list of builds of source_builds: triton, vllm, xformers"),
@@ -136,6 +138,7 @@ def test_the_stamp_key_follows_what_makes_the_wheel():
         {"hardware_profile": "hopper"}, {"abi3": False},
     ):
         assert _key(**change) != base, change
+    assert sb.wanted(_data(source_builds=_catalogue(torch_cuda_arch_list={"gb10": "12.1"})))["lab"] != base
     # Not what leaves the wheel alone: where a commit is fetched from, memory, apt packages.
     for change in ({"url": "/srv/mirror/lab.git"}, {"memory_max": None}, {"build_packages": []}):
         assert _key(**change) == base, change
@@ -190,6 +193,50 @@ def test_the_stamp_records_the_inputs_and_the_url():
     # Values only as their sha256: build.sh and the stamp are 0644, and the stamp travels.
     assert stamp["env"] == {k: hashlib.sha256(v.encode()).hexdigest() for k, v in LAB["env"].items()}
     assert stamp["key"] == sb.wanted(_data())["lab"]
+
+
+def _record(name: str = "lab", **data) -> dict:
+    """The stamp.json a build writes (its inputs, as build.sh carries them)."""
+    data = _data(**data)
+    script = sb.render_build_script(name, sb.wanted(data)[name], data)
+    (line,) = [line for line in script.splitlines() if line.startswith("SPARKRIG_STAMP=")]
+    return json.loads(shlex.split(line)[0].split("=", 1)[1])
+
+
+def test_a_build_targets_the_hosts_gpu_and_its_record_says_so():
+    hopper, gb10 = _record(hardware_profile="hopper"), _record(hardware_profile="gb10")
+    assert (hopper["profile"], hopper["target"]) == ("hopper", "9.0")
+    assert (gb10["profile"], gb10["target"]) == ("gb10", "12.1a")
+    assert _record(hardware_profile="rtx50")["target"] == "12.0"
+    # The catalogue's xformers keeps Unsloth's 12.1 on a Spark, and follows any other profile.
+    xformers = {"source_builds_enabled": ["xformers"]}
+    assert _record("xformers", hardware_profile="gb10", **xformers)["target"] == "12.1"
+    assert _record("xformers", hardware_profile="hopper", **xformers)["target"] == "9.0"
+    # A hopper host never shares a gb10 build: another target is another key.
+    assert hopper["key"] != gb10["key"]
+
+
+def test_the_build_unit_gets_the_target_after_the_cuda_env_file():
+    for profile, target in (("hopper", "9.0"), ("gb10", "12.1a")):
+        ops = _ops("absent", hardware_profile=profile)
+        d = sb.build_dir("lab", sb.wanted(_data(hardware_profile=profile))["lab"])
+        assert ops[0].uploads[f"{d}/env.new"] == f"MAX_JOBS='2'\nTORCH_CUDA_ARCH_LIST='{target}'\n".encode()
+        build = "\n".join(ops[0].commands)
+        # systemd reads the EnvironmentFiles in order: the build's own wins over cuda.env's.
+        assert build.index("EnvironmentFile=-/etc/sparkrig/cuda.env") < build.index(f"EnvironmentFile={d}/env")
+
+
+def test_the_compliance_control_fails_on_a_build_for_another_gpu():
+    from tests.compliance.test_source_builds import target_problem
+
+    settings = _data(hardware_profile="hopper")
+    spec = settings["source_builds"]["lab"]
+    assert target_problem(_record(hardware_profile="hopper"), spec, settings, "hopper") is None
+    problem = target_problem(_record(hardware_profile="gb10"), spec, settings, "hopper")
+    assert problem and "'12.1a'" in problem and "wants '9.0'" in problem
+    # A record of the same profile but another target (an override changed since) fails too.
+    stale = {**_record(hardware_profile="hopper"), "target": "12.1"}
+    assert target_problem(stale, spec, settings, "hopper")
 
 
 # The fact ----------------------------------------------------------------------------------
@@ -315,7 +362,7 @@ def test_a_fresh_host_builds_detached_in_training_slice_waits_and_installs():
     assert f"--property EnvironmentFile={d}/env" in build and f"--property WorkingDirectory={d}/work" in build
     assert 'while case "$(systemctl is-active "$u"' in build and "journalctl -u" in build
     assert ops[0].uploads[f"{d}/.build.sh.sparkrig-new"].decode() == _script()
-    assert ops[0].uploads[f"{d}/env.new"] == b"MAX_JOBS='2'\n"
+    assert ops[0].uploads[f"{d}/env.new"] == b"MAX_JOBS='2'\nTORCH_CUDA_ARCH_LIST='12.1a'\n"
     assert f"install -m 600 -o root -g root /dev/null {d}/env.new" in build
     # One host in the run: nothing to fetch for others, nothing to receive.
     assert ops[1].commands == [] and ops[2].commands == []
@@ -473,7 +520,7 @@ def test_a_secret_env_value_reaches_no_world_readable_file_nor_command_line():
     ops = _ops("absent", source_builds={**CATALOGUE, "lab": {**LAB, "env": {"HF_TOKEN": "hf_secret123"}}})
     assert not any("hf_secret123" in c for op in ops for c in op.commands)
     (env,) = [v for k, v in ops[0].uploads.items() if k.endswith("/env.new")]
-    assert env == b"HF_TOKEN='hf_secret123'\n"
+    assert env == b"HF_TOKEN='hf_secret123'\nTORCH_CUDA_ARCH_LIST='12.1a'\n"
 
 
 def test_a_host_whose_profile_is_auto_plans_its_reading_without_the_builds():

@@ -245,7 +245,7 @@ def _valid() -> dict:
     data.update(
         ngc_enabled=True, ngc_base_image="nvcr.io/nvidia/pytorch:25.09-py3@sha256:" + "a" * 64,
         ngc_pip_packages=["peft==0.17.1"], ngc_users=["spark"], containers_docker_users=["spark"],
-        cuda_env_extra={"HF_HOME": "/data/hf"}, source_builds_enabled=["lab"], python_stack_profiles=["unsloth"],
+        cuda_env_extra={"HF_HOME": "/data/hf"}, source_builds_enabled=["lab", "xformers"], python_stack_profiles=["unsloth"],
         source_builds={**data["source_builds"], "lab": {**data["source_builds"]["triton"], "url": "/srv/lab.git"}},
     )
     return data

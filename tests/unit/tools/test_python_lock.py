@@ -15,6 +15,7 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import yaml
 
 from lab import wheelhouse
 from sparkrig import python_wheels
@@ -50,6 +51,76 @@ def test_the_real_manifest_and_every_profile_resolve_for_both_architectures():
         assert entries["torch"][0] == "torch==2.11.0 \\" and "    # from https://pypi.org/simple" in entries["torch"]
         assert entries["cuda-toolkit"][0].startswith("cuda-toolkit==13.0.2")  # PyPI's torch is the CUDA 13.0 build
         assert ps.lock_stamp(text) == ps.lock_input(MANIFEST, profiles, arch)
+        # unsloth requires xformers: PyPI's wheel on x86_64; on aarch64, none, so a source build's.
+        needs_build = arch == "aarch64" and profiles == ["unsloth"]
+        assert ("xformers" in entries) == (profiles == ["unsloth"] and not needs_build), (arch, profiles)
+        assert ps.lock_from_source(text) == (["xformers"] if needs_build else []), (arch, profiles)
+
+
+def _committed(arch: str, profiles: list[str]) -> str:
+    return ps.read_lock(ps.locks_dir(ps.LOCKS) / ps.lock_name(MANIFEST, profiles, arch))
+
+
+@needs_pypi
+def test_every_committed_lock_is_installable_by_its_hosts():
+    """Each pin of each committed lock, resolved as its hosts install it: wheels only, for
+    that architecture, the manifest's Python and the lock's glibc floor."""
+    combos = [(arch, profiles) for arch in MANIFEST["locks"]["architectures"] for profiles in MANIFEST["locks"]["profiles"]]
+    with ThreadPoolExecutor(len(combos)) as pool:
+        found = list(pool.map(
+            lambda c: python_lock.installable_problem(_committed(*c), c[0], MANIFEST["python"]), combos
+        ))
+    assert found == [None] * len(combos), found
+
+
+@needs_pypi
+def test_a_lock_a_host_could_not_install_is_refused_naming_package_architecture_and_reason():
+    lock = "six==1.17.0 \\\n    --hash=sha256:" + "0" * 64 + "\nxformers==0.0.35 \\\n    --hash=sha256:" + "1" * 64 + "\n"
+    problem = python_lock.installable_problem(lock, "aarch64", "3.12")
+    assert "xformers has no wheel for aarch64 (CPython 3.12, manylinux_2_35)" in problem
+    assert "hosts install wheels only" in problem
+    assert python_lock.installable_problem(lock, "x86_64", "3.12") is None
+
+
+@needs_pypi
+def test_check_reports_a_committed_lock_a_host_could_not_install(tmp_path, capsys):
+    # The aarch64 Unsloth lock as it was committed before: fresh for its manifest, and xformers
+    # 0.0.35 (sdist and x86_64 wheels only) in it.
+    manifest = {**MANIFEST, "locks": {"architectures": ["aarch64"], "profiles": [["unsloth"]]}}
+    (tmp_path / "stack.yml").write_text(yaml.safe_dump(manifest))
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    name = ps.lock_name(manifest, ["unsloth"], "aarch64")
+    (locks / name).write_text(_committed("aarch64", ["unsloth"]) + "xformers==0.0.35 \\\n    --hash=sha256:" + "1" * 64 + "\n")
+    assert python_lock.main(["--manifest", str(tmp_path / "stack.yml"), "--locks", str(locks), "--check"]) == 1
+    said = capsys.readouterr().err
+    assert f"{name}: a host could not install it: xformers has no wheel for aarch64" in said
+
+
+@needs_pypi
+def test_a_package_without_a_wheel_is_refused_unless_left_to_a_source_build():
+    manifest = {
+        "python": "3.12", "torch": None, "vllm": None, "packages": {"xformers": "0.0.33"}, "profiles": {},
+        "locks": {"architectures": ["aarch64", "x86_64"], "profiles": [[]]},
+    }
+    with pytest.raises(RuntimeError) as error:
+        python_lock.compile_lock(manifest, [], "aarch64")
+    assert "xformers has no wheel for aarch64 (CPython 3.12, manylinux_2_35)" in str(error.value)
+    manifest["from_source"] = {"xformers": ["aarch64"]}
+    text = python_lock.compile_lock(manifest, [], "aarch64")
+    assert "xformers" not in dict(ps.lock_entries(text)) and ps.lock_from_source(text) == ["xformers"]
+    # Left out with what it alone needs: a built wheel's requirements come from the rest of the lock.
+    assert ps.lock_entries(text) == []
+    x86 = python_lock.compile_lock(manifest, [], "x86_64")  # x86_64 has PyPI's wheel
+    assert dict(ps.lock_entries(x86))["xformers"][0] == "xformers==0.0.33 \\" and ps.lock_from_source(x86) == []
+
+
+def test_a_development_snapshot_the_manifest_does_not_pin_is_found():
+    # What uv takes when no release has a wheel: xformers 0.0.35.dev1147, a py3-none-any wheel.
+    lock = "xformers==0.0.35.dev1147 \\\n    --hash=sha256:" + "1" * 64 + "\nsix==1.17.0\n"
+    assert python_lock.dev_snapshots(lock, {}) == ["xformers==0.0.35.dev1147"]
+    assert python_lock.dev_snapshots(lock, {"xformers": "0.0.35.dev1147"}) == []
+    assert python_lock.dev_snapshots("opentelemetry-semantic-conventions==0.66b2\n", {}) == []  # a beta is a release
 
 
 def _decoy_wheel(name: str, version: str) -> tuple[str, bytes]:
@@ -105,6 +176,11 @@ def test_offline_tags_accept_the_hosts_wheels_only():
     assert python_wheels._fits("torch-2.11.0-cp312-cp312-manylinux_2_28_aarch64.whl", tags)
     assert python_wheels._fits("six-1.17.0-py2.py3-none-any.whl", tags)
     assert python_wheels._fits("vllm-0.20.2-cp38-abi3-manylinux_2_35_aarch64.whl", tags)
+    # torch's CUDA 13 runtime wheels carry the older manylinux names (found installing the real stack).
+    x86 = python_wheels.target_tags("x86_64", "3.11")
+    assert python_wheels._fits("nvidia_cuda_nvrtc-13.0.88-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl", x86)
+    assert python_wheels._fits("nvidia_cuda_nvrtc-13.0.88-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl", tags)
+    assert python_wheels._fits("x-1.0-py3-none-manylinux1_x86_64.whl", x86)
     assert not python_wheels._fits("torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl", tags)
     assert not python_wheels._fits("torch-2.11.0-cp311-cp311-manylinux_2_28_aarch64.whl", tags)
     assert not python_wheels._fits("x-1.0-cp312-cp312-manylinux_2_39_aarch64.whl", tags)  # newer glibc than the lock's
