@@ -38,6 +38,25 @@ def concern(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{name}")
 
 
+def deploy_on_demand(package: str, name: str):
+    """A concern package's module ``__getattr__``: its @deploy ``name``, imported from its
+    ``deploy`` module when first asked for (``from sparkrig.operations.swap import swap``), so
+    that importing the package, or its settings, imports nothing more."""
+
+    def __getattr__(attribute: str):
+        if attribute == name:
+            return getattr(importlib.import_module(f"{package}.deploy"), name)
+        raise AttributeError(f"module {package!r} has no attribute {attribute!r}")
+
+    return __getattr__
+
+
+def load(names: tuple[str, ...] = CONCERNS) -> tuple:
+    """The @deploy of each of ``names``, imported in this order: so their reading planners
+    (sparkrig.reading) are registered, and their parts read, in deploy order."""
+    return tuple(getattr(concern(name), name) for name in names)
+
+
 def declaring(names: tuple[str, ...] = CONCERNS) -> tuple[ModuleType, ...]:
     """The modules that declare the settings of ``names``, in deploy order (the reference's)."""
     found: list[ModuleType] = []
@@ -53,4 +72,5 @@ def install(*names: str) -> None:
     (default: all) on every targeted host before any host is contacted, take each host's
     deploy lock before its first change, and end the run with its one summary line."""
     declaring(names or CONCERNS)
+    load(names or CONCERNS)
     hooks.install(ctx_state.get())

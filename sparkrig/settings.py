@@ -404,7 +404,7 @@ def reference(concerns: Sequence[ModuleType]) -> str:
         title = (concern.__doc__ or concern.__name__).strip().splitlines()[0].rstrip(".:,")
         name = concern.__name__  # the checkout's path: operations/ sits beside sparkrig/
         module = name.removeprefix("sparkrig." if name.startswith("sparkrig.operations.") else "")
-        module = module.replace(".", "/") + ".py"
+        module = module.replace(".", "/") + ("/settings.py" if hasattr(concern, "__path__") else ".py")
         out += ["", f"## {title}", "", f"`{module}`"]
         for setting in concern.SETTINGS:
             out += [

@@ -48,7 +48,8 @@ def concerns_table(deploy_text: str) -> str:
     rows = ["| concern | module | what it does |", "| --- | --- | --- |"]
     for name in CONCERNS:
         function = getattr(concern(name), name)
-        rows.append(f"| {function.deploy_name} | [`operations/{name}.py`]({doc_page(name)}) | {comments[name]} |")
+        where = f"operations/{name}/" if hasattr(concern(name), "__path__") else f"operations/{name}.py"
+        rows.append(f"| {function.deploy_name} | [`{where}`]({doc_page(name)}) | {comments[name]} |")
     return "\n".join(rows)
 
 

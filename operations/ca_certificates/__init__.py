@@ -9,7 +9,11 @@ pip read. uv reads that store too, because sparkrig runs it with
 setting are removed from the host. A converged host costs one remote command.
 """
 
-from .deploy import ca_certificates
+from sparkrig.operations import deploy_on_demand
+
 from .settings import SETTINGS
 
 __all__ = ["SETTINGS", "ca_certificates"]
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'ca_certificates')

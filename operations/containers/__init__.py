@@ -34,7 +34,11 @@ only where they show work to do; that operation reads its own state again when i
 runs. A converged host costs those two commands.
 """
 
-from .deploy import containers
+from sparkrig.operations import deploy_on_demand
+
 from .settings import SETTINGS
 
 __all__ = ["SETTINGS", "containers"]
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'containers')

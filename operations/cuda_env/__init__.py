@@ -14,7 +14,11 @@ no sync, nothing the deploy installed is replaced), and names the shared model
 cache (``jobs_model_cache``) as ``HF_HOME``.
 """
 
-from .deploy import cuda_env
+from sparkrig.operations import deploy_on_demand
+
 from .settings import SETTINGS
 
 __all__ = ["SETTINGS", "cuda_env"]
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'cuda_env')

@@ -15,9 +15,13 @@ identity and the choice for "auto" live in sparkrig/profile.py, which every conc
 the profile asks (``host_profile()``).
 """
 
-from .deploy import hardware
+from sparkrig.operations import deploy_on_demand
+
 from .settings import SETTINGS
 
 __all__ = ["DOC", "SETTINGS", "hardware"]
 
 DOC = "docs/fleets.md"  # profiles are what a mixed fleet is made of
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'hardware')

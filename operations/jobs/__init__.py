@@ -32,7 +32,11 @@ directory, root's and the group's (setgid, 2775), the group and its members.
 cuda_env exports it as ``HF_HOME``; spark-container mounts it.
 """
 
-from .deploy import jobs
+from sparkrig.operations import deploy_on_demand
+
 from .settings import SETTINGS
 
 __all__ = ["SETTINGS", "jobs"]
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'jobs')

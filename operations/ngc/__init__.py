@@ -28,7 +28,11 @@ users and the token; :class:`atomic.HostState` for its files and unit): one remo
 command each, and no operation on a converged host. Turned off, it reads nothing.
 """
 
-from .deploy import ngc
+from sparkrig.operations import deploy_on_demand
+
 from .settings import SETTINGS
 
 __all__ = ["SETTINGS", "ngc"]
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'ngc')

@@ -13,7 +13,11 @@ restarted only when they changed and only after ``sshd -t`` passes, and a new SS
 connection is proven to work before the deploy goes on.
 """
 
-from .deploy import sshd_guard
+from sparkrig.operations import deploy_on_demand
+
 from .settings import SETTINGS
 
 __all__ = ["SETTINGS", "sshd_guard"]
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'sshd_guard')

@@ -21,7 +21,11 @@ A converged host costs one remote command: :class:`SwapSources` reads everything
 and the one operation, :func:`disabled`, decides every change from it.
 """
 
-from .deploy import swap
+from sparkrig.operations import deploy_on_demand
+
 from .settings import SETTINGS
 
 __all__ = ["SETTINGS", "swap"]
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'swap')

@@ -25,7 +25,11 @@ the venv's torch and vLLM (from their ``.dist-info/METADATA``, read as the venv'
 owner: root runs nothing the venv holds).
 """
 
-from .deploy import updates
+from sparkrig.operations import deploy_on_demand
+
 from .settings import SETTINGS
 
 __all__ = ["SETTINGS", "updates"]
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'updates')

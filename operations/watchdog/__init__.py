@@ -21,7 +21,11 @@ forks nothing, so nothing inherits the -1000 (unlike sshd's sessions). The
 service is restarted only when one of the two files changed.
 """
 
-from .deploy import watchdog
+from sparkrig.operations import deploy_on_demand
+
 from .settings import SETTINGS
 
 __all__ = ["SETTINGS", "watchdog"]
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'watchdog')

@@ -102,10 +102,11 @@ def test_parts_are_hashable_whatever_their_arguments():
 
 
 def test_planned_joins_every_concern_once_in_order():
-    from sparkrig.operations import declaring
+    from sparkrig.operations import declaring, load
     from sparkrig.settings import all_settings, defaults
 
-    declaring()  # every concern imported: each registered its reads
+    declaring()
+    load()  # every concern's deploy imported: each registered its reads
 
     settings = defaults(all_settings())
     seen = reading.planned({**settings, "ngc_enabled": True, "source_builds_enabled": []})
