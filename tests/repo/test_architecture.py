@@ -1,5 +1,7 @@
-"""The shape of operations/: concerns talk through settings and a small shared API, and no
-two modules import each other, directly or around a loop (imports inside functions count)."""
+"""The shape of the package: one package per concern under operations/, which imports another
+concern only through that concern's settings module, visibly; no import loop, inside a concern or
+between concerns (imports inside functions count); the shared layer, sparkrig/, imports no concern;
+no module under operations/ over 450 lines."""
 
 from __future__ import annotations
 
@@ -8,28 +10,45 @@ import re
 from pathlib import Path
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "operations"
+MAX_LINES = 450
 
 
-def import_graph(package: Path = OPERATIONS) -> dict[str, set[str]]:
-    """Each module of the package with the modules of the package it imports, anywhere in it."""
-    modules = {path.stem for path in package.glob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for path in package.glob("*.py"):
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                if node.module:  # from .x import y
-                    found.add(node.module.split(".")[0])
-                else:  # from . import x, y
-                    found |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sparkrig.operations."):
-                found.add(node.module.split(".")[2])
-        graph[path.stem] = (found & modules) - {path.stem}
+def concern_imports(path: Path) -> set[str]:
+    """What a module under operations/ imports of another concern, anywhere in it, as
+    ``concern.module`` (``cuda_env.settings``; a bare ``concern`` for the package itself)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("sparkrig.operations"):
+            parts = node.module.split(".")[2:]
+            names = [".".join(parts + [alias.name]) for alias in node.names] if len(parts) == 1 else [".".join(parts)]
+            if not parts:  # from sparkrig.operations import x, y
+                names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 2 and node.module:  # from ..other import x
+            names = [node.module + "." + alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name.removeprefix("sparkrig.operations.") for a in node.names if a.name.startswith("sparkrig.operations.")]
+        found |= set(names)
+    return found
+
+
+def concern_graph(root: Path = OPERATIONS) -> dict[str, dict[str, set[str]]]:
+    """Each concern (a package, or a module not split yet) with what each of its files imports
+    of other concerns: {concern: {file: {"jobs.settings", ...}}}."""
+    concerns = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
+    concerns |= {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, dict[str, set[str]]] = {}
+    for name in sorted(concerns):
+        files = sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / f"{name}.py"]
+        graph[name] = {
+            str(f.relative_to(root)): {i for i in concern_imports(f) if i.split(".")[0] in concerns - {name}}
+            for f in files
+        }
     return graph
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every import loop, each as the modules along it (depth-first search)."""
+    """Every import loop, each as the nodes along it (depth-first search)."""
     found, done = [], set()
 
     def visit(node: str, path: list[str]) -> None:
@@ -47,23 +66,49 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_cycle_under_operations():
-    graph = {name: deps for name, deps in import_graph().items() if name != "__init__"}
+def test_a_concern_imports_another_only_through_its_settings_module():
+    """Concerns talk through settings: one that reads another's setting imports that concern's
+    settings module (and takes its defaults); never its facts, operations or deploy."""
+    wrong = {
+        f"{concern}: {file} imports {sorted(i for i in imports if not i.endswith('.settings'))}"
+        for concern, files in concern_graph().items()
+        for file, imports in files.items()
+        if any(not i.endswith(".settings") for i in imports)
+    }
+    assert wrong == set()
+
+
+def test_no_import_loop_between_concerns():
+    graph = {c: {i.split(".")[0] for imports in files.values() for i in imports} for c, files in concern_graph().items()}
     assert cycles(graph) == []
 
 
-def test_the_cycle_finder_finds_a_loop_through_a_function_level_import(tmp_path):
-    (tmp_path / "a.py").write_text("from . import b\n")
-    (tmp_path / "b.py").write_text("def f():\n    from .c import x\n")
-    (tmp_path / "c.py").write_text("from sparkrig.operations.a import y\n")
-    assert cycles(import_graph(tmp_path)) == [["a", "b", "c", "a"]]
+def test_no_import_loop_inside_a_concern():
+    for package in sorted(p for p in OPERATIONS.iterdir() if (p / "__init__.py").is_file()):
+        graph = {}
+        for path in package.glob("*.py"):
+            found = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level == 1:
+                    found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+            graph[path.stem] = found - {path.stem}
+        assert cycles({k: v for k, v in graph.items() if k != "__init__"}) == [], package.name
 
 
-def test_no_concern_imports_another():
-    """Concerns talk through settings (every @deploy has every default) and sparkrig/; what
-    several share (the venv's places, the hardware profile, unit names) lives there."""
-    graph = {name: deps for name, deps in import_graph().items() if name != "__init__"}
-    assert {name: deps for name, deps in graph.items() if deps} == {}
+def test_the_cycle_finder_finds_a_loop():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_the_import_finder_sees_imports_inside_functions(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n    from sparkrig.operations.jobs import deploy\n"
+                                   "from sparkrig.operations.cuda_env import settings\n")
+    assert concern_imports(tmp_path / "m.py") == {"jobs.deploy", "cuda_env.settings"}
+
+
+def test_no_module_under_operations_is_over_450_lines():
+    long = {str(p.relative_to(OPERATIONS)): n for p in OPERATIONS.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
 
 
 def _imported_names(tree: ast.AST) -> list[str]:
