@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from . import rendering
 from .settings import Setting, declare, int_range
 
 TIMEOUT_KEY = "packages_dpkg_lock_timeout_s"
@@ -37,31 +38,7 @@ LOCKS = (
 # Waits until none of the locks is held (read from /proc/locks: apt and dpkg take
 # POSIX record locks, which `flock` cannot see), at most $1 seconds; then names the
 # holder and fails. Arguments: timeout, then the lock files.
-WAIT_FOR_LOCKS = r"""
-timeout=$1; shift
-holder() {
-  for lock in "$@"; do
-    [ -e "$lock" ] || continue
-    inode=$(stat -Lc %i "$lock") || continue
-    pid=$(awk -v inode="$inode" '$2 == "->" { next } { n = split($6, dev, ":"); if (dev[n] == inode && $5 > 0) { print $5; exit } }' /proc/locks)
-    if [ -n "$pid" ]; then
-      echo "$lock is held by process $pid ($(cat /proc/$pid/comm 2>/dev/null || echo gone))"
-      return 0
-    fi
-  done
-  return 1
-}
-waited=0
-while held=$(holder "$@"); do
-  if [ "$waited" -ge "$timeout" ]; then
-    echo "sparkrig: $held, still after ${timeout} s (packages_dpkg_lock_timeout_s): not installing; run again once it is free (unattended-upgrades holds it for minutes after a boot)" >&2
-    exit 75
-  fi
-  [ $((waited % 30)) -eq 0 ] && echo "sparkrig: waiting for the package manager: $held" >&2
-  sleep 1
-  waited=$((waited + 1))
-done
-"""
+WAIT_FOR_LOCKS = rendering.script("sparkrig/wait-for-apt-locks.sh")
 
 
 # Finishes an interrupted dpkg run. A package whose unpacking was cut off (power lost
@@ -71,16 +48,7 @@ done
 # was interrupted, you must manually run 'dpkg --configure -a'"), so dpkg replays it first
 # (what depends on the broken package may fail to configure then: the last run settles it).
 # Arguments: apt-get and its options.
-COMPLETE_DPKG = r"""
-broken=$(dpkg-query -W -f '${db:Status-Abbrev} ${binary:Package}\n' 2>/dev/null |
-  awk 'substr($1, 2, 1) == "H" || substr($1, 3, 1) == "R" { print $2 }')
-if [ -n "$broken" ]; then
-  echo "sparkrig: reinstalling what an interrupted dpkg run left half-installed:" $broken >&2
-  dpkg --configure -a >&2 || true
-  "$@" update && "$@" install --reinstall $broken || exit
-fi
-dpkg --configure -a
-"""
+COMPLETE_DPKG = rendering.script("sparkrig/complete-dpkg.sh")
 
 
 def install_command(

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Installs an apt repository's signing key after checking its primary fingerprint; run as root.
 # $1: the key's URL, $2: the primary fingerprint it must have, $3: the keyring to write.
 # The key is imported into a scratch keyring and only the expected key is exported: a key

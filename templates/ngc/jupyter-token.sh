@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Makes Jupyter's token file, 0600 and its owner's; run as root.
 # $1: the token's directory, $2: the token file, $3: its owner (Jupyter's user).
 # An existing token is kept (not rotated); a new one is 32 random bytes in hex. The directory

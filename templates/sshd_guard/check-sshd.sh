@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # sshd is restarted only if its configuration is valid: a broken sshd_config (whoever
 # broke it) would otherwise lock every user out at the restart. Checked before anything
 # changes, so a refusal leaves the host as it was. Run as root by sparkrig's sshd_guard.

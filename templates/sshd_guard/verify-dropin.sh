@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Checks a drop-in the way systemd will read it, before it takes effect: the unit's own
 # file and the new drop-in in a scratch directory, `systemd-analyze verify` on it, and
 # any diagnostic about the drop-in (unknown key, bad value: which systemd only warns

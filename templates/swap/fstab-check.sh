@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Validates a new fstab ($2) before it replaces the one in use ($1); run as root.
 # Managed by sparkrig (operations/swap/operations.py), which only ever comments out swap entries.
 #

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Prints the loaded NVIDIA driver: the kernel module's own line ("nvproc ..."), else a
 # root-owned nvidia-smi's answer ("nvsmi ..."); no line: no driver loaded.
 # Run by sparkrig's updates (the Versions fact); no arguments.

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Validates a new /etc/apt/preferences.d/sparkrig-holds ($1) before it takes effect: each
 # record exactly Package, Pin (a version), Pin-Priority 1000, as sparkrig's updates writes
 # them; then apt itself must read the file without a word (preferences alone: an empty
