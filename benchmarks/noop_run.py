@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lab
-from lab.stack import make_locks
 from lab.config import KNOWN_HOSTS
+from lab.stack import make_locks
 
 REPO = Path(__file__).resolve().parent.parent
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")

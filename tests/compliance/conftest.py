@@ -40,6 +40,9 @@ from sparkrig.settings import all_settings, resolve
 from tests.compliance import reads
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
+from tools import fleet_page
+from tools.report import COLUMNS
+from tools.report import page_hosts as versions_of
 
 # A question about a path is read once with everything else about that path, and
 # host-wide constants once per host (tests/compliance/reads.py says when it forgets).
@@ -520,8 +523,6 @@ def read_versions(config) -> subprocess.Popen | None:
 
 def page_hosts(config, table: HostTable) -> dict:
     """The fleet page's hosts: versions from :func:`read_versions`, controls from ``table``."""
-    from tools import fleet_page
-    from tools.report import page_hosts as versions_of
 
     reader = read_versions(config)
     versions = {}
@@ -551,8 +552,6 @@ def _when(epoch: float) -> str:
 
 
 def write_fleet_page(config, table: HostTable) -> str:
-    from tools import fleet_page
-    from tools.report import COLUMNS
 
     path = config.getoption("--fleet-page")
     fleet_page.write(path, fleet_page.render(

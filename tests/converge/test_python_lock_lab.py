@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 import lab
+from inventory import lab as lab_inventory
 from lab.model import netns_name
 from tests.conftest import LAB_INVENTORY
 from tests.support import REPO, run_deploy
@@ -49,7 +50,6 @@ def _lock_cli(manifest, locks) -> subprocess.CompletedProcess:
 
 def test_hosts_of_one_architecture_hold_identical_locks_and_packages(first_converge):
     assert first_converge.returncode == 0, first_converge.log
-    from inventory import lab as lab_inventory
 
     controller = (lab_inventory.LAB_LOCKS / "x86_64-py3.11.txt").read_text()
     first, second = _lock("lab-deb12"), _lock("lab-deb12-b")
@@ -61,7 +61,6 @@ def test_hosts_of_one_architecture_hold_identical_locks_and_packages(first_conve
 
 def test_a_bumped_pin_changes_one_lock_file_and_then_only_the_venv(first_converge, tmp_path):
     assert first_converge.returncode == 0, first_converge.log
-    from inventory import lab as lab_inventory
 
     host = "lab-deb13"
     manifest = yaml.safe_load((lab_inventory.LAB_STACK / "trixie-amd64.yml").read_text())

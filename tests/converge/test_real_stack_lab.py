@@ -23,6 +23,7 @@ import pytest
 
 import lab
 from lab import realstack
+from lab.fleet import _read_state
 from sparkrig.operations import python_stack as ps
 from sparkrig.python_wheels import offline_wheels
 from tests.conftest import LAB_INVENTORY, lab_says
@@ -52,7 +53,6 @@ def real_lab(request):
     started = time.monotonic()
     said = realstack.make_locks()
     lab_says(request.config, f"real stack locked for Python {realstack.PYTHON} in {time.monotonic() - started:.0f} s")
-    from lab.fleet import _read_state
 
     realstack.serve_sources(_read_state().apt_repo.root, real=True)
     yield SimpleNamespace(said=said)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import image
 from lab.cgroups import systemd_hierarchies
 from lab.config import LAB_ID
 from lab.image import Chroot, Systemctl, WriteFile, image_key, recipe_steps
@@ -19,11 +20,13 @@ from lab.model import (
     FLAVOURS,
     AptRepo,
     LabHost,
+    cluster_links,
     gateway_address,
     host_address,
     is_lab_link,
     is_lab_netns,
     is_lab_nspawn,
+    is_other_lab_netns,
     nspawn_directory,
     parse_fleet_spec,
     plan_fleet,
@@ -34,12 +37,13 @@ from lab.render import (
     parse_nameservers,
     parse_public_key,
     passwd_ids,
+    render_daemon_json,
     render_inventory,
     render_known_hosts,
     render_nft_ruleset,
     render_ssh_config,
 )
-from lab.system import mounts_below
+from lab.system import INOTIFY_PER_HOST, inotify_instances, inotify_limit_for, mounts_below
 from tests.support import REPO
 
 # These expectations are the default lab's names and addresses (10.213.*, srlab*, ...);
@@ -202,7 +206,6 @@ def test_inventory_json_has_the_documented_fields(fleet):
 
 
 def test_the_cluster_link_needs_both_of_its_hosts():
-    from lab.model import cluster_links
 
     assert [link.hosts for link in cluster_links(["lab-deb12", "lab-deb13", "lab-gb10"])] == [("lab-deb12", "lab-deb13")]
     assert cluster_links(["lab-deb12", "lab-deb13-b"]) == []
@@ -300,7 +303,6 @@ def test_lab_netns_names(name, ours):
 )
 def test_other_labs_netns_names(name, other):
     """This module's lab is the default one (no SPARKRIG_LAB_ID in the unit run)."""
-    from lab.model import is_other_lab_netns
     assert is_other_lab_netns(name) is other
 
 
@@ -411,7 +413,6 @@ def test_image_key_changes_with_any_recipe_step():
 
 
 def test_image_key_changes_with_recipe_version_and_packages(monkeypatch):
-    from lab import image
 
     base = _key()
     monkeypatch.setattr(image, "RECIPE_VERSION", image.RECIPE_VERSION + 1)
@@ -471,7 +472,6 @@ def test_a_bad_lab_id_is_refused(bad):
 def test_every_lab_host_starts_trusting_the_labs_registry_at_its_own_gateway():
     """Without it a lab brought up by hand (README: up, then deploy) cannot pull the NGC
     stand-in image by digest from the lab's plain-HTTP registry."""
-    from lab.render import render_daemon_json
     (host,) = plan_fleet([("lab-deb13", "debian13")], HOSTS_DIR)
     assert json.loads(render_daemon_json(host, 8765)) == {"insecure-registries": ["10.213.1.1:8765"]}
 
@@ -485,7 +485,6 @@ def test_the_command_lines_help_is_plain_text():
 
 
 def test_the_lab_raises_roots_inotify_limit_only_where_its_hosts_would_run_out():
-    from lab.system import INOTIFY_PER_HOST, inotify_instances, inotify_limit_for
 
     assert inotify_limit_for(128, 40, 5) is None  # 40 + 80 fit in 128
     assert inotify_limit_for(128, 120, 5) == 256  # 200 do not

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +14,7 @@ from sparkrig.operations.sshd_guard import facts as sg_facts
 from sparkrig.operations.sshd_guard import operations as sg_operations
 from sparkrig.operations.sshd_guard import settings as sg_settings
 from sparkrig.settings import all_settings, problems
+from tests.compliance.test_sshd_guard import test_a_fresh_ssh_session_is_killable as control
 from tests.unit.pyinfra_fake import HOST_STATE, host_state, plan
 
 FACT = "systemctl show -p Id,LoadState"
@@ -203,12 +206,10 @@ class _SessionHost:
         self.can_lower, self.score = can_lower, score
 
     def sudo(self):
-        import contextlib
 
         return contextlib.nullcontext()
 
     def run(self, command):
-        from types import SimpleNamespace
 
         return SimpleNamespace(rc=0 if self.can_lower else 1)
 
@@ -217,7 +218,6 @@ class _SessionHost:
 
 
 def test_the_fresh_session_control_skips_where_it_could_not_fail_and_fails_where_it_can():
-    from tests.compliance.test_sshd_guard import test_a_fresh_ssh_session_is_killable as control
 
     # In a container no session can get a negative score: the control says so, never "passed".
     with pytest.raises(pytest.skip.Exception, match="cannot lower oom_score_adj .* could not fail"):

@@ -9,6 +9,7 @@ import shlex
 import subprocess
 
 from sparkrig import atomic, user_files
+from sparkrig.operations import cluster
 
 SHA = hashlib.sha256(b"x\n").hexdigest()
 
@@ -82,7 +83,6 @@ def test_a_users_fifo_link_or_large_file_is_never_read(tmp_path):
 
 
 def test_the_cluster_users_authorized_keys_is_read_as_a_users_file(tmp_path):
-    from sparkrig.operations import cluster
 
     (tmp_path / ".ssh").mkdir()
     os.mkfifo(tmp_path / ".ssh" / "authorized_keys")

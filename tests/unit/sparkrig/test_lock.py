@@ -8,6 +8,7 @@ sshd hands it to a session, which runs the lock's command and then waits.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shutil
@@ -19,12 +20,16 @@ import time
 import pytest
 from pyinfra import host
 from pyinfra.api import Config, Inventory, State
+from pyinfra.api.arguments import pop_global_arguments
+from pyinfra.api.command import StringCommand
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy, deploy
 from pyinfra.api.operation import operation
 from pyinfra.api.operations import run_ops
+from pyinfra.connectors.util import make_unix_command
 
 from sparkrig import lock
+from sparkrig.connection import from_slash_on
 
 util_linux = pytest.mark.skipif(
     not (shutil.which("flock") and shutil.which("setsid")), reason="flock and setsid (util-linux) are needed"
@@ -225,13 +230,8 @@ def test_the_lock_is_taken_as_root():
 def test_every_command_a_run_sends_starts_in_slash():
     """config.py's hook gives every host `_chdir="/"`: pyinfra puts `cd /` inside the shell
     that sudo starts, for facts and operations alike (their global arguments' default)."""
-    import inspect
 
-    from pyinfra.api.arguments import pop_global_arguments
-    from pyinfra.api.command import StringCommand
-    from pyinfra.connectors.util import make_unix_command
 
-    from sparkrig.connection import from_slash_on
 
     inventory = Inventory(([("@fake/spark", {"_sudo": True})], {}))
     state = State()

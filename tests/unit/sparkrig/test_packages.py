@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -107,7 +108,6 @@ def _complete_dpkg(tmp_path, first_configure: int, statuses: str, journal: bool 
     """Run COMPLETE_DPKG with STAND-IN dpkg, dpkg-query and apt-get that record their calls:
     the first `dpkg --configure -a` exits ``first_configure``, later ones 0. With ``journal``,
     dpkg's journal is pending: apt-get refuses to run until dpkg --configure -a has."""
-    import os
 
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()

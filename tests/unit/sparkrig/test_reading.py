@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import subprocess
+from types import SimpleNamespace
 
+import gevent
 import pytest
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
+from pyinfra.context import ctx_host
 
 from sparkrig import atomic, reading
+from sparkrig.operations import declaring, load
+from sparkrig.settings import all_settings, defaults
 from tests.unit.pyinfra_fake import encode
 
 
@@ -102,8 +107,6 @@ def test_parts_are_hashable_whatever_their_arguments():
 
 
 def test_planned_joins_every_concern_once_in_order():
-    from sparkrig.operations import declaring, load
-    from sparkrig.settings import all_settings, defaults
 
     declaring()
     load()  # every concern's deploy imported: each registered its reads
@@ -122,10 +125,7 @@ def test_planned_joins_every_concern_once_in_order():
 def test_a_reading_under_way_is_waited_for_not_made_twice(monkeypatch):
     """pyinfra runs each host's deploy code in its own greenlet, and a cluster node reads its
     peers: a second asker waits for the reading under way instead of making another."""
-    from types import SimpleNamespace
 
-    import gevent
-    from pyinfra.context import ctx_host
 
     made = []
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import runpy
 import socket
 import subprocess
@@ -12,8 +13,9 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
-from sparkrig import profile
+from sparkrig import profile, settings
 from sparkrig.operations import declaring
 from sparkrig.settings import (
     REFERENCE,
@@ -293,11 +295,8 @@ def test_a_url_holding_credentials_is_refused_for_every_setting(key, value):
 
 
 def test_a_yaml_file_is_parsed_once_each_caller_gets_its_own_copy_and_a_change_is_read(tmp_path, monkeypatch):
-    import os
 
-    import yaml
 
-    from sparkrig import settings
 
     path = tmp_path / "manifest.yml"
     path.write_text("python: '3.12'\npins: {torch: '2.9.0'}\n")

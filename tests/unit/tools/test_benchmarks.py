@@ -79,8 +79,6 @@ def test_the_table_spans_command_counts_and_marks_unmeasured_suites():
 
 def test_cpu_times_grow_with_work():
     """The machine's and the children's CPU clocks move when a child burns CPU."""
-    import subprocess
-    import sys
     machine, children = noop_run.machine_cpu_s(), noop_run.children_cpu_s()
     subprocess.run([sys.executable, "-c", "sum(range(20_000_000))"], check=True)
     assert noop_run.children_cpu_s() - children > 0.1

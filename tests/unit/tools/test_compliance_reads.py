@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
 
 import pytest
 from testinfra.backend.local import LocalBackend
@@ -84,7 +85,6 @@ def test_a_command_that_may_change_the_host_forgets_what_was_read(tmp_path):
 def test_prefetched_constants_are_what_the_host_answers_and_cost_no_command():
     """The controller reads the host-wide constants in one command; a worker answers them
     from that reading, exactly as the host would, and sends none of them itself."""
-    import subprocess
     plain, _ = fresh_host(PLAIN_RUN)
     expected = {c: plain.run(c) for c in reads.EVERY_HOST}
     script = reads.prefetch_script(reads.EVERY_HOST, "n0nce")

@@ -10,9 +10,12 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import testinfra
 
-from tests.compliance.conftest import HostTable, found, host_of, multiplexed
-from tests.support import REPO
+from tests.compliance import conftest
+from tests.compliance.conftest import HostTable, as_venv_owner, found, host_of, multiplexed
+from tests.support import REPO, inventory_host_data
+from tools import rollout
 from tools.rollout import PYINFRA, batches, failed_hosts, limit_hosts
 
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
@@ -184,7 +187,6 @@ def test_tracebacks_come_on_request(tmp_path):
 
 
 def test_rollout_options_go_anywhere_and_pyinfra_options_after_a_double_dash(monkeypatch):
-    from tools import rollout
     seen = {}
     monkeypatch.setattr(rollout, "rollout", lambda inv, batch, limit, extra: seen.update(
         inventory=inv, batch=batch, limit=limit, extra=extra) or 0)
@@ -194,7 +196,6 @@ def test_rollout_options_go_anywhere_and_pyinfra_options_after_a_double_dash(mon
 
 def test_a_group_takes_its_settings_from_group_data(tmp_path):
     """group_data/workstations.py gives the workstations group the rtx50 profile; others keep gb10."""
-    from tests.support import inventory_host_data
     inventory = tmp_path / "fleet.py"
     inventory.write_text('sparks = [("spark-01", {})]\nworkstations = [("ws-01", {})]\n')
     hosts = inventory_host_data(str(inventory))
@@ -205,7 +206,6 @@ def test_a_group_takes_its_settings_from_group_data(tmp_path):
 def test_the_suite_starts_workers_in_the_controller_only(monkeypatch):
     """xdist's workers run pytest_cmdline_main too: a worker that started workers of its own
     would multiply processes without end."""
-    from tests.compliance import conftest
 
     def config(**extra):
         option = SimpleNamespace(numprocesses=None, dist="no")
@@ -255,9 +255,6 @@ def test_xdist_keeps_each_group_on_one_worker(tmp_path):
     """The compliance suite relies on --dist=loadgroup to keep a host's controls in one
     worker; pytest 9.2 with pytest-xdist 3.8 silently stopped honouring it (xdist issue
     1386), which this catches."""
-    import os
-    import subprocess
-    import sys
     (tmp_path / "test_grouped.py").write_text(GROUPED)
     (tmp_path / "conftest.py").write_text(GROUPING_CONFTEST)
     log = tmp_path / "ran.log"
@@ -302,9 +299,7 @@ def test_a_planted_control_directory_is_refused(tmp_path, monkeypatch, plant):
 def test_the_suite_runs_the_venvs_python_as_its_owner_when_it_is_root(tmp_path):
     """The venv's owner can replace its python: the suite, run as root (an @local inventory
     with sudo, or ssh_user root), runs it as that owner (the real runuser, as nobody here)."""
-    import testinfra
 
-    from tests.compliance.conftest import as_venv_owner
 
     host = testinfra.get_host("local://")
     command = as_venv_owner(host, "nobody", "id -un")
@@ -319,7 +314,6 @@ def test_a_relative_inventory_is_the_same_file_for_the_hosts_and_the_batches(tmp
     relative path is the caller's, for both (the batch ran from the repository, where the
     same relative name is another file or none). The inventory notes each load of it; its
     host's name does not resolve (.invalid), so the batch fails without reaching anything."""
-    from tools import rollout
     loads = tmp_path / "loads"
     (tmp_path / "rollout-test-inventory.py").write_text(
         f"open({str(loads)!r}, 'a').write('loaded\\n')\n"

@@ -9,11 +9,13 @@ import subprocess
 import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests.compliance.conftest import HostTable
 from tests.support import REPO
+from tests.unit.tools.test_fleet import _compliance
 from tools import fleet_page
 from tools.fleet_page import Control, Host
 from tools.report import COLUMNS, differing, page_hosts
@@ -193,7 +195,6 @@ def test_a_control_is_named_without_its_host(key, host, name):
 
 
 def test_the_suites_table_keeps_why_a_control_was_skipped_and_when_it_ran():
-    from types import SimpleNamespace
 
     table = HostTable(["h1"])
     table.add(SimpleNamespace(nodeid="tests/compliance/test_swap.py::test_x[ssh://h1]", when="setup",
@@ -273,7 +274,6 @@ def test_the_page_renders_in_chromium_shows_the_failure_and_filters(tmp_path):
 def test_the_suite_writes_the_page_of_a_host_it_cannot_reach(tmp_path):
     """The real compliance suite's swap controls, and tools.report, against a host that refuses
     SSH: every control failed with ssh's reason, the versions not read, saying why."""
-    from tests.unit.tools.test_fleet import _compliance
 
     result = _compliance(tmp_path, "--fleet-page", str(tmp_path / "fleet.html"))
     assert result.returncode == 1, result.stdout
