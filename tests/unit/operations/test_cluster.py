@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import hashlib
 import ipaddress
 import json
 import os
@@ -19,9 +20,18 @@ from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.context import ctx_host, ctx_state
 
+from sparkrig import atomic
 from sparkrig.operations import cluster as cl
+from sparkrig.operations.cluster import deploy as cl_deploy
+from sparkrig.operations.cluster import environment as cl_env
+from sparkrig.operations.cluster import facts as cl_facts
+from sparkrig.operations.cluster import fleet as cl_fleet
+from sparkrig.operations.cluster import leave as cl_leave
+from sparkrig.operations.cluster import link as cl_link
+from sparkrig.operations.cluster import trust as cl_trust
+from sparkrig.prefix import current
 from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
-from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, _record, host_state
+from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, _record, host_state, plan
 
 LINK = {"cluster_name": "lab", "cluster_user": "spark"}
 A = {**LINK, "ssh_hostname": "10.0.0.1", "cluster_interfaces": {"cx7": "192.168.100.11/24"}}
@@ -34,7 +44,7 @@ B = {**LINK, "ssh_hostname": "10.0.0.2", "cluster_interfaces": {"cx7": "192.168.
 def test_off_by_default_and_the_defaults_are_valid():
     assert problems(cl.SETTINGS, {}) == []
     # Off a cluster a host reads only what a node would have left (in its one reading).
-    assert [part.fact for part in cl.parts(resolve(all_settings(), {}))] == [cl.ClusterLeftovers]
+    assert [part.fact for part in cl_deploy.parts(resolve(all_settings(), {}))] == [cl_facts.ClusterLeftovers]
 
 
 @pytest.mark.parametrize(
@@ -69,7 +79,7 @@ def test_bad_values_say_key_and_what_is_allowed(data, expected):
 def _fleet(*hosts, targeted=None):
     everyone = [(name, {**data, **resolve(cl.SETTINGS, data)}) for name, data in hosts]
     run = everyone if targeted is None else [h for h in everyone if h[0] in targeted]
-    return cl.fleet_problems(run, everyone)
+    return cl_fleet.fleet_problems(run, everyone)
 
 
 def test_a_valid_cluster_of_two_has_no_problem():
@@ -105,7 +115,7 @@ def test_cluster_wide_rules(b, expected):
 def test_the_head_must_be_a_node():
     found = _fleet(("a", {**A, "cluster_head": "c"}), ("b", {**B, "cluster_head": "c"}), ("c", {}))
     assert {host for host, _ in found} == {"a", "b"} and "a host of cluster 'lab': a, b" in found[0][1]
-    assert cl.head_of([("a", resolve(cl.SETTINGS, A)), ("b", resolve(cl.SETTINGS, {**B}))], "lab") == "a"
+    assert cl_fleet.head_of([("a", resolve(cl.SETTINGS, A)), ("b", resolve(cl.SETTINGS, {**B}))], "lab") == "a"
 
 
 def test_validation_reports_cluster_problems_before_any_host_is_contacted():
@@ -120,19 +130,19 @@ def test_validation_reports_cluster_problems_before_any_host_is_contacted():
 
 
 def test_the_networkd_file_passes_its_own_validation(tmp_path):
-    text = cl.render_networkd("cx7", "192.168.100.11/24", 9000)
+    text = cl_link.render_networkd("cx7", "192.168.100.11/24", 9000)
     path = tmp_path / "link.network"
     path.write_text(text)
-    assert subprocess.run([*cl.NETWORKD_VALIDATOR, str(path)]).returncode == 0
+    assert subprocess.run([*cl_link.NETWORKD_VALIDATOR, str(path)]).returncode == 0
     assert "MTUBytes=9000\n" in text and "Address=192.168.100.11/24\n" in text
     path.write_text(text + "Gateway=192.168.100.1\n")  # a route out through the link: refused
-    assert subprocess.run([*cl.NETWORKD_VALIDATOR, str(path)]).returncode != 0
+    assert subprocess.run([*cl_link.NETWORKD_VALIDATOR, str(path)]).returncode != 0
 
 
 def test_the_env_file_names_the_link_for_every_library(tmp_path):
-    variables = cl.env_variables(["cx7a", "cx7b"], "192.168.100.12", "192.168.100.11", "lab", {"NCCL_DEBUG": "INFO"})
+    variables = cl_env.env_variables(["cx7a", "cx7b"], "192.168.100.12", "192.168.100.11", "lab", {"NCCL_DEBUG": "INFO"})
     path = tmp_path / "cluster.env"
-    path.write_text(cl.render_env_file(variables))
+    path.write_text(cl_env.render_env_file(variables))
     shown = subprocess.run(["sh", "-c", f"set -a; . {path}; env"], capture_output=True, text=True, check=True).stdout
     for line in ("NCCL_SOCKET_IFNAME=cx7a,cx7b", "GLOO_SOCKET_IFNAME=cx7a", "UCX_NET_DEVICES=cx7a,cx7b",
                  "OMPI_MCA_btl_tcp_if_include=cx7a,cx7b", "MASTER_ADDR=192.168.100.11",
@@ -150,16 +160,16 @@ NODES = [
 
 
 def test_trust_is_pinned_and_restricted_to_the_cluster_addresses(tmp_path):
-    known = cl.render_known_hosts(NODES)
+    known = cl_trust.render_known_hosts(NODES)
     assert [line for line in known.splitlines() if not line.startswith("#")] == [
         "192.168.100.11 ssh-ed25519 AAAAa", "192.168.100.12 ssh-ed25519 AAAAb", "192.168.100.12 ssh-rsa AAAAB"]
     # Each node's own key, from that node's addresses only.
-    assert cl.authorized_lines(NODES, "lab") == [
+    assert cl_trust.authorized_lines(NODES, "lab") == [
         'from="192.168.100.11",restrict,pty ssh-ed25519 AAAAkeya sparkrig-cluster:lab:a',
         'from="192.168.100.12",restrict,pty ssh-ed25519 AAAAkeyb sparkrig-cluster:lab:b',
     ]
     config = tmp_path / "c.conf"
-    config.write_text(cl.render_ssh_config(NODES, getpass.getuser()))  # Match localuser: the one running ssh
+    config.write_text(cl_trust.render_ssh_config(NODES, getpass.getuser()))  # Match localuser: the one running ssh
     if shutil.which("ssh"):
         shown = subprocess.run(["ssh", "-G", "-F", str(config), "192.168.100.12"], capture_output=True, text=True)
         assert shown.returncode == 0, shown.stderr
@@ -168,21 +178,21 @@ def test_trust_is_pinned_and_restricted_to_the_cluster_addresses(tmp_path):
 
 
 def test_the_check_script_is_valid_sh_and_names_each_peer_link():
-    script = cl.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env")
+    script = cl_env.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env")
     assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
     assert "check_ping b 192.168.100.12 cx7\n" in script and "check_link cx7" in script
 
 
 def test_each_node_key_is_made_once_kept_private_and_its_own(tmp_path):
-    key, public = cl.controller_key(str(tmp_path / "keys"), "lab", "a")
-    again, public_again = cl.controller_key(str(tmp_path / "keys"), "lab", "a")
+    key, public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "a")
+    again, public_again = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "a")
     assert (key, public) == (again, public_again) and public.startswith("ssh-ed25519 ")
-    assert cl.controller_key(str(tmp_path / "keys"), "lab", "b")[1] != public  # one pair per node
+    assert cl_trust.controller_key(str(tmp_path / "keys"), "lab", "b")[1] != public  # one pair per node
     assert (tmp_path / "keys" / "lab" / "a" / "id_ed25519").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "keys" / "lab" / "a").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "keys" / "lab").stat().st_mode & 0o777 == 0o700
-    assert cl.node_label("@fake/a").startswith("_fake_a-") and cl.node_label("spark-01.lan") == "spark-01.lan"
-    assert repr(cl.Secret(key)) == "<secret>"
+    assert cl_trust.node_label("@fake/a").startswith("_fake_a-") and cl_trust.node_label("spark-01.lan") == "spark-01.lan"
+    assert repr(cl_trust.Secret(key)) == "<secret>"
 
 
 # The plan, on two fake hosts --------------------------------------------------------------
@@ -256,7 +266,7 @@ def test_a_fresh_node_gets_link_trust_and_environment(tmp_path):
     # Armed before anything is written; applied detached; confirmed through a new connection.
     assert apply.commands[0] == "python: _not_after_a_failure"
     assert "systemd-run --quiet --unit=sparkrig-cluster-rollback --on-active=60s" in apply.commands[1]
-    assert list(apply.uploads) == [cl.atomic.temp_path("/etc/systemd/network/40-sparkrig-cluster-cx7.network")]
+    assert list(apply.uploads) == [atomic.temp_path("/etc/systemd/network/40-sparkrig-cluster-cx7.network")]
     assert apply.commands[-4:] == ["systemctl enable --now systemd-networkd.service",
                                    "systemctl disable systemd-networkd-wait-online.service",
                                    "systemd-run --quiet --collect --unit=sparkrig-cluster-apply /bin/sh "
@@ -273,26 +283,25 @@ def test_a_fresh_node_gets_link_trust_and_environment(tmp_path):
 
 def test_a_converged_node_plans_nothing(tmp_path):
     keys = {"cluster_key_dir": str(tmp_path / "keys")}
-    key, _public = cl.controller_key(str(tmp_path / "keys"), "lab", "@fake/a")
+    key, _public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "@fake/a")
     settings_a = resolve(cl.SETTINGS, {**A, **keys})
-    nodes = [cl._node("@fake/a", settings_a, ["ssh-ed25519 AAAAhost"]),
-             cl._node("@fake/b", resolve(cl.SETTINGS, {**B, **keys}), ["ssh-ed25519 AAAApeer"])]
+    nodes = [cl_deploy._node("@fake/a", settings_a, ["ssh-ed25519 AAAAhost"]),
+             cl_deploy._node("@fake/b", resolve(cl.SETTINGS, {**B, **keys}), ["ssh-ed25519 AAAApeer"])]
     files = {
-        cl.link_files(["cx7"], False)[0]: cl.render_networkd("cx7", "192.168.100.11/24", 9000),
-        cl.KNOWN_HOSTS: cl.render_known_hosts(nodes),
-        cl.SSH_CONFIG: cl.render_ssh_config(nodes, "spark"),
-        cl.HOSTFILE: cl.render_hostfile(nodes, 1),
-        "/etc/sparkrig/cluster.env": cl.render_env_file(
-            cl.env_variables(["cx7"], "192.168.100.11", "192.168.100.11", "lab", {})),
-        cl.PROFILE_SCRIPT: cl.render_profile_script("/etc/sparkrig/cluster.env"),
-        cl.CHECK: (cl.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, nodes[1:],
+        cl_facts.link_files(["cx7"], False)[0]: cl_link.render_networkd("cx7", "192.168.100.11/24", 9000),
+        cl_facts.KNOWN_HOSTS: cl_trust.render_known_hosts(nodes),
+        cl_facts.SSH_CONFIG: cl_trust.render_ssh_config(nodes, "spark"),
+        cl_facts.HOSTFILE: cl_env.render_hostfile(nodes, 1),
+        "/etc/sparkrig/cluster.env": cl_env.render_env_file(
+            cl_env.env_variables(["cx7"], "192.168.100.11", "192.168.100.11", "lab", {})),
+        cl_facts.PROFILE_SCRIPT: cl_env.render_profile_script("/etc/sparkrig/cluster.env"),
+        cl_facts.CHECK: (cl_env.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, nodes[1:],
                                    "/etc/sparkrig/cluster.env"), 0o755),
     }
-    state = host_state(files=files, units={cl.NETWORKD: (True, True)}, packages={"iputils-ping": "1"})
+    state = host_state(files=files, units={cl_facts.NETWORKD: (True, True)}, packages={"iputils-ping": "1"})
     # The key is the cluster user's: HostState reports its owner.
-    import hashlib
-    state.append(f"file 600 spark spark {hashlib.sha256(key).hexdigest()} {cl.KEY_FILE}")
-    lines = cl.authorized_lines(nodes, "lab")
+    state.append(f"file 600 spark spark {hashlib.sha256(key).hexdigest()} {cl_facts.KEY_FILE}")
+    lines = cl_trust.authorized_lines(nodes, "lab")
     ops = _plan(tmp_path, {HOST_STATE: state, "ip -j addr": _node_fact(CONVERGED, authorized=lines,
                                                                         files=list(files)[:1])},
                 {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
@@ -329,7 +338,7 @@ def test_a_peer_without_a_host_key_is_not_trusted_blindly(tmp_path):
 
 def test_a_host_key_line_that_is_no_key_fails_the_host():
     with pytest.raises(Exception, match="not an SSH host key"):
-        cl.ClusterHost().process(["hostkey ssh-ed25519 AAAA; rm -rf /"])
+        cl_facts.ClusterHost().process(["hostkey ssh-ed25519 AAAA; rm -rf /"])
 
 
 
@@ -365,7 +374,7 @@ def _fake_tools(bin_dir: Path, link: str, route: str, ping_rc: int, ssh_rc: int)
 )
 def test_spark_cluster_check_says_which_check_failed_and_sums_the_codes(tmp_path, link, ping_rc, ssh_rc, status, wanted):
     script = tmp_path / "spark-cluster-check"
-    script.write_text(cl.render_check("lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:],
+    script.write_text(cl_env.render_check("lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:],
                                       "/etc/sparkrig/cluster.env"))
     _fake_tools(tmp_path / "bin", link, "192.168.100.12 dev cx7 src 192.168.100.11 uid 0", ping_rc, ssh_rc)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
@@ -378,7 +387,7 @@ def test_spark_cluster_check_says_which_check_failed_and_sums_the_codes(tmp_path
 
 def test_spark_cluster_check_fails_a_peer_reached_through_another_interface(tmp_path):
     script = tmp_path / "spark-cluster-check"
-    script.write_text(cl.render_check("lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:],
+    script.write_text(cl_env.render_check("lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:],
                                       "/etc/sparkrig/cluster.env"))
     _fake_tools(tmp_path / "bin", "2: cx7: <UP> mtu 9000 state UP mode", "192.168.100.12 via 10.0.0.1 dev eth0", 0, 0)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
@@ -387,8 +396,6 @@ def test_spark_cluster_check_fails_a_peer_reached_through_another_interface(tmp_
 
 
 def _plan_one(data: dict, responses: dict) -> list[PlannedOp]:
-    from tests.unit.pyinfra_fake import plan
-
     return [op for op in plan(cl.cluster, data, responses) if op.commands]
 
 
@@ -397,11 +404,11 @@ def test_a_host_in_no_cluster_with_nothing_left_plans_nothing():
 
 
 def test_a_node_taken_out_of_its_cluster_loses_the_clusters_files_and_key_line():
-    ops = _plan_one({}, {"keyowner": [f"file {cl.KEY_FILE}", "file /etc/systemd/network/40-sparkrig-cluster-cx7.network",
+    ops = _plan_one({}, {"keyowner": [f"file {cl_facts.KEY_FILE}", "file /etc/systemd/network/40-sparkrig-cluster-cx7.network",
                                       "keyowner spark"]})
     (op,) = ops
     assert "runuser -u spark -- sh -c" in op.commands[0] and "sparkrig-cluster:" in op.commands[0]
-    assert f"rm -f {cl.KEY_FILE} /etc/systemd/network/40-sparkrig-cluster-cx7.network;" in op.commands[1]
+    assert f"rm -f {cl_facts.KEY_FILE} /etc/systemd/network/40-sparkrig-cluster-cx7.network;" in op.commands[1]
     assert "changed since systemd-networkd loaded its files" in op.commands[1]  # no other link's change applied
     assert "networkctl reconfigure cx7" in op.commands[1]
 
@@ -420,26 +427,33 @@ def test_the_deploys_own_connection_is_never_reconfigured(tmp_path):
 
 
 def test_networkmanager_lets_go_of_the_cluster_ports(tmp_path):
-    text = cl.render_networkmanager(["cx7a", "cx7b"])
+    text = cl_link.render_networkmanager(["cx7a", "cx7b"])
     path = tmp_path / "nm.conf"
     path.write_text(text)
-    assert subprocess.run([*cl.NM_VALIDATOR, str(path)]).returncode == 0
+    assert subprocess.run([*cl_link.NM_VALIDATOR, str(path)]).returncode == 0
     assert "match-device=interface-name:cx7a,interface-name:cx7b\nmanaged=0\n" in text
     fact = [line.replace("networkmanager no", "networkmanager yes") for line in
             _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})]
     ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": fact},
                 {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
     apply = next(op for op in ops if LINK_OP in op.name)
-    assert cl.atomic.temp_path(cl.NM_FILE) in apply.uploads
-    script = cl.render_link_apply(["cx7"], False, True)
+    assert atomic.temp_path(cl_facts.NM_FILE) in apply.uploads
+    script = cl_link.render_link_apply(["cx7"], False, True)
     assert 0 < script.index("systemctl reload NetworkManager\n") < script.index("networkctl reload\n")
 
 
 @pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed on this machine")
 def test_the_scripts_pass_shellcheck_as_posix_sh(tmp_path):
     scripts = {
-        "check": cl.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env"),
-        "profile": cl.render_profile_script("/etc/sparkrig/cluster.env"),
+        "check": cl_env.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env"),
+        "profile": cl_env.render_profile_script("/etc/sparkrig/cluster.env"),
+        # What runs through `sh -c`, as it is sent (templates/cluster/*.sh and *.sh.j2).
+        "read-authorized": cl_facts.READ_AUTHORIZED,
+        "put-authorized": cl_trust.PUT_AUTHORIZED,
+        "drop-authorized": cl_leave.DROP_AUTHORIZED,
+        "verify-ssh-config": cl_trust.VERIFY_SSH_CONFIG,
+        "verify-netplan": cl_link.VERIFY_NETPLAN,
+        "confirm-link": cl_link.CONFIRM,
     }
     for name, text in scripts.items():
         (tmp_path / name).write_text(text)
@@ -490,7 +504,7 @@ def test_spark_cluster_check_nccl_runs_the_built_all_reduce_perf_or_says_why_not
     path, built = _nccl_tools(tmp_path, gpu, build, mpirun)
     script = tmp_path / "spark-cluster-check"
     # No interface and no peer: only the nccl check runs.
-    script.write_text(cl.render_check("lab", getpass.getuser(), 9000, {}, [], str(env_file), hostfile=str(hostfile),
+    script.write_text(cl_env.render_check("lab", getpass.getuser(), 9000, {}, [], str(env_file), hostfile=str(hostfile),
                                       nccl_tests_bin=built))
     result = subprocess.run(["sh", str(script), "--nccl"], capture_output=True, text=True, env={"PATH": path})
     assert result.returncode == status, result.stdout
@@ -498,10 +512,8 @@ def test_spark_cluster_check_nccl_runs_the_built_all_reduce_perf_or_says_why_not
 
 
 def test_spark_cluster_check_looks_for_the_source_build_where_source_builds_installs_it():
-    from sparkrig.prefix import current
-
-    assert cl.NCCL_TESTS_BIN == current("nccl-tests") + "/bin" == "/opt/sparkrig/builds/nccl-tests/current/bin"
-    text = cl.render_check("lab", "spark", 9000, {}, [], "/etc/sparkrig/cluster.env")
+    assert cl_env.NCCL_TESTS_BIN == current("nccl-tests") + "/bin" == "/opt/sparkrig/builds/nccl-tests/current/bin"
+    text = cl_env.render_check("lab", "spark", 9000, {}, [], "/etc/sparkrig/cluster.env")
     assert "NCCL_TESTS_BIN=/opt/sparkrig/builds/nccl-tests/current/bin" in text and '"$perf" -b 8' in text
 
 
@@ -612,10 +624,10 @@ def test_a_pending_change_of_another_interface_stops_the_link_change_run_here(tm
     (bin_dir / "systemctl").write_text(
         '#!/bin/sh\ncase "$*" in "is-active -q"*) exit 0 ;; *ActiveEnterTimestamp*) echo "Mon 2026-11-23 10:00:00 UTC" ;; esac\n')
     (bin_dir / "systemctl").chmod(0o755)
-    monkeypatch.setattr(cl, "NETWORKD_DIRS", (str(network), str(tmp_path / "run" / "systemd" / "network")))
-    monkeypatch.setattr(cl, "LINK_LOADED", str(tmp_path / "loaded"))
+    monkeypatch.setattr(cl_link, "NETWORKD_DIRS", (str(network), str(tmp_path / "run" / "systemd" / "network")))
+    monkeypatch.setattr(cl_link, "LINK_LOADED", str(tmp_path / "loaded"))
     (tmp_path / "state").mkdir()
-    script = f"d={tmp_path / 'state'}; " + cl.pending_check([f"{cl.NETWORKD_PREFIX}*.network"])
+    script = f"d={tmp_path / 'state'}; " + cl_link.pending_check([f"{cl_facts.NETWORKD_PREFIX}*.network"])
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
     def run(theirs_mtime: str, loaded: str | None = None):

@@ -9,7 +9,7 @@ import shlex
 import subprocess
 
 from sparkrig import atomic, user_files
-from sparkrig.operations import cluster
+from sparkrig.operations.cluster import facts as cluster_facts
 
 SHA = hashlib.sha256(b"x\n").hexdigest()
 
@@ -83,9 +83,8 @@ def test_a_users_fifo_link_or_large_file_is_never_read(tmp_path):
 
 
 def test_the_cluster_users_authorized_keys_is_read_as_a_users_file(tmp_path):
-
     (tmp_path / ".ssh").mkdir()
     os.mkfifo(tmp_path / ".ssh" / "authorized_keys")
-    run = subprocess.run(["dash", "-c", cluster._READ_AUTHORIZED, "sparkrig", str(tmp_path)],
+    run = subprocess.run(["dash", "-c", cluster_facts.READ_AUTHORIZED, "sparkrig", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert (run.returncode, run.stdout) == (0, "")

@@ -1,0 +1,80 @@
+"""Clusters: what jobs read on a node: NCCL's environment (cluster_env_file, read by login
+shells through a profile script), the MPI hostfile, and spark-cluster-check."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sparkrig import prefix, rendering
+
+from .facts import HOSTFILE
+from .settings import MANAGED_ENV
+
+# Where a prefix source build named nccl-tests (the owner's catalogue entry) is installed.
+NCCL_TESTS_BIN = f"{prefix.current('nccl-tests')}/bin"
+
+
+def env_variables(
+    interfaces: Sequence[str], own: str, head: str, name: str, extra: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """The env file's variables: managed ones in a fixed order, then extras sorted."""
+    every = ",".join(interfaces)
+    managed = {
+        "NCCL_SOCKET_IFNAME": every,
+        "GLOO_SOCKET_IFNAME": interfaces[0],
+        "TP_SOCKET_IFNAME": interfaces[0],
+        "UCX_NET_DEVICES": every,
+        "OMPI_MCA_btl_tcp_if_include": every,
+        "OMPI_MCA_oob_tcp_if_include": every,
+        "MASTER_ADDR": head,
+        "VLLM_HOST_IP": own,
+        "SPARKRIG_CLUSTER": name,
+        "SPARKRIG_CLUSTER_HOSTFILE": HOSTFILE,
+    }
+    return [(key, managed[key]) for key in MANAGED_ENV] + sorted(extra.items())
+
+
+def render_env_file(variables: Sequence[tuple[str, str]]) -> str:
+    return rendering.render(
+        "cluster/cluster.env.j2", lines=[f"{key}={rendering.quote_literal(value)}" for key, value in variables]
+    )
+
+
+def first_address(interfaces: Mapping[str, str]) -> str:
+    return str(ipaddress.IPv4Interface(next(iter(interfaces.values()))).ip)
+
+
+def addresses(interfaces: Mapping[str, str]) -> list[str]:
+    return [str(ipaddress.IPv4Interface(a).ip) for a in interfaces.values()]
+
+
+def render_hostfile(nodes: Sequence[Mapping[str, Any]], slots: int) -> str:
+    return rendering.render("cluster/hostfile.j2", nodes=nodes, slots=slots)
+
+
+
+def peer_links(interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Each peer address this host reaches, with its own interface on that subnet."""
+    found = []
+    for peer in peers:
+        for address in peer["addresses"]:
+            for name, own in interfaces.items():
+                if ipaddress.IPv4Address(address) in ipaddress.IPv4Interface(own).network:
+                    found.append({"name": peer["name"], "address": address, "interface": name})
+    return found
+
+
+def render_check(
+    name: str, user: str, mtu: int, interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]], env_file: str,
+    hostfile: str = HOSTFILE, nccl_tests_bin: str = NCCL_TESTS_BIN,
+) -> str:
+    return rendering.render(
+        "cluster/spark-cluster-check.sh.j2", name=name, user=user, mtu=mtu, interfaces=sorted(interfaces),
+        peers=peer_links(interfaces, peers), hostfile=hostfile, env_file=env_file, nccl_tests_bin=nccl_tests_bin,
+    )
+
+
+def render_profile_script(env_file: str) -> str:
+    return rendering.render("cluster/profile.sh.j2", env_file=env_file)

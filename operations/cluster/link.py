@@ -1,0 +1,192 @@
+"""Clusters: the link. Each cluster interface's file (systemd-networkd's, or netplan's where
+the host has it), validated before it takes effect, applied to those interfaces alone, and
+kept only when a NEW SSH connection confirms it; else the node puts the old files back by
+itself."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Iterable, Mapping, Sequence
+
+import gevent
+from pyinfra import logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+
+from sparkrig import atomic, rendering
+from sparkrig.connection import run_on_new_connection
+
+from .facts import NETWORKD
+
+
+def render_networkd(interface: str, address: str, mtu: int) -> str:
+    return rendering.render("cluster/link.network.j2", interface=interface, address=address, mtu=mtu)
+
+
+NETWORKD_VALIDATOR = atomic.unit_file_validator(
+    ["Match", "Link", "Network"],
+    {
+        "Name": r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}",
+        "MTUBytes": "[0-9]+",
+        "RequiredForOnline": "no",
+        "Address": r"[0-9.]+/[0-9]+",
+        "LinkLocalAddressing": "no",
+        "IPv6AcceptRA": "no",
+        "ConfigureWithoutCarrier": "yes",
+    },
+)
+
+
+def render_networkmanager(interfaces: Iterable[str]) -> str:
+    return rendering.render("cluster/networkmanager.conf.j2",
+                         devices=",".join(f"interface-name:{name}" for name in interfaces))
+
+
+NM_VALIDATOR = atomic.unit_file_validator(
+    ["device-sparkrig-cluster"],
+    {"match-device": r"interface-name:[A-Za-z0-9_.-]+(,interface-name:[A-Za-z0-9_.-]+)*", "managed": "0"},
+)
+
+
+def render_netplan(interfaces: Mapping[str, str], mtu: int) -> str:
+    return rendering.render("cluster/netplan.yaml.j2", interfaces=sorted(interfaces.items()), mtu=mtu)
+
+
+# netplan reads every file under /etc/netplan: the new one is checked with all the others,
+# in a scratch root, before it takes effect. For `sh -c SCRIPT NAME NEW`.
+VERIFY_NETPLAN = rendering.script("cluster/verify-netplan.sh")
+
+
+# A change of the link is kept only when a NEW SSH connection confirms it (as `netplan try`
+# does): before anything is written, the host arms a timer that puts the old link files back
+# and applies them; the controller cancels it through a fresh connection once the change is
+# applied. Nodes are changed one after the other, and none after one that failed.
+LINK_DIR = "/var/lib/sparkrig/cluster-link"
+LINK_LOADED = "/var/lib/sparkrig/cluster-link.loaded"  # touched when sparkrig's networkctl reload ran
+ROLLBACK_UNIT = "sparkrig-cluster-rollback"
+APPLY_UNIT = "sparkrig-cluster-apply"
+NETWORKD_DIRS = ("/etc/systemd/network", "/run/systemd/network", "/usr/lib/systemd/network", "/lib/systemd/network")
+_unconfirmed: set[str] = set()  # clusters whose link change a node did not confirm in this run
+
+
+def render_link_apply(interfaces: Sequence[str], netplan: bool, networkmanager: bool) -> str:
+    return rendering.render("cluster/link-apply.sh.j2", dir=LINK_DIR, loaded=LINK_LOADED, interfaces=list(interfaces),
+                         netplan=netplan, networkmanager=networkmanager)
+
+
+def render_link_rollback(paths: Sequence[str], added: Sequence[tuple[str, str]], started_networkd: bool) -> str:
+    return rendering.render("cluster/link-rollback.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT, paths=list(paths),
+                         added=list(added), started_networkd=started_networkd, networkd=NETWORKD)
+
+
+def pending_check(own: Sequence[str]) -> str:
+    """sh that fails, naming them, when networkd files other than ``own`` (name patterns)
+    changed after systemd-networkd last loaded its files (its start, or sparkrig's last
+    reload): ``networkctl reload`` would apply their change to their interfaces too."""
+    skip = " ".join(f"! -name {shlex.quote(pattern)}" for pattern in own)
+    return (
+        f"if systemctl is-active -q {NETWORKD}; then "
+        f'r="$d/networkd-started"; touch -d "$(systemctl show -P ActiveEnterTimestamp {NETWORKD})" "$r"; '
+        f'if [ {LINK_LOADED} -nt "$r" ]; then r={LINK_LOADED}; fi; '
+        f"p=$(find {' '.join(NETWORKD_DIRS)} -maxdepth 2 -type f "
+        "\\( -name '*.network' -o -name '*.netdev' -o -path '*.network.d/*.conf' -o -path '*.netdev.d/*.conf' \\) "
+        f'{skip} -newer "$r" 2>/dev/null | sort -u | tr "\\n" " "); '
+        'if [ -n "$p" ]; then echo "sparkrig: changed since systemd-networkd loaded its files: ${p% }; '
+        "networkctl reload would apply them to their interfaces too, so the cluster link is not changed: "
+        f'apply them yourself (networkctl reload) and touch {LINK_LOADED}, or undo them" >&2; exit 1; fi; fi'
+    )
+
+
+def arm_rollback(paths: Sequence[str], own: Sequence[str], apply_script: str, rollback_script: str, seconds: int) -> str:
+    """sh, as root: refuse while another link's change is pending, keep the old link files,
+    write the apply and rollback scripts, arm the rollback timer."""
+    keep = " ".join(paths)
+    return (
+        f"set -e; d={LINK_DIR}; install -d -m 755 -o root -g root /var/lib/sparkrig; "
+        f"systemctl stop {ROLLBACK_UNIT}.timer {APPLY_UNIT}.service 2>/dev/null || true; "
+        f"systemctl reset-failed {ROLLBACK_UNIT}.timer {ROLLBACK_UNIT}.service {APPLY_UNIT}.service 2>/dev/null || true; "
+        f'rm -rf "$d"; mkdir -m 700 "$d"; {pending_check(own)}; '
+        f'printf %s {shlex.quote(apply_script)} >"$d/apply.sh"; printf %s {shlex.quote(rollback_script)} >"$d/rollback.sh"; '
+        f'for f in {keep}; do if [ -f "$f" ]; then mkdir -p "$d/old${{f%/*}}"; cp -a "$f" "$d/old$f"; fi; done; '
+        f"systemd-run --quiet --unit={ROLLBACK_UNIT} --on-active={seconds}s --timer-property=AccuracySec=1s "
+        f'/bin/sh "$d/rollback.sh"'
+    )
+
+
+# Through a NEW connection: the apply's outcome; when it succeeded, the rollback is cancelled.
+CONFIRM = rendering.script("cluster/confirm-link.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT)
+
+
+def _not_after_a_failure(state, host, cluster: str) -> bool:
+    if cluster in _unconfirmed:
+        logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: the link is not changed here, as a node "
+                     "before this one did not confirm its change in this run (see above)")
+        return False
+    return True
+
+
+def _confirm_link(state, host, cluster: str, seconds: int) -> bool:
+    """Confirm the link change through NEW SSH connections until the host's rollback timer
+    would fire; else wait for it, and say whether the host came back."""
+    deadline = time.monotonic() + seconds - 5
+    said = "no new SSH connection"
+    while time.monotonic() < deadline:
+        ok, lines = run_on_new_connection(state, host, CONFIRM, timeout=10)
+        answer = lines[-1] if ok and lines else ""
+        if answer == "confirmed":
+            return True
+        if answer.startswith("failed") or answer == "rolled-back":
+            said = f"the apply {answer}" if answer.startswith("failed") else "the host rolled back already"
+            break
+        if ok:
+            said = "the apply did not finish"
+        gevent.sleep(1)
+    _unconfirmed.add(cluster)
+    logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: the link change was not confirmed ({said}): "
+                 f"the host puts its previous link files back and applies them by itself ({ROLLBACK_UNIT}.timer)")
+    gevent.sleep(max(0.0, deadline + 15 - time.monotonic()))
+    ok, lines = run_on_new_connection(state, host, f"cat {LINK_DIR}/rolled-back", timeout=10)
+    if ok:
+        logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: rolled back; a new SSH connection works again")
+    else:
+        logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: still no new SSH connection after the rollback "
+                     f"time: reach the host another way ({LINK_DIR} holds the old files and rollback.sh)")
+    return False
+
+
+@operation()
+def link(
+    cluster: str, files: Sequence[tuple], stale: Sequence[str], start_networkd: Sequence[str], paths: Sequence[str],
+    own: Sequence[str], interfaces: Sequence[str], added: Sequence[tuple[str, str]], netplan: bool,
+    networkmanager: bool, seconds: int,
+):
+    """
+    Change the cluster link: its files written, applied to its interfaces alone, kept only when
+    a NEW SSH connection confirms it within ``seconds`` (else the host restores the old files).
+
+    + cluster: the cluster's name
+    + files: (dest, content, mode, validate, current) of each link file to write
+    + stale: link files to remove
+    + start_networkd: the commands that enable and start systemd-networkd (none when it runs)
+    + paths: every link file sparkrig may hold here (kept before the change, restored after)
+    + own: name patterns of the networkd files this change makes
+    + interfaces: the cluster interfaces (never the one the deploy's connection uses)
+    + added: (interface, address) the change adds (taken off again by a rollback)
+    + netplan: the host renders netplan's files
+    + networkmanager: NetworkManager runs and re-reads its configuration first (it lets go of them)
+    + seconds: how long the host waits for the confirmation before it rolls back
+    """
+    yield FunctionCommand(_not_after_a_failure, (cluster,), {})
+    apply_script = render_link_apply(interfaces, netplan, networkmanager)
+    rollback_script = render_link_rollback(paths, added, bool(start_networkd))
+    yield StringCommand(arm_rollback(paths, own, apply_script, rollback_script, seconds))
+    for dest, content, mode, validate, current in files:
+        yield from atomic.file._inner(dest=dest, content=content, mode=mode, validate=validate, current=current)
+    if stale:
+        yield StringCommand("rm -f", *[QuoteString(p) for p in stale])
+    for command in start_networkd:
+        yield command
+    # Detached: a change that cuts this connection off still runs to its end.
+    yield StringCommand(f"systemd-run --quiet --collect --unit={APPLY_UNIT} "
+                        f"/bin/sh {LINK_DIR}/apply.sh")
+    yield FunctionCommand(_confirm_link, (cluster, seconds), {})

@@ -1,0 +1,164 @@
+"""Clusters: SSH trust between the nodes. One key pair per node, made once on the controller;
+a node's private half goes to its cluster user, every node's public half to every node's
+authorized_keys (written as that user, from that node's addresses only), and every node's
+host keys are pinned."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import re
+import secrets
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+
+from sparkrig import atomic, rendering
+
+from .facts import KEY_FILE, KNOWN_HOSTS, MARKER
+
+STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user
+# Checks a new ssh_config.d file as ssh will read it. For `sh -c SCRIPT NAME NEW`.
+VERIFY_SSH_CONFIG = rendering.script("cluster/verify-ssh-config.sh")
+
+
+# The files ----------------------------------------------------------------------------------
+
+
+def render_known_hosts(nodes: Sequence[Mapping[str, Any]]) -> str:
+    return rendering.render("cluster/known_hosts.j2", nodes=nodes)
+
+
+def render_ssh_config(nodes: Sequence[Mapping[str, Any]], user: str) -> str:
+    patterns = ",".join(address for node in nodes for address in node["addresses"])
+    return rendering.render(
+        "cluster/ssh_config.conf.j2", user=user, hosts=patterns, key=KEY_FILE, known_hosts=KNOWN_HOSTS
+    )
+
+
+def authorized_lines(nodes: Sequence[Mapping[str, Any]], name: str) -> list[str]:
+    """The authorized_keys lines of the cluster: each node's own key (``node["public"]``),
+    from that node's addresses only, no forwarding (``restrict``) but a terminal for
+    interactive use. A node removed from the cluster takes its line, so its key, with it."""
+    lines = []
+    for node in nodes:
+        key = " ".join(node["public"].split()[:2])
+        sources = ",".join(node["addresses"])
+        lines.append(f'from="{sources}",restrict,pty {key} {MARKER}{name}:{node_label(node["name"])}')
+    return lines
+
+
+
+# The controller's key pair -----------------------------------------------------------------
+
+
+def node_label(node: str) -> str:
+    """An inventory name as a key directory's name and an authorized_keys comment: letters,
+    digits, '.', '_' and '-' kept, anything else '_' (with a short hash, so two names differ)."""
+    label = re.sub(r"[^A-Za-z0-9._-]", "_", node)
+    if label != node or label in (".", ".."):
+        label = f"{label}-{hashlib.sha256(node.encode()).hexdigest()[:8]}"
+    return label
+
+
+def controller_key(key_dir: str, name: str, node: str) -> tuple[bytes, str]:
+    """The key pair of ``node`` in cluster ``name`` on the controller (private bytes, public
+    line), made once: ``KEY_DIR/NAME/NODE/id_ed25519`` (0600) in 0700 directories. Each
+    node has its own pair, so a node removed from the cluster loses its login to the others.
+    Two runs making it at once keep the first one's (the key is linked into place, never
+    replaced)."""
+    directory = Path(key_dir).expanduser() / name / node_label(node)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory.parent, 0o700)
+    os.chmod(directory, 0o700)
+    private = directory / "id_ed25519"
+    if not private.exists():
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            new = Path(tmp) / "id_ed25519"
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARKER}{name}:{node_label(node)}",
+                 "-f", str(new)],
+                check=True, capture_output=True,
+            )
+            try:
+                os.link(new, private)
+            except FileExistsError:
+                pass
+    os.chmod(private, 0o600)
+    public = subprocess.run(["ssh-keygen", "-y", "-f", str(private)], check=True, capture_output=True, text=True)
+    return private.read_bytes(), public.stdout.strip()
+
+
+# Installed on the node ----------------------------------------------------------------------
+
+
+class Secret(bytes):
+    """Bytes that never show in a log (pyinfra's debug output prints commands' arguments)."""
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+    __str__ = __repr__
+
+
+def _stage_secret(state, host, directory: str, data: bytes) -> bool:
+    """Upload ``data`` as the login user into ``directory``, made 0700 first (mkdir fails if
+    anything is there): pyinfra's own uploads pass through a world-readable temp file."""
+    ok, output = host.connector.run_shell_command(
+        StringCommand("umask 077 && mkdir -m 700", QuoteString(directory))
+    )
+    if not ok:
+        logger.error(f"{host.print_prefix}sparkrig: cannot make a private directory for the cluster key: {output.stderr}")
+        return False
+    return bool(host.connector.put_file(BytesIO(data), f"{directory}/key"))
+
+
+@operation()
+def private_key(dest: str, key: bytes, user: str, group: str):
+    """
+    Install a private key as a 0600 file of ``user``, never passing through a file others may read.
+
+    + dest: where, in a directory of root's
+    + key: the private key (OpenSSH format)
+    + user: its owner
+    + group: its group
+    """
+    staged = f"/tmp/sparkrig-key-{secrets.token_hex(8)}"
+    temp = atomic.temp_path(dest)
+    yield FunctionCommand(_stage_secret, (staged, Secret(key)), {})
+    yield StringCommand(
+        "install -d -m 755 -o root -g root", QuoteString(posixpath.dirname(dest)),
+        "&& install -m 600 -o", QuoteString(user), "-g", QuoteString(group), QuoteString(f"{staged}/key"), QuoteString(temp),
+        "&& ssh-keygen -y -f", QuoteString(temp), ">/dev/null && mv -f", QuoteString(temp), QuoteString(dest),
+        "; s=$?; rm -rf", QuoteString(staged), QuoteString(temp), "; exit $s",
+    )
+
+
+# As the cluster user: their authorized_keys keeps every line but sparkrig's cluster lines,
+# then gets the staged file's. For `sh -c SCRIPT NAME HOME STAGED`.
+PUT_AUTHORIZED = rendering.script("cluster/put-authorized.sh.j2", marker=MARKER)
+
+
+@operation()
+def authorized_key(user: str, home: str, lines: Sequence[str]):
+    """
+    Make ``lines`` the cluster lines of ``user``'s ``~/.ssh/authorized_keys``, written as them.
+
+    + user: the cluster user
+    + home: their home directory
+    + lines: the authorized_keys lines (their comments start with ``sparkrig-cluster:``)
+    """
+    staged = f"{STAGE}/authorized-{secrets.token_hex(8)}"
+    yield StringCommand("install -d -m 755 -o root -g root", QuoteString(STAGE))
+    yield atomic.Upload(BytesIO("".join(f"{line}\n" for line in lines).encode()), staged)
+    yield StringCommand(
+        "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(user), "-- sh -c", QuoteString(PUT_AUTHORIZED), "sparkrig",
+        QuoteString(home), QuoteString(staged), "; s=$?; rm -f", QuoteString(staged), "; exit $s",
+    )
