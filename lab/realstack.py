@@ -33,7 +33,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from sparkrig.operations.python_stack import load_manifest
+from sparkrig.operations.python_stack.settings import load_manifest
 from sparkrig.operations.source_builds import load_catalogue
 from sparkrig import atomic
 
