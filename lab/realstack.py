@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 
 from sparkrig import atomic
-from sparkrig.operations.python_stack import load_manifest
+from sparkrig.operations.python_stack.settings import load_manifest
 from sparkrig.operations.source_builds import load_catalogue
 
 from .config import CACHE_DIR, LAB_DIR, WHEEL_CACHE

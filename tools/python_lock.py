@@ -36,8 +36,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from sparkrig.operations import python_stack as ps
-from sparkrig.python_wheels import DEFAULT_INDEX
+from sparkrig.operations.python_stack import locks as ps_locks
+from sparkrig.operations.python_stack import settings as ps_settings
+from sparkrig.python_wheels import DEFAULT_INDEX, LOCK_PLATFORM, lock_entries, normalise
 
 
 def _toml(value: str) -> str:
@@ -52,10 +53,10 @@ def compile_input(manifest: Mapping[str, Any], profiles: Sequence[str], arch: st
         'name = "sparkrig-python-stack"',
         'version = "0"',
         "dependencies = [",
-        *[f"    {_toml(r)}," for r in ps.lock_requirements(manifest, profiles, arch)],
+        *[f"    {_toml(r)}," for r in ps_locks.lock_requirements(manifest, profiles, arch)],
         "]",
     ]
-    routes, named = ps.routes(manifest), ps.indexes(manifest)
+    routes, named = ps_locks.routes(manifest), ps_locks.indexes(manifest)
     if routes:
         lines += ["", "[tool.uv.sources]"]
         lines += [f"{name} = {{ index = {_toml(role)} }}" for name, role in sorted(routes.items())]
@@ -71,13 +72,13 @@ def header(
     chosen = ", ".join(sorted(profiles)) or "none"
     left = (
         f"# Needs, from a source build (no {arch} wheel; source_builds_enabled):\n"
-        f"{ps.LOCK_FROM_SOURCE}{' '.join(from_source)}\n"
+        f"{ps_locks.LOCK_FROM_SOURCE}{' '.join(from_source)}\n"
     ) if from_source else ""
     return (
         f"# sparkrig lock of {manifest_name}: {arch}, Python {manifest['python']}, profiles: {chosen}.\n"
-        f"# Made on the controller by `{ps.REFRESH}`, wheels only; hosts install it as it is\n"
+        f"# Made on the controller by `{ps_locks.REFRESH}`, wheels only; hosts install it as it is\n"
         "# (uv pip sync --require-hashes) and never resolve. Do not edit by hand.\n"
-        f"{ps.LOCK_STAMP}{ps.lock_input(manifest, profiles, arch)}\n"
+        f"{ps_locks.LOCK_STAMP}{ps_locks.lock_input(manifest, profiles, arch)}\n"
         f"{left}"
     )
 
@@ -92,7 +93,7 @@ _NO_WHEEL = (
 
 def no_wheel(uv_said: str) -> list[str]:
     """The packages uv found no usable wheel of, by normalised name."""
-    return sorted({ps.normalise(m) for pattern in _NO_WHEEL for m in pattern.findall(uv_said)})
+    return sorted({normalise(m) for pattern in _NO_WHEEL for m in pattern.findall(uv_said)})
 
 
 def dev_snapshots(text: str, pinned: Mapping[str, str]) -> list[str]:
@@ -100,7 +101,7 @@ def dev_snapshots(text: str, pinned: Mapping[str, str]) -> list[str]:
     uv takes one when no release has a wheel for the platform (xformers 0.0.35.dev1147 is a
     py3-none-any wheel without its compiled ops, the only xformers an aarch64 host could install)."""
     found = []
-    for name, lines in ps.lock_entries(text):
+    for name, lines in lock_entries(text):
         pin = lines[0].split(" \\")[0].strip()
         version = pin.split("==", 1)[1] if "==" in pin else None
         try:
@@ -119,7 +120,7 @@ def _refusal(arch: str, python: str, what: str, uv_said: str) -> str:
     return (
         f"{what}: a host could not install it: {', '.join(names)} "
         f"{'has' if len(names) == 1 else 'have'} no wheel for {arch} (CPython {python}, "
-        f"{ps.LOCK_PLATFORM}), and hosts install wheels only, never building a source distribution. "
+        f"{LOCK_PLATFORM}), and hosts install wheels only, never building a source distribution. "
         f"Pin versions that have such wheels, or list the package under from_source for {arch} "
         f"and enable its source build. uv said:\n{uv_said}"
     )
@@ -130,7 +131,7 @@ def _compile(work: str, arch: str, python: str, index_url: str, uv: str, *extra:
         [
             uv, "pip", "compile", "--no-config", "--quiet", "--generate-hashes", "--no-header",
             "--no-emit-index-url", "--emit-index-annotation", "--index-url", index_url, *WHEELS_ONLY,
-            "--python-platform", f"{arch}-{ps.LOCK_PLATFORM}", "--python-version", python, *extra,
+            "--python-platform", f"{arch}-{LOCK_PLATFORM}", "--python-version", python, *extra,
             "pyproject.toml",
         ],
         cwd=work, capture_output=True, text=True, env={**os.environ, "UV_NO_PROGRESS": "1"},
@@ -146,9 +147,9 @@ def compile_lock(
     could not install it, or when vLLM's wheel at its URL has another sha256 than the
     manifest says. A package of ``from_source`` for ``arch`` that the resolution needs is
     left out (a uv override that drops it there) and named in the header."""
-    what = f"{ps.lock_name(manifest, profiles, arch)} ({arch}, profiles {sorted(profiles)})"
-    left_to_builds = ps.from_source(manifest, arch)
-    pins = ps.pins(manifest, profiles)
+    what = f"{ps_locks.lock_name(manifest, profiles, arch)} ({arch}, profiles {sorted(profiles)})"
+    left_to_builds = ps_locks.from_source(manifest, arch)
+    pins = ps_locks.pins(manifest, profiles)
     with tempfile.TemporaryDirectory(prefix="sparkrig-lock-") as work:
         Path(work, "pyproject.toml").write_text(compile_input(manifest, profiles, arch))
         result = _compile(work, arch, manifest["python"], index_url, uv)
@@ -174,7 +175,7 @@ def compile_lock(
     vllm = manifest.get("vllm")
     wheel = (vllm.get("wheels") or {}).get(arch) if vllm else None
     if wheel:
-        entry = dict(ps.lock_entries(result.stdout)).get(ps.normalise(vllm["name"]), [])
+        entry = dict(lock_entries(result.stdout)).get(normalise(vllm["name"]), [])
         if f"--hash=sha256:{wheel['sha256']}" not in "\n".join(entry):
             raise RuntimeError(f"vllm.wheels.{arch}: the wheel at its URL does not have the sha256 the manifest names")
     return header(manifest_name, manifest, profiles, arch, needed) + result.stdout
@@ -187,7 +188,7 @@ def installable_problem(
     """Why a host of ``arch`` and ``python`` could not install lock ``text`` as it is (a
     pinned package without a wheel for it), or None: each pin resolved on its own
     (``--no-deps``), wheels only, for that platform, from the indexes the host uses."""
-    pins = [lines[0].split(" \\")[0].strip() for _name, lines in ps.lock_entries(text)]
+    pins = [lines[0].split(" \\")[0].strip() for _name, lines in lock_entries(text)]
     indexes = [arg for url in extra_index_urls for arg in ("--extra-index-url", url)]
     if indexes:
         indexes.append("--index-strategy=unsafe-best-match")  # as hosts do: every file is pinned
@@ -195,7 +196,7 @@ def installable_problem(
         Path(work, "pins.txt").write_text("\n".join(pins) + "\n")
         result = subprocess.run(
             [uv, "pip", "compile", "--no-config", "--quiet", "--no-header", "--no-deps", "--index-url", index_url,
-             *indexes, *WHEELS_ONLY[:2], "--python-platform", f"{arch}-{ps.LOCK_PLATFORM}",
+             *indexes, *WHEELS_ONLY[:2], "--python-platform", f"{arch}-{LOCK_PLATFORM}",
              "--python-version", python, "pins.txt"],
             cwd=work, capture_output=True, text=True, env={**os.environ, "UV_NO_PROGRESS": "1"},
         )
@@ -205,22 +206,22 @@ def installable_problem(
 def refresh(manifest_path: Path, locks: Path, index_url: str, check: bool) -> list[str]:
     """Make every lock the manifest lists fresh (``check``: only report); the names of the
     stale ones and (``check``) of fresh ones a host could not install, each said on stderr."""
-    manifest = ps.load_manifest(manifest_path)
-    problem = ps.manifest_problem(manifest, None)
+    manifest = ps_settings.load_manifest(manifest_path)
+    problem = ps_settings.manifest_problem(manifest, None)
     if problem:
         raise SystemExit(f"python_lock: {manifest_path}: {problem}")
     try:
-        name = str(manifest_path.resolve().relative_to(ps.REPO))
+        name = str(manifest_path.resolve().relative_to(ps_locks.REPO))
     except ValueError:
         name = manifest_path.name
     stale = []
     for arch in manifest["locks"]["architectures"]:
         for profiles in manifest["locks"]["profiles"]:
-            path = locks / ps.lock_name(manifest, profiles, arch)
-            text = ps.read_lock(path)
-            if text is not None and ps.lock_stamp(text) == ps.lock_input(manifest, profiles, arch):
+            path = locks / ps_locks.lock_name(manifest, profiles, arch)
+            text = ps_locks.read_lock(path)
+            if text is not None and ps_locks.lock_stamp(text) == ps_locks.lock_input(manifest, profiles, arch):
                 refused = check and installable_problem(
-                    text, arch, manifest["python"], index_url, sorted(ps.indexes(manifest).values()), what=path.name
+                    text, arch, manifest["python"], index_url, sorted(ps_locks.indexes(manifest).values()), what=path.name
                 )
                 if refused:
                     print(f"python_lock: {refused}", file=sys.stderr)
@@ -241,19 +242,19 @@ def refresh(manifest_path: Path, locks: Path, index_url: str, check: bool) -> li
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.python_lock", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--manifest", default=str(ps.MANIFEST), help="the versions manifest (YAML)")
-    parser.add_argument("--locks", default=ps.LOCKS, help="where its locks live (relative: to the repository)")
+    parser.add_argument("--manifest", default=str(ps_settings.MANIFEST), help="the versions manifest (YAML)")
+    parser.add_argument("--locks", default=ps_locks.LOCKS, help="where its locks live (relative: to the repository)")
     parser.add_argument("--index-url", default=DEFAULT_INDEX, help="the index packages are resolved from")
     parser.add_argument("--check", action="store_true",
                         help="only report stale locks and locks a host could not install (exit status 1)")
     args = parser.parse_args(argv)
     try:
-        stale = refresh(Path(args.manifest), ps.locks_dir(args.locks), args.index_url, args.check)
+        stale = refresh(Path(args.manifest), ps_locks.locks_dir(args.locks), args.index_url, args.check)
     except RuntimeError as error:
         print(f"python_lock: {error}", file=sys.stderr)
         return 2
     if args.check and stale:
-        print(f"python_lock: stale or not installable: {', '.join(stale)}; run `{ps.REFRESH}`", file=sys.stderr)
+        print(f"python_lock: stale or not installable: {', '.join(stale)}; run `{ps_locks.REFRESH}`", file=sys.stderr)
         return 1
     print(f"python_lock: {'refreshed ' + ', '.join(stale) if stale else 'every lock is fresh'}", file=sys.stderr)
     return 0

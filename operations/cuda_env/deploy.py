@@ -36,7 +36,7 @@ def cuda_env():
     """
     cuda_home = resolve_cuda_home(reading.value(TOOLKITS), host.data.cuda_env_default_home)
     profile = host_profile()
-    venv = host.data.python_venv_path  # python_stack's setting (its settings module comes with its split)
+    venv = host.data.python_venv_path  # python_stack's setting
     extra = dict(host.data.cuda_env_extra)
     if host.data.jobs_model_cache:  # the shared model cache (jobs_model_cache) is every user's HF_HOME
         extra["HF_HOME"] = host.data.jobs_model_cache

@@ -6,9 +6,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkrig import rendering
+from sparkrig.operations.python_stack import settings as python_stack_settings
 
 from .facts import toolkit_version
-from .settings import MANAGED, PYTHON_VENV_PATH_DEFAULT
+from .settings import MANAGED
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 # systemd's default PATH: what a unit would have had without the env file.
@@ -26,7 +27,7 @@ def resolve_cuda_home(toolkits: Mapping[str, Any], default: str) -> str:
 
 
 def env_variables(
-    cuda_home: str, torch_cuda_arch_list: str, extra: Mapping[str, str], venv: str = PYTHON_VENV_PATH_DEFAULT
+    cuda_home: str, torch_cuda_arch_list: str, extra: Mapping[str, str], venv: str = python_stack_settings.VENV_PATH
 ) -> list[tuple[str, str]]:
     """The env file's variables, managed ones first in a fixed order, then extras sorted."""
     managed = {

@@ -7,6 +7,7 @@ from typing import Any
 
 from sparkrig.operations.hardware import settings as hardware_settings
 from sparkrig.operations.jobs import settings as jobs_settings
+from sparkrig.operations.python_stack import settings as python_stack_settings
 from sparkrig.settings import Setting, absolute_path, declare, defaults, env_mapping_except
 
 MANAGED = (
@@ -61,13 +62,6 @@ SETTINGS = (
 
 declare(__name__, SETTINGS)
 
-# python_stack's setting (its settings module comes with its split): the venv `uv run` uses
-# (UV_PROJECT_ENVIRONMENT). Its default until then; a unit test keeps the two the same.
-PYTHON_VENV_PATH_DEFAULT = "/opt/sparkrig/venv"
-
 # The deploy's data_defaults: its own settings, the hardware profile (TORCH_CUDA_ARCH_LIST),
-# jobs_model_cache (HF_HOME) and python_venv_path (UV_PROJECT_ENVIRONMENT).
-DEFAULTS = {
-    **defaults((*SETTINGS, *hardware_settings.SETTINGS, *jobs_settings.SETTINGS)),
-    "python_venv_path": PYTHON_VENV_PATH_DEFAULT,
-}
+# jobs_model_cache (HF_HOME) and python_stack's python_venv_path (UV_PROJECT_ENVIRONMENT).
+DEFAULTS = defaults((*SETTINGS, *hardware_settings.SETTINGS, *jobs_settings.SETTINGS, *python_stack_settings.SETTINGS))

@@ -33,7 +33,7 @@ from .settings import DEFAULTS, PIN_FILE, SETTINGS, parse_hold
 
 def python_names(settings: Mapping[str, Any]) -> tuple[str, ...]:
     """torch and the manifest's vLLM (its name may be a stand-in's), as .dist-info names."""
-    manifest = settings.get("python_stack")  # python_stack's setting (its settings module comes with its split)
+    manifest = settings.get("python_stack")  # python_stack's setting
     vllm = (manifest.get("vllm") or {}) if isinstance(manifest, Mapping) else {}
     return (dist_name("torch"), dist_name(vllm.get("name") or "vllm"))
 
@@ -46,7 +46,6 @@ def versions_part(settings: Mapping[str, Any]) -> reading.Part:
         Versions,
         packages=dict(settings["updates_packages"]),
         holds=holds,
-        # python_stack's setting (its settings module comes with its split)
         venv=settings.get("python_venv_path", ""),
         python=python_names(settings),
     )

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sparkrig.operations.python_stack import settings as python_stack_settings
 from sparkrig.operations.watchdog import settings as watchdog_settings
 from sparkrig.settings import Setting, boolean, declare, defaults, one_of
 
@@ -154,9 +155,9 @@ SETTINGS = (
     ),
 )
 
-# Its own settings, and watchdog's: systemd-oomd is masked where earlyoom is the watchdog
-# (watchdog_enabled). python_stack's python_venv_path and python_stack are read too, through
-# the resolved settings (python_stack's settings module comes with its split).
-DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS))
+# Its own settings, watchdog's (systemd-oomd is masked where earlyoom is the watchdog,
+# watchdog_enabled) and python_stack's (the venv whose torch and vLLM versions are read, and
+# the manifest's vLLM name).
+DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS, *python_stack_settings.SETTINGS))
 
 declare(__name__, SETTINGS)

@@ -3,7 +3,7 @@ Python stack controls: uv pinned, the venv holding exactly the manifest's pins, 
 host a CUDA 13 PyTorch that really computes on the device.
 
 The expected values are worked out here from the settings and the manifest, independently
-of the code that converges (operations/python_stack.py): nothing of it is imported.
+of the code that converges (operations/python_stack/): nothing of it is imported.
 The GPU controls skip on a host without an NVIDIA GPU, saying so; on the lent H100 they
 run with testinfra's local backend (README, "Python stack").
 """

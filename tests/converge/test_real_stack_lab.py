@@ -24,7 +24,7 @@ import pytest
 import lab
 from lab import realstack
 from lab.fleet import _read_state
-from sparkrig.operations import python_stack as ps
+from sparkrig.operations.python_stack import locks as ps_locks
 from sparkrig.python_wheels import offline_wheels
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import run_deploy
@@ -71,7 +71,7 @@ def _deploy(host: str, profiles: list[str], builds: dict | None = None):
 
 
 def _lock(arch: str, profiles: list[str]) -> str:
-    return (realstack.LOCKS / ps.lock_name(realstack.manifest(), profiles, arch)).read_text()
+    return (realstack.LOCKS / ps_locks.lock_name(realstack.manifest(), profiles, arch)).read_text()
 
 
 def _wheels(arch: str, profiles: list[str]) -> dict[str, str]:
@@ -96,7 +96,7 @@ def converged(real_lab, request):
             assert result.returncode == 0, result.log[-4000:]
     for arch in ("x86_64", "aarch64"):
         for profiles in ([], ["unsloth"]):
-            FIGURES.setdefault("download_bytes", {})[ps.lock_name(realstack.manifest(), profiles, arch)] = \
+            FIGURES.setdefault("download_bytes", {})[ps_locks.lock_name(realstack.manifest(), profiles, arch)] = \
                 _size(_wheels(arch, profiles).values())
     both = {**_wheels("x86_64", ["unsloth"]), **_wheels("aarch64", ["unsloth"])}
     FIGURES["offline"] = {

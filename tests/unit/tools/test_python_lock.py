@@ -19,10 +19,11 @@ import yaml
 
 from lab import wheelhouse
 from sparkrig import python_wheels
-from sparkrig.operations import python_stack as ps
+from sparkrig.operations.python_stack import locks as ps_locks
+from sparkrig.operations.python_stack import settings as ps_settings
 from tools import python_lock
 
-MANIFEST = ps.load_manifest()
+MANIFEST = ps_settings.load_manifest()
 
 
 def _pypi_reachable() -> bool:
@@ -44,21 +45,21 @@ def test_the_real_manifest_and_every_profile_resolve_for_both_architectures():
     with ThreadPoolExecutor(4) as pool:
         texts = list(pool.map(lambda c: python_lock.compile_lock(MANIFEST, c[1], c[0]), combos))
     for (arch, profiles), text in zip(combos, texts):
-        entries = dict(ps.lock_entries(text))
-        for name, version in ps.pins(MANIFEST, profiles).items():
+        entries = dict(python_wheels.lock_entries(text))
+        for name, version in ps_locks.pins(MANIFEST, profiles).items():
             if name != "vllm":
                 assert entries[name][0] == f"{name}=={version} \\", (arch, profiles, name)
         assert entries["torch"][0] == "torch==2.11.0 \\" and "    # from https://pypi.org/simple" in entries["torch"]
         assert entries["cuda-toolkit"][0].startswith("cuda-toolkit==13.0.2")  # PyPI's torch is the CUDA 13.0 build
-        assert ps.lock_stamp(text) == ps.lock_input(MANIFEST, profiles, arch)
+        assert ps_locks.lock_stamp(text) == ps_locks.lock_input(MANIFEST, profiles, arch)
         # unsloth requires xformers: PyPI's wheel on x86_64; on aarch64, none, so a source build's.
         needs_build = arch == "aarch64" and profiles == ["unsloth"]
         assert ("xformers" in entries) == (profiles == ["unsloth"] and not needs_build), (arch, profiles)
-        assert ps.lock_from_source(text) == (["xformers"] if needs_build else []), (arch, profiles)
+        assert ps_locks.lock_from_source(text) == (["xformers"] if needs_build else []), (arch, profiles)
 
 
 def _committed(arch: str, profiles: list[str]) -> str:
-    return ps.read_lock(ps.locks_dir(ps.LOCKS) / ps.lock_name(MANIFEST, profiles, arch))
+    return ps_locks.read_lock(ps_locks.locks_dir(ps_locks.LOCKS) / ps_locks.lock_name(MANIFEST, profiles, arch))
 
 
 @needs_pypi
@@ -90,7 +91,7 @@ def test_check_reports_a_committed_lock_a_host_could_not_install(tmp_path, capsy
     (tmp_path / "stack.yml").write_text(yaml.safe_dump(manifest))
     locks = tmp_path / "locks"
     locks.mkdir()
-    name = ps.lock_name(manifest, ["unsloth"], "aarch64")
+    name = ps_locks.lock_name(manifest, ["unsloth"], "aarch64")
     (locks / name).write_text(_committed("aarch64", ["unsloth"]) + "xformers==0.0.35 \\\n    --hash=sha256:" + "1" * 64 + "\n")
     assert python_lock.main(["--manifest", str(tmp_path / "stack.yml"), "--locks", str(locks), "--check"]) == 1
     said = capsys.readouterr().err
@@ -108,11 +109,11 @@ def test_a_package_without_a_wheel_is_refused_unless_left_to_a_source_build():
     assert "xformers has no wheel for aarch64 (CPython 3.12, manylinux_2_35)" in str(error.value)
     manifest["from_source"] = {"xformers": ["aarch64"]}
     text = python_lock.compile_lock(manifest, [], "aarch64")
-    assert "xformers" not in dict(ps.lock_entries(text)) and ps.lock_from_source(text) == ["xformers"]
+    assert "xformers" not in dict(python_wheels.lock_entries(text)) and ps_locks.lock_from_source(text) == ["xformers"]
     # Left out with what it alone needs: a built wheel's requirements come from the rest of the lock.
-    assert ps.lock_entries(text) == []
+    assert python_wheels.lock_entries(text) == []
     x86 = python_lock.compile_lock(manifest, [], "x86_64")  # x86_64 has PyPI's wheel
-    assert dict(ps.lock_entries(x86))["xformers"][0] == "xformers==0.0.33 \\" and ps.lock_from_source(x86) == []
+    assert dict(python_wheels.lock_entries(x86))["xformers"][0] == "xformers==0.0.33 \\" and ps_locks.lock_from_source(x86) == []
 
 
 def test_a_development_snapshot_the_manifest_does_not_pin_is_found():
@@ -161,7 +162,7 @@ def test_a_named_index_serves_only_the_packages_named_for_it(local_index):
         "packages": {"six": "1.17.0"}, "profiles": {},
         "locks": {"architectures": ["x86_64"], "profiles": [[]]},
     }
-    entries = dict(ps.lock_entries(python_lock.compile_lock(manifest, [], "x86_64")))
+    entries = dict(python_wheels.lock_entries(python_lock.compile_lock(manifest, [], "x86_64")))
     assert f"    # from {local_index}" in entries[wheelhouse.STANDIN_NAME]
     # six is pinned from PyPI; the decoy 99.0 on the named index is never looked at.
     assert entries["six"][0] == "six==1.17.0 \\" and "    # from https://pypi.org/simple" in entries["six"]

@@ -1,0 +1,51 @@
+"""
+Python ML stack: uv, and a virtualenv holding exactly a lock made on the controller.
+
+The stack is data: ``python_stack`` (loaded from ``group_data/python_stack.yml``)
+names the Python version, torch (from PyPI unless an index is named for it alone),
+vLLM's wheel per CPU architecture with its sha256, extras and optional profiles.
+
+- **Locks.** ``uv run python -m tools.python_lock`` resolves the manifest on the
+  controller, once per (architecture, Python, set of profiles) listed under ``locks``,
+  into ``group_data/python_stack.locks/`` (``uv pip compile --generate-hashes``, every
+  file's sha256). Each lock's header records a digest of its inputs: settings
+  validation refuses a host whose lock is missing or stale, before any host is contacted.
+- **Hosts never resolve.** The lock is uploaded to ``<venv>/sparkrig/requirements.lock``
+  (built wheels, operations/source_builds.py, replace their package's entry) and
+  ``uv pip sync --require-hashes`` makes the venv hold exactly that. With
+  ``python_offline`` the controller downloads the locked wheels once (hashes checked)
+  and hosts install them with ``--offline --no-index``.
+- uv, pinned by version and sha256, is installed from a package index into its own
+  tool environment ``/opt/sparkrig/uv`` (``/usr/local/bin/uv`` links to it unless
+  that name is taken); no ``curl | sh``.
+- Whether anything changes is read once (:class:`PythonStack`): the sha256 of the
+  host's lock and uv's offline ``uv pip sync --dry-run`` of it ("Would make no changes").
+
+uv runs as the venv's owner, with ``--no-config`` (no user or system uv.toml
+changes what is installed) and ``UV_SYSTEM_CERTS=1`` (the system CA store, which
+holds ``ca_certificates_extra``).
+"""
+
+from .settings import (
+    SETTINGS,
+    # source_builds' settings checks call these through this package until its split
+    # imports the settings module itself.
+    host_arch,
+    locks_check,
+    manifest_check,
+    missing_builds_message,
+    profiles_check,
+)
+
+__all__ = [
+    "SETTINGS", "host_arch", "locks_check", "manifest_check", "missing_builds_message", "profiles_check",
+    "python_stack",
+]
+
+
+def __getattr__(name):  # the deploy (and all it imports) only when asked for
+    if name == "python_stack":
+        from .deploy import python_stack  # noqa: PLC0415
+
+        return python_stack
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

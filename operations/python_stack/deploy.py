@@ -1,0 +1,106 @@
+"""Python stack: the deploy, and the part of the host's one reading it decides from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from sparkrig import atomic, reading
+from sparkrig.messages import refused
+from sparkrig.packages import installed as install_packages
+from sparkrig.profile import host_profile
+from sparkrig.settings import resolved
+from sparkrig.venv import UV_TOOL
+
+from .facts import NO_CHANGES, OFFLINE_DIR, PythonStack, major_minor
+from .locks import digest, lock_problem
+from .operations import UV_REQUIREMENTS, render_uv_requirements, uv_tool, virtualenv, virtualenv_arguments
+from .settings import DEFAULTS, manifest_problem, missing_builds_message
+
+
+def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, wheels: Sequence[str]) -> bool:
+    """Whether :func:`virtualenv` has work, from one :class:`PythonStack` reading."""
+    return (
+        not found["usable"]
+        or major_minor(found["python"]) != python
+        or (found["owner"], found["cache_owner"]) != (owner, owner)
+        or found["lock"] != digest(lock)
+        or found["plan"] != NO_CHANGES
+        or sorted(found["wheels"]) != sorted(wheels)
+        or (found["offline_dir"] and not wheels)
+    )
+
+
+@reading.planner
+def reads(settings):
+    # As python_stack() asks (offline wheels exist when python_offline is on).
+    return [reading.part(
+        PythonStack, venv=settings["python_venv_path"], owner=settings["python_venv_owner"],
+        wheels=OFFLINE_DIR if settings["python_offline"] else "",
+    )]
+
+
+@deploy("Python stack", data_defaults=DEFAULTS)
+def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
+    """
+    Install uv and make the virtualenv hold the controller's lock of the manifest.
+
+    + built_wheels: what else the venv holds, by package: requirement lines of wheels built
+      on the host (``source_builds.host_requirement_lines``; deploy.py passes it). Without
+      it the venv holds the lock alone, and a built wheel would be synced away.
+
+    Settings: ``python_*``; see docs/settings.md and group_data/python_stack.yml.
+    """
+    data = host.data
+    manifest = data.python_stack
+    arch = host_profile()["arch"]
+    # Checked before any connection for a named profile; for "auto", now that the box said.
+    problem = manifest_problem(manifest, arch) or lock_problem(
+        manifest, arch, data.python_stack_profiles, data.python_stack_locks
+    ) or missing_builds_message(resolved(data.dict()), arch)
+    if problem:
+        refused(name="The versions manifest and its lock fit this box", message=f"python_stack: {problem}")
+        return
+    try:
+        arguments = virtualenv_arguments(
+            resolved(data.dict()), built_wheels() if built_wheels else {}
+        )
+    except (OSError, RuntimeError, ValueError) as error:  # python_offline's downloads
+        refused(name="The controller has the locked wheels", message=f"python_offline: {error}")
+        return
+    owner = data.python_venv_owner
+    found = reading.fact(
+        PythonStack, venv=data.python_venv_path, owner=owner,
+        wheels=OFFLINE_DIR if arguments["wheels"] else "",
+    )
+    if found is None:
+        return
+
+    # The pins file is read only when uv is (re)installed: the uv version tells the rest.
+    if found["uv"] != data.python_uv_version:
+        if not found["venv_module"]:
+            install_packages(name="Install python3-venv (uv's tool environment)", packages=["python3-venv"])
+        atomic.file(
+            name=f"uv pin (python_uv_version) and its sha256 ({UV_REQUIREMENTS})",
+            dest=UV_REQUIREMENTS,
+            content=render_uv_requirements(data.python_uv_version, data.python_uv_sha256),
+            mode=0o644,
+        )
+    link_free = not found["link_exists"]
+    if found["uv"] != data.python_uv_version or link_free:
+        uv_tool(
+            name=f"uv in {UV_TOOL}",
+            version=data.python_uv_version,
+            index_url=data.python_index_url,
+            present=found["uv"],
+            link=link_free,
+        )
+
+    if venv_stale(found, manifest["python"], owner, arguments["lock"], list(arguments["wheels"])):
+        virtualenv(
+            name="Virtualenv python_venv_path, with the manifest's Python, owned by python_venv_owner",
+            **arguments,
+        )
