@@ -33,9 +33,9 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from sparkrig.operations.python_stack import load_manifest
-from sparkrig.operations.source_builds import load_catalogue
 from sparkrig import atomic
+from sparkrig.operations.python_stack import load_manifest
+from sparkrig.operations.source_builds.settings import load_catalogue
 
 from .config import CACHE_DIR, LAB_DIR, WHEEL_CACHE
 from .sourcebuild import _git
