@@ -17,7 +17,8 @@ from sparkrig.operations.jobs import jobs
 from sparkrig.operations.ngc import ngc
 from sparkrig.operations.python_stack import python_stack
 from sparkrig.operations.python_stack.operations import synced
-from sparkrig.operations.source_builds import host_requirement_lines, source_builds
+from sparkrig.operations.source_builds import source_builds
+from sparkrig.operations.source_builds.deploy import host_requirement_lines
 from sparkrig.operations.sshd_guard import sshd_guard
 from sparkrig.operations.swap import swap
 from sparkrig.operations.updates import updates

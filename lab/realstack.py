@@ -35,7 +35,7 @@ from pathlib import Path
 
 from sparkrig import atomic
 from sparkrig.operations.python_stack.settings import load_manifest
-from sparkrig.operations.source_builds import load_catalogue
+from sparkrig.operations.source_builds.settings import load_catalogue
 
 from .config import CACHE_DIR, LAB_DIR, WHEEL_CACHE
 from .sourcebuild import _git

@@ -1,6 +1,6 @@
 """The lab's source-build project: a small real C extension in a git repository.
 
-Source builds (operations/source_builds.py) fetch a project with git at a pinned
+Source builds (operations/source_builds/) fetch a project with git at a pinned
 ref, compile it into a wheel on one host and hand the wheel to the others. The lab
 hosts reach neither GitHub nor a GPU, so the lab serves its own project instead
 of Triton, xformers or vLLM: ``sparkrig-lab-ext``, a package with one C module

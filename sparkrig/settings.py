@@ -191,34 +191,6 @@ def defaults(settings: Iterable[Setting]) -> dict[str, Any]:
     return {setting.key: setting.default for setting in settings}
 
 
-class _AllDefaults(Mapping):
-    """Every sparkrig setting's default, gathered when first read: the concerns declare
-    their settings as they are imported, after their ``@deploy`` decorators have run."""
-
-    def _table(self) -> dict[str, Any]:
-        if not hasattr(self, "_defaults"):
-            self._defaults = defaults(all_settings())
-        return self._defaults
-
-    def __bool__(self) -> bool:  # pyinfra asks before anything is declared
-        return True
-
-    def __getitem__(self, key: str) -> Any:
-        return self._table()[key]
-
-    def __iter__(self):
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
-
-    def __repr__(self) -> str:
-        return "<every sparkrig setting's default>"
-
-
-# Each concern's @deploy takes data_defaults=ALL_DEFAULTS: whatever setting it reads, its
-# own or another concern's, has its declared default; no list of them is kept by hand.
-ALL_DEFAULTS: Mapping[str, Any] = _AllDefaults()
 
 
 def resolve(settings: Iterable[Setting], data: Mapping[str, Any]) -> dict[str, Any]:

@@ -33,14 +33,11 @@ and a node removed is no longer trusted (its key's line leaves every authorized_
 host keys the pinned file).
 """
 
+from sparkrig.operations import deploy_on_demand
+
 from .settings import FLEET_CHECKS, SETTINGS
 
-__all__ = ["FLEET_CHECKS", "SETTINGS", "cluster"]
-
-
-def __getattr__(name: str):
-    if name == "cluster":
-        from .deploy import cluster  # noqa: PLC0415 (the deploy, and all it imports, only when asked for)
-
-        return cluster
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ['FLEET_CHECKS', 'SETTINGS', 'cluster']
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'cluster')

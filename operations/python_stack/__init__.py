@@ -26,26 +26,11 @@ changes what is installed) and ``UV_SYSTEM_CERTS=1`` (the system CA store, which
 holds ``ca_certificates_extra``).
 """
 
-from .settings import (
-    SETTINGS,
-    # source_builds' settings checks call these through this package until its split
-    # imports the settings module itself.
-    host_arch,
-    locks_check,
-    manifest_check,
-    missing_builds_message,
-    profiles_check,
-)
+from sparkrig.operations import deploy_on_demand
 
-__all__ = [
-    "SETTINGS", "host_arch", "locks_check", "manifest_check", "missing_builds_message", "profiles_check",
-    "python_stack",
-]
+from .settings import SETTINGS
 
-
-def __getattr__(name):  # the deploy (and all it imports) only when asked for
-    if name == "python_stack":
-        from .deploy import python_stack  # noqa: PLC0415
-
-        return python_stack
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ['SETTINGS', 'python_stack']
+# The deploy (and the facts and operations it imports) only when asked for: a concern that
+# reads this one's settings imports them alone.
+__getattr__ = deploy_on_demand(__name__, 'python_stack')

@@ -10,15 +10,20 @@ from pyinfra.api import deploy
 
 from sparkrig import atomic, reading
 from sparkrig.messages import refused
+from sparkrig.operations.source_builds import settings as source_builds_settings
 from sparkrig.packages import installed as install_packages
 from sparkrig.profile import host_profile
-from sparkrig.settings import resolved
+from sparkrig.settings import defaults, resolved
 from sparkrig.venv import UV_TOOL
 
 from .facts import NO_CHANGES, OFFLINE_DIR, PythonStack, major_minor
 from .locks import digest, lock_problem
 from .operations import UV_REQUIREMENTS, render_uv_requirements, uv_tool, virtualenv, virtualenv_arguments
-from .settings import DEFAULTS, manifest_problem, missing_builds_message
+from .settings import DEFAULTS as OWN_DEFAULTS
+from .settings import manifest_problem
+
+# Its settings' defaults, and source_builds' (which builds make what its lock leaves to them).
+DEFAULTS = {**OWN_DEFAULTS, **defaults(source_builds_settings.SETTINGS)}
 
 
 def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, wheels: Sequence[str]) -> bool:
@@ -60,7 +65,7 @@ def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
     # Checked before any connection for a named profile; for "auto", now that the box said.
     problem = manifest_problem(manifest, arch) or lock_problem(
         manifest, arch, data.python_stack_profiles, data.python_stack_locks
-    ) or missing_builds_message(resolved(data.dict()), arch)
+    ) or source_builds_settings.missing_builds_message(resolved(data.dict()), arch)
     if problem:
         refused(name="The versions manifest and its lock fit this box", message=f"python_stack: {problem}")
         return

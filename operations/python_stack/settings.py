@@ -218,40 +218,17 @@ def locks_check(value: Any, data: Mapping[str, Any]) -> str | None:
     return f"a directory holding a fresh lock for this host ({problem})" if problem else None
 
 
-def missing_builds(data: Mapping[str, Any], arch: str) -> dict[str, list[str]]:
-    """Each package the host's lock needs from a source build that no enabled wheel build of
-    the host makes: the catalogue's builds that would (``{"xformers": ["xformers"]}``). Empty
-    when the lock is missing or stale (reported on its own)."""
+
+def packages_from_source(data: Mapping[str, Any], arch: str) -> tuple[str, list[str]] | None:
+    """The host's lock (its file name) and the packages it leaves to a source build (the
+    manifest's ``from_source``), or None while the lock is missing or stale (python_stack_locks
+    reports that itself). source_builds checks that an enabled build makes each of them."""
     manifest, profiles = data["python_stack"], data["python_stack_profiles"]
-    text = read_lock(locks_dir(data["python_stack_locks"]) / lock_name(manifest, profiles, arch))
+    name = lock_name(manifest, profiles, arch)
+    text = read_lock(locks_dir(data["python_stack_locks"]) / name)
     if text is None or lock_stamp(text) != lock_input(manifest, profiles, arch):
-        return {}
-    catalogue = data.get("source_builds") or {}
-    makes: dict[str, list[str]] = {}
-    for build, spec in catalogue.items():
-        if isinstance(spec, Mapping) and spec.get("kind") == "wheel" and isinstance(spec.get("package"), str):
-            makes.setdefault(normalise(spec["package"]), []).append(build)
-    enabled = set(data.get("source_builds_enabled") or [])
-    return {
-        package: sorted(makes.get(package, []))
-        for package in lock_from_source(text)
-        if not enabled & set(makes.get(package, []))
-    }
-
-
-def missing_builds_message(data: Mapping[str, Any], arch: str) -> str | None:
-    """:func:`missing_builds` in words, or None."""
-    missing = missing_builds(data, arch)
-    if not missing:
         return None
-    name = lock_name(data["python_stack"], data["python_stack_profiles"], arch)
-    said = "; ".join(
-        f"{package} has no {arch} wheel: enable "
-        + (" or ".join(builds) if builds else f"a build of {package} (none in source_builds)")
-        for package, builds in sorted(missing.items())
-    )
-    return f"the lock {name} leaves {', '.join(sorted(missing))} to a source build ({said})"
-
+    return name, lock_from_source(text)
 
 SETTINGS = (
     Setting(
@@ -335,14 +312,6 @@ SETTINGS = (
 )
 declare(__name__, SETTINGS)
 
-# source_builds' settings, read by missing_builds (the catalogue's wheel builds, those enabled):
-# their module imports this one for the checks above, so it cannot be imported here; their
-# declared defaults, kept equal by a unit test.
-SOURCE_BUILDS_DEFAULTS = {
-    "source_builds": yaml_file(GROUP_DATA / "source_builds.yml"),
-    "source_builds_enabled": [],
-}
-
-# The deploy's data_defaults: its own settings, the hardware profile (the host's
-# architecture) and source_builds' catalogue and enabled builds (missing_builds).
-DEFAULTS = {**defaults((*SETTINGS, *hardware_settings.SETTINGS)), **SOURCE_BUILDS_DEFAULTS}
+# Its own settings and the hardware profile's (the host's architecture); the deploy adds
+# source_builds' (deploy.py: which builds make what the lock leaves to them).
+DEFAULTS = defaults((*SETTINGS, *hardware_settings.SETTINGS))

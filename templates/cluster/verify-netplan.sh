@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Validates a new /etc/netplan/40-sparkrig-cluster.yaml before it takes effect: netplan reads
 # every file under /etc/netplan, so the new one is checked with all the others, in a
 # scratch root (netplan generate --root-dir). Run as root by sparkrig's cluster.

@@ -8,7 +8,8 @@ from sparkrig.operations.hardware import hardware
 from sparkrig.operations.jobs import jobs
 from sparkrig.operations.python_stack import python_stack
 from sparkrig.operations.python_stack.operations import synced
-from sparkrig.operations.source_builds import host_requirement_lines, source_builds
+from sparkrig.operations.source_builds import source_builds
+from sparkrig.operations.source_builds.deploy import host_requirement_lines
 
 hardware()
 ca_certificates()

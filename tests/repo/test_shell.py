@@ -73,6 +73,22 @@ SAMPLES: dict[str, dict] = {
     "sparkrig/user-read.sh.j2": {"timeout_s": 10},
     "updates/python-versions.sh.j2": {"limit": 1048576, "user_read": 'sh -c "$READ" sparkrig-read "$dir/METADATA" 1048576'},
 }
+# A user_read() call as the deploy splices it in (sparkrig.user_files).
+_READ = 'sh -c "$SPARKRIG_READ" sparkrig-read "$f" 1048576'
+SAMPLES.update({
+    "cluster/confirm-link.sh.j2": {"dir": "/var/lib/sparkrig/cluster-link", "unit": "sparkrig-cluster-rollback"},
+    "cluster/drop-authorized.sh.j2": {"marker": "sparkrig-cluster"},
+    "cluster/put-authorized.sh.j2": {"marker": "sparkrig-cluster"},
+    "cluster/read-authorized.sh.j2": {"marker": "sparkrig-cluster", "limit": 1048576, "user_read": _READ},
+    "python_stack/stack.sh.j2": {
+        "uv": "/opt/sparkrig/uv/bin/uv", "link": "/usr/local/bin/uv", "cache": "/var/cache/sparkrig/uv",
+        "env": "UV_SYSTEM_CERTS=1 UV_NO_CONFIG=1", "offline": "/var/lib/sparkrig/python-wheels",
+        "read_cfg": _READ, "read_lock": _READ, "plan_timeout": 300,
+    },
+    "source_builds/build-result.sh.j2": {"result": _READ.replace('"$f"', '"$d/work/result"'), "tail_lines": 40},
+    "source_builds/build-wait.sh.j2": {"result": _READ.replace('"$f"', '"$d/work/result"'), "tail_lines": 40,
+                                       "progress_every_s": 60},
+})
 OWN_SCRIPTS = ("try", "test", ".ci/install")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -17,7 +18,12 @@ import tarfile
 import pytest
 
 from sparkrig import prefix as px
-from sparkrig.operations import source_builds as sb
+from sparkrig import reading
+from sparkrig.operations.source_builds import catalogue as sb_catalogue
+from sparkrig.operations.source_builds import deploy as sb_deploy
+from sparkrig.operations.source_builds import facts as sb_facts
+from sparkrig.operations.source_builds import operations as sb_ops
+from sparkrig.operations.source_builds import settings as sb_settings
 from sparkrig.packages import install_command
 from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
 from tests.unit.pyinfra_fake import execute
@@ -36,7 +42,7 @@ PREFIXES = {
                                 'mkdir -p "$SPARKRIG_PREFIX/bin" && cp build/*_perf "$SPARKRIG_PREFIX/bin/"'],
                       "needs": ["libcoll"], "runtime_packages": ["openmpi-bin"]},
 }
-CATALOGUE = {**sb.load_catalogue(), **PREFIXES}
+CATALOGUE = {**sb_settings.load_catalogue(), **PREFIXES}
 FACT = 'echo "unit $n'  # SourceBuilds' command holds this
 PACKAGES = "dpkg-query -W"  # HostState's, for the runtime packages
 BOTH = ["libcoll", "libcoll-tests"]
@@ -61,7 +67,7 @@ def _problems(**data) -> list[str]:
 
 
 def test_the_shipped_catalogue_holds_no_prefix_build_and_the_tests_pair_is_valid():
-    assert all(spec["kind"] == "wheel" for spec in sb.load_catalogue().values())
+    assert all(spec["kind"] == "wheel" for spec in sb_settings.load_catalogue().values())
     assert _problems(source_builds=CATALOGUE, source_builds_enabled=BOTH) == []
 
 
@@ -103,21 +109,21 @@ def test_one_error_names_the_host_the_key_and_what_is_allowed():
 
 def test_a_need_is_built_first_and_its_key_enters_the_dependents_stamp():
     data = _data(source_builds_enabled=["libcoll-tests", "libcoll"])
-    assert list(sb.wanted(data)) == BOTH  # each after what it needs, whatever the order enabled
-    keys = sb.wanted(data)
-    assert sb.stamp_inputs("libcoll-tests", data)["needs"] == {"libcoll": keys["libcoll"]}
-    bumped = sb.wanted(_data(source_builds=_catalogue("libcoll", ref="v2.0")))
+    assert list(sb_catalogue.wanted(data)) == BOTH  # each after what it needs, whatever the order enabled
+    keys = sb_catalogue.wanted(data)
+    assert sb_catalogue.stamp_inputs("libcoll-tests", data)["needs"] == {"libcoll": keys["libcoll"]}
+    bumped = sb_catalogue.wanted(_data(source_builds=_catalogue("libcoll", ref="v2.0")))
     assert bumped["libcoll"] != keys["libcoll"] and bumped["libcoll-tests"] != keys["libcoll-tests"]
     # No Python, torch or package in a prefix's stamp: a new venv does not rebuild the library.
-    inputs = sb.stamp_inputs("libcoll", data)
+    inputs = sb_catalogue.stamp_inputs("libcoll", data)
     assert "python" not in inputs and "torch" not in inputs and "package" not in inputs
-    assert sb.wanted(_data(python_stack={**data["python_stack"], "python": "3.13"})) == keys
+    assert sb_catalogue.wanted(_data(python_stack={**data["python_stack"], "python": "3.13"})) == keys
 
 
 def test_the_prefix_script_installs_into_its_prefix_and_packs_it(tmp_path):
     data = _data()
-    keys = sb.wanted(data)
-    script = sb.render_build_script("libcoll-tests", keys["libcoll-tests"], data)
+    keys = sb_catalogue.wanted(data)
+    script = sb_ops.render_build_script("libcoll-tests", keys["libcoll-tests"], data)
     assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
     need = px.installed_dir("libcoll", keys["libcoll"])
     assert f"export SPARKRIG_NEED_LIBCOLL={need}\n" in script
@@ -147,16 +153,16 @@ def test_the_prefix_script_builds_a_real_prefix_and_a_valid_stamp(tmp_path):
     spec = {**CATALOGUE["libcoll"], "url": str(repo), "ref": "v1",
             "steps": ['mkdir -p "$SPARKRIG_PREFIX/lib" && cp README "$SPARKRIG_PREFIX/lib/" && ln -s README "$SPARKRIG_PREFIX/lib/link"']}
     data = _data(source_builds={**CATALOGUE, "libcoll": spec}, source_builds_enabled=["libcoll"])
-    key = sb.wanted(data)["libcoll"]
-    script = sb.render_build_script("libcoll", key, data)
+    key = sb_catalogue.wanted(data)["libcoll"]
+    script = sb_ops.render_build_script("libcoll", key, data)
     work, wheelhouse = tmp_path / "work", tmp_path / "wh" / key
-    script = script.replace(sb.work_dir("libcoll", key), str(work)).replace(sb.wheelhouse_dir("libcoll", key), str(wheelhouse))
+    script = script.replace(sb_catalogue.work_dir("libcoll", key), str(work)).replace(sb_catalogue.wheelhouse_dir("libcoll", key), str(wheelhouse))
     work.mkdir()
     (tmp_path / "wh").mkdir()
     run = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     stamp = json.loads((wheelhouse / "stamp.json").read_text())
-    assert sb.stamp_problem(stamp) is None and stamp["key"] == key and stamp["kind"] == "prefix"
+    assert sb_catalogue.stamp_problem(stamp) is None and stamp["key"] == key and stamp["kind"] == "prefix"
     assert stamp["sha256"] == hashlib.sha256((wheelhouse / px.ARCHIVE).read_bytes()).hexdigest()
     with tarfile.open(wheelhouse / px.ARCHIVE) as tar:
         assert sorted(m.name for m in tar.getmembers()) == [".", "./lib", "./lib/README", "./lib/link"]
@@ -172,7 +178,7 @@ def _stamp(name: str, key: str) -> dict:
 
 def _fact(states: dict[str, str], data: dict) -> list[str]:
     """SourceBuilds' lines: per build 'built', 'installed' (built and installed), 'running' or 'absent'."""
-    keys, lines = sb.wanted(data), []
+    keys, lines = sb_catalogue.wanted(data), []
     for name, state in states.items():
         key = keys[name]
         lines.append(f"unit {name} {'active' if state == 'running' else 'inactive'}")
@@ -187,16 +193,16 @@ def _ops(states: dict[str, str], packages: str = "ii ", **data):
     data = {"source_builds": CATALOGUE, "source_builds_enabled": BOTH, "hardware_profile": "gb10", **data}
     responses = {FACT: _fact(states, resolve(SETTINGS, data)),
                  PACKAGES: [f"package {packages} 4.1.6 openmpi-bin"]}
-    return execute(sb.source_builds, data=data, responses=responses)
+    return execute(sb_deploy.source_builds, data=data, responses=responses)
 
 
 def test_fact_reads_the_installed_key_and_the_link():
     data = _data()
-    found = sb.SourceBuilds().parse(_fact({"libcoll": "installed", "libcoll-tests": "built"}, data))
-    key = sb.wanted(data)["libcoll"]
+    found = sb_facts.SourceBuilds().parse(_fact({"libcoll": "installed", "libcoll-tests": "built"}, data))
+    key = sb_catalogue.wanted(data)["libcoll"]
     assert found["libcoll"]["installed"] == key and found["libcoll"]["link"] == key
     assert "installed" not in found["libcoll-tests"] and found["libcoll-tests"]["state"] == "built"
-    command = sb.SourceBuilds().command((("libcoll", key, ""),), "/opt/sparkrig/venv", installs=(("libcoll", key),))
+    command = sb_facts.SourceBuilds().command((("libcoll", key, ""),), "/opt/sparkrig/venv", installs=(("libcoll", key),))
     raw = command.get_raw_value()
     assert f"[ -d {px.installed_dir('libcoll', key)} ] && [ -f {px.installed_stamp('libcoll', key)} ]" in raw
     assert "readlink /opt/sparkrig/builds/libcoll/current" in raw and '"$w"/prefix.tar.gz' in raw
@@ -205,15 +211,13 @@ def test_fact_reads_the_installed_key_and_the_link():
 def test_a_stamp_whose_archive_is_another_name_fails_that_host():
     bad = {**_stamp("libcoll", "k"), "archive": "../../etc/shadow"}
     with pytest.raises(ValueError, match="is not prefix.tar.gz"):
-        sb.SourceBuilds().parse([f"stamp libcoll {json.dumps(bad)}"])
+        sb_facts.SourceBuilds().parse([f"stamp libcoll {json.dumps(bad)}"])
 
 
 def test_a_converged_host_gets_no_operation_and_plans_one_reading():
-    from sparkrig import reading
-
     assert _ops({"libcoll": "installed", "libcoll-tests": "installed"}) == []
     parts = reading.planned(_data())
-    assert any(part.fact is sb.SourceBuilds for part in parts)
+    assert any(part.fact is sb_facts.SourceBuilds for part in parts)
     assert any(dict(part.kwargs).get("packages") == ("openmpi-bin",) for part in parts)
 
 
@@ -224,12 +228,12 @@ def test_a_fresh_host_builds_fetches_installs_each_in_order_and_the_venv_is_unto
         "Source build libcoll, on its builder",
         "Source build libcoll: the prefix from its builder into the controller's cache",
         "Source build libcoll: the prefix from the controller's cache",
-        f"Source build libcoll: root checks its archive and installs it into {px.installed_dir('libcoll', sb.wanted(_data())['libcoll'])}",
+        f"Source build libcoll: root checks its archive and installs it into {px.installed_dir('libcoll', sb_catalogue.wanted(_data())['libcoll'])}",
         "Source build libcoll-tests, on its builder",
         "Source build libcoll-tests: the prefix from its builder into the controller's cache",
         "Source build libcoll-tests: the prefix from the controller's cache",
         f"Source build libcoll-tests: root checks its archive and installs it into "
-        f"{px.installed_dir('libcoll-tests', sb.wanted(_data())['libcoll-tests'])}",
+        f"{px.installed_dir('libcoll-tests', sb_catalogue.wanted(_data())['libcoll-tests'])}",
     ]
     assert not any("venv" in op.name for op in ops)
     assert ops[0].commands[0] == install_command(["git", "build-essential"], 300).get_raw_value()
@@ -237,7 +241,7 @@ def test_a_fresh_host_builds_fetches_installs_each_in_order_and_the_venv_is_unto
 
 def test_installing_copies_checks_and_unpacks_as_root_then_links():
     data = _data()
-    key = sb.wanted(data)["libcoll"]
+    key = sb_catalogue.wanted(data)["libcoll"]
     ops = _ops({"libcoll": "built", "libcoll-tests": "installed"}, python_venv_owner="spark")
     (install,) = [op for op in ops if "root checks its archive" in op.name]
     command = "\n".join(install.commands)
@@ -268,8 +272,8 @@ def test_a_dependent_waits_while_its_need_builds_detached():
 
 def test_prefix_builds_add_no_line_to_the_venvs_requirements():
     data = _data()
-    found = sb.SourceBuilds().parse(_fact({"libcoll": "installed", "libcoll-tests": "installed"}, data))
-    assert sb.requirement_lines(data, found) == {}
+    found = sb_facts.SourceBuilds().parse(_fact({"libcoll": "installed", "libcoll-tests": "installed"}, data))
+    assert sb_facts.requirement_lines(data, found) == {}
 
 
 # Root's unpacker, on archives a hostile build user makes -----------------------------------
@@ -410,8 +414,6 @@ def test_the_link_check_is_linear_in_the_members():
 
 
 def _unpacker():
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("unpack_prefix_under_test", px.UNPACKER)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -126,15 +126,16 @@ def test_the_default_manifest_is_group_data_python_stack_yml():
     assert default == ps_settings.load_manifest(REPO / "group_data" / "python_stack.yml") == MANIFEST
 
 
-def test_the_deploy_defaults_source_builds_settings_as_source_builds_declares_them():
-    """missing_builds reads source_builds' catalogue and enabled builds, whose settings module
-    imports this one (its checks): the defaults python_stack's deploy takes for them instead
-    must not drift from source_builds' declaration."""
+def test_the_deploy_takes_source_builds_defaults_from_its_settings_module():
+    """The deploy refuses, for an "auto" host, a lock that leaves a package to a build not
+    enabled (source_builds' missing_builds): it reads source_builds' settings, whose module it
+    imports, and takes their declared defaults."""
+    from sparkrig.operations.python_stack import deploy as ps_deploy  # noqa: PLC0415 (the deploy's own defaults)
+
     declared = {s.key: s.default for s in sb.SETTINGS}
-    taken = ps_settings.SOURCE_BUILDS_DEFAULTS
-    assert set(taken) == {"source_builds", "source_builds_enabled"}
-    assert taken == {key: declared[key] for key in taken} and taken["source_builds"]
-    assert taken.items() <= ps_settings.DEFAULTS.items()
+    assert {k: ps_deploy.DEFAULTS[k] for k in ("source_builds", "source_builds_enabled")} == {
+        k: declared[k] for k in ("source_builds", "source_builds_enabled")}
+    assert ps_settings.DEFAULTS.items() <= ps_deploy.DEFAULTS.items()
 
 
 # Locks ------------------------------------------------------------------------------------

