@@ -33,6 +33,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 from sparkrig import atomic
 from sparkrig.operations.python_stack.settings import load_manifest
 from sparkrig.operations.source_builds.settings import load_catalogue
@@ -97,7 +99,6 @@ def manifest() -> dict:
 
 def make_locks() -> str:
     """Write the manifest and lock it with the real command (fresh locks are left alone)."""
-    import yaml
 
     STACK.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(manifest(), sort_keys=False)

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 def make_locks() -> list[str]:
     """Lock every stand-in manifest (a lock already fresh is left as it is); what the
     command said of each. Needs PyPI (the registries)."""
-    from inventory import lab as lab_inventory  # the lab is up: its inventory loads
+    # The lab's inventory loads only once the lab is up (and it imports this module).
+    from inventory import lab as lab_inventory  # noqa: PLC0415
 
     said = []
     for manifest in lab_inventory.write_lab_manifests():

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.operations import systemd
 
 from .host_output import fact_failed, parses
 
@@ -267,7 +268,6 @@ def unit_file(
     """A systemd unit file or drop-in: written (validated, atomically) only when its
     :class:`HostState` entry ``state`` differs, then ``systemctl daemon-reload`` if the
     write changed it. Returns the file operation, or None when the file was up to date."""
-    from pyinfra.operations import systemd
 
     if up_to_date(state, content):
         return None

@@ -39,6 +39,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from . import host_output
+from .settings import all_settings, resolve
 
 
 class Part(NamedTuple):
@@ -156,7 +157,6 @@ def planned(settings: Mapping[str, Any]) -> list[Part]:
 
 
 def _host_settings() -> dict[str, Any]:
-    from .settings import all_settings, resolve
 
     return resolve(all_settings(), host.data.dict())
 
