@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 import lab
-from inventory import lab as lab_inventory
 from lab.model import netns_name
 from tests.conftest import LAB_INVENTORY
 from tests.support import REPO, run_deploy
@@ -27,6 +26,13 @@ pytestmark = pytest.mark.lab
 VENV = "/opt/sparkrig/venv"
 LOCK = f"{VENV}/sparkrig/requirements.lock"
 UV_AS_ROOT = "sudo env UV_CACHE_DIR=/var/cache/sparkrig/uv /opt/sparkrig/uv/bin/uv"
+
+
+def _lab_inventory():
+    """The lab's inventory module: it loads only once the lab is up (collection comes before)."""
+    from inventory import lab  # noqa: PLC0415
+
+    return lab
 
 
 def _venv_op(result, host: str) -> list[str]:
@@ -51,7 +57,7 @@ def _lock_cli(manifest, locks) -> subprocess.CompletedProcess:
 def test_hosts_of_one_architecture_hold_identical_locks_and_packages(first_converge):
     assert first_converge.returncode == 0, first_converge.log
 
-    controller = (lab_inventory.LAB_LOCKS / "x86_64-py3.11.txt").read_text()
+    controller = (_lab_inventory().LAB_LOCKS / "x86_64-py3.11.txt").read_text()
     first, second = _lock("lab-deb12"), _lock("lab-deb12-b")
     assert first == second
     # The controller's lock as it is (the lab's built wheel replacing nothing of it but its own entry).
@@ -63,13 +69,13 @@ def test_a_bumped_pin_changes_one_lock_file_and_then_only_the_venv(first_converg
     assert first_converge.returncode == 0, first_converge.log
 
     host = "lab-deb13"
-    manifest = yaml.safe_load((lab_inventory.LAB_STACK / "trixie-amd64.yml").read_text())
+    manifest = yaml.safe_load((_lab_inventory().LAB_STACK / "trixie-amd64.yml").read_text())
     manifest["profiles"]["lab"]["six"] = "1.16.0"
     bumped_manifest = tmp_path / "trixie-amd64.yml"
     bumped_manifest.write_text(yaml.safe_dump(manifest))
     locks = tmp_path / "locks"
     locks.mkdir()
-    for path in lab_inventory.LAB_LOCKS.glob("*.txt"):
+    for path in _lab_inventory().LAB_LOCKS.glob("*.txt"):
         (locks / path.name).write_bytes(path.read_bytes())
     before = {p.name: p.read_text() for p in locks.glob("*.txt")}
 
