@@ -49,6 +49,11 @@ def lock_entries(text: str) -> list[tuple[str, list[str]]]:
 
 def target_tags(arch: str, python: str) -> set[str]:
     """The wheel tags a host of the lock's platform and Python accepts."""
+    return set(tag_order(arch, python))
+
+
+def tag_order(arch: str, python: str) -> list[str]:
+    """:func:`target_tags`, the one an installer prefers first (packaging's order)."""
     major, minor = (int(x) for x in python.split("."))
     glibc = int(LOCK_PLATFORM.rsplit("_", 1)[1])
     platforms = []
@@ -60,7 +65,7 @@ def target_tags(arch: str, python: str) -> set[str]:
     platforms.append(f"linux_{arch}")
     tags = list(cpython_tags((major, minor), platforms=platforms))
     tags += list(compatible_tags((major, minor), f"cp{major}{minor}", platforms))
-    return {str(t) for t in tags}
+    return list(dict.fromkeys(str(t) for t in tags))
 
 
 def _registry_entries(text: str) -> list[tuple[str, str | None, list[str], str | None]]:
@@ -113,37 +118,54 @@ def offline_wheels(text: str, arch: str, python: str, cache: Path) -> dict[str, 
     """Every wheel a host of ``arch`` and ``python`` installs from lock ``text``, file name:
     path in the controller's ``cache``; downloaded there once (sha256 checked against the
     lock), then reused by every host and run. Raises RuntimeError when a package has no
-    wheel for the host (an sdist would have to be built there)."""
-    accepted = target_tags(arch, python)
+    wheel for the host (an sdist would have to be built there).
+
+    Of a package's locked wheels that fit, the one the host's tags prefer is chosen, from
+    every locked file the index lists (kept in ``files.json``, so a later run asks no index),
+    never from what the cache happens to hold: an x86_64 host got torchao's abi3 wheel while
+    only that was cached, then its py3-none-any one once an aarch64 host had cached it, and
+    every such switch was a change at the next converge."""
+    order = {tag: rank for rank, tag in enumerate(tag_order(arch, python))}
     cache.mkdir(parents=True, exist_ok=True)
-    known_path = cache / "sha256.json"
+    known_path, files_path = cache / "sha256.json", cache / "files.json"
     known: dict[str, str] = json.loads(known_path.read_text()) if known_path.is_file() else {}
-    by_sha = {sha: name for name, sha in known.items() if (cache / name).is_file()}
+    files: dict[str, dict] = json.loads(files_path.read_text()) if files_path.is_file() else {}
     wheels = {}
     for name, url, hashes, index in _registry_entries(text):
-        have = next((by_sha[h] for h in hashes if h in by_sha), None)
-        if have and _fits(have, accepted):
-            wheels[have] = str(cache / have)
-            continue
         if url:
             candidates = [{"filename": urllib.parse.unquote(url.rsplit("/", 1)[1]), "url": url,
                            "hashes": {"sha256": hashes[0]}}] if hashes else []
+        elif hashes and all(h in files for h in hashes):
+            candidates = [{**files[h], "hashes": {"sha256": h}} for h in hashes]
         else:
             candidates = _index_files(index or DEFAULT_INDEX, name)
+            files.update({f["hashes"]["sha256"]: {"filename": f["filename"], "url": f["url"]}
+                          for f in candidates if f["hashes"].get("sha256") in hashes})
         fits = [f for f in candidates
-                if f["hashes"].get("sha256") in hashes and f["filename"].endswith(".whl") and _fits(f["filename"], accepted)]
+                if f["hashes"].get("sha256") in hashes and f["filename"].endswith(".whl") and _rank(f["filename"], order) is not None]
         if not fits:
             raise RuntimeError(f"python_offline: no wheel of {name} in the lock fits {arch}, Python {python}")
-        chosen = fits[0]
+        chosen = min(fits, key=lambda f: (_rank(f["filename"], order), f["filename"]))
         target = cache / chosen["filename"]
-        if not (target.is_file() and atomic.file_sha256(target) == chosen["hashes"]["sha256"]):
+        if not (known.get(chosen["filename"]) == chosen["hashes"]["sha256"] and target.is_file()) \
+                and not (target.is_file() and atomic.file_sha256(target) == chosen["hashes"]["sha256"]):
             _download(chosen["url"], chosen["hashes"]["sha256"], target)
         known[chosen["filename"]] = chosen["hashes"]["sha256"]
         wheels[chosen["filename"]] = str(target)
-    temp = known_path.with_name(".sha256.json.new")
-    temp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-    temp.replace(known_path)
+    for path, value in ((known_path, known), (files_path, files)):
+        temp = path.with_name(f".{path.name}.new")
+        temp.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n")
+        temp.replace(path)
     return dict(sorted(wheels.items()))
+
+
+def _rank(filename: str, order: dict[str, int]) -> int | None:
+    """How early the host's tag order takes the wheel (None: it does not fit)."""
+    try:
+        _name, _version, _build, tags = parse_wheel_filename(filename)
+    except ValueError:
+        return None
+    return min((order[str(tag)] for tag in tags if str(tag) in order), default=None)
 
 
 def _fits(filename: str, accepted: set[str]) -> bool:
