@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import urllib.parse
 
 import pytest
 
@@ -21,6 +22,7 @@ from tests.compliance.conftest import as_venv_owner
 UV = "/opt/sparkrig/uv/bin/uv"
 UV_TOOL = "/opt/sparkrig/uv"
 NO_CHANGES = "Would make no changes"
+OFFLINE_WHEELS = "/var/lib/sparkrig/python-wheels"  # python_offline's wheels on the host
 
 
 def _normal(name: str) -> str:
@@ -104,18 +106,21 @@ def test_every_pinned_package_is_at_its_pinned_version(host, venv, pins):
     assert not wrong, f"installed vs pinned: {wrong}"
 
 
-def test_vllm_came_from_the_pinned_wheel(host, profile, manifest, venv):
+def test_vllm_came_from_the_pinned_wheel(host, profile, manifest, venv, settings):
     """Protects against a vLLM built against another torch: the wheel installed is the one
-    the manifest names, by URL (its sha256 was checked at install)."""
+    the manifest names, by URL (its sha256 was checked at install), or with python_offline
+    that file as the controller uploaded it."""
     vllm = manifest.get("vllm")
     if not vllm or not vllm.get("wheels"):
         pytest.skip("the manifest pins no vLLM wheel URL for this host")
-    arch = profile["arch"]
+    url = vllm["wheels"][profile["arch"]]["url"]
+    if settings["python_offline"]:
+        url = f"file://{OFFLINE_WHEELS}/{urllib.parse.unquote(url.rsplit('/', 1)[1])}"
     code = (
         "import importlib.metadata as m, json\n"
         f"print(json.loads(m.distribution({vllm['name']!r}).read_text('direct_url.json'))['url'])"
     )
-    assert _python(host, venv, code) == vllm["wheels"][arch]["url"]
+    assert _python(host, venv, code) == url
 
 
 def test_flash_attn_is_not_installed(host, venv):
@@ -124,18 +129,35 @@ def test_flash_attn_is_not_installed(host, venv):
     assert "flash-attn" not in _installed(host, venv)
 
 
+def _as_owner_uv(settings, arguments: str) -> str:
+    return (f"runuser -u {shlex.quote(settings['python_venv_owner'])} -- env UV_CACHE_DIR=/var/cache/sparkrig/uv "
+            f"{UV} {arguments} --python {shlex.quote(settings['python_venv_path'] + '/bin/python')}")
+
+
+def _dry_run(settings) -> str:
+    """uv's offline dry run of the lock the deploy made (finding python_offline's uploaded
+    wheels, without which it could not resolve a reinstall)."""
+    wheels = f"--find-links {OFFLINE_WHEELS} " if settings["python_offline"] else ""
+    lock = f"{settings['python_venv_path']}/sparkrig/requirements.lock"
+    return _as_owner_uv(settings, f"pip sync --no-config --offline --dry-run --require-hashes {wheels}{shlex.quote(lock)}")
+
+
 def test_venv_holds_exactly_its_lock(host, settings, venv):
     """Protects against drift (a hand-installed or upgraded package): uv's own dry run of
-    the lock the deploy made says nothing would change."""
-    lock = f"{venv}/sparkrig/requirements.lock"
-    command = (
-        f"runuser -u {shlex.quote(settings['python_venv_owner'])} -- env UV_CACHE_DIR=/var/cache/sparkrig/uv "
-        f"{UV} pip sync --no-config --offline --dry-run --require-hashes "
-        f"--python {shlex.quote(venv + '/bin/python')} {shlex.quote(lock)}"
-    )
+    the lock the deploy made says nothing would change, or only that it would reinstall, at
+    the version installed, wheels `uv pip check` says were built for another platform: uv
+    does that at every sync (NVIDIA's aarch64 cuSPARSELt wheel names manylinux2014_sbsa in its
+    WHEEL file), and the same pinned file keeps the same tags."""
     with host.sudo():
-        result = host.run(command)
-    assert result.rc == 0 and NO_CHANGES in result.stderr, result.stderr
+        result = host.run(_dry_run(settings))
+        check = host.run(_as_owner_uv(settings, "pip check --no-config"))
+    if result.rc == 0 and NO_CHANGES in result.stderr:
+        return
+    planned = re.findall(r"^ ([-+~]) ([^=\s]+)==", result.stderr, re.MULTILINE)
+    other = set(re.findall(r"^The package `([^`]+)` was built for a different platform$",
+                           check.stdout + check.stderr, re.MULTILINE))
+    assert result.rc == 0 and planned and all(sign == "~" and name in other for sign, name in planned), \
+        result.stderr + check.stderr
 
 
 def test_uv_run_never_resyncs_for_the_owner(host, settings):
@@ -252,10 +274,8 @@ def reads(plan, settings) -> None:
     plan.run(f"{UV} --version")
     for path in (UV_TOOL, f"{UV_TOOL}/bin", UV, f"{venv}/pyvenv.cfg", venv):
         plan.path(path)
-    lock = f"{venv}/sparkrig/requirements.lock"
-    plan.run(f"runuser -u {shlex.quote(owner)} -- env UV_CACHE_DIR=/var/cache/sparkrig/uv "
-             f"{UV} pip sync --no-config --offline --dry-run --require-hashes "
-             f"--python {shlex.quote(venv + '/bin/python')} {shlex.quote(lock)}", sudo=True)
+    plan.run(_dry_run(settings), sudo=True)
+    plan.run(_as_owner_uv(settings, "pip check --no-config"), sudo=True)
     plan.run(f"runuser -l {shlex.quote(owner)} -c 'echo UV_NO_SYNC=$UV_NO_SYNC'", sudo=True)
     # The venv's Python, as its owner when the suite is root (as_venv_owner): a second round.
     found, me = plan.known_path(venv), plan.known("id -nu")
