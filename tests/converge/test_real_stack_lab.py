@@ -13,7 +13,11 @@ The figures go to lab/realstack.FIGURES and docs/python-stack.md.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -27,7 +31,7 @@ from lab.fleet import _read_state
 from sparkrig.operations.python_stack import locks as ps_locks
 from sparkrig.python_wheels import offline_wheels
 from tests.conftest import LAB_INVENTORY, lab_says
-from tests.support import run_deploy
+from tests.support import REPO, run_deploy
 
 pytestmark = [pytest.mark.lab, pytest.mark.real_stack]
 HOSTS = (("lab-deb12", "debian12"), ("lab-gb10", "gb10"))
@@ -172,6 +176,20 @@ def test_a_second_converge_changes_nothing(converged, request):
         assert result.changed() == {}, (result.changed(), result.log[-3000:])
         FIGURES.setdefault("converge_s", {})[f"{host} unsloth, converged"] = round(seconds)
         lab_says(request.config, f"{host}: no change in {seconds:.0f} s")
+
+
+def test_the_python_stack_controls_pass_on_the_real_stack(converged):
+    """The compliance suite's Python stack controls, run as a user runs them, on both hosts
+    (the GPU controls skip: no GPU in the lab)."""
+    env = {**os.environ, realstack.ENV: json.dumps({"profiles": ["unsloth"], "builds": STANDIN_BUILD})}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/compliance/test_python_stack.py", "--inventory", LAB_INVENTORY,
+         "--limit", ",".join(name for name, _ in HOSTS), "-q", "-rfs", "-p", "no:cacheprovider"],
+        cwd=REPO, capture_output=True, text=True, timeout=1800, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    for host, _flavour in HOSTS:
+        assert re.search(rf"^{host} +(\d+) +0 +\d+$", result.stdout, re.MULTILINE), result.stdout[-3000:]
 
 
 def test_xformers_real_sources_build_natively_through_the_source_build_path(converged, request):
