@@ -16,7 +16,7 @@ from sparkrig.profile import host_profile
 from sparkrig.settings import defaults, resolved
 from sparkrig.venv import UV_TOOL
 
-from .facts import NO_CHANGES, OFFLINE_DIR, PythonStack, major_minor
+from .facts import OFFLINE_DIR, PythonStack, major_minor, plan_clean
 from .locks import digest, lock_problem
 from .operations import UV_REQUIREMENTS, render_uv_requirements, uv_tool, virtualenv, virtualenv_arguments
 from .settings import DEFAULTS as OWN_DEFAULTS
@@ -33,7 +33,7 @@ def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, whe
         or major_minor(found["python"]) != python
         or (found["owner"], found["cache_owner"]) != (owner, owner)
         or found["lock"] != digest(lock)
-        or found["plan"] != NO_CHANGES
+        or not plan_clean(found)
         or sorted(found["wheels"]) != sorted(wheels)
         or (found["offline_dir"] and not wheels)
     )

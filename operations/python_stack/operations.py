@@ -18,7 +18,7 @@ from sparkrig import atomic, host_output, messages, rendering
 from sparkrig.python_wheels import offline_wheels
 from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL
 
-from .facts import NO_CHANGES, OFFLINE_DIR, UV_LINK, PythonStack, major_minor
+from .facts import OFFLINE_DIR, UV_LINK, PythonStack, major_minor, plan_clean
 from .locks import REFRESH, digest, host_lock, indexes, lock_name, locks_dir, read_lock
 
 UV_REQUIREMENTS = "/opt/sparkrig/uv-requirements.txt"
@@ -232,7 +232,7 @@ def virtualenv(
             "; s=$?; rm -f", QuoteString(staged), "; exit $s",
         )
 
-    if stale_lock or missing or found["plan"] != NO_CHANGES:
+    if stale_lock or missing or not plan_clean(found):
         changed = True
         if wheels:
             source = ["--offline --no-index --find-links", QuoteString(OFFLINE_DIR)]

