@@ -67,6 +67,8 @@ def cluster_node(me: str, settings, inventory_hosts: dict[str, dict]) -> dict | 
         "nodes": [head] + [n for n in nodes if n != head],
         "firsts": {n: str(ipaddress.IPv4Interface(next(iter(d["cluster_interfaces"].values()))).ip)
                    for n, d in nodes.items()},
+        "node_addresses": {n: sorted(str(ipaddress.IPv4Interface(a).ip) for a in d["cluster_interfaces"].values())
+                           for n, d in nodes.items()},
     }
 
 
@@ -143,17 +145,20 @@ def test_the_cluster_key_is_the_cluster_users_alone(host, node):
 
 
 def test_authorized_keys_admit_the_cluster_key_from_cluster_addresses_only(host, node):
-    """Protects against the cluster key opening the node from anywhere: a copy of it off
-    the cluster, or a node removed from the inventory, is refused."""
+    """Protects against a cluster key opening the node from anywhere: each node's own key is
+    admitted from that node's addresses alone, so a copy of it off the cluster, or the key of a
+    node removed from the inventory, is refused."""
     home = host.user(node["user"]).home
     with host.sudo():
         text = host.file(f"{home}/.ssh/authorized_keys").content_string
     lines = [line for line in text.splitlines() if " sparkrig-cluster:" in line]
-    assert len(lines) == 1, lines
-    options = lines[0].split(" ", 1)[0]
-    sources = options.split('from="', 1)[1].split('"', 1)[0].split(",")
-    assert sorted(sources) == node["addresses"], sources
-    assert "restrict" in options.split(","), options
+    by_node = {line.rsplit(":", 1)[1]: line for line in lines}
+    assert len(by_node) == len(lines) and sorted(by_node) == sorted(node["node_addresses"]), lines
+    for name, line in by_node.items():
+        options = line.split(" ", 1)[0]
+        sources = options.split('from="', 1)[1].split('"', 1)[0].split(",")
+        assert sorted(sources) == node["node_addresses"][name], (name, sources)
+        assert "restrict" in options.split(","), options
 
 
 _NCCL_NAMES = ["NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "VLLM_HOST_IP"]
