@@ -48,19 +48,23 @@ def prefixes(settings) -> dict[str, dict]:
     return {name: settings["source_builds"][name] for name in names}
 
 
+# The venv's distributions installed from a wheel file, with what uv recorded; run by the control
+# and declared, the same text, for the suite's one reading.
+_INSTALLS = (
+    "import importlib.metadata as m, json\n"
+    "found = {}\n"
+    "for d in m.distributions():\n"
+    "    direct = d.read_text('direct_url.json')\n"
+    "    if direct:\n"
+    "        found[d.metadata['Name']] = {'version': d.version, 'direct': json.loads(direct)}\n"
+    "print(json.dumps(found))"
+)
+
+
 def _wheelhouse_installs(host, venv: str) -> dict[str, dict]:
     """Every distribution of the venv installed from a wheel file, by normalised name:
     its version and the URL and hash uv recorded (direct_url.json)."""
-    code = (
-        "import importlib.metadata as m, json\n"
-        "found = {}\n"
-        "for d in m.distributions():\n"
-        "    direct = d.read_text('direct_url.json')\n"
-        "    if direct:\n"
-        "        found[d.metadata['Name']] = {'version': d.version, 'direct': json.loads(direct)}\n"
-        "print(json.dumps(found))"
-    )
-    command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}"
+    command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(_INSTALLS)}"
     out = host.check_output(as_venv_owner(host, host.file(venv).user, command))
     return {_normal(name): value for name, value in json.loads(out).items()}
 
@@ -180,16 +184,7 @@ def reads(plan, settings) -> None:
     uid = plan.known("id -u %s", me.strip())
     if uid is None:
         return
-    code = (
-        "import importlib.metadata as m, json\n"
-        "found = {}\n"
-        "for d in m.distributions():\n"
-        "    direct = d.read_text('direct_url.json')\n"
-        "    if direct:\n"
-        "        found[d.metadata['Name']] = {'version': d.version, 'direct': json.loads(direct)}\n"
-        "print(json.dumps(found))"
-    )
-    command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}"
+    command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(_INSTALLS)}"
     command = f"runuser -u {shlex.quote(found['stat -Lc %U'])} -- {command}" if uid.strip() == "0" else command
     plan.run(command)
     for name in names:
