@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import subprocess
 
@@ -58,6 +59,22 @@ def fresh_host(run):
 PLAIN_RUN = getattr(LocalBackend.run, "__wrapped__", LocalBackend.run)
 
 
+@contextlib.contextmanager
+def seeded_host(found: dict):
+    """A counting host (its commands in the list yielded beside it) whose worker holds
+    ``found``, the controller's prefetch, as the suite's conftest hands it over."""
+    ran = []
+    host, backend_class = counting_host(ran)
+    reads.install(backend_class)
+    name = host.backend.get_hostname()
+    reads.seed({name: {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
+                       for c, (rc, out, err) in found.items()}})
+    try:
+        yield host, ran
+    finally:
+        reads._SEEDS.pop(name, None)
+
+
 def test_answers_are_the_hosts_and_each_path_costs_one_command(paths):
     plain, _ = fresh_host(PLAIN_RUN)
     expected = {path: answers(plain, path) for path in paths}
@@ -87,23 +104,11 @@ def test_prefetched_constants_are_what_the_host_answers_and_cost_no_command():
     from that reading, exactly as the host would, and sends none of them itself."""
     plain, _ = fresh_host(PLAIN_RUN)
     expected = {c: plain.run(c) for c in reads.EVERY_HOST}
-    script = reads.prefetch_script(reads.EVERY_HOST, "n0nce")
-    output = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
-    found = reads.parse_prefetch(output, reads.EVERY_HOST, "n0nce")
-    assert list(found) == list(reads.EVERY_HOST)
-    ran = []
-    host, backend_class = counting_host(ran)
-    reads.install(backend_class)
-    name = host.backend.get_hostname()
-    reads.seed({name: {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
-                       for c, (rc, out, err) in found.items()}})
-    try:
+    with seeded_host(_prefetched(list(reads.EVERY_HOST))) as (host, ran):
         for command, want in expected.items():
             got = host.run(command)
             assert (got.rc, got.stdout, got.stderr) == (want.rc, want.stdout, want.stderr), command
         assert ran == []
-    finally:
-        reads._SEEDS.pop(name, None)
 
 
 @pytest.mark.parametrize("output", [
@@ -118,10 +123,10 @@ def test_a_prefetch_that_does_not_parse_answers_nothing(output):
     assert reads.parse_prefetch(output, reads.EVERY_HOST, "n0nce") == {}
 
 
-def _prefetched(plan: reads.Plan) -> dict:
-    """What the controller would hand a worker for ``plan``, read by a real shell here."""
-    import subprocess  # noqa: PLC0415 - as the test above
-    commands = list(plan.wanted)
+def _prefetched(plan: reads.Plan | list[str]) -> dict:
+    """What the controller would hand a worker for ``plan`` (or these commands), read by a
+    real shell here."""
+    commands = list(plan) if isinstance(plan, list) else list(plan.wanted)
     script = reads.prefetch_script(commands, "n0nce")
     output = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
     found = reads.parse_prefetch(output, commands, "n0nce")
@@ -138,43 +143,29 @@ def test_declared_reads_answer_read_only_controls_with_the_state_at_the_start(tm
     plan.run("ls -a %s", str(tmp_path))
     plan.path(str(target))
     found = _prefetched(plan)
-    ran = []
-    host, backend_class = counting_host(ran)
-    reads.install(backend_class)
-    name = host.backend.get_hostname()
-    reads.seed({name: {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
-                       for c, (rc, out, err) in found.items()}})
     try:
-        target.write_text("made after the prefetch")
-        assert host.run("ls -a %s", str(tmp_path)).stdout == ".\n..\n"
-        assert not host.file(str(target)).exists
-        asked = [c for c in ran if not c.startswith(("uname", "cat /etc/os-release"))]  # testinfra's own
-        assert asked == []
-        reads.acting = True
-        assert host.file(str(target)).exists
-        assert "later" in host.run("ls -a %s", str(tmp_path)).stdout
-        assert len([c for c in ran if not c.startswith(("uname", "cat /etc/os-release"))]) == 2
+        with seeded_host(found) as (host, ran):
+            target.write_text("made after the prefetch")
+            assert host.run("ls -a %s", str(tmp_path)).stdout == ".\n..\n"
+            assert not host.file(str(target)).exists
+            asked = [c for c in ran if not c.startswith(("uname", "cat /etc/os-release"))]  # testinfra's own
+            assert asked == []
+            reads.acting = True
+            assert host.file(str(target)).exists
+            assert "later" in host.run("ls -a %s", str(tmp_path)).stdout
+            assert len([c for c in ran if not c.startswith(("uname", "cat /etc/os-release"))]) == 2
     finally:
         reads.acting = False
-        reads._SEEDS.pop(name, None)
 
 
 def test_a_read_nobody_declared_is_asked_of_the_host(tmp_path):
     plan = reads.Plan()
     plan.run("echo declared")
     found = _prefetched(plan)
-    ran = []
-    host, backend_class = counting_host(ran)
-    reads.install(backend_class)
-    name = host.backend.get_hostname()
-    reads.seed({name: {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
-                       for c, (rc, out, err) in found.items()}})
-    try:
+    with seeded_host(found) as (host, ran):
         assert host.check_output("echo declared") == "declared"
         assert host.check_output("echo undeclared") == "undeclared"
         assert ran == ["echo undeclared"]
-    finally:
-        reads._SEEDS.pop(name, None)
 
 
 def test_sudo_reads_are_keyed_as_testinfra_sends_them():
