@@ -1,4 +1,5 @@
-"""Job wrappers: commands in /usr/local/bin that start, check for and clean up after: the settings, declared once, and their checks."""
+"""Job wrappers (training runs' commands and the slice capping their memory): the settings,
+declared once, and their checks."""
 
 from __future__ import annotations
 

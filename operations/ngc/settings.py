@@ -1,4 +1,4 @@
-"""NGC training containers (seeds 000 and 004): NVIDIA's PyTorch image pinned by: the settings, declared once, and their checks."""
+"""NGC training containers (seeds 000 and 004): the settings, declared once, and their checks."""
 
 from __future__ import annotations
 

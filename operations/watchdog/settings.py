@@ -1,4 +1,4 @@
-"""Memory watchdog: earlyoom kills the biggest (preferably a training) process while: the settings, declared once, and their checks."""
+"""Memory watchdog (earlyoom): the settings, declared once, and their checks."""
 
 from __future__ import annotations
 
