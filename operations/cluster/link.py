@@ -64,6 +64,9 @@ VERIFY_NETPLAN = rendering.script("cluster/verify-netplan.sh")
 LINK_DIR = "/var/lib/sparkrig/cluster-link"
 LINK_LOADED = "/var/lib/sparkrig/cluster-link.loaded"  # touched when sparkrig's networkctl reload ran
 ROLLBACK_UNIT = "sparkrig-cluster-rollback"
+# The timer above dies with a reboot: while a change waits, this unit rolls it back at boot.
+BOOT_UNIT = "sparkrig-cluster-rollback-boot"
+BOOT_FILES = (f"/etc/systemd/system/{BOOT_UNIT}.service", f"/etc/systemd/system/sysinit.target.wants/{BOOT_UNIT}.service")
 APPLY_UNIT = "sparkrig-cluster-apply"
 NETWORKD_DIRS = ("/etc/systemd/network", "/run/systemd/network", "/usr/lib/systemd/network", "/lib/systemd/network")
 _unconfirmed: set[str] = set()  # clusters whose link change a node did not confirm in this run
@@ -74,9 +77,14 @@ def render_link_apply(interfaces: Sequence[str], netplan: bool, networkmanager: 
                          netplan=netplan, networkmanager=networkmanager)
 
 
-def render_link_rollback(paths: Sequence[str], added: Sequence[tuple[str, str]], started_networkd: bool) -> str:
-    return rendering.render("cluster/link-rollback.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT, paths=list(paths),
-                         added=list(added), started_networkd=started_networkd, networkd=NETWORKD)
+def render_link_rollback(paths: Sequence[str], added: Sequence[tuple[str, str]], started_networkd: bool,
+                         netplan: bool = False) -> str:
+    return rendering.render("cluster/link-rollback.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT, boot_unit=BOOT_UNIT,
+                            boot_files=BOOT_FILES, paths=list(paths), added=list(added),
+                            started_networkd=started_networkd, netplan=netplan, networkd=NETWORKD)
+
+
+BOOT_SERVICE = rendering.render("cluster/link-rollback-boot.service.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT)
 
 
 def pending_check(own: Sequence[str]) -> str:
@@ -99,7 +107,7 @@ def pending_check(own: Sequence[str]) -> str:
 
 def arm_rollback(paths: Sequence[str], own: Sequence[str], apply_script: str, rollback_script: str, seconds: int) -> str:
     """sh, as root: refuse while another link's change is pending, keep the old link files,
-    write the apply and rollback scripts, arm the rollback timer."""
+    write the apply and rollback scripts, arm the rollback at boot and the rollback timer."""
     keep = " ".join(paths)
     return (
         f"set -e; d={LINK_DIR}; install -d -m 755 -o root -g root /var/lib/sparkrig; "
@@ -108,13 +116,16 @@ def arm_rollback(paths: Sequence[str], own: Sequence[str], apply_script: str, ro
         f'rm -rf "$d"; mkdir -m 700 "$d"; {pending_check(own)}; '
         f'printf %s {shlex.quote(apply_script)} >"$d/apply.sh"; printf %s {shlex.quote(rollback_script)} >"$d/rollback.sh"; '
         f'for f in {keep}; do if [ -f "$f" ]; then mkdir -p "$d/old${{f%/*}}"; cp -a "$f" "$d/old$f"; fi; done; '
+        f"t=$(mktemp /etc/systemd/system/.{BOOT_UNIT}.XXXXXX); printf %s {shlex.quote(BOOT_SERVICE)} >\"$t\"; "
+        f'chmod 644 "$t"; mv -f "$t" {BOOT_FILES[0]}; mkdir -p {BOOT_FILES[1].rsplit("/", 1)[0]}; '
+        f'ln -sfn {BOOT_FILES[0]} {BOOT_FILES[1]}; touch "$d/armed"; '
         f"systemd-run --quiet --unit={ROLLBACK_UNIT} --on-active={seconds}s --timer-property=AccuracySec=1s "
         f'/bin/sh "$d/rollback.sh"'
     )
 
 
 # Through a NEW connection: the apply's outcome; when it succeeded, the rollback is cancelled.
-CONFIRM = rendering.script("cluster/confirm-link.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT)
+CONFIRM = rendering.script("cluster/confirm-link.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT, boot_files=BOOT_FILES)
 
 
 def _not_after_a_failure(state, host, cluster: str) -> bool:
@@ -178,7 +189,7 @@ def link(
     """
     yield FunctionCommand(_not_after_a_failure, (cluster,), {})
     apply_script = render_link_apply(interfaces, netplan, networkmanager)
-    rollback_script = render_link_rollback(paths, added, bool(start_networkd))
+    rollback_script = render_link_rollback(paths, added, bool(start_networkd), netplan)
     yield StringCommand(arm_rollback(paths, own, apply_script, rollback_script, seconds))
     for dest, content, mode, validate, current in files:
         yield from atomic.file._inner(dest=dest, content=content, mode=mode, validate=validate, current=current)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import lab
+from lab.config import HOSTS_DIR
 from tests.conftest import LAB_INVENTORY
 from tests.support import run_deploy
 
@@ -33,6 +35,34 @@ def _limit(*hosts: str) -> list[str]:
 
 def _check(name: str):
     return lab.run_ssh(name, "sudo spark-cluster-check", check=False)
+
+
+def _moved(tmp_path, confirm_seconds: int) -> str:
+    """The lab's inventory with the cluster moved to 192.168.77.0/24."""
+    inventory = tmp_path / "moved.py"
+    inventory.write_text(
+        "import copy\n"
+        "from inventory.lab import lab as _lab\n"
+        "lab = [(name, copy.deepcopy(data)) for name, data in _lab]\n"
+        "for _name, _data in lab:\n"
+        "    if _data.get('cluster_name'):\n"
+        f"        _data['cluster_interfaces'] = {{'{LINK}': {{'lab-deb12': '192.168.77.11/24', "
+        "'lab-deb13': '192.168.77.12/24'}[_name]}\n"
+        f"        _data['cluster_link_confirm_seconds'] = {confirm_seconds}\n"
+    )
+    return str(inventory)
+
+
+def _rolled_back(before: dict) -> None:
+    """Old files, old addresses, reachable (the fault's NAT gone, the route back), and a run
+    of the lab's own inventory changes nothing."""
+    for name in NODES:
+        assert lab.run_ssh(name, f"cat {LINK_FILE}").stdout == before[name]
+        shown = lab.run_ssh(name, f"ip -4 -o addr show dev {LINK}").stdout
+        assert "192.168.77." not in shown and "192.168.100." in shown, shown
+        assert _check(name).returncode == 0, _check(name).stdout
+    again = run_deploy(LAB_INVENTORY, *_limit(*NODES))
+    assert again.returncode == 0 and again.changed() == {}, again.changed()
 
 
 def _ssh_as_spark(name: str, address: str):
@@ -130,23 +160,13 @@ def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(first_c
     192.168.77.0/24: the first node to apply it answers the controller through the link and is
     cut off. It puts its old link files back by itself; the other node is not changed."""
     assert first_converge.returncode == 0
-    inventory = tmp_path / "moved.py"
-    inventory.write_text(
-        "import copy\n"
-        "from inventory.lab import lab as _lab\n"
-        "lab = [(name, copy.deepcopy(data)) for name, data in _lab]\n"
-        "for _name, _data in lab:\n"
-        "    if _data.get('cluster_name'):\n"
-        f"        _data['cluster_interfaces'] = {{'{LINK}': {{'lab-deb12': '192.168.77.11/24', "
-        "'lab-deb13': '192.168.77.12/24'}[_name]}\n"
-        "        _data['cluster_link_confirm_seconds'] = 20\n"
-    )
+    inventory = _moved(tmp_path, confirm_seconds=20)
     before = {name: lab.run_ssh(name, f"cat {LINK_FILE}").stdout for name in NODES}
     for name in NODES:
         lab.appear_as(name, "192.168.77.50")
     try:
         started = time.monotonic()
-        cut = run_deploy(str(inventory), *_limit(*NODES))
+        cut = run_deploy(inventory, *_limit(*NODES))
         took = time.monotonic() - started
     finally:
         for name in NODES:
@@ -158,10 +178,41 @@ def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(first_c
     assert "rolled back; a new SSH connection works again" in cut.log, cut.log[-3000:]
     assert "the link is not changed here, as a node before this one did not confirm its change" in cut.log
     assert took < 240, took
-    for name in NODES:  # old files, old addresses, reachable: the fault's NAT is gone, the route is back
-        assert lab.run_ssh(name, f"cat {LINK_FILE}").stdout == before[name]
-        shown = lab.run_ssh(name, f"ip -4 -o addr show dev {LINK}").stdout
-        assert "192.168.77." not in shown and "192.168.100." in shown, shown
-        assert _check(name).returncode == 0, _check(name).stdout
-    again = run_deploy(LAB_INVENTORY, *_limit(*NODES))
-    assert again.returncode == 0 and again.changed() == {}, again.changed()
+    _rolled_back(before)
+
+
+def test_a_node_that_reboots_before_its_change_is_confirmed_rolls_back_at_boot(first_converge, tmp_path):
+    """The change above, cut off the same way, and the first node rebooted while it waits for
+    the confirmation (a FAULT: the lab restarts it): the rollback timer dies with the reboot,
+    so the node rolls back at boot, before its network starts, and is reachable again with its
+    old link; the other node is not changed."""
+    assert first_converge.returncode == 0
+    inventory = _moved(tmp_path, confirm_seconds=120)
+    before = {name: lab.run_ssh(name, f"cat {LINK_FILE}").stdout for name in NODES}
+    # Read from the controller: the node, cut off, answers no SSH connection. pyinfra picks
+    # which node goes first; the node that applied the change is the one rebooted.
+    state = {name: HOSTS_DIR / name / "rootfs" / "var/lib/sparkrig/cluster-link" for name in NODES}
+    for name in NODES:
+        lab.appear_as(name, "192.168.77.50")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(run_deploy, inventory, *_limit(*NODES))
+            deadline = time.monotonic() + 600
+            applied = []
+            while not applied and not running.done():
+                assert time.monotonic() < deadline, "the change was never applied"
+                time.sleep(0.5)
+                applied = [n for n in NODES if (state[n] / "armed").exists() and (state[n] / "applied").exists()]
+            assert not running.done(), running.result().log[-3000:]
+            lab.restart(applied[0])
+            cut = running.result()
+    finally:
+        for name in NODES:
+            lab.appear_as(name, None)
+    assert cut.returncode != 0, cut.log[-3000:]
+    assert "the link change was not confirmed (the host rolled back already)" in cut.log, cut.log[-3000:]
+    assert "the link is not changed here, as a node before this one did not confirm its change" in cut.log
+    journal = lab.run_ssh(applied[0], "sudo journalctl -b -t sparkrig --no-pager").stdout
+    assert "cluster link rolled back at boot" in journal, journal
+    assert "sparkrig" not in lab.run_ssh(applied[0], "ls /etc/systemd/system/sysinit.target.wants/").stdout
+    _rolled_back(before)

@@ -41,7 +41,8 @@ SAMPLES: dict[str, dict] = {
     "cluster/link-rollback.sh.j2": {"dir": "/var/lib/sparkrig/cluster-link", "unit": "sparkrig-cluster-rollback",
                                     "paths": ["/etc/systemd/network/40-sparkrig-cluster-enp1s0f1np1.network"],
                                     "added": [("enp1s0f1np1", "192.168.100.11/24")], "networkd": "systemd-networkd.service",
-                                    "started_networkd": True},
+                                    "started_networkd": True, "netplan": True, "boot_unit": "b",
+                                    "boot_files": ["/etc/systemd/system/b.service", "/etc/systemd/system/w/b.service"]},
     "cluster/profile.sh.j2": {"env_file": "/etc/sparkrig/cluster.env"},
     "cluster/spark-cluster-check.sh.j2": {
         "name": "duo", "user": "spark", "mtu": 9000, "interfaces": ["enp1s0f1np1"], "env_file": "/etc/sparkrig/cluster.env",
@@ -76,7 +77,8 @@ SAMPLES: dict[str, dict] = {
 # A user_read() call as the deploy splices it in (sparkrig.user_files).
 _READ = 'sh -c "$SPARKRIG_READ" sparkrig-read "$f" 1048576'
 SAMPLES.update({
-    "cluster/confirm-link.sh.j2": {"dir": "/var/lib/sparkrig/cluster-link", "unit": "sparkrig-cluster-rollback"},
+    "cluster/confirm-link.sh.j2": {"dir": "/var/lib/sparkrig/cluster-link", "unit": "sparkrig-cluster-rollback",
+                                   "boot_files": ["/etc/systemd/system/b.service", "/etc/systemd/system/w/b.service"]},
     "cluster/drop-authorized.sh.j2": {"marker": "sparkrig-cluster"},
     "cluster/put-authorized.sh.j2": {"marker": "sparkrig-cluster"},
     "cluster/read-authorized.sh.j2": {"marker": "sparkrig-cluster", "limit": 1048576, "user_read": _READ},

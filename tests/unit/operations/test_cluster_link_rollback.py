@@ -1,0 +1,97 @@
+"""The cluster link's rollback when the host reboots before a new SSH connection confirmed a
+change: the timer that rolls back dies with the reboot, so the arming step also leaves a unit
+that rolls back at boot, before the network starts, and confirming or rolling back removes it.
+(The lab's reboot of a node cut off mid-change: tests/converge/test_cluster_lab.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparkrig import rendering
+from sparkrig.operations.cluster import link as cl_link
+
+NETWORK = "40-sparkrig-cluster-cx7.network"
+
+
+def _host(tmp_path: Path) -> dict:
+    """A scratch host: its link file changed after the old one was kept, armed for the boot,
+    and every command the rollback may call recorded instead of run."""
+    d, etc, bin_ = tmp_path / "link", tmp_path / "etc", tmp_path / "bin"
+    for directory in (d / "old" / etc.relative_to("/"), etc, bin_):
+        directory.mkdir(parents=True)
+    (d / "old" / etc.relative_to("/") / NETWORK).write_text("old\n")
+    (etc / NETWORK).write_text("new\n")
+    boot_files = [tmp_path / "boot.service", tmp_path / "wants" / "boot.service"]
+    boot_files[1].parent.mkdir()
+    for path in (*boot_files, d / "armed"):
+        path.write_text("")
+    for tool in ("systemctl", "netplan", "logger", "ip"):
+        (bin_ / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >>{tmp_path}/called\n')
+        (bin_ / tool).chmod(0o755)
+    return {"d": d, "network": etc / NETWORK, "boot_files": boot_files, "bin": bin_, "called": tmp_path / "called"}
+
+
+def _rollback(host: dict, *args: str, started_networkd: bool = False, netplan: bool = False):
+    script = rendering.render(
+        "cluster/link-rollback.sh.j2", dir=host["d"], unit=cl_link.ROLLBACK_UNIT, boot_unit=cl_link.BOOT_UNIT,
+        boot_files=[str(p) for p in host["boot_files"]], paths=[str(host["network"])],
+        added=[("cx7", "192.168.77.11/24")], started_networkd=started_networkd, netplan=netplan,
+        networkd=cl_link.NETWORKD,
+    )
+    (host["d"] / "apply.sh").write_text(f"echo applied >>{host['called']}\n")
+    env = {**os.environ, "PATH": f"{host['bin']}:{os.environ['PATH']}"}
+    subprocess.run(["sh", "-c", script, "rollback.sh", *args], env=env, check=True)
+    return host["called"].read_text().splitlines() if host["called"].exists() else []
+
+
+@pytest.mark.parametrize(("started_networkd", "netplan"), [(False, False), (True, True)])
+def test_at_boot_the_old_files_come_back_before_the_network_starts_and_the_boot_unit_goes(
+        tmp_path, started_networkd, netplan):
+    host = _host(tmp_path)
+    called = _rollback(host, "boot", started_networkd=started_networkd, netplan=netplan)
+    assert host["network"].read_text() == "old\n"
+    assert (host["d"] / "rolled-back").exists()
+    assert not (host["d"] / "armed").exists() and not any(p.exists() for p in host["boot_files"])
+    # Nothing to apply: the network has not started yet, and starts from the old files
+    # (netplan's generator ran from the changed ones: again). The change's address goes.
+    assert "applied" not in called and "ip addr del 192.168.77.11/24 dev cx7" in called, called
+    assert ("netplan generate" in called) == netplan
+    assert ("systemctl --no-reload disable systemd-networkd.service" in called) == started_networkd
+
+
+def test_the_timer_rolls_back_a_running_host_and_removes_the_boot_unit_too(tmp_path):
+    host = _host(tmp_path)
+    called = _rollback(host)
+    assert host["network"].read_text() == "old\n"
+    assert "ip addr del 192.168.77.11/24 dev cx7" in called and "applied" in called
+    assert not (host["d"] / "armed").exists() and not any(p.exists() for p in host["boot_files"])
+
+
+def test_arming_leaves_the_boot_unit_enabled_and_confirming_removes_it():
+    armed = cl_link.arm_rollback(["/etc/systemd/network/" + NETWORK], ["40-sparkrig-cluster-*.network"], "A", "R", 60)
+    # The unit, then the mark its condition reads, then the timer: a reboot at any point of
+    # the change finds the old files kept and a rollback armed.
+    unit, mark, timer = (armed.index(s) for s in (f"mv -f \"$t\" {cl_link.BOOT_FILES[0]}", 'touch "$d/armed"',
+                                                    "systemd-run --quiet --unit=sparkrig-cluster-rollback "))
+    assert armed.index("cp -a") < unit < mark < timer
+    assert f"ln -sfn {cl_link.BOOT_FILES[0]} {cl_link.BOOT_FILES[1]}" in armed
+    assert cl_link.BOOT_FILES[1].startswith("/etc/systemd/system/sysinit.target.wants/")
+    confirmed = next(line for line in cl_link.CONFIRM.splitlines() if "echo confirmed" in line)
+    assert f'rm -f "$d/armed" {" ".join(cl_link.BOOT_FILES)}' in confirmed
+
+
+def test_the_boot_unit_is_one_systemd_accepts_and_runs_before_the_network(tmp_path):
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed here: the unit file cannot be checked as systemd reads it")
+    unit = tmp_path / f"{cl_link.BOOT_UNIT}.service"
+    unit.write_text(cl_link.BOOT_SERVICE)
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True)
+    assert result.returncode == 0 and str(unit) not in result.stdout + result.stderr, result.stdout + result.stderr
+    assert f"ConditionPathExists={cl_link.LINK_DIR}/armed" in cl_link.BOOT_SERVICE
+    assert "Before=network-pre.target systemd-networkd.service NetworkManager.service" in cl_link.BOOT_SERVICE
+    assert f"ExecStart=/bin/sh {cl_link.LINK_DIR}/rollback.sh boot" in cl_link.BOOT_SERVICE
