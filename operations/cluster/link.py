@@ -155,7 +155,8 @@ def _confirm_link(state, host, cluster: str, seconds: int) -> bool:
     _unconfirmed.add(cluster)
     logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: the link change was not confirmed ({said}): "
                  f"the host puts its previous link files back and applies them by itself ({ROLLBACK_UNIT}.timer)")
-    gevent.sleep(max(0.0, deadline + 15 - time.monotonic()))
+    if said != "the host rolled back already":  # else a new connection just saw it done
+        gevent.sleep(max(0.0, deadline + 15 - time.monotonic()))
     ok, lines = run_on_new_connection(state, host, f"cat {LINK_DIR}/rolled-back", timeout=10)
     if ok:
         logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: rolled back; a new SSH connection works again")

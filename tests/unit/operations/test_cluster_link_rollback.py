@@ -95,3 +95,36 @@ def test_the_boot_unit_is_one_systemd_accepts_and_runs_before_the_network(tmp_pa
     assert f"ConditionPathExists={cl_link.LINK_DIR}/armed" in cl_link.BOOT_SERVICE
     assert "Before=network-pre.target systemd-networkd.service NetworkManager.service" in cl_link.BOOT_SERVICE
     assert f"ExecStart=/bin/sh {cl_link.LINK_DIR}/rollback.sh boot" in cl_link.BOOT_SERVICE
+
+
+class _Host:
+    print_prefix = "[node] "
+
+
+@pytest.mark.parametrize(("answers", "slept_to_the_end"), [
+    (["rolled-back", "Tue Nov 24"], False),  # the host rolled back already (a reboot, a fast timer)
+    ([None, None, None, "ok"], True),  # no new connection: the timer is waited out, then checked
+])
+def test_the_controller_waits_out_the_timer_only_when_it_has_not_seen_the_rollback(
+        monkeypatch, answers, slept_to_the_end):
+    """When a new connection already sees the rollback done, the deploy says so at once;
+    without one, it waits until the host's timer has fired before it checks again."""
+    clock = {"now": 0.0}
+    slept = []
+    monkeypatch.setattr(cl_link.time, "monotonic", lambda: clock["now"])
+
+    def sleep(seconds):
+        slept.append(seconds)
+        clock["now"] += seconds
+
+    def new_connection(state, host, command, timeout):
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        clock["now"] += 10 if answer is None else 0.1  # a connection that times out takes its 10 s
+        return (answer is not None), ([answer] if answer else [])
+
+    monkeypatch.setattr(cl_link.gevent, "sleep", sleep)
+    monkeypatch.setattr(cl_link, "run_on_new_connection", new_connection)
+    monkeypatch.setattr(cl_link, "_unconfirmed", set())
+    assert cl_link._confirm_link(None, _Host(), "lab", 60) is False
+    assert ("lab" in cl_link._unconfirmed) is True
+    assert (clock["now"] >= 60 + 10) is slept_to_the_end, (clock["now"], slept)
