@@ -1,6 +1,6 @@
 # shellcheck shell=sh
 # Validates a new fstab ($2) before it replaces the one in use ($1); run as root.
-# Managed by sparkrig (operations/swap/operations.py), which only ever comments out swap entries.
+# Managed by sparkrig (sparkrig.operations.swap.operations), which only ever comments out swap entries.
 #
 # 1. libmount must read the same entries in both files, swap areas aside.
 # 2. `findmnt --verify` must find no more parse errors and no more errors in the new
