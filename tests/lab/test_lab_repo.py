@@ -10,6 +10,7 @@ import http.client
 import json
 import shutil
 import subprocess
+import tempfile
 import threading
 from dataclasses import replace
 from http.server import ThreadingHTTPServer
@@ -389,7 +390,16 @@ def test_inventory_tells_each_host_its_repo_url_and_the_keys():
     reason="needs gnupg and dpkg-deb",
 )
 def test_build_signs_each_repository_with_its_own_key(tmp_path):
-    cache = tmp_path / "repo"
+    # gpg-agent's socket lives in the home directory, and a Unix socket's path is at most 107
+    # bytes: pytest-xdist's tmp_path (popen-gwN/...) is too long for it.
+    short = Path(tempfile.mkdtemp(prefix="sr-gpg-", dir="/tmp"))
+    try:
+        _build_signs_each_repository_with_its_own_key(short / "repo", tmp_path)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _build_signs_each_repository_with_its_own_key(cache: Path, tmp_path: Path):
     built = repo.ensure_repo(cache, 8765)
     assert all(
         len(fpr) == 40 and fpr == fpr.upper() and int(fpr, 16) >= 0
