@@ -78,7 +78,7 @@ def render_link_apply(interfaces: Sequence[str], netplan: bool, networkmanager: 
 
 
 def render_link_rollback(paths: Sequence[str], added: Sequence[tuple[str, str]], started_networkd: bool,
-                         netplan: bool = False) -> str:
+                         netplan: bool) -> str:
     return rendering.render("cluster/link-rollback.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT, boot_unit=BOOT_UNIT,
                             boot_files=BOOT_FILES, paths=list(paths), added=list(added),
                             started_networkd=started_networkd, netplan=netplan, networkd=NETWORKD)
@@ -140,13 +140,14 @@ def _confirm_link(state, host, cluster: str, seconds: int) -> bool:
     """Confirm the link change through NEW SSH connections until the host's rollback timer
     would fire; else wait for it, and say whether the host came back."""
     deadline = time.monotonic() + seconds - 5
-    said = "no new SSH connection"
+    said, rolled_back = "no new SSH connection", False
     while time.monotonic() < deadline:
         ok, lines = run_on_new_connection(state, host, CONFIRM, timeout=10)
         answer = lines[-1] if ok and lines else ""
         if answer == "confirmed":
             return True
-        if answer.startswith("failed") or answer == "rolled-back":
+        rolled_back = answer == "rolled-back"
+        if answer.startswith("failed") or rolled_back:
             said = f"the apply {answer}" if answer.startswith("failed") else "the host rolled back already"
             break
         if ok:
@@ -155,7 +156,7 @@ def _confirm_link(state, host, cluster: str, seconds: int) -> bool:
     _unconfirmed.add(cluster)
     logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: the link change was not confirmed ({said}): "
                  f"the host puts its previous link files back and applies them by itself ({ROLLBACK_UNIT}.timer)")
-    if said != "the host rolled back already":  # else a new connection just saw it done
+    if not rolled_back:  # else a new connection just saw it done
         gevent.sleep(max(0.0, deadline + 15 - time.monotonic()))
     ok, lines = run_on_new_connection(state, host, f"cat {LINK_DIR}/rolled-back", timeout=10)
     if ok:

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from lab import repo
-from lab.config import LAB_ID
 from lab.model import AptRepo, is_lab_repo_server, plan_fleet, repo_url
 from lab.render import (
     parse_gpg_fingerprints,
@@ -32,12 +31,9 @@ from lab.render import (
     render_release,
 )
 from lab.reposerver import _ReadOnlyFiles
+from tests.lab import DEFAULT_LAB_ONLY
 
-# These expectations are the default lab's names and addresses (10.213.*, srlab*, ...);
-# a lab with SPARKRIG_LAB_ID has others, whose derivation test_lab_units.py tests.
-pytestmark = pytest.mark.skipif(
-    LAB_ID != "", reason=f"SPARKRIG_LAB_ID={LAB_ID} renames the lab: these tests check the default lab's names"
-)
+pytestmark = DEFAULT_LAB_ONLY
 
 HOSTS_DIR = Path("/var/lib/sparkrig-lab/hosts")
 REPO_CACHE = Path("/var/cache/sparkrig-lab/repo")

@@ -14,7 +14,6 @@ import pytest
 
 from lab import image
 from lab.cgroups import systemd_hierarchies
-from lab.config import LAB_ID
 from lab.image import Chroot, Systemctl, WriteFile, image_key, recipe_steps
 from lab.model import (
     FLAVOURS,
@@ -44,13 +43,10 @@ from lab.render import (
     render_ssh_config,
 )
 from lab.system import INOTIFY_PER_HOST, inotify_instances, inotify_limit_for, mounts_below
+from tests.lab import DEFAULT_LAB_ONLY
 from tests.support import REPO
 
-# These expectations are the default lab's names and addresses (10.213.*, srlab*, ...);
-# a lab with SPARKRIG_LAB_ID has others, whose derivation test_lab_units.py tests.
-pytestmark = pytest.mark.skipif(
-    LAB_ID != "", reason=f"SPARKRIG_LAB_ID={LAB_ID} renames the lab: these tests check the default lab's names"
-)
+pytestmark = DEFAULT_LAB_ONLY
 
 HOSTS_DIR = Path("/var/lib/sparkrig-lab/hosts")
 KEY = Path("/var/lib/sparkrig-lab/ssh/id_ed25519")
