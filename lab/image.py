@@ -13,13 +13,15 @@ complete: a directory under ``images/`` is always a finished image.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,18 +178,33 @@ def ensure_images(
     for name in sorted(set(flavours)):
         flavour = FLAVOURS[name]
         wanted[name] = (flavour, recipe_steps(flavour, mirror), image_path(name, cache_dir, mirror))
-    _remove_unfinished_builds(cache_dir, hosts_dir)
-    # Flavours that share an image build it once.
-    missing = {path: (flavour, steps, path) for flavour, steps, path in wanted.values() if not path.is_dir()}
-    if missing:
-        with ThreadPoolExecutor(max_workers=len(missing)) as pool:
-            futures = [
-                pool.submit(_build, *build, cache_dir, mirror, hosts_dir) for build in missing.values()
-            ]
-            errors = [str(future.exception()) for future in futures if future.exception()]
-        if errors:
-            raise LabError("image build failed:\n" + "\n".join(errors))
+    with _cache_lock(cache_dir):
+        _remove_unfinished_builds(cache_dir, hosts_dir)
+        # Flavours that share an image build it once.
+        missing = {path: (flavour, steps, path) for flavour, steps, path in wanted.values() if not path.is_dir()}
+        if missing:
+            with ThreadPoolExecutor(max_workers=len(missing)) as pool:
+                futures = [
+                    pool.submit(_build, *build, cache_dir, mirror, hosts_dir) for build in missing.values()
+                ]
+                errors = [str(future.exception()) for future in futures if future.exception()]
+            if errors:
+                raise LabError("image build failed:\n" + "\n".join(errors))
     return {name: path for name, (_, _, path) in wanted.items()}
+
+
+@contextlib.contextmanager
+def _cache_lock(cache_dir: Path) -> Iterator[None]:
+    """The image cache to this lab alone while it clears unfinished builds and builds: every lab
+    (SPARKRIG_LAB_ID) shares the cache, and one lab's clean-up removed another's build in progress."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / "build.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another lab's image build (%s)", cache_dir / "build.lock")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _remove_unfinished_builds(cache_dir: Path, hosts_dir: Path) -> None:

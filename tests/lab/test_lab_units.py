@@ -487,3 +487,32 @@ def test_the_lab_raises_roots_inotify_limit_only_where_its_hosts_would_run_out()
     assert inotify_limit_for(1024, 800, 8) is None
     assert inotify_limit_for(128, 128 - INOTIFY_PER_HOST, 1) is None
     assert inotify_instances() >= 0
+
+
+def test_a_second_lab_never_removes_an_image_build_in_progress(tmp_path):
+    """Two labs (SPARKRIG_LAB_ID) share the image cache: the second one's start used to remove
+    the first one's debootstrap tree mid-build as an "unfinished build" (its /proc unmounted,
+    the build failed). While another process holds the cache, a start waits, then clears."""
+    leftover = tmp_path / "tmp" / "debian12-arm64-0123.abcd"
+    leftover.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-I", "-c",
+         "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); sys.stdin.read()", str(tmp_path / "build.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        starting = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from pathlib import Path; from lab import image; "
+             "image.ensure_images([], Path(sys.argv[1]), 'http://mirror.invalid', Path(sys.argv[1]) / 'hosts')",
+             str(tmp_path)], cwd=Path(__file__).resolve().parents[2],
+        )
+        with pytest.raises(subprocess.TimeoutExpired):
+            starting.wait(timeout=2)
+        assert leftover.is_dir(), "a start removed the build another lab is running"
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    assert starting.wait(timeout=30) == 0
+    assert not leftover.exists(), "the unfinished build of a lab that ended stays"
