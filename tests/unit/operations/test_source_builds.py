@@ -615,3 +615,22 @@ def test_fact_a_link_where_root_reads_a_builds_files_is_not_followed(tmp_path, m
     found = _run_fact(tmp_path, monkeypatch, links, sent)
     assert (found["state"], found["result"], found["stamp"]) == ("failed", None, None), found
     assert not any("SECRET" in line for line in sent), [line[:80] for line in sent]
+
+
+def test_fact_a_link_in_the_middle_of_the_path_where_root_reads_is_not_followed(tmp_path, monkeypatch):
+    """The owner of the wheelhouse's build directory (``wheelhouse/lab``, theirs) replaces
+    its entry ``0123`` by a link to a directory only root may read, holding a stamp.json:
+    root's reading sends nothing of it (a link in the last component alone was refused)."""
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    (secret / "stamp.json").write_text('{"SECRET": "' + "S" * 100 + '"}\n')
+
+    def linked_entry(build, work, wheelhouse):
+        (build / "attempt").write_text("")
+        wheelhouse.rmdir()
+        wheelhouse.symlink_to(secret)
+
+    sent: list[str] = []
+    found = _run_fact(tmp_path, monkeypatch, linked_entry, sent)
+    assert (found["state"], found["stamp"]) == ("failed", None), found
+    assert not any("SECRET" in line for line in sent), sent
