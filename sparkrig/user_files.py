@@ -26,3 +26,16 @@ def user_read(path: str, limit: int, as_user: str | None = None, timeout_s: int 
     when given."""
     prefix = f"runuser -u {as_user} -- " if as_user else ""
     return f"{prefix}timeout -k 1 {int(timeout_s or READ_TIMEOUT_S)} sh -c {shlex.quote(USER_READ)} sparkrig-read {path} {int(limit)}"
+
+
+def copy_out(path: str, dest: str, limit: int, as_user: str, timeout_s: int, what: str) -> str:
+    """Shell text copying the file ``path`` a user controls, read by ``as_user`` through the
+    one reader (at most ``limit`` bytes, within ``timeout_s`` seconds), into ``dest``
+    (root's, named by the caller); where it cannot, ``dest`` is removed and the command
+    fails with one line naming ``what`` and the file (a FIFO, a device, a link, a sparse
+    file larger than the limit: nothing is copied)."""
+    read = user_read(shlex.quote(path), limit, as_user=shlex.quote(as_user), timeout_s=timeout_s)
+    said = (f"sparkrig: {what}: {path} not copied (status %s): it must be a regular file of at most {limit} bytes, "
+            f"with no link on its way, read as {as_user} within {timeout_s} s\\n")
+    return (f"{{ {read} > {shlex.quote(dest)} || {{ s=$?; rm -f {shlex.quote(dest)}; "
+            f"printf {shlex.quote(said)} \"$s\" >&2; exit 1; }}; }}")

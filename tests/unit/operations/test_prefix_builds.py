@@ -18,7 +18,7 @@ import tarfile
 import pytest
 
 from sparkrig import prefix as px
-from sparkrig import reading
+from sparkrig import reading, user_files
 from sparkrig.operations.source_builds import catalogue as sb_catalogue
 from sparkrig.operations.source_builds import deploy as sb_deploy
 from sparkrig.operations.source_builds import facts as sb_facts
@@ -242,7 +242,8 @@ def test_installing_copies_checks_and_unpacks_as_root_then_links():
     command = "\n".join(install.commands)
     incoming = f"/var/lib/sparkrig/incoming/libcoll-{key}.prefix.tar.gz"
     assert f"install -m 600 -o root -g root /dev/null {incoming}" in command
-    assert f"runuser -u spark -- cat -- /var/lib/sparkrig/wheelhouse/libcoll/{key}/prefix.tar.gz > {incoming}" in command
+    assert user_files.copy_out(f"/var/lib/sparkrig/wheelhouse/libcoll/{key}/prefix.tar.gz", incoming, 32 << 30, "spark",
+                               1800, "source build libcoll") in command
     assert "python3 -I -c" in command and f"{incoming} {'d' * 64} {px.installed_dir('libcoll', key)}.new" in command
     assert f"ln -sfn {key} /opt/sparkrig/builds/libcoll/current.new && mv -T" in command
     record = json.loads(install.uploads[f"/opt/sparkrig/builds/libcoll/.{key}.json.new"])

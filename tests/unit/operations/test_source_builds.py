@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig import host_output, python_wheels, reading
+from sparkrig import host_output, python_wheels, reading, user_files
 from sparkrig.operations.python_stack import facts as ps_facts
 from sparkrig.operations.python_stack import locks as ps_locks
 from sparkrig.operations.python_stack import operations as ps_ops
@@ -481,8 +481,10 @@ def test_fetch_names_every_local_and_remote_path_itself(tmp_path):
     (op,) = ops
     outgoing = f"/var/lib/sparkrig/outgoing/lab-{key}.whl"
     assert op.commands[0] == (
-        f"install -d -m 755 -o root -g root /var/lib/sparkrig/outgoing && rm -f {outgoing} && runuser -u spark "
-        f"-- cat -- /var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL} > {outgoing} && chmod 644 {outgoing}")
+        f"install -d -m 755 -o root -g root /var/lib/sparkrig/outgoing && rm -f {outgoing} && "
+        + user_files.copy_out(f"/var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL}", outgoing, 32 << 30, "spark", 1800,
+                              "source build lab")
+        + f" && chmod 644 {outgoing}")
     assert op.commands[2] == f"download: {outgoing} -> {tmp_path}/lab/.{key}.@fake/spark.new/wheel.whl"
 
 
