@@ -55,7 +55,7 @@ def _first_command(operation, cache: Path) -> tuple[str, str]:
     """The operation's first command as planned for a host whose build is built, and the
     root-owned file it copies into."""
     stamp = {"kind": "prefix", "name": "lib", "key": KEY, "archive": px.ARCHIVE, "sha256": "d" * 64}
-    lines = ["unit lib inactive", f"stamp lib {json.dumps(stamp)}", f"wheel lib {px.ARCHIVE}"]
+    lines = ["unit lib inactive", f"stamp lib {json.dumps(stamp)}", f"wheel lib {pyinfra_fake.user_field(px.ARCHIVE)}"]
     ops = pyinfra_fake.plan(lambda: operation(name="copy", build_name="lib", key=KEY, cache=str(cache), owner="nobody"),
                             {}, {FACT: lines})
     if operation is sb_prefixes.install_prefix:

@@ -256,9 +256,9 @@ def _fact_output(state: str = "built", current: str | None = None) -> list[str]:
     stamp = {"ref": LAB["ref"], "wheel": WHEEL, "sha256": "d" * 64, "version": "1.0.0"}
     lines = [f"unit lab {'active' if state == 'running' else 'inactive'}"]
     if state == "built":
-        lines += [f"stamp lab {json.dumps(stamp)}", f"wheel lab {WHEEL}"]
+        lines += [f"stamp lab {json.dumps(stamp)}", f"wheel lab {pyinfra_fake.user_field(WHEEL)}"]
     if state == "failed":
-        lines += ["attempt lab yes", "result lab 1"]
+        lines += ["attempt lab yes", f"result lab {pyinfra_fake.user_field('1')}"]
     if current:
         lines.append(f"current lab {current}")
     return lines
@@ -447,7 +447,7 @@ def test_a_stamp_naming_a_path_fails_that_host(wheel):
     """A wheel name from the host never becomes a path on the controller nor a word of a
     root command: the fact refuses it (that host fails, with the reason)."""
     stamp = json.dumps({"wheel": wheel, "sha256": "d" * 64})
-    output = pyinfra_fake.encode(["unit lab inactive", f"stamp lab {stamp}", f"wheel lab {wheel}"])
+    output = pyinfra_fake.encode(["unit lab inactive", f"stamp lab {stamp}", f"wheel lab {pyinfra_fake.user_field(wheel)}"])
     with pytest.raises(FactProcessError, match="is not a wheel file name"):
         sb_facts.SourceBuilds().process(output)
 
