@@ -492,3 +492,14 @@ def test_the_dry_run_finds_the_offline_wheels_and_asks_uv_pip_check_only_about_r
     command = ps_facts.PythonStack().command("/opt/sparkrig/venv", "spark", ps_facts.OFFLINE_DIR).get_raw_value()
     assert '--dry-run --require-hashes ${w:+--find-links "$w"} --python' in command
     assert 'case "$p" in *" ~ "*)' in command and "pip check --no-config" in command
+
+
+def test_every_python_uvs_installation_starts_is_isolated():
+    """uv's tool environment, as the operation renders it: its venv and its pip run with -I
+    (root's working directory and environment may hold a planted module)."""
+    from tests.repo.test_architecture import pythons_without_isolation
+
+    (op,) = plan(lambda: ps_ops.uv_tool(name="uv", version="0.13.9", index_url="https://pypi.org/simple"))
+    (command,) = [c for c in op.commands if "pip install" in c]
+    assert "bin/python -I -m pip install" in command
+    assert pythons_without_isolation([("uv_tool", command)]) == []
