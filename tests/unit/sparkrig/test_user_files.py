@@ -67,6 +67,7 @@ def test_a_relative_path_is_never_read(tmp_path):
     run = subprocess.run(["dash", "-c", f"cd {shlex.quote(str(tmp_path))} && " + user_files.user_read("f", 100)],
                          capture_output=True, timeout=60)
     assert (run.returncode, run.stdout) == (1, b""), run
+    assert b"f is not an absolute path" in run.stderr
 
 
 def test_the_walk_and_stat_run_inside_the_time_limit(tmp_path, monkeypatch):
