@@ -526,3 +526,11 @@ def test_a_version_that_is_no_version_fails_that_host_naming_the_file(tmp_path, 
     lines, metadata = _venv_lines(tmp_path, f"Version: {version}\n\n".encode("utf-8", "surrogateescape").decode("latin-1"))
     with pytest.raises(FactProcessError, match=f"{metadata}: its Version .* is not a version"):
         up_facts.Versions().process(["kernel 6.1.0-26-amd64", *lines])
+
+
+def test_a_nul_in_a_version_is_refused_as_a_field(tmp_path):
+    """The shell would drop a NUL from a variable unseen: the field travels encoded from the
+    file itself, and a NUL in it is refused like a newline, naming the file."""
+    lines, metadata = _venv_lines(tmp_path, "Version: 2.9.0\0\n\n")
+    with pytest.raises(FactProcessError, match=f"{metadata} holds a newline or NUL"):
+        up_facts.Versions().process(["kernel 6.1.0-26-amd64", *lines])
