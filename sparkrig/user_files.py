@@ -22,8 +22,8 @@ USER_READ = rendering.script("sparkrig/user-read.sh")
 def user_read(path: str, limit: int, as_user: str | None = None, timeout_s: int | None = None) -> str:
     """Shell text printing the file at ``path`` (shell syntax, quoted by the caller: e.g.
     ``'"$w/stamp.json"'``) as :data:`USER_READ` reads it, at most ``limit`` bytes, killed
-    after ``timeout_s`` seconds (:data:`READ_TIMEOUT_S` unless given); run as ``as_user`` (shell syntax too, through ``runuser``)
-    when given."""
+    after ``timeout_s`` seconds (:data:`READ_TIMEOUT_S` unless given); run as ``as_user``
+    (shell syntax too, through ``runuser``) when given."""
     prefix = f"runuser -u {as_user} -- " if as_user else ""
     return f"{prefix}timeout -k 1 {int(timeout_s or READ_TIMEOUT_S)} sh -c {shlex.quote(USER_READ)} sparkrig-read {path} {int(limit)}"
 
