@@ -39,6 +39,27 @@ def decoded(output: Sequence[str]) -> list[str]:
     return lines[:-1] if lines[-1] == "" else lines
 
 
+# A field a user wrote (a file's name, a file's contents) travels base64-encoded inside its
+# line: `... | base64 -w0` on the host (FIELD), :func:`field` here. A newline in it can then
+# never start a line of its own (a forged `record` or `installed` line), and a field holding
+# a newline or NUL is refused, naming the file: that host fails, with the reason.
+FIELD = "base64 -w0"
+
+
+def field(value: str, what: str) -> str:
+    """A field of :data:`FIELD` as the host sent it: its text (one final newline, as the
+    tools that print it end, dropped); ValueError naming ``what`` (its file) when it holds a
+    newline or NUL byte, or is not base64."""
+    try:
+        text = base64.b64decode(value, validate=True).decode("utf-8", "surrogateescape")
+    except ValueError as error:
+        raise ValueError(f"{what}: not a field of sparkrig's ({error})") from None
+    text = text.removesuffix("\n")
+    if "\n" in text or "\0" in text:
+        raise ValueError(f"{what} holds a newline or NUL byte ({text[:80]!r}): refused, a field is one line")
+    return text
+
+
 def parses(process):
     """A fact's ``process``: output it cannot parse fails this host (pyinfra's
     FactProcessError, with what went wrong), never the run, never silently."""

@@ -15,8 +15,9 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FileDownloadCommand, FunctionCommand, QuoteString, StringCommand, operation
 
-from sparkrig import atomic, host_output, rendering
+from sparkrig import atomic, host_output, rendering, user_files
 from sparkrig.prefix import ARCHIVE
+from sparkrig.unpack_prefix import MAX_BYTES
 
 from .catalogue import CACHED_STAMP, WHEELHOUSE, cached_file, product, stamp_problem, wheelhouse_dir
 from .facts import SourceBuilds
@@ -26,6 +27,11 @@ from .operations import report
 # writes, reads or chowns through a path in a directory the venv's owner can change.
 OUTGOING = "/var/lib/sparkrig/outgoing"
 INCOMING = "/var/lib/sparkrig/incoming"
+# A build's product (a wheel, a prefix's archive) copied out of its owner's wheelhouse entry:
+# at most the unpacker's limit (no product is larger; a sparse file claiming more is
+# refused before a byte is copied), within 30 minutes (a 32 GiB copy at 20 MB/s).
+PRODUCT_LIMIT = MAX_BYTES
+PRODUCT_TIMEOUT_S = 1800
 # Run by the wheelhouse entry's owner: the staged product into the entry, checked there.
 RECEIVE_SCRIPT = rendering.script("source_builds/receive.sh")
 
@@ -93,9 +99,10 @@ def fetch(build_name: str, key: str, cache: str, owner: str = "root", active: bo
     outgoing = f"{OUTGOING}/{name}-{key}.{'whl' if 'wheel' in stamp else ARCHIVE}"
     staging = root / name / f".{key}.{host.name}.new"
     yield StringCommand(
-        "install -d -m 755 -o root -g root", QuoteString(OUTGOING), "&& rm -f", QuoteString(outgoing),
-        "&& runuser -u", QuoteString(owner), "-- cat --", QuoteString(f"{wheelhouse_dir(name, key)}/{product(stamp)}"),
-        ">", QuoteString(outgoing), "&& chmod 644", QuoteString(outgoing),
+        "install -d -m 755 -o root -g root", QuoteString(OUTGOING), "&& rm -f", QuoteString(outgoing), "&&",
+        user_files.copy_out(f"{wheelhouse_dir(name, key)}/{product(stamp)}", outgoing, PRODUCT_LIMIT, owner,
+                            PRODUCT_TIMEOUT_S, f"source build {name}"),
+        "&& chmod 644", QuoteString(outgoing),
     )
     yield FunctionCommand(_make_dir, (str(staging),), {})
     yield FileDownloadCommand(outgoing, str(staging / cached_file(stamp)), _sudo=False)

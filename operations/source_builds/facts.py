@@ -65,10 +65,13 @@ class SourceBuilds(FactBase):
                 'echo "unit $n $(systemctl is-active "$u" 2>/dev/null)";',
                 "s=$(", user_files.user_read('"$w/stamp.json"', STAMP_LIMIT), " | tr -d '\\n');",
                 ' [ -n "$s" ] && echo "stamp $n $s";',
-                'for f in "$w"/*.whl "$w"/', QuoteString(ARCHIVE), '; do [ -f "$f" ] && echo "wheel $n ${f##*/}"; done;',
+                # The owner names the wheelhouse's files and writes the result: each travels as a
+                # field (host_output.FIELD), so a newline in it forges no line.
+                'for f in "$w"/*.whl "$w"/', QuoteString(ARCHIVE), '; do [ -f "$f" ] && echo "wheel $n $(printf %s "${f##*/}" | ',
+                host_output.FIELD, ')"; done;',
                 '[ -f "$d/attempt" ] && echo "attempt $n yes";',
                 "x=$(", user_files.user_read(shlex.quote(f"{work_dir(name, key)}/result"), RESULT_LIMIT),
-                ') && echo "result $n $x";',
+                " | ", host_output.FIELD, '); [ -n "$x" ] && echo "result $n $x";',
             ]
             if venv and prefix:
                 # The line of this build's wheel in the venv's requirements, if that wheel is there.
@@ -107,11 +110,11 @@ class SourceBuilds(FactBase):
                 if problem:
                     raise ValueError(f"{wheelhouse_dir(name, '…')}/stamp.json of build {name}: {problem}")
             elif kind == "wheel":
-                entry["wheels"].append(value)
+                entry["wheels"].append(host_output.field(value, f"a file name in {wheelhouse_dir(name, '…')}"))
             elif kind == "attempt":
                 entry["attempt"] = True
             elif kind == "result":
-                entry["result"] = value or None
+                entry["result"] = host_output.field(value, f"{work_dir(name, '…')}/result") or None
             elif kind == "current":
                 entry["current"] = value or None
             elif kind == "installed":

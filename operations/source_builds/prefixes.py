@@ -9,10 +9,10 @@ from io import BytesIO
 
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from sparkrig import atomic, host_output
+from sparkrig import atomic, host_output, user_files
 from sparkrig.prefix import ARCHIVE, PREFIX_ROOT, current, installed_dir, installed_stamp, unpacker_source
 
-from .cache import INCOMING, cache_root, cached
+from .cache import INCOMING, PRODUCT_LIMIT, PRODUCT_TIMEOUT_S, cache_root, cached
 from .catalogue import wheelhouse_dir
 from .facts import SourceBuilds
 
@@ -43,7 +43,8 @@ def install_prefix(build_name: str, key: str, cache: str, owner: str = "root"):
     parent = posixpath.dirname(final)
     record_new = f"{parent}/.{key}.json.new"
     # Root's directories, made anew if anything else is in their place; the owner's archive
-    # read by the owner (root never opens a path in their directory) into a root-owned file.
+    # read by the owner through the one reader (root never opens a path in their directory;
+    # a FIFO, a device, a link or a file over PRODUCT_LIMIT fails this host) into a root-owned file.
     top = posixpath.dirname(PREFIX_ROOT)
     yield StringCommand(
         # /opt/sparkrig holds the venv too: made where missing, never chowned; refused unless root's.
@@ -53,9 +54,9 @@ def install_prefix(build_name: str, key: str, cache: str, owner: str = "root"):
             " root installs no prefix below it"), ">&2; exit 1; }; }",
         "&& install -d -m 755 -o root -g root", QuoteString(INCOMING), QuoteString(PREFIX_ROOT), QuoteString(parent),
         "&& rm -rf", QuoteString(incoming), QuoteString(f"{final}.new"), QuoteString(record_new),
-        "&& install -m 600 -o root -g root /dev/null", QuoteString(incoming),
-        "&& runuser -u", QuoteString(owner), "-- cat --", QuoteString(f"{wheelhouse_dir(name, key)}/{ARCHIVE}"),
-        ">", QuoteString(incoming),
+        "&& install -m 600 -o root -g root /dev/null", QuoteString(incoming), "&&",
+        user_files.copy_out(f"{wheelhouse_dir(name, key)}/{ARCHIVE}", incoming, PRODUCT_LIMIT, owner, PRODUCT_TIMEOUT_S,
+                            f"source build {name}"),
     )
     public = {k: v for k, v in stamp.items() if k != "sha256"}
     yield atomic.Upload(BytesIO((json.dumps({**public, "sha256": sha256}, sort_keys=True) + "\n").encode()), record_new)

@@ -29,8 +29,12 @@ def _sh_glob_words(names: Iterable[str]) -> list:
 # torch's METADATA is about 30 KB.
 METADATA_LIMIT = 1 << 20
 _PYTHON_VERSIONS = rendering.script(
-    "updates/python-versions.sh.j2", limit=METADATA_LIMIT, user_read=user_files.user_read('"$dir/METADATA"', METADATA_LIMIT)
+    "updates/python-versions.sh.j2", limit=METADATA_LIMIT, user_read=user_files.user_read('"$dir/METADATA"', METADATA_LIMIT),
+    field=host_output.FIELD,
 )
+# A distribution's version as METADATA gives it (PEP 440's characters): anything else fails
+# that host, naming the file, rather than reaching a report or a plan.
+_PYTHON_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}")
 _DRIVER = rendering.script("updates/driver.sh")
 _CUDA = rendering.script("updates/cuda.sh")
 
@@ -147,8 +151,12 @@ class Versions(FactBase):
             elif kind == "cudajson":
                 cuda_json.append(rest)
             elif kind == "python":
-                name, version = rest.split(" ")
-                found["python"][name] = version
+                name, where, said = rest.split(" ")
+                metadata = f"{host_output.field(where, f'a .dist-info of {name}')}/METADATA"
+                version = host_output.field(said, metadata)
+                if version and not _PYTHON_VERSION.fullmatch(version):
+                    raise ValueError(f"{metadata}: its Version {version[:80]!r} is not a version")
+                found["python"][name] = version or "?"
             else:
                 raise ValueError(f"unexpected line {line[:120]!r}")
         if cuda_json:

@@ -182,7 +182,8 @@ _NOT_ROOT = {
     "templates/ngc/packages.Dockerfile.j2": "runs inside the container image's build",
     "templates/ngc/unsloth.Dockerfile.j2": "runs inside the container image's build",
 }
-# Interpreter paths in a string of their own, each with how it is run.
+# Interpreter paths in a string of their own, each with how it is run (joined_commands checks
+# the command each is joined into).
 _INTERPRETER_PATHS = {".sparkrig-new/bin/python": "uv's new tool environment: `-I -m pip install` follows it"}
 # Texts that name python but are no command, each with what it is.
 _MESSAGES = {"python must be a quoted major.minor version such as '3.12'": "the manifest's key, in an error"}
@@ -211,6 +212,42 @@ def command_texts() -> list[tuple[str, str]]:
     return found
 
 
+def _text_of(node, names: dict, depth: int = 0) -> str:
+    """What an argument of a command holds, as far as the source says: a string as written,
+    an f-string's text, QuoteString(x) as x, a local name as what it was bound to; anything
+    else one placeholder word."""
+    if depth > 5:
+        return "X"
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_text_of(v.value if isinstance(v, ast.FormattedValue) else v, names, depth + 1) for v in node.values)
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "QuoteString" and node.args:
+        return _text_of(node.args[0], names, depth + 1)
+    if isinstance(node, ast.Name) and node.id in names:
+        return _text_of(names[node.id], names, depth + 1)
+    return "X"
+
+
+def joined_commands() -> list[tuple[str, str]]:
+    """Every StringCommand(...) of operations/, sparkrig/ and tools/ as the one text it
+    sends (its arguments joined as pyinfra joins them): a Python whose path is a variable
+    and whose -I is the next argument (`"&&", python, "-I -m pip install"`) is seen whole."""
+    found = []
+    for folder in ("operations", "sparkrig", "tools"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+                names = {target.id: node.value for node in ast.walk(scope) if isinstance(node, ast.Assign)
+                         for target in node.targets if isinstance(target, ast.Name)}
+                for node in ast.walk(scope):
+                    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "StringCommand":
+                        separator = next((_text_of(k.value, names) for k in node.keywords if k.arg == "_separator"), " ")
+                        text = separator.join(_text_of(arg, names) for arg in node.args)
+                        found.append((f"{path.relative_to(REPO)}:{node.lineno}", text))
+    return found
+
+
 def pythons_without_isolation(texts: list[tuple[str, str]]) -> list[str]:
     found = []
     for where, text in texts:
@@ -229,6 +266,7 @@ def test_every_python_a_host_runs_is_isolated():
     changes them: a Python started without -I imports a json.py, venv.py or ensurepip.py
     planted there. Every Python in a command string or template gets -I."""
     assert pythons_without_isolation(command_texts()) == []
+    assert pythons_without_isolation(joined_commands()) == []
 
 
 def test_the_isolation_scan_finds_a_python_without_dash_i():
@@ -261,3 +299,21 @@ def test_every_upload_goes_through_a_private_directory():
         and not (isinstance(node.func, ast.Attribute) and node.func.attr == "put" and getattr(node.func.value, "id", "") != "files")
     ]
     assert found == []
+
+
+# A user's file read as that user other than through the one reader (sparkrig.user_files).
+_READ_AS_USER = re.compile(r"runuser\s+-u\s+\S+\s+--\s+(?:cat|head|tail|sed|dd|cp|grep)\b")
+
+
+def test_every_read_of_a_users_file_as_that_user_goes_through_the_one_reader():
+    """`runuser -u OWNER -- cat FILE` blocks on a FIFO and copies a sparse file or /dev/zero
+    without end: a user's file is read through user_files.user_read or copy_out (no link
+    on its way, no blocking, size and time caps), whoever reads it."""
+    found = [f"{where}: {m.group(0)!r}" for where, text in command_texts() + joined_commands()
+             for m in _READ_AS_USER.finditer(text)]
+    assert found == []
+
+
+def test_the_reader_scan_finds_a_plain_read_as_a_user():
+    assert _READ_AS_USER.search("install -m 600 /dev/null x && runuser -u X -- cat -- X/prefix.tar.gz > x")
+    assert not _READ_AS_USER.search("runuser -u spark -- timeout -k 1 10 sh -c 'x' sparkrig-read f 10")

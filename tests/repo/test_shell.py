@@ -71,8 +71,8 @@ SAMPLES: dict[str, dict] = {
         **_BUILD, "build_requirements": ["setuptools>=64", "wheel", "ninja"], "index_url": "https://pypi.org/simple",
         "uv": "/opt/sparkrig/uv/bin/uv", "venv": "/opt/sparkrig/venv", "venv_python": "/opt/sparkrig/venv/bin/python",
     },
-    "sparkrig/user-read.sh.j2": {"timeout_s": 10},
-    "updates/python-versions.sh.j2": {"limit": 1048576, "user_read": 'sh -c "$READ" sparkrig-read "$dir/METADATA" 1048576'},
+    "updates/python-versions.sh.j2": {"limit": 1048576, "user_read": 'sh -c "$READ" sparkrig-read "$dir/METADATA" 1048576',
+                                      "field": "base64 -w0"},
 }
 # A user_read() call as the deploy splices it in (sparkrig.user_files).
 _READ = 'sh -c "$SPARKRIG_READ" sparkrig-read "$f" 1048576'

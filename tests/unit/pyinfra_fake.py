@@ -33,6 +33,11 @@ def encode(lines: list[str]) -> list[str]:
     return [base64.b64encode(text.encode("utf-8", "surrogateescape")).decode(), host_output.END]
 
 
+def user_field(text: str) -> str:
+    """A field of a user's as a fact's command sends it (host_output.FIELD)."""
+    return base64.b64encode(text.encode("utf-8", "surrogateescape")).decode()
+
+
 _lookup_response = FakeConnector._lookup_response
 
 

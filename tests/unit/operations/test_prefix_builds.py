@@ -16,9 +16,10 @@ import sys
 import tarfile
 
 import pytest
+from pyinfra.api.exceptions import FactProcessError, PyinfraError
 
 from sparkrig import prefix as px
-from sparkrig import reading
+from sparkrig import reading, user_files
 from sparkrig.operations.source_builds import catalogue as sb_catalogue
 from sparkrig.operations.source_builds import deploy as sb_deploy
 from sparkrig.operations.source_builds import facts as sb_facts
@@ -26,7 +27,7 @@ from sparkrig.operations.source_builds import operations as sb_ops
 from sparkrig.operations.source_builds import settings as sb_settings
 from sparkrig.packages import install_command
 from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
-from tests.unit.pyinfra_fake import execute
+from tests.unit.pyinfra_fake import execute, user_field
 
 SETTINGS = all_settings()
 # Two prefix builds of the tests' own (the shipped catalogue holds none): a library, and
@@ -178,7 +179,7 @@ def _fact(states: dict[str, str], data: dict) -> list[str]:
         key = keys[name]
         lines.append(f"unit {name} {'active' if state == 'running' else 'inactive'}")
         if state in ("built", "installed"):
-            lines += [f"stamp {name} {json.dumps(_stamp(name, key))}", f"wheel {name} {px.ARCHIVE}"]
+            lines += [f"stamp {name} {json.dumps(_stamp(name, key))}", f"wheel {name} {user_field(px.ARCHIVE)}"]
         if state == "installed":
             lines += [f"installed {name} {key}", f"link {name} {key}"]
     return lines
@@ -242,7 +243,8 @@ def test_installing_copies_checks_and_unpacks_as_root_then_links():
     command = "\n".join(install.commands)
     incoming = f"/var/lib/sparkrig/incoming/libcoll-{key}.prefix.tar.gz"
     assert f"install -m 600 -o root -g root /dev/null {incoming}" in command
-    assert f"runuser -u spark -- cat -- /var/lib/sparkrig/wheelhouse/libcoll/{key}/prefix.tar.gz > {incoming}" in command
+    assert user_files.copy_out(f"/var/lib/sparkrig/wheelhouse/libcoll/{key}/prefix.tar.gz", incoming, 32 << 30, "spark",
+                               1800, "source build libcoll") in command
     assert "python3 -I -c" in command and f"{incoming} {'d' * 64} {px.installed_dir('libcoll', key)}.new" in command
     assert f"ln -sfn {key} /opt/sparkrig/builds/libcoll/current.new && mv -T" in command
     record = json.loads(install.uploads[f"/opt/sparkrig/builds/libcoll/.{key}.json.new"])
@@ -413,3 +415,54 @@ def _unpacker():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# Forged lines: the owner names the wheelhouse's files and writes the build's result --------
+
+ONE = {"source_builds": CATALOGUE, "source_builds_enabled": ["libcoll"], "hardware_profile": "gb10"}
+
+
+def _real_reading(tmp_path, monkeypatch, plant) -> tuple[list[str], str]:
+    """SourceBuilds' real command (run by dash) for a host where libcoll is built, not
+    installed, and its owner did ``plant(work, entry)``: what the host sends, and the key."""
+    monkeypatch.setattr(sb_catalogue, "BUILD_ROOT", str(tmp_path / "builds"))
+    monkeypatch.setattr(sb_catalogue, "WHEELHOUSE", str(tmp_path / "wheelhouse"))
+    monkeypatch.setattr(px, "PREFIX_ROOT", str(tmp_path / "opt"))
+    key = sb_catalogue.wanted(resolve(SETTINGS, ONE))["libcoll"]
+    work, entry = sb_catalogue.work_dir("libcoll", key), sb_catalogue.wheelhouse_dir("libcoll", key)
+    os.makedirs(work)
+    os.makedirs(entry)
+    with open(f"{entry}/stamp.json", "w") as stamp:
+        json.dump(_stamp("libcoll", key), stamp)
+    open(f"{entry}/{px.ARCHIVE}", "wb").close()
+    plant(work, entry, key)
+    command = sb_facts.SourceBuilds().command((("libcoll", key, ""),), "", installs=(("libcoll", key),))
+    run = subprocess.run(["dash", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines(), key
+
+
+def _wheel_name(work, entry, key):
+    open(f"{entry}/x.whl\ninstalled libcoll {key}\ny.whl", "wb").close()
+
+
+def _result(work, entry, key):
+    with open(f"{work}/result", "w") as result:
+        result.write(f"0\ninstalled libcoll {key}\n")
+
+
+@pytest.mark.parametrize("plant", [_wheel_name, _result], ids=["wheel-file-name", "result"])
+def test_a_forged_installed_line_never_passes_a_prefix_build_for_installed(tmp_path, monkeypatch, plant):
+    """A file in the wheelhouse entry named `x.whl<newline>installed libcoll KEY<newline>y.whl`
+    (or a result file of two lines): before, the reading carried `installed libcoll KEY` as a
+    line of its own and the prefix was never installed. Now that field is refused, naming
+    the place: the host stops there, with the reason."""
+    sent, key = _real_reading(tmp_path, monkeypatch, plant)
+    try:
+        ops = execute(sb_deploy.source_builds, data=ONE, responses={FACT: {"as_sent": sent}, PACKAGES: []})
+    except PyinfraError as error:
+        assert "No hosts remaining" in str(error)
+    else:
+        assert any("root checks its archive" in op.name for op in ops), [op.name for op in ops]
+    with pytest.raises(FactProcessError, match="holds a newline"):
+        sb_facts.SourceBuilds().process(sent)

@@ -23,6 +23,7 @@ from sparkrig.operations.python_stack import operations as ps_ops
 from sparkrig.operations.python_stack import settings as ps_settings
 from sparkrig.settings import SettingsError, problems, validate_hosts
 from sparkrig.venv import UV
+from tests.repo.test_architecture import pythons_without_isolation
 from tests.support import REPO
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
@@ -492,3 +493,12 @@ def test_the_dry_run_finds_the_offline_wheels_and_asks_uv_pip_check_only_about_r
     command = ps_facts.PythonStack().command("/opt/sparkrig/venv", "spark", ps_facts.OFFLINE_DIR).get_raw_value()
     assert '--dry-run --require-hashes ${w:+--find-links "$w"} --python' in command
     assert 'case "$p" in *" ~ "*)' in command and "pip check --no-config" in command
+
+
+def test_every_python_uvs_installation_starts_is_isolated():
+    """uv's tool environment, as the operation renders it: its venv and its pip run with -I
+    (root's working directory and environment may hold a planted module)."""
+    (op,) = plan(lambda: ps_ops.uv_tool(name="uv", version="0.13.9", index_url="https://pypi.org/simple"))
+    (command,) = [c for c in op.commands if "pip install" in c]
+    assert "bin/python -I -m pip install" in command
+    assert pythons_without_isolation([("uv_tool", command)]) == []

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig import host_output, python_wheels, reading
+from sparkrig import host_output, python_wheels, reading, user_files
 from sparkrig.operations.python_stack import facts as ps_facts
 from sparkrig.operations.python_stack import locks as ps_locks
 from sparkrig.operations.python_stack import operations as ps_ops
@@ -256,9 +256,9 @@ def _fact_output(state: str = "built", current: str | None = None) -> list[str]:
     stamp = {"ref": LAB["ref"], "wheel": WHEEL, "sha256": "d" * 64, "version": "1.0.0"}
     lines = [f"unit lab {'active' if state == 'running' else 'inactive'}"]
     if state == "built":
-        lines += [f"stamp lab {json.dumps(stamp)}", f"wheel lab {WHEEL}"]
+        lines += [f"stamp lab {json.dumps(stamp)}", f"wheel lab {pyinfra_fake.user_field(WHEEL)}"]
     if state == "failed":
-        lines += ["attempt lab yes", "result lab 1"]
+        lines += ["attempt lab yes", f"result lab {pyinfra_fake.user_field('1')}"]
     if current:
         lines.append(f"current lab {current}")
     return lines
@@ -447,7 +447,7 @@ def test_a_stamp_naming_a_path_fails_that_host(wheel):
     """A wheel name from the host never becomes a path on the controller nor a word of a
     root command: the fact refuses it (that host fails, with the reason)."""
     stamp = json.dumps({"wheel": wheel, "sha256": "d" * 64})
-    output = pyinfra_fake.encode(["unit lab inactive", f"stamp lab {stamp}", f"wheel lab {wheel}"])
+    output = pyinfra_fake.encode(["unit lab inactive", f"stamp lab {stamp}", f"wheel lab {pyinfra_fake.user_field(wheel)}"])
     with pytest.raises(FactProcessError, match="is not a wheel file name"):
         sb_facts.SourceBuilds().process(output)
 
@@ -481,8 +481,10 @@ def test_fetch_names_every_local_and_remote_path_itself(tmp_path):
     (op,) = ops
     outgoing = f"/var/lib/sparkrig/outgoing/lab-{key}.whl"
     assert op.commands[0] == (
-        f"install -d -m 755 -o root -g root /var/lib/sparkrig/outgoing && rm -f {outgoing} && runuser -u spark "
-        f"-- cat -- /var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL} > {outgoing} && chmod 644 {outgoing}")
+        f"install -d -m 755 -o root -g root /var/lib/sparkrig/outgoing && rm -f {outgoing} && "
+        + user_files.copy_out(f"/var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL}", outgoing, 32 << 30, "spark", 1800,
+                              "source build lab")
+        + f" && chmod 644 {outgoing}")
     assert op.commands[2] == f"download: {outgoing} -> {tmp_path}/lab/.{key}.@fake/spark.new/wheel.whl"
 
 
@@ -615,3 +617,22 @@ def test_fact_a_link_where_root_reads_a_builds_files_is_not_followed(tmp_path, m
     found = _run_fact(tmp_path, monkeypatch, links, sent)
     assert (found["state"], found["result"], found["stamp"]) == ("failed", None, None), found
     assert not any("SECRET" in line for line in sent), [line[:80] for line in sent]
+
+
+def test_fact_a_link_in_the_middle_of_the_path_where_root_reads_is_not_followed(tmp_path, monkeypatch):
+    """The owner of the wheelhouse's build directory (``wheelhouse/lab``, theirs) replaces
+    its entry ``0123`` by a link to a directory only root may read, holding a stamp.json:
+    root's reading sends nothing of it (a link in the last component alone was refused)."""
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    (secret / "stamp.json").write_text('{"SECRET": "' + "S" * 100 + '"}\n')
+
+    def linked_entry(build, work, wheelhouse):
+        (build / "attempt").write_text("")
+        wheelhouse.rmdir()
+        wheelhouse.symlink_to(secret)
+
+    sent: list[str] = []
+    found = _run_fact(tmp_path, monkeypatch, linked_entry, sent)
+    assert (found["state"], found["stamp"]) == ("failed", None), found
+    assert not any("SECRET" in line for line in sent), sent

@@ -3,6 +3,7 @@ checks of the files, the plan, and the fleet report's table."""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
@@ -10,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from pyinfra.api.exceptions import FactProcessError
+from pyinfra.api.exceptions import FactProcessError, PyinfraError
 
 from sparkrig import atomic
 from sparkrig.operations import updates as up
@@ -72,6 +73,16 @@ def test_bad_values_say_key_and_what_is_allowed(data, expected):
 
 # As a DGX Spark after DGX OS 7.4.0's over-the-air update prints it (versions as reported
 # on NVIDIA's forum; the lines are the fact's own tags).
+def python_line(name: str, version: str, venv: str = "/opt/sparkrig/venv") -> str:
+    """The fact's line for a distribution, its fields base64-encoded as the host sends them."""
+    where = f"{venv}/lib/python3.12/site-packages/{name}-{version}.dist-info"
+    return f"python {name} {_b64(where)} {_b64(version + chr(10))}"
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
 SPARK = [
     'os PRETTY_NAME="Ubuntu 24.04.3 LTS"',
     'os VERSION_ID="24.04"',
@@ -103,8 +114,8 @@ SPARK = [
     'cudajson    },',
     'cudajson    "cuda_cccl" : { "name" : "CUDA C++ Core Compute Libraries", "version" : "13.0.85" }',
     'cudajson }',
-    "python torch 2.11.0",
-    "python vllm 0.20.2",
+    python_line("torch", "2.11.0"),
+    python_line("vllm", "0.20.2"),
 ]
 
 
@@ -455,3 +466,71 @@ def test_the_report_names_a_host_it_cannot_reach_and_fails(tmp_path):
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "nobody-home: not read: could not connect" in result.stdout, result.stdout + result.stderr
+
+
+# A venv owner's METADATA, as root reads it ---------------------------------------------
+
+REFUSAL = "The box runs the expected kernel and driver (updates_stop_on_unexpected)"
+
+
+def _venv_lines(tmp_path, metadata: str) -> tuple[list[str], str]:
+    """What the fact's venv script (its real text, run by dash) prints for a venv whose
+    torch METADATA its owner wrote; and that file's path."""
+    info = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "torch-2.11.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(metadata)
+    run = subprocess.run(["dash", "-c", up_facts._PYTHON_VERSIONS, "sparkrig-python-versions", str(tmp_path / "venv"),
+                          "torch"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines(), str(info / "METADATA")
+
+
+def _changes(data: dict, responses: dict) -> dict[str, list[str]]:
+    """The plan's operations; none where the host stopped at its reading (pyinfra, left
+    with no host, says so)."""
+    try:
+        return _commands(execute(up.updates, data=data, responses=responses))
+    except PyinfraError as error:
+        assert "No hosts remaining" in str(error)
+        return {}
+
+
+def test_a_forged_record_line_in_a_venvs_metadata_never_releases_a_hold_made_by_hand(tmp_path):
+    """The venv's owner adds a second Version: line to torch's METADATA, `record PKG`, PKG
+    being a package an admin held by hand: before, it became a line of the fact of its own,
+    and the plan unheld and upgraded PKG. Now the field is refused and that host stops,
+    naming the file."""
+    lines, metadata = _venv_lines(tmp_path, "Name: torch\nVersion: 2.11.0\nVersion: record linux-image-6.1.0-26-amd64\n\n")
+    responses = _host(versions=["held linux-image-6.1.0-26-amd64", *lines])
+    changes = _changes({"python_venv_path": str(tmp_path / "venv")}, responses)
+    commands = "\n".join(c for op in changes.values() for c in op)
+    assert "unhold" not in commands and "--only-upgrade" not in commands, commands
+    with pytest.raises(FactProcessError, match=f"{metadata} holds a newline"):
+        up_facts.Versions().process(["kernel 6.1.0-26-amd64", *lines])
+
+
+def test_a_forged_kernel_line_in_a_venvs_metadata_never_bypasses_updates_stop_on_unexpected(tmp_path):
+    """The owner's METADATA says `Version: kernel EXPECTED`: before, that line replaced the
+    running kernel's and the host was changed although it runs another kernel."""
+    lines, metadata = _venv_lines(tmp_path, "Version: 2.11.0\nVersion: kernel 6.17.0-1007-nvidia\n\n")
+    data = {"updates_expected_kernel": "6.17.0-1007-nvidia", "updates_stop_on_unexpected": True,
+            "python_venv_path": str(tmp_path / "venv")}
+    responses = _host(versions=lines, files={up_operations.APT_CONF: None}, timers=(True, True))
+    assert set(_changes(data, responses)) <= {REFUSAL}
+    with pytest.raises(FactProcessError, match=f"{metadata} holds a newline"):
+        up_facts.Versions().process(["kernel 6.1.0-26-amd64", *lines])
+
+
+@pytest.mark.parametrize("version", ["2.9.0 x", "2.9.0\udcff", "$(reboot)"])
+def test_a_version_that_is_no_version_fails_that_host_naming_the_file(tmp_path, version):
+    lines, metadata = _venv_lines(tmp_path, f"Version: {version}\n\n".encode("utf-8", "surrogateescape").decode("latin-1"))
+    with pytest.raises(FactProcessError, match=f"{metadata}: its Version .* is not a version"):
+        up_facts.Versions().process(["kernel 6.1.0-26-amd64", *lines])
+
+
+def test_a_nul_in_a_version_is_refused_as_a_field(tmp_path):
+    """The shell would drop a NUL from a variable unseen: the field travels encoded from the
+    file itself, and a NUL in it is refused like a newline, naming the file."""
+    lines, metadata = _venv_lines(tmp_path, "Version: 2.9.0\0\n\n")
+    with pytest.raises(FactProcessError, match=f"{metadata} holds a newline or NUL"):
+        up_facts.Versions().process(["kernel 6.1.0-26-amd64", *lines])

@@ -27,9 +27,10 @@ from pyinfra.api.deploy import add_deploy, deploy
 from pyinfra.api.operation import operation
 from pyinfra.api.operations import run_ops
 from pyinfra.connectors.util import make_unix_command
+from pyinfra.context import ctx_state
 
 from sparkrig import lock
-from sparkrig.connection import from_slash_on
+from sparkrig.operations import install
 
 util_linux = pytest.mark.skipif(
     not (shutil.which("flock") and shutil.which("setsid")), reason="flock and setsid (util-linux) are needed"
@@ -228,14 +229,13 @@ def test_the_lock_is_taken_as_root():
 
 
 def test_every_command_a_run_sends_starts_in_slash():
-    """config.py's hook gives every host `_chdir="/"`: pyinfra puts `cd /` inside the shell
-    that sudo starts, for facts and operations alike (their global arguments' default)."""
-
-
-
+    """config.py's one call (sparkrig.operations.install, its hooks) gives every host
+    `_chdir="/"`: pyinfra puts `cd /` inside the shell that sudo starts, for facts and
+    operations alike (their global arguments' default)."""
     inventory = Inventory(([("@fake/spark", {"_sudo": True})], {}))
     state = State()
-    from_slash_on(state)  # as config.py does
+    with ctx_state.use(state):
+        install()  # as config.py does
     state.init(inventory, Config())
     host = inventory.get_host("@fake/spark")
     arguments, _ = pop_global_arguments(state, host, {})
