@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -129,13 +130,19 @@ def converge(inventory: str, hosts: Sequence[str], extra: Sequence[str]) -> dict
         [PYINFRA, "-y", "--json", *[arg for h in hosts for arg in ("--limit", h)], *extra, inventory, "deploy.py"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    log = []
     assert process.stderr is not None and process.stdout is not None
+    # The report is read beside the log: a report larger than a pipe's buffer would otherwise
+    # hold pyinfra (and so its log) for good.
+    report_text: list[str] = []
+    reader = threading.Thread(target=lambda: report_text.append(process.stdout.read()), daemon=True)
+    reader.start()
+    log = []
     for line in process.stderr:
         sys.stderr.write(line)
         log.append(line)
-    out = process.stdout.read()
+    reader.join()
     process.wait()
+    out = "".join(report_text)
     try:
         report = json.loads(out)
     except json.JSONDecodeError:
