@@ -306,7 +306,9 @@ class Options:
                 parse_amount(value, option, budget)
 
     def given(self) -> dict[str, str | None]:
-        return {"batch": self.batch, "canary": self.canary, "max_fail": self.max_fail}
+        """The options given, written as the state keeps them (" 2" is "2")."""
+        return {key: None if value is None else str(parse_amount(value, "", key == "max_fail"))
+                for key, value in (("batch", self.batch), ("canary", self.canary), ("max_fail", self.max_fail))}
 
 
 def rollout(options: Options, steps: Steps | None = None) -> int:
@@ -332,8 +334,8 @@ def rollout(options: Options, steps: Steps | None = None) -> int:
             say(f"resuming {path}: " + ", ".join(
                 f"{sum(h.status == s for h in state.hosts.values())} {s}" for s in (PROVEN, FAILED, CONVERGED, PENDING)))
         else:
-            chosen = {"batch": options.batch or "1", "canary": options.canary or "",
-                      "max_fail": options.max_fail or "0"}
+            given = options.given()
+            chosen = {"batch": given["batch"] or "1", "canary": given["canary"] or "", "max_fail": given["max_fail"] or "0"}
             batches = plan(hosts, parse_amount(chosen["batch"], "--batch"),
                            parse_amount(chosen["canary"], "--canary") if chosen["canary"] else None)
             state = State.new(inventory, chosen, batches, digests)

@@ -126,6 +126,7 @@ def test_rollout_options_go_anywhere_and_pyinfra_options_after_a_double_dash(mon
     assert rollout.main(["inventory/lab.py", "--batch", "25%", "--limit", "debian12", "--canary", "1",
                          "--max-fail", "10%", "--resume", "--", "--data", "a=1"]) == 0
     assert seen == [Options("inventory/lab.py", "25%", "1", "10%", ["debian12"], True, None, ["--data", "a=1"])]
+    assert Options("i", " 2 ", None, "10%", [], True, None, []).given() == {"batch": "2", "canary": None, "max_fail": "10%"}
 
 
 # --- the loop ---------------------------------------------------------------------------
