@@ -1,31 +1,58 @@
 """
-Rolling rollouts: the deploy on a fleet one batch of hosts at a time, stopping at the
-first batch that fails, so a bad change reaches one box, not all of them.
+Gated rollouts: the deploy on a fleet one batch of hosts at a time, each batch proven by the
+compliance suite before the next starts, within a failure budget, resumable.
 
-    python -m tools.rollout inventory/spark.py [--batch N] [--limit GROUP_OR_HOST]
+    python -m tools.rollout INVENTORY [--batch N|P%] [--canary N|P%] [--max-fail N|P%]
+                            [--limit GROUP_OR_HOST] [--resume] [--state FILE] [-- PYINFRA_OPTIONS]
 
-A plain ``pyinfra inventory/spark.py deploy.py`` deploys to every host at once, and
-a failed or unreachable host is reported while the others finish; that is the right
-default for converging a fleet. This runner is for changes you want to watch land:
-each batch is an ordinary ``pyinfra -y --limit HOSTS INVENTORY deploy.py`` run, in
-inventory order; a batch with a failed or unreachable host ends the rollout, and the
-hosts after it are listed as not started. Run it again once fixed: converged hosts
-report no change, so it goes on where it stopped.
+Each batch is an ordinary ``pyinfra -y --limit HOSTS INVENTORY deploy.py`` run, in inventory
+order; the hosts that converged are then checked by ``pytest tests/compliance --inventory
+INVENTORY --limit HOSTS`` (a failed control fails its host). A batch whose failed hosts are
+over the budget (--max-fail, 0 by default: any failure), or whose every host failed, ends the
+rollout. It ends with a table per batch. Its state is kept after every step in a file of the
+caller's own (--state; by default under $XDG_STATE_HOME or ~/.local/state/sparkrig/rollouts),
+so a rollout stopped by its budget, Ctrl+C or a lost controller goes on with --resume, the
+proven hosts left alone. docs/fleets.md says how shares round and the budget counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
+import re
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+import threading
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
+from tools.rollout_plan import (
+    CONVERGED,
+    FAILED,
+    PENDING,
+    PROVEN,
+    HostState,
+    State,
+    default_state_path,
+    host_digest,
+    load,
+    over_budget,
+    parse_amount,
+    plan,
+    private_directory,
+    save,
+    table,
+)
+
 REPO = Path(__file__).resolve().parent.parent
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+WHY_MAX = 240
 
 
 def limit_hosts(groups_of: dict[str, list[str]], limit: Sequence[str]) -> list[str]:
@@ -45,13 +72,6 @@ def limit_hosts(groups_of: dict[str, list[str]], limit: Sequence[str]) -> list[s
     return [name for name in groups_of if name in chosen]
 
 
-def batches(hosts: Sequence[str], size: int) -> list[list[str]]:
-    """``hosts`` cut into consecutive batches of ``size`` (the last may be smaller)."""
-    if size < 1:
-        raise ValueError("--batch must be at least 1")
-    return [list(hosts[i:i + size]) for i in range(0, len(hosts), size)]
-
-
 def read_inventory(inventory: str, timeout: float = 120) -> list[dict]:
     """Every host of a pyinfra inventory, in order: ``{"name", "groups", "data"}``, its data
     merged as pyinfra merges it (group_data included).
@@ -69,27 +89,10 @@ def read_inventory(inventory: str, timeout: float = 120) -> list[dict]:
     return json.loads(result.stdout)
 
 
-def inventory_groups(inventory: str) -> dict[str, list[str]]:
-    """Each host of the inventory, in order, with its groups."""
-    try:
-        hosts = read_inventory(inventory)
-    except RuntimeError as error:
-        raise SystemExit(f"rollout: {error}") from None
-    return {host["name"]: host["groups"] for host in hosts}
+# --- one batch: converge, then prove ----------------------------------------------------
 
-
-@dataclass
-class BatchResult:
-    """One batch's pyinfra run: which hosts converged, which failed (an operation failed, or
-    the host was never reached)."""
-
-    hosts: list[str]
-    returncode: int
-    failed: list[str]
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and not self.failed
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_GENERIC = re.compile(r"Error: executed \d+ commands")
 
 
 def failed_hosts(hosts: Sequence[str], report: dict | None) -> list[str]:
@@ -105,54 +108,284 @@ def failed_hosts(hosts: Sequence[str], report: dict | None) -> list[str]:
     return [h for h in hosts if h in errors]
 
 
-def run_batch(inventory: str, hosts: Sequence[str], extra: Sequence[str]) -> BatchResult:
-    """``pyinfra -y --json --limit HOSTS INVENTORY deploy.py``; its log goes to our stderr."""
-    result = subprocess.run(
+def deploy_error(host: str, report: dict | None, log: str) -> str:
+    """Why the deploy failed on ``host``: the operation that failed and the host's last error
+    line in pyinfra's log (a sparkrig script's own message, or pyinfra's "Could not connect")."""
+    operations = ((report or {}).get("results") or {}).get("operations") or []
+    failed_op = next((op.get("name", "") for op in operations if host in op.get("error", [])), "")
+    lines = [_ANSI.sub("", line).strip() for line in log.splitlines()]
+    ours = [line.split(f"[{host}]", 1)[1].strip() for line in lines if f"[{host}]" in line]
+    said = [line for line in ours if line and not _GENERIC.search(line) and (
+        "rror" in line or "sparkrig:" in line or "Could not connect" in line or "failed" in line)]
+    parts = [part for part in ("deploy", failed_op, said[-1] if said else "") if part]
+    if len(parts) == 1:
+        parts.append("pyinfra failed (its log is above)")
+    return ": ".join(parts)[:WHY_MAX]
+
+
+def converge(inventory: str, hosts: Sequence[str], extra: Sequence[str]) -> dict[str, str]:
+    """``pyinfra -y --json --limit HOSTS INVENTORY deploy.py``, its log passed on to our stderr;
+    the hosts that failed, each with why."""
+    process = subprocess.Popen(
         [PYINFRA, "-y", "--json", *[arg for h in hosts for arg in ("--limit", h)], *extra, inventory, "deploy.py"],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    assert process.stderr is not None and process.stdout is not None
+    # The report is read beside the log: a report larger than a pipe's buffer would otherwise
+    # hold pyinfra (and so its log) for good.
+    report_text: list[str] = []
+    reader = threading.Thread(target=lambda: report_text.append(process.stdout.read()), daemon=True)
+    reader.start()
+    log = []
+    for line in process.stderr:
+        sys.stderr.write(line)
+        log.append(line)
+    reader.join()
+    process.wait()
+    out = "".join(report_text)
     try:
-        report = json.loads(result.stdout)
+        report = json.loads(out)
     except json.JSONDecodeError:
         report = None
-    failed = failed_hosts(hosts, report) if report is not None else list(hosts)
-    return BatchResult(list(hosts), result.returncode, failed)
+    failed = failed_hosts(hosts, report)
+    if process.returncode != 0 and not failed:  # pyinfra failed, its report says nothing of whom
+        failed = list(hosts)
+    return {h: deploy_error(h, report, "".join(log)) for h in failed}
 
 
-def rollout(inventory: str, batch: int, limit: Sequence[str], extra: Sequence[str]) -> int:
-    """Deploy batch after batch; the exit status (0: every host converged)."""
-    # The caller's path, for the hosts and every batch alike (batches run from the repository).
-    inventory = str(Path(inventory).resolve())
-    hosts = limit_hosts(inventory_groups(inventory), limit)
-    planned = batches(hosts, batch)
-    for number, group in enumerate(planned, start=1):
-        print(f"rollout: batch {number}/{len(planned)}: {', '.join(group)}", file=sys.stderr, flush=True)
-        result = run_batch(inventory, group, extra)
-        if not result.ok:
-            rest = [h for later in planned[number:] for h in later]
-            failed = ", ".join(result.failed) or f"(pyinfra exit {result.returncode})"
-            not_started = ", ".join(rest) or "none"
-            print(f"rollout: batch {number} FAILED on {failed}; stopped. Not started: {not_started}",
-                  file=sys.stderr)
-            return 1
-        print(f"rollout: batch {number} converged", file=sys.stderr, flush=True)
-    print(f"rollout: all {len(hosts)} hosts converged", file=sys.stderr)
-    return 0
+def control_host(name: str, hosts: Sequence[str]) -> str | None:
+    """The host in a control's JUnit name: testinfra's id comes first in the brackets
+    (``[ssh://NAME]``, or joined by "-" to other parameters), so the longest fitting wins."""
+    fits = [h for h in hosts if f"[ssh://{h}]" in name or f"[ssh://{h}-" in name]
+    return max(fits, key=len) if fits else None
+
+
+def proof_outcomes(junit: Path, hosts: Sequence[str], output: str) -> dict[str, str]:
+    """The hosts the suite's JUnit does not prove, each with why: its first failed control
+    (the suite's own one-line finding from its "failed controls:" list, else JUnit's message),
+    or that no control of it ran at all."""
+    failed: dict[str, str] = {}
+    ran: set[str] = set()
+    findings = {}
+    for line in output.splitlines():  # "  HOST: test_x.py::test_y[ssh://HOST]: what it found"
+        match = re.match(r"  (?P<host>\S+): (?P<control>\S+?\.py::\S+?\])(?:: (?P<found>.*))?$", line)
+        if match:
+            findings.setdefault(match["control"], match["found"] or "")
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = case.get("name", "")
+        host = control_host(name, hosts)
+        if host is None:
+            continue
+        ran.add(host)
+        problem = case.find("failure")
+        problem = case.find("error") if problem is None else problem
+        if problem is None or host in failed:
+            continue
+        control = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{name}"
+        found = findings.get(control) or (problem.get("message") or "").strip().splitlines()[:1]
+        found = found if isinstance(found, str) else (found[0] if found else "")
+        failed[host] = f"control {control}" + (f": {found}" if found else "")
+    for host in hosts:
+        if host not in ran:
+            failed[host] = "the compliance suite checked nothing on it" + (
+                f" (pytest: {output.strip().splitlines()[-1].strip('= ')})" if output.strip() else "")
+    return {h: why[:WHY_MAX] for h, why in failed.items()}
+
+
+def prove(inventory: str, hosts: Sequence[str]) -> dict[str, str]:
+    """The compliance suite on ``hosts`` alone (its output passed on to our stderr); the hosts
+    it did not prove, each with why."""
+    with tempfile.TemporaryDirectory(prefix="sparkrig-rollout-") as scratch:  # 0700, the caller's
+        junit = Path(scratch) / "compliance.xml"
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "tests/compliance", "--inventory", inventory,
+             *[arg for h in hosts for arg in ("--limit", h)], f"--junitxml={junit}", "-q",
+             "-p", "no:cacheprovider"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        sys.stderr.write(result.stdout)
+        if not junit.exists():
+            return {h: f"the compliance suite did not run (pytest exit {result.returncode})" for h in hosts}
+        return proof_outcomes(junit, hosts, result.stdout)
+
+
+@dataclass
+class Steps:
+    """What a batch runs: converge and prove, each taking hosts and answering the failed ones
+    with why. The real ones run pyinfra and the suite; unit tests of the loop give their own."""
+
+    converge: Callable[[Sequence[str]], Mapping[str, str]]
+    prove: Callable[[Sequence[str]], Mapping[str, str]]
+
+
+# --- the rollout ------------------------------------------------------------------------
+
+
+def say(message: str) -> None:
+    print(f"rollout: {message}", file=sys.stderr, flush=True)
+
+
+def run_batches(state: State, path: Path, steps: Steps) -> int:
+    """Run the batches of ``state`` that are not proven yet, saving it after every step; the
+    exit status (0: every host proven)."""
+    budget = parse_amount(state.options["max_fail"], "--max-fail", budget=True)
+    state.stopped = ""
+    total = len(state.batches)
+    running: list[str] = []
+    try:
+        for number, batch in enumerate(state.batches, start=1):
+            todo = [h for h in batch if state.hosts[h].status != PROVEN]
+            label = f"batch {number}/{total}" + (" (canary)" if number == 1 and state.options.get("canary") else "")
+            if not todo:
+                say(f"{label}: proven before ({', '.join(batch)})")
+                continue
+            kept = len(batch) - len(todo)
+            say(f"{label}: {', '.join(todo)}" + (f" ({kept} proven before, left alone)" if kept else ""))
+            running = todo
+            for host in todo:
+                state.hosts[host] = HostState(why="interrupted while converging")
+            save(state, path)
+            for host, why in steps.converge(todo).items():
+                state.hosts[host] = HostState(FAILED, False, why)
+            converged = [h for h in todo if state.hosts[h].status != FAILED]
+            for host in converged:
+                state.hosts[host] = HostState(CONVERGED, True, "interrupted while proving")
+            save(state, path)
+            if converged:
+                say(f"{label}: {len(converged)} converged, running the compliance suite on them")
+                proof = steps.prove(converged)
+                for host in converged:
+                    state.hosts[host] = HostState(FAILED, True, proof[host]) if host in proof else HostState(PROVEN, True)
+            running = []
+            failed = sum(state.hosts[h].status == FAILED for h in todo)
+            if over_budget(failed, len(todo), budget):
+                state.stopped = (f"stopped after batch {number}: {failed} of its {len(todo)} hosts failed, "
+                                 f"over --max-fail {budget}" + (" (every host of the batch failed)"
+                                                                 if failed == len(todo) else ""))
+            save(state, path)
+            if state.stopped:
+                break
+    except KeyboardInterrupt:
+        for host in running:
+            if state.hosts[host].status == CONVERGED:
+                state.hosts[host] = HostState(CONVERGED, True, "interrupted while proving")
+        state.stopped = "interrupted (Ctrl+C)"
+        save(state, path)
+        print("\n" + table(state), file=sys.stderr)
+        say(f"{state.stopped}; go on with --resume (state: {path})")
+        return 130
+    print("\n" + table(state), file=sys.stderr)
+    proven = sum(h.status == PROVEN for h in state.hosts.values())
+    if state.stopped:
+        say(f"{state.stopped}; fix it, then go on with --resume (state: {path})")
+    elif proven == len(state.hosts):
+        say(f"all {proven} hosts converged and proven")
+    else:
+        say(f"{proven} of {len(state.hosts)} hosts proven, the failed ones within the budget; "
+            f"--resume runs them again (state: {path})")
+    return 0 if proven == len(state.hosts) else 1
+
+
+@dataclass
+class Options:
+    """The command line, validated before any host is contacted."""
+
+    inventory: str
+    batch: str | None
+    canary: str | None
+    max_fail: str | None
+    limit: list[str]
+    resume: bool
+    state: str | None
+    extra: list[str]
+
+    def validate(self) -> None:
+        for value, option, budget in ((self.batch, "--batch", False), (self.canary, "--canary", False),
+                                      (self.max_fail, "--max-fail", True)):
+            if value is not None:
+                parse_amount(value, option, budget)
+
+    def given(self) -> dict[str, str | None]:
+        """The options given, written as the state keeps them (" 2" is "2")."""
+        return {key: None if value is None else str(parse_amount(value, "", key == "max_fail"))
+                for key, value in (("batch", self.batch), ("canary", self.canary), ("max_fail", self.max_fail))}
+
+
+def rollout(options: Options, steps: Steps | None = None) -> int:
+    """Plan (or resume) the rollout and run it; the exit status."""
+    options.validate()
+    # The caller's path, for the hosts, every batch and the suite alike (they run from the repository).
+    inventory = str(Path(options.inventory).resolve())
+    path = Path(options.state).resolve() if options.state else default_state_path(inventory)
+    private_directory(path.parent)
+    with _locked(path):
+        try:
+            loaded = read_inventory(inventory)
+        except RuntimeError as error:
+            raise SystemExit(f"rollout: {error}") from None
+        hosts = limit_hosts({h["name"]: h["groups"] for h in loaded}, options.limit)
+        digests = {h["name"]: host_digest(h["data"]) for h in loaded if h["name"] in hosts}
+        steps = steps or Steps(lambda group: converge(inventory, group, options.extra),
+                               lambda group: prove(inventory, group))
+        if options.resume:
+            state = load(path)
+            state.refuse_mismatch(inventory, hosts, digests, options.given())
+            state.digests.update(digests)
+            say(f"resuming {path}: " + ", ".join(
+                f"{sum(h.status == s for h in state.hosts.values())} {s}" for s in (PROVEN, FAILED, CONVERGED, PENDING)))
+        else:
+            given = options.given()
+            chosen = {"batch": given["batch"] or "1", "canary": given["canary"] or "", "max_fail": given["max_fail"] or "0"}
+            batches = plan(hosts, parse_amount(chosen["batch"], "--batch"),
+                           parse_amount(chosen["canary"], "--canary") if chosen["canary"] else None)
+            state = State.new(inventory, chosen, batches, digests)
+            say(f"{len(hosts)} hosts in {len(batches)} batches ({', '.join(str(len(b)) for b in batches)} hosts), "
+                f"--max-fail {chosen['max_fail']} per batch; state: {path}")
+        save(state, path)
+        return run_batches(state, path, steps)
+
+
+class _locked:
+    """One rollout at a time on a state file: an exclusive lock beside it, or a clear refusal."""
+
+    def __init__(self, path: Path):
+        self.path = path.with_name(path.name + ".lock")
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise ValueError(f"another rollout holds {self.path}: wait for it to end") from None
+
+    def __exit__(self, *_):
+        os.close(self.fd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.rollout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inventory", help="a pyinfra inventory, e.g. inventory/spark.py")
-    parser.add_argument("--batch", type=int, default=1, help="hosts per batch (default 1)")
+    parser.add_argument("--batch", help="hosts per batch: a number, or a share of the hosts such as 25%% "
+                                        "(rounded down, at least 1); default 1")
+    parser.add_argument("--canary", help="a first batch of this many hosts (a number or a share), alone")
+    parser.add_argument("--max-fail", dest="max_fail",
+                        help="failed hosts a batch may have and the rollout go on: a number, or a share of "
+                             "the batch such as 10%% (more than it stops; default 0)")
     parser.add_argument("--limit", action="append", default=[],
                         help="only these hosts: a group or host glob, as pyinfra's --limit")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with the saved rollout of this inventory, leaving its proven hosts alone")
+    parser.add_argument("--state", help="the state file (default: one per inventory under "
+                                        "$XDG_STATE_HOME or ~/.local/state/sparkrig/rollouts)")
     parser.epilog = "Options after -- go to every batch's pyinfra run, e.g. -- --data hardware_profile=auto"
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     try:
-        return rollout(args.inventory, args.batch, args.limit, extra)
+        return rollout(Options(args.inventory, args.batch, args.canary, args.max_fail, args.limit,
+                               args.resume, args.state, extra))
     except ValueError as error:
         print(f"rollout: {error}", file=sys.stderr)
         return 2

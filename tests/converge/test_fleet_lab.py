@@ -9,6 +9,8 @@ converged, so the compliance suite that runs after them checks the whole fleet a
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import subprocess
 import sys
@@ -88,20 +90,61 @@ def test_the_fleet_passes_the_suite_run_through_its_inventory_in_parallel(first_
     assert all(f"\n{host} " in table for host in FLEET), table
 
 
-def test_a_rolling_rollout_goes_batch_by_batch_and_converges_everything(first_converge):
-    result = subprocess.run([sys.executable, "-m", "tools.rollout", LAB_INVENTORY, "--batch", "2",
-                             "--limit", "debian12,debian13"],
-                            cwd=REPO, capture_output=True, text=True, timeout=1500)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "rollout: batch 1/2: lab-deb12, lab-deb13\n" in result.stderr
-    assert "rollout: batch 2/2: lab-deb12-b, lab-deb13-b\n" in result.stderr
-    assert "rollout: all 4 hosts converged" in result.stderr
+# The gated rollout's hosts: in the inventory's order (that of the default fleet, and of a lab
+# booted with these three), so --canary 1 --batch 50% makes three batches of one, the faulty
+# host the second.
+ROLLOUT_HOSTS = ["lab-deb12", "lab-deb12-b", "lab-deb13-b"]
+ROLLOUT_FAULTY = "lab-deb12-b"
+
+
+def test_a_gated_rollout_stops_at_a_host_failing_a_control_and_resume_finishes_the_rest(first_converge, tmp_path):
+    """--canary 1 --batch 50% --max-fail 1 over three hosts: the second converges, then drifts
+    (a FAULT: swap back in its fstab, by tests/converge/rollout_fault.py in the suite that proves
+    it), fails its swap control, and, every host of its batch failed, stops the rollout before
+    the third. --resume, the fault gone, leaves the proven canary alone and finishes."""
+    state = tmp_path / "rollout-state" / "lab.json"
+    command = [sys.executable, "-m", "tools.rollout", LAB_INVENTORY, "--limit", ",".join(ROLLOUT_HOSTS),
+               "--canary", "1", "--batch", "50%", "--max-fail", "1", "--state", str(state)]
+    fault = {"PYTEST_ADDOPTS": "-p tests.converge.rollout_fault", "SPARKRIG_TEST_FAULT_HOST": ROLLOUT_FAULTY}
+    swap_control = f"control test_swap.py::test_fstab_has_no_active_swap_entry[ssh://{ROLLOUT_FAULTY}]"
+    resumed = None
+    try:
+        first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500,
+                               env={**os.environ, **fault})
+        assert first.returncode == 1, first.stderr[-6000:]
+        assert "rollout: 3 hosts in 3 batches (1, 1, 1 hosts), --max-fail 1 per batch" in first.stderr
+        assert "rollout: batch 1/3 (canary): lab-deb12\n" in first.stderr
+        assert "rollout: batch 2/3: lab-deb12-b\n" in first.stderr
+        assert "batch 3/3" not in first.stderr
+        table = first.stderr[first.stderr.index("\nbatch "):]
+        assert table.splitlines()[1:4] == [
+            "batch       hosts  converged  proven  failed  not started",
+            "1 (canary)  1      1          1       0       0",
+            "2           1      1          0       1       0",
+        ], table
+        assert f"  {ROLLOUT_FAULTY} (batch 2): {swap_control}" in table, table
+        assert "not started: lab-deb13-b" in table
+        assert ("rollout: stopped after batch 2: 1 of its 1 hosts failed, over --max-fail 1 "
+                "(every host of the batch failed); fix it, then go on with --resume") in first.stderr
+
+        resumed = subprocess.run([*command, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=1500)
+        assert resumed.returncode == 0, resumed.stderr[-6000:]
+        assert "rollout: resuming" in resumed.stderr and ": 1 proven, 1 failed, 0 converged, 1 not started" in resumed.stderr
+        assert "rollout: batch 1/3 (canary): proven before (lab-deb12)" in resumed.stderr
+        # The canary was neither deployed to nor checked again: pyinfra never named it, nor the suite's table.
+        assert "[lab-deb12]" not in resumed.stderr
+        assert not re.search(r"^lab-deb12 +\d", resumed.stderr, re.MULTILINE)
+        assert "rollout: all 3 hosts converged and proven" in resumed.stderr
+        assert "\n3           1      1          1       0       0" in resumed.stderr
+    finally:
+        if resumed is None or resumed.returncode != 0:  # the fault stays on no host
+            run_deploy(LAB_INVENTORY, "--limit", ROLLOUT_FAULTY)
 
 
 # --- one host's fault stays on that host ------------------------------------------------
 
 
-def test_an_unreachable_host_is_reported_the_others_finish_and_a_rerun_converges_it(first_converge):
+def test_an_unreachable_host_is_reported_the_others_finish_and_a_rerun_converges_it(first_converge, tmp_path):
     down = "lab-deb12-b"
     lab.kill(down)
     try:
@@ -112,10 +155,12 @@ def test_an_unreachable_host_is_reported_the_others_finish_and_a_rerun_converges
         assert down in result.log and "Could not connect" in result.log, result.log[-3000:]
 
         rollout = subprocess.run([sys.executable, "-m", "tools.rollout", LAB_INVENTORY,
-                                  "--limit", f"{down},lab-deb13-b"],
+                                  "--limit", f"{down},lab-deb13-b", "--state", str(tmp_path / "r" / "s.json")],
                                  cwd=REPO, capture_output=True, text=True, timeout=900)
         assert rollout.returncode == 1
-        assert f"rollout: batch 1 FAILED on {down}; stopped. Not started: lab-deb13-b" in rollout.stderr
+        assert f"\n  {down} (batch 1): deploy: Could not connect" in rollout.stderr, rollout.stderr[-3000:]
+        assert "not started: lab-deb13-b" in rollout.stderr
+        assert "rollout: stopped after batch 1: 1 of its 1 hosts failed, over --max-fail 0" in rollout.stderr
         assert "batch 2/2" not in rollout.stderr
     finally:
         lab.restart(down)

@@ -732,3 +732,26 @@ def test_spark_jobs_stop_waits_a_bounded_time_and_says_what_for(tmp_path):
 def test_spark_jobs_stop_never_blocks_on_systemctl_stop(tmp_path):
     result = _run([_spark_jobs(tmp_path, tmp_path / "records"), "stop", "train"], env=_slow_systemd(tmp_path, stops=True))
     assert (result.returncode, result.stdout) == (0, "spark-jobs: stopped train\n"), result.stderr
+    assert "waiting up to 120 s for spark-job-train.service" in result.stderr  # the default wait
+
+
+@pytest.mark.parametrize(("answer_s", "wait_s", "seen"), [
+    (2, 4, "spark-job-train.service is deactivating/stop-sigterm"),  # slow answers come, then time is up
+    (6, 1, "spark-job-train.service is unknown (systemd did not answer within 1 s)"),  # a question cut short
+])
+def test_spark_jobs_stop_bounds_its_wait_on_the_clock_when_systemd_answers_slowly(tmp_path, answer_s, wait_s, seen):
+    """The emulated aarch64 host's systemd takes seconds to answer: a STAND-IN systemctl (no
+    systemd here) whose state question sleeps ANSWER_S before it answers, for a job that
+    ignores SIGTERM. Counting polls, `--wait 4` took 5 polls of 2 s and a sleep each (15 s);
+    on the clock it ends within its wait and the last question's cut-off (1 s), as each
+    question gets the time left, 5 s at most."""
+    env = _slow_systemd(tmp_path, stops=False)
+    standin = tmp_path / "bin" / "systemctl"
+    standin.write_text(standin.read_text().replace('*"ActiveState,SubState"*)', f'*"ActiveState,SubState"*) sleep {answer_s}', 1))
+    started = time.monotonic()
+    result = _run([_spark_jobs(tmp_path, tmp_path / "records"), "stop", "--wait", wait_s, "train"], env=env)
+    took = time.monotonic() - started
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert seen in result.stderr, result.stderr
+    assert f"train did not stop within {wait_s} s" in result.stderr, result.stderr
+    assert took < wait_s + 2.5, f"spark-jobs stop --wait {wait_s} took {took:.1f} s"

@@ -1,4 +1,5 @@
-"""Fleet tooling: --limit as pyinfra reads it, rollout batches and results, the per-host table."""
+"""Fleet tooling: --limit as pyinfra reads it, a batch's deploy results, the per-host table (the rollout's
+batches, budget and state: test_rollout.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ import testinfra
 from tests.compliance import conftest
 from tests.compliance.conftest import HostTable, as_venv_owner, found, host_of, multiplexed
 from tests.support import REPO, inventory_host_data
-from tools import rollout
-from tools.rollout import PYINFRA, batches, failed_hosts, limit_hosts
+from tools.rollout import PYINFRA, failed_hosts, limit_hosts
 
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
 
@@ -35,13 +35,6 @@ def test_limit_picks_groups_and_host_globs_in_inventory_order(limit, chosen):
 def test_a_limit_that_matches_nothing_is_an_error():
     with pytest.raises(ValueError, match="--limit 'gpu-boxes' matches no host or group"):
         limit_hosts(GROUPS, ["gpu-boxes"])
-
-
-def test_batches_keep_order_and_refuse_zero():
-    assert batches(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
-    assert batches(["a", "b"], 5) == [["a", "b"]]
-    with pytest.raises(ValueError):
-        batches(["a"], 0)
 
 
 def test_a_batch_fails_on_an_operation_error_or_an_unreached_host():
@@ -186,14 +179,6 @@ def test_tracebacks_come_on_request(tmp_path):
     assert result.stdout.splitlines()[-2].startswith("  nobox: test_swap.py::"), result.stdout[-2000:]
 
 
-def test_rollout_options_go_anywhere_and_pyinfra_options_after_a_double_dash(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(rollout, "rollout", lambda inv, batch, limit, extra: seen.update(
-        inventory=inv, batch=batch, limit=limit, extra=extra) or 0)
-    assert rollout.main(["inventory/lab.py", "--batch", "2", "--limit", "debian12", "--", "--data", "a=1"]) == 0
-    assert seen == {"inventory": "inventory/lab.py", "batch": 2, "limit": ["debian12"], "extra": ["--data", "a=1"]}
-
-
 def test_a_group_takes_its_settings_from_group_data(tmp_path):
     """group_data/workstations.py gives the workstations group the rtx50 profile; others keep gb10."""
     inventory = tmp_path / "fleet.py"
@@ -307,20 +292,3 @@ def test_the_suite_runs_the_venvs_python_as_its_owner_when_it_is_root(tmp_path):
         assert command == "runuser -u nobody -- id -un" and host.check_output(command) == "nobody"
     else:
         assert command == "id -un"
-
-
-def test_a_relative_inventory_is_the_same_file_for_the_hosts_and_the_batches(tmp_path, monkeypatch):
-    """The rollout reads its hosts from INVENTORY and deploys each batch with INVENTORY: a
-    relative path is the caller's, for both (the batch ran from the repository, where the
-    same relative name is another file or none). The inventory notes each load of it; its
-    host's name does not resolve (.invalid), so the batch fails without reaching anything."""
-    loads = tmp_path / "loads"
-    (tmp_path / "rollout-test-inventory.py").write_text(
-        f"open({str(loads)!r}, 'a').write('loaded\\n')\n"
-        'hosts = [("sparkrig-rollout-test.invalid", {"ssh_connect_timeout": 2})]\n'
-    )
-    assert not (REPO / "rollout-test-inventory.py").exists()
-    monkeypatch.chdir(tmp_path)
-    assert rollout.rollout("rollout-test-inventory.py", 1, [], []) == 1  # the host is unreachable
-    # debug-inventory, then the batch's deploy: both loaded this file.
-    assert loads.read_text().count("loaded") >= 2, loads.read_text()
