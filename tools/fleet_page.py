@@ -10,16 +10,16 @@ in the address's fragment (``page.html#status=failed&host=spark-02``), so a link
 its sender saw. Without script the page still shows everything, unsorted and unfiltered.
 
 Every string a host or a control supplies is HTML-escaped: a host's output cannot add markup
-or script to the page.
+or script to the page; a byte of it that was not UTF-8 is shown as ``\\udcXX``.
 """
 
 from __future__ import annotations
 
 import ast
+import html
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from html import escape
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -84,6 +84,13 @@ def control_of(key: str, host: str, outcome: str, reason: str, known: Mapping[st
             params = params[len(spec) + 1:]
     name = function + (f"[{params}]" if params else "")
     return Control(concern, name, outcome, reason, known.get(function, ""))
+
+
+def escape(text: Any) -> str:
+    """``text`` HTML-escaped, and as UTF-8 can carry it: a byte a host sent that was not UTF-8
+    arrives as a lone surrogate ('\\udcff' from a METADATA's Version), which writing the page
+    would refuse (no page at all); it is shown as ``\\udcff``."""
+    return html.escape(str(text).encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 def now() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
@@ -287,3 +288,33 @@ def test_the_suite_writes_the_page_of_a_host_it_cannot_reach(tmp_path):
     assert all("Connection refused" in r["cells"][4]["text"] for r in controls)
     assert all(r["cells"][5]["text"].startswith("Protects against ") for r in controls)
     assert {r["cells"][2]["text"] for r in controls} == {"swap"}
+
+
+# --- bytes that are not UTF-8 (issue 35, finding 6) -------------------------------------
+
+def test_a_byte_that_is_not_utf8_is_shown_and_the_page_still_written(tmp_path):
+    """A host's byte that was not UTF-8 arrives as a lone surrogate ('\\udcff'); writing the
+    page raised on it, and no page came (tools.report --html, the suite's --fleet-page)."""
+    hosts = {"spark-01": Host(versions=_versions(torch="2.11.0\udcff"), differs=["torch"]),
+             "spark-02": Host(versions_error="FactProcessError: \udcfe",
+                              controls=[Control("swap", "test_x", "failed", "found \udcfd")])}
+    fleet_page.write(tmp_path / "fleet.html", fleet_page.render(hosts, columns=COLUMNS))
+    cells = [c["text"] for rows in Parsed((tmp_path / "fleet.html").read_text()).rows.values()
+             for row in rows for c in row["cells"]]
+    assert "2.11.0\\udcff" in cells and "found \\udcfd" in cells
+    assert "versions not read: FactProcessError: \\udcfe" in cells
+
+
+def test_tools_report_writes_the_page_of_a_venv_whose_metadata_is_not_utf8(tmp_path):
+    """The real tools.report --html on @local (this machine, read only), its venv's torch
+    METADATA with a Latin-1 byte in the Version: the page is written, the byte shown."""
+    info = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "torch-2.11.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_bytes(b"Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\xff\n")
+    (tmp_path / "inv.py").write_text(f'hosts = [("@local", {{"python_venv_path": {str(tmp_path / "venv")!r}}})]\n')
+    result = subprocess.run([sys.executable, "-m", "tools.report", "inv.py", "--html", "fleet.html"],
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (row,) = Parsed((tmp_path / "fleet.html").read_text()).rows["versions"][1:]
+    assert "2.11.0\\udcff" in [c["text"] for c in row["cells"]]
