@@ -27,6 +27,9 @@ from urllib.parse import quote
 COMPLIANCE = Path(__file__).resolve().parent.parent / "tests" / "compliance"
 OUTCOMES = ("failed", "skipped", "passed")  # the order controls are listed in
 COUNTED = ("passed", "failed", "skipped")  # the order of the counts, as the terminal's table
+# testinfra's id of pyinfra's @local (its local backend, LocalBackend.get_pytest_id()) in a
+# control's test id: "local", not the "local://" that names the backend.
+LOCAL_ID = "local"
 # The version columns a person compares across a fleet, and their headings.
 HEADINGS = {
     "os": "OS", "dgx_os": "DGX OS", "kernel": "kernel", "kernel_pkgs": "kernel pkgs", "driver": "driver",
@@ -73,15 +76,15 @@ def protections(directory: Path = COMPLIANCE) -> dict[str, str]:
 
 
 def control_of(key: str, host: str, outcome: str, reason: str, known: Mapping[str, str]) -> Control:
-    """A :class:`Control` from the suite's key (``test_swap.py::test_x[ssh://HOST-param]``),
+    """A :class:`Control` from the suite's key (``test_swap.py::test_x[ssh://HOST-param]``, ``[local]``),
     testinfra's id of ``host`` left out of its parameters."""
     path, _, test = key.partition("::")
     concern = path.rsplit("/", 1)[-1].removesuffix(".py").removeprefix("test_")
     function, _, params = test.partition("[")
     params = params.removesuffix("]")
-    for spec in ("local://", f"ssh://{host}"):
-        if params == spec or params.startswith(f"{spec}-"):
-            params = params[len(spec) + 1:]
+    spec = LOCAL_ID if host == "@local" else f"ssh://{host}"
+    if params == spec or params.startswith(f"{spec}-"):
+        params = params[len(spec) + 1:]
     name = function + (f"[{params}]" if params else "")
     return Control(concern, name, outcome, reason, known.get(function, ""))
 

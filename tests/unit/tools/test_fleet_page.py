@@ -187,7 +187,8 @@ def test_every_control_has_its_protects_against_line():
     ("test_swap.py::test_no_swap_is_active[ssh://lab-deb12]", "lab-deb12", "test_no_swap_is_active"),
     ("test_jobs.py::test_y[ssh://lab-deb12-spark-run]", "lab-deb12", "test_y[spark-run]"),
     ("test_jobs.py::test_y[ssh://lab-deb12-b-spark-run]", "lab-deb12-b", "test_y[spark-run]"),
-    ("test_swap.py::test_no_swap_is_active[local://]", "@local", "test_no_swap_is_active"),
+    ("test_swap.py::test_no_swap_is_active[local]", "@local", "test_no_swap_is_active"),
+    ("test_jobs.py::test_y[local-spark-run]", "@local", "test_y[spark-run]"),
 ])
 def test_a_control_is_named_without_its_host(key, host, name):
     control = fleet_page.control_of(key, host, "passed", "", {"test_no_swap_is_active": "Protects against x."})
@@ -318,3 +319,33 @@ def test_tools_report_writes_the_page_of_a_venv_whose_metadata_is_not_utf8(tmp_p
     assert result.returncode == 0, result.stdout + result.stderr
     (row,) = Parsed((tmp_path / "fleet.html").read_text()).rows["versions"][1:]
     assert "2.11.0\\udcff" in [c["text"] for c in row["cells"]]
+
+
+# --- @local, as a user logged into the box runs the suite (issue 35, deliverable 4) ------
+
+def test_at_local_has_its_row_in_the_table_and_its_controls_and_versions_on_the_page(tmp_path):
+    """The real suite's swap controls on @local (testinfra's local backend: this machine, read
+    only), from another directory with a relative --inventory, as a user types it. testinfra
+    names the host ``local`` in test ids (not ``local://``, which unit tests had fed): the
+    per-host table was missing and the page said "No controls on this page". And --fleet-page
+    read the versions with the repository's file of that name instead of the caller's."""
+    (tmp_path / "inv.py").write_text('here = [("@local", {})]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", str(REPO / "tests/compliance/test_swap.py"), "--inventory", "inv.py",
+         "--fleet-page", "fleet.html", "-n", "0", "-p", "no:cacheprovider"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": str(REPO)},
+    )
+    lines = result.stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if "sparkrig compliance, per host" in line), None)
+    assert start is not None, result.stdout[-3000:] + result.stderr[-2000:]
+    row = lines[start + 2].split()
+    assert row[0] == "@local" and sum(int(n) for n in row[1:4]) == 5, lines[start:]
+    parsed = Parsed((tmp_path / "fleet.html").read_text())
+    controls = parsed.rows["controls"][1:]
+    assert len(controls) == 5 and {r["cells"][0]["text"] for r in controls} == {"@local"}
+    assert all(r["cells"][3]["text"].startswith("test_") and "local" not in r["cells"][3]["text"] for r in controls)
+    (versions,) = parsed.rows["versions"][1:]
+    heads = [c["text"] for c in parsed.rows["versions"][0]["cells"]]
+    cells = dict(zip(heads, (c["text"] for c in versions["cells"])))
+    assert cells["host"] == "@local" and cells["OS"] not in ("", "-"), cells  # this machine's, read
