@@ -349,3 +349,38 @@ def test_at_local_has_its_row_in_the_table_and_its_controls_and_versions_on_the_
     heads = [c["text"] for c in parsed.rows["versions"][0]["cells"]]
     cells = dict(zip(heads, (c["text"] for c in versions["cells"])))
     assert cells["host"] == "@local" and cells["OS"] not in ("", "-"), cells  # this machine's, read
+
+
+# --- each cell's rule, one host at a time -------------------------------------------------
+
+def test_why_a_hosts_versions_were_not_read_is_escaped_too():
+    """The error cell spans the version columns and is written apart from the other cells."""
+    text = fleet_page.render({"spark-01": Host(versions_error=f"FactProcessError: {HOSTILE}")}, columns=COLUMNS)
+    parsed = Parsed(text)
+    assert [tag for tag, _ in parsed.tags].count("script") == 1 and "img" not in [tag for tag, _ in parsed.tags]
+    (row,) = parsed.rows["versions"][1:]
+    assert row["cells"][1]["text"] == f"versions not read: FactProcessError: {HOSTILE}"
+    assert row["attrs"]["data-status"] == "failed"
+
+
+def test_a_host_that_drifted_and_failed_nothing_is_drift_not_ok():
+    rows = {"spark-01": _versions(), "spark-02": _versions(), "spark-03": _versions(driver="575.57.08")}
+    report = {"hosts": {name: {"versions": cells, "differs": marks}
+                        for (name, cells), marks in zip(rows.items(), differing(rows).values())},
+              "errors": {}, "read": ""}
+    parsed = Parsed(fleet_page.render(page_hosts(report), columns=COLUMNS))
+    status = {row["cells"][0]["text"]: row["attrs"]["data-status"] for row in parsed.rows["versions"][1:]}
+    assert status == {"spark-01": "ok", "spark-02": "ok", "spark-03": "drift"}
+
+
+def test_with_no_majority_every_host_of_a_tie_is_marked_on_the_page():
+    """Two kernels, one host each: neither is "what most hosts have", so both are marked."""
+    rows = {"spark-01": _versions(), "spark-02": _versions(kernel="6.17.0-1008-nvidia")}
+    report = {"hosts": {name: {"versions": cells, "differs": marks}
+                        for (name, cells), marks in zip(rows.items(), differing(rows).values())},
+              "errors": {}, "read": ""}
+    parsed = Parsed(fleet_page.render(page_hosts(report), columns=COLUMNS))
+    heads = [cell["text"] for cell in parsed.rows["versions"][0]["cells"]]
+    marked = {row["cells"][0]["text"]: [heads[i] for i, c in enumerate(row["cells"]) if c["attrs"].get("class") == "differs"]
+              for row in parsed.rows["versions"][1:]}
+    assert marked == {"spark-01": ["kernel"], "spark-02": ["kernel"]}
