@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.compliance.conftest import HostTable
-from tests.support import REPO
+from tests.support import REPO, unavailable
 from tests.unit.tools.test_fleet import _compliance
 from tools import fleet_page
 from tools.fleet_page import Control, Host
@@ -214,10 +214,7 @@ def _chromium() -> str:
     """The browser, or a skip naming what is missing; in CI (CI=true) a missing browser fails."""
     if Path(CHROMIUM).is_file():
         return CHROMIUM
-    why = f"{CHROMIUM} is missing (apt-get install chromium): the page is not opened in a browser"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI installs chromium (.ci/install), yet {why}")
-    pytest.skip(why)
+    unavailable(f"{CHROMIUM} is missing (apt-get install chromium; .ci/install does): the page is not opened in a browser")
 
 
 def _browse(browser: str, url: str, *action: str) -> subprocess.CompletedProcess:
