@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
+import tempfile
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -83,35 +85,76 @@ def _registry_entries(text: str) -> list[tuple[str, str | None, list[str], str |
     return found
 
 
-def _download(url: str, sha256: str, target: Path) -> None:
-    temp = target.with_name(f".{target.name}.part")
-    with urllib.request.urlopen(url, timeout=120) as response, open(temp, "wb") as out:
-        for block in iter(lambda: response.read(1 << 20), b""):
-            out.write(block)
-    if atomic.file_sha256(temp) != sha256:
-        temp.unlink()
-        raise RuntimeError(f"{url}: sha256 differs from the lock's")
-    temp.replace(target)
+# What the controller takes from an index at most: no locked wheel comes near it (torch's
+# CUDA wheels are under 2 GiB), and an endless answer would fill the controller's disk.
+WHEEL_MAX_BYTES = 4 << 30
+INDEX_MAX_BYTES = 64 << 20  # one project's page (PyPI's torch, every file of every release: 0.4 MB, 2026-11)
+
+
+def _schemes(index: str | None) -> set[str]:
+    """The URL schemes a package's files may come by: https, or the scheme of the index
+    the lock names for it (a lab's or a mirror's http). Never file:// or ftp:// from an
+    index's answer: the controller would copy its own files, or whatever endless source."""
+    return {"https", urllib.parse.urlsplit(index or DEFAULT_INDEX).scheme}
+
+
+def _open(request: str | urllib.request.Request, schemes: set[str], timeout: float):
+    """urlopen of ``request`` if its URL has one of ``schemes`` (urllib itself follows a
+    redirect to http, https or ftp only; the size cap and the sha256 hold whatever answers)."""
+    url = request.full_url if isinstance(request, urllib.request.Request) else request
+    if urllib.parse.urlsplit(url).scheme not in schemes:
+        raise RuntimeError(f"{url}: refused, only {' or '.join(sorted(schemes))} URLs are fetched")
+    return urllib.request.urlopen(request, timeout=timeout)
+
+
+def _download(url: str, sha256: str, target: Path, schemes: set[str]) -> None:
+    """``url`` into ``target`` if its sha256 is ``sha256``, through a temporary file of this
+    download alone (two hosts may fetch the same wheel at once), at most WHEEL_MAX_BYTES."""
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    temp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out, _open(url, schemes, 120) as response:
+            size = 0
+            for block in iter(lambda: response.read(1 << 20), b""):
+                size += len(block)
+                if size > WHEEL_MAX_BYTES:
+                    raise RuntimeError(f"{url}: larger than {WHEEL_MAX_BYTES} bytes, refused")
+                out.write(block)
+        if atomic.file_sha256(temp) != sha256:
+            raise RuntimeError(f"{url}: sha256 differs from the lock's")
+        temp.replace(target)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def _index_files(index: str, name: str) -> list[dict]:
-    """The files of project ``name`` on a simple index, JSON (PEP 691) or HTML (PEP 503)."""
+    """The files of project ``name`` on a simple index, JSON (PEP 691) or HTML (PEP 503):
+    ``{"filename", "url", "hashes"}`` each. An answer of another shape, or larger than
+    INDEX_MAX_BYTES, raises RuntimeError (that host fails, the others go on)."""
     accept = f"{_SIMPLE_JSON}, text/html;q=0.1"
     request = urllib.request.Request(f"{index.rstrip('/')}/{name}/", headers={"Accept": accept})
-    with urllib.request.urlopen(request, timeout=60) as response:
+    with _open(request, _schemes(index), 60) as response:
         base = response.geturl()
         kind = response.headers.get_content_type()
-        body = response.read()
-    if kind == _SIMPLE_JSON:
-        files = json.loads(body)["files"]
-    else:
-        files = []
-        for href, filename in _ANCHOR.findall(body.decode()):
-            url, _, fragment = href.partition("#")
-            algorithm, _, value = fragment.partition("=")
-            files.append({"filename": html.unescape(filename).strip(), "url": html.unescape(url),
-                          "hashes": {algorithm: value} if value else {}})
-    return [{**f, "url": urllib.parse.urljoin(base, f["url"])} for f in files]
+        body = response.read(INDEX_MAX_BYTES + 1)
+    if len(body) > INDEX_MAX_BYTES:
+        raise RuntimeError(f"{index}: its answer for {name} is larger than {INDEX_MAX_BYTES} bytes, refused")
+    try:
+        if kind == _SIMPLE_JSON:
+            files = [{"filename": f["filename"], "url": f["url"], "hashes": dict(f.get("hashes") or {})}
+                     for f in json.loads(body)["files"]]
+        else:
+            files = []
+            for href, filename in _ANCHOR.findall(body.decode()):
+                url, _, fragment = href.partition("#")
+                algorithm, _, value = fragment.partition("=")
+                files.append({"filename": html.unescape(filename).strip(), "url": html.unescape(url),
+                              "hashes": {algorithm: value} if value else {}})
+        if not all(isinstance(v, str) for f in files for v in (f["filename"], f["url"], *f["hashes"].values())):
+            raise TypeError("a file's name, URL or hash is not a string")
+        return [{**f, "url": urllib.parse.urljoin(base, f["url"])} for f in files]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise RuntimeError(f"{index}: its answer for {name} is not a simple index's ({error!r})") from None
 
 
 def offline_wheels(text: str, arch: str, python: str, cache: Path) -> dict[str, str]:
@@ -149,13 +192,14 @@ def offline_wheels(text: str, arch: str, python: str, cache: Path) -> dict[str, 
         target = cache / chosen["filename"]
         if not (known.get(chosen["filename"]) == chosen["hashes"]["sha256"] and target.is_file()) \
                 and not (target.is_file() and atomic.file_sha256(target) == chosen["hashes"]["sha256"]):
-            _download(chosen["url"], chosen["hashes"]["sha256"], target)
+            _download(chosen["url"], chosen["hashes"]["sha256"], target, _schemes(index))
         known[chosen["filename"]] = chosen["hashes"]["sha256"]
         wheels[chosen["filename"]] = str(target)
     for path, value in ((known_path, known), (files_path, files)):
-        temp = path.with_name(f".{path.name}.new")
-        temp.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n")
-        temp.replace(path)
+        fd, temp = tempfile.mkstemp(dir=cache, prefix=f".{path.name}.", suffix=".new")  # this run's alone
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(value, indent=1, sort_keys=True) + "\n")
+        os.replace(temp, path)
     return dict(sorted(wheels.items()))
 
 

@@ -1,6 +1,7 @@
 """
 Helpers shared by the lab tests: run the real pyinfra CLI, read its JSON report,
-and turn a pyinfra inventory into testinfra targets with the same SSH settings.
+and turn a pyinfra inventory into testinfra targets with the same SSH settings; and
+:func:`unavailable`, the one way a test says a program or a network it needs is missing.
 """
 
 from __future__ import annotations
@@ -11,11 +12,22 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+import pytest
 
 # The repository and the pyinfra CLI of this environment: the same for the deploy side.
 from sparkrig.settings import all_settings, defaults
 from tools.rollout import PYINFRA, REPO, limit_hosts, read_inventory
+
+
+def unavailable(why: str) -> NoReturn:
+    """A test that cannot run here for want of a program or a network (``why`` names it and
+    how to get it): skipped, saying so; under CI (``CI=true``, as .ci/run and CI services set
+    it, and .ci/install provides them all) it fails instead: a skip there proves nothing."""
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"CI provides it, yet {why}")
+    pytest.skip(why)
 
 
 @dataclass

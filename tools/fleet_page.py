@@ -10,16 +10,16 @@ in the address's fragment (``page.html#status=failed&host=spark-02``), so a link
 its sender saw. Without script the page still shows everything, unsorted and unfiltered.
 
 Every string a host or a control supplies is HTML-escaped: a host's output cannot add markup
-or script to the page.
+or script to the page; a byte of it that was not UTF-8 is shown as ``\\udcXX``.
 """
 
 from __future__ import annotations
 
 import ast
+import html
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from html import escape
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -27,6 +27,9 @@ from urllib.parse import quote
 COMPLIANCE = Path(__file__).resolve().parent.parent / "tests" / "compliance"
 OUTCOMES = ("failed", "skipped", "passed")  # the order controls are listed in
 COUNTED = ("passed", "failed", "skipped")  # the order of the counts, as the terminal's table
+# testinfra's id of pyinfra's @local (its local backend, LocalBackend.get_pytest_id()) in a
+# control's test id: "local", not the "local://" that names the backend.
+LOCAL_ID = "local"
 # The version columns a person compares across a fleet, and their headings.
 HEADINGS = {
     "os": "OS", "dgx_os": "DGX OS", "kernel": "kernel", "kernel_pkgs": "kernel pkgs", "driver": "driver",
@@ -73,17 +76,24 @@ def protections(directory: Path = COMPLIANCE) -> dict[str, str]:
 
 
 def control_of(key: str, host: str, outcome: str, reason: str, known: Mapping[str, str]) -> Control:
-    """A :class:`Control` from the suite's key (``test_swap.py::test_x[ssh://HOST-param]``),
+    """A :class:`Control` from the suite's key (``test_swap.py::test_x[ssh://HOST-param]``, ``[local]``),
     testinfra's id of ``host`` left out of its parameters."""
     path, _, test = key.partition("::")
     concern = path.rsplit("/", 1)[-1].removesuffix(".py").removeprefix("test_")
     function, _, params = test.partition("[")
     params = params.removesuffix("]")
-    for spec in ("local://", f"ssh://{host}"):
-        if params == spec or params.startswith(f"{spec}-"):
-            params = params[len(spec) + 1:]
+    spec = LOCAL_ID if host == "@local" else f"ssh://{host}"
+    if params == spec or params.startswith(f"{spec}-"):
+        params = params[len(spec) + 1:]
     name = function + (f"[{params}]" if params else "")
     return Control(concern, name, outcome, reason, known.get(function, ""))
+
+
+def escape(text: Any) -> str:
+    """``text`` HTML-escaped, and as UTF-8 can carry it: a byte a host sent that was not UTF-8
+    arrives as a lone surrogate ('\\udcff' from a METADATA's Version), which writing the page
+    would refuse (no page at all); it is shown as ``\\udcff``."""
+    return html.escape(str(text).encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 def now() -> str:

@@ -361,9 +361,10 @@ TOGETHER = {"test_containers": "containers", "test_ngc": "containers"}
 
 def host_of(nodeid: str, names) -> str | None:
     """The inventory name in a control's test id, or None. testinfra's id comes first in the
-    brackets (``[ssh://NAME]``, ``[local://]``), joined by "-" to other parameters, so the
+    brackets (``[ssh://NAME]``, ``[local]``), joined by "-" to other parameters, so the
     longest of the known ``names`` that fits wins (host names contain "-" too)."""
-    if "[local://" in nodeid:
+    local = fleet_page.LOCAL_ID
+    if "@local" in names and (f"[{local}]" in nodeid or f"[{local}-" in nodeid):
         return "@local"
     fits = [name for name in names
             if f"[ssh://{name}]" in nodeid or f"[ssh://{name}-" in nodeid]
@@ -511,7 +512,7 @@ def read_versions(config) -> subprocess.Popen | None:
     cost one remote command per host, read beside the controls."""
     reader = getattr(config, "_sparkrig_versions", None)
     if reader is None and config.sparkrig_targets in ("inventory", "lab"):
-        inventory = config.getoption("--inventory") or str(REPO / LAB_INVENTORY)
+        inventory = caller_inventory(config) or str(REPO / LAB_INVENTORY)
         limits = [arg for limit in config.getoption("--limit") for arg in ("--limit", limit)]
         reader = subprocess.Popen(
             [sys.executable, "-m", "tools.report", inventory, *limits, "--json"],
@@ -519,6 +520,14 @@ def read_versions(config) -> subprocess.Popen | None:
         )
         config._sparkrig_versions = reader
     return reader
+
+
+def caller_inventory(config) -> str | None:
+    """--inventory as its caller named it: a relative path is from the directory pytest was
+    started in, whatever the directory of the process that reads it (tools.report runs in
+    the repository's, and read the repository's inventory/spark.py instead)."""
+    inventory = config.getoption("--inventory")
+    return str(Path(config.invocation_params.dir) / inventory) if inventory else None
 
 
 def page_hosts(config, table: HostTable) -> dict:

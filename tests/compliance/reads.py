@@ -185,15 +185,20 @@ def _read(ssh_config: str, name: str, commands: list[str]) -> dict[str, tuple[in
         with open(_LOG, "a") as log:
             log.write(json.dumps({"host": name, "control": "(prefetch)", "command": f"{len(commands)} reads",
                                   "sudo": False, "action": False}) + "\n")
+    output = _ssh_output(["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+                          name, prefetch_script(commands, nonce)])
+    return {} if output is None else parse_prefetch(output, commands, nonce)
+
+
+def _ssh_output(argv: list[str]) -> str | None:
+    """The standard output of one prefetch's ssh, or None when it failed or ran out of time.
+    Taken as bytes: a host may print bytes that are not UTF-8 (a Latin-1 banner in its
+    .bashrc), which must fail no other host's reading; this run's own lines are ASCII."""
     try:
-        result = subprocess.run(
-            ["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-             name, prefetch_script(commands, nonce)],
-            capture_output=True, text=True, timeout=PREFETCH_TIMEOUT_S, stdin=subprocess.DEVNULL,
-        )
+        result = subprocess.run(argv, capture_output=True, timeout=PREFETCH_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return parse_prefetch(result.stdout, commands, nonce) if result.returncode == 0 else {}
+        return None
+    return result.stdout.decode("ascii", errors="replace") if result.returncode == 0 else None
 
 
 def prefetch(ssh_config: str, names: Iterable[str], commands: Iterable[str] = EVERY_HOST,

@@ -13,7 +13,6 @@ fails: CI installs it (.ci/install).
 from __future__ import annotations
 
 import ast
-import os
 import re
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from sparkrig import rendering
+from tests.support import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates"
@@ -103,10 +103,7 @@ def _shellcheck() -> str:
     found = shutil.which("shellcheck")
     if found:
         return found
-    why = "shellcheck is not installed (apt-get install shellcheck; .ci/install does)"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI installs shellcheck, yet {why}")
-    pytest.skip(why)
+    unavailable("shellcheck is not installed (apt-get install shellcheck; .ci/install does)")
 
 
 def test_every_script_names_its_shell():

@@ -188,3 +188,30 @@ def test_a_declaration_can_use_an_earlier_rounds_answer():
     second = reads.Plan(_prefetched(plan))
     assert second.known("echo 42") == "42\n" and second.known("echo 43") is None
     assert second.known_path("/")["test -d"] == "1"
+
+
+# A STAND-IN for ssh and the host behind it (no sshd runs here; the lab's hosts are real):
+# it runs the command it is given in a real shell here, after printing what the host's
+# login shell prints first. Host "latin1" has a Latin-1 banner in its .bashrc.
+STANDIN_SSH = r"""#!/bin/sh
+n=$#; i=0
+for a; do i=$((i+1)); [ "$i" -eq $((n-1)) ] && host=$a; [ "$i" -eq "$n" ] && cmd=$a; done
+[ "$host" = latin1 ] && printf 'Gr\374\337 Gott auf %s\n' "$host"
+exec sh -c "$cmd"
+"""
+
+
+def test_a_host_printing_bytes_that_are_not_utf8_is_read_and_stops_no_other_host(tmp_path, monkeypatch):
+    """Issue 35, finding 5: one host's Latin-1 banner raised UnicodeDecodeError out of the
+    prefetch, and no control ran on any host. The real prefetch, through a stand-in ssh."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(STANDIN_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    found = reads.prefetch(str(tmp_path / "ssh_config"), ["latin1", "plain"], reads.EVERY_HOST)
+    assert sorted(found) == ["latin1", "plain"]
+    expected = subprocess.run(["sh", "-c", "id -nu"], capture_output=True, check=True).stdout
+    for name in found:
+        rc, out, _err = found[name]["id -nu"]
+        assert (rc, base64.b64decode(out)) == (0, expected), name

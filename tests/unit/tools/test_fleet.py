@@ -68,7 +68,9 @@ def test_host_ids_are_read_from_testinfra_ids():
     # Another parameter after testinfra's id, joined by "-": the longest known name wins.
     assert host_of("tests/compliance/test_jobs.py::test_y[ssh://lab-deb12-b-spark-run]", names) == "lab-deb12-b"
     assert host_of("tests/compliance/test_jobs.py::test_y[ssh://lab-deb12-spark-run]", names) == "lab-deb12"
-    assert host_of("tests/compliance/test_swap.py::test_x[local://]", names) == "@local"
+    assert host_of("tests/compliance/test_swap.py::test_x[local]", ["@local"]) == "@local"
+    assert host_of("tests/compliance/test_jobs.py::test_y[local-spark-run]", ["@local"]) == "@local"
+    assert host_of("tests/compliance/test_swap.py::test_x[local]", names) is None  # no @local in the inventory
     assert host_of("tests/unit/test_swap.py::test_y[1]", names) is None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
@@ -14,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.compliance.conftest import HostTable
-from tests.support import REPO
+from tests.support import REPO, unavailable
 from tests.unit.tools.test_fleet import _compliance
 from tools import fleet_page
 from tools.fleet_page import Control, Host
@@ -186,7 +187,8 @@ def test_every_control_has_its_protects_against_line():
     ("test_swap.py::test_no_swap_is_active[ssh://lab-deb12]", "lab-deb12", "test_no_swap_is_active"),
     ("test_jobs.py::test_y[ssh://lab-deb12-spark-run]", "lab-deb12", "test_y[spark-run]"),
     ("test_jobs.py::test_y[ssh://lab-deb12-b-spark-run]", "lab-deb12-b", "test_y[spark-run]"),
-    ("test_swap.py::test_no_swap_is_active[local://]", "@local", "test_no_swap_is_active"),
+    ("test_swap.py::test_no_swap_is_active[local]", "@local", "test_no_swap_is_active"),
+    ("test_jobs.py::test_y[local-spark-run]", "@local", "test_y[spark-run]"),
 ])
 def test_a_control_is_named_without_its_host(key, host, name):
     control = fleet_page.control_of(key, host, "passed", "", {"test_no_swap_is_active": "Protects against x."})
@@ -212,10 +214,7 @@ def _chromium() -> str:
     """The browser, or a skip naming what is missing; in CI (CI=true) a missing browser fails."""
     if Path(CHROMIUM).is_file():
         return CHROMIUM
-    why = f"{CHROMIUM} is missing (apt-get install chromium): the page is not opened in a browser"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI installs chromium (.ci/install), yet {why}")
-    pytest.skip(why)
+    unavailable(f"{CHROMIUM} is missing (apt-get install chromium; .ci/install does): the page is not opened in a browser")
 
 
 def _browse(browser: str, url: str, *action: str) -> subprocess.CompletedProcess:
@@ -287,3 +286,98 @@ def test_the_suite_writes_the_page_of_a_host_it_cannot_reach(tmp_path):
     assert all("Connection refused" in r["cells"][4]["text"] for r in controls)
     assert all(r["cells"][5]["text"].startswith("Protects against ") for r in controls)
     assert {r["cells"][2]["text"] for r in controls} == {"swap"}
+
+
+# --- bytes that are not UTF-8 (issue 35, finding 6) -------------------------------------
+
+def test_a_byte_that_is_not_utf8_is_shown_and_the_page_still_written(tmp_path):
+    """A host's byte that was not UTF-8 arrives as a lone surrogate ('\\udcff'); writing the
+    page raised on it, and no page came (tools.report --html, the suite's --fleet-page)."""
+    hosts = {"spark-01": Host(versions=_versions(torch="2.11.0\udcff"), differs=["torch"]),
+             "spark-02": Host(versions_error="FactProcessError: \udcfe",
+                              controls=[Control("swap", "test_x", "failed", "found \udcfd")])}
+    fleet_page.write(tmp_path / "fleet.html", fleet_page.render(hosts, columns=COLUMNS))
+    cells = [c["text"] for rows in Parsed((tmp_path / "fleet.html").read_text()).rows.values()
+             for row in rows for c in row["cells"]]
+    assert "2.11.0\\udcff" in cells and "found \\udcfd" in cells
+    assert "versions not read: FactProcessError: \\udcfe" in cells
+
+
+def test_tools_report_writes_the_page_of_a_venv_whose_metadata_is_not_utf8(tmp_path):
+    """The real tools.report --html on @local (this machine, read only), its venv's torch
+    METADATA with a Latin-1 byte in the Version: the page is written, the byte shown."""
+    info = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "torch-2.11.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_bytes(b"Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\xff\n")
+    (tmp_path / "inv.py").write_text(f'hosts = [("@local", {{"python_venv_path": {str(tmp_path / "venv")!r}}})]\n')
+    result = subprocess.run([sys.executable, "-m", "tools.report", "inv.py", "--html", "fleet.html"],
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (row,) = Parsed((tmp_path / "fleet.html").read_text()).rows["versions"][1:]
+    assert "2.11.0\\udcff" in [c["text"] for c in row["cells"]]
+
+
+# --- @local, as a user logged into the box runs the suite (issue 35, deliverable 4) ------
+
+def test_at_local_has_its_row_in_the_table_and_its_controls_and_versions_on_the_page(tmp_path):
+    """The real suite's swap controls on @local (testinfra's local backend: this machine, read
+    only), from another directory with a relative --inventory, as a user types it. testinfra
+    names the host ``local`` in test ids (not ``local://``, which unit tests had fed): the
+    per-host table was missing and the page said "No controls on this page". And --fleet-page
+    read the versions with the repository's file of that name instead of the caller's."""
+    (tmp_path / "inv.py").write_text('here = [("@local", {})]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", str(REPO / "tests/compliance/test_swap.py"), "--inventory", "inv.py",
+         "--fleet-page", "fleet.html", "-n", "0", "-p", "no:cacheprovider"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": str(REPO)},
+    )
+    lines = result.stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if "sparkrig compliance, per host" in line), None)
+    assert start is not None, result.stdout[-3000:] + result.stderr[-2000:]
+    row = lines[start + 2].split()
+    assert row[0] == "@local" and sum(int(n) for n in row[1:4]) == 5, lines[start:]
+    parsed = Parsed((tmp_path / "fleet.html").read_text())
+    controls = parsed.rows["controls"][1:]
+    assert len(controls) == 5 and {r["cells"][0]["text"] for r in controls} == {"@local"}
+    assert all(r["cells"][3]["text"].startswith("test_") and "local" not in r["cells"][3]["text"] for r in controls)
+    (versions,) = parsed.rows["versions"][1:]
+    heads = [c["text"] for c in parsed.rows["versions"][0]["cells"]]
+    cells = dict(zip(heads, (c["text"] for c in versions["cells"])))
+    assert cells["host"] == "@local" and cells["OS"] not in ("", "-"), cells  # this machine's, read
+
+
+# --- each cell's rule, one host at a time -------------------------------------------------
+
+def test_why_a_hosts_versions_were_not_read_is_escaped_too():
+    """The error cell spans the version columns and is written apart from the other cells."""
+    text = fleet_page.render({"spark-01": Host(versions_error=f"FactProcessError: {HOSTILE}")}, columns=COLUMNS)
+    parsed = Parsed(text)
+    assert [tag for tag, _ in parsed.tags].count("script") == 1 and "img" not in [tag for tag, _ in parsed.tags]
+    (row,) = parsed.rows["versions"][1:]
+    assert row["cells"][1]["text"] == f"versions not read: FactProcessError: {HOSTILE}"
+    assert row["attrs"]["data-status"] == "failed"
+
+
+def test_a_host_that_drifted_and_failed_nothing_is_drift_not_ok():
+    rows = {"spark-01": _versions(), "spark-02": _versions(), "spark-03": _versions(driver="575.57.08")}
+    report = {"hosts": {name: {"versions": cells, "differs": marks}
+                        for (name, cells), marks in zip(rows.items(), differing(rows).values())},
+              "errors": {}, "read": ""}
+    parsed = Parsed(fleet_page.render(page_hosts(report), columns=COLUMNS))
+    status = {row["cells"][0]["text"]: row["attrs"]["data-status"] for row in parsed.rows["versions"][1:]}
+    assert status == {"spark-01": "ok", "spark-02": "ok", "spark-03": "drift"}
+
+
+def test_with_no_majority_every_host_of_a_tie_is_marked_on_the_page():
+    """Two kernels, one host each: neither is "what most hosts have", so both are marked."""
+    rows = {"spark-01": _versions(), "spark-02": _versions(kernel="6.17.0-1008-nvidia")}
+    report = {"hosts": {name: {"versions": cells, "differs": marks}
+                        for (name, cells), marks in zip(rows.items(), differing(rows).values())},
+              "errors": {}, "read": ""}
+    parsed = Parsed(fleet_page.render(page_hosts(report), columns=COLUMNS))
+    heads = [cell["text"] for cell in parsed.rows["versions"][0]["cells"]]
+    marked = {row["cells"][0]["text"]: [heads[i] for i, c in enumerate(row["cells"]) if c["attrs"].get("class") == "differs"]
+              for row in parsed.rows["versions"][1:]}
+    assert marked == {"spark-01": ["kernel"], "spark-02": ["kernel"]}
