@@ -71,12 +71,20 @@ def parses(process):
         except FactProcessError:
             raise
         except (ValueError, LookupError, TypeError, AttributeError, RecursionError) as error:
+            why = f"{type(error).__name__}: {str(error)[:200]}"
+            # Kept for a caller that reports hosts (tools.report): pyinfra logs the reason
+            # and raises only "No hosts remaining!".
+            host._sparkrig_fact_error = why
             raise FactProcessError(
-                f"sparkrig: {type(self).__name__}: cannot read the host's output "
-                f"({type(error).__name__}: {str(error)[:200]}); this host stops here"
+                f"sparkrig: {type(self).__name__}: cannot read the host's output ({why}); this host stops here"
             ) from error
 
     return checked
+
+
+def failure() -> str | None:
+    """Why a fact of :func:`parses` failed this host, where one did (else None)."""
+    return getattr(host, "_sparkrig_fact_error", None)
 
 
 def fact_failed() -> bool:

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sparkrig import reading
+from sparkrig import host_output, reading
 from sparkrig.connection import from_slash
 from sparkrig.operations import declaring
 from sparkrig.operations.updates.deploy import versions_part
@@ -159,10 +159,10 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
             try:
                 value = reading.read([part])[part]
             except Exception as error:  # a host that fails is reported, never the fleet
-                errors[host.name] = f"{type(error).__name__}: {error}"
+                errors[host.name] = host_output.failure() or f"{type(error).__name__}: {error}"
                 return
             if host in state.failed_hosts:
-                errors[host.name] = "its output could not be read (see above)"
+                errors[host.name] = host_output.failure() or "its output could not be read (see above)"
             else:
                 facts[host.name] = value
 

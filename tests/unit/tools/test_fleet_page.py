@@ -305,7 +305,9 @@ def test_a_byte_that_is_not_utf8_is_shown_and_the_page_still_written(tmp_path):
 
 def test_tools_report_writes_the_page_of_a_venv_whose_metadata_is_not_utf8(tmp_path):
     """The real tools.report --html on @local (this machine, read only), its venv's torch
-    METADATA with a Latin-1 byte in the Version: the page is written, the byte shown."""
+    METADATA with a Latin-1 byte in the Version: the page is written, and the host's row
+    says why it was not read (the version is no version: the fact fails that host, naming the
+    file), the byte shown escaped; the exit status says a host was not read."""
     info = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "torch-2.11.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_bytes(b"Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\xff\n")
@@ -313,9 +315,11 @@ def test_tools_report_writes_the_page_of_a_venv_whose_metadata_is_not_utf8(tmp_p
     result = subprocess.run([sys.executable, "-m", "tools.report", "inv.py", "--html", "fleet.html"],
                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
                             capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
     (row,) = Parsed((tmp_path / "fleet.html").read_text()).rows["versions"][1:]
-    assert "2.11.0\\udcff" in [c["text"] for c in row["cells"]]
+    (why,) = [c["text"] for c in row["cells"] if c["text"].startswith("versions not read")]
+    assert "torch-2.11.0.dist-info/METADATA: its Version '2.11.0\\udcff' is not a version" in why
+    assert "is not a version" in result.stdout
 
 
 # --- @local, as a user logged into the box runs the suite (issue 35, deliverable 4) ------
