@@ -58,7 +58,7 @@ def state(r) -> dict:
         "backup": r.file(BACKUP, sudo=True), "daemon_json": r.file(DAEMON_JSON, sudo=True),
         "cmdline": r.run("tr '\\0' ' ' < /proc/$(systemctl show --property MainPID --value %s)/cmdline",
                          SERVICE, sudo=True),
-        "cdi_refresh": r.service("nvidia-cdi-refresh.path"),
+        "cdi_refresh": r.service("nvidia-cdi-refresh.path", exists=True),
         "nvidia_ctk": r.run("command -v nvidia-ctk"),
         "groups": {user: r.run("id -nG %s", user) for user in r.settings["containers_docker_users"]},
         "os_release": r.file("/etc/os-release"), "arch": r.run("dpkg --print-architecture"),
