@@ -22,15 +22,17 @@ import json
 import os
 import re
 import runpy
-import shlex
+import signal
 import stat
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from _pytest.mark.expression import Expression
 from testinfra.backend.local import LocalBackend
 from testinfra.backend.ssh import SshBackend
 
@@ -44,23 +46,23 @@ from tools import fleet_page
 from tools.report import COLUMNS
 from tools.report import page_hosts as versions_of
 
-# A question about a path is read once with everything else about that path, and
-# host-wide constants once per host (tests/compliance/reads.py says when it forgets).
+# Action controls' testinfra hosts answer host-wide constants once and each path from one
+# reading; read-only controls may not use them at all (reads.py).
 reads.install(SshBackend)
 reads.install(LocalBackend)
-# What every host is asked, the hardware identity included (the `identity` fixture's command).
-CONSTANTS = (*reads.EVERY_HOST, HardwareIdentity().command().get_raw_value())
+# Every control is stopped after this long (a hung host or program fails its control, not the
+# run); a read-only one reads prefetched answers, each read itself capped at READ_TIMEOUT_S.
+READ_ONLY_TIMEOUT_S = 3 * reads.READ_TIMEOUT_S
+ACTION_TIMEOUT_S = 900
 
 
-def planners(config, hosts: dict[str, dict]) -> dict:
-    """For each host, what every compliance module's read-only controls will ask: each
-    module's ``reads(plan, settings)`` with the host's effective settings (the ``settings``
-    fixture's). A host whose settings do not resolve gets none: its controls ask for themselves."""
-    modules = [importlib.import_module(f"tests.compliance.{path.stem}")
-               for path in sorted(Path(__file__).parent.glob("test_*.py"))]
-    declared = [module.reads for module in modules if hasattr(module, "reads")]
-    everyone = None
-    found = {}
+def readers(config, hosts: dict[str, dict]) -> dict:
+    """For each host, how to make its :class:`reads.Reader` (the settings the ``settings``
+    fixture gives it) for the prefetch: every need of every compliance module is planned
+    with it. A host whose settings do not resolve gets none: its controls ask for themselves."""
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        importlib.import_module(f"tests.compliance.{path.stem}")  # registers its needs
+    found, everyone = {}, None
     for name, data in hosts.items():
         try:
             settings = resolve(all_settings(), data)
@@ -68,12 +70,8 @@ def planners(config, hosts: dict[str, dict]) -> dict:
             continue
         if settings["cluster_name"] is not None and everyone is None:
             everyone = inventory_hosts(config, limit=[])  # a --limit may leave peers out
-
-        def plan_host(plan, name=name, settings=settings):
-            plan.name, plan.inventory = name, everyone
-            for reads_of in declared:
-                reads_of(plan, settings)
-        found[name] = plan_host
+        found[name] = lambda answers, name=name, settings=settings: reads.Reader(
+            name, settings, answers, lambda: everyone)
     return found
 
 
@@ -85,6 +83,33 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
     finally:
         reads.acting = False
+
+
+class ControlTimeout(Exception):  # noqa: N818 - pytest shows it as the control's failure
+    """A control ran past its time limit."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """While a read-only control runs, testinfra's host refuses every command (it reads
+    through its needs); every control is stopped after its time limit (SIGALRM: in the main
+    thread, where pytest and its xdist workers run the controls)."""
+    action = item.get_closest_marker("action") is not None
+    limit = ACTION_TIMEOUT_S if action else READ_ONLY_TIMEOUT_S
+    timed = threading.current_thread() is threading.main_thread()
+    if timed:
+        def expired(_signum, _frame):
+            raise ControlTimeout(f"{item.name} ran past its {limit} s limit: stopped")
+        previous = signal.signal(signal.SIGALRM, expired)
+        signal.setitimer(signal.ITIMER_REAL, limit)
+    reads.guarded = not action
+    try:
+        return (yield)
+    finally:
+        reads.guarded = False
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
 
 
 def pytest_addoption(parser):
@@ -151,7 +176,8 @@ def pytest_sessionstart(session):
 def pytest_cmdline_main(config):
     """With --inventory, the controls spread over xdist workers (one per host, at least
     MIN_WORKERS, at most MAX_WORKERS; all share each host's one SSH connection), unless -n
-    was given; TOGETHER's controls of one host stay in one worker."""
+    was given or only read-only controls are selected; TOGETHER's controls of one host stay
+    in one worker."""
     inventory = config.getoption("--inventory")
     if not inventory or not config.pluginmanager.hasplugin("xdist"):
         return
@@ -161,9 +187,23 @@ def pytest_cmdline_main(config):
         if config.option.numprocesses and config.option.dist in ("no", "load"):
             config.option.dist = "loadgroup"
         return
+    if read_only_selection(getattr(config.option, "markexpr", "")):
+        config.option.numprocesses = 0  # answered from the one reading: nothing waits on the network
+        return
     hosts = inventory_hosts(config)
     config.option.numprocesses = min(max(len(hosts), MIN_WORKERS), MAX_WORKERS)
     config.option.dist = "loadgroup"
+
+
+def read_only_selection(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` leaves out every control marked action (``-m read``, ``-m "not
+    action"``): those controls read the prefetch, and workers would only cost their start."""
+    if not markexpr:
+        return False
+    expression = Expression.compile(markexpr)
+    # An action control's markers: action, and lab against the lab.
+    return not any(expression.evaluate(lambda name, marks=marks, **_kwargs: name in marks)
+                   for marks in ({"action"}, {"action", "lab"}))
 
 
 # One SSH connection per host for the whole suite. testinfra asks ssh for
@@ -239,7 +279,7 @@ def pytest_configure(config):
             # Read once here, for every worker, while the workers start (this also opens each
             # host's shared connection); constants(config) waits for it.
             config.sparkrig_prefetch = ThreadPoolExecutor(max_workers=1).submit(
-                reads.prefetch, str(ssh_config), names, CONSTANTS, planners(config, hosts))
+                reads.prefetch, str(ssh_config), names, reads.EVERY_HOST, readers(config, hosts))
             if config.getoption("--fleet-page"):
                 read_versions(config)  # beside the controls
     else:
@@ -252,12 +292,6 @@ def pytest_configure(config):
     config.option.ssh_config = str(ssh_config)
 
 
-def as_venv_owner(host, owner: str, command: str) -> str:
-    """``command`` as the venv's owner when the suite runs as root (the owner can replace
-    every file of the venv: root never runs them), else as the suite's own user."""
-    return f"runuser -u {shlex.quote(owner)} -- {command}" if host.user().uid == 0 else command
-
-
 def testinfra_spec(name: str) -> str:
     """pyinfra's ``@local`` is testinfra's local backend; every other host is reached over SSH."""
     return "local://" if name == "@local" else f"ssh://{name}"
@@ -265,7 +299,7 @@ def testinfra_spec(name: str) -> str:
 
 def inventory_name(host) -> str:
     """The inventory name of a testinfra host (the reverse of :func:`testinfra_spec`)."""
-    return "@local" if host.backend.NAME == "local" else host.backend.get_hostname()
+    return reads.backend_name(host.backend)
 
 
 @pytest.fixture(scope="session")
@@ -303,10 +337,32 @@ def settings(host, host_data) -> dict:
 
 
 @pytest.fixture
-def identity(host) -> dict:
-    """What the host under test says it is (sparkrig.profile.HardwareIdentity's shape)."""
-    command = HardwareIdentity().command().get_raw_value()
-    return HardwareIdentity().process(host.check_output(command).splitlines())
+def read(request, host, settings):
+    """``read(NEED)``: what the need returns on the host under test (reads.py)."""
+    def answered(function):
+        return reads.answer(host.backend, inventory_name(host), function, settings,
+                            lambda: _every_host(request))
+    return answered
+
+
+def _every_host(request) -> dict[str, dict] | None:
+    """Every host of the inventory (a --limit may leave a cluster's peers out of host_data)."""
+    targets = request.config.sparkrig_targets
+    if targets == "inventory":
+        return inventory_hosts(request.config, limit=[])
+    return inventory_host_data(str(REPO / LAB_INVENTORY)) if targets == "lab" else None
+
+
+@reads.need
+def identity_of(r) -> dict:
+    """What the host says it is (sparkrig.profile.HardwareIdentity's shape)."""
+    return HardwareIdentity().process(r.check_output(HardwareIdentity().command().get_raw_value()).splitlines())
+
+
+@pytest.fixture
+def identity(read) -> dict:
+    """What the host under test says it is."""
+    return read(identity_of)
 
 
 @pytest.fixture

@@ -1,40 +1,37 @@
 """
-What the compliance suite reads of a host, read once.
+How the compliance suite reads a host: every read-only control through one layer, each read
+declared once.
 
-The controls ask testinfra small questions, one remote command each: a file's owner, its
-group and its mode are three commands (``stat -Lc %U``, ``%G``, ``%a``), its existence and
-type more (``test -e``, ``test -f``...), and the same host-wide questions (``id -nu``, the
-hardware, the page size) come back from control after control. Over a link of 50 ms each
-costs a few round trips. Here:
+A read-only control states what it reads as a **need**: a function of a :class:`Reader`,
+registered with :func:`need`, that asks the reader for commands, paths and files and returns
+what the control checks. The control takes the ``read`` fixture and calls ``read(NEED)``;
+it never calls ``host.run``/``host.file`` itself (the suite's conftest refuses it while a
+read-only control runs, and tests/repo/test_compliance_reads.py checks the source).
 
-- a question about a path (``test -[edfLSx] P``, ``stat -Lc %U|%G|%a|%u|%g P``,
-  ``readlink -f P``, ``realpath P``) reads everything about that path in one command, and the other
-  questions about P are answered from that reading;
-- a host-wide question that no control changes (who am I, the kernel's architecture, the
-  page size, the memory size, the OS release, whether systemd is PID 1) is asked once.
+The same function is the prefetch's declaration: before any control runs, the controller
+evaluates every registered need of a host against the answers read so far, and reads
+everything they asked in ONE command per round, the commands run side by side on the host
+(:func:`prefetch`). A need that uses an answer not read yet (:class:`Pending`) asks again
+in the next round; :data:`ROUNDS` at most, and a converged host needs two. ``read(NEED)``
+then evaluates the need again with those answers: nothing is sent. Whatever it asks that
+was not read (a host the prefetch could not reach, a control marked ``action``) is read
+then, through the same script, in one command per round.
 
-The controller reads the host-wide constants every host is asked (:data:`EVERY_HOST`) in one
-command per host before any control runs (:func:`prefetch`), and hands the answers to
-each pytest-xdist worker (:func:`seed`): with a host's controls spread over several
-workers, each would otherwise ask them again.
+**The rule: a prefetched answer is the host's state at the suite's start.** A control that
+acts (starts a job, runs a container, cuts a connection, computes on the GPU) is marked
+``@pytest.mark.action``: it may call testinfra's host itself, and the answers of its
+``read(NEED)`` are read fresh.
 
-The read-only controls go further: each compliance module declares what its read-only
-controls will ask (``reads(plan, settings)``, from the host's settings, like the deploy's
-reading planners in sparkrig/reading.py), and the controller reads every declaration of a
-host in ONE command, the commands run side by side on the host (:func:`prefetch`; a
-declaration that needs an earlier answer, such as a process id, is planned again with the
-answers so far: one more command per round, at most :data:`ROUNDS`). A read-only control
-is then answered from that reading whenever it asks, of the host or of a path, exactly what
-was declared (the command the host would run, sudo included). **The rule: a prefetched
-answer is the host's state at the suite's start.** That is what a read-only control checks
-on a converged host; a control that acts (starts a job, runs a container, cuts a connection,
-computes on the GPU) is marked ``@pytest.mark.action`` and is never answered from the
-prefetch. A command nobody declared is still asked of the host (and counted), so a missing
-declaration costs a round trip, never a wrong answer.
+How each read runs on the host: from ``/``, in the login user's shell, as root through
+``sudo -n`` where asked, each killed after :data:`READ_TIMEOUT_S` seconds; files a user
+controls through ``sparkrig.user_files.user_read`` (no link, no blocking, capped); outputs
+travel base64-encoded, so no byte a host prints can forge another answer, and answers are
+bytes until a control decodes them (undecodable bytes replaced, never raised).
 
-Outside the prefetch a control that runs anything else may change what it reads next (it
-starts a job, runs a container), so any other command forgets the paths read so far: nothing
-is answered from a reading older than the last command that could have changed it.
+Action controls still use testinfra's host; for them a host-wide constant (who am I, the
+OS release...) is asked once, and every question about one path (``test -e P``, ``stat -Lc
+%U P``...) is answered from one reading of it (:class:`HostReads`), forgotten at the next
+other command.
 """
 
 from __future__ import annotations
@@ -49,8 +46,12 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import pytest
 from testinfra.backend.base import BaseBackend, CommandResult
+
+from sparkrig.user_files import user_read
 
 # testinfra's questions about one path (modules/file.py), its path shell-quoted as it quotes it.
 _PATH_QUESTION = re.compile(r"(?P<ask>test -[edfLSx]|stat -Lc %[UGaug]|readlink -f|realpath) (?P<path>\S+|'[^']*')")
@@ -65,35 +66,241 @@ _CONSTANT = re.compile(
 _TESTS = "edfLSx"
 _READ_PATH = (
     "p=%s; for t in " + " ".join(_TESTS) + "; do if test -$t \"$p\"; then printf 1; else printf 0; fi; done; echo;"
-    " stat -Lc '%%U %%G %%a %%u %%g' -- \"$p\" 2>/dev/null || echo; readlink -f -- \"$p\" || echo; realpath -- \"$p\" || echo"
+    " stat -Lc '%%U %%G %%a %%u %%g %%s' -- \"$p\" 2>/dev/null || echo; readlink -f -- \"$p\" || echo;"
+    " realpath -- \"$p\" || echo"
 )
+_STATS = ("stat -Lc %U", "stat -Lc %G", "stat -Lc %a", "stat -Lc %u", "stat -Lc %g", "stat -Lc %s")
 
 
-# The constants that testinfra and the controls ask on every host, as they ask them.
+# The constants that testinfra and the action controls ask on every host, as they ask them.
 EVERY_HOST = (
     "id -nu", "uname -s", "uname -m", "cat /etc/os-release", "test -d /run/systemd/system",
     "getconf PAGESIZE", "awk '$1 == \"MemTotal:\" { print $2 }' /proc/meminfo",
 )
 PREFETCH_TIMEOUT_S = 120
-ROUNDS = 5  # rounds of declarations at most (a pid, then its cmdline; a stamp, then its wheel)
+READ_TIMEOUT_S = 90  # each read on the host is killed after this long (a hung command fails its control)
+ROUNDS = 3  # rounds of a host's needs at most (a converged host needs two)
 CONNECT_TIMEOUT_S = 10  # an unreachable host delays the suite's start by this much at most
-# Whether the control running in this process acts (``@pytest.mark.action``): its
-# questions are never answered from the prefetch (set by the suite's conftest).
+# Whether the control running in this process acts (``@pytest.mark.action``): its reads are
+# never answered from the prefetch (set by the suite's conftest).
 acting = False
-# Answers read by the controller: host name -> command -> (exit status, stdout, stderr).
+# Whether a read-only control is running in this process (its call): then any command but the
+# layer's is refused (set by the suite's conftest).
+guarded = False
+_sending = False  # the layer itself is sending (allowed while guarded)
+# Answers read by the controller: inventory name -> command -> (exit status, stdout, stderr).
 _SEEDS: dict[str, dict[str, tuple[int, bytes, bytes]]] = {}
+# Every need, by its qualified name (module.function).
+NEEDS: dict[str, Callable[[Reader], Any]] = {}
+
+
+class Pending(Exception):  # noqa: N818 - not an error: the answer comes in a later round
+    """A need used an answer not read yet."""
+
+
+class OutsideTheLayer(RuntimeError):
+    """A read-only control read the host another way than through its needs."""
+
+
+def need(function: Callable[[Reader], Any]) -> Callable[[Reader], Any]:
+    """Register ``function`` as a need: the prefetch reads what it asks of every host."""
+    NEEDS[f"{function.__module__}.{function.__qualname__}"] = function
+    return function
+
+
+def command_text(command: str, *args: str, sudo: bool = False) -> str:
+    """What runs on the host for ``command`` (``%s`` filled with ``args``, shell-quoted as
+    testinfra quotes them): from ``/``, as root when asked (through ``sudo -n`` unless root already)."""
+    text = "cd / && " + (BaseBackend.quote(command, *args) if args else command)
+    # Root (an @local run as root, where sudo may not even be installed) needs no sudo.
+    return f'$(test "$(id -u)" = 0 || echo sudo -n --) sh -c {shlex.quote(text)}' if sudo else text
+
+
+class Answer:
+    """One command's answer, as testinfra's CommandResult reads (``rc``, ``stdout``,
+    ``stderr``, ``succeeded``, ``check()``); :class:`Pending` until it is read."""
+
+    def __init__(self, answers: Mapping[str, tuple[int, bytes, bytes]], text: str, shown: str):
+        self._answers, self.text, self.shown = answers, text, shown
+
+    def _found(self) -> tuple[int, bytes, bytes]:
+        found = self._answers.get(self.text)
+        if found is None:
+            raise Pending(self.text)
+        return found
+
+    @property
+    def rc(self) -> int:
+        return self._found()[0]
+
+    @property
+    def stdout_bytes(self) -> bytes:
+        return self._found()[1]
+
+    @property
+    def stdout(self) -> str:
+        return self._found()[1].decode(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self._found()[2].decode(errors="replace")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.rc == 0
+
+    def check(self) -> str:
+        """Its stdout without the last line end, as testinfra's ``check_output``; a failure
+        names the command and what it said."""
+        if self.rc != 0:
+            raise AssertionError(f"{self.shown} failed (exit {self.rc}): {self.stderr.strip()}")
+        return self.stdout.rstrip("\r\n")
+
+
+class Path:
+    """One reading of a path (testinfra's ``host.file`` questions): ``exists``, ``is_file``,
+    ``is_directory``, ``is_symlink``, ``user``, ``group``, ``mode``, ``size``, ``linked_to``..."""
+
+    def __init__(self, answer: Answer, path: str):
+        self._answer, self.path = answer, path
+
+    def _found(self) -> dict[str, str]:
+        found = HostReads._parse_path(self._answer.rc, self._answer.stdout)
+        if found is None:
+            raise AssertionError(f"{self.path}: unreadable ({self._answer.stderr.strip()})")
+        return found
+
+    def _test(self, t: str) -> bool:
+        return self._found()[f"test -{t}"] == "1"
+
+    def _stat(self, ask: str) -> str:
+        value = self._found().get(ask)
+        if value is None:
+            raise AssertionError(f"{self.path} is missing (stat)")
+        return value
+
+    exists = property(lambda self: self._test("e"))
+    is_file = property(lambda self: self._test("f"))
+    is_directory = property(lambda self: self._test("d"))
+    is_symlink = property(lambda self: self._test("L"))
+    is_socket = property(lambda self: self._test("S"))
+    is_executable = property(lambda self: self._test("x"))
+    user = property(lambda self: self._stat("stat -Lc %U"))
+    group = property(lambda self: self._stat("stat -Lc %G"))
+    mode = property(lambda self: int(self._stat("stat -Lc %a"), 8))
+    uid = property(lambda self: int(self._stat("stat -Lc %u")))
+    gid = property(lambda self: int(self._stat("stat -Lc %g")))
+    size = property(lambda self: int(self._stat("stat -Lc %s")))
+
+    @property
+    def linked_to(self) -> str:
+        target = self._found()["readlink -f"]
+        if not target:
+            raise AssertionError(f"{self.path}: readlink -f found nothing")
+        return target
+
+
+class Service:
+    """testinfra's systemd ``host.service(name)``: ``is_running``, ``is_enabled``, ``exists``."""
+
+    def __init__(self, reader: Reader, name: str, exists: bool = False):
+        self.name = name
+        self._active = reader.run("systemctl is-active %s", name)
+        self._enabled = reader.run("systemctl is-enabled %s", name)
+        # Listing every unit file takes a second on a busy host: read only where asked.
+        self._listed = reader.run('systemctl list-unit-files | grep -q "^%s"', name) if exists else None
+
+    @property
+    def exists(self) -> bool:
+        assert self._listed is not None, f"{self.name}: declare service(name, exists=True) to ask whether it exists"
+        return self._listed.rc == 0
+
+    is_running = property(lambda self: self._active.rc == 0)
+    said_enabled = property(lambda self: self._enabled.stdout.strip())  # what `systemctl is-enabled` said
+
+    @property
+    def is_enabled(self) -> bool:
+        if self._enabled.rc == 0:
+            return True
+        if self._enabled.stdout.strip() == "disabled":
+            return False
+        raise AssertionError(f"unable to determine state of {self.name}: {self._enabled.stdout.strip()}")
+
+
+class Package:
+    """testinfra's Debian ``host.package(name)``: ``is_installed``, ``version``."""
+
+    def __init__(self, reader: Reader, name: str):
+        self.name = name
+        self._status = reader.run("dpkg-query -f '${Status} ${Version}' -W %s", name)
+
+    @property
+    def is_installed(self) -> bool:
+        if self._status.rc != 0:
+            return False
+        out = self._status.stdout.strip().split()
+        return bool(out) and out[0] in ("install", "hold") and out[1:3] == ["ok", "installed"]
+
+    @property
+    def version(self) -> str:
+        assert self.is_installed, f"the package {self.name} is not installed: {self._status.stdout}"
+        return self._status.stdout.split()[3]
+
+
+class Reader:
+    """What a need asks of one host, answered from ``answers`` (every ask is recorded in
+    ``wanted``, read or not)."""
+
+    def __init__(self, name: str, settings: Mapping, answers: Mapping[str, tuple[int, bytes, bytes]],
+                 inventory: Callable[[], Mapping[str, dict] | None] | None = None):
+        self.name, self.settings, self.answers = name, settings, answers
+        self._inventory = inventory
+        self.wanted: dict[str, None] = {}
+
+    @property
+    def inventory(self) -> Mapping[str, dict] | None:
+        """Every host of the inventory with its data (a cluster's peers), None if unknown."""
+        return self._inventory() if self._inventory else None
+
+    def run(self, command: str, *args: str, sudo: bool = False) -> Answer:
+        """``command`` (``%s`` filled with ``args``, quoted), as root when ``sudo``."""
+        text = command_text(command, *args, sudo=sudo)
+        self.wanted[text] = None
+        return Answer(self.answers, text, BaseBackend.quote(command, *args) if args else command)
+
+    def check_output(self, command: str, *args: str, sudo: bool = False) -> str:
+        return self.run(command, *args, sudo=sudo).check()
+
+    def path(self, path: str, sudo: bool = False) -> Path:
+        return Path(self.run(_READ_PATH, path, sudo=sudo), path)
+
+    def file(self, path: str, sudo: bool = False) -> Answer:
+        """The content of a file only root can change (``cat``; ``user_file`` for one a user can)."""
+        return self.run("cat -- %s", path, sudo=sudo)
+
+    def user_file(self, path: str, limit: int, as_user: str | None = None) -> Answer:
+        """A file a user controls, through sparkrig's bounded reader (``path`` is shell
+        syntax: ``shlex.quote`` a plain path), as root or as ``as_user`` (a plain name)."""
+        return self.run(user_read(path, limit, shlex.quote(as_user) if as_user else None), sudo=True)
+
+    def service(self, name: str, exists: bool = False) -> Service:
+        return Service(self, name, exists)
+
+    def package(self, name: str) -> Package:
+        return Package(self, name)
 
 
 def prefetch_script(commands: Iterable[str], nonce: str) -> str:
     """A shell script that runs each of ``commands`` (reads: none changes the host), side by
-    side, each as the host runs an SSH command (the login shell's ``-c``, stdin empty), and
-    prints one line per command, in order: ``nonce:status:stdout:stderr``, the outputs
-    base64-encoded."""
+    side, each as the host runs an SSH command (the login shell's ``-c``, stdin empty) killed
+    after :data:`READ_TIMEOUT_S` seconds, and prints one line per command, in order:
+    ``nonce:status:stdout:stderr``, the outputs base64-encoded."""
     quoted = " ".join(shlex.quote(c) for c in commands)
     return (
         'd=$(mktemp -d) || exit 1; trap \'rm -rf "$d"\' EXIT; s=${SHELL:-/bin/sh}; i=0; '
         f'for c in {quoted}; do i=$((i+1)); '
-        '{ "$s" -c "$c" >"$d/$i.o" 2>"$d/$i.e" </dev/null; echo $? >"$d/$i.r"; } & done; wait; i=0; '
+        f'{{ timeout -k 5 {READ_TIMEOUT_S} "$s" -c "$c" >"$d/$i.o" 2>"$d/$i.e" </dev/null; echo $? >"$d/$i.r"; }} & '
+        'done; wait; i=0; '
         f'for c in {quoted}; do i=$((i+1)); '
         f'printf \'{nonce}:%s:%s:%s\\n\' "$(cat "$d/$i.r")" "$(base64 -w0 <"$d/$i.o")" "$(base64 -w0 <"$d/$i.e")"; done'
     )
@@ -119,111 +326,66 @@ def parse_prefetch(output: str, commands: Iterable[str], nonce: str) -> dict[str
     return answers
 
 
-def sudo_command(command: str, user: str | None = None) -> str:
-    """``command`` as testinfra's ``host.sudo(user)`` sends it (BaseBackend.get_sudo_command)."""
-    return BaseBackend.get_sudo_command(BaseBackend, command, user)  # type: ignore[arg-type]
-
-
-class Plan:
-    """What one host's read-only controls will ask, declared by each module's
-    ``reads(plan, settings)``: commands exactly as testinfra sends them, and paths (every
-    testinfra question about a path, answered from one reading of it). ``plan.known``
-    holds the answers of earlier rounds, for declarations that depend on one."""
-
-    def __init__(self, answers: Mapping[str, tuple[int, bytes, bytes]] | None = None):
-        self.wanted: dict[str, None] = {}
-        self.answers = answers or {}
-        self.name: str | None = None  # the host's inventory name
-        self.inventory: dict[str, dict] | None = None  # every host of the inventory (a cluster's peers)
-
-    def run(self, command: str, *args: str, sudo: bool = False, user: str | None = None) -> str:
-        """Declare ``host.run(command, *args)`` (inside ``host.sudo(user)`` when ``sudo``)."""
-        sent = BaseBackend.quote(command, *args)
-        sent = sudo_command(sent, user) if sudo else sent
-        self.wanted[sent] = None
-        return sent
-
-    def path(self, path: str) -> None:
-        """Declare every question testinfra's ``host.file(path)`` asks without reading it
-        (exists, is_file, user, mode, linked_to...)."""
-        self.run(_READ_PATH, path)
-
-    def file(self, path: str, sudo: bool = False) -> None:
-        """A path and its content (``content``, ``content_string``)."""
-        self.path(path)
-        self.run("cat -- %s", path, sudo=sudo)
-
-    def service(self, name: str) -> None:
-        """testinfra's systemd ``host.service(name)``: is_running, is_enabled, exists."""
-        self.path("/run/systemd/system/")
-        self.run("systemctl is-active %s", name)
-        self.run("systemctl is-enabled %s", name)
-        self.run('systemctl list-unit-files | grep -q "^%s"', name)
-
-    def package(self, name: str) -> None:
-        """testinfra's Debian ``host.package(name)``: is_installed and version."""
-        self.run("dpkg-query -f '${Status}' -W %s", name)
-        self.run("dpkg-query -f '${Status} ${Version}' -W %s", name)
-
-    def known(self, command: str, *args: str, sudo: bool = False, user: str | None = None) -> str | None:
-        """The standard output an earlier round read for this declaration (None until then,
-        or when it failed)."""
-        sent = BaseBackend.quote(command, *args)
-        found = self.answers.get(sudo_command(sent, user) if sudo else sent)
-        return found[1].decode(errors="replace") if found and found[0] == 0 else None
-
-    def known_path(self, path: str) -> dict[str, str] | None:
-        """An earlier round's reading of ``path`` (as :meth:`HostReads._parse_path` gives it)."""
-        found = self.answers.get(BaseBackend.quote(_READ_PATH, path))
-        return None if found is None else HostReads._parse_path(found[0], found[1].decode(errors="replace"))
-
-
 def _read(ssh_config: str, name: str, commands: list[str]) -> dict[str, tuple[int, bytes, bytes]]:
-    """One round of :func:`prefetch` on host ``name``: one SSH command."""
+    """One round of :func:`prefetch` on host ``name``: one command (over SSH; on ``@local``, here)."""
     nonce = uuid.uuid4().hex
     if _LOG:
         with open(_LOG, "a") as log:
             log.write(json.dumps({"host": name, "control": "(prefetch)", "command": f"{len(commands)} reads",
                                   "sudo": False, "action": False}) + "\n")
-    output = _ssh_output(["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-                          name, prefetch_script(commands, nonce)])
+    script = prefetch_script(commands, nonce)
+    argv = (["sh", "-c", script] if name == "@local" else
+            ["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", name, script])
+    output = _ssh_output(argv)
     return {} if output is None else parse_prefetch(output, commands, nonce)
 
 
 def _ssh_output(argv: list[str]) -> str | None:
-    """The standard output of one prefetch's ssh, or None when it failed or ran out of time.
-    Taken as bytes: a host may print bytes that are not UTF-8 (a Latin-1 banner in its
-    .bashrc), which must fail no other host's reading; this run's own lines are ASCII."""
+    """The standard output of one prefetch's ssh (or @local's sh), or None when it failed or
+    ran out of time. Taken as bytes: a host may print bytes that are not UTF-8 (a Latin-1
+    banner in its .bashrc), which must fail no other host's reading; this run's own lines
+    are ASCII."""
     try:
-        result = subprocess.run(argv, capture_output=True, timeout=PREFETCH_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        result = subprocess.run(argv, capture_output=True, timeout=PREFETCH_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                                cwd="/")
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout.decode("ascii", errors="replace") if result.returncode == 0 else None
 
 
+def plan(reader: Reader) -> None:
+    """Evaluate every need against ``reader`` (what they ask lands in ``reader.wanted``)."""
+    for qualified, function in NEEDS.items():
+        try:
+            function(reader)
+        except Pending:
+            pass
+        except (Exception, pytest.skip.Exception, pytest.fail.Exception):  # noqa: BLE001
+            pass  # the control meets it again, and fails or skips with it
+
+
 def prefetch(ssh_config: str, names: Iterable[str], commands: Iterable[str] = EVERY_HOST,
-             planners: Mapping[str, Callable[[Plan], None]] | None = None) -> dict:
-    """``commands`` and what ``planners[name]`` declares, read on every host of ``names``
-    (over SSH with ``ssh_config``), one command per host and round, the hosts at once:
-    {name: {command: [status, stdout, stderr]}}, outputs as base64 text (what pytest-xdist
-    hands a worker). A host that cannot be read is left out, a planner that fails stops
-    planning for its host: its controls then ask for themselves (and fail there if it is
-    unreachable)."""
+             readers: Mapping[str, Callable[[Mapping], Reader]] | None = None) -> dict:
+    """``commands`` and what every need asks of each host (``readers[name](answers)``
+    gives the host's :class:`Reader`), read on every host of ``names``, one command per host
+    and round, the hosts at once: {name: {command: [status, stdout, stderr]}}, outputs as
+    base64 text (what pytest-xdist hands a worker). A host that cannot be read is left out:
+    its controls then ask for themselves (and fail there if it is unreachable)."""
     commands = list(commands)
-    planners = planners or {}
+    readers = readers or {}
 
     def one(name: str):
         answers: dict[str, tuple[int, bytes, bytes]] = {}
         for _round in range(ROUNDS):
-            plan = Plan(answers)
-            for command in commands:
-                plan.wanted[command] = None
-            if name in planners:
+            wanted = dict.fromkeys(commands)
+            if name in readers:
                 try:
-                    planners[name](plan)
-                except Exception as error:  # noqa: BLE001 - a declaration's bug must not stop the suite
+                    reader = readers[name](answers)
+                    plan(reader)
+                    wanted.update(reader.wanted)
+                except Exception as error:  # noqa: BLE001 - a reader's bug must not stop the suite
                     print(f"sparkrig compliance: {name}: reads not planned ({error!r})", file=sys.stderr)
-            todo = [c for c in plan.wanted if c not in answers]
+            todo = [c for c in wanted if c not in answers]
             if not todo:
                 break
             found = _read(ssh_config, name, todo)
@@ -233,31 +395,66 @@ def prefetch(ssh_config: str, names: Iterable[str], commands: Iterable[str] = EV
         return name, {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
                       for c, (rc, out, err) in answers.items()}
 
-    names = [n for n in names if n != "@local"]
+    names = list(names)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
         return {name: found for name, found in pool.map(one, names) if found}
 
 
 def seed(found: Mapping[str, Mapping[str, list]]) -> None:
-    """Answer the constants :func:`prefetch` read from them, in this process."""
+    """Answer what :func:`prefetch` read, in this process."""
     for name, answers in found.items():
         _SEEDS[name] = {c: (int(rc), base64.b64decode(out), base64.b64decode(err))
                         for c, (rc, out, err) in answers.items()}
 
 
+def _send(backend: BaseBackend, commands: list[str]) -> dict[str, tuple[int, bytes, bytes]]:
+    """``commands`` read on ``backend``'s host in one command (:func:`prefetch_script`)."""
+    global _sending
+    nonce = uuid.uuid4().hex
+    _sending = True
+    try:
+        out = backend.run(prefetch_script(commands, nonce))
+    finally:
+        _sending = False
+    return parse_prefetch(out.stdout_bytes.decode("ascii", errors="replace"), commands, nonce)
+
+
+def answer(backend: BaseBackend, name: str, function: Callable[[Reader], Any], settings: Mapping,
+           inventory: Callable[[], Mapping[str, dict] | None] | None = None) -> Any:
+    """What the need ``function`` returns for host ``name`` (reached through ``backend``):
+    answered from the prefetch (unless the control acts), whatever is missing read in one
+    command per round."""
+    if NEEDS.get(f"{function.__module__}.{function.__qualname__}") is not function:
+        raise OutsideTheLayer(f"{function.__qualname__} is not a need (decorate it with reads.need)")
+    answers = {} if acting else dict(_SEEDS.get(name, {}))
+    for _round in range(ROUNDS + 1):
+        reader = Reader(name, settings, answers, inventory)
+        try:
+            value = function(reader)
+        except Pending:
+            value = reader  # not done: read what it asked, and ask again
+        missing = [c for c in reader.wanted if c not in answers]
+        if not missing and value is not reader:
+            return value
+        if not missing:
+            break
+        found = _send(backend, missing)
+        if not found:
+            raise AssertionError(f"{name}: the host did not answer the control's reads")
+        answers.update(found)
+    raise AssertionError(f"{name}: the control's reads did not settle in {ROUNDS + 1} rounds")
+
+
 class HostReads:
-    """The answers read so far on one host (one per testinfra backend)."""
+    """The answers an action control's testinfra host read so far (one per testinfra backend)."""
 
     def __init__(self, seeded: Mapping[str, tuple[int, bytes, bytes]] | None = None):
         self.paths: dict[str, dict[str, str] | None] = {}
         self.constants: dict[str, CommandResult] = {}
         self.seeded = dict(seeded or {})
-        self.commands = 0
 
     def answer(self, backend: BaseBackend, run, command: str, args: tuple) -> CommandResult:
         sent = backend.get_command(command, *args)  # with host.sudo()'s wrapping, if any
-        if not acting and sent in self.seeded:  # a read-only control asks what was prefetched
-            return self._seeded(backend, sent)
         plain = backend.quote(command, *args)
         # host.sudo() wraps the command (it replaces the backend's get_command): another
         # user's view, asked as it is.
@@ -265,38 +462,26 @@ class HostReads:
             return self._forgetting(run, command, args)
         if _CONSTANT.fullmatch(plain):
             if plain not in self.constants and plain in self.seeded:
-                self.constants[plain] = self._seeded(backend, plain)
+                rc, out, err = self.seeded[plain]
+                self.constants[plain] = backend.result(rc, backend.encode(plain), out, err)
             elif plain not in self.constants:
                 self.constants[plain] = run(command, *args)
             return self.constants[plain]
         question = _PATH_QUESTION.fullmatch(plain)
         if question:
             path = shlex.split(question["path"])[0]
-            read = backend.quote(_READ_PATH, path)
-            if not acting and read in self.seeded:
-                rc, out, _err = self.seeded[read]
-                found = self._parse_path(rc, out.decode(errors="replace"))
-            else:
-                if path not in self.paths:
-                    self.paths[path] = self._read_path(run, path)
-                found = self.paths[path]
+            if path not in self.paths:
+                out = run(_READ_PATH, path)
+                self.paths[path] = self._parse_path(out.rc, out.stdout)
+            found = self.paths[path]
             if found is not None:
                 return self._result(backend, plain, question["ask"], found)
             return run(command, *args)  # unreadable as one: asked as it is
         return self._forgetting(run, command, args)
 
-    def _seeded(self, backend, sent: str) -> CommandResult:
-        rc, out, err = self.seeded[sent]
-        return backend.result(rc, backend.encode(sent), out, err)
-
     def _forgetting(self, run, command, args) -> CommandResult:
         self.paths.clear()
         return run(command, *args)
-
-    @classmethod
-    def _read_path(cls, run, path: str) -> dict[str, str] | None:
-        out = run(_READ_PATH, path)
-        return cls._parse_path(out.rc, out.stdout)
 
     @staticmethod
     def _parse_path(rc: int, stdout: str) -> dict[str, str] | None:
@@ -305,8 +490,8 @@ class HostReads:
             return None
         stat = lines[1].split()
         found = {f"test -{t}": lines[0][i] for i, t in enumerate(_TESTS)}
-        if len(stat) == 5:
-            found.update(zip(("stat -Lc %U", "stat -Lc %G", "stat -Lc %a", "stat -Lc %u", "stat -Lc %g"), stat))
+        if len(stat) == len(_STATS):
+            found.update(zip(_STATS, stat))
         found["readlink -f"], found["realpath"] = lines[2], lines[3]
         return found
 
@@ -338,17 +523,30 @@ def _logged(run, backend):
     return sent
 
 
+def backend_name(backend: BaseBackend) -> str:
+    """The inventory name of a testinfra backend's host (``@local`` for the local backend)."""
+    return "@local" if backend.NAME == "local" else backend.get_hostname()
+
+
 def install(backend_class) -> None:
-    """Answer ``backend_class``'s commands through one :class:`HostReads` per backend."""
+    """Route ``backend_class``'s commands through :class:`HostReads` (one per backend), and
+    refuse any but the layer's while a read-only control runs."""
     run = backend_class.run
     if getattr(run, "sparkrig_reads", False):
         return
 
     def answered(self, command, *args, **kwargs):
+        send = lambda c, *a: run(self, c, *a, **kwargs)  # noqa: E731
+        if _sending:
+            return (_logged(send, self) if _LOG else send)(command, *args)
+        if guarded:
+            raise OutsideTheLayer(
+                f"a read-only control ran {self.quote(command, *args)[:200]!r} through testinfra's host: "
+                "read-only controls read through their needs (tests/compliance/reads.py)"
+            )
         reads = self.__dict__.get("_sparkrig_reads")
         if reads is None:
-            reads = self.__dict__["_sparkrig_reads"] = HostReads(_SEEDS.get(self.get_hostname()))
-        send = lambda c, *a: run(self, c, *a, **kwargs)  # noqa: E731
+            reads = self.__dict__["_sparkrig_reads"] = HostReads(_SEEDS.get(backend_name(self)))
         return reads.answer(self, _logged(send, self) if _LOG else send, command, args)
 
     answered.sparkrig_reads = True

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.compliance.reads import need
+
 CERT_DIR = "/usr/local/share/ca-certificates"
 BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -25,28 +27,31 @@ def extra(settings) -> dict[str, str]:
     return settings["ca_certificates_extra"]
 
 
-def test_extra_certificates_are_root_owned_files_with_the_configured_content(host, extra):
+@need
+def certificates(r) -> dict:
+    """Each extra certificate's file (its reading and content) and the system bundle."""
+    if not r.settings["ca_certificates_extra"]:
+        return None
+    files = {name: (r.path(f"{CERT_DIR}/sparkrig-{name}.crt"), r.file(f"{CERT_DIR}/sparkrig-{name}.crt"))
+             for name in r.settings["ca_certificates_extra"]}
+    return {"files": files, "bundle": r.file(BUNDLE)}
+
+
+def test_extra_certificates_are_root_owned_files_with_the_configured_content(read, extra):
     """Protects against a trust store that anyone can widen: a writable certificate file
     lets its writer intercept every TLS connection the host makes (apt, pip, uv, Docker)."""
+    files = read(certificates)["files"]
     for name, pem in extra.items():
-        f = host.file(f"{CERT_DIR}/sparkrig-{name}.crt")
+        f, content = files[name]
         assert f.is_file, f"{f.path} is missing"
         assert (f.user, f.group, f.mode) == ("root", "root", 0o644), f"{f.path}: {f.user} {f.mode:o}"
-        assert _body(f.content_string) == _body(pem), f"{f.path} holds another certificate"
+        assert _body(content.check()) == _body(pem), f"{f.path} holds another certificate"
 
 
-def test_extra_certificates_are_in_the_system_bundle(host, extra):
+def test_extra_certificates_are_in_the_system_bundle(read, extra):
     """Protects against failing downloads behind a TLS-intercepting proxy ("self-signed
     certificate in certificate chain"): the file alone is not trusted until
     update-ca-certificates has put it into the bundle every TLS client reads."""
-    bundle = _body(host.file(BUNDLE).content_string.replace("-----END CERTIFICATE-----", "\n"))
+    bundle = _body(read(certificates)["bundle"].check().replace("-----END CERTIFICATE-----", "\n"))
     for name, pem in extra.items():
         assert _body(pem) in bundle, f"{name} is not in {BUNDLE}"
-
-
-# What the read-only controls above ask, read once per host before they run (reads.py).
-def reads(plan, settings) -> None:
-    for name in settings["ca_certificates_extra"]:
-        plan.file(f"{CERT_DIR}/sparkrig-{name}.crt")
-    if settings["ca_certificates_extra"]:
-        plan.run("cat -- %s", BUNDLE)

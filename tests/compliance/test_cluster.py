@@ -15,8 +15,10 @@ import shlex
 
 import pytest
 
+from sparkrig.user_files import user_read
 from tests.compliance.conftest import inventory_hosts as _inventory_hosts
 from tests.compliance.conftest import inventory_name
+from tests.compliance.reads import need
 from tests.conftest import LAB_INVENTORY
 from tests.support import REPO, inventory_host_data
 
@@ -72,93 +74,17 @@ def cluster_node(me: str, settings, inventory_hosts: dict[str, dict]) -> dict | 
     }
 
 
-def as_user(host, user: str, command: str) -> str:
+def as_user(user: str, command: str) -> str:
     """``command`` as the cluster user (through sudo when the suite logs in as someone else)."""
-    return _as_user(host.user().name, user, command)
+    return (f'if [ "$(id -nu)" = {shlex.quote(user)} ]; then {command}; '
+            f"else sudo -n runuser -u {shlex.quote(user)} -- {command}; fi")
 
 
-def _as_user(me: str, user: str, command: str) -> str:
-    if me == user:
-        return command
-    return f"sudo -n runuser -u {shlex.quote(user)} -- {command}"
-
-
-def test_cluster_interfaces_carry_their_address_and_mtu(host, node):
-    """Protects against a link that comes up without its address (NCCL then finds no
-    interface to bind), at the default 1500 bytes (NCCL over TCP loses much of its
-    bandwidth), or left down."""
-    for interface, address in node["interfaces"].items():
-        (link,) = json.loads(host.check_output(f"ip -j addr show dev {shlex.quote(interface)}"))
-        assert "UP" in link["flags"], f"{interface} is down: {link['flags']}"
-        assert link["mtu"] == node["mtu"], f"{interface}: MTU {link['mtu']}"
-        found = [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a["family"] == "inet"]
-        assert address in found, f"{interface}: {found}"
-
-
-def test_jumbo_frames_reach_every_peer_unfragmented(host, node):
-    """Protects against a path with a smaller MTU somewhere (a switch, the peer's port):
-    large frames are then dropped or fragmented, and collectives stall or crawl."""
-    if not node["peers"]:
-        pytest.skip("no peer shares a subnet with this node")
-    size = node["mtu"] - 28
-    for peer in node["peers"]:
-        route = host.check_output(f"ip -o route get {peer['address']}")
-        assert f" dev {peer['interface']} " in f"{route} ", route
-        with host.sudo():  # Debian 13 lets users ping only where ping_group_range allows it
-            result = host.run(f"ping -n -c 1 -W 2 -M do -s {size} {peer['address']}")
-        assert result.rc == 0, f"{peer['name']} ({peer['address']}): {result.stdout}{result.stderr}"
-
-
-def test_the_cluster_user_logs_in_to_every_peer_without_a_prompt(host, node):
-    """Protects against mpirun and Ray stopping at a password or host-key prompt on a
-    node (every node runs this control, so trust is checked both ways)."""
-    for peer in node["peers"]:
-        result = host.run(as_user(host, node["user"],
-                                  f"ssh -n -o BatchMode=yes -o ConnectTimeout=5 {peer['address']} id -un"))
-        assert result.rc == 0 and result.stdout.strip() == node["user"], \
-            f"{peer['name']}: {result.stdout}{result.stderr}"
+AUTHORIZED_KEYS_LIMIT = 1024 * 1024
 
 
 def _unpinned_probe(peer) -> str:
     return f"ssh -n -o BatchMode=yes -o ConnectTimeout=5 -o GlobalKnownHostsFile=/dev/null {peer['address']} true"
-
-
-def test_a_host_key_that_is_not_pinned_is_refused(host, node):
-    """Protects against trust on first use: a node answering with a key sparkrig did not
-    pin (a replaced box, a man in the middle on the link) is refused, never learnt."""
-    if not node["peers"]:
-        pytest.skip("no peer shares a subnet with this node")
-    peer = node["peers"][0]
-    # ssh's own exit status 255 reads to testinfra as a lost connection: report it instead.
-    said = host.check_output(f"{as_user(host, node['user'], _unpinned_probe(peer))} 2>&1; echo exit=$?")
-    assert "Host key verification failed" in said and said.endswith("exit=255"), said
-
-
-def test_the_cluster_key_is_the_cluster_users_alone(host, node):
-    """Protects against a private key others can read (anyone holding it logs in to every
-    node as the cluster user) or replace (a root-owned directory keeps it in place)."""
-    key = host.file("/etc/sparkrig/cluster/id_ed25519")
-    assert key.is_file and not key.is_symlink
-    assert (key.user, key.mode) == (node["user"], 0o600), (key.user, oct(key.mode))
-    directory = host.file("/etc/sparkrig/cluster")
-    assert directory.user == "root" and not directory.mode & 0o022, oct(directory.mode)
-
-
-def test_authorized_keys_admit_the_cluster_key_from_cluster_addresses_only(host, node):
-    """Protects against a cluster key opening the node from anywhere: each node's own key is
-    admitted from that node's addresses alone, so a copy of it off the cluster, or the key of a
-    node removed from the inventory, is refused."""
-    home = host.user(node["user"]).home
-    with host.sudo():
-        text = host.file(f"{home}/.ssh/authorized_keys").content_string
-    lines = [line for line in text.splitlines() if " sparkrig-cluster:" in line]
-    by_node = {line.rsplit(":", 1)[1]: line for line in lines}
-    assert len(by_node) == len(lines) and sorted(by_node) == sorted(node["node_addresses"]), lines
-    for name, line in by_node.items():
-        options = line.split(" ", 1)[0]
-        sources = options.split('from="', 1)[1].split('"', 1)[0].split(",")
-        assert sorted(sources) == node["node_addresses"][name], (name, sources)
-        assert "restrict" in options.split(","), options
 
 
 _NCCL_NAMES = ["NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "VLLM_HOST_IP"]
@@ -170,65 +96,139 @@ def _unit_env(settings) -> str:
             f"printenv {' '.join(_NCCL_NAMES)}")
 
 
-def test_nccl_environment_names_the_link_for_shells_and_units(host, node, settings):
+@need
+def cluster(r) -> dict | None:
+    """What the cluster controls read of a node (nothing off a cluster)."""
+    settings = r.settings
+    if settings["cluster_name"] is None or r.inventory is None:
+        return None
+    node = cluster_node(r.name, settings, r.inventory)
+    if node is None:
+        return None
+    user = node["user"]
+    # The cluster user's authorized_keys, a file that user controls: through the bounded reader.
+    keys = (f"h=$(getent passwd {shlex.quote(user)} | cut -d: -f6) && "
+            + user_read('"$h/.ssh/authorized_keys"', AUTHORIZED_KEYS_LIMIT))
+    return {
+        "links": {interface: r.run(f"ip -j addr show dev {shlex.quote(interface)}") for interface in node["interfaces"]},
+        "routes": {peer["address"]: r.run(f"ip -o route get {peer['address']}") for peer in node["peers"]},
+        "pings": {peer["address"]: r.run(f"ping -n -c 1 -W 2 -M do -s {node['mtu'] - 28} {peer['address']}", sudo=True)
+                  for peer in node["peers"]},
+        "logins": {peer["address"]: r.run(as_user(user, "ssh -n -o BatchMode=yes -o ConnectTimeout=5 "
+                                                        f"{peer['address']} id -un")) for peer in node["peers"]},
+        # ssh's own exit status 255 is what the control checks: said, not taken for a failure.
+        "unpinned": r.run(f"{{ {as_user(user, _unpinned_probe(node['peers'][0]))}; }} 2>&1; echo exit=$?")
+        if node["peers"] else None,
+        "key": r.path("/etc/sparkrig/cluster/id_ed25519"), "key_dir": r.path("/etc/sparkrig/cluster"),
+        "authorized_keys": r.run(keys, sudo=True),
+        "login_env": r.run(as_user(user, _LOGIN_ENV)),
+        "unit_env": r.run(_unit_env(settings), sudo=True),
+        "hostfile": r.file("/etc/sparkrig/cluster/hostfile"),
+        "check": r.run("spark-cluster-check", sudo=True),
+    }
+
+
+def test_cluster_interfaces_carry_their_address_and_mtu(read, node):
+    """Protects against a link that comes up without its address (NCCL then finds no
+    interface to bind), at the default 1500 bytes (NCCL over TCP loses much of its
+    bandwidth), or left down."""
+    for interface, address in node["interfaces"].items():
+        (link,) = json.loads(read(cluster)["links"][interface].check())
+        assert "UP" in link["flags"], f"{interface} is down: {link['flags']}"
+        assert link["mtu"] == node["mtu"], f"{interface}: MTU {link['mtu']}"
+        found = [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a["family"] == "inet"]
+        assert address in found, f"{interface}: {found}"
+
+
+def test_jumbo_frames_reach_every_peer_unfragmented(read, node):
+    """Protects against a path with a smaller MTU somewhere (a switch, the peer's port):
+    large frames are then dropped or fragmented, and collectives stall or crawl."""
+    if not node["peers"]:
+        pytest.skip("no peer shares a subnet with this node")
+    found = read(cluster)
+    for peer in node["peers"]:
+        route = found["routes"][peer["address"]].check()
+        assert f" dev {peer['interface']} " in f"{route} ", route
+        # As root: Debian 13 lets users ping only where ping_group_range allows it.
+        result = found["pings"][peer["address"]]
+        assert result.rc == 0, f"{peer['name']} ({peer['address']}): {result.stdout}{result.stderr}"
+
+
+def test_the_cluster_user_logs_in_to_every_peer_without_a_prompt(read, node):
+    """Protects against mpirun and Ray stopping at a password or host-key prompt on a
+    node (every node runs this control, so trust is checked both ways)."""
+    for peer in node["peers"]:
+        result = read(cluster)["logins"][peer["address"]]
+        assert result.rc == 0 and result.stdout.strip() == node["user"], \
+            f"{peer['name']}: {result.stdout}{result.stderr}"
+
+
+def test_a_host_key_that_is_not_pinned_is_refused(read, node):
+    """Protects against trust on first use: a node answering with a key sparkrig did not
+    pin (a replaced box, a man in the middle on the link) is refused, never learnt."""
+    if not node["peers"]:
+        pytest.skip("no peer shares a subnet with this node")
+    said = read(cluster)["unpinned"].check()
+    assert "Host key verification failed" in said and said.endswith("exit=255"), said
+
+
+def test_the_cluster_key_is_the_cluster_users_alone(read, node):
+    """Protects against a private key others can read (anyone holding it logs in to every
+    node as the cluster user) or replace (a root-owned directory keeps it in place)."""
+    found = read(cluster)
+    key = found["key"]
+    assert key.is_file and not key.is_symlink
+    assert (key.user, key.mode) == (node["user"], 0o600), (key.user, oct(key.mode))
+    directory = found["key_dir"]
+    assert directory.user == "root" and not directory.mode & 0o022, oct(directory.mode)
+
+
+def test_authorized_keys_admit_the_cluster_key_from_cluster_addresses_only(read, node):
+    """Protects against a cluster key opening the node from anywhere: each node's own key is
+    admitted from that node's addresses alone, so a copy of it off the cluster, or the key of a
+    node removed from the inventory, is refused."""
+    keys = read(cluster)["authorized_keys"]
+    assert keys.rc == 0, f"{node['user']}'s authorized_keys could not be read (exit {keys.rc}): {keys.stderr.strip()}"
+    text = keys.stdout
+    lines = [line for line in text.splitlines() if " sparkrig-cluster:" in line]
+    by_node = {line.rsplit(":", 1)[1]: line for line in lines}
+    assert len(by_node) == len(lines) and sorted(by_node) == sorted(node["node_addresses"]), lines
+    for name, line in by_node.items():
+        options = line.split(" ", 1)[0]
+        sources = options.split('from="', 1)[1].split('"', 1)[0].split(",")
+        assert sorted(sources) == node["node_addresses"][name], (name, sources)
+        assert "restrict" in options.split(","), options
+
+
+def test_nccl_environment_names_the_link_for_shells_and_units(read, node):
     """Protects against NCCL, Gloo or MPI choosing the management network (slow, and it
     may not reach the peers) in a login shell or a systemd unit."""
     interfaces = ",".join(node["interfaces"])
     own = str(ipaddress.IPv4Interface(next(iter(node["interfaces"].values()))).ip)
     wanted = [interfaces, interfaces, node["head"], own]
-    login = host.check_output(as_user(host, node["user"], _LOGIN_ENV))
+    found = read(cluster)
+    login = found["login_env"].check()
     assert login.splitlines() == wanted
-    with host.sudo():
-        unit = host.check_output(_unit_env(settings))
+    unit = found["unit_env"].check()
     assert unit.splitlines() == wanted
 
 
-def test_the_mpi_hostfile_lists_every_node_head_first(host, node):
+def test_the_mpi_hostfile_lists_every_node_head_first(read, node):
     """Protects against mpirun starting ranks on a node left out, or rank 0 (NCCL's root)
     off the head."""
-    lines = [line.split()[0] for line in host.file("/etc/sparkrig/cluster/hostfile").content_string.splitlines()
+    lines = [line.split()[0] for line in read(cluster)["hostfile"].check().splitlines()
              if line and not line.startswith("#")]
     assert lines == [node["firsts"][n] for n in node["nodes"]]
 
 
-def test_spark_cluster_check_passes(host, node):
+def test_spark_cluster_check_passes(read, node):
     """Protects against a cluster that looks configured yet cannot run a job: the same
     checks a user runs before a multi-node job, each line OK or SKIP (the NCCL run needs
     GPUs and nccl-tests)."""
-    with host.sudo():
-        result = host.run("spark-cluster-check")
+    result = read(cluster)["check"]
     assert result.rc == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert all(line.startswith(("OK ", "SKIP ")) for line in lines), lines
     for peer in node["peers"]:
         assert f"OK ping {peer['name']}: {node['mtu'] - 28} bytes to {peer['address']}" in result.stdout
         assert f"OK ssh {peer['name']}: " in result.stdout
-
-
-# What the read-only controls above ask, read once per host before they run (reads.py).
-def reads(plan, settings) -> None:
-    if settings["cluster_name"] is None or plan.inventory is None:
-        return
-    node = cluster_node(plan.name, settings, plan.inventory)
-    me = plan.known("id -nu")
-    if node is None or me is None:
-        return
-    me, user = me.strip(), node["user"]
-    for interface in node["interfaces"]:
-        plan.run(f"ip -j addr show dev {shlex.quote(interface)}")
-    for peer in node["peers"]:
-        plan.run(f"ip -o route get {peer['address']}")
-        plan.run(f"ping -n -c 1 -W 2 -M do -s {node['mtu'] - 28} {peer['address']}", sudo=True)
-        plan.run(_as_user(me, user, f"ssh -n -o BatchMode=yes -o ConnectTimeout=5 {peer['address']} id -un"))
-    if node["peers"]:
-        plan.run(f"{_as_user(me, user, _unpinned_probe(node['peers'][0]))} 2>&1; echo exit=$?")
-    for path in ("/etc/sparkrig/cluster/id_ed25519", "/etc/sparkrig/cluster"):
-        plan.path(path)
-    plan.run("getent passwd %s", user)
-    passwd = plan.known("getent passwd %s", user)
-    if passwd is not None:
-        plan.run("cat -- %s", f"{passwd.split(':')[5]}/.ssh/authorized_keys", sudo=True)
-    plan.run(_as_user(me, user, _LOGIN_ENV))
-    plan.run(_unit_env(settings), sudo=True)
-    plan.file("/etc/sparkrig/cluster/hostfile")
-    plan.run("spark-cluster-check", sudo=True)

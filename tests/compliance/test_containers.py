@@ -16,6 +16,7 @@ import re
 import pytest
 
 from tests.compliance.conftest import inventory_name
+from tests.compliance.reads import need
 
 SERVICE = "docker.service"
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -26,22 +27,62 @@ LAB_IMAGE_ROOTFS = "mkdir -p {d}/bin && cp /bin/busybox {d}/bin/ && ln -sf busyb
 
 
 @pytest.fixture
-def docker(host):
+def docker(host, read):
     """The host, which must have Docker: every host sparkrig converges runs it."""
-    if not host.file("/run/systemd/system").is_directory:
-        pytest.skip("this host does not run systemd (no /run/systemd/system): Docker cannot run as a service")
-    with host.sudo():
-        assert host.run("command -v dockerd").rc == 0, "dockerd is not installed"
+    _has_docker(read(docker_present))
     return host
 
 
-def _sudo(host, command: str, *args) -> str:
-    with host.sudo():
-        return host.check_output(command, *args)
+def _has_docker(found) -> None:
+    if not found["systemd"].is_directory:
+        pytest.skip("this host does not run systemd (no /run/systemd/system): Docker cannot run as a service")
+    assert found["dockerd"].rc == 0, "dockerd is not installed"
 
 
-def _info(host, template: str) -> str:
-    return _sudo(host, "docker info --format %s", template)
+@need
+def docker_present(r) -> dict:
+    """Whether the host runs systemd, and has dockerd."""
+    return {"systemd": r.path("/run/systemd/system"), "dockerd": r.run("command -v dockerd", sudo=True)}
+
+
+@need
+def state(r) -> dict:
+    """What the read-only container controls read of the host."""
+    found = {
+        **docker_present(r),
+        "service": r.service(SERVICE),
+        **{key: r.run("docker info --format %s", template, sudo=True)
+           for key, template in (("runtimes", "{{json .Runtimes}}"), ("default", "{{.DefaultRuntime}}"))},
+        "paths": {path: r.path(path) for path in (BACKUP, DAEMON_JSON, "/run/docker.sock", "/dev/nvidiactl",
+                                                   "/etc/cdi/nvidia.yaml")},
+        "backup": r.file(BACKUP, sudo=True), "daemon_json": r.file(DAEMON_JSON, sudo=True),
+        "cmdline": r.run("tr '\\0' ' ' < /proc/$(systemctl show --property MainPID --value %s)/cmdline",
+                         SERVICE, sudo=True),
+        "cdi_refresh": r.service("nvidia-cdi-refresh.path", exists=True),
+        "nvidia_ctk": r.run("command -v nvidia-ctk"),
+        "groups": {user: r.run("id -nG %s", user) for user in r.settings["containers_docker_users"]},
+        "os_release": r.file("/etc/os-release"), "arch": r.run("dpkg --print-architecture"),
+        "entries": r.run("grep -s -H -E '^[[:space:]]*(deb|deb-src|URIs:)[[:space:]]' "
+                         "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources"),
+        "repos": {},
+    }
+    for repo in _vendors(r.settings):
+        sources = f"/etc/apt/sources.list.d/sparkrig-{repo['name']}.sources"
+        keyring = f"/etc/apt/keyrings/sparkrig-{repo['name']}.gpg"
+        found["repos"][repo["name"]] = {
+            "sources": r.path(sources), "content": r.file(sources), "keyring": r.path(keyring),
+            "keys": r.run("t=$(mktemp -d) && gpg --homedir $t --batch --with-colons --show-keys %s; rm -rf $t", keyring),
+            "policies": {package: r.run("apt-cache policy %s", package) for package in repo["packages"]},
+        }
+    return found
+
+
+@pytest.fixture
+def dockerd(read) -> dict:
+    """What the host says of Docker, which it must have: every host sparkrig converges runs it."""
+    found = read(state)
+    _has_docker(found)
+    return found
 
 
 @pytest.fixture
@@ -62,39 +103,39 @@ def check_image(docker, settings, host_data):
     return image
 
 
-def test_docker_is_enabled_and_running(docker):
+def test_docker_is_enabled_and_running(dockerd):
     """Protects against training containers that do not come back after a reboot:
     docker.service must be enabled as well as running."""
-    service = docker.service(SERVICE)
+    service = dockerd["service"]
     assert service.is_running, f"{SERVICE} is not running"
     assert service.is_enabled, f"{SERVICE} is not enabled: it will not start at boot"
 
 
-def test_nvidia_runtime_is_registered(docker):
+def test_nvidia_runtime_is_registered(dockerd):
     """Protects against "unknown or invalid runtime name: nvidia" (seen on Sparks whose
     toolkit was installed but never registered with Docker)."""
-    runtimes = json.loads(_info(docker, "{{json .Runtimes}}"))
+    runtimes = json.loads(dockerd["runtimes"].check())
     assert "nvidia" in runtimes, f"docker info lists the runtimes {sorted(runtimes)}, not nvidia"
 
 
-def test_default_runtime_is_as_configured(docker, settings):
+def test_default_runtime_is_as_configured(dockerd, settings):
     """Protects against GPU containers that silently run without the NVIDIA hook (nvidia
     not the default when asked), and against a default changed behind the user's back."""
-    default = _info(docker, "{{.DefaultRuntime}}").strip()
+    default = dockerd["default"].check().strip()
     if settings["containers_nvidia_default_runtime"]:
         assert default == "nvidia", f"the default runtime is {default}, containers_nvidia_default_runtime is True"
     else:
         assert default != "nvidia", "nvidia is the default runtime, containers_nvidia_default_runtime is False"
 
 
-def test_user_daemon_json_keys_survived(docker):
+def test_user_daemon_json_keys_survived(dockerd):
     """Protects against a deploy that overwrites the user's daemon.json (log driver, data
     root, registry mirrors): every key of the file sparkrig last replaced is still there
     with its value, apart from the runtime settings sparkrig manages."""
-    if not docker.file(BACKUP).exists:
+    if not dockerd["paths"][BACKUP].exists:
         pytest.skip(f"no {BACKUP}: sparkrig never replaced an existing daemon.json on this host")
-    before = json.loads(_sudo(docker, "cat %s", BACKUP))
-    after = json.loads(_sudo(docker, "cat %s", DAEMON_JSON))
+    before = json.loads(dockerd["backup"].check())
+    after = json.loads(dockerd["daemon_json"].check())
     managed = {"default-runtime"}
     for key, value in before.items():
         if key in managed:
@@ -107,24 +148,23 @@ def test_user_daemon_json_keys_survived(docker):
         assert after[key] == value, f"{DAEMON_JSON} changed the user's {key!r}: {value!r} -> {after[key]!r}"
 
 
-def test_daemon_json_is_root_owned_and_not_writable_by_others(docker):
+def test_daemon_json_is_root_owned_and_not_writable_by_others(dockerd):
     """Protects against privilege escalation: whoever can write daemon.json chooses the
     binaries dockerd runs as root (runtimes) and where it keeps its data."""
-    config = docker.file(DAEMON_JSON)
+    config = dockerd["paths"][DAEMON_JSON]
     assert config.exists, f"{DAEMON_JSON} is missing: the nvidia runtime cannot be registered"
     assert (config.user, config.group) == ("root", "root")
     assert config.mode & 0o022 == 0, f"{DAEMON_JSON} is writable by group or others: {oct(config.mode)}"
 
 
-def test_docker_api_is_not_exposed_on_tcp(docker):
+def test_docker_api_is_not_exposed_on_tcp(dockerd):
     """Protects against remote root: Docker's API on a TCP socket without TLS lets anyone
     who reaches the port run a privileged container."""
-    pid = _sudo(docker, "systemctl show --property MainPID --value %s", SERVICE).strip()
-    cmdline = _sudo(docker, "tr '\\0' ' ' < /proc/%s/cmdline", pid)
+    cmdline = dockerd["cmdline"].check()
     assert "tcp://" not in cmdline, f"dockerd listens on TCP: {cmdline}"
-    hosts = json.loads(_sudo(docker, "cat %s", DAEMON_JSON)).get("hosts", [])
+    hosts = json.loads(dockerd["daemon_json"].check()).get("hosts", [])
     assert not [h for h in hosts if h.startswith("tcp://")], f"daemon.json asks for TCP hosts: {hosts}"
-    sock = docker.file("/run/docker.sock")
+    sock = dockerd["paths"]["/run/docker.sock"]
     assert sock.is_socket and sock.user == "root" and sock.mode & 0o007 == 0, "docker.sock is open to others"
 
 
@@ -149,19 +189,19 @@ def test_gpus_are_visible_in_a_container(docker, check_image):
     assert "GPU 0:" in result.stdout
 
 
-def test_cdi_specification_is_kept(docker):
+def test_cdi_specification_is_kept(dockerd):
     """Protects against "unresolvable CDI devices": with CDI, a container's GPUs are only
     as current as the specification; nvidia-cdi-refresh (toolkit 1.18+) keeps it current."""
-    refresh = docker.service("nvidia-cdi-refresh.path")
+    refresh = dockerd["cdi_refresh"]
     if refresh.exists:
         assert refresh.is_enabled and refresh.is_running, "nvidia-cdi-refresh.path is not enabled and active"
         return
-    if not (docker.file("/dev/nvidiactl").exists and docker.run("command -v nvidia-ctk").rc == 0):
+    if not (dockerd["paths"]["/dev/nvidiactl"].exists and dockerd["nvidia_ctk"].rc == 0):
         pytest.skip("no GPU or no nvidia-ctk on this host: there is no CDI specification to keep")
-    assert docker.file("/etc/cdi/nvidia.yaml").exists, "/etc/cdi/nvidia.yaml is missing"
+    assert dockerd["paths"]["/etc/cdi/nvidia.yaml"].exists, "/etc/cdi/nvidia.yaml is missing"
 
 
-def test_configured_users_are_in_the_docker_group(docker, settings):
+def test_configured_users_are_in_the_docker_group(dockerd, settings):
     """Protects against the "permission denied ... docker.sock" that sends users to sudo
     for every container, for exactly the users the settings name (membership is
     root-equivalent)."""
@@ -169,17 +209,17 @@ def test_configured_users_are_in_the_docker_group(docker, settings):
     if not users:
         pytest.skip("containers_docker_users is empty: nobody is meant to join the docker group")
     for user in users:
-        assert "docker" in docker.user(user).groups, f"{user} is not in the docker group"
+        assert "docker" in dockerd["groups"][user].check().split(), f"{user} is not in the docker group"
 
 
-def _release(host) -> dict[str, str]:
+def _release(found) -> dict[str, str]:
     os_release = dict(
-        line.split("=", 1) for line in host.file("/etc/os-release").content_string.splitlines() if "=" in line
+        line.split("=", 1) for line in found["os_release"].check().splitlines() if "=" in line
     )
     return {
         "os": os_release["ID"].strip('"'),
         "codename": os_release.get("VERSION_CODENAME", "").strip('"'),
-        "arch": host.check_output("dpkg --print-architecture"),
+        "arch": found["arch"].check(),
     }
 
 
@@ -196,20 +236,19 @@ def _vendors(settings) -> list[dict[str, str]]:
     ]
 
 
-def _repositories(settings, host) -> list[dict[str, str]]:
+def _repositories(settings, found) -> list[dict[str, str]]:
     """The vendor repositories sparkrig must have configured: those the settings name, and
     under "auto" those whose sparkrig sources file exists (auto chose the vendor's)."""
     return [
         repo for repo in _vendors(settings)
         if repo["source"] == repo["vendor"] or (
-            repo["source"] == "auto" and host.file(f"/etc/apt/sources.list.d/sparkrig-{repo['name']}.sources").exists)
+            repo["source"] == "auto" and found["repos"][repo["name"]]["sources"].exists)
     ]
 
 
-def _source_entries(host) -> list[tuple[str, str]]:
+def _source_entries(found) -> list[tuple[str, str]]:
     """(file, URI) of every apt source entry on the host."""
-    listing = host.run("grep -s -H -E '^[[:space:]]*(deb|deb-src|URIs:)[[:space:]]' "
-                       "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources")
+    listing = found["entries"]
     entries = []
     for line in listing.stdout.splitlines():
         path, _, entry = line.partition(":")
@@ -221,11 +260,11 @@ def _source_entries(host) -> list[tuple[str, str]]:
     return entries
 
 
-def test_no_vendor_repository_is_configured_twice(docker, settings):
+def test_no_vendor_repository_is_configured_twice(dockerd, settings):
     """Protects against a second copy of a repository the box already has (DGX OS ships
     its own sources): apt then refuses to work ("Conflicting values set for option
     Signed-By"), and upgrades stop. At most one file names each vendor's origin."""
-    entries = _source_entries(docker)
+    entries = _source_entries(dockerd)
     for repo in _vendors(settings):
         origin = repo["url"].split("://", 1)[-1].split("{", 1)[0].rstrip("/")
         files = sorted({path for path, uri in entries
@@ -233,45 +272,44 @@ def test_no_vendor_repository_is_configured_twice(docker, settings):
         assert len(files) <= 1, f"{origin} is configured in {len(files)} files: {files}"
 
 
-def test_vendor_repositories_trust_their_own_key_alone(docker, settings):
+def test_vendor_repositories_trust_their_own_key_alone(dockerd, settings):
     """Protects against packages signed by the wrong key: each vendor repository is
     trusted only with its own keyring (Signed-By), and that keyring holds exactly the
     key whose fingerprint the settings name; neither file is writable by others."""
-    repos = _repositories(settings, docker)
+    repos = _repositories(settings, dockerd)
     if not repos:
         pytest.skip("no vendor repository is configured by sparkrig here (sources 'preinstalled' or 'distro', "
                     "or 'auto' keeping what the host had)")
-    release = _release(docker)
+    release = _release(dockerd)
     for repo in repos:
-        sources = docker.file(f"/etc/apt/sources.list.d/sparkrig-{repo['name']}.sources")
+        found = dockerd["repos"][repo["name"]]
+        sources = found["sources"]
         keyring = f"/etc/apt/keyrings/sparkrig-{repo['name']}.gpg"
         assert sources.exists, f"{sources.path} is missing"
-        fields = dict(line.split(": ", 1) for line in sources.content_string.splitlines()
+        fields = dict(line.split(": ", 1) for line in found["content"].check().splitlines()
                       if ": " in line and not line.startswith("#"))
         assert fields["URIs"] == repo["url"].format(**release)
         assert fields["Signed-By"] == keyring
-        listing = docker.check_output(
-            "t=$(mktemp -d) && gpg --homedir $t --batch --with-colons --show-keys %s; rm -rf $t", keyring)
+        listing = found["keys"].check()
         primary = [line.split(":")[9] for i, line in enumerate(listing.splitlines()[1:], 1)
                    if line.startswith("fpr") and listing.splitlines()[i - 1].startswith("pub")]
         assert primary == [repo["fingerprint"]], f"{keyring} holds {primary}, not {repo['fingerprint']}"
-        for path in (sources.path, keyring):
-            f = docker.file(path)
+        for path, f in ((sources.path, sources), (keyring, found["keyring"])):
             assert f.user == "root" and f.mode & 0o022 == 0, f"{path} is writable by others"
 
 
-def test_packages_come_from_the_configured_repository(docker, settings):
+def test_packages_come_from_the_configured_repository(dockerd, settings):
     """Protects against a vendor package silently installed from somewhere else (a stale
     list, another mirror): the installed version's origin is the configured repository."""
-    repos = _repositories(settings, docker)
+    repos = _repositories(settings, dockerd)
     if not repos:
         pytest.skip("no vendor repository is configured by sparkrig here (sources 'preinstalled' or 'distro', "
                     "or 'auto' keeping what the host had)")
-    release = _release(docker)
+    release = _release(dockerd)
     for repo in repos:
         url = repo["url"].format(**release).rstrip("/")
         for package in repo["packages"]:
-            policy = docker.check_output("apt-cache policy %s", package)
+            policy = dockerd["repos"][repo["name"]]["policies"][package].check()
             lines = policy.splitlines()
             installed = next(line.split(":", 1)[1].strip() for line in lines if "Installed:" in line)
             assert installed != "(none)", f"{package} is not installed"
@@ -279,36 +317,3 @@ def test_packages_come_from_the_configured_repository(docker, settings):
             origins = [line.split()[1] for line in lines[at + 1:] if line.startswith("        ")]
             assert any(origin.rstrip("/").startswith(url) for origin in origins), (
                 f"{package} {installed} comes from {origins}, not {url}")
-
-
-# What the read-only controls above ask, read once per host before they run (reads.py).
-def reads(plan, settings) -> None:
-    plan.path("/run/systemd/system")
-    plan.run("command -v dockerd", sudo=True)
-    plan.service(SERVICE)
-    plan.run("docker info --format %s", "{{json .Runtimes}}", sudo=True)
-    plan.run("docker info --format %s", "{{.DefaultRuntime}}", sudo=True)
-    for path in (BACKUP, DAEMON_JSON, "/run/docker.sock", "/dev/nvidiactl", "/etc/cdi/nvidia.yaml"):
-        plan.path(path)
-    plan.run("cat %s", BACKUP, sudo=True)
-    plan.run("cat %s", DAEMON_JSON, sudo=True)
-    plan.run("systemctl show --property MainPID --value %s", SERVICE, sudo=True)
-    pid = plan.known("systemctl show --property MainPID --value %s", SERVICE, sudo=True)
-    if pid is not None:
-        plan.run("tr '\\0' ' ' < /proc/%s/cmdline", pid.strip(), sudo=True)
-    plan.service("nvidia-cdi-refresh.path")
-    plan.run("command -v nvidia-ctk")
-    for user in settings["containers_docker_users"]:
-        plan.run("id -nG %s", user)
-    plan.file("/etc/os-release")
-    plan.run("dpkg --print-architecture")
-    plan.run("grep -s -H -E '^[[:space:]]*(deb|deb-src|URIs:)[[:space:]]' "
-             "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources")
-    for repo in _vendors(settings):
-        sources = f"/etc/apt/sources.list.d/sparkrig-{repo['name']}.sources"
-        keyring = f"/etc/apt/keyrings/sparkrig-{repo['name']}.gpg"
-        plan.file(sources)
-        plan.path(keyring)
-        plan.run("t=$(mktemp -d) && gpg --homedir $t --batch --with-colons --show-keys %s; rm -rf $t", keyring)
-        for package in repo["packages"]:
-            plan.run("apt-cache policy %s", package)

@@ -10,7 +10,3 @@ def test_the_box_is_the_hardware_its_profile_says(settings, identity, profile):
     gb10's aarch64 wheels and 12.1a arch list, a Spark with a workstation's): its CPU
     architecture and, where a GPU is visible, its compute capability are the profile's."""
     assert contradiction(settings["hardware_profile"], profile, identity) is None
-
-
-def reads(plan, settings) -> None:
-    """The identity is one of the constants every host is asked (conftest.CONSTANTS)."""

@@ -20,6 +20,7 @@ import uuid
 import pytest
 
 from tests.compliance.conftest import inventory_name
+from tests.compliance.reads import need
 
 SLICE = "training.slice"
 COMMANDS = ["spark-run", "spark-jobs", "spark-preflight", "spark-drop-caches"]
@@ -27,71 +28,110 @@ UINT32_MAX = 2**32 - 1
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def _physical(host) -> tuple[int, int]:
+# The commands the action controls send more than once, written once.
+DROP_CACHES = "spark-drop-caches"
+STOP = "spark-jobs stop %s"
+CAN_SUDO = "sudo -n true"
+
+
+@need
+def physical(r) -> tuple[int, int]:
     """The host's memory in bytes (MemTotal) and its page size."""
-    mem_total_kib = int(host.check_output("awk '$1 == \"MemTotal:\" { print $2 }' /proc/meminfo"))
-    return mem_total_kib * 1024, int(host.check_output("getconf PAGESIZE"))
+    memory, page = r.run("awk '$1 == \"MemTotal:\" { print $2 }' /proc/meminfo"), r.run("getconf PAGESIZE")
+    return int(memory.check()) * 1024, int(page.check())
 
 
-def _scaled(host, value: int, maximum: int) -> int:
+def _scaled(physical, value: int, maximum: int) -> int:
     """systemd's physical_memory_scale(): whole pages of value/maximum of the memory."""
-    memory, page = _physical(host)
+    memory, page = physical
     return memory // page * value // maximum * page
 
 
-def _slice_bytes(host, memory_max: str) -> str:
+def _slice_bytes(physical, memory_max: str) -> str:
     """What `systemctl show -p MemoryMax` prints for MemoryMax=memory_max in a unit file."""
     if memory_max == "infinity":
         return "infinity"
     if memory_max.endswith("%"):
-        return str(_scaled(host, int(memory_max[:-1]) * 100, 10000))
+        return str(_scaled(physical, int(memory_max[:-1]) * 100, 10000))
     number, unit = re.fullmatch(r"(\d+)([KMGT]?)", memory_max).groups()
     return str(int(number) * _UNITS[unit])
 
 
-def _scope_bytes(host, memory_max: str) -> str:
+def _scope_bytes(physical, memory_max: str) -> str:
     """The same for spark-run's scope, where a percentage travels as MemoryMaxScale."""
     if memory_max.endswith("%"):
-        return str(_scaled(host, int(memory_max[:-1]) * UINT32_MAX // 100, UINT32_MAX))
-    return _slice_bytes(host, memory_max)
+        return str(_scaled(physical, int(memory_max[:-1]) * UINT32_MAX // 100, UINT32_MAX))
+    return _slice_bytes(physical, memory_max)
 
 
-def _assert_bytes(host, shown: str, expected: str) -> None:
+def _assert_bytes(physical, shown: str, expected: str) -> None:
     """A MemoryMax systemd shows against the expected one, to a page (systemd's rounding)."""
     if "infinity" in (shown, expected):
         assert shown == expected
     else:
-        assert abs(int(shown) - int(expected)) <= _physical(host)[1], (shown, expected)
+        assert abs(int(shown) - int(expected)) <= physical[1], (shown, expected)
 
 
-def _show(host, unit: str, *properties: str) -> dict[str, str]:
+def _show_command(unit: str, *properties: str) -> str:
     args = " ".join(f"--property {p}" for p in properties)
-    output = host.check_output(f"systemctl show {args} {shlex.quote(unit)}")
+    return f"systemctl show {args} {shlex.quote(unit)}"
+
+
+def _shown(output: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in output.splitlines())
 
 
+def _show(host, unit: str, *properties: str) -> dict[str, str]:
+    return _shown(host.check_output(_show_command(unit, *properties)))
+
+
+_MEM_TOTAL_KIB = "$(awk '$1 == \"MemTotal:\" { print $2 }' /proc/meminfo)"
+
+
+@need
+def state(r) -> dict:
+    """What the read-only job controls read of the host."""
+    threshold = int(r.settings["jobs_preflight_min_available_kib"])
+    cache, group = r.settings["jobs_model_cache"], r.settings["jobs_model_cache_group"]
+    return {
+        "commands": {name: r.path(f"/usr/local/bin/{name}") for name in COMMANDS},
+        "slice": r.run(_show_command(SLICE, "LoadState", "MemoryMax", "MemorySwapMax")),
+        # The threshold lowered to 1 GiB on a host whose whole memory is below it (the control's rule).
+        "preflight": r.run(f"if [ {_MEM_TOTAL_KIB} -ge {threshold} ]; then spark-preflight; "
+                           "else spark-preflight --min-available-kib 1048576; fi"),
+        "preflight_short": r.run(f"spark-preflight --min-available-kib $(({_MEM_TOTAL_KIB} + 1))"),
+        "cache": r.path(cache) if cache else None,
+        "group": r.run("getent group %s", group) if cache else None,
+        "groups": {user: r.run("id -Gn %s", user) for user in r.settings["jobs_model_cache_users"]} if cache else {},
+    }
+
+
+
+
 @pytest.mark.parametrize("name", COMMANDS)
-def test_commands_are_root_owned_executables_nobody_else_can_change(host, name):
+def test_commands_are_root_owned_executables_nobody_else_can_change(read, name):
     """Protects against privilege escalation: these commands are run with sudo (and
     spark-run calls sudo itself), so whoever can change them runs code as root."""
-    f = host.file(f"/usr/local/bin/{name}")
+    f = read(state)["commands"][name]
     assert f.is_file, f"/usr/local/bin/{name} is missing"
     assert (f.user, f.group) == ("root", "root")
     assert f.mode == 0o755, f"mode {f.mode:o}"
 
 
-def test_training_slice_caps_memory_and_forbids_swap(host, settings):
+def test_training_slice_caps_memory_and_forbids_swap(read, settings):
     """Protects against jobs that together take the memory the OS, sshd and the
     watchdog need, or push the machine into swap (GPU memory cannot swap; swap only
     delays the freeze). On GB10 this caps CPU-side memory and page cache only."""
-    shown = _show(host, SLICE, "LoadState", "MemoryMax", "MemorySwapMax")
+    found = read(state)
+    shown = _shown(found["slice"].check())
     assert shown["LoadState"] == "loaded"
     assert shown["MemorySwapMax"] == "0"
-    _assert_bytes(host, shown["MemoryMax"], _slice_bytes(host, settings["jobs_memory_max"]))
+    memory = read(physical)
+    _assert_bytes(memory, shown["MemoryMax"], _slice_bytes(memory, settings["jobs_memory_max"]))
 
 
 @pytest.mark.action
-def test_spark_run_puts_a_root_job_in_training_slice_with_a_raised_oom_score(host, settings):
+def test_spark_run_puts_a_root_job_in_training_slice_with_a_raised_oom_score(host, read, settings):
     """Protects against jobs that escape the cap, or that the OOM killer and earlyoom
     would spare while they kill something the machine needs (sshd, the desktop)."""
     with host.sudo():
@@ -102,13 +142,13 @@ def test_spark_run_puts_a_root_job_in_training_slice_with_a_raised_oom_score(hos
 
 
 @pytest.mark.action
-def test_spark_run_keeps_the_users_identity_and_environment(host, settings):
+def test_spark_run_keeps_the_users_identity_and_environment(host, read, settings):
     """Protects against jobs that run as root, or without the caller's LD_LIBRARY_PATH,
     PYTHONPATH and virtualenv (what `sudo systemd-run --scope` would strip), and
     against a scope whose own caps differ from the settings."""
     if host.user().name == "root":
         pytest.skip("the suite logs in as root here: the ordinary-user path is not exercised")
-    if host.run("sudo -n true").rc != 0:
+    if host.run(CAN_SUDO).rc != 0:
         pytest.skip("sudo asks this user for a password: spark-run would prompt for it")
     probe = (
         "id -u; printf '%s\\n' \"$LD_LIBRARY_PATH\" \"$SPARKRIG_PROBE\"; "
@@ -123,7 +163,7 @@ def test_spark_run_keeps_the_users_identity_and_environment(host, settings):
     shown = dict(line.split("=", 1) for line in properties)
     assert shown["Slice"] == SLICE
     assert shown["MemorySwapMax"] == "0"
-    _assert_bytes(host, shown["MemoryMax"], _scope_bytes(host, settings["jobs_memory_max"]))
+    _assert_bytes(read(physical), shown["MemoryMax"], _scope_bytes(read(physical), settings["jobs_memory_max"]))
 
 
 @pytest.mark.action
@@ -134,26 +174,22 @@ def test_spark_run_passes_on_the_jobs_exit_status(host):
         assert host.run("spark-run -- sh -c 'exit 7'").rc == 7
 
 
-def test_spark_preflight_passes_on_a_converged_host(host, settings):
+def test_spark_preflight_passes_on_a_converged_host(read):
     """Protects against a preflight that blocks every run on a correctly configured
     machine. On a host whose whole memory is below jobs_preflight_min_available_kib
     (the lab's hosts share a 24 GiB controller; the default suits a 128 GB Spark), the
     memory threshold is lowered to 1 GiB: the check itself is proven by the next control."""
-    memory, _ = _physical(host)
-    threshold = settings["jobs_preflight_min_available_kib"]
-    args = "" if memory // 1024 >= threshold else "--min-available-kib 1048576"
-    result = host.run(f"spark-preflight {args}")
+    result = read(state)["preflight"]
     assert result.rc == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert [line.split()[1] for line in lines] == ["memory:", "swap:", "watchdog:", "strays:", "gpu:"]
     assert all(line.startswith(("OK ", "SKIP ")) for line in lines), lines
 
 
-def test_spark_preflight_fails_when_memory_is_short(host):
+def test_spark_preflight_fails_when_memory_is_short(read):
     """Protects against a memory check that passes whatever the memory: a threshold
     above the host's whole memory must fail with the memory code (4)."""
-    memory, _ = _physical(host)
-    result = host.run(f"spark-preflight --min-available-kib {memory // 1024 + 1}")
+    result = read(state)["preflight_short"]
     assert result.rc & 4, result.stdout
     assert result.stdout.splitlines()[0].startswith("FAIL memory: ")
 
@@ -163,11 +199,11 @@ def test_spark_drop_caches_works_as_root_only(host):
     """Protects against a cache flush that silently does nothing between runs (NVIDIA's
     advice on Spark), and against one that pretends to work for an ordinary user."""
     with host.sudo():
-        result = host.run("spark-drop-caches")
+        result = host.run(DROP_CACHES)
     assert result.rc == 0, result.stderr
     assert re.fullmatch(r"spark-drop-caches: page cache \d+ MiB before, \d+ MiB after", result.stdout.strip())
     if host.user().name != "root":
-        refused = host.run("spark-drop-caches")
+        refused = host.run(DROP_CACHES)
         assert refused.rc == 1 and "must run as root" in refused.stderr
 
 
@@ -180,7 +216,7 @@ def job_user(host):
     sudo to start the service)."""
     if host.user().name == "root":
         pytest.skip("the suite logs in as root here: the ordinary-user path is not exercised")
-    if host.run("sudo -n true").rc != 0:
+    if host.run(CAN_SUDO).rc != 0:
         pytest.skip("sudo asks this user for a password: spark-run --detach would prompt for it")
     return host.user().name
 
@@ -260,7 +296,7 @@ def test_a_detached_job_outlives_its_ssh_session_and_keeps_its_exit_status(reque
 
 
 @pytest.mark.action
-def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, settings, job_user, job_name):
+def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, read, settings, job_user, job_name):
     """Protects against background jobs that escape training.slice's cap, that the OOM killer
     and earlyoom would spare, that run as root, or without the caller's environment, directory
     and jobs_env; and against a stop that does not stop: spark-jobs stop ends it, and it is
@@ -274,11 +310,11 @@ def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, settin
     shown = _show(host, unit, "Slice", "MemoryMax", "MemorySwapMax", "OOMScoreAdjust", "User")
     assert (shown["Slice"], shown["MemorySwapMax"], shown["User"]) == (SLICE, "0", job_user)
     assert shown["OOMScoreAdjust"] == str(settings["jobs_oom_score_adj"])
-    _assert_bytes(host, shown["MemoryMax"], _scope_bytes(host, settings["jobs_memory_max"]))
+    _assert_bytes(read(physical), shown["MemoryMax"], _scope_bytes(read(physical), settings["jobs_memory_max"]))
     output = host.check_output("spark-jobs logs %s", job_name).splitlines()
     expected_env = settings["jobs_env"].get("PYTORCH_CUDA_ALLOC_CONF", "unset")
     assert output[:5] == [str(settings["jobs_oom_score_adj"]), job_user, "/tmp", "a b$c", expected_env], output
-    assert host.run("spark-jobs stop %s", job_name).rc == 0
+    assert host.run(STOP, job_name).rc == 0
     row = _wait_for(lambda: (_row(host, job_name) or [""] * 3)[2] == "stopped" and _row(host, job_name), 30)
     assert row and row[-1] == "SIGTERM", row
 
@@ -313,7 +349,7 @@ def test_a_running_job_name_is_refused_and_others_jobs_cannot_be_stopped(host, j
         host.check_output("spark-run --detach %s -- sleep 300", job_name)
     again = host.run("spark-run --detach %s -- true", job_name)
     assert again.rc == 1 and "is active" in again.stderr, again.stderr
-    refused = host.run("spark-jobs stop %s", job_name)
+    refused = host.run(STOP, job_name)
     assert refused.rc == 1 and "is root's job" in refused.stderr, refused.stderr
     assert (_row(host, job_name) or [""] * 3)[1:3] == ["root", "active"]
 
@@ -348,34 +384,17 @@ def test_old_job_records_are_removed_and_recent_ones_kept(host, settings):
             host.run("rm -f %s %s", old, new)
 
 
-def test_the_shared_model_cache_belongs_to_its_group(host, settings):
+def test_the_shared_model_cache_belongs_to_its_group(read, settings):
     """Protects against a model cache that one user's download makes unusable for the others
     (or that anyone may replace): the directory is root's and the group's, setgid, group-
     writable, and each of jobs_model_cache_users is in the group."""
     if not settings["jobs_model_cache"]:
         pytest.skip("jobs_model_cache is empty for this host: each user keeps their own cache")
-    cache = host.file(settings["jobs_model_cache"])
+    found = read(state)
+    cache = found["cache"]
     assert cache.is_directory and not cache.is_symlink
     assert (cache.user, cache.group, cache.mode) == ("root", settings["jobs_model_cache_group"], 0o2775)
-    members = host.group(settings["jobs_model_cache_group"])
-    assert members.exists
+    assert found["group"].rc == 0, f"group {settings['jobs_model_cache_group']} does not exist"
     for user in settings["jobs_model_cache_users"]:
-        assert settings["jobs_model_cache_group"] in host.user(user).groups, f"{user} is not in the group"
-
-
-# What the read-only controls above ask, read once per host before they run (reads.py).
-def reads(plan, settings) -> None:
-    for name in COMMANDS:
-        plan.path(f"/usr/local/bin/{name}")
-    plan.run(f"systemctl show --property LoadState --property MemoryMax --property MemorySwapMax {SLICE}")
-    memory = plan.known("awk '$1 == \"MemTotal:\" { print $2 }' /proc/meminfo")
-    if memory is not None:
-        memory_kib = int(memory)
-        threshold = settings["jobs_preflight_min_available_kib"]
-        plan.run(f"spark-preflight {'' if memory_kib >= threshold else '--min-available-kib 1048576'}")
-        plan.run(f"spark-preflight --min-available-kib {memory_kib + 1}")
-    if settings["jobs_model_cache"]:
-        plan.path(settings["jobs_model_cache"])
-        plan.run("getent group %s", settings["jobs_model_cache_group"])
-        for user in settings["jobs_model_cache_users"]:
-            plan.run("id -nG %s", user)
+        groups = found["groups"][user].check().split()
+        assert settings["jobs_model_cache_group"] in groups, f"{user} is not in the group"

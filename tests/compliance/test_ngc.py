@@ -12,13 +12,56 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import time
 
 import pytest
 
+from sparkrig.user_files import user_read
+from tests.compliance.reads import need
+
 LAUNCHER = "/usr/local/bin/spark-container"
 TOKEN = "/var/lib/sparkrig/jupyter/token"
 UNIT = "sparkrig-jupyter.service"
+LISTENERS = "ss -ltnH 'sport = :%s'"  # the local addresses listening on a TCP port
+TOKEN_LIMIT = 4096
+JUPYTER_TRIES = 30  # seconds a starting JupyterLab is given to answer
+
+
+@need
+def state(r) -> dict | None:
+    """What the read-only NGC controls read of the host (nothing where NGC is off)."""
+    settings = r.settings
+    if not settings["ngc_enabled"]:
+        return None
+    found = {
+        "base": r.run("docker image inspect --format '{{json .RepoDigests}}' %s", settings["ngc_base_image"], sudo=True),
+        "dockerfile": r.file("/etc/sparkrig/ngc/Dockerfile", sudo=True),
+        "digest": r.run("sha256sum < /etc/sparkrig/ngc/Dockerfile", sudo=True),
+        "label": r.run("docker image inspect --format '{{index .Config.Labels \"sparkrig.recipe\"}}' %s",
+                       settings["ngc_image"], sudo=True),
+        "launcher": r.path(LAUNCHER), "syntax": r.run("bash -n %s", LAUNCHER),
+    }
+    if settings["ngc_jupyter"]:
+        port = settings["ngc_jupyter_port"]
+        url = f"http://127.0.0.1:{port}/api/kernelspecs"
+        # The token file is the Jupyter user's: read through the bounded reader, and handed to
+        # curl on its standard input (printf is a shell builtin), never in argv.
+        token = user_read(shlex.quote(TOKEN), TOKEN_LIMIT)
+        found.update(
+            service=r.service(UNIT),
+            listeners=r.run(LISTENERS, str(port), sudo=True),
+            connect=r.run("bash -c %s", f"exec 3<>/dev/tcp/127.0.0.1/{port}"),
+            token=r.path(TOKEN, sudo=True),
+        )
+    if settings["ngc_jupyter"] and settings["ngc_jupyter_command"].startswith("jupyter "):
+        found.update(
+            status=r.run(f"for i in $(seq {JUPYTER_TRIES}); do s=$(curl -s -o /dev/null -w '%{{http_code}}' "
+                         f"{shlex.quote(url)}); case $s in ''|000) sleep 1;; *) break;; esac; done; echo \"$s\""),
+            kernelspecs=r.run(f"t=$({token}) && printf 'header = \"Authorization: token %s\"\\n' \"$t\" | "
+                              f"curl -sf -K - {shlex.quote(url)}", sudo=True),
+        )
+    return found
 
 
 @pytest.fixture
@@ -49,7 +92,7 @@ def _listeners(host, port: int, tries: int) -> list[str]:
     listeners: list[str] = []
     for _ in range(tries):
         with host.sudo():
-            out = host.check_output("ss -ltnH 'sport = :%s'", str(port))
+            out = host.check_output(LISTENERS, str(port))
         listeners = [line.split()[3] for line in out.splitlines() if line.strip()]
         if listeners:
             break
@@ -57,40 +100,45 @@ def _listeners(host, port: int, tries: int) -> list[str]:
     return listeners
 
 
-def test_base_image_is_present_at_the_pinned_digest(ngc, settings):
+@pytest.fixture
+def ngc_read(read, settings) -> dict:
+    """What the host says of the NGC workflow, where it is turned on."""
+    if not settings["ngc_enabled"]:
+        pytest.skip("ngc_enabled is False for this host: no NGC container workflow to check")
+    return read(state)
+
+
+def test_base_image_is_present_at_the_pinned_digest(ngc_read, settings):
     """Protects against training on whatever a moving tag pointed to that day, and a first
     launch that waits for a 20 GB pull: the base image is there, at the pinned digest."""
     image = settings["ngc_base_image"]
     repository, digest = image.split("@")
     repository = repository.rsplit(":", 1)[0] if ":" in repository.split("/")[-1] else repository
-    with ngc.sudo():
-        out = ngc.run("docker image inspect --format '{{json .RepoDigests}}' %s", image)
+    out = ngc_read["base"]
     assert out.rc == 0, f"{image} is not present: {out.stderr}"
     assert f"{repository}@{digest}" in json.loads(out.stdout), f"{image} is present under {out.stdout}"
 
 
-def test_built_image_carries_its_recipe(ngc, settings):
+def test_built_image_carries_its_recipe(ngc_read, settings):
     """Protects against an image built from an older Dockerfile (or by hand) posing as the
     configured one: the built image is labelled with the sha256 of the Dockerfile on the host."""
     if settings["ngc_build"] == "none":
         pytest.skip("ngc_build is 'none': the base image runs as it is, nothing is built")
-    with ngc.sudo():
-        dockerfile = ngc.check_output("cat /etc/sparkrig/ngc/Dockerfile")
-        digest = ngc.check_output("sha256sum < /etc/sparkrig/ngc/Dockerfile").split()[0]
-        label = ngc.check_output(
-            "docker image inspect --format '{{index .Config.Labels \"sparkrig.recipe\"}}' %s", settings["ngc_image"])
+    dockerfile = ngc_read["dockerfile"].check()
+    digest = ngc_read["digest"].check().split()[0]
+    label = ngc_read["label"].check()
     assert f"FROM {settings['ngc_base_image']}" in dockerfile, "the Dockerfile is not FROM the pinned base image"
     assert label == digest, "the image was not built from the Dockerfile on the host"
 
 
-def test_launcher_is_root_owned_and_not_writable_by_others(ngc):
+def test_launcher_is_root_owned_and_not_writable_by_others(ngc_read):
     """Protects against privilege escalation: every allowed user runs spark-container with
     Docker access, so whoever can change it runs code as them (and as root, through Docker)."""
-    launcher = ngc.file(LAUNCHER)
+    launcher = ngc_read["launcher"]
     assert launcher.exists, f"{LAUNCHER} is missing"
     assert (launcher.user, launcher.group) == ("root", "root")
     assert launcher.mode == 0o755, f"{LAUNCHER} has mode {oct(launcher.mode)}"
-    assert ngc.run("bash -n %s", LAUNCHER).rc == 0
+    assert ngc_read["syntax"].rc == 0
 
 
 @pytest.mark.action
@@ -140,36 +188,35 @@ def test_secrets_reach_the_container_but_not_docker_inspect(ngc, launcher_user):
 
 
 @pytest.fixture
-def jupyter(ngc, settings):
+def jupyter(ngc_read, settings) -> dict:
     if not settings["ngc_jupyter"]:
         pytest.skip("ngc_jupyter is False for this host: no Jupyter service to check")
-    return ngc
+    return ngc_read
 
 
 def test_jupyter_listens_on_loopback_only(jupyter, settings):
     """Protects against a notebook server (which runs any code it is sent) open to the
     network: the service is enabled and running, and every socket on its port is bound to
     127.0.0.1 or ::1."""
-    service = jupyter.service(UNIT)
+    service = jupyter["service"]
     assert service.is_enabled and service.is_running, f"{UNIT} is not enabled and running"
     port = settings["ngc_jupyter_port"]
-    listeners = _listeners(jupyter, port, tries=30)  # the container may be starting
+    listeners = [line.split()[3] for line in jupyter["listeners"].check().splitlines() if line.strip()]
     assert listeners, f"nothing listens on port {port}"
     exposed = [a for a in listeners if not a.startswith(("127.0.0.1:", "[::1]:"))]
     assert not exposed, f"Jupyter's port {port} is bound beyond loopback: {exposed}"
-    assert jupyter.run("bash -c %s", f"exec 3<>/dev/tcp/127.0.0.1/{port}").rc == 0, "no answer on 127.0.0.1"
+    assert jupyter["connect"].rc == 0, "no answer on 127.0.0.1"
 
 
 def test_jupyter_token_file_is_private(jupyter, settings):
     """Protects against a token anyone on the host can read (and so open the notebook
     server), or a missing one that leaves Jupyter to make up its own: the token file is the
     Jupyter user's, mode 0600, and not empty."""
-    with jupyter.sudo():
-        token = jupyter.file(TOKEN)
-        assert token.exists, f"{TOKEN} is missing"
-        assert token.user == settings["ngc_jupyter_user"]
-        assert token.mode == 0o600, f"{TOKEN} has mode {oct(token.mode)}"
-        assert token.size >= 32, f"{TOKEN} holds a token of {token.size} bytes"
+    token = jupyter["token"]
+    assert token.exists, f"{TOKEN} is missing"
+    assert token.user == settings["ngc_jupyter_user"]
+    assert token.mode == 0o600, f"{TOKEN} has mode {oct(token.mode)}"
+    assert token.size >= 32, f"{TOKEN} holds a token of {token.size} bytes"
 
 
 def test_jupyter_wants_its_token_and_offers_the_images_python(jupyter, settings):
@@ -180,17 +227,9 @@ def test_jupyter_wants_its_token_and_offers_the_images_python(jupyter, settings)
         pytest.skip(f"ngc_jupyter_command runs {settings['ngc_jupyter_command'].split()[0]!r}, not "
                     "Jupyter (the lab's stand-in HTTP server): there is no token nor kernel to check")
     url = f"http://127.0.0.1:{settings['ngc_jupyter_port']}/api/kernelspecs"
-    status = ""
-    for _ in range(60):  # JupyterLab may be starting
-        status = jupyter.run("curl -s -o /dev/null -w '%%{http_code}' %s", url).stdout
-        if status not in ("", "000"):
-            break
-        time.sleep(1)
+    status = jupyter["status"].stdout.strip()
     assert status in ("401", "403"), f"{url} answered {status} without a token"
-    # The token goes to curl on its standard input (printf is a shell builtin): never in argv.
-    with jupyter.sudo():
-        specs = jupyter.check_output(
-            "printf 'header = \"Authorization: token %%s\"\\n' \"$(cat %s)\" | curl -sf -K - %s", TOKEN, url)
+    specs = jupyter["kernelspecs"].check()
     assert "python3" in json.loads(specs)["kernelspecs"], specs
 
 
@@ -260,23 +299,3 @@ def test_home_mounts_are_read_only_and_the_model_cache_is_shared(ngc, launcher_u
             written = ngc.check_output("find %s -maxdepth 1 -name 'sparkrig-probe-*' -printf '%%g\\n' -delete",
                                        settings["jobs_model_cache"])
         assert written.split() and set(written.split()) == {settings["jobs_model_cache_group"]}, written
-
-
-# What the read-only controls above ask, read once per host before they run (reads.py).
-def reads(plan, settings) -> None:
-    if not settings["ngc_enabled"]:
-        return
-    plan.run("docker image inspect --format '{{json .RepoDigests}}' %s", settings["ngc_base_image"], sudo=True)
-    plan.run("cat /etc/sparkrig/ngc/Dockerfile", sudo=True)
-    plan.run("sha256sum < /etc/sparkrig/ngc/Dockerfile", sudo=True)
-    plan.run("docker image inspect --format '{{index .Config.Labels \"sparkrig.recipe\"}}' %s",
-             settings["ngc_image"], sudo=True)
-    plan.path(LAUNCHER)
-    plan.run("bash -n %s", LAUNCHER)
-    if settings["ngc_jupyter"]:
-        plan.service(UNIT)
-        port = settings["ngc_jupyter_port"]
-        plan.run("ss -ltnH 'sport = :%s'", str(port), sudo=True)
-        plan.run("bash -c %s", f"exec 3<>/dev/tcp/127.0.0.1/{port}")
-        for question in ("test -e %s", "stat -Lc %%U %s", "stat -Lc %%a %s", "stat -Lc %%s %s"):
-            plan.run(question, TOKEN, sudo=True)  # under host.sudo(): asked as such

@@ -10,14 +10,14 @@ run with testinfra's local backend (README, "Python stack").
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import urllib.parse
 
 import pytest
 
-from tests.compliance.conftest import as_venv_owner
+from tests.compliance.reads import need
+from tests.compliance.venv import distributions, interpreter, pyvenv_version
 
 UV = "/opt/sparkrig/uv/bin/uv"
 UV_TOOL = "/opt/sparkrig/uv"
@@ -53,18 +53,9 @@ def pins(manifest, settings) -> dict[str, str]:
     return {_normal(name): version for name, version in found.items()}
 
 
-def _python(host, venv: str, code: str) -> str:
-    """Run ``code`` with the venv's Python, as the venv's owner when the suite is root; its stdout."""
-    command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}"
-    return host.check_output(as_venv_owner(host, host.file(venv).user, command))
-
-
-def _installed(host, venv: str) -> dict[str, str]:
-    code = (
-        "import importlib.metadata as m, json\n"
-        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
-    )
-    return {_normal(k): v for k, v in json.loads(_python(host, venv, code)).items()}
+def _installed(found: dict) -> dict[str, str]:
+    """Installed distributions by normalised name: their versions (read from METADATA)."""
+    return {_normal(name): d["version"] for name, d in found.items()}
 
 
 def _same_version(installed: str, pinned: str) -> bool:
@@ -72,41 +63,69 @@ def _same_version(installed: str, pinned: str) -> bool:
     return installed == pinned or ("+" not in pinned and installed.split("+")[0] == pinned)
 
 
-def test_uv_is_the_pinned_release(host, settings):
+@need
+def tooling(r) -> dict:
+    """uv's version and the readings of its tool environment, the venv and its pyvenv.cfg."""
+    venv = r.settings["python_venv_path"]
+    return {
+        "uv": r.run(f"{UV} --version"),
+        "paths": {path: r.path(path) for path in (UV_TOOL, f"{UV_TOOL}/bin", UV, f"{venv}/pyvenv.cfg", venv)},
+        "python": pyvenv_version(r, venv),
+    }
+
+
+@need
+def installed(r) -> dict[str, str]:
+    """The venv's distributions and their versions, read from their METADATA as files."""
+    return _installed(distributions(r, r.settings["python_venv_path"]))
+
+
+@need
+def uv_checks(r) -> dict:
+    """uv's dry run of the lock, its pip check, and UV_NO_SYNC in the owner's login shell."""
+    owner = shlex.quote(r.settings["python_venv_owner"])
+    return {
+        "dry_run": r.run(_dry_run(r.settings), sudo=True),
+        "check": r.run(_as_owner_uv(r.settings, "pip check --no-config"), sudo=True),
+        "no_sync": r.run(f"runuser -l {owner} -c 'echo UV_NO_SYNC=$UV_NO_SYNC'", sudo=True),
+    }
+
+
+def test_uv_is_the_pinned_release(read, settings):
     """Protects against a drifting installer: another uv resolves the same manifest
     differently, and a uv fetched by `curl | sh` was never checked against a hash."""
-    assert host.check_output(f"{UV} --version").split()[1] == settings["python_uv_version"]
+    assert read(tooling)["uv"].check().split()[1] == settings["python_uv_version"]
 
 
-def test_uv_tool_environment_is_root_owned_and_not_writable_by_others(host):
+def test_uv_tool_environment_is_root_owned_and_not_writable_by_others(read):
     """Protects against privilege escalation: every deploy runs this uv, partly as root."""
     for path in (UV_TOOL, f"{UV_TOOL}/bin", UV):
-        f = host.file(path)
+        f = read(tooling)["paths"][path]
         assert f.user == "root" and f.mode & 0o022 == 0, f"{path}: {f.user} {f.mode:o}"
 
 
-def test_venv_has_the_configured_owner_and_python(host, settings, manifest, venv):
+def test_venv_has_the_configured_owner_and_python(read, settings, manifest, venv):
     """Protects against a venv the user cannot maintain (wrong owner) or wheels built for
     another interpreter (cp312 wheels in a 3.11 venv fail at import)."""
-    assert host.file(f"{venv}/pyvenv.cfg").is_file, f"{venv} is no virtualenv"
-    assert host.file(venv).user == settings["python_venv_owner"]
-    version = _python(host, venv, "import sys; print('%d.%d' % sys.version_info[:2])")
-    assert version == manifest["python"]
+    found = read(tooling)
+    assert found["paths"][f"{venv}/pyvenv.cfg"].is_file, f"{venv} is no virtualenv"
+    assert found["paths"][venv].user == settings["python_venv_owner"]
+    assert found["python"]() == manifest["python"]
 
 
-def test_every_pinned_package_is_at_its_pinned_version(host, venv, pins):
+def test_every_pinned_package_is_at_its_pinned_version(read, pins):
     """Protects against the day lost to a silently replaced torch: each pinned package
     (torch, torchvision, torchaudio, vLLM, extras, profiles) is at the manifest's version."""
-    installed = _installed(host, venv)
+    versions = read(installed)
     wrong = {
-        name: (installed.get(name), pinned)
+        name: (versions.get(name), pinned)
         for name, pinned in pins.items()
-        if name not in installed or not _same_version(installed[name], pinned)
+        if name not in versions or not _same_version(versions[name], pinned)
     }
     assert not wrong, f"installed vs pinned: {wrong}"
 
 
-def test_vllm_came_from_the_pinned_wheel(host, profile, manifest, venv, settings):
+def test_vllm_came_from_the_pinned_wheel(read, profile, manifest, settings):
     """Protects against a vLLM built against another torch: the wheel installed is the one
     the manifest names, by URL (its sha256 was checked at install), or with python_offline
     that file as the controller uploaded it."""
@@ -116,17 +135,15 @@ def test_vllm_came_from_the_pinned_wheel(host, profile, manifest, venv, settings
     url = vllm["wheels"][profile["arch"]]["url"]
     if settings["python_offline"]:
         url = f"file://{OFFLINE_WHEELS}/{urllib.parse.unquote(url.rsplit('/', 1)[1])}"
-    code = (
-        "import importlib.metadata as m, json\n"
-        f"print(json.loads(m.distribution({vllm['name']!r}).read_text('direct_url.json'))['url'])"
-    )
-    assert _python(host, venv, code) == url
+    found = read(venv_distributions).get(_normal(vllm["name"]))
+    assert found and found["direct"], f"{vllm['name']} is not installed from a URL"
+    assert found["direct"]["url"] == url
 
 
-def test_flash_attn_is_not_installed(host, venv):
+def test_flash_attn_is_not_installed(read):
     """Protects against a broken attention path: flash-attn has no sm_121 kernels and is
     CUDA 12 only; PyTorch's SDPA is the supported path on a Spark."""
-    assert "flash-attn" not in _installed(host, venv)
+    assert "flash-attn" not in read(installed)
 
 
 def _as_owner_uv(settings, arguments: str) -> str:
@@ -142,15 +159,14 @@ def _dry_run(settings) -> str:
     return _as_owner_uv(settings, f"pip sync --no-config --offline --dry-run --require-hashes {wheels}{shlex.quote(lock)}")
 
 
-def test_venv_holds_exactly_its_lock(host, settings, venv):
+def test_venv_holds_exactly_its_lock(read):
     """Protects against drift (a hand-installed or upgraded package): uv's own dry run of
     the lock the deploy made says nothing would change, or only that it would reinstall, at
     the version installed, wheels `uv pip check` says were built for another platform: uv
     does that at every sync (NVIDIA's aarch64 cuSPARSELt wheel names manylinux2014_sbsa in its
     WHEEL file), and the same pinned file keeps the same tags."""
-    with host.sudo():
-        result = host.run(_dry_run(settings))
-        check = host.run(_as_owner_uv(settings, "pip check --no-config"))
+    found = read(uv_checks)
+    result, check = found["dry_run"], found["check"]
     if result.rc == 0 and NO_CHANGES in result.stderr:
         return
     planned = re.findall(r"^ ([-+~]) ([^=\s]+)==", result.stderr, re.MULTILINE)
@@ -160,17 +176,15 @@ def test_venv_holds_exactly_its_lock(host, settings, venv):
         result.stderr + check.stderr
 
 
-def test_uv_run_never_resyncs_for_the_owner(host, settings):
+def test_uv_run_never_resyncs_for_the_owner(read):
     """Protects against `uv run` silently replacing hand-built packages by re-syncing a
     project (seeds 001 to 003): UV_NO_SYNC=1 in the owner's login shell."""
-    owner = shlex.quote(settings["python_venv_owner"])
-    with host.sudo():
-        value = host.check_output(f"runuser -l {owner} -c 'echo UV_NO_SYNC=$UV_NO_SYNC'")
+    value = read(uv_checks)["no_sync"].check()
     assert value.splitlines()[-1] == "UV_NO_SYNC=1"
 
 
 @pytest.mark.action
-def test_uv_run_in_a_project_uses_the_managed_venv_as_it_is(host, settings, venv):
+def test_uv_run_in_a_project_uses_the_managed_venv_as_it_is(host, read, settings, venv):
     """Protects against seed 001's workflow missing the managed stack: `uv run` in a user's
     project (a scratch one here, made by the venv's owner) runs the managed venv's Python,
     makes no `.venv` and no lock, and leaves the venv exactly as its lock says."""
@@ -183,7 +197,37 @@ def test_uv_run_in_a_project_uses_the_managed_venv_as_it_is(host, settings, venv
     with host.sudo():
         out = host.check_output(f"runuser -l {owner} -c {shlex.quote(script)}").splitlines()
     assert out[-2:] == [venv, "pyproject.toml"], out
-    test_venv_holds_exactly_its_lock(host, settings, venv)
+    test_venv_holds_exactly_its_lock(read)
+
+
+@need
+def venv_distributions(r) -> dict[str, dict]:
+    """The venv's distributions by normalised name: version and direct_url.json (as files)."""
+    return {_normal(name): d for name, d in distributions(r, r.settings["python_venv_path"]).items()}
+
+
+@need
+def torch_answers(r) -> dict | None:
+    """What the venv's own interpreter says of torch (and vLLM), run as the venv's owner
+    (venv.interpreter's rule)."""
+    manifest = r.settings["python_stack"]
+    if not manifest.get("torch"):
+        return None
+
+    def run(code, gpu=False):
+        # The GPU's questions only where there is one (the gpu fixture's rule), in the same round.
+        return r.run(("test -e /dev/nvidiactl && " if gpu else "") + interpreter(r.settings, code), sudo=True)
+
+    vllm = manifest.get("vllm")
+
+    return {
+        "version": run("import torch; print(torch.__version__)"),
+        "cuda": run("import torch; print(torch.version.cuda)", gpu=True),
+        "capability": run("import torch\n"
+                          "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
+                          "print('%d.%d' % torch.cuda.get_device_capability(0))", gpu=True),
+        "vllm": run("import vllm; print(vllm.__version__)", gpu=True) if vllm and vllm["name"] == "vllm" else None,
+    }
 
 
 @pytest.fixture
@@ -196,36 +240,37 @@ def torch_pin(pins) -> str:
     return pins["torch"]
 
 
-def test_torch_imports_at_its_pinned_version(host, venv, torch_pin):
+def test_torch_imports_at_its_pinned_version(read, torch_pin):
     """Protects against a venv that installs but cannot import torch (a missing shared
     library, a wheel for another platform)."""
-    assert _same_version(_python(host, venv, "import torch; print(torch.__version__)"), torch_pin)
+    assert _same_version(read(torch_answers)["version"].check(), torch_pin)
 
 
 # GPU controls -----------------------------------------------------------------------
 
 
+@need
+def gpu_device(r):
+    """/dev/nvidiactl, there where the host has an NVIDIA GPU."""
+    return r.path("/dev/nvidiactl")
+
+
 @pytest.fixture
-def gpu(host, torch_pin) -> None:
-    if not host.file("/dev/nvidiactl").exists:
+def gpu(read, torch_pin) -> None:
+    if not read(gpu_device).exists:
         pytest.skip("no NVIDIA GPU on this host (/dev/nvidiactl is missing): GPU controls need one")
 
 
-def test_gpu_torch_is_a_cuda_13_build(host, venv, gpu):
+def test_gpu_torch_is_a_cuda_13_build(read, gpu):
     """Protects against PyPI's CPU-only aarch64 torch, or a cu12x / cu132 build picked by
     uv's `auto` backend: the Spark's stack is CUDA 13.0."""
-    assert _python(host, venv, "import torch; print(torch.version.cuda)").startswith("13.")
+    assert read(torch_answers)["cuda"].check().startswith("13.")
 
 
-def test_gpu_is_available_with_the_profiles_capability(host, profile, venv, gpu):
+def test_gpu_is_available_with_the_profiles_capability(read, profile, gpu):
     """Protects against a box deployed with another box's profile (sm_121 kernels on an
     sm_120 card): torch sees the GPU, of the compute capability the profile names."""
-    code = (
-        "import torch\n"
-        "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
-        "print('%d.%d' % torch.cuda.get_device_capability(0))"
-    )
-    assert _python(host, venv, code) == profile["compute_capability"]
+    assert read(torch_answers)["capability"].check() == profile["compute_capability"]
 
 
 GPU_WORK = """
@@ -250,63 +295,19 @@ print(f"matmul_rel_err={err:.2e} sdpa_max_err={sdpa_err:.2e} device={torch.cuda.
 
 
 @pytest.mark.action
-def test_gpu_bf16_matmul_and_sdpa_run_and_are_right(host, venv, gpu):
+def test_gpu_bf16_matmul_and_sdpa_run_and_are_right(host, settings, gpu):
     """Protects against a stack that imports but cannot compute: kernels missing for this
     GPU ("no kernel image is available"), or wrong results, in the two operations every
     LLM workload needs: a bf16 matmul and scaled_dot_product_attention."""
-    assert "matmul_rel_err=" in _python(host, venv, GPU_WORK)
+    with host.sudo():
+        assert "matmul_rel_err=" in host.check_output(interpreter(settings, GPU_WORK))
 
 
-def test_gpu_vllm_imports(host, manifest, venv, gpu):
+def test_gpu_vllm_imports(read, manifest, gpu):
     """Protects against a vLLM built for another torch or CUDA (undefined symbols at
     import): it imports, at the pinned version."""
     vllm = manifest.get("vllm")
     if not vllm or vllm["name"] != "vllm":
         pytest.skip("the manifest installs no vLLM on this host")
-    version = _python(host, venv, "import vllm; print(vllm.__version__)")
+    version = read(torch_answers)["vllm"].check()
     assert _same_version(version, vllm["version"])
-
-
-# What the read-only controls above ask, read once per host before they run (reads.py).
-def reads(plan, settings) -> None:
-    venv = settings["python_venv_path"]
-    owner = settings["python_venv_owner"]
-    plan.run(f"{UV} --version")
-    for path in (UV_TOOL, f"{UV_TOOL}/bin", UV, f"{venv}/pyvenv.cfg", venv):
-        plan.path(path)
-    plan.run(_dry_run(settings), sudo=True)
-    plan.run(_as_owner_uv(settings, "pip check --no-config"), sudo=True)
-    plan.run(f"runuser -l {shlex.quote(owner)} -c 'echo UV_NO_SYNC=$UV_NO_SYNC'", sudo=True)
-    # The venv's Python, as its owner when the suite is root (as_venv_owner): a second round.
-    found, me = plan.known_path(venv), plan.known("id -nu")
-    if found is None or me is None or "stat -Lc %U" not in found:
-        return
-    venv_owner = found["stat -Lc %U"]
-    plan.run("id -u %s", me.strip())
-    uid = plan.known("id -u %s", me.strip())
-    if uid is None:
-        return
-    manifest = settings["python_stack"]
-    codes = [
-        "import sys; print('%d.%d' % sys.version_info[:2])",
-        "import importlib.metadata as m, json\n"
-        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))",
-    ]
-    vllm = manifest.get("vllm")
-    if vllm and vllm.get("wheels"):
-        codes.append("import importlib.metadata as m, json\n"
-                     f"print(json.loads(m.distribution({vllm['name']!r}).read_text('direct_url.json'))['url'])")
-    if manifest.get("torch"):
-        codes.append("import torch; print(torch.__version__)")
-        plan.path("/dev/nvidiactl")
-        gpu = plan.known_path("/dev/nvidiactl")
-        if gpu is not None and gpu["test -e"] == "1":  # the GPU controls' (the gpu fixture's rule)
-            codes += ["import torch; print(torch.version.cuda)",
-                      "import torch\n"
-                      "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
-                      "print('%d.%d' % torch.cuda.get_device_capability(0))"]
-            if vllm and vllm["name"] == "vllm":
-                codes.append("import vllm; print(vllm.__version__)")
-    for code in codes:
-        command = f"{shlex.quote(venv + '/bin/python')} -c {shlex.quote(code)}"
-        plan.run(f"runuser -u {shlex.quote(venv_owner)} -- {command}" if uid.strip() == "0" else command)

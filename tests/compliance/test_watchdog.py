@@ -12,8 +12,11 @@ import os
 
 import pytest
 
+from tests.compliance.reads import need
+
 SERVICE = "earlyoom.service"
 CAP_SYS_RESOURCE = 24
+CONFIG_FILES = ("/etc/default/earlyoom", "/etc/systemd/system/earlyoom.service.d/50-sparkrig.conf")
 
 
 @pytest.fixture
@@ -22,15 +25,34 @@ def enabled(settings):
         pytest.skip("watchdog_enabled is False for this host: earlyoom is meant to be off")
 
 
-def _main_pid(host) -> int:
-    pid = int(host.check_output("systemctl show --property MainPID --value %s", SERVICE))
+# The main process's files, read in the same command as its pid.
+_OF_MAIN = "$(systemctl show --property MainPID --value %s)"
+
+
+@need
+def state(r) -> dict:
+    """What the watchdog controls read of the host."""
+    return {
+        "package": r.package("earlyoom"), "service": r.service("earlyoom"),
+        "files": {path: r.path(path) for path in CONFIG_FILES},
+        "oom_score_adjust": r.run("systemctl show --property OOMScoreAdjust --value %s", SERVICE),
+        "capeff": r.run("grep '^CapEff:' /proc/1/status"),
+        "pid": r.run("systemctl show --property MainPID --value %s", SERVICE),
+        "cmdline": r.run(f"tr '\\0' '\\n' < /proc/{_OF_MAIN}/cmdline", SERVICE),
+        "oom_score_adj": r.run(f"cat /proc/{_OF_MAIN}/oom_score_adj", SERVICE),
+    }
+
+
+def _main_pid(found) -> int:
+    pid = int(found["pid"].check())
     assert pid > 0, f"{SERVICE} has no main process"
     return pid
 
 
-def _options(host, pid: int) -> dict[str, str]:
+def _options(found) -> dict[str, str]:
     """earlyoom's options and their values, from its /proc/PID/cmdline."""
-    argv = host.check_output("tr '\\0' '\\n' < /proc/%s/cmdline", str(pid)).splitlines()
+    _main_pid(found)
+    argv = found["cmdline"].check().splitlines()
     if os.path.basename(argv[0]).startswith("qemu-"):
         # Under qemu-user emulation (the lab's aarch64 host) the kernel runs every program
         # through the emulator, which is handed the program's path before its argv.
@@ -41,22 +63,23 @@ def _options(host, pid: int) -> dict[str, str]:
     return dict(zip(words[::2], words[1::2]))
 
 
-def test_earlyoom_is_installed_enabled_and_running(host, enabled):
+def test_earlyoom_is_installed_enabled_and_running(read, enabled):
     """Protects against a host with nothing to act before memory runs out: on GB10 a
     failing GPU allocation can freeze the machine before the kernel's OOM killer acts."""
-    assert host.package("earlyoom").is_installed
-    service = host.service("earlyoom")
+    found = read(state)
+    assert found["package"].is_installed
+    service = found["service"]
     assert service.is_enabled, "earlyoom would not start at boot"
     assert service.is_running
 
 
-def test_earlyoom_runs_with_the_configured_arguments(host, settings, enabled):
+def test_earlyoom_runs_with_the_configured_arguments(read, settings, enabled):
     """Protects against a watchdog that never fires or fires at the wrong victim: an
     absolute threshold (-M, KiB), swap that cannot hold it back (-s 100: earlyoom acts
     only when memory AND swap are low), training processes killed first and sshd,
     systemd and the container daemons last. Read from the running process, so a config
     file changed without a restart is caught too."""
-    assert _options(host, _main_pid(host)) == {
+    assert _options(read(state)) == {
         "-M": str(settings["watchdog_min_available_kib"]),
         "-s": "100",
         "-r": str(settings["watchdog_report_interval_s"]),
@@ -65,33 +88,34 @@ def test_earlyoom_runs_with_the_configured_arguments(host, settings, enabled):
     }
 
 
-@pytest.mark.parametrize("path", ["/etc/default/earlyoom", "/etc/systemd/system/earlyoom.service.d/50-sparkrig.conf"])
-def test_earlyoom_configuration_is_root_owned_and_not_writable_by_others(host, enabled, path):
+@pytest.mark.parametrize("path", CONFIG_FILES)
+def test_earlyoom_configuration_is_root_owned_and_not_writable_by_others(read, enabled, path):
     """Protects against privilege escalation: earlyoom holds CAP_KILL, so whoever can
     change its arguments or unit chooses which processes die, root's included."""
-    f = host.file(path)
+    f = read(state)["files"][path]
     assert f.is_file, f"{path} is missing"
     assert (f.user, f.group) == ("root", "root")
     assert f.mode & 0o022 == 0, f"{path} has mode {f.mode:o}"
 
 
-def test_earlyoom_unit_asks_for_oom_score_adjust_minus_1000(host, enabled):
+def test_earlyoom_unit_asks_for_oom_score_adjust_minus_1000(read, enabled):
     """Protects against the kernel's OOM killer taking the watchdog itself when memory
     runs out faster than earlyoom can act."""
-    value = host.check_output("systemctl show --property OOMScoreAdjust --value %s", SERVICE)
+    value = read(state)["oom_score_adjust"].check()
     assert value == "-1000"
 
 
-def _cap_sys_resource(host) -> tuple[bool, str]:
+def _cap_sys_resource(found) -> tuple[bool, str]:
     """Whether systemd (PID 1) holds CAP_SYS_RESOURCE, and its CapEff line."""
-    line = host.check_output("grep '^CapEff:' /proc/1/status")
+    line = found["capeff"].check()
     return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1), line
 
 
-def test_earlyoom_process_cannot_be_oom_killed(host, enabled):
+def test_earlyoom_process_cannot_be_oom_killed(read, enabled):
     """Protects against a unit setting that never reached the process: the running
     earlyoom's oom_score_adj is -1000."""
-    allowed, capeff = _cap_sys_resource(host)
+    found = read(state)
+    allowed, capeff = _cap_sys_resource(found)
     if not allowed:
         pytest.skip(
             "systemd (PID 1) lacks CAP_SYS_RESOURCE on this host "
@@ -99,31 +123,17 @@ def test_earlyoom_process_cannot_be_oom_killed(host, enabled):
             "and systemd ignores OOMScoreAdjust= ('assuming containerized execution'), as "
             "in the lab's containers; the unit's setting is checked on its own"
         )
-    pid = _main_pid(host)
-    assert host.check_output("cat /proc/%s/oom_score_adj", str(pid)) == "-1000"
+    _main_pid(found)
+    assert found["oom_score_adj"].check() == "-1000"
 
 
-def test_earlyoom_is_off_when_disabled(host, settings):
+def test_earlyoom_is_off_when_disabled(read, settings):
     """Protects against a watchdog the settings turned off (for another OOM daemon)
     still killing processes."""
     if settings["watchdog_enabled"]:
         pytest.skip("watchdog_enabled is True for this host (the other controls check earlyoom)")
-    if host.package("earlyoom").is_installed:
-        service = host.service("earlyoom")
+    found = read(state)
+    if found["package"].is_installed:
+        service = found["service"]
         assert not service.is_running
         assert not service.is_enabled
-
-
-# What the read-only controls above ask, read once per host before they run (reads.py).
-def reads(plan, settings) -> None:
-    plan.package("earlyoom")
-    plan.service("earlyoom")
-    for path in ("/etc/default/earlyoom", "/etc/systemd/system/earlyoom.service.d/50-sparkrig.conf"):
-        plan.path(path)
-    plan.run("systemctl show --property OOMScoreAdjust --value %s", SERVICE)
-    plan.run("grep '^CapEff:' /proc/1/status")
-    plan.run("systemctl show --property MainPID --value %s", SERVICE)
-    pid = plan.known("systemctl show --property MainPID --value %s", SERVICE)
-    if pid is not None and pid.strip().isdigit():
-        plan.run("tr '\\0' '\\n' < /proc/%s/cmdline", pid.strip())
-        plan.run("cat /proc/%s/oom_score_adj", pid.strip())

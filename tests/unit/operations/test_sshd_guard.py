@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from types import SimpleNamespace
 
@@ -197,31 +196,20 @@ def test_inactive_sshd_gets_its_dropins_without_a_restart():
     assert not any("sshd -t" in c for c in op.commands)
 
 
-class _SessionHost:
-    """STAND-IN for testinfra's host in one SSH session (a container cannot lower
-    oom_score_adj, and this machine's sessions are not the ones under test): whether root may
-    lower oom_score_adj there, and the score the session got."""
-
-    def __init__(self, can_lower: bool, score: int):
-        self.can_lower, self.score = can_lower, score
-
-    def sudo(self):
-
-        return contextlib.nullcontext()
-
-    def run(self, command):
-
-        return SimpleNamespace(rc=0 if self.can_lower else 1)
-
-    def check_output(self, command):
-        return str(self.score)
+def _session(can_lower: bool, score: int):
+    """STAND-IN for the suite's ``read`` fixture on one SSH session (a container cannot lower
+    oom_score_adj, and this machine's sessions are not the ones under test): what the SSH guard's
+    need read, whether root may lower oom_score_adj there and the score the session got."""
+    found = {"can_lower": SimpleNamespace(rc=0 if can_lower else 1),
+             "session": SimpleNamespace(check=lambda: str(score))}
+    return lambda need: found
 
 
 def test_the_fresh_session_control_skips_where_it_could_not_fail_and_fails_where_it_can():
 
     # In a container no session can get a negative score: the control says so, never "passed".
     with pytest.raises(pytest.skip.Exception, match="cannot lower oom_score_adj .* could not fail"):
-        control(_SessionHost(can_lower=False, score=0))
+        control(_session(can_lower=False, score=0))
     with pytest.raises(AssertionError):
-        control(_SessionHost(can_lower=True, score=-1000))
-    control(_SessionHost(can_lower=True, score=0))
+        control(_session(can_lower=True, score=-1000))
+    control(_session(can_lower=True, score=0))

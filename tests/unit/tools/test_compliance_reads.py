@@ -6,6 +6,7 @@ import base64
 import contextlib
 import os
 import subprocess
+import time
 
 import pytest
 from testinfra.backend.local import LocalBackend
@@ -66,7 +67,7 @@ def seeded_host(found: dict):
     ran = []
     host, backend_class = counting_host(ran)
     reads.install(backend_class)
-    name = host.backend.get_hostname()
+    name = reads.backend_name(host.backend)
     reads.seed({name: {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
                        for c, (rc, out, err) in found.items()}})
     try:
@@ -123,10 +124,8 @@ def test_a_prefetch_that_does_not_parse_answers_nothing(output):
     assert reads.parse_prefetch(output, reads.EVERY_HOST, "n0nce") == {}
 
 
-def _prefetched(plan: reads.Plan | list[str]) -> dict:
-    """What the controller would hand a worker for ``plan`` (or these commands), read by a
-    real shell here."""
-    commands = list(plan) if isinstance(plan, list) else list(plan.wanted)
+def _prefetched(commands: list[str]) -> dict:
+    """What the controller would hand a worker for these commands, read by a real shell here."""
     script = reads.prefetch_script(commands, "n0nce")
     output = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
     found = reads.parse_prefetch(output, commands, "n0nce")
@@ -134,60 +133,132 @@ def _prefetched(plan: reads.Plan | list[str]) -> dict:
     return found
 
 
-def test_declared_reads_answer_read_only_controls_with_the_state_at_the_start(tmp_path):
-    """A declared command and a declared path are answered from the prefetch, as the host
-    answered them then (the rule: the host's state at the suite's start); a control that
-    acts asks the host, and sees what it changed."""
-    target = tmp_path / "later"
-    plan = reads.Plan()
-    plan.run("ls -a %s", str(tmp_path))
-    plan.path(str(target))
-    found = _prefetched(plan)
+def _reader(answers=None) -> reads.Reader:
+    return reads.Reader("@local", {}, answers or {})
+
+
+@reads.need
+def listing_and_path(r):
+    """A test need: a directory's listing and one path's reading (``r.settings["dir"]``)."""
+    return r.run("ls -a %s", r.settings["dir"]), r.path(r.settings["dir"] + "/later")
+
+
+@reads.need
+def two_rounds(r):
+    """A test need whose second read is built from its first's answer."""
+    first = r.check_output("echo %s", r.settings["dir"])
+    return r.run("ls -A %s", first)
+
+
+def _answer(host, function, settings):
+    return reads.answer(host.backend, reads.backend_name(host.backend), function, settings)
+
+
+def test_a_need_is_answered_from_the_prefetch_with_the_state_at_the_start_and_sends_nothing(tmp_path):
+    """The rule: a read-only control sees the host as the prefetch read it; a control that
+    acts reads the host again (and sees what it changed)."""
+    settings = {"dir": str(tmp_path)}
+    planned = _reader()
+    planned.settings = settings
+    reads.plan(planned)
+    with seeded_host(_prefetched(list(planned.wanted))) as (host, ran):
+        (tmp_path / "later").write_text("made after the prefetch")
+        listing, later = _answer(host, listing_and_path, settings)
+        assert listing.stdout == ".\n..\n" and not later.exists
+        assert ran == []
+        reads.acting = True
+        try:
+            listing, later = _answer(host, listing_and_path, settings)
+        finally:
+            reads.acting = False
+        assert "later" in listing.stdout and later.exists and later.is_file
+        assert len(ran) == 1  # both reads in one command
+
+
+def test_whatever_the_prefetch_lacks_is_read_in_one_command_per_round(tmp_path):
+    ran = []
+    host, backend_class = counting_host(ran)
+    reads.install(backend_class)
+    (tmp_path / "x").write_text("")
+    assert "x" in _answer(host, two_rounds, {"dir": str(tmp_path)}).stdout.split()
+    assert len(ran) == 2
+
+
+def test_the_prefetch_of_local_reads_every_need_in_two_rounds(tmp_path):
+    """@local (testinfra's local backend) gets the same one reading as an SSH host."""
+    (tmp_path / "x").write_text("")
+    calls = []
+    read = reads._read
+
+    def counted(ssh_config, name, commands):
+        calls.append(name)
+        return read(ssh_config, name, commands)
+
+    reads._read = counted
     try:
-        with seeded_host(found) as (host, ran):
-            target.write_text("made after the prefetch")
-            assert host.run("ls -a %s", str(tmp_path)).stdout == ".\n..\n"
-            assert not host.file(str(target)).exists
-            asked = [c for c in ran if not c.startswith(("uname", "cat /etc/os-release"))]  # testinfra's own
-            assert asked == []
-            reads.acting = True
-            assert host.file(str(target)).exists
-            assert "later" in host.run("ls -a %s", str(tmp_path)).stdout
-            assert len([c for c in ran if not c.startswith(("uname", "cat /etc/os-release"))]) == 2
+        found = reads.prefetch("", ["@local"], ["id -nu"],
+                               {"@local": lambda answers: reads.Reader("@local", {"dir": str(tmp_path)}, answers)})
     finally:
-        reads.acting = False
+        reads._read = read
+    assert calls == ["@local", "@local"]
+    reads.seed(found)
+    try:
+        ran = []
+        host, backend_class = counting_host(ran)
+        reads.install(backend_class)
+        assert "x" in _answer(host, two_rounds, {"dir": str(tmp_path)}).stdout.split()
+        assert ran == []
+    finally:
+        reads._SEEDS.pop("@local", None)
 
 
-def test_a_read_nobody_declared_is_asked_of_the_host(tmp_path):
-    plan = reads.Plan()
-    plan.run("echo declared")
-    found = _prefetched(plan)
-    with seeded_host(found) as (host, ran):
-        assert host.check_output("echo declared") == "declared"
-        assert host.check_output("echo undeclared") == "undeclared"
-        assert ran == ["echo undeclared"]
+def test_a_read_only_control_cannot_read_the_host_outside_its_needs(tmp_path):
+    host, backend_class = fresh_host(PLAIN_RUN)
+    reads.install(backend_class)
+    reads.guarded = True
+    try:
+        with pytest.raises(reads.OutsideTheLayer, match="through testinfra's host"):
+            host.run("true")
+        assert _answer(host, two_rounds, {"dir": str(tmp_path)}).rc == 0  # the layer itself reads
+    finally:
+        reads.guarded = False
+    assert host.run("true").rc == 0
 
 
-def test_sudo_reads_are_keyed_as_testinfra_sends_them():
-    """A read declared with sudo is the command host.sudo() sends, never the user's own."""
-    plan = reads.Plan()
-    sent = plan.run("cat %s", "/etc/shadow", sudo=True)
-    backend = LocalBackend()
-    host = Host(backend)
-    with host.sudo():
-        assert backend.get_command("cat %s", "/etc/shadow") == sent
-    with host.sudo("spark"):
-        assert backend.get_command("id -u") == reads.Plan().run("id -u", sudo=True, user="spark")
-    assert "cat /etc/shadow" not in plan.wanted
+def test_only_a_registered_need_is_answered():
+    def unregistered(r):
+        return r.run("true")
+
+    with pytest.raises(reads.OutsideTheLayer, match="is not a need"):
+        _answer(fresh_host(PLAIN_RUN)[0], unregistered, {})
 
 
-def test_a_declaration_can_use_an_earlier_rounds_answer():
-    plan = reads.Plan()
-    plan.run("echo 42")
-    plan.path("/")
-    second = reads.Plan(_prefetched(plan))
-    assert second.known("echo 42") == "42\n" and second.known("echo 43") is None
-    assert second.known_path("/")["test -d"] == "1"
+def test_each_read_is_killed_after_its_time_limit(monkeypatch):
+    monkeypatch.setattr(reads, "READ_TIMEOUT_S", 1)
+    started = time.monotonic()
+    found = _prefetched(["sleep 30; echo never"])
+    assert found["sleep 30; echo never"][0] == 124 and time.monotonic() - started < 10
+
+
+def test_an_answer_reads_as_testinfra_reads_and_says_what_failed():
+    answer = reads.Answer({"t": (1, b"out\n", b"bad \xff\n")}, "t", "false")
+    assert (answer.rc, answer.stdout, answer.succeeded) == (1, "out\n", False)
+    with pytest.raises(AssertionError, match=r"false failed \(exit 1\): bad \ufffd"):
+        answer.check()
+    with pytest.raises(reads.Pending):
+        reads.Answer({}, "t", "false").rc
+
+
+@reads.need
+def where_and_who(r):
+    """A test need: the working directory of a read, as the user and as root."""
+    return r.run("pwd"), r.run("pwd; id -u", sudo=True)
+
+
+def test_every_read_runs_from_the_root_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plain, as_root = _answer(fresh_host(PLAIN_RUN)[0], where_and_who, {})
+    assert plain.check() == "/" and as_root.check() == "/\n0"
 
 
 # A STAND-IN for ssh and the host behind it (no sshd runs here; the lab's hosts are real):

@@ -11,10 +11,9 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-import testinfra
 
 from tests.compliance import conftest
-from tests.compliance.conftest import HostTable, as_venv_owner, found, host_of, multiplexed
+from tests.compliance.conftest import HostTable, found, host_of, multiplexed
 from tests.support import REPO, inventory_host_data
 from tools.rollout import PYINFRA, failed_hosts, limit_hosts
 
@@ -281,16 +280,3 @@ def test_a_planted_control_directory_is_refused(tmp_path, monkeypatch, plant):
         os.chown(target, 65534, 65534)
     with pytest.raises(pytest.UsageError, match="must be a directory of yours with mode 0700"):
         multiplexed("")
-
-
-def test_the_suite_runs_the_venvs_python_as_its_owner_when_it_is_root(tmp_path):
-    """The venv's owner can replace its python: the suite, run as root (an @local inventory
-    with sudo, or ssh_user root), runs it as that owner (the real runuser, as nobody here)."""
-
-
-    host = testinfra.get_host("local://")
-    command = as_venv_owner(host, "nobody", "id -un")
-    if os.geteuid() == 0:
-        assert command == "runuser -u nobody -- id -un" and host.check_output(command) == "nobody"
-    else:
-        assert command == "id -un"

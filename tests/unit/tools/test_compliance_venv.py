@@ -1,0 +1,112 @@
+"""tests/compliance/venv.py, played against on this machine: a venv whose owner plants files
+and programs, read by the suite's real scripts (the bounded reader, runuser), as root."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from testinfra.backend.local import LocalBackend
+from testinfra.host import Host
+
+from tests.compliance import reads, venv
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs the venv's scripts as root, as the suite does")
+
+
+@pytest.fixture
+def fake_venv():
+    """A venv-like tree any user can traverse (nobody runs its python)."""
+    root = Path(tempfile.mkdtemp(prefix="sparkrig-venv-"))
+    root.chmod(0o755)
+    site = root / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (root / "bin").mkdir()
+    yield root, site
+    shutil.rmtree(root)
+
+
+def _dist(site: Path, name: str, metadata: str, direct: str | None = None) -> Path:
+    d = site / f"{name}.dist-info"
+    d.mkdir()
+    (d / "METADATA").write_text(metadata)
+    if direct is not None:
+        (d / "direct_url.json").write_text(direct)
+    return d
+
+
+@reads.need
+def venv_reading(r):
+    """A test need: the venv's distributions and its pyvenv.cfg's Python."""
+    return venv.distributions(r, r.settings["python_venv_path"]), venv.pyvenv_version(r, r.settings["python_venv_path"])
+
+
+def _read(root: Path):
+    host = Host(LocalBackend())
+    return reads.answer(host.backend, "@local", venv_reading, {"python_venv_path": str(root)})
+
+
+def test_distributions_and_the_python_are_read_as_files(fake_venv):
+    root, site = fake_venv
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\nimplementation = CPython\nversion_info = 3.11.2\n")
+    _dist(site, "torch-2.9.0", "Metadata-Version: 2.1\nName: torch\nVersion: 2.9.0+cu130\n\nVersion: 6.6.6\n",
+          '{"url": "file:///w/torch.whl"}')
+    _dist(site, "six-1.16.0", "Name: six\nVersion: 1.16.0\nSummary: a\n  folded line\n")
+    found, python = _read(root)
+    assert found == {"torch": {"version": "2.9.0+cu130", "direct": {"url": "file:///w/torch.whl"}},
+                     "six": {"version": "1.16.0", "direct": None}}
+    assert python() == "3.11"
+
+
+def test_a_fifo_or_a_link_planted_in_the_venv_neither_blocks_nor_leaks(fake_venv):
+    root, site = fake_venv
+    secret = Path(tempfile.mkdtemp()) / "secret"
+    secret.write_text("Name: secret\nVersion: SECRET\n")
+    secret.chmod(0o600)
+    try:
+        os.mkfifo(_dist(site, "fifo-1", "Name: x\n") / "direct_url.json")
+        (_dist(site, "fifo-2", "") / "METADATA").unlink()
+        os.mkfifo(site / "fifo-2.dist-info" / "METADATA")
+        link = _dist(site, "link-1", "")
+        (link / "METADATA").unlink()
+        (link / "METADATA").symlink_to(secret)
+        (root / "pyvenv.cfg").symlink_to(secret)
+        started = time.monotonic()
+        found, python = _read(root)
+        assert time.monotonic() - started < 30
+        assert "secret" not in found and "SECRET" not in repr(found)
+        assert "x" not in found  # no Version: not a distribution
+        with pytest.raises(AssertionError):
+            python()  # pyvenv.cfg, a link, reads as missing: the control fails saying so
+    finally:
+        shutil.rmtree(secret.parent)
+
+
+def _python(root: Path, body: str) -> None:
+    script = root / "bin" / "python"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+
+
+def test_the_venvs_python_runs_as_its_owner_and_a_root_venvs_as_nobody(fake_venv):
+    root, _site = fake_venv
+    _python(root, 'echo "$(id -u) $*"')
+    for owner, uid in (("root", "65534"), ("nobody", "65534")):
+        out = subprocess.run(["sh", "-c", venv.interpreter({"python_venv_owner": owner, "python_venv_path": str(root)},
+                                                           "print(1)")], capture_output=True, text=True, check=True)
+        assert out.stdout.split() == [uid, "-I", "-c", "print(1)"]
+
+
+def test_the_venvs_python_is_killed_at_its_time_limit(fake_venv, monkeypatch):
+    root, _site = fake_venv
+    _python(root, "sleep 30")
+    monkeypatch.setattr(venv, "INTERPRETER_TIMEOUT_S", 1)
+    started = time.monotonic()
+    out = subprocess.run(["sh", "-c", venv.interpreter({"python_venv_owner": "nobody", "python_venv_path": str(root)},
+                                                       "pass")], capture_output=True, text=True)
+    assert out.returncode == 124 and time.monotonic() - started < 10
