@@ -18,6 +18,7 @@ from .environment import (
     addresses,
     env_variables,
     first_address,
+    peer_links,
     render_check,
     render_env_file,
     render_hostfile,
@@ -209,8 +210,9 @@ def cluster():
             path: (render_networkd(i, interfaces[i], mtu), 0o644, NETWORKD_VALIDATOR)
             for i, path in zip(interfaces, link_files(interfaces, False))
         }
-        if node["networkmanager"]:
-            contents[NM_FILE] = (render_networkmanager(interfaces), 0o644, NM_VALIDATOR)
+    if node["networkmanager"]:
+        # DGX OS: NetworkManager manages every port, netplan or not.
+        contents[NM_FILE] = (render_networkmanager(interfaces), 0o644, NM_VALIDATOR)
     writes = [
         (dest, content, mode, validate, files.get(dest))
         for dest, (content, mode, validate) in contents.items()
@@ -243,8 +245,9 @@ def cluster():
             own=[f"{NETWORKD_PREFIX}*.network", *[f"10-netplan-{i}.*" for i in interfaces]],
             interfaces=list(interfaces),
             added=[(i, a) for i, a in interfaces.items() if a not in node["links"][i]["addresses"]],
-            netplan=netplan, networkmanager=node["networkmanager"] and not netplan,
+            netplan=netplan, networkmanager=node["networkmanager"],
             seconds=settings["cluster_link_confirm_seconds"],
+            ports=[(i, a, mtu, [p["address"] for p in peer_links({i: a}, peers)]) for i, a in interfaces.items()],
             _serial=True,  # node after node: a change no new connection confirms stops the others'
         )
 
