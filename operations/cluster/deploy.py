@@ -230,6 +230,7 @@ def cluster():
     drifted = [
         i for i, a in interfaces.items()
         if not node["links"][i]["up"] or node["links"][i]["mtu"] != mtu or a not in node["links"][i]["addresses"]
+        or (node["networkmanager"] and i in node["nm_managed"])
     ]
     if writes or stale or start_networkd or drifted:
         for dest, *_rest in writes:
@@ -237,7 +238,7 @@ def cluster():
         if stale:
             messages.detail(f"removing {', '.join(stale)}")
         if drifted:
-            messages.detail(f"{', '.join(drifted)}: down, or MTU or address not as configured")
+            messages.detail(f"{', '.join(drifted)}: down, MTU or address not as configured, or NetworkManager's")
         link(
             name="Cluster link: written, applied to its interfaces alone, kept once a new SSH connection confirms it",
             cluster=name, files=writes, stale=stale, start_networkd=start_networkd,

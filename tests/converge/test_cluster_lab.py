@@ -2,8 +2,10 @@
 The lab's cluster: lab-deb12 and lab-deb13, linked by the ConnectX-7 STAND-IN (a veth pair
 straight between their namespaces, lab/model.py). lab-deb13 runs DGX OS's network stack
 (netplan, NetworkManager renders eth0, networkd off, NetworkManager's DHCP profile on the
-port: flavour debian13-nm, lab/dgxos.py), lab-deb12 systemd-networkd alone: each change of the
-link below goes through both paths. A link taken down fails spark-cluster-check naming it, and
+port: flavour debian13-nm, lab/dgxos.py; no udev in a container: its STAND-INS there are a
+read-only /sys for NetworkManager and networkd, and sparkrig's own hand-over in place of netplan's
+udev rule), lab-deb12 systemd-networkd alone: each change of the link below goes through both
+paths. A link taken down fails spark-cluster-check naming it, and
 one run brings it back (the deploy's own connection, on eth0, survives); a node added to the
 cluster in the inventory is trusted after one run, and no longer once removed.
 """
@@ -97,8 +99,9 @@ def _on_dgx_os_stack(name: str) -> None:
 
 def test_a_link_taken_down_fails_the_check_naming_it_and_one_run_brings_it_back(first_converge):
     """On the node on DGX OS's stack: the run that brings the link back rewrites no file of
-    another interface in /run (netplan's generator is never run over the real /etc/netplan,
-    which `netplan generate`'s daemon-reload would do), and a second run changes nothing."""
+    another interface in /run (netplan's generator is never run
+    over the real /etc/netplan, which `netplan generate`'s daemon-reload would do), and a second
+    run changes nothing; a port NetworkManager took back is handed over again by one run."""
     assert first_converge.returncode == 0, first_converge.log[-3000:]
     for name in NODES:
         assert _check(name).returncode == 0, _check(name).stdout
@@ -135,6 +138,12 @@ def test_a_link_taken_down_fails_the_check_naming_it_and_one_run_brings_it_back(
             lab.run_ssh(peer, f"sudo ip link set {LINK} up")
     again = run_deploy(LAB_INVENTORY, *_limit(*NODES))
     assert again.returncode == 0 and again.changed() == {}, again.changed()
+    # NetworkManager holding the port again, as it holds every port of DGX OS before the first
+    # run (its DHCP profile would take the address off): one run hands it over at once.
+    lab.run_ssh(NETPLAN_NODE, f"sudo nmcli device set {LINK} managed yes")
+    taken = run_deploy(LAB_INVENTORY, *_limit(*NODES))
+    assert taken.returncode == 0 and taken.changed() == {NETPLAN_NODE: [APPLY]}, taken.changed()
+    _on_dgx_os_stack(NETPLAN_NODE)
 
 
 def _confirm(name: str, peers: bool) -> str:

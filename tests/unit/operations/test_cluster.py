@@ -450,6 +450,9 @@ def test_on_dgx_os_netplan_renders_the_ports_with_networkd_and_networkmanager_le
                 {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
     apply = next(op for op in ops if LINK_OP in op.name)
     assert set(apply.uploads) == {atomic.temp_path(cl_facts.NETPLAN_FILE), atomic.temp_path(cl_facts.NM_FILE)}
+    found = cl_facts.ClusterHost().process([*fact, "nmdevice cx7:connected (externally)", "nmdevice eth0:connected",
+                                             "nmdevice eth1:unmanaged"])
+    assert found["nm_managed"] == ["cx7", "eth0"]
     armed = apply.commands[1]
     assert "nmcli device set" in armed and "g=/usr/libexec/netplan/generate" in armed
 
