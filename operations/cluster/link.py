@@ -165,6 +165,8 @@ def _confirm_link(state, host, cluster: str, seconds: int, ports: Sequence[tuple
             said = f"the link is not up as configured: {answer[6:]}"
         elif ok:
             said = "the apply did not finish"
+        else:  # the last word: an apply seen running and then cut off the controller
+            said = "no new SSH connection"
         gevent.sleep(1)
     _unconfirmed.add(cluster)
     logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: the link change was not confirmed ({said}): "
