@@ -203,7 +203,7 @@ def _python_stack(host: dict) -> dict:
         "python_stack_locks": str(LAB_LOCKS),
         "python_venv_python_preference": "only-system",
     }
-    if host["flavour"] == "debian13":
+    if _FLAVOURS[host["flavour"]].suite == "trixie":
         data.update(python_venv_owner="spark", python_stack_profiles=["lab"])
     return data
 

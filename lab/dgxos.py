@@ -19,6 +19,19 @@ STAND-IN that answers the query sparkrig's hardware fact makes and ``-L``
 (``spark-preflight``'s) as the named GPU would, and fails every other call as
 nvidia-smi does without a driver: the lab has no GPU. There is no
 ``/dev/nvidiactl``, so the controls that need a real GPU skip, saying so.
+
+A flavour with ``netplan_nm`` runs DGX OS's network stack, Debian's real netplan.io and
+network-manager (lab/image.py installs them, keeps systemd-networkd off and udev masked):
+``/etc/netplan/01-network-manager-all.yaml`` says ``renderer: NetworkManager`` and puts
+eth0 on NetworkManager (a static address: the lab has no DHCP server), and NetworkManager
+makes its own DHCP "Wired connection" profiles for the other ports (the cluster's stand-in
+link), as on a Spark. Two lab STAND-INS for udev, which cannot run in a container:
+
+- NetworkManager sees ``/sys`` read-only (a drop-in): with a writable ``/sys`` it waits for
+  udev to initialize each link and leaves them all "unmanaged";
+- netplan's udev rule (``90-netplan.rules``, which hands a networkd port over from
+  NetworkManager) never fires; sparkrig's own NetworkManager setting and ``nmcli`` do that
+  on a Spark too (operations/cluster), so the lab proves them, not the rule.
 """
 
 from __future__ import annotations
@@ -74,6 +87,31 @@ def rootfs_files(flavour: Flavour, repo_url: str, origin: str, key: str) -> dict
     if flavour.gpu_standin:
         files[NVIDIA_SMI] = (nvidia_smi_standin(flavour.gpu_standin), 0o755)
     return files
+
+
+NETPLAN_FILE = "/etc/netplan/01-network-manager-all.yaml"
+NM_LAB_DROP_IN = "/etc/systemd/system/NetworkManager.service.d/sparkrig-lab.conf"
+NM_LAB_CONF = (
+    "# sparkrig lab STAND-IN for udev (lab/dgxos.py): /sys here is the controller's; with it\n"
+    "# writable NetworkManager waits for udev, which never runs in a container\n"
+    "[Service]\nBindReadOnlyPaths=/sys\n"
+)
+
+
+def network_files(flavour: Flavour, address: str, gateway: str, nameservers: list[str]) -> dict[str, tuple[str, int]]:
+    """Files (content, mode) of DGX OS's network stack on a ``netplan_nm`` host whose eth0
+    has ``address`` (/24) and ``gateway``, by absolute path; none for other flavours."""
+    if not flavour.netplan_nm:
+        return {}
+    netplan = (
+        "# sparkrig lab (lab/dgxos.py): DGX OS's netplan, NetworkManager renders every port;\n"
+        "# eth0 is static (no DHCP server in the lab)\n"
+        "network:\n  version: 2\n  renderer: NetworkManager\n  ethernets:\n    eth0:\n"
+        f"      addresses: [{address}/24]\n"
+        f"      routes: [{{to: default, via: {gateway}}}]\n"
+        f"      nameservers: {{addresses: [{', '.join(nameservers)}]}}\n"
+    )
+    return {NETPLAN_FILE: (netplan, 0o600), NM_LAB_DROP_IN: (NM_LAB_CONF, 0o644)}
 
 
 def install_command() -> str:

@@ -328,6 +328,7 @@ def _write_starting_state(host: LabHost, apt_repo: AptRepo) -> None:
     files = dgxos.rootfs_files(
         FLAVOURS[host.flavour], repo_url(host.index, apt_repo.port), repo.DGX_ORIGIN, key
     )
+    files.update(dgxos.network_files(FLAVOURS[host.flavour], host.address, host.gateway, _controller_nameservers()))
     for path, (content, mode) in files.items():
         _write_in_root(host.rootfs, path.lstrip("/"), content, mode)
     _write_in_root(host.rootfs, NETWORKD_LAB_DROP_IN.lstrip("/"), NETWORKD_LAB_CONF, 0o644)
@@ -467,6 +468,7 @@ def _console_log(host: LabHost) -> Path:
 
 
 def _boot(host: LabHost) -> None:
+    network.power_on_ports(host)
     argv = [
         "systemd-nspawn", "--boot", "--register=no", "--keep-unit",
         f"--network-namespace-path=/run/netns/{host.netns}",

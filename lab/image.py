@@ -63,6 +63,18 @@ EMULATION_NO_CREDENTIALS: tuple[str, ...] = (
 )
 EMULATION_MASKED_UNITS: tuple[str, ...] = ("e2scrub_reap.service",)
 
+# network-manager brings udev. A lab host's /sys is the controller's and writable: a udevd
+# (or its trigger) there would act on the controller's devices, so it never starts in the
+# lab. What udev does on a Spark for the cluster ports is stood in for elsewhere (lab/dgxos.py).
+UDEV_UNITS: tuple[str, ...] = (
+    "systemd-udevd.service", "systemd-udevd-control.socket", "systemd-udevd-kernel.socket",
+    "systemd-udev-trigger.service", "systemd-udev-settle.service",
+)
+# DGX OS: systemd-networkd installed, not running (NetworkManager renders netplan).
+NETWORKD_UNITS: tuple[str, ...] = (
+    "systemd-networkd.service", "systemd-networkd.socket", "systemd-networkd-wait-online.service",
+)
+
 
 @dataclass(frozen=True)
 class WriteFile:
@@ -114,6 +126,8 @@ def recipe_steps(flavour: Flavour, mirror: str) -> tuple[Step, ...]:
             for unit in EMULATION_NO_CREDENTIALS
         ]
         steps.append(Systemctl(("mask", *EMULATION_MASKED_UNITS)))
+    if flavour.netplan_nm:
+        steps += [Systemctl(("mask", *UDEV_UNITS)), Systemctl(("disable", *NETWORKD_UNITS))]
     steps += [
         # Empty: every host gets its own machine-id when it is made.
         WriteFile("/etc/machine-id", "", 0o444),

@@ -50,6 +50,10 @@ class Flavour:
     dgx_os: bool = False
     # The STAND-IN nvidia-smi it carries (lab/dgxos.py), as "compute capability, name".
     gpu_standin: str = ""
+    # DGX OS's network stack (lab/dgxos.py): netplan with the NetworkManager renderer,
+    # eth0 on NetworkManager through netplan, systemd-networkd installed but off, and
+    # NetworkManager's own DHCP "Wired connection" profiles on the other ports.
+    netplan_nm: bool = False
 
     @property
     def emulated(self) -> bool:
@@ -65,6 +69,12 @@ class Flavour:
 FLAVOURS: dict[str, Flavour] = {
     "debian12": Flavour("debian12", "bookworm", "ssh.service"),
     "debian13": Flavour("debian13", "trixie", "ssh.socket", cuda_toolkit=True),
+    # Debian 13 on DGX OS's network stack: netplan.io 1.1 (Ubuntu 24.04's generation; Debian
+    # 12's 0.106 is older than any DGX OS 7) and network-manager, from Debian.
+    "debian13-nm": Flavour(
+        "debian13-nm", "trixie", "ssh.socket", cuda_toolkit=True, image="debian13-nm",
+        extra_packages=("netplan.io", "network-manager"), netplan_nm=True,
+    ),
     # Debian 12 amd64 in DGX OS's starting state (the same image as debian12).
     "dgxos": Flavour("dgxos", "bookworm", "ssh.service", image="debian12", dgx_os=True),
     # The stock Spark as near as this machine gets: aarch64 under qemu-user emulation
@@ -79,9 +89,11 @@ FLAVOURS: dict[str, Flavour] = {
 
 # Five hosts. The fleet tests kill, recreate and drift the "-b" hosts while the first
 # two keep what the other tests set up on them; lab-deb12-b starts as DGX OS does, and
-# lab-gb10 is the emulated stock Spark, deployed with sparkrig's default settings.
+# lab-gb10 is the emulated stock Spark, deployed with sparkrig's default settings. The
+# cluster pair is one of each network stack: lab-deb13 on DGX OS's (netplan +
+# NetworkManager), lab-deb12 on systemd-networkd alone.
 DEFAULT_FLEET: tuple[tuple[str, str], ...] = (
-    ("lab-deb12", "debian12"), ("lab-deb13", "debian13"),
+    ("lab-deb12", "debian12"), ("lab-deb13", "debian13-nm"),
     ("lab-deb12-b", "dgxos"), ("lab-deb13-b", "debian13"),
     ("lab-gb10", "gb10"),
 )

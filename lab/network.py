@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .config import IP_FORWARD, NFT_TABLE
-from .model import LabHost, is_lab_link, is_lab_netns, is_other_lab_netns
+from .model import FLAVOURS, LabHost, is_lab_link, is_lab_netns, is_other_lab_netns
 from .render import parse_ip_forward_before, render_nft_ruleset
 from .system import LabError, run
 
@@ -22,7 +22,9 @@ log = logging.getLogger("sparkrig.lab")
 
 
 def create_host_network(host: LabHost) -> None:
-    """The host's namespace, with ``eth0`` wired to ``srlab<i>`` in the root namespace."""
+    """The host's namespace, with ``eth0`` wired to ``srlab<i>`` in the root namespace. Its
+    address and route are set here, but on a host with DGX OS's network stack
+    (``netplan_nm``), whose NetworkManager configures eth0 from netplan at boot."""
     ns, veth, peer = host.netns, host.veth, f"{host.veth}c"
     run(["ip", "netns", "add", ns])
     run(["ip", "link", "add", veth, "type", "veth", "peer", "name", peer])
@@ -31,9 +33,10 @@ def create_host_network(host: LabHost) -> None:
     run(["ip", "addr", "add", f"{host.gateway}/24", "dev", veth])
     run(["ip", "link", "set", veth, "up"])
     run(["ip", "-n", ns, "link", "set", "lo", "up"])
-    run(["ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0"])
-    run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-    run(["ip", "-n", ns, "route", "add", "default", "via", host.gateway])
+    if not FLAVOURS[host.flavour].netplan_nm:
+        run(["ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0"])
+        run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        run(["ip", "-n", ns, "route", "add", "default", "via", host.gateway])
     run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
 
 
@@ -42,6 +45,22 @@ def create_cluster_link(first: LabHost, second: LabHost, interface: str) -> None
     named ``interface`` in both; it goes with them (nothing of it is in the root namespace)."""
     run(["ip", "link", "add", interface, "netns", first.netns, "type", "veth",
          "peer", "name", interface, "netns", second.netns])
+
+
+def power_on_ports(host: LabHost) -> None:
+    """The host's ports as a machine's are when it powers on: the namespace outlives a
+    host's nspawn, so before each boot the cluster links (veth pairs in the namespace) are
+    taken down, back to 1500 bytes and without addresses (their peers lose carrier, as a
+    Spark's do while it reboots), and so is eth0 where the host's own NetworkManager
+    configures it (``netplan_nm``); elsewhere eth0 is the lab's, set from outside."""
+    links = json.loads(run(["ip", "-j", "-n", host.netns, "link", "show", "type", "veth"]).stdout or "[]")
+    for name in [link["ifname"] for link in links]:
+        if name == "eth0" and not FLAVOURS[host.flavour].netplan_nm:
+            continue
+        run(["ip", "-n", host.netns, "addr", "flush", "dev", name])
+        run(["ip", "-n", host.netns, "link", "set", name, "down", "mtu", "1500"])
+    if FLAVOURS[host.flavour].netplan_nm:
+        run(["ip", "-n", host.netns, "link", "set", "eth0", "up"])  # a cable plugged in
 
 
 def _netns_names() -> list[str]:

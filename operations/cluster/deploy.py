@@ -18,6 +18,7 @@ from .environment import (
     addresses,
     env_variables,
     first_address,
+    peer_links,
     render_check,
     render_env_file,
     render_hostfile,
@@ -209,8 +210,9 @@ def cluster():
             path: (render_networkd(i, interfaces[i], mtu), 0o644, NETWORKD_VALIDATOR)
             for i, path in zip(interfaces, link_files(interfaces, False))
         }
-        if node["networkmanager"]:
-            contents[NM_FILE] = (render_networkmanager(interfaces), 0o644, NM_VALIDATOR)
+    if node["networkmanager"]:
+        # DGX OS: NetworkManager manages every port, netplan or not.
+        contents[NM_FILE] = (render_networkmanager(interfaces), 0o644, NM_VALIDATOR)
     writes = [
         (dest, content, mode, validate, files.get(dest))
         for dest, (content, mode, validate) in contents.items()
@@ -228,6 +230,7 @@ def cluster():
     drifted = [
         i for i, a in interfaces.items()
         if not node["links"][i]["up"] or node["links"][i]["mtu"] != mtu or a not in node["links"][i]["addresses"]
+        or (node["networkmanager"] and i in node["nm_managed"])
     ]
     if writes or stale or start_networkd or drifted:
         for dest, *_rest in writes:
@@ -235,7 +238,7 @@ def cluster():
         if stale:
             messages.detail(f"removing {', '.join(stale)}")
         if drifted:
-            messages.detail(f"{', '.join(drifted)}: down, or MTU or address not as configured")
+            messages.detail(f"{', '.join(drifted)}: down, MTU or address not as configured, or NetworkManager's")
         link(
             name="Cluster link: written, applied to its interfaces alone, kept once a new SSH connection confirms it",
             cluster=name, files=writes, stale=stale, start_networkd=start_networkd,
@@ -243,8 +246,9 @@ def cluster():
             own=[f"{NETWORKD_PREFIX}*.network", *[f"10-netplan-{i}.*" for i in interfaces]],
             interfaces=list(interfaces),
             added=[(i, a) for i, a in interfaces.items() if a not in node["links"][i]["addresses"]],
-            netplan=netplan, networkmanager=node["networkmanager"] and not netplan,
+            netplan=netplan, networkmanager=node["networkmanager"],
             seconds=settings["cluster_link_confirm_seconds"],
+            ports=[(i, a, mtu, [p["address"] for p in peer_links({i: a}, peers)]) for i, a in interfaces.items()],
             _serial=True,  # node after node: a change no new connection confirms stops the others'
         )
 

@@ -44,7 +44,8 @@ READ_AUTHORIZED = rendering.script(
 class ClusterHost(FactBase):
     """
     Returns what a cluster node is made of: its links (``ip -j addr``: each interface's
-    flags, MTU and IPv4 addresses), whether it uses netplan, whether ssh reads
+    flags, MTU and IPv4 addresses), whether it uses netplan, whether NetworkManager runs and
+    the devices it manages (``nm_managed``), whether ssh reads
     ``/etc/ssh/ssh_config.d``, its SSH host keys, the files sparkrig wrote for the link,
     and the cluster user (uid, home, login group, the authorized_keys lines sparkrig manages,
     read as that user), ``None`` when there is no such user.
@@ -52,7 +53,8 @@ class ClusterHost(FactBase):
     .. code:: python
 
         {"links": {"eth1": {"up": True, "mtu": 9000, "addresses": ["192.168.100.11/24"]}},
-         "netplan": False, "networkmanager": False, "ssh_config_d": True, "host_keys": ["ssh-ed25519 AAAA..."],
+         "netplan": False, "networkmanager": False, "nm_managed": [], "ssh_config_d": True,
+         "host_keys": ["ssh-ed25519 AAAA..."],
          "link_files": ["/etc/systemd/network/40-sparkrig-cluster-eth1.network"],
          "user": {"uid": 1000, "home": "/home/spark", "group": "spark",
                   "authorized": ['from="..." ssh-ed25519 AAAA... sparkrig-cluster:lab']}}
@@ -63,7 +65,9 @@ class ClusterHost(FactBase):
         return StringCommand(
             "echo links $(ip -j addr show);",
             "if command -v netplan >/dev/null && [ -d /etc/netplan ]; then echo netplan yes; else echo netplan no; fi;",
-            "if systemctl is-active -q NetworkManager 2>/dev/null; then echo networkmanager yes; else echo networkmanager no; fi;",
+            # NetworkManager's devices and their state: a cluster port it manages is not networkd's.
+            "if systemctl is-active -q NetworkManager 2>/dev/null; then echo networkmanager yes;",
+            "nmcli -t -f DEVICE,STATE device 2>/dev/null | sed 's/^/nmdevice /'; else echo networkmanager no; fi;",
             "if grep -Eqs '^[[:space:]]*Include[[:space:]]+/etc/ssh/ssh_config\\.d/\\*\\.conf' /etc/ssh/ssh_config;",
             "then echo ssh_config_d yes; else echo ssh_config_d no; fi;",
             "for k in /etc/ssh/ssh_host_*_key.pub; do [ -f \"$k\" ] && echo hostkey $(cut -d' ' -f1,2 \"$k\"); done;",
@@ -76,7 +80,7 @@ class ClusterHost(FactBase):
 
     @host_output.parses
     def process(self, output: list[str]) -> dict:
-        found: dict = {"links": {}, "netplan": False, "networkmanager": False, "ssh_config_d": False,
+        found: dict = {"links": {}, "netplan": False, "networkmanager": False, "nm_managed": [], "ssh_config_d": False,
                        "host_keys": [], "link_files": [], "user": None}
         for line in output:
             kind, _, rest = line.partition(" ")
@@ -89,6 +93,10 @@ class ClusterHost(FactBase):
                             f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("family") == "inet"
                         ],
                     }
+            elif kind == "nmdevice":
+                device, _, state = rest.partition(":")
+                if state != "unmanaged":
+                    found["nm_managed"].append(device)
             elif kind in ("netplan", "networkmanager", "ssh_config_d"):
                 found[kind] = rest == "yes"
             elif kind == "hostkey":
@@ -110,8 +118,8 @@ class ClusterHost(FactBase):
 
     @staticmethod
     def default() -> dict:
-        return {"links": {}, "netplan": False, "networkmanager": False, "ssh_config_d": False, "host_keys": [],
-                "link_files": [], "user": None}
+        return {"links": {}, "netplan": False, "networkmanager": False, "nm_managed": [], "ssh_config_d": False,
+                "host_keys": [], "link_files": [], "user": None}
 
 
 class ClusterLeftovers(FactBase):

@@ -1,7 +1,8 @@
 """Clusters: the link. Each cluster interface's file (systemd-networkd's, or netplan's where
-the host has it), validated before it takes effect, applied to those interfaces alone, and
-kept only when a NEW SSH connection confirms it; else the node puts the old files back by
-itself."""
+the host has it), validated before it takes effect, applied to those interfaces alone (taken
+from NetworkManager at once where it runs), and kept only when a NEW SSH connection confirms
+it AND each cluster port is up with its address and MTU and reaches a peer; else the node
+puts the old files back by itself."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from sparkrig import atomic, rendering
 from sparkrig.connection import run_on_new_connection
 
-from .facts import NETWORKD
+from .facts import NETWORKD, NM_FILE
 
 
 def render_networkd(interface: str, address: str, mtu: int) -> str:
@@ -70,11 +71,12 @@ BOOT_FILES = (f"/etc/systemd/system/{BOOT_UNIT}.service", f"/etc/systemd/system/
 APPLY_UNIT = "sparkrig-cluster-apply"
 NETWORKD_DIRS = ("/etc/systemd/network", "/run/systemd/network", "/usr/lib/systemd/network", "/lib/systemd/network")
 _unconfirmed: set[str] = set()  # clusters whose link change a node did not confirm in this run
+_confirmed: set[str] = set()  # clusters whose link change a node confirmed in this run
 
 
 def render_link_apply(interfaces: Sequence[str], netplan: bool, networkmanager: bool) -> str:
     return rendering.render("cluster/link-apply.sh.j2", dir=LINK_DIR, loaded=LINK_LOADED, interfaces=list(interfaces),
-                         netplan=netplan, networkmanager=networkmanager)
+                            netplan=netplan, networkmanager=networkmanager, nm_file=NM_FILE)
 
 
 def render_link_rollback(paths: Sequence[str], added: Sequence[tuple[str, str]], started_networkd: bool,
@@ -124,8 +126,14 @@ def arm_rollback(paths: Sequence[str], own: Sequence[str], apply_script: str, ro
     )
 
 
-# Through a NEW connection: the apply's outcome; when it succeeded, the rollback is cancelled.
-CONFIRM = rendering.script("cluster/confirm-link.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT, boot_files=BOOT_FILES)
+def render_confirm(ports: Sequence[tuple[str, str, int, Sequence[str]]], peers: bool) -> str:
+    """sh, through a NEW connection: the apply's outcome and each cluster port's state (up,
+    its address and MTU; with ``peers``, a peer on its subnet answers); when both are right,
+    the rollback is cancelled. ``ports``: (interface, address, MTU, peer addresses)."""
+    return rendering.script(
+        "cluster/confirm-link.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT, boot_files=BOOT_FILES,
+        ports=[{"interface": i, "address": a, "mtu": m, "peers": list(p) if peers else []} for i, a, m, p in ports],
+    )
 
 
 def _not_after_a_failure(state, host, cluster: str) -> bool:
@@ -136,22 +144,29 @@ def _not_after_a_failure(state, host, cluster: str) -> bool:
     return True
 
 
-def _confirm_link(state, host, cluster: str, seconds: int) -> bool:
+def _confirm_link(state, host, cluster: str, seconds: int, ports: Sequence[tuple]) -> bool:
     """Confirm the link change through NEW SSH connections until the host's rollback timer
-    would fire; else wait for it, and say whether the host came back."""
+    would fire; else wait for it, and say whether the host came back. The first node changed
+    in a run is not asked to reach its peers (they wait for their own change)."""
+    confirm = render_confirm(ports, peers=cluster in _confirmed)
     deadline = time.monotonic() + seconds - 5
     said, rolled_back = "no new SSH connection", False
     while time.monotonic() < deadline:
-        ok, lines = run_on_new_connection(state, host, CONFIRM, timeout=10)
+        ok, lines = run_on_new_connection(state, host, confirm, timeout=10)
         answer = lines[-1] if ok and lines else ""
         if answer == "confirmed":
+            _confirmed.add(cluster)
             return True
         rolled_back = answer == "rolled-back"
         if answer.startswith("failed") or rolled_back:
             said = f"the apply {answer}" if answer.startswith("failed") else "the host rolled back already"
             break
-        if ok:
+        if answer.startswith("link: "):
+            said = f"the link is not up as configured: {answer[6:]}"
+        elif ok:
             said = "the apply did not finish"
+        else:  # the last word: an apply seen running and then cut off the controller
+            said = "no new SSH connection"
         gevent.sleep(1)
     _unconfirmed.add(cluster)
     logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: the link change was not confirmed ({said}): "
@@ -171,11 +186,12 @@ def _confirm_link(state, host, cluster: str, seconds: int) -> bool:
 def link(
     cluster: str, files: Sequence[tuple], stale: Sequence[str], start_networkd: Sequence[str], paths: Sequence[str],
     own: Sequence[str], interfaces: Sequence[str], added: Sequence[tuple[str, str]], netplan: bool,
-    networkmanager: bool, seconds: int,
+    networkmanager: bool, seconds: int, ports: Sequence[tuple[str, str, int, Sequence[str]]],
 ):
     """
     Change the cluster link: its files written, applied to its interfaces alone, kept only when
-    a NEW SSH connection confirms it within ``seconds`` (else the host restores the old files).
+    a NEW SSH connection confirms it within ``seconds`` and each port is as configured and
+    reaches a peer (else the host restores the old files).
 
     + cluster: the cluster's name
     + files: (dest, content, mode, validate, current) of each link file to write
@@ -186,8 +202,9 @@ def link(
     + interfaces: the cluster interfaces (never the one the deploy's connection uses)
     + added: (interface, address) the change adds (taken off again by a rollback)
     + netplan: the host renders netplan's files
-    + networkmanager: NetworkManager runs and re-reads its configuration first (it lets go of them)
+    + networkmanager: NetworkManager runs: it re-reads its configuration and lets go of them at once
     + seconds: how long the host waits for the confirmation before it rolls back
+    + ports: (interface, address, MTU, peer addresses on its subnet) the confirmation checks
     """
     yield FunctionCommand(_not_after_a_failure, (cluster,), {})
     apply_script = render_link_apply(interfaces, netplan, networkmanager)
@@ -202,4 +219,4 @@ def link(
     # Detached: a change that cuts this connection off still runs to its end.
     yield StringCommand(f"systemd-run --quiet --collect --unit={APPLY_UNIT} "
                         f"/bin/sh {LINK_DIR}/apply.sh")
-    yield FunctionCommand(_confirm_link, (cluster, seconds), {})
+    yield FunctionCommand(_confirm_link, (cluster, seconds, ports), {})

@@ -1,9 +1,13 @@
 """
 The lab's cluster: lab-deb12 and lab-deb13, linked by the ConnectX-7 STAND-IN (a veth pair
-straight between their namespaces, lab/model.py). A link taken down fails spark-cluster-check
-naming it, and one run brings it back (the deploy's own connection, on eth0, survives); a
-node added to the cluster in the inventory is trusted after one run, and no longer once
-removed.
+straight between their namespaces, lab/model.py). lab-deb13 runs DGX OS's network stack
+(netplan, NetworkManager renders eth0, networkd off, NetworkManager's DHCP profile on the
+port: flavour debian13-nm, lab/dgxos.py; no udev in a container: its STAND-INS there are a
+read-only /sys for NetworkManager and networkd, and sparkrig's own hand-over in place of netplan's
+udev rule), lab-deb12 systemd-networkd alone: each change of the link below goes through both
+paths. A link taken down fails spark-cluster-check naming it, and
+one run brings it back (the deploy's own connection, on eth0, survives); a node added to the
+cluster in the inventory is trusted after one run, and no longer once removed.
 """
 
 from __future__ import annotations
@@ -16,16 +20,26 @@ import pytest
 
 import lab
 from lab.config import HOSTS_DIR
+from sparkrig.operations.cluster import link as cl_link
 from tests.conftest import LAB_INVENTORY
 from tests.support import run_deploy
 
 pytestmark = pytest.mark.lab
 
 NODES = ("lab-deb12", "lab-deb13")
+NETPLAN_NODE = "lab-deb13"  # DGX OS's stack; lab-deb12 runs networkd alone
 LINK = "cx7-standin"
 APPLY = "Cluster | Cluster link: written, applied to its interfaces alone, kept once a new SSH connection confirms it"
-LINK_FILE = f"/etc/systemd/network/40-sparkrig-cluster-{LINK}.network"
+LINK_FILES = {"lab-deb12": f"/etc/systemd/network/40-sparkrig-cluster-{LINK}.network",
+              "lab-deb13": "/etc/netplan/40-sparkrig-cluster.yaml"}
+ADDRESSES = {"lab-deb12": "192.168.100.11", "lab-deb13": "192.168.100.12"}
 KEY = "/etc/sparkrig/cluster/id_ed25519"
+LINK_DIR = "/var/lib/sparkrig/cluster-link"
+# Each file netplan's generator writes in /run (inode, change time): a rewritten file has
+# another.
+RUN_FILES = ("sudo find /run/systemd/network /run/NetworkManager/conf.d /run/NetworkManager/system-connections "
+             "/run/udev/rules.d -type f \\( -name '*netplan*' -o -name 10-globally-managed-devices.conf \\) "
+             "-printf '%p %i %C@\\n' 2>/dev/null | sort")
 
 
 def _limit(*hosts: str) -> list[str]:
@@ -57,7 +71,7 @@ def _rolled_back(before: dict) -> None:
     """Old files, old addresses, reachable (the fault's NAT gone, the route back), and a run
     of the lab's own inventory changes nothing."""
     for name in NODES:
-        assert lab.run_ssh(name, f"cat {LINK_FILE}").stdout == before[name]
+        assert lab.run_ssh(name, f"sudo cat {LINK_FILES[name]}").stdout == before[name]
         shown = lab.run_ssh(name, f"ip -4 -o addr show dev {LINK}").stdout
         assert "192.168.77." not in shown and "192.168.100." in shown, shown
         assert _check(name).returncode == 0, _check(name).stdout
@@ -71,11 +85,30 @@ def _ssh_as_spark(name: str, address: str):
     return lab.run_ssh(name, f"{probe} 2>&1; echo exit=$?", check=False).stdout
 
 
+def _on_dgx_os_stack(name: str) -> None:
+    """The cluster port of a node on DGX OS's stack is networkd's: netplan's file for it as
+    netplan wrote it (networkd, running as systemd-network, reads it), NetworkManager lets go of
+    it (its DHCP "Wired connection" no longer runs there) and networkd stays off for eth0."""
+    said = lab.run_ssh(name, f"sudo stat -c '%a %U:%G' /run/systemd/network/10-netplan-{LINK}.network; "
+                             "nmcli -t -f DEVICE,STATE,CONNECTION device; networkctl list --no-legend").stdout
+    assert "640 root:systemd-network\n" in said, said
+    assert f"{LINK}:unmanaged:\n" in said and "eth0:connected:netplan-eth0\n" in said, said
+    assert re.search(rf"{LINK} +ether +routable +configured", said), said
+    assert re.search(r"eth0 +ether +\S+ +unmanaged", said), said
+
+
 def test_a_link_taken_down_fails_the_check_naming_it_and_one_run_brings_it_back(first_converge):
+    """On the node on DGX OS's stack: the run that brings the link back rewrites no file of
+    another interface in /run (netplan's generator is never run
+    over the real /etc/netplan, which `netplan generate`'s daemon-reload would do), and a second
+    run changes nothing; a port NetworkManager took back is handed over again by one run."""
     assert first_converge.returncode == 0, first_converge.log[-3000:]
     for name in NODES:
         assert _check(name).returncode == 0, _check(name).stdout
-    lab.run_ssh("lab-deb12", f"sudo ip link set {LINK} down")
+    _on_dgx_os_stack(NETPLAN_NODE)
+    lab.run_ssh(NETPLAN_NODE, f"sudo ip link set {LINK} down")
+    others = lab.run_ssh(NETPLAN_NODE, RUN_FILES).stdout
+    assert "/run/NetworkManager/system-connections/netplan-eth0.nmconnection " in others, others
     try:
         for name in NODES:  # the far end loses its carrier too
             result = _check(name)
@@ -84,10 +117,138 @@ def test_a_link_taken_down_fails_the_check_naming_it_and_one_run_brings_it_back(
     finally:
         restored = run_deploy(LAB_INVENTORY, *_limit(*NODES))
     assert restored.returncode == 0, restored.log[-3000:]
-    assert restored.changed() == {"lab-deb12": [APPLY]}, restored.changed()
+    assert restored.changed() == {NETPLAN_NODE: [APPLY]}, restored.changed()
     for name in NODES:
         result = _check(name)
         assert result.returncode == 0 and f"OK link {LINK}: up" in result.stdout, result.stdout
+    after = lab.run_ssh(NETPLAN_NODE, RUN_FILES).stdout
+    port = f"/run/systemd/network/10-netplan-{LINK}."
+    assert [f for f in after.splitlines() if not f.startswith(port)] == \
+        [f for f in others.splitlines() if not f.startswith(port)], (others, after)
+    _on_dgx_os_stack(NETPLAN_NODE)
+    # A port keeps its address while its peer's is down (a peer rebooting): networkd's
+    # ConfigureWithoutCarrier, netplan's ignore-carrier.
+    for name in NODES:
+        peer = next(n for n in NODES if n != name)
+        lab.run_ssh(peer, f"sudo ip link set {LINK} down")
+        try:
+            shown = lab.run_ssh(name, f"sleep 1; ip -4 -o addr show dev {LINK}").stdout
+            assert f" {ADDRESSES[name]}/24 " in shown, (name, shown)
+        finally:
+            lab.run_ssh(peer, f"sudo ip link set {LINK} up")
+    again = run_deploy(LAB_INVENTORY, *_limit(*NODES))
+    assert again.returncode == 0 and again.changed() == {}, again.changed()
+    # NetworkManager holding the port again, as it holds every port of DGX OS before the first
+    # run (its DHCP profile would take the address off): one run hands it over at once.
+    lab.run_ssh(NETPLAN_NODE, f"sudo nmcli device set {LINK} managed yes")
+    taken = run_deploy(LAB_INVENTORY, *_limit(*NODES))
+    assert taken.returncode == 0 and taken.changed() == {NETPLAN_NODE: [APPLY]}, taken.changed()
+    _on_dgx_os_stack(NETPLAN_NODE)
+
+
+def _confirm(name: str, peers: bool) -> str:
+    """The real confirm script, as the deploy runs it through a new connection: its answer."""
+    settings = {"lab-deb12": "192.168.100.11/24", "lab-deb13": "192.168.100.12/24"}
+    peer = [a for n, a in ADDRESSES.items() if n != name]
+    script = cl_link.render_confirm([(LINK, settings[name], 9000, peer)], peers=peers)
+    return lab.run_ssh(name, "sudo sh -s", input=script).stdout.strip()
+
+
+def _arm(name: str, applied: int) -> None:
+    """A change of the link armed by hand, as the deploy arms it: the rollback timer (its
+    service records that it ran: the rollback itself is proven by the fault tests) and the
+    apply's status."""
+    lab.run_ssh(name, f"sudo sh -c 'set -e; d={LINK_DIR}; rm -rf $d; mkdir -m 700 $d; touch $d/armed; "
+                      f"echo \"touch $d/rollback-ran\" >$d/rollback.sh; echo apply-log-end >$d/apply.log; "
+                      f"echo {applied} >$d/applied; systemd-run --quiet --unit={cl_link.ROLLBACK_UNIT} "
+                      f"--on-active=300s /bin/sh $d/rollback.sh'")
+
+
+def _timer(name: str) -> str:
+    return lab.run_ssh(name, f"systemctl is-active {cl_link.ROLLBACK_UNIT}.timer", check=False).stdout.strip()
+
+
+def test_the_confirmation_keeps_a_change_only_when_it_applied_and_the_link_works(first_converge):
+    """The confirm script itself, run on a node: it keeps the change (stops the rollback timer)
+    only when the apply succeeded and the port is up with its address and MTU and reaches its
+    peer; an apply that failed is rolled back at once; a port without its address, or (but
+    on the first node of a run) with no peer answering, keeps the timer running."""
+    assert first_converge.returncode == 0
+    name, peer = "lab-deb12", "lab-deb13"
+    try:
+        _arm(name, applied=0)
+        assert _confirm(name, peers=True) == "confirmed"
+        assert _timer(name) == "inactive"
+        assert lab.run_ssh(name, f"sudo ls {LINK_DIR}").stdout.split() == ["applied", "apply.log", "rollback.sh"]
+
+        _arm(name, applied=1)
+        assert _confirm(name, peers=True) == "failed: apply-log-end"
+        assert _timer(name) == "inactive"
+        lab.run_ssh(name, f"for i in $(seq 50); do sudo test -f {LINK_DIR}/rollback-ran && exit; sleep 0.1; done; "
+                          "exit 1")
+
+        _arm(name, applied=0)
+        lab.run_ssh(name, f"sudo ip addr del 192.168.100.11/24 dev {LINK}")
+        assert _confirm(name, peers=False) == f"link: {LINK}: no address 192.168.100.11/24"
+        assert _timer(name) == "active"
+        lab.run_ssh(name, f"sudo ip addr add 192.168.100.11/24 dev {LINK}")
+        lab.run_ssh(name, f"sudo ip link set {LINK} mtu 1500")
+        assert _confirm(name, peers=False) == f"link: {LINK}: MTU 1500, not 9000"
+        lab.run_ssh(name, f"sudo ip link set {LINK} mtu 9000")
+        lab.run_ssh(peer, f"sudo ip link set {LINK} down")
+        assert _confirm(name, peers=True) == f"link: {LINK}: no answer from 192.168.100.12"
+        assert _timer(name) == "active"
+        assert _confirm(name, peers=False) == "confirmed"  # the first node: up, with its address
+        assert _timer(name) == "inactive"
+    finally:
+        lab.run_ssh(name, f"sudo systemctl stop {cl_link.ROLLBACK_UNIT}.timer; sudo rm -rf {LINK_DIR}", check=False)
+        lab.run_ssh(peer, f"sudo ip link set {LINK} up", check=False)
+    settled = run_deploy(LAB_INVENTORY, *_limit(*NODES))
+    assert settled.returncode == 0 and set(settled.changed()) <= set(NODES), settled.log[-3000:]
+    for node in NODES:
+        assert _check(node).returncode == 0, _check(node).stdout
+
+
+def test_a_node_whose_link_reaches_no_peer_rolls_back_by_itself(first_converge, tmp_path):
+    """The cluster moved to 192.168.77.0/24 while no node answers a ping (a FAULT the lab
+    makes: ICMP echo ignored): the first node changed is kept (up, with its address: its
+    peer has not changed yet); the next cannot reach it, is not kept, rolls back by itself,
+    and the run fails for it saying why. The lab's own inventory brings all back."""
+    assert first_converge.returncode == 0
+    before = {name: lab.run_ssh(name, f"sudo cat {LINK_FILES[name]}").stdout for name in NODES}
+    for name in NODES:
+        lab.run_ssh(name, "sudo sysctl -q -w net.ipv4.icmp_echo_ignore_all=1")
+    try:
+        moved = run_deploy(_moved(tmp_path, confirm_seconds=20), *_limit(*NODES))
+    finally:
+        for name in NODES:
+            lab.run_ssh(name, "sudo sysctl -q -w net.ipv4.icmp_echo_ignore_all=0")
+        back = run_deploy(LAB_INVENTORY, *_limit(*NODES))
+    assert moved.returncode != 0, moved.log[-3000:]
+    kept = [name for name in NODES if APPLY in moved.changed().get(name, [])]
+    found = re.search(r"\[(lab-deb1[23])\] +sparkrig: cluster lab: the link change was not confirmed \(the link is "
+                      rf"not up as configured: {LINK}: no answer from 192\.168\.77\.1[12]\)", moved.log)
+    assert found and len(kept) == 1 and found.group(1) != kept[0], (kept, moved.log[-3000:])
+    rolled = found.group(1)
+    assert re.search(rf"\[{rolled}\] +sparkrig: cluster lab: rolled back; a new SSH connection works again", moved.log)
+    # The lab's inventory: the node kept on the moved subnet comes back, the rolled-back one
+    # was back already.
+    assert back.returncode == 0, back.log[-3000:]
+    assert set(back.changed()) == set(kept) and APPLY in back.changed()[kept[0]], back.changed()
+    _rolled_back(before)
+
+
+def test_a_rebooted_cluster_comes_up_as_it_was_left(first_converge):
+    """Both nodes rebooted (the lab restarts them): the link comes up from the files alone
+    (on DGX OS's stack, netplan's boot generator and NetworkManager's setting), the check
+    passes, and a run changes nothing."""
+    assert first_converge.returncode == 0
+    for name in NODES:
+        lab.restart(name)
+    for name in NODES:
+        result = _check(name)
+        assert result.returncode == 0 and f"OK link {LINK}: up" in result.stdout, result.stdout
+    _on_dgx_os_stack(NETPLAN_NODE)
     again = run_deploy(LAB_INVENTORY, *_limit(*NODES))
     assert again.returncode == 0 and again.changed() == {}, again.changed()
 
@@ -161,7 +322,7 @@ def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(first_c
     cut off. It puts its old link files back by itself; the other node is not changed."""
     assert first_converge.returncode == 0
     inventory = _moved(tmp_path, confirm_seconds=20)
-    before = {name: lab.run_ssh(name, f"cat {LINK_FILE}").stdout for name in NODES}
+    before = {name: lab.run_ssh(name, f"sudo cat {LINK_FILES[name]}").stdout for name in NODES}
     for name in NODES:
         lab.appear_as(name, "192.168.77.50")
     try:
@@ -188,7 +349,7 @@ def test_a_node_that_reboots_before_its_change_is_confirmed_rolls_back_at_boot(f
     old link; the other node is not changed."""
     assert first_converge.returncode == 0
     inventory = _moved(tmp_path, confirm_seconds=120)
-    before = {name: lab.run_ssh(name, f"cat {LINK_FILE}").stdout for name in NODES}
+    before = {name: lab.run_ssh(name, f"sudo cat {LINK_FILES[name]}").stdout for name in NODES}
     # Read from the controller: the node, cut off, answers no SSH connection. pyinfra picks
     # which node goes first; the node that applied the change is the one rebooted.
     state = {name: HOSTS_DIR / name / "rootfs" / "var/lib/sparkrig/cluster-link" for name in NODES}

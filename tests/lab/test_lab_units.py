@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import image
+from lab import dgxos, image
 from lab.cgroups import systemd_hierarchies
 from lab.image import Chroot, Systemctl, WriteFile, image_key, recipe_steps
 from lab.model import (
@@ -433,6 +433,27 @@ def test_recipe_steps_per_flavour():
         s for s in trixie if isinstance(s, WriteFile) and s.path == "/etc/apt/sources.list"
     )
     assert f"deb {MIRROR} trixie main" in sources.content
+
+
+def test_the_dgx_os_network_stack_flavour_never_runs_udev_and_keeps_networkd_off():
+    """A lab host's /sys is the controller's and writable: udev there would act on the
+    controller's devices. DGX OS's networkd is installed, not running."""
+    steps = recipe_steps(FLAVOURS["debian13-nm"], MIRROR)
+    assert Systemctl(("mask", *image.UDEV_UNITS)) in steps
+    assert {"systemd-udevd.service", "systemd-udev-trigger.service"} <= set(image.UDEV_UNITS)
+    assert Systemctl(("disable", *image.NETWORKD_UNITS)) in steps
+    assert {"netplan.io", "network-manager"} <= set(FLAVOURS["debian13-nm"].extra_packages)
+    assert not any(isinstance(s, Systemctl) and "systemd-udevd.service" in s.argv
+                   for s in recipe_steps(FLAVOURS["debian13"], MIRROR))
+
+
+def test_the_dgx_os_network_stack_puts_eth0_on_networkmanager_through_netplan():
+    files = dgxos.network_files(FLAVOURS["debian13-nm"], "10.213.2.2", "10.213.2.1", ["10.0.0.53"])
+    netplan, mode = files[dgxos.NETPLAN_FILE]
+    assert mode == 0o600 and "  renderer: NetworkManager\n" in netplan
+    assert "addresses: [10.213.2.2/24]" in netplan and "via: 10.213.2.1" in netplan and "[10.0.0.53]" in netplan
+    assert "BindReadOnlyPaths=/sys" in files[dgxos.NM_LAB_DROP_IN][0]  # the STAND-IN for udev
+    assert dgxos.network_files(FLAVOURS["debian13"], "10.213.2.2", "10.213.2.1", ["10.0.0.53"]) == {}
 
 
 # --- SPARKRIG_LAB_ID: a second lab beside the default one --------------------------

@@ -37,7 +37,8 @@ _BUILD = {
 }
 SAMPLES: dict[str, dict] = {
     "cluster/link-apply.sh.j2": {"dir": "/var/lib/sparkrig/cluster-link", "loaded": "/var/lib/sparkrig/cluster-link.loaded",
-                                 "interfaces": ["enp1s0f1np1"], "netplan": True, "networkmanager": True},
+                                 "interfaces": ["enp1s0f1np1"], "netplan": True, "networkmanager": True,
+                                 "nm_file": "/etc/NetworkManager/conf.d/90-sparkrig-cluster.conf"},
     "cluster/link-rollback.sh.j2": {"dir": "/var/lib/sparkrig/cluster-link", "unit": "sparkrig-cluster-rollback",
                                     "paths": ["/etc/systemd/network/40-sparkrig-cluster-enp1s0f1np1.network"],
                                     "added": [("enp1s0f1np1", "192.168.100.11/24")], "networkd": "systemd-networkd.service",
@@ -78,7 +79,9 @@ SAMPLES: dict[str, dict] = {
 _READ = 'sh -c "$SPARKRIG_READ" sparkrig-read "$f" 1048576'
 SAMPLES.update({
     "cluster/confirm-link.sh.j2": {"dir": "/var/lib/sparkrig/cluster-link", "unit": "sparkrig-cluster-rollback",
-                                   "boot_files": ["/etc/systemd/system/b.service", "/etc/systemd/system/w/b.service"]},
+                                   "boot_files": ["/etc/systemd/system/b.service", "/etc/systemd/system/w/b.service"],
+                                   "ports": [{"interface": "enp1s0f1np1", "address": "192.168.100.11/24", "mtu": 9000,
+                                              "peers": ["192.168.100.12"]}]},
     "cluster/drop-authorized.sh.j2": {"marker": "sparkrig-cluster"},
     "cluster/put-authorized.sh.j2": {"marker": "sparkrig-cluster"},
     "cluster/read-authorized.sh.j2": {"marker": "sparkrig-cluster", "limit": 1048576, "user_read": _READ},

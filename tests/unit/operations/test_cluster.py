@@ -441,6 +441,22 @@ def test_networkmanager_lets_go_of_the_cluster_ports(tmp_path):
     assert 0 < script.index("systemctl reload NetworkManager\n") < script.index("networkctl reload\n")
 
 
+def test_on_dgx_os_netplan_renders_the_ports_with_networkd_and_networkmanager_lets_go_of_them(tmp_path):
+    """DGX OS: netplan and NetworkManager both. The netplan file and NetworkManager's setting
+    are written, and the apply hands the ports over (the lab runs it: test_cluster_lab.py)."""
+    fact = [line.replace("networkmanager no", "networkmanager yes").replace("netplan no", "netplan yes")
+            for line in _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})]
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": fact},
+                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    apply = next(op for op in ops if LINK_OP in op.name)
+    assert set(apply.uploads) == {atomic.temp_path(cl_facts.NETPLAN_FILE), atomic.temp_path(cl_facts.NM_FILE)}
+    found = cl_facts.ClusterHost().process([*fact, "nmdevice cx7:connected (externally)", "nmdevice eth0:connected",
+                                             "nmdevice eth1:unmanaged"])
+    assert found["nm_managed"] == ["cx7", "eth0"]
+    armed = apply.commands[1]
+    assert "nmcli device set" in armed and "g=/usr/libexec/netplan/generate" in armed
+
+
 
 
 def _nccl_tools(tmp_path, gpu: bool, build: bool, mpirun: str | None) -> tuple[str, str]:

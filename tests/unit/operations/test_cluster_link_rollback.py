@@ -64,15 +64,21 @@ def test_at_boot_the_old_files_come_back_before_the_network_starts_and_the_boot_
     assert ("systemctl --no-reload disable systemd-networkd.service" in called) == started_networkd
 
 
-def test_the_timer_rolls_back_a_running_host_and_removes_the_boot_unit_too(tmp_path):
+@pytest.mark.parametrize("started_networkd", [False, True])
+def test_the_timer_rolls_back_a_running_host_and_removes_the_boot_unit_too(tmp_path, started_networkd):
+    """The old files are applied to the ports (on DGX OS that gives a port NetworkManager had
+    back to it) before a networkd the change started is stopped again."""
     host = _host(tmp_path)
-    called = _rollback(host)
+    called = _rollback(host, started_networkd=started_networkd)
     assert host["network"].read_text() == "old\n"
     assert "ip addr del 192.168.77.11/24 dev cx7" in called and "applied" in called
+    stopped = "systemctl disable --now systemd-networkd.service"
+    assert (stopped in called) == started_networkd
+    assert not started_networkd or called.index("applied") < called.index(stopped)
     assert not (host["d"] / "armed").exists() and not any(p.exists() for p in host["boot_files"])
 
 
-def test_arming_leaves_the_boot_unit_enabled_and_confirming_removes_it():
+def test_arming_leaves_the_boot_unit_enabled():
     armed = cl_link.arm_rollback(["/etc/systemd/network/" + NETWORK], ["40-sparkrig-cluster-*.network"], "A", "R", 60)
     # The unit, then the mark its condition reads, then the timer: a reboot at any point of
     # the change finds the old files kept and a rollback armed.
@@ -81,8 +87,8 @@ def test_arming_leaves_the_boot_unit_enabled_and_confirming_removes_it():
     assert armed.index("cp -a") < unit < mark < timer
     assert f"ln -sfn {cl_link.BOOT_FILES[0]} {cl_link.BOOT_FILES[1]}" in armed
     assert cl_link.BOOT_FILES[1].startswith("/etc/systemd/system/sysinit.target.wants/")
-    confirmed = next(line for line in cl_link.CONFIRM.splitlines() if "echo confirmed" in line)
-    assert f'rm -f "$d/armed" {" ".join(cl_link.BOOT_FILES)}' in confirmed
+    # Confirming removes it: the real confirm script runs on a lab node, both ways
+    # (tests/converge/test_cluster_lab.py).
 
 
 def test_the_boot_unit_is_one_systemd_accepts_and_runs_before_the_network(tmp_path):
@@ -125,6 +131,56 @@ def test_the_controller_waits_out_the_timer_only_when_it_has_not_seen_the_rollba
     monkeypatch.setattr(cl_link.gevent, "sleep", sleep)
     monkeypatch.setattr(cl_link, "run_on_new_connection", new_connection)
     monkeypatch.setattr(cl_link, "_unconfirmed", set())
-    assert cl_link._confirm_link(None, _Host(), "lab", 60) is False
+    assert cl_link._confirm_link(None, _Host(), "lab", 60, []) is False
     assert ("lab" in cl_link._unconfirmed) is True
     assert (clock["now"] >= 60 + 10) is slept_to_the_end, (clock["now"], slept)
+
+
+PORTS = [("cx7", "192.168.100.11/24", 9000, ["192.168.100.12"])]
+
+
+def test_a_link_that_is_not_up_as_configured_is_not_kept_and_the_run_says_why(monkeypatch):
+    """The apply succeeded, but the port lacks its address: the confirmation answers why until
+    the host's timer rolls it back, and the run fails for that node naming it. The first node
+    changed in a run is not asked to reach a peer; the next one is."""
+    clock = {"now": 0.0}
+    asked, said = [], []
+    monkeypatch.setattr(cl_link.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(cl_link.gevent, "sleep", lambda seconds: clock.update(now=clock["now"] + seconds))
+    monkeypatch.setattr(cl_link.logger, "error", said.append)
+
+    def new_connection(state, host, command, timeout):
+        asked.append(command)
+        clock["now"] += 0.1
+        if command.startswith("cat "):
+            return True, ["Tue Nov 24"]
+        return True, ["link: cx7: no address 192.168.100.11/24"]
+
+    monkeypatch.setattr(cl_link, "run_on_new_connection", new_connection)
+    monkeypatch.setattr(cl_link, "_unconfirmed", set())
+    monkeypatch.setattr(cl_link, "_confirmed", set())
+    assert cl_link._confirm_link(None, _Host(), "lab", 60, PORTS) is False
+    assert "the link is not up as configured: cx7: no address 192.168.100.11/24" in said[0], said
+    assert "192.168.100.12" not in asked[0]  # the first node: its peer waits for its own change
+    cl_link._confirmed.add("lab")
+    assert "ping" in cl_link.render_confirm(PORTS, peers=True) and "192.168.100.12" in cl_link.render_confirm(PORTS, True)
+
+
+def test_a_node_cut_off_after_it_was_seen_applying_is_reported_as_unreachable(monkeypatch):
+    """The first new connection may come while the apply still runs ("waiting"); when the
+    change then cuts the controller off, the run says so, not that the apply did not finish."""
+    clock = {"now": 0.0}
+    said = []
+    answers = [(True, ["waiting"]), *[(False, TimeoutError("timed out"))] * 3]
+    monkeypatch.setattr(cl_link.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(cl_link.gevent, "sleep", lambda seconds: clock.update(now=clock["now"] + seconds))
+    monkeypatch.setattr(cl_link.logger, "error", said.append)
+
+    def new_connection(state, host, command, timeout):
+        clock["now"] += 10
+        return answers.pop(0) if answers else (False, TimeoutError("timed out"))
+
+    monkeypatch.setattr(cl_link, "run_on_new_connection", new_connection)
+    monkeypatch.setattr(cl_link, "_unconfirmed", set())
+    assert cl_link._confirm_link(None, _Host(), "lab", 60, PORTS) is False
+    assert "the link change was not confirmed (no new SSH connection)" in said[0], said
