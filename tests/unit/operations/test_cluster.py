@@ -292,7 +292,7 @@ def test_a_converged_node_plans_nothing(tmp_path):
         cl_facts.SSH_CONFIG: cl_trust.render_ssh_config(nodes, "spark"),
         cl_facts.HOSTFILE: cl_env.render_hostfile(nodes, 1),
         "/etc/sparkrig/cluster.env": cl_env.render_env_file(
-            cl_env.env_variables(["cx7"], "192.168.100.11", "192.168.100.11", "lab", {})),
+            cl_env.env_variables(["cx7"], "192.168.100.11", "192.168.100.11", "lab", {}), cl_env.no_rdma_note(["cx7"])),
         cl_facts.PROFILE_SCRIPT: cl_env.render_profile_script("/etc/sparkrig/cluster.env"),
         cl_facts.CHECK: (cl_env.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, nodes[1:],
                                    "/etc/sparkrig/cluster.env"), 0o755),

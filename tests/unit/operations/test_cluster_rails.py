@@ -1,0 +1,197 @@
+"""Clusters: a Spark's twin interfaces as rails of their own, their RoCE devices, the
+topology (direct cables or a switch), and what NCCL's environment says of them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import FactProcessError
+
+from sparkrig.operations import cluster as cl
+from sparkrig.operations.cluster import environment as cl_env
+from sparkrig.operations.cluster import facts as cl_facts
+from sparkrig.operations.cluster import fleet as cl_fleet
+from sparkrig.settings import problems, resolve
+from tests.unit.operations.test_cluster import LINK_OP, _node_fact, _plan
+from tests.unit.pyinfra_fake import HOST_STATE, host_state
+
+LINK = {"cluster_name": "lab", "cluster_user": "spark"}
+
+
+def _fleet(*hosts):
+    everyone = [(name, {**data, **resolve(cl.SETTINGS, data)}) for name, data in hosts]
+    return cl_fleet.fleet_problems(everyone, everyone)
+
+
+def _node(n: int, **interfaces) -> tuple[str, dict]:
+    return (f"n{n}", {**LINK, "ssh_hostname": f"10.0.0.{n}", "cluster_interfaces": interfaces})
+
+
+# The fact: twins and RDMA devices, read from /sys ------------------------------------------
+
+
+def _spark_sys(root: Path) -> None:
+    """A STAND-IN for a Spark's /sys, laid out as the kernel does (the lab's hosts have no PCI
+    devices): the QSFP port's two twins (PCI domains 0000 and 0002, each with its RoCE device),
+    the second port's twins, the Realtek 10 GbE port at the same bus address in domain 0007
+    (no RDMA), and a veth (no device at all)."""
+    ports = {"enp1s0f0np0": ("0000:01:00.0", "rocep1s0f0"), "enP2p1s0f0np0": ("0002:01:00.0", "roceP2p1s0f0"),
+             "enp1s0f1np1": ("0000:01:00.1", "rocep1s0f1"), "enP2p1s0f1np1": ("0002:01:00.1", "roceP2p1s0f1"),
+             "enP7s7": ("0007:01:00.0", None)}
+    for name, (pci, rdma) in ports.items():
+        device = root / "devices" / f"pci{pci[:4]}:00" / pci
+        (device / "net" / name).mkdir(parents=True)
+        (root / "class" / "net" / name).mkdir(parents=True)
+        os.symlink(os.path.relpath(device, root / "class" / "net" / name), root / "class" / "net" / name / "device")
+        if rdma:
+            (root / "class" / "infiniband" / rdma).mkdir(parents=True)
+            os.symlink(os.path.relpath(device, root / "class" / "infiniband" / rdma),
+                       root / "class" / "infiniband" / rdma / "device")
+    (root / "class" / "net" / "veth0").mkdir(parents=True)
+
+
+def test_the_fact_reads_each_ports_twin_and_rdma_device_from_sys(tmp_path):
+    _spark_sys(tmp_path)
+    lines = subprocess.run(["sh", "-c", cl_facts.read_rails(str(tmp_path))], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert "pci enP7s7 0007:01:00.0" in lines and not any("veth0" in line for line in lines)
+    found = cl_facts.ClusterHost().process(["nouser", *lines])
+    assert found["twins"] == {"enp1s0f0np0": "enP2p1s0f0np0", "enP2p1s0f0np0": "enp1s0f0np0",
+                              "enp1s0f1np1": "enP2p1s0f1np1", "enP2p1s0f1np1": "enp1s0f1np1"}
+    assert found["rdma"]["enP2p1s0f0np0"] == "roceP2p1s0f0" and "enP7s7" not in found["rdma"]
+    # The deploy's own command reads /sys so.
+    assert cl_facts.read_rails() in cl_facts.ClusterHost().command("spark").get_raw_value()
+
+
+def test_a_usb_nic_is_no_port_and_a_forged_line_fails_the_host():
+    found = cl_facts.ClusterHost().process(["nouser", "pci enx00aa 1-1:1.0"])
+    assert found["twins"] == {} and found["rdma"] == {}
+    with pytest.raises(FactProcessError, match="unexpected line 'rdma eth0 rocep1s0f0 extra'"):
+        cl_facts.ClusterHost().process(["nouser", "rdma eth0 rocep1s0f0 extra"])
+
+
+# Planning: the rails and their addresses ----------------------------------------------------
+
+
+def test_each_twin_is_a_rail_100_subnets_further_on():
+    listed = {"enp1s0f0np0": "192.168.100.11/24"}
+    assert cl_fleet.planned_rails(listed, "twins", {"enp1s0f0np0": "enP2p1s0f0np0"}) == {
+        "enp1s0f0np0": "192.168.100.11/24", "enP2p1s0f0np0": "192.168.200.11/24"}
+    assert cl_fleet.planned_rails(listed, "twins", {}) == listed  # no twin read here (a veth)
+    assert cl_fleet.planned_rails(listed, "listed", {"enp1s0f0np0": "enP2p1s0f0np0"}) == listed
+    both = {"enp1s0f0np0": "192.168.100.11/24", "enP2p1s0f0np0": "192.168.150.11/24"}  # listed itself: kept
+    assert cl_fleet.planned_rails(both, "twins", {"enp1s0f0np0": "enP2p1s0f0np0",
+                                                  "enP2p1s0f0np0": "enp1s0f0np0"}) == both
+    assert cl_fleet.twin_address("10.1.2.3/16") == "10.101.2.3/16"
+    # 192.168.200.0/24 moved 100 subnets on is 192.169.44.0/24: out of 192.168.0.0/16, no twin address.
+    assert cl_fleet.twin_address("192.168.200.11/24") is None
+
+
+@pytest.mark.parametrize(
+    ("hosts", "host", "expected"),
+    [
+        # Two nodes on one cable, both twins: fine.
+        ((_node(1, cx7="192.168.100.11/24"), _node(2, cx7="192.168.100.12/24")), None, None),
+        # A twin's planned subnet taken by another port of the same node.
+        ((_node(1, cx7="192.168.100.11/24", cx8="192.168.200.21/24"),
+          _node(2, cx7="192.168.100.12/24", cx8="192.168.200.22/24")),
+         "n1", "cluster_rails = 'twins': allowed is one subnet per rail: two rails of n1 in 192.168.200.0/24 "
+               "(twin of cx7's rail would be 192.168.200.11/24)"),
+        # A port whose twin cannot be placed.
+        ((_node(1, cx7="192.168.200.11/24"), _node(2, cx7="192.168.200.12/24")),
+         "n1", "cluster_rails = 'twins': allowed is 'listed' where a port's twin cannot take its address"),
+        # Three nodes on one subnet need a switch.
+        ((_node(1, cx7="192.168.100.11/24"), _node(2, cx7="192.168.100.12/24"), _node(3, cx7="192.168.100.13/24")),
+         "n3", "cluster_topology = 'direct': allowed is 'switch' for a subnet of more than two nodes: "
+               "192.168.100.0/24 holds n1, n2, n3"),
+    ],
+)
+def test_rails_and_topology_are_checked_before_any_host_is_contacted(hosts, host, expected):
+    found = _fleet(*hosts)
+    if expected is None:
+        assert found == []
+    else:
+        assert any(h == host and expected in problem for h, problem in found), found
+
+
+def test_three_nodes_in_a_ring_of_direct_cables_or_through_a_switch():
+    ring = (_node(1, a="192.168.101.11/24", b="192.168.103.11/24"), _node(2, a="192.168.101.12/24", b="192.168.102.12/24"),
+            _node(3, a="192.168.102.13/24", b="192.168.103.13/24"))
+    assert _fleet(*ring) == []
+    switch = {"cluster_topology": "switch"}
+    star = [(n, {**d, **switch}) for n, d in (_node(1, p="192.168.100.11/24"), _node(2, p="192.168.100.12/24"),
+                                               _node(3, p="192.168.100.13/24"))]
+    assert _fleet(*star) == []
+    # Through a switch every node is on every rail: one left off a rail's subnet is refused.
+    star[2] = ("n3", {**star[2][1], "cluster_interfaces": {"p": "192.168.110.13/24"}})
+    found = _fleet(*star)
+    assert ("n3", "cluster_interfaces = {'p': '192.168.110.13/24'}: allowed is an address in every rail's subnet of "
+                  "cluster 'lab' (cluster_topology 'switch': every node reaches every node on each rail); n3 has none "
+                  "in 192.168.100.0/24") in found, found
+    # The topology and rails are the cluster's: the same on every node.
+    mixed = [star[0], star[1], ("n3", {**_node(3, p="192.168.100.13/24")[1]})]
+    assert any(h == "n3" and "cluster_topology = 'direct': allowed is the same value on every node" in p
+               for h, p in _fleet(*mixed))
+
+
+def test_rail_settings_say_what_is_allowed():
+    assert "cluster_rails = 'both': allowed is one of 'twins', 'listed'" in problems(cl.SETTINGS, {"cluster_rails": "both"})[0]
+    assert "cluster_topology = 'ring': allowed is one of 'direct', 'switch'" in \
+        problems(cl.SETTINGS, {"cluster_topology": "ring"})[0]
+    assert "NCCL_IB_HCA is managed" in problems(cl.SETTINGS, {"cluster_env_extra": {"NCCL_IB_HCA": "mlx5_0"}})[0]
+
+
+# The deploy: twins' rails, their devices, and NCCL's environment -----------------------------
+
+
+def _rails_lines() -> list[str]:
+    """What read_rails prints on a Spark whose first port is cabled (see _spark_sys)."""
+    return ["pci cx7 0000:01:00.0", "pci cx7twin 0002:01:00.0", "rdma cx7 rocep1s0f0", "rdma cx7twin roceP2p1s0f0"]
+
+
+def _spark_fact(links: dict, host_key: str) -> list[str]:
+    return [*_node_fact(links, host_key=host_key), *_rails_lines()]
+
+
+def test_a_spark_node_gets_both_twins_as_rails_and_ncclib_hca_names_their_devices(tmp_path):
+    links = {"cx7": (False, 1500, []), "cx7twin": (False, 1500, []), "eth0": (True, 1500, ["10.0.0.1/24"])}
+    ops = _plan(tmp_path, {HOST_STATE: host_state(packages={"iputils-ping": "1", "perftest": None}),
+                           "ip -j addr": _spark_fact(links, "ssh-ed25519 AAAAhost")},
+                {HOST_STATE: host_state(), "ip -j addr": _spark_fact({}, "ssh-ed25519 AAAApeer")})
+    apply = next(op for op in ops if LINK_OP in op.name)
+    # The twin's link file is written and applied as any rail's: the link's data carries it.
+    twin_file = b"[Match]\nName=cx7twin\n"
+    assert any(twin_file in content and b"Address=192.168.200.11/24" in content for content in apply.uploads.values())
+    assert any("cx7 cx7twin" in c or "networkctl" in c for c in apply.commands)
+    env = next(op for op in ops if "| NCCL environment" in op.name)
+    text = next(iter(env.uploads.values())).decode()
+    assert "NCCL_IB_HCA==rocep1s0f0,roceP2p1s0f0\n" in text and "NCCL_SOCKET_IFNAME=cx7,cx7twin\n" in text
+    assert "no RDMA device" not in text
+    known = next(op for op in ops if "| Every node's pinned host keys" in op.name)
+    assert b"192.168.200.12 ssh-ed25519 AAAApeer" in next(iter(known.uploads.values()))  # the peer's twin rail
+    assert any("Install ib_write_bw (perftest)" in op.name for op in ops)
+
+
+def test_a_node_without_rdma_says_so_and_installs_no_perftest(tmp_path, caplog):
+    links = {"cx7": (False, 1500, []), "eth0": (True, 1500, ["10.0.0.1/24"])}
+    with caplog.at_level("INFO"):
+        ops = _plan(tmp_path, {HOST_STATE: host_state(packages={"iputils-ping": None, "perftest": None}),
+                               "ip -j addr": _node_fact(links)},
+                    {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    env = next(op for op in ops if "| NCCL environment" in op.name)
+    text = next(iter(env.uploads.values())).decode()
+    assert "# no RDMA device behind cx7 (/sys/class/infiniband names none): NCCL_IB_HCA is not set" in text
+    assert "NCCL_IB_HCA" not in "".join(line for line in text.splitlines() if not line.startswith("#"))
+    assert "cluster lab: no RDMA device behind cx7" in caplog.text
+    assert not any("perftest" in op.name for op in ops)
+
+
+def test_the_env_file_with_rdma_reads_back_in_sh(tmp_path):
+    variables = cl_env.env_variables(["a", "b"], "192.168.100.12", "192.168.100.11", "lab", {}, ["rocep1s0f0", "roceP2p1s0f0"])
+    path = tmp_path / "cluster.env"
+    path.write_text(cl_env.render_env_file(variables))
+    shown = subprocess.run(["sh", "-c", f"set -a; . {path}; env"], capture_output=True, text=True, check=True).stdout
+    assert "NCCL_IB_HCA==rocep1s0f0,roceP2p1s0f0" in shown.splitlines()
