@@ -3,6 +3,7 @@ topology (direct cables or a switch), and what NCCL's environment says of them."
 
 from __future__ import annotations
 
+import getpass
 import os
 import subprocess
 from pathlib import Path
@@ -15,7 +16,7 @@ from sparkrig.operations.cluster import environment as cl_env
 from sparkrig.operations.cluster import facts as cl_facts
 from sparkrig.operations.cluster import fleet as cl_fleet
 from sparkrig.settings import problems, resolve
-from tests.unit.operations.test_cluster import LINK_OP, _node_fact, _plan
+from tests.unit.operations.test_cluster import LINK_OP, _fake_tools, _node_fact, _plan, recorded
 from tests.unit.pyinfra_fake import HOST_STATE, host_state
 
 LINK = {"cluster_name": "lab", "cluster_user": "spark"}
@@ -195,3 +196,81 @@ def test_the_env_file_with_rdma_reads_back_in_sh(tmp_path):
     path.write_text(cl_env.render_env_file(variables))
     shown = subprocess.run(["sh", "-c", f"set -a; . {path}; env"], capture_output=True, text=True, check=True).stdout
     assert "NCCL_IB_HCA==rocep1s0f0,roceP2p1s0f0" in shown.splitlines()
+
+
+# spark-cluster-check --bandwidth: ib_write_bw per rail to each peer, on recorded real outputs ---
+
+
+PEER = {"name": "b", "addresses": ["192.168.100.12", "192.168.200.12"], "first": "192.168.100.12",
+        "devices": {"192.168.100.12": "rocep1s0f0", "192.168.200.12": "roceP2p1s0f0"},
+        "host_keys": ["ssh-ed25519 AAAAb"], "public": "ssh-ed25519 AAAAkeyb sparkrig-cluster:lab:b"}
+RAILS = {"cx7": "192.168.100.11/24", "cx7twin": "192.168.200.11/24"}
+DEVICES = {"cx7": "rocep1s0f0", "cx7twin": "roceP2p1s0f0"}
+
+
+def _bandwidth(tmp_path, outputs: dict, floor: int = 80, devices=DEVICES, ib_write_bw: bool = True):
+    """Run the rendered check with --bandwidth. STAND-INS: ip, ping (test_cluster's), ssh (logs
+    the peer's server command, as the peer would run it, and exits), and ib_write_bw printing,
+    per local device, a RECORDED REAL output (``outputs``); the check's own sh runs for real."""
+    bin_dir = tmp_path / "bin"
+    _fake_tools(bin_dir, "2: cx7: <UP> mtu 9000 state UP mode", "192.168.100.12 dev cx7", 0, 0)
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "ssh.log"}\n')
+    if ib_write_bw:
+        cases = "".join(f'*"-d {device} "*) cat {tmp_path / name} ;; ' for device, name in outputs.items())
+        for name in outputs.values():
+            (tmp_path / name).write_text(recorded(name))
+        (bin_dir / "ib_write_bw").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "client.log"}\ncase "$* " in {cases}esac\n')
+        (bin_dir / "ib_write_bw").chmod(0o755)
+    script = tmp_path / "spark-cluster-check"
+    script.write_text(cl_env.render_check("lab", getpass.getuser(), 9000, RAILS, [PEER], "/etc/sparkrig/cluster.env",
+                                          devices=devices, rail_floor=floor))
+    return subprocess.run(["sh", str(script), "--bandwidth"], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+
+
+def test_bandwidth_measures_each_rail_to_each_peer_against_the_floor(tmp_path):
+    result = _bandwidth(tmp_path, {"rocep1s0f0": "ib_write_bw-dgx-spark-rail1.txt",
+                                   "roceP2p1s0f0": "ib_write_bw-dgx-spark-rdma-cm.txt"})
+    assert "OK bandwidth cx7 b: rail cx7 (rocep1s0f0) to b (192.168.100.12): 92.57 Gb/s (floor 80)" in result.stdout
+    assert "OK bandwidth cx7twin b: rail cx7twin (roceP2p1s0f0) to b (192.168.200.12): 111.71 Gb/s (floor 80)" \
+        in result.stdout
+    assert not result.returncode & 128, result.stdout
+    # The peer's server on the peer's device of that rail, the client from this rail's to its address.
+    servers = (tmp_path / "ssh.log").read_text().splitlines()
+    assert any(s.endswith("192.168.100.12 timeout 30 ib_write_bw -d rocep1s0f0 -F --report_gbits -D 5 -p 18515")
+               for s in servers), servers
+    assert "-d roceP2p1s0f0 -F --report_gbits -D 5 -p 18515 192.168.200.12" in (tmp_path / "client.log").read_text()
+
+
+@pytest.mark.parametrize(
+    ("outputs", "floor", "line"),
+    [
+        # A real run under any floor (8-byte messages): the rail is named.
+        ({"rocep1s0f0": "ib_write_bw-small-messages.txt"}, 80,
+         "FAIL bandwidth cx7 b: rail cx7 (rocep1s0f0) to b (192.168.100.12): 0.48 Gb/s, under the floor of 80 Gb/s"),
+        # A Spark's real rail against a floor above it.
+        ({"rocep1s0f0": "ib_write_bw-dgx-spark-rail1.txt"}, 93,
+         "FAIL bandwidth cx7 b: rail cx7 (rocep1s0f0) to b (192.168.100.12): 92.57 Gb/s, under the floor of 93 Gb/s"),
+    ],
+)
+def test_a_rail_under_its_floor_fails_naming_the_rail(tmp_path, outputs, floor, line):
+    result = _bandwidth(tmp_path, {"roceP2p1s0f0": "ib_write_bw-dgx-spark-rail1.txt", **outputs}, floor=floor)
+    assert result.returncode & 128, result.stdout
+    assert any(shown.startswith(line) for shown in result.stdout.splitlines()), result.stdout
+
+
+def test_the_default_floor_fails_the_degraded_state_nvidia_describes():
+    # NVIDIA's guide: a CX-7 left degraded after boot gives 8 to 25 Gb/s a rail (playbooks PR 108: ~13).
+    floor = resolve(cl.SETTINGS, {})["cluster_rail_floor_gbits"]
+    assert 25 < floor <= 92.57
+
+
+def test_bandwidth_skips_a_rail_without_rdma_and_fails_without_perftest(tmp_path):
+    # The lab's veth: no RDMA device, a skip that says why.
+    result = _bandwidth(tmp_path, {}, devices={})
+    assert "SKIP bandwidth cx7 b: no RDMA device behind cx7 (a veth, as in sparkrig's lab, or a port without RoCE)" \
+        in result.stdout and not result.returncode & 128
+    (tmp_path / "again").mkdir()
+    result = _bandwidth(tmp_path / "again", {}, ib_write_bw=False)
+    assert "FAIL bandwidth cx7 b: ib_write_bw is not installed (Debian's perftest" in result.stdout
+    assert result.returncode & 128
