@@ -162,10 +162,7 @@ class ClusterHost(FactBase):
                 name, _, value = rest.partition(" ")
                 if not _IFNAME.fullmatch(name) or (kind == "rdma" and not _RDMA.fullmatch(value)):
                     raise ValueError(f"unexpected line {line[:80]!r}")
-                if kind == "rdma":
-                    rdma[name] = value
-                elif _PCI.fullmatch(value):  # a USB or platform device is no port of a CX-7
-                    pci[name] = value
+                (rdma if kind == "rdma" else pci)[name] = value  # twins() passes over a USB or platform device
             elif kind != "nouser":
                 raise ValueError(f"unexpected line {line[:80]!r}")
         found["twins"] = twins(pci, rdma)

@@ -4,6 +4,7 @@ topology (direct cables or a switch), and what NCCL's environment says of them."
 from __future__ import annotations
 
 import getpass
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -12,9 +13,12 @@ import pytest
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.operations import cluster as cl
+from sparkrig.operations.cluster import deploy as cl_deploy
 from sparkrig.operations.cluster import environment as cl_env
 from sparkrig.operations.cluster import facts as cl_facts
 from sparkrig.operations.cluster import fleet as cl_fleet
+from sparkrig.operations.cluster import link as cl_link
+from sparkrig.operations.cluster import trust as cl_trust
 from sparkrig.settings import problems, resolve
 from tests.unit.operations.test_cluster import LINK_OP, _fake_tools, _node_fact, _plan, recorded
 from tests.unit.pyinfra_fake import HOST_STATE, host_state
@@ -42,6 +46,15 @@ def _spark_sys(root: Path) -> None:
     ports = {"enp1s0f0np0": ("0000:01:00.0", "rocep1s0f0"), "enP2p1s0f0np0": ("0002:01:00.0", "roceP2p1s0f0"),
              "enp1s0f1np1": ("0000:01:00.1", "rocep1s0f1"), "enP2p1s0f1np1": ("0002:01:00.1", "roceP2p1s0f1"),
              "enP7s7": ("0007:01:00.0", None)}
+    # Two interfaces of one PCI function (a dual-port card of another make): no twins of each other.
+    for name in ("eth2", "eth3"):
+        device = root / "devices" / "pci0000:00" / "0000:05:00.0"
+        (device / "net" / name).mkdir(parents=True)
+        (root / "class" / "net" / name).mkdir(parents=True)
+        os.symlink(os.path.relpath(device, root / "class" / "net" / name), root / "class" / "net" / name / "device")
+    (root / "class" / "infiniband" / "mlx4_0").mkdir(parents=True)
+    os.symlink(os.path.relpath(root / "devices" / "pci0000:00" / "0000:05:00.0", root / "class" / "infiniband" / "mlx4_0"),
+               root / "class" / "infiniband" / "mlx4_0" / "device")
     for name, (pci, rdma) in ports.items():
         device = root / "devices" / f"pci{pci[:4]}:00" / pci
         (device / "net" / name).mkdir(parents=True)
@@ -63,13 +76,16 @@ def test_the_fact_reads_each_ports_twin_and_rdma_device_from_sys(tmp_path):
     assert found["twins"] == {"enp1s0f0np0": "enP2p1s0f0np0", "enP2p1s0f0np0": "enp1s0f0np0",
                               "enp1s0f1np1": "enP2p1s0f1np1", "enP2p1s0f1np1": "enp1s0f1np1"}
     assert found["rdma"]["enP2p1s0f0np0"] == "roceP2p1s0f0" and "enP7s7" not in found["rdma"]
+    assert found["rdma"]["eth3"] == "mlx4_0" and "eth2" not in found["twins"]
     # The deploy's own command reads /sys so.
     assert cl_facts.read_rails() in cl_facts.ClusterHost().command("spark").get_raw_value()
 
 
 def test_a_usb_nic_is_no_port_and_a_forged_line_fails_the_host():
-    found = cl_facts.ClusterHost().process(["nouser", "pci enx00aa 1-1:1.0"])
-    assert found["twins"] == {} and found["rdma"] == {}
+    # A USB NIC with soft-RoCE (rxe) on it: an RDMA device, no PCI address, no twin.
+    found = cl_facts.ClusterHost().process(["nouser", "pci enx00aa 1-1:1.0", "rdma enx00aa rxe0",
+                                            "pci enp1s0f0np0 0000:01:00.0", "rdma enp1s0f0np0 rocep1s0f0"])
+    assert found["twins"] == {} and found["rdma"] == {"enx00aa": "rxe0", "enp1s0f0np0": "rocep1s0f0"}
     with pytest.raises(FactProcessError, match="unexpected line 'rdma eth0 rocep1s0f0 extra'"):
         cl_facts.ClusterHost().process(["nouser", "rdma eth0 rocep1s0f0 extra"])
 
@@ -202,7 +218,8 @@ def test_the_env_file_with_rdma_reads_back_in_sh(tmp_path):
 
 
 PEER = {"name": "b", "addresses": ["192.168.100.12", "192.168.200.12"], "first": "192.168.100.12",
-        "devices": {"192.168.100.12": "rocep1s0f0", "192.168.200.12": "roceP2p1s0f0"},
+        # The peer's other port is cabled: its devices' names differ from this node's.
+        "devices": {"192.168.100.12": "rocep1s0f1", "192.168.200.12": "roceP2p1s0f1"},
         "host_keys": ["ssh-ed25519 AAAAb"], "public": "ssh-ed25519 AAAAkeyb sparkrig-cluster:lab:b"}
 RAILS = {"cx7": "192.168.100.11/24", "cx7twin": "192.168.200.11/24"}
 DEVICES = {"cx7": "rocep1s0f0", "cx7twin": "roceP2p1s0f0"}
@@ -237,7 +254,7 @@ def test_bandwidth_measures_each_rail_to_each_peer_against_the_floor(tmp_path):
     assert not result.returncode & 128, result.stdout
     # The peer's server on the peer's device of that rail, the client from this rail's to its address.
     servers = (tmp_path / "ssh.log").read_text().splitlines()
-    assert any(s.endswith("192.168.100.12 timeout 30 ib_write_bw -d rocep1s0f0 -F --report_gbits -D 5 -p 18515")
+    assert any(s.endswith("192.168.100.12 timeout 30 ib_write_bw -d rocep1s0f1 -F --report_gbits -D 5 -p 18515")
                for s in servers), servers
     assert "-d roceP2p1s0f0 -F --report_gbits -D 5 -p 18515 192.168.200.12" in (tmp_path / "client.log").read_text()
 
@@ -274,3 +291,40 @@ def test_bandwidth_skips_a_rail_without_rdma_and_fails_without_perftest(tmp_path
     result = _bandwidth(tmp_path / "again", {}, ib_write_bw=False)
     assert "FAIL bandwidth cx7 b: ib_write_bw is not installed (Debian's perftest" in result.stdout
     assert result.returncode & 128
+
+
+def test_a_converged_spark_node_plans_nothing_its_twins_file_read_with_the_node(tmp_path):
+    keys = {"cluster_key_dir": str(tmp_path / "keys")}
+    a = {**LINK, "ssh_hostname": "10.0.0.1", "cluster_interfaces": {"cx7": "192.168.100.11/24"}, **keys}
+    b = {**LINK, "ssh_hostname": "10.0.0.2", "cluster_interfaces": {"cx7": "192.168.100.12/24"}, **keys}
+    twins = {"twins": {"cx7": "cx7twin", "cx7twin": "cx7"}, "rdma": {"cx7": "rocep1s0f0", "cx7twin": "roceP2p1s0f0"}}
+    key, _public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "@fake/a")
+    nodes = [cl_deploy._node("@fake/a", resolve(cl.SETTINGS, a), ["ssh-ed25519 AAAAhost"], twins),
+             cl_deploy._node("@fake/b", resolve(cl.SETTINGS, b), ["ssh-ed25519 AAAApeer"], twins)]
+    rails = {"cx7": "192.168.100.11/24", "cx7twin": "192.168.200.11/24"}
+    link_files = {f"/etc/systemd/network/40-sparkrig-cluster-{i}.network": cl_link.render_networkd(i, addr, 9000)
+                  for i, addr in rails.items()}
+    files = {
+        **{k: v for k, v in link_files.items() if "cx7twin" not in k},  # the settings name cx7's file alone
+        cl_facts.KNOWN_HOSTS: cl_trust.render_known_hosts(nodes),
+        cl_facts.SSH_CONFIG: cl_trust.render_ssh_config(nodes, "spark"),
+        cl_facts.HOSTFILE: cl_env.render_hostfile(nodes, 1),
+        "/etc/sparkrig/cluster.env": cl_env.render_env_file(cl_env.env_variables(
+            list(rails), "192.168.100.11", "192.168.100.11", "lab", {}, ["rocep1s0f0", "roceP2p1s0f0"])),
+        cl_facts.PROFILE_SCRIPT: cl_env.render_profile_script("/etc/sparkrig/cluster.env"),
+        cl_facts.CHECK: (cl_env.render_check("lab", "spark", 9000, rails, nodes[1:], "/etc/sparkrig/cluster.env",
+                                             devices=twins["rdma"]), 0o755),
+    }
+    state = host_state(files=files, units={cl_facts.NETWORKD: (True, True)},
+                       packages={"iputils-ping": "1", "perftest": "1"})
+    state.append(f"file 600 spark spark {hashlib.sha256(key).hexdigest()} {cl_facts.KEY_FILE}")
+    # The node's own reading states each networkd link file of sparkrig's: the twin's among them.
+    link_state = [f"linkstate 644 root root {hashlib.sha256(text.encode()).hexdigest()} {path}"
+                  for path, text in link_files.items()]
+    links = {"cx7": (True, 9000, ["192.168.100.11/24"]), "cx7twin": (True, 9000, ["192.168.200.11/24"]),
+             "eth0": (True, 1500, ["10.0.0.1/24"])}
+    fact = [*_node_fact(links, authorized=cl_trust.authorized_lines(nodes, "lab"), files=list(link_files)),
+            *link_state, *_rails_lines()]
+    ops = _plan(tmp_path, {HOST_STATE: state, "ip -j addr": fact},
+                {HOST_STATE: host_state(), "ip -j addr": _spark_fact({}, "ssh-ed25519 AAAApeer")})
+    assert ops == [], [op.name for op in ops]
