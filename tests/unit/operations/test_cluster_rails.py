@@ -265,6 +265,9 @@ def test_bandwidth_measures_each_rail_to_each_peer_against_the_floor(tmp_path):
         # A real run under any floor (8-byte messages): the rail is named.
         ({"rocep1s0f0": "ib_write_bw-small-messages.txt"}, 80,
          "FAIL bandwidth cx7 b: rail cx7 (rocep1s0f0) to b (192.168.100.12): 0.48 Gb/s, under the floor of 80 Gb/s"),
+        # A real report in MB/sec, converted (its last row: 19.50 MB/s).
+        ({"rocep1s0f0": "ib_read_bw-megabytes.txt"}, 80,
+         "FAIL bandwidth cx7 b: rail cx7 (rocep1s0f0) to b (192.168.100.12): 0.16 Gb/s, under the floor of 80 Gb/s"),
         # A Spark's real rail against a floor above it.
         ({"rocep1s0f0": "ib_write_bw-dgx-spark-rail1.txt"}, 93,
          "FAIL bandwidth cx7 b: rail cx7 (rocep1s0f0) to b (192.168.100.12): 92.57 Gb/s, under the floor of 93 Gb/s"),
