@@ -4,8 +4,9 @@ Clusters: two or more boxes linked through their ConnectX-7 ports, as one cluste
 Off unless a host has ``cluster_name``. A cluster is a group of the inventory: every
 host with the same ``cluster_name``. Per host:
 
-- **The link.** Each interface of ``cluster_interfaces`` gets its static address and
-  ``cluster_mtu``: a systemd-networkd ``.network`` file, or ``/etc/netplan/40-sparkrig-
+- **The link.** Each rail (each interface of ``cluster_interfaces`` and, with
+  ``cluster_rails`` 'twins', the twin of each that the host has: a Spark's QSFP port is two
+  interfaces) gets its static address and ``cluster_mtu``: a systemd-networkd ``.network`` file, or ``/etc/netplan/40-sparkrig-
   cluster.yaml`` (mode 600, rendered by networkd) where the host has netplan. The file is
   validated before it takes effect. A change is applied node after node, to those interfaces
   alone, and kept only when a NEW SSH connection confirms it; else the node puts the old
@@ -20,10 +21,12 @@ host with the same ``cluster_name``. Per host:
   ``/etc/sparkrig/cluster/known_hosts``,
   which ``/etc/ssh/ssh_config.d/50-sparkrig-cluster.conf`` makes the only host keys the
   cluster user's ssh accepts for those addresses (``StrictHostKeyChecking yes``).
-- **NCCL's environment** (``NCCL_SOCKET_IFNAME``, ``MASTER_ADDR``, ...) in ``cluster_env_file``,
+- **NCCL's environment** (``NCCL_IB_HCA``: the rails' RoCE devices, ``NCCL_SOCKET_IFNAME``,
+  ``MASTER_ADDR``, ...) in ``cluster_env_file``,
   read by login shells and units, and an MPI hostfile, ``/etc/sparkrig/cluster/hostfile``.
 - ``spark-cluster-check``: per peer, link up, MTU, a jumbo ping that must not fragment,
-  SSH as the cluster user without a prompt; with ``--nccl``, nccl-tests' ``all_reduce_perf``
+  SSH as the cluster user without a prompt; with ``--bandwidth``, ib_write_bw on each rail
+  to each peer against ``cluster_rail_floor_gbits``; with ``--nccl``, nccl-tests' ``all_reduce_perf``
   (a prefix source build named ``nccl-tests``, in ``/opt/sparkrig/builds/nccl-tests/current/bin``)
   across the nodes with mpirun.
 

@@ -18,6 +18,7 @@ from .environment import (
     addresses,
     env_variables,
     first_address,
+    no_rdma_note,
     peer_links,
     render_check,
     render_env_file,
@@ -35,13 +36,14 @@ from .facts import (
     NM_FILE,
     PACKAGES,
     PROFILE_SCRIPT,
+    RDMA_PACKAGES,
     SSH_CONFIG,
     WAIT_ONLINE,
     ClusterHost,
     ClusterLeftovers,
     link_files,
 )
-from .fleet import head_of
+from .fleet import head_of, planned_rails
 from .leave import leave
 from .link import (
     NETWORKD_VALIDATOR,
@@ -78,7 +80,8 @@ def parts(settings: Mapping[str, Any]) -> list[reading.Part]:
     if settings["cluster_name"] is None:
         return [reading.part(ClusterLeftovers, env_file=settings["cluster_env_file"])]
     return [
-        reading.part(atomic.HostState, paths=_files(settings), units=(NETWORKD, WAIT_ONLINE), packages=PACKAGES),
+        reading.part(atomic.HostState, paths=_files(settings), units=(NETWORKD, WAIT_ONLINE),
+                     packages=(*PACKAGES, *RDMA_PACKAGES)),
         reading.part(ClusterHost, user=settings["cluster_user"]),
     ]
 
@@ -102,17 +105,27 @@ def _management_interface(links: Mapping[str, Any]) -> tuple[str | None, str | N
     return address, None
 
 
-def _node(name: str, settings: Mapping[str, Any], host_keys: Sequence[str]) -> dict:
+def rails(settings: Mapping[str, Any], node: Mapping[str, Any]) -> dict[str, str]:
+    """A node's rails (interface: address): its cluster_interfaces and, with cluster_rails
+    'twins', the twins its own reading found."""
+    return planned_rails(settings["cluster_interfaces"], settings.get("cluster_rails", "twins"), node.get("twins", {}))
+
+
+def _node(name: str, settings: Mapping[str, Any], host_keys: Sequence[str], node: Mapping[str, Any] | None = None) -> dict:
+    """One node as the others see it; ``node`` its reading (its twins and RDMA devices)."""
+    node = node or {}
+    interfaces = rails(settings, node)
     return {
         "name": name,
-        "addresses": addresses(settings["cluster_interfaces"]),
-        "first": first_address(settings["cluster_interfaces"]),
+        "addresses": addresses(interfaces),
+        "first": first_address(interfaces),
+        "devices": {a.split("/")[0]: node.get("rdma", {}).get(i, "") for i, a in interfaces.items()},
         "host_keys": list(host_keys),
         "public": controller_key(settings["cluster_key_dir"], settings["cluster_name"], name)[1],
     }
 
 
-def _nodes(settings: Mapping[str, Any], own_keys: Sequence[str]) -> list[dict] | str:
+def _nodes(settings: Mapping[str, Any], own: Mapping[str, Any]) -> list[dict] | str:
     """Every node of this host's cluster, head first (with its host keys from its own
     reading), or why they cannot be had."""
     everyone = [(h.name, resolve(SETTINGS, h.data.dict())) for h in host.inventory]
@@ -124,14 +137,14 @@ def _nodes(settings: Mapping[str, Any], own_keys: Sequence[str]) -> list[dict] |
         if peer_settings.get("cluster_name") != name:
             continue
         if peer.name == host.name:
-            found.append(_node(peer.name, peer_settings, own_keys))
+            found.append(_node(peer.name, peer_settings, own["host_keys"], own))
             continue
         with ctx_host.use(peer):
             value = reading.value(parts(peer_settings)[1])
             failed = host_output.fact_failed()
         if failed or not value["host_keys"]:
             return f"cluster node {peer.name} could not be read (or has no SSH host key): its trust is not written"
-        found.append(_node(peer.name, peer_settings, value["host_keys"]))
+        found.append(_node(peer.name, peer_settings, value["host_keys"], value))
     found.sort(key=lambda node: node["name"] != head)
     return found
 
@@ -141,8 +154,8 @@ def cluster():
     """
     Link this host to the other nodes of its cluster, trust them, and give jobs NCCL's environment.
 
-    Settings: ``cluster_name`` (None: nothing is done), ``cluster_interfaces``, ``cluster_mtu``,
-    ``cluster_head``, ``cluster_user``, ``cluster_slots``, ``cluster_key_dir``,
+    Settings: ``cluster_name`` (None: nothing is done), ``cluster_interfaces``, ``cluster_rails``,
+    ``cluster_topology``, ``cluster_rail_floor_gbits``, ``cluster_nccl_floor_gbytes``, ``cluster_mtu``, ``cluster_head``, ``cluster_user``, ``cluster_slots``, ``cluster_key_dir``,
     ``cluster_env_file``, ``cluster_env_extra``; see docs/settings.md and docs/cluster.md.
     """
     settings = resolve(SETTINGS, host.data.dict())
@@ -159,10 +172,13 @@ def cluster():
     if host_output.fact_failed():
         return
     name, user, mtu = settings["cluster_name"], settings["cluster_user"], settings["cluster_mtu"]
-    interfaces: dict[str, str] = dict(settings["cluster_interfaces"])
-    files = state["files"]
+    # Every rail: the listed interfaces and the twins read here. The link's data carries them
+    # all, so the link's write, apply and rollback treat a twin as any other interface.
+    interfaces: dict[str, str] = rails(settings, node)
+    devices = {i: node["rdma"][i] for i in interfaces if i in node["rdma"]}
+    files = {**node["link_state"], **state["files"]}
 
-    missing = [i for i in interfaces if i not in node["links"]]
+    missing = [i for i in settings["cluster_interfaces"] if i not in node["links"]]
     if missing:
         messages.refused(name="Cluster interfaces exist", message=f"cluster_interfaces names {', '.join(missing)}, "
                        f"which this host has no interface of (it has {', '.join(sorted(node['links']))})")
@@ -192,7 +208,7 @@ def cluster():
             "nothing of the cluster is changed; run all its nodes together to converge it"
         )
         return
-    nodes = _nodes(settings, node["host_keys"])
+    nodes = _nodes(settings, node)
     if isinstance(nodes, str):
         messages.refused(name="Cluster nodes are read", message=nodes)
         return
@@ -200,6 +216,12 @@ def cluster():
 
     if any(state["packages"].get(p) is None for p in PACKAGES):
         install_packages(name="Install ping (iputils-ping) for spark-cluster-check", packages=list(PACKAGES))
+    if devices and any(state["packages"].get(p) is None for p in RDMA_PACKAGES):
+        install_packages(name="Install ib_write_bw (perftest) for spark-cluster-check --bandwidth",
+                         packages=list(RDMA_PACKAGES))
+    note = None if devices else no_rdma_note(list(interfaces))
+    if note:
+        messages.detail(f"cluster {name}: {note}")
 
     # The link.
     netplan = node["netplan"]
@@ -266,14 +288,17 @@ def cluster():
         settings["cluster_env_file"]: (
             "NCCL environment (cluster_env_file)",
             render_env_file(env_variables(
-                list(interfaces), first_address(interfaces), nodes[0]["first"], name, settings["cluster_env_extra"]
-            )),
+                list(interfaces), first_address(interfaces), nodes[0]["first"], name, settings["cluster_env_extra"],
+                list(devices.values()),
+            ), note),
             0o644, ("sh", "-n"),
         ),
         PROFILE_SCRIPT: ("Login shells read the NCCL environment", render_profile_script(settings["cluster_env_file"]),
                          0o644, ("sh", "-n")),
         CHECK: ("spark-cluster-check command",
-                render_check(name, user, mtu, interfaces, peers, settings["cluster_env_file"]), 0o755, ("sh", "-n")),
+                render_check(name, user, mtu, interfaces, peers, settings["cluster_env_file"], devices=devices,
+                             rail_floor=settings["cluster_rail_floor_gbits"],
+                             nccl_floor=settings["cluster_nccl_floor_gbytes"]), 0o755, ("sh", "-n")),
     }
     for dest, (title, content, mode, validate) in host.loop(root_files.items()):
         if not atomic.up_to_date(files.get(dest), content, mode=mode):

@@ -17,11 +17,15 @@ NCCL_TESTS_BIN = f"{prefix.current('nccl-tests')}/bin"
 
 
 def env_variables(
-    interfaces: Sequence[str], own: str, head: str, name: str, extra: Mapping[str, str]
+    interfaces: Sequence[str], own: str, head: str, name: str, extra: Mapping[str, str], devices: Sequence[str] = (),
 ) -> list[tuple[str, str]]:
-    """The env file's variables: managed ones in a fixed order, then extras sorted."""
+    """The env file's variables: managed ones in a fixed order, then extras sorted.
+    ``devices``: the rails' RDMA devices, read from the host (none: NCCL_IB_HCA is left out
+    and NCCL keeps to its sockets)."""
     every = ",".join(interfaces)
     managed = {
+        # '=': NCCL's exact match (a bare name is a prefix: mlx5_1 would take mlx5_10 too).
+        "NCCL_IB_HCA": "=" + ",".join(devices) if devices else None,
         "NCCL_SOCKET_IFNAME": every,
         "GLOO_SOCKET_IFNAME": interfaces[0],
         "TP_SOCKET_IFNAME": interfaces[0],
@@ -33,12 +37,19 @@ def env_variables(
         "SPARKRIG_CLUSTER": name,
         "SPARKRIG_CLUSTER_HOSTFILE": HOSTFILE,
     }
-    return [(key, managed[key]) for key in MANAGED_ENV] + sorted(extra.items())
+    return [(key, managed[key]) for key in MANAGED_ENV if managed[key] is not None] + sorted(extra.items())
 
 
-def render_env_file(variables: Sequence[tuple[str, str]]) -> str:
+def no_rdma_note(interfaces: Sequence[str]) -> str:
+    """What the env file and the deploy say where no rail has an RDMA device."""
+    return (f"no RDMA device behind {', '.join(interfaces)} (/sys/class/infiniband names none): NCCL_IB_HCA "
+            "is not set and NCCL moves data over TCP sockets")
+
+
+def render_env_file(variables: Sequence[tuple[str, str]], note: str | None = None) -> str:
     return rendering.render(
-        "cluster/cluster.env.j2", lines=[f"{key}={rendering.quote_literal(value)}" for key, value in variables]
+        "cluster/cluster.env.j2", lines=[f"{key}={rendering.quote_literal(value)}" for key, value in variables],
+        note=note,
     )
 
 
@@ -55,24 +66,32 @@ def render_hostfile(nodes: Sequence[Mapping[str, Any]], slots: int) -> str:
 
 
 
-def peer_links(interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Each peer address this host reaches, with its own interface on that subnet."""
+def peer_links(
+    interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]], devices: Mapping[str, str] | None = None,
+) -> list[dict]:
+    """Each peer address this host reaches (on a direct cable, its one peer on that rail;
+    through a switch, every node on every rail), with its own interface on that subnet, and
+    the RDMA devices at both ends (empty where there is none)."""
     found = []
     for peer in peers:
         for address in peer["addresses"]:
             for name, own in interfaces.items():
                 if ipaddress.IPv4Address(address) in ipaddress.IPv4Interface(own).network:
-                    found.append({"name": peer["name"], "address": address, "interface": name})
+                    found.append({"name": peer["name"], "address": address, "interface": name,
+                                  "device": (devices or {}).get(name, ""),
+                                  "peer_device": peer.get("devices", {}).get(address, "")})
     return found
 
 
 def render_check(
     name: str, user: str, mtu: int, interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]], env_file: str,
-    hostfile: str = HOSTFILE, nccl_tests_bin: str = NCCL_TESTS_BIN,
+    hostfile: str = HOSTFILE, nccl_tests_bin: str = NCCL_TESTS_BIN, devices: Mapping[str, str] | None = None,
+    rail_floor: int = 80, nccl_floor: int = 12,
 ) -> str:
     return rendering.render(
         "cluster/spark-cluster-check.sh.j2", name=name, user=user, mtu=mtu, interfaces=sorted(interfaces),
-        peers=peer_links(interfaces, peers), hostfile=hostfile, env_file=env_file, nccl_tests_bin=nccl_tests_bin,
+        peers=peer_links(interfaces, peers, devices), hostfile=hostfile, env_file=env_file,
+        nccl_tests_bin=nccl_tests_bin, rail_floor=rail_floor, nccl_floor=nccl_floor,
     )
 
 

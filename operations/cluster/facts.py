@@ -27,8 +27,14 @@ SSH_CONFIG = "/etc/ssh/ssh_config.d/50-sparkrig-cluster.conf"
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cluster.sh"
 CHECK = "/usr/local/bin/spark-cluster-check"
 PACKAGES = ("iputils-ping",)  # ping -M do (busybox's ping has no -M)
+# ib_write_bw for spark-cluster-check --bandwidth: installed only where a rail has an RDMA
+# device (elsewhere the check skips, saying why, and nothing would use it).
+RDMA_PACKAGES = ("perftest",)
 MARKER = "sparkrig-cluster:"  # the comment of every line sparkrig manages in authorized_keys
 
+_IFNAME = re.compile(r"[^\s/:]{1,15}")  # what the kernel takes as an interface name
+_PCI = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}:[0-9a-f]{2}\.[0-7])")
+_RDMA = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _HOST_KEY = re.compile(r"(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) [A-Za-z0-9+/]+={0,2}")
 
 
@@ -41,14 +47,47 @@ READ_AUTHORIZED = rendering.script(
 )
 
 
+def read_rails(sys_root: str = "/sys") -> str:
+    """sh printing, for each network interface backed by a device, ``pci IF ADDRESS`` (its PCI
+    address), and for each RDMA device's interface ``rdma IF DEVICE`` (as ibdev2netdev reads
+    them). A veth or a bridge has no device: neither line. ``sys_root`` is /sys but in tests."""
+    return (
+        f'for n in {sys_root}/class/net/*; do [ -e "$n/device" ] || continue; '
+        'd=$(readlink -f "$n/device") && echo pci "${n##*/}" "${d##*/}"; done; '
+        f'for r in {sys_root}/class/infiniband/*/device/net/*; do [ -e "$r" ] || continue; '
+        f'x=${{r#{sys_root}/class/infiniband/}}; echo rdma "${{r##*/}}" "${{x%%/*}}"; done'
+    )
+
+
+def twins(pci: dict[str, str], rdma: dict[str, str]) -> dict[str, str]:
+    """Each interface's twin: the one other interface whose PCI address differs from its own
+    in the domain alone, both with an RDMA device (a Spark's enp1s0f0np0, 0000:01:00.0, and
+    enP2p1s0f0np0, 0002:01:00.0). Another device at the same bus address in a third domain
+    (the Spark's Realtek enP7s7) has no RDMA device; two candidates make no twin."""
+    found = {}
+    for name, address in pci.items():
+        match = _PCI.fullmatch(address)
+        if name not in rdma or match is None:
+            continue
+        others = [
+            other for other, theirs in pci.items()
+            if other != name and other in rdma and (m := _PCI.fullmatch(theirs)) is not None
+            and m.group(2) == match.group(2) and m.group(1) != match.group(1)
+        ]
+        if len(others) == 1:
+            found[name] = others[0]
+    return found
+
+
 class ClusterHost(FactBase):
     """
     Returns what a cluster node is made of: its links (``ip -j addr``: each interface's
     flags, MTU and IPv4 addresses), whether it uses netplan, whether NetworkManager runs and
     the devices it manages (``nm_managed``), whether ssh reads
     ``/etc/ssh/ssh_config.d``, its SSH host keys, the files sparkrig wrote for the link,
-    and the cluster user (uid, home, login group, the authorized_keys lines sparkrig manages,
-    read as that user), ``None`` when there is no such user.
+    the cluster user (uid, home, login group, the authorized_keys lines sparkrig manages,
+    read as that user), ``None`` when there is no such user; and from /sys, each interface's
+    twin and RDMA device (:func:`read_rails`, :func:`twins`).
 
     .. code:: python
 
@@ -57,7 +96,9 @@ class ClusterHost(FactBase):
          "host_keys": ["ssh-ed25519 AAAA..."],
          "link_files": ["/etc/systemd/network/40-sparkrig-cluster-eth1.network"],
          "user": {"uid": 1000, "home": "/home/spark", "group": "spark",
-                  "authorized": ['from="..." ssh-ed25519 AAAA... sparkrig-cluster:lab']}}
+                  "authorized": ['from="..." ssh-ed25519 AAAA... sparkrig-cluster:lab']},
+         "twins": {"enp1s0f0np0": "enP2p1s0f0np0", "enP2p1s0f0np0": "enp1s0f0np0"},
+         "rdma": {"enp1s0f0np0": "rocep1s0f0", "enP2p1s0f0np0": "roceP2p1s0f0"}}
     """
 
     def command(self, user: str) -> StringCommand:
@@ -72,16 +113,23 @@ class ClusterHost(FactBase):
             "then echo ssh_config_d yes; else echo ssh_config_d no; fi;",
             "for k in /etc/ssh/ssh_host_*_key.pub; do [ -f \"$k\" ] && echo hostkey $(cut -d' ' -f1,2 \"$k\"); done;",
             f"for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network {NETPLAN_FILE} {NM_FILE}; do [ -f \"$f\" ] && echo linkfile \"$f\"; done;",
+            # Each networkd link file's state too: a twin's file, whose name the settings
+            # alone cannot give to the host state's reading, is compared all the same.
+            f"for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network; do [ -f \"$f\" ] &&",
+            "echo linkstate $(stat -c '%a %U %G' \"$f\") $(sha256sum < \"$f\" | cut -d' ' -f1) \"$f\"; done;",
             "if e=$(getent passwd", q_user, "); then",
             'h=$(echo "$e" | cut -d: -f6); echo user $(id -u', q_user, ") $(id -gn", q_user, ') "$h";',
             "runuser -u", q_user, "-- sh -c", QuoteString(READ_AUTHORIZED), 'sparkrig "$h" | sed "s/^/authorized /";',
-            "else echo nouser; fi",
+            "else echo nouser; fi;",
+            read_rails(),
         )
 
     @host_output.parses
     def process(self, output: list[str]) -> dict:
         found: dict = {"links": {}, "netplan": False, "networkmanager": False, "nm_managed": [], "ssh_config_d": False,
-                       "host_keys": [], "link_files": [], "user": None}
+                       "host_keys": [], "link_files": [], "link_state": {}, "user": None}
+        pci: dict[str, str] = {}
+        rdma: dict[str, str] = {}
         for line in output:
             kind, _, rest = line.partition(" ")
             if kind == "links":
@@ -112,14 +160,27 @@ class ClusterHost(FactBase):
                 found["user"] = {"uid": int(uid), "group": group, "home": home, "authorized": []}
             elif kind == "authorized":
                 found["user"]["authorized"].append(rest)
+            elif kind == "linkstate":
+                mode, user, group, sha, path = rest.split(" ", 4)
+                if not (path.startswith(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}") and path.endswith(".network")
+                        and re.fullmatch("[0-7]{3,4}", mode) and re.fullmatch("[0-9a-f]{64}", sha)):
+                    raise ValueError(f"unexpected line {line[:80]!r}")
+                found["link_state"][path] = {"sha256": sha, "mode": int(mode, 8), "user": user, "group": group}
+            elif kind in ("pci", "rdma"):
+                name, _, value = rest.partition(" ")
+                if not _IFNAME.fullmatch(name) or (kind == "rdma" and not _RDMA.fullmatch(value)):
+                    raise ValueError(f"unexpected line {line[:80]!r}")
+                (rdma if kind == "rdma" else pci)[name] = value  # twins() passes over a USB or platform device
             elif kind != "nouser":
                 raise ValueError(f"unexpected line {line[:80]!r}")
+        found["twins"] = twins(pci, rdma)
+        found["rdma"] = rdma
         return found
 
     @staticmethod
     def default() -> dict:
         return {"links": {}, "netplan": False, "networkmanager": False, "nm_managed": [], "ssh_config_d": False,
-                "host_keys": [], "link_files": [], "user": None}
+                "host_keys": [], "link_files": [], "link_state": {}, "user": None, "twins": {}, "rdma": {}}
 
 
 class ClusterLeftovers(FactBase):

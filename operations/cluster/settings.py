@@ -16,6 +16,7 @@ from sparkrig.settings import (
     defaults,
     env_mapping_except,
     int_range,
+    one_of,
 )
 
 from .fleet import fleet_problems
@@ -26,7 +27,7 @@ _ADDRESS = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}")
 
 # The variables of cluster_env_file that sparkrig writes itself (cluster_env_extra may not).
 MANAGED_ENV = (
-    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
+    "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
     "OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_oob_tcp_if_include", "MASTER_ADDR", "VLLM_HOST_IP",
     "SPARKRIG_CLUSTER", "SPARKRIG_CLUSTER_HOSTFILE",
 )
@@ -111,12 +112,51 @@ SETTINGS = (
         "cluster_interfaces",
         {},
         "The host's cluster link: each ConnectX-7 interface and its static address with prefix, e.g. "
-        "{'enp1s0f0np0': '192.168.100.11/24'}. Addresses are unique in the cluster, one subnet per "
-        "link (every address of a subnet has the same prefix, each subnet holds two nodes or more), "
-        "and no subnet holds the address the deploy connects to (a host name is resolved on the "
-        "controller), nor the controller's own address towards the node, nor overlaps the "
-        "controller's route to it (other than a default route).",
+        "{'enp1s0f0np0': '192.168.100.11/24'} (with cluster_rails 'twins', each one's twin is "
+        "addressed too). Addresses are unique in the cluster, one subnet per rail (every address "
+        "of a subnet has the same prefix; a subnet holds the two nodes of a direct cable, or every "
+        "node through a switch: cluster_topology), and no subnet holds the address the deploy "
+        "connects to (a host name is resolved on the controller), nor the controller's own address "
+        "towards the node, nor overlaps the controller's route to it (other than a default route).",
         interfaces_check,
+    ),
+    Setting(
+        "cluster_rails",
+        "twins",
+        "'twins': each interface of cluster_interfaces whose twin the host has (a Spark's QSFP port "
+        "is two interfaces, enp1s0f0np0 and enP2p1s0f0np0, each a PCIe x4 link with its own RoCE "
+        "device: read from /sys, PCI addresses alike but for the domain, both with an RDMA device) "
+        "gets it as a second rail, on a subnet of its own: the same host number 100 subnets of its "
+        "size further on (192.168.100.11/24's twin: 192.168.200.11/24), unless cluster_interfaces "
+        "lists the twin itself. Both rails are how a port reaches 200 Gb/s (NVIDIA's Cluster "
+        "Assistant). 'listed': cluster_interfaces alone. The same on every node.",
+        one_of("twins", "listed"),
+    ),
+    Setting(
+        "cluster_topology",
+        "direct",
+        "How the nodes are cabled: 'direct' (QSFP cables between nodes: two nodes on one cable, three "
+        "in a ring; each rail's subnet holds the two nodes its cable joins) or 'switch' (each node "
+        "cabled to a switch: each rail's subnet holds every node). The same on every node.",
+        one_of("direct", "switch"),
+    ),
+    Setting(
+        "cluster_rail_floor_gbits",
+        80,
+        "spark-cluster-check --bandwidth fails a rail whose ib_write_bw to a peer averages less "
+        "(Gb/s). 80 is the threshold of NVIDIA's check-connectx-bandwidth helper (dgx-spark-playbooks, "
+        "connect-two-sparks performance_benchmarking_guide.md), whose example measures 92.57 and 97.28 "
+        "Gb/s on a port's two rails; a CX-7 left in its degraded state after boot gives 8 to 25.",
+        int_range(1, 400, "Gb/s per rail"),
+    ),
+    Setting(
+        "cluster_nccl_floor_gbytes",
+        12,
+        "spark-cluster-check --nccl fails an all_reduce_perf whose bus bandwidth at its largest size "
+        "(1 GiB) is less (GB/s). 12 is half of what NCCL's maintainers count as one 200 Gb/s NIC's "
+        "peak (24 GB/s, nccl-tests issue 119), well above the ~3 GB/s of NCCL fallen back to TCP "
+        "(dgx-spark-playbooks issue 102).",
+        int_range(1, 1000, "GB/s"),
     ),
     Setting(
         "cluster_mtu",
@@ -165,9 +205,10 @@ SETTINGS = (
     Setting(
         "cluster_env_file",
         "/etc/sparkrig/cluster.env",
-        "The KEY=VALUE file of NCCL's environment: NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, "
-        "TP_SOCKET_IFNAME, UCX_NET_DEVICES, OMPI_MCA_btl_tcp_if_include and OMPI_MCA_oob_tcp_if_include"
-        " (the cluster interfaces), MASTER_ADDR (the head's first address), VLLM_HOST_IP (this "
+        "The KEY=VALUE file of NCCL's environment: NCCL_IB_HCA (the rails' RoCE devices, read from "
+        "the host; left out, and the file says so, where there is none), NCCL_SOCKET_IFNAME, "
+        "GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME, UCX_NET_DEVICES, OMPI_MCA_btl_tcp_if_include and "
+        "OMPI_MCA_oob_tcp_if_include (the rails' interfaces), MASTER_ADDR (the head's first address), VLLM_HOST_IP (this "
         "node's), SPARKRIG_CLUSTER and SPARKRIG_CLUSTER_HOSTFILE. Login shells read it through "
         "/etc/profile.d/sparkrig-cluster.sh; systemd units read it with EnvironmentFile=.",
         absolute_path,
@@ -175,7 +216,7 @@ SETTINGS = (
     Setting(
         "cluster_env_extra",
         {},
-        "Extra variables for the same file, e.g. {'NCCL_IB_HCA': 'mlx5_0,mlx5_1'}: valid names "
+        "Extra variables for the same file, e.g. {'NCCL_DEBUG': 'WARN'}: valid names "
         "other than the managed ones; literal values without single quotes or newlines.",
         env_mapping_except(MANAGED_ENV),
     ),

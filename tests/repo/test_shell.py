@@ -48,7 +48,9 @@ SAMPLES: dict[str, dict] = {
     "cluster/spark-cluster-check.sh.j2": {
         "name": "duo", "user": "spark", "mtu": 9000, "interfaces": ["enp1s0f1np1"], "env_file": "/etc/sparkrig/cluster.env",
         "hostfile": "/etc/sparkrig/cluster/hostfile", "nccl_tests_bin": "/opt/sparkrig/builds/nccl-tests/current/bin",
-        "peers": [{"name": "spark-02", "interface": "enp1s0f1np1", "address": "192.168.100.12"}],
+        "peers": [{"name": "spark-02", "interface": "enp1s0f1np1", "address": "192.168.100.12",
+                   "device": "rocep1s0f1", "peer_device": "rocep1s0f1"}],
+        "rail_floor": 80, "nccl_floor": 12,
     },
     "cuda_env/profile.sh.j2": {"env_file": "/etc/sparkrig/cuda.env"},
     "jobs/spark-drop-caches.sh.j2": {},

@@ -292,7 +292,7 @@ def test_a_converged_node_plans_nothing(tmp_path):
         cl_facts.SSH_CONFIG: cl_trust.render_ssh_config(nodes, "spark"),
         cl_facts.HOSTFILE: cl_env.render_hostfile(nodes, 1),
         "/etc/sparkrig/cluster.env": cl_env.render_env_file(
-            cl_env.env_variables(["cx7"], "192.168.100.11", "192.168.100.11", "lab", {})),
+            cl_env.env_variables(["cx7"], "192.168.100.11", "192.168.100.11", "lab", {}), cl_env.no_rdma_note(["cx7"])),
         cl_facts.PROFILE_SCRIPT: cl_env.render_profile_script("/etc/sparkrig/cluster.env"),
         cl_facts.CHECK: (cl_env.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, nodes[1:],
                                    "/etc/sparkrig/cluster.env"), 0o755),
@@ -459,15 +459,26 @@ def test_on_dgx_os_netplan_renders_the_ports_with_networkd_and_networkmanager_le
 
 
 
-def _nccl_tools(tmp_path, gpu: bool, build: bool, mpirun: str | None) -> tuple[str, str]:
+RECORDED = Path(__file__).parent / "data" / "cluster"
+
+
+def recorded(name: str) -> str:
+    """A recorded real output (tests/unit/operations/data/cluster), without its '## ' header."""
+    return "".join(line for line in (RECORDED / name).read_text().splitlines(keepends=True) if not line.startswith("## "))
+
+
+def _nccl_tools(tmp_path, gpu: bool, build: bool, mpirun: str | None,
+                output: str = "all_gather_perf-dgx-spark-issue25.txt") -> tuple[str, str]:
     """STAND-INS for nvidia-smi, the nccl-tests build and mpirun (no GPU, no MPI here); the
-    check's own sh decides from what they answer. Returns the check's PATH and the build's bin."""
+    check's own sh decides from what they answer. The build's all_reduce_perf prints a
+    RECORDED REAL output of nccl-tests (``output``). Returns the check's PATH and the build's bin."""
     tools, built = tmp_path / "tools", tmp_path / "nccl-tests" / "bin"
     tools.mkdir()
     built.mkdir(parents=True)
     scripts = {tools / "nvidia-smi": "echo 'GPU 0: NVIDIA GB10 (UUID: GPU-0)'" if gpu else "exit 9"}
     if build:
-        scripts[built / "all_reduce_perf"] = 'echo "ran $0 $*"; echo "# Avg bus bandwidth    : 21.75 "'
+        (tmp_path / "recorded.txt").write_text(recorded(output))
+        scripts[built / "all_reduce_perf"] = f'echo "ran $0 $*"; cat {tmp_path / "recorded.txt"}'
     if mpirun is not None:
         # Drops mpirun's options, then runs the program it was given, as mpirun would on each node.
         scripts[tools / "mpirun"] = (
@@ -487,7 +498,8 @@ def _nccl_tools(tmp_path, gpu: bool, build: bool, mpirun: str | None) -> tuple[s
         (True, False, '"$@"', 0, "SKIP nccl: nccl-tests are not built here (no all_reduce_perf in {bin} nor on PATH:"
                                  ' a prefix source build named nccl-tests puts it there)'),
         (True, True, None, 0, "SKIP nccl: no mpirun on PATH (openmpi-bin; a prefix build installs it with runtime_packages)"),
-        (True, True, '"$@"', 0, "OK nccl: all_reduce_perf on 2 nodes: average bus bandwidth 21.75 GB/s"),
+        (True, True, '"$@"', 0,
+         "OK nccl: all_reduce_perf on 2 nodes: bus bandwidth 18.94 GB/s at 17179869184 bytes (floor 12)"),
         (True, True, "echo 'ORTE was unable to reliably start one or more daemons.'; exit 1", 64,
          "FAIL nccl: all_reduce_perf on 2 nodes failed: ORTE was unable to reliably start one or more daemons."),
     ],
@@ -504,7 +516,25 @@ def test_spark_cluster_check_nccl_runs_the_built_all_reduce_perf_or_says_why_not
                                       nccl_tests_bin=built))
     result = subprocess.run(["sh", str(script), "--nccl"], capture_output=True, text=True, env={"PATH": path})
     assert result.returncode == status, result.stdout
-    assert result.stdout.splitlines() == [line.format(bin=built)], result.stdout
+    assert result.stdout.splitlines() == [
+        "SKIP bandwidth: not asked for (--bandwidth runs ib_write_bw on each rail to each peer)",
+        line.format(bin=built)], result.stdout
+
+
+def test_spark_cluster_check_nccl_fails_under_its_floor_on_a_recorded_real_run(tmp_path):
+    """PR 103's recorded all_reduce_perf (two Sparks) as quoted ends at 64 KiB: 0.96 GB/s there."""
+    hostfile, env_file = tmp_path / "hostfile", tmp_path / "cluster.env"
+    hostfile.write_text("192.168.100.11 slots=1\n192.168.100.12 slots=1\n")
+    env_file.write_text("NCCL_SOCKET_IFNAME='cx7'\n")
+    path, built = _nccl_tools(tmp_path, True, True, '"$@"', output="all_reduce_perf-dgx-spark-pr103.txt")
+    script = tmp_path / "spark-cluster-check"
+    script.write_text(cl_env.render_check("lab", getpass.getuser(), 9000, {}, [], str(env_file), hostfile=str(hostfile),
+                                          nccl_tests_bin=built, nccl_floor=12))
+    result = subprocess.run(["sh", str(script), "--nccl"], capture_output=True, text=True, env={"PATH": path})
+    assert result.returncode == 64, result.stdout
+    assert result.stdout.splitlines()[-1] == (
+        "FAIL nccl: all_reduce_perf on 2 nodes: bus bandwidth 0.96 GB/s at 65536 bytes, under the floor of 12 GB/s "
+        "(NCCL fallen back to TCP gives ~3: is NCCL_IB_HCA set?)")
 
 
 def test_spark_cluster_check_looks_for_the_source_build_where_source_builds_installs_it():
