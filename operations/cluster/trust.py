@@ -13,6 +13,7 @@ import re
 import secrets
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
@@ -25,6 +26,10 @@ from sparkrig import atomic, rendering
 
 from .facts import KEY_FILE, KNOWN_HOSTS, MARKER
 
+# Runs at once take turns deciding a node's pair: this lock within a run, whose hosts plan in
+# greenlets (pyinfra's CLI patches threading, so a greenlet waiting here lets the others run;
+# a bare flock would block them all while its holder waits on ssh-keygen), flock between runs.
+_DECIDING = threading.Lock()
 STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user
 # Checks a new ssh_config.d file as ssh will read it. For `sh -c SCRIPT NAME NEW`.
 VERIFY_SSH_CONFIG = rendering.script("cluster/verify-ssh-config.sh")
@@ -84,7 +89,7 @@ def controller_key(key_dir: str, name: str, node: str, host_keys: Sequence[str])
     os.chmod(directory, 0o700)
     private, record = directory / "id_ed25519", directory / "host_keys"
     pinned = "".join(f"{key}\n" for key in sorted(set(host_keys)))
-    with open(directory / "lock", "a") as lock:
+    with _DECIDING, open(directory / "lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         recorded = record.read_text() if record.exists() else None
         if not private.exists() or (pinned and recorded is not None and recorded != pinned):

@@ -230,6 +230,22 @@ def test_two_runs_deciding_a_nodes_pair_take_turns(tmp_path):
     waiting.join(10)
     assert got and got[0] != first
 
+
+def test_a_runs_hosts_deciding_pairs_at_once_do_not_wait_on_each_other_forever(tmp_path):
+    """pyinfra's CLI patches threading for gevent and plans each host in a greenlet: two
+    greenlets deciding pairs at once finish (a flock alone blocked the process: a deadlock)."""
+    script = (
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import sys, gevent\n"
+        "from sparkrig.operations.cluster import trust\n"
+        "jobs = [gevent.spawn(trust.controller_key, sys.argv[1], 'lab', n, ['ssh-ed25519 AAAA' + n]) for n in 'abab']\n"
+        "gevent.joinall(jobs, timeout=30)\n"
+        "sys.exit(0 if all(j.successful() for j in jobs) and jobs[0].value == jobs[2].value else 1)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "keys")], cwd=Path(__file__).parents[3],
+                          capture_output=True, text=True, timeout=40)
+    assert done.returncode == 0, done.stderr
+
 # The plan, on two fake hosts --------------------------------------------------------------
 
 
