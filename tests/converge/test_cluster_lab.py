@@ -160,7 +160,7 @@ def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(first_
 def _pinned(name: str, address: str) -> list[str]:
     """The host keys ``name``'s cluster known_hosts pins for ``address``."""
     text = lab.run_ssh(name, "cat /etc/sparkrig/cluster/known_hosts").stdout
-    return [line.split(" ", 1)[1] for line in text.splitlines() if line.startswith(f"{address} ")]
+    return sorted(line.split(" ", 1)[1] for line in text.splitlines() if line.startswith(f"{address} "))
 
 
 def _host_keys(name: str) -> list[str]:
@@ -187,17 +187,19 @@ def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(first_
     lab_address = next(h["address"] for h in json.loads(lab.inventory_path().read_text())["hosts"] if h["name"] == node)
     # The controller still pins the old host key: pyinfra refuses the box and says what to do.
     KNOWN_HOSTS.write_text(trusted)
-    refused = subprocess.run([PYINFRA, "-y", "--limit", node, LAB_INVENTORY, "fact", "server.Hostname"],
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
+    try:
+        refused = subprocess.run([PYINFRA, "-y", "--limit", node, LAB_INVENTORY, "fact", "server.Hostname"],
+                                 cwd=REPO, capture_output=True, text=True, timeout=300)
+    finally:
+        # The owner's step: the old key removed, the new one accepted once checked against the box's.
+        for label in (lab_address, node):
+            subprocess.run(["ssh-keygen", "-R", label, "-f", str(KNOWN_HOSTS)], check=True, capture_output=True)
+        with KNOWN_HOSTS.open("a") as known:
+            known.writelines(f"{line}\n" for line in accepted.splitlines() if line.split()[0] in (lab_address, node))
+        KNOWN_HOSTS.with_name(KNOWN_HOSTS.name + ".old").unlink(missing_ok=True)
     said = refused.stdout + refused.stderr
     assert refused.returncode != 0 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in said, said[-3000:]
     assert f"ssh-keygen -R {lab_address}" in said, said[-3000:]
-    # The owner's step: the old key removed, the new one accepted once checked against the box's.
-    for label in (lab_address, node):
-        subprocess.run(["ssh-keygen", "-R", label, "-f", str(KNOWN_HOSTS)], check=True, capture_output=True)
-    with KNOWN_HOSTS.open("a") as known:
-        known.writelines(f"{line}\n" for line in accepted.splitlines() if line.split()[0] in (lab_address, node))
-    KNOWN_HOSTS.with_name(KNOWN_HOSTS.name + ".old").unlink(missing_ok=True)
     assert sorted(KNOWN_HOSTS.read_text().splitlines()) == sorted(accepted.splitlines())
 
     converging = time.monotonic()
@@ -210,6 +212,8 @@ def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(first_
     assert not set(new_host_keys) & set(old_host_keys)
     assert _pinned(other, address) == new_host_keys  # the new host keys alone
     assert lab.run_ssh(node, f"sudo cat {KEY}").stdout != old_key  # a new pair
+    admitted = lab.run_ssh(other, f"grep -c ' sparkrig-cluster:lab:{node}$' .ssh/authorized_keys").stdout
+    assert admitted == "1\n", admitted  # its new key alone
     # The old pair, used from the node's own cluster address (inside from=), is refused.
     lab.run_ssh(node, "umask 077 && cat > /tmp/old-key", input=old_key)
     said = lab.run_ssh(node, "ssh -n -F /dev/null -i /tmp/old-key -o IdentitiesOnly=yes -o BatchMode=yes "
@@ -220,6 +224,7 @@ def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(first_
     assert again.returncode == 0 and again.changed() == {}, again.changed()
     print(f"reinstall rejoin: recreate {recreated - started:.0f} s, converge {converged - converging:.0f} s, "
           f"second converge {time.monotonic() - converged:.0f} s, whole test {time.monotonic() - started:.0f} s")
+
 
 def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(first_converge, tmp_path):
     """The controller reaches both nodes through NAT, as 192.168.77.50 (a FAULT the lab makes:
