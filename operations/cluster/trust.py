@@ -103,9 +103,9 @@ def controller_key(key_dir: str, name: str, node: str, host_keys: Sequence[str])
                 os.replace(new, private)
             recorded = None
         if pinned and recorded is None:  # a pair made before this record existed is kept
-            atomic_record = directory / ".host_keys.new"
-            atomic_record.write_text(pinned)
-            os.replace(atomic_record, record)
+            staged = directory / ".host_keys.new"
+            staged.write_text(pinned)
+            os.replace(staged, record)
     os.chmod(private, 0o600)
     public = subprocess.run(["ssh-keygen", "-y", "-f", str(private)], check=True, capture_output=True, text=True)
     return private.read_bytes(), public.stdout.strip()
