@@ -105,6 +105,16 @@ def pytest_collection_modifyitems(config, items):
         items[:] = chosen
 
 
+def write_stock_files(name: str) -> None:
+    """The files a host's owner had before sparkrig (``STOCK_FSTAB``, ``STOCK_DAEMON_JSON``):
+    on every host the lab boots, and on one a test installs afresh (``lab.recreate``)."""
+    if name in STOCK_FSTAB:
+        lab.run_ssh(name, "sudo tee /etc/fstab >/dev/null", input=STOCK_FSTAB[name].decode())
+    if name in STOCK_DAEMON_JSON:
+        lab.run_ssh(name, "sudo mkdir -p /etc/docker && sudo tee /etc/docker/daemon.json >/dev/null",
+                    input=json.dumps(stock_daemon_json(name), indent=4) + "\n")
+
+
 @pytest.fixture(scope="session")
 def lab_hosts(request):
     missing = lab.missing_requirements()
@@ -127,11 +137,7 @@ def lab_hosts(request):
     hosts = lab.up()
     lab_says(request.config, f"{len(hosts)} hosts up in {time.monotonic() - started:.0f} s")
     for host in hosts:
-        if host.name in STOCK_FSTAB:
-            lab.run_ssh(host.name, "sudo tee /etc/fstab >/dev/null", input=STOCK_FSTAB[host.name].decode())
-        if host.name in STOCK_DAEMON_JSON:
-            lab.run_ssh(host.name, "sudo mkdir -p /etc/docker && sudo tee /etc/docker/daemon.json >/dev/null",
-                        input=json.dumps(stock_daemon_json(host.name), indent=4) + "\n")
+        write_stock_files(host.name)
     yield hosts
     if request.config.getoption("--keep-lab"):
         lab_says(request.config, "--keep-lab: the hosts stay up (python -m lab down removes them)")

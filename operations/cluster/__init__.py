@@ -13,8 +13,9 @@ host with the same ``cluster_name``. Per host:
   files back by itself (:func:`link`). The interface the deploy's own SSH connection arrives
   on is never one of them, and settings validation keeps every cluster subnet clear of the
   controller's path to each node.
-- **Trust.** One key pair per node, made once on the controller
-  (``cluster_key_dir/NAME/NODE/id_ed25519``, 0600). A node's private half is its cluster
+- **Trust.** One key pair per node, made on the controller once per install of the node
+  (``cluster_key_dir/NAME/NODE/id_ed25519``, 0600; a node whose SSH host keys changed,
+  reinstalled, gets a new one). A node's private half is its cluster
   user's ``/etc/sparkrig/cluster/id_ed25519``; every node's public half is a line of the
   cluster user's ``~/.ssh/authorized_keys`` on every node (written as them), restricted with
   ``from=`` to that node's addresses; every node's host keys are pinned in
@@ -31,9 +32,10 @@ host with the same ``cluster_name``. Per host:
   across the nodes with mpirun.
 
 Every node's host keys come from its own reading (a peer's reading is its one reading,
-made early), so a node added to the inventory is trusted by the others after one run
-and a node removed is no longer trusted (its key's line leaves every authorized_keys, its
-host keys the pinned file).
+made early), so a node added to the inventory is trusted by the others after one run,
+a node removed is no longer trusted (its key's line leaves every authorized_keys, its
+host keys the pinned file), and a node reinstalled is pinned anew with a new key pair in
+place of its old one, in one run.
 """
 
 from sparkrig.operations import deploy_on_demand

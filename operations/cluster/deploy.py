@@ -1,4 +1,5 @@
-"""Clusters: the deploy. Each node reads itself once (a peer's reading gives its host keys),
+"""Clusters: the deploy. Each node reads itself once (a peer's reading gives its host keys,
+and a node whose host keys changed, reinstalled, a new key pair for every node's trust),
 then its link, trust and NCCL environment are changed where they differ from the settings."""
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def _node(name: str, settings: Mapping[str, Any], host_keys: Sequence[str], node
         "first": first_address(interfaces),
         "devices": {a.split("/")[0]: node.get("rdma", {}).get(i, "") for i, a in interfaces.items()},
         "host_keys": list(host_keys),
-        "public": controller_key(settings["cluster_key_dir"], settings["cluster_name"], name)[1],
+        "public": controller_key(settings["cluster_key_dir"], settings["cluster_name"], name, host_keys)[1],
     }
 
 
@@ -275,7 +276,7 @@ def cluster():
         )
 
     # Trust.
-    key, _public = controller_key(settings["cluster_key_dir"], name, host.name)
+    key, _public = controller_key(settings["cluster_key_dir"], name, host.name, node["host_keys"])
     group = node["user"]["group"]
     if not atomic.up_to_date(files.get(KEY_FILE), key, mode=0o600, user=user, group=group):
         private_key(name=f"Cluster key of {user} ({KEY_FILE}, 0600)", dest=KEY_FILE, key=key, user=user, group=group)

@@ -197,8 +197,9 @@ SETTINGS = (
     Setting(
         "cluster_key_dir",
         "~/.config/sparkrig/clusters",
-        "Where the controller keeps each cluster node's own key pair (NAME/NODE/id_ed25519, made once, "
-        "mode 0600 in 0700 directories; ~ is the controller user's home). Delete a node's directory "
+        "Where the controller keeps each cluster node's own key pair (NAME/NODE/id_ed25519, made once "
+        "per install of the node: beside it, host_keys, the node's SSH host keys it was made for; mode "
+        "0600 in 0700 directories; ~ is the controller user's home). Delete a node's directory "
         "to make it a new pair at the next run.",
         controller_path,
     ),

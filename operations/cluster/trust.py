@@ -1,10 +1,11 @@
-"""Clusters: SSH trust between the nodes. One key pair per node, made once on the controller;
-a node's private half goes to its cluster user, every node's public half to every node's
+"""Clusters: SSH trust between the nodes. One key pair per node, made on the controller once
+per install of the node (reinstalled, new host keys: a new pair replaces the old); a node's private half goes to its cluster user, every node's public half to every node's
 authorized_keys (written as that user, from that node's addresses only), and every node's
 host keys are pinned."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import posixpath
@@ -12,6 +13,7 @@ import re
 import secrets
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
@@ -24,6 +26,10 @@ from sparkrig import atomic, rendering
 
 from .facts import KEY_FILE, KNOWN_HOSTS, MARKER
 
+# Runs at once take turns deciding a node's pair: this lock within a run, whose hosts plan in
+# greenlets (pyinfra's CLI patches threading, so a greenlet waiting here lets the others run;
+# a bare flock would block them all while its holder waits on ssh-keygen), flock between runs.
+_DECIDING = threading.Lock()
 STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user
 # Checks a new ssh_config.d file as ssh will read it. For `sh -c SCRIPT NAME NEW`.
 VERIFY_SSH_CONFIG = rendering.script("cluster/verify-ssh-config.sh")
@@ -68,29 +74,38 @@ def node_label(node: str) -> str:
     return label
 
 
-def controller_key(key_dir: str, name: str, node: str) -> tuple[bytes, str]:
+def controller_key(key_dir: str, name: str, node: str, host_keys: Sequence[str]) -> tuple[bytes, str]:
     """The key pair of ``node`` in cluster ``name`` on the controller (private bytes, public
-    line), made once: ``KEY_DIR/NAME/NODE/id_ed25519`` (0600) in 0700 directories. Each
-    node has its own pair, so a node removed from the cluster loses its login to the others.
-    Two runs making it at once keep the first one's (the key is linked into place, never
-    replaced)."""
+    line): ``KEY_DIR/NAME/NODE/id_ed25519`` (0600) in 0700 directories, beside ``host_keys``,
+    the node's SSH host keys it was made for (as the controller's own connection read them).
+    Each node has its own pair, so a node removed from the cluster loses its login to the
+    others. A node whose host keys are no longer those (reinstalled: its old disk held the
+    old private half) gets a new pair, which replaces the old one here, so in every
+    authorized_keys the run writes; the first call of a run decides, the others find it made.
+    No host keys (none read): the pair is kept as it is. Runs at once take turns (a lock)."""
     directory = Path(key_dir).expanduser() / name / node_label(node)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(directory.parent, 0o700)
     os.chmod(directory, 0o700)
-    private = directory / "id_ed25519"
-    if not private.exists():
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            new = Path(tmp) / "id_ed25519"
-            subprocess.run(
-                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARKER}{name}:{node_label(node)}",
-                 "-f", str(new)],
-                check=True, capture_output=True,
-            )
-            try:
-                os.link(new, private)
-            except FileExistsError:
-                pass
+    private, record = directory / "id_ed25519", directory / "host_keys"
+    pinned = "".join(f"{key}\n" for key in sorted(set(host_keys)))
+    with _DECIDING, open(directory / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        recorded = record.read_text() if record.exists() else None
+        if not private.exists() or (pinned and recorded is not None and recorded != pinned):
+            with tempfile.TemporaryDirectory(dir=directory) as tmp:
+                new = Path(tmp) / "id_ed25519"
+                subprocess.run(
+                    ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARKER}{name}:{node_label(node)}",
+                     "-f", str(new)],
+                    check=True, capture_output=True,
+                )
+                os.replace(new, private)
+            recorded = None
+        if pinned and recorded is None:  # a pair made before this record existed is kept
+            staged = directory / ".host_keys.new"
+            staged.write_text(pinned)
+            os.replace(staged, record)
     os.chmod(private, 0o600)
     public = subprocess.run(["ssh-keygen", "-y", "-f", str(private)], check=True, capture_output=True, text=True)
     return private.read_bytes(), public.stdout.strip()

@@ -7,22 +7,25 @@ read-only /sys for NetworkManager and networkd, and sparkrig's own hand-over in 
 udev rule), lab-deb12 systemd-networkd alone: each change of the link below goes through both
 paths. A link taken down fails spark-cluster-check naming it, and
 one run brings it back (the deploy's own connection, on eth0, survives); a node added to the
-cluster in the inventory is trusted after one run, and no longer once removed.
+cluster in the inventory is trusted after one run, and no longer once removed; a node
+reinstalled rejoins in one run, its old key refused.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import lab
-from lab.config import HOSTS_DIR
+from lab.config import HOSTS_DIR, KNOWN_HOSTS
 from sparkrig.operations.cluster import link as cl_link
-from tests.conftest import LAB_INVENTORY
-from tests.support import run_deploy
+from tests.conftest import LAB_INVENTORY, write_stock_files
+from tests.support import PYINFRA, REPO, run_deploy
 
 pytestmark = pytest.mark.lab
 
@@ -313,6 +316,76 @@ def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(first_
     assert _check("lab-deb12").returncode == 0, _check("lab-deb12").stdout
     settled = run_deploy(LAB_INVENTORY, *hosts)
     assert settled.returncode == 0 and settled.changed() == {}, settled.changed()
+
+
+
+def _pinned(name: str, address: str) -> list[str]:
+    """The host keys ``name``'s cluster known_hosts pins for ``address``."""
+    text = lab.run_ssh(name, "cat /etc/sparkrig/cluster/known_hosts").stdout
+    return sorted(line.split(" ", 1)[1] for line in text.splitlines() if line.startswith(f"{address} "))
+
+
+def _host_keys(name: str) -> list[str]:
+    return sorted(lab.run_ssh(name, "cat /etc/ssh/ssh_host_*_key.pub | cut -d' ' -f1,2").stdout.splitlines())
+
+
+def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(first_converge):
+    """lab-deb13 installed afresh from its image at the same address (new host keys, no cluster
+    files). The controller refuses it until its owner accepts the new host key (the lab reads it
+    from the box's own files, as an owner reads it on the box's console); then one run re-pins it
+    on lab-deb12 and replaces its key pair everywhere."""
+    assert first_converge.returncode == 0
+    node, other, address = "lab-deb13", "lab-deb12", "192.168.100.12"
+    for name in NODES:
+        assert _check(name).returncode == 0, _check(name).stdout
+    old_key, old_host_keys = lab.run_ssh(node, f"sudo cat {KEY}").stdout, _host_keys(node)
+    assert _pinned(other, address) == old_host_keys
+    trusted = KNOWN_HOSTS.read_text()
+    started = time.monotonic()
+    lab.recreate(node)
+    write_stock_files(node)
+    recreated = time.monotonic()
+    accepted = KNOWN_HOSTS.read_text()  # recreate re-pinned the box from its own files
+    lab_address = next(h["address"] for h in json.loads(lab.inventory_path().read_text())["hosts"] if h["name"] == node)
+    # The controller still pins the old host key: pyinfra refuses the box and says what to do.
+    KNOWN_HOSTS.write_text(trusted)
+    try:
+        refused = subprocess.run([PYINFRA, "-y", "--limit", node, LAB_INVENTORY, "fact", "server.Hostname"],
+                                 cwd=REPO, capture_output=True, text=True, timeout=300)
+    finally:
+        # The owner's step: the old key removed, the new one accepted once checked against the box's.
+        for label in (lab_address, node):
+            subprocess.run(["ssh-keygen", "-R", label, "-f", str(KNOWN_HOSTS)], check=True, capture_output=True)
+        with KNOWN_HOSTS.open("a") as known:
+            known.writelines(f"{line}\n" for line in accepted.splitlines() if line.split()[0] in (lab_address, node))
+        KNOWN_HOSTS.with_name(KNOWN_HOSTS.name + ".old").unlink(missing_ok=True)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in said, said[-3000:]
+    assert f"ssh-keygen -R {lab_address}" in said, said[-3000:]
+    assert sorted(KNOWN_HOSTS.read_text().splitlines()) == sorted(accepted.splitlines())
+
+    converging = time.monotonic()
+    rejoined = run_deploy(LAB_INVENTORY, *_limit(*NODES))
+    converged = time.monotonic()
+    assert rejoined.returncode == 0, rejoined.log[-3000:]
+    for name in NODES:
+        assert _check(name).returncode == 0, _check(name).stdout
+    new_host_keys = _host_keys(node)
+    assert not set(new_host_keys) & set(old_host_keys)
+    assert _pinned(other, address) == new_host_keys  # the new host keys alone
+    assert lab.run_ssh(node, f"sudo cat {KEY}").stdout != old_key  # a new pair
+    admitted = lab.run_ssh(other, f"grep -c ' sparkrig-cluster:lab:{node}$' .ssh/authorized_keys").stdout
+    assert admitted == "1\n", admitted  # its new key alone
+    # The old pair, used from the node's own cluster address (inside from=), is refused.
+    lab.run_ssh(node, "umask 077 && cat > /tmp/old-key", input=old_key)
+    said = lab.run_ssh(node, "ssh -n -F /dev/null -i /tmp/old-key -o IdentitiesOnly=yes -o BatchMode=yes "
+                             f"-o UserKnownHostsFile=/etc/sparkrig/cluster/known_hosts -b {address} "
+                             "192.168.100.11 true 2>&1; echo exit=$?; rm -f /tmp/old-key", check=False).stdout
+    assert said.endswith("exit=255\n") and "Permission denied (publickey" in said, said
+    again = run_deploy(LAB_INVENTORY, *_limit(*NODES))
+    assert again.returncode == 0 and again.changed() == {}, again.changed()
+    print(f"reinstall rejoin: recreate {recreated - started:.0f} s, converge {converged - converging:.0f} s, "
+          f"second converge {time.monotonic() - converged:.0f} s, whole test {time.monotonic() - started:.0f} s")
 
 
 def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(first_converge, tmp_path):

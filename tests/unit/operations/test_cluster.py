@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import getpass
 import hashlib
 import ipaddress
@@ -12,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -183,16 +185,66 @@ def test_the_check_script_is_valid_sh_and_names_each_peer_link():
 
 
 def test_each_node_key_is_made_once_kept_private_and_its_own(tmp_path):
-    key, public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "a")
-    again, public_again = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "a")
+    key, public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "a", ["ssh-ed25519 AAAAa"])
+    again, public_again = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "a", ["ssh-ed25519 AAAAa"])
     assert (key, public) == (again, public_again) and public.startswith("ssh-ed25519 ")
-    assert cl_trust.controller_key(str(tmp_path / "keys"), "lab", "b")[1] != public  # one pair per node
+    assert cl_trust.controller_key(str(tmp_path / "keys"), "lab", "b", ["ssh-ed25519 AAAAb"])[1] != public  # one pair per node
     assert (tmp_path / "keys" / "lab" / "a" / "id_ed25519").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "keys" / "lab" / "a").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "keys" / "lab").stat().st_mode & 0o777 == 0o700
     assert cl_trust.node_label("@fake/a").startswith("_fake_a-") and cl_trust.node_label("spark-01.lan") == "spark-01.lan"
     assert repr(cl_trust.Secret(key)) == "<secret>"
 
+
+
+def test_a_node_whose_host_keys_changed_gets_a_new_pair_which_replaces_the_old(tmp_path):
+    keys = str(tmp_path / "keys")
+    record = tmp_path / "keys" / "lab" / "b" / "host_keys"
+    old = cl_trust.controller_key(keys, "lab", "b", ["ssh-rsa AAAAB", "ssh-ed25519 AAAAb"])
+    assert record.read_text() == "ssh-ed25519 AAAAb\nssh-rsa AAAAB\n"  # the keys it was made for, in order
+    assert cl_trust.controller_key(keys, "lab", "b", ["ssh-ed25519 AAAAb", "ssh-rsa AAAAB"]) == old
+    # Reinstalled: new host keys, so a new pair; the old private half is gone from the controller.
+    new = cl_trust.controller_key(keys, "lab", "b", ["ssh-ed25519 AAAAnew"])
+    assert new[1] != old[1] and (tmp_path / "keys" / "lab" / "b" / "id_ed25519").read_bytes() == new[0]
+    assert [p.name for p in record.parent.iterdir() if p.name not in ("id_ed25519", "host_keys", "lock")] == []
+    assert record.read_text() == "ssh-ed25519 AAAAnew\n"
+    assert cl_trust.controller_key(keys, "lab", "b", ["ssh-ed25519 AAAAnew"]) == new  # once, not every run
+    assert cl_trust.controller_key(keys, "lab", "b", []) == new  # nothing read: nothing decided
+    # A pair made before host keys were recorded is kept, and its host keys recorded.
+    record.unlink()
+    assert cl_trust.controller_key(keys, "lab", "b", ["ssh-ed25519 AAAAlater"]) == new
+    assert record.read_text() == "ssh-ed25519 AAAAlater\n"
+
+
+def test_two_runs_deciding_a_nodes_pair_take_turns(tmp_path):
+    keys = str(tmp_path / "keys")
+    first = cl_trust.controller_key(keys, "lab", "b", ["ssh-ed25519 AAAAb"])
+    got = []
+    with open(tmp_path / "keys" / "lab" / "b" / "lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another run, deciding
+        waiting = threading.Thread(target=lambda: got.append(
+            cl_trust.controller_key(keys, "lab", "b", ["ssh-ed25519 AAAAnew"])))
+        waiting.start()
+        waiting.join(0.5)
+        assert got == [] and waiting.is_alive()
+    waiting.join(10)
+    assert got and got[0] != first
+
+
+def test_a_runs_hosts_deciding_pairs_at_once_do_not_wait_on_each_other_forever(tmp_path):
+    """pyinfra's CLI patches threading for gevent and plans each host in a greenlet: two
+    greenlets deciding pairs at once finish (a flock alone blocked the process: a deadlock)."""
+    script = (
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import sys, gevent\n"
+        "from sparkrig.operations.cluster import trust\n"
+        "jobs = [gevent.spawn(trust.controller_key, sys.argv[1], 'lab', n, ['ssh-ed25519 AAAA' + n]) for n in 'abab']\n"
+        "gevent.joinall(jobs, timeout=30)\n"
+        "sys.exit(0 if all(j.successful() for j in jobs) and jobs[0].value == jobs[2].value else 1)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "keys")], cwd=Path(__file__).parents[3],
+                          capture_output=True, text=True, timeout=40)
+    assert done.returncode == 0, done.stderr
 
 # The plan, on two fake hosts --------------------------------------------------------------
 
@@ -282,7 +334,7 @@ def test_a_fresh_node_gets_link_trust_and_environment(tmp_path):
 
 def test_a_converged_node_plans_nothing(tmp_path):
     keys = {"cluster_key_dir": str(tmp_path / "keys")}
-    key, _public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "@fake/a")
+    key, _public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "@fake/a", ["ssh-ed25519 AAAAhost"])
     settings_a = resolve(cl.SETTINGS, {**A, **keys})
     nodes = [cl_deploy._node("@fake/a", settings_a, ["ssh-ed25519 AAAAhost"]),
              cl_deploy._node("@fake/b", resolve(cl.SETTINGS, {**B, **keys}), ["ssh-ed25519 AAAApeer"])]
@@ -334,6 +386,32 @@ def test_a_peer_without_a_host_key_is_not_trusted_blindly(tmp_path):
                 {HOST_STATE: host_state(), "ip -j addr": fact})
     assert len(ops) == 1 and "cluster node @fake/b could not be read" in ops[0].commands[0]
 
+
+
+def test_a_reinstalled_peer_is_pinned_anew_and_its_new_key_replaces_the_old_one_everywhere(tmp_path):
+    """Node b reinstalled: new host key, no cluster files. a's own plan already pins b's new host
+    key alone and admits b's new key alone: one run, whichever node plans first."""
+    keys = str(tmp_path / "keys")
+    cl_trust.controller_key(keys, "lab", "@fake/a", ["ssh-ed25519 AAAAhost"])
+    old_b = cl_trust.controller_key(keys, "lab", "@fake/b", ["ssh-ed25519 AAAAold"])[1]  # the run before
+    nodes = [cl_deploy._node("@fake/a", resolve(cl.SETTINGS, {**A, "cluster_key_dir": keys}), ["ssh-ed25519 AAAAhost"]),
+             cl_deploy._node("@fake/b", resolve(cl.SETTINGS, {**B, "cluster_key_dir": keys}), ["ssh-ed25519 AAAAold"])]
+    assert nodes[1]["public"] == old_b
+    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(
+                    CONVERGED, authorized=cl_trust.authorized_lines(nodes, "lab"))},
+                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAAnew")})
+    new_b = cl_trust.controller_key(keys, "lab", "@fake/b", ["ssh-ed25519 AAAAnew"])[1]
+    assert new_b != old_b
+    known = next(op for op in ops if "| Every node's pinned host keys" in op.name)
+    pinned = next(iter(known.uploads.values())).decode()
+    assert "192.168.100.12 ssh-ed25519 AAAAnew\n" in pinned and "AAAAold" not in pinned
+    auth = next(op for op in ops if "| Each node's own cluster key in spark's authorized_keys" in op.name)
+    lines = next(iter(auth.uploads.values())).decode().splitlines()
+    b_key, b_label = " ".join(new_b.split()[:2]), cl_trust.node_label("@fake/b")
+    assert [line for line in lines if line.endswith(f"sparkrig-cluster:lab:{b_label}")] == [
+        f'from="192.168.100.12",restrict,pty {b_key} sparkrig-cluster:lab:{b_label}']
+    assert " ".join(old_b.split()[:2]) not in "\n".join(lines)  # never both
+    assert len(lines) == 2
 
 def test_a_host_key_line_that_is_no_key_fails_the_host():
     with pytest.raises(Exception, match="not an SSH host key"):
