@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pyinfra import host
 from pyinfra.api import StringCommand
 from pyinfra.api.exceptions import FactProcessError
+from pyinfra.context import ctx_host
 
 # Host output ----------------------------------------------------------------------
 # A host's output is data from the other side of a trust boundary. pyinfra stops reading a
@@ -73,8 +74,9 @@ def parses(process):
         except (ValueError, LookupError, TypeError, AttributeError, RecursionError) as error:
             why = f"{type(error).__name__}: {str(error)[:200]}"
             # Kept for a caller that reports hosts (tools.report): pyinfra logs the reason
-            # and raises only "No hosts remaining!".
-            host._sparkrig_fact_error = why
+            # and raises only "No hosts remaining!". A parser run outside any host has none.
+            if ctx_host.isset():
+                host._sparkrig_fact_error = why
             raise FactProcessError(
                 f"sparkrig: {type(self).__name__}: cannot read the host's output ({why}); this host stops here"
             ) from error
