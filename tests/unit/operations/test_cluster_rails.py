@@ -301,7 +301,7 @@ def test_a_converged_spark_node_plans_nothing_its_twins_file_read_with_the_node(
     a = {**LINK, "ssh_hostname": "10.0.0.1", "cluster_interfaces": {"cx7": "192.168.100.11/24"}, **keys}
     b = {**LINK, "ssh_hostname": "10.0.0.2", "cluster_interfaces": {"cx7": "192.168.100.12/24"}, **keys}
     twins = {"twins": {"cx7": "cx7twin", "cx7twin": "cx7"}, "rdma": {"cx7": "rocep1s0f0", "cx7twin": "roceP2p1s0f0"}}
-    key, _public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "@fake/a")
+    key, _public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "@fake/a", ["ssh-ed25519 AAAAhost"])
     nodes = [cl_deploy._node("@fake/a", resolve(cl.SETTINGS, a), ["ssh-ed25519 AAAAhost"], twins),
              cl_deploy._node("@fake/b", resolve(cl.SETTINGS, b), ["ssh-ed25519 AAAApeer"], twins)]
     rails = {"cx7": "192.168.100.11/24", "cx7twin": "192.168.200.11/24"}
