@@ -5,15 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_settings, reading
 from sparkrig.messages import refused
 from sparkrig.operations.source_builds import settings as source_builds_settings
 from sparkrig.packages import installed as install_packages
-from sparkrig.profile import host_profile
-from sparkrig.settings import defaults, resolved
+from sparkrig.settings import defaults
 from sparkrig.venv import UV_TOOL
 
 from .facts import OFFLINE_DIR, PythonStack, major_minor, plan_clean
@@ -59,20 +57,21 @@ def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
 
     Settings: ``python_*``; see docs/settings.md and group_data/python_stack.yml.
     """
-    data = host.data
+    data = host_settings.current()
+    profile = host_settings.profile_or_refuse(data, "python_stack")
+    if profile is None:
+        return
     manifest = data.python_stack
-    arch = host_profile()["arch"]
+    arch = profile["arch"]
     # Checked before any connection for a named profile; for "auto", now that the box said.
     problem = manifest_problem(manifest, arch) or lock_problem(
         manifest, arch, data.python_stack_profiles, data.python_stack_locks
-    ) or source_builds_settings.missing_builds_message(resolved(data.dict()), arch)
+    ) or source_builds_settings.missing_builds_message(data, arch)
     if problem:
         refused(name="The versions manifest and its lock fit this box", message=f"python_stack: {problem}")
         return
     try:
-        arguments = virtualenv_arguments(
-            resolved(data.dict()), built_wheels() if built_wheels else {}
-        )
+        arguments = virtualenv_arguments(data, built_wheels() if built_wheels else {})
     except (OSError, RuntimeError, ValueError) as error:  # python_offline's downloads
         refused(name="The controller has the locked wheels", message=f"python_offline: {error}")
         return

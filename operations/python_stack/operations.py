@@ -154,6 +154,21 @@ def virtualenv(
             lock=open("group_data/python_stack.locks/aarch64-py3.12.txt").read(),
         )
     """
+    yield from virtualenv_commands(path, owner, python, lock, index_url, extra_index_urls, python_preference, wheels)
+
+
+def virtualenv_commands(
+    path: str,
+    owner: str,
+    python: str,
+    lock: str,
+    index_url: str = "https://pypi.org/simple",
+    extra_index_urls: Sequence[str] = (),
+    python_preference: str = "system",
+    wheels: Mapping[str, str] | None = None,
+):
+    """The commands of :func:`virtualenv` (for :func:`synced`, which works out its arguments
+    when it runs)."""
     wheels = wheels or {}
     found = host_output.direct_fact(PythonStack, venv=path, owner=owner, wheels=OFFLINE_DIR if wheels else "")
     if found is None:
@@ -272,4 +287,4 @@ def synced(data: Mapping[str, Any], built_wheels: Callable[[], Mapping[str, str]
 
         source_builds(sync_venv=python_stack.synced)
     """
-    yield from virtualenv._inner(**virtualenv_arguments(data, built_wheels()))
+    yield from virtualenv_commands(**virtualenv_arguments(data, built_wheels()))

@@ -9,10 +9,10 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_settings, reading
+from sparkrig.packages import TIMEOUT_KEY
 from sparkrig.packages import installed as install_packages
 from sparkrig.prefix import installed_dir
-from sparkrig.settings import resolved
 
 from .cache import cache_root, cached, fetch, receive
 from .catalogue import build_env, known_key, runtime_packages, unit_name, wanted
@@ -36,7 +36,9 @@ def host_requirement_lines(data: Mapping[str, Any] | None = None) -> dict[str, s
     """The requirement lines of the built wheels the current host installs now (its
     resolved settings ``data``, by default read from the host); reads
     :class:`SourceBuilds` only when a build is enabled."""
-    data = resolved(host.data.dict()) if data is None else data
+    data = host_settings.current() if data is None else data
+    if data.get("hardware_profile") not in data["hardware_profiles"]:  # "auto", unresolved
+        return {}
     builds = wanted(data)
     if not builds:
         return {}
@@ -64,7 +66,7 @@ def _peers(name: str, key: str) -> list[str]:
         for other in state.inventory
         if state.is_host_in_limit(other)
         and other not in state.failed_hosts
-        and known_key(resolved(other.data.dict()), name) == key
+        and known_key(host_settings.known(other), name) == key
     ]
 
 
@@ -81,7 +83,9 @@ def source_builds(sync_venv: Callable[..., Any] | None = None):
 
     Settings: ``source_builds*``; see docs/settings.md and group_data/source_builds.yml.
     """
-    data = resolved(host.data.dict())
+    data = host_settings.current()
+    if data["source_builds_enabled"] and host_settings.profile_or_refuse(data, "source_builds") is None:
+        return
     builds = wanted(data)
     if not builds:
         return
@@ -144,6 +148,7 @@ def source_builds(sync_venv: Callable[..., Any] | None = None):
             cuda_env_file=data["cuda_env_file"],
             launch=runs_here and state != "running",
             wait=runs_here and data["source_builds_wait"],
+            dpkg_lock_timeout_s=data[TIMEOUT_KEY],
         )
         product_name = "prefix" if prefix else "wheel"
         fetch(
