@@ -6,7 +6,7 @@ from __future__ import annotations
 import posixpath
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from sparkrig import atomic, host_output, messages, rendering
+from sparkrig import atomic, host_output, messages, rendering, wheelhouse
 from sparkrig.python_wheels import offline_wheels
 from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL
 
@@ -272,19 +272,18 @@ def virtualenv_commands(
 
 
 @operation()
-def synced(data: Mapping[str, Any], built_wheels: Callable[[], Mapping[str, str]]):
+def synced(settings: Mapping[str, Any]):
     """
     Make the venv hold its lock and the built wheels there are when this operation runs
     (source builds of this deploy may have added one): :func:`virtualenv`, its arguments
-    worked out at that moment.
+    worked out at that moment. The source builds call it through sparkrig/wheelhouse.py.
 
-    + data: the host's resolved settings
-    + built_wheels: returns the requirement lines of the built wheels, by package
+    + settings: the host's settings (sparkrig.host_settings)
 
     **Example:**
 
     .. code:: python
 
-        source_builds(sync_venv=python_stack.synced)
+        synced(name="Built wheels into the venv", settings=host_settings.current())
     """
-    yield from virtualenv_commands(**virtualenv_arguments(data, built_wheels()))
+    yield from virtualenv_commands(**virtualenv_arguments(settings, wheelhouse.built_lines(settings)))

@@ -17,9 +17,9 @@ from sparkrig.packages import DEFAULT_TIMEOUT_S, install_command
 from sparkrig.prefix import ARCHIVE, installed_dir, installed_stamp, need_variable
 from sparkrig.units import TRAINING_SLICE
 from sparkrig.venv import UV, UV_ENV
+from sparkrig.wheelhouse import WHEELHOUSE
 
 from .catalogue import (
-    WHEELHOUSE,
     build_dir,
     env_file,
     public_inputs,

@@ -106,3 +106,26 @@ def test_no_shipped_module_uses_a_private_attribute_of_pyinfras():
 def test_the_private_scan_finds_inner_and_leaves_own_names():
     source = "yield from atomic.file._inner(dest=d)\nself._values\nhost._sparkrig_settings\nx.__name__\n"
     assert private_attributes(source) == ["1: ._inner"]
+
+
+def test_deploy_py_is_one_plain_call_per_concern_in_order():
+    """deploy.py wires nothing: each concern is called with no argument, in CONCERNS order
+    (python_stack and source_builds share the wheelhouse through sparkrig/wheelhouse.py)."""
+    from sparkrig.operations import CONCERNS  # noqa: PLC0415
+
+    calls = [node.value for node in ast.parse((REPO / "deploy.py").read_text()).body
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)]
+    assert [call.func.id for call in calls] == list(CONCERNS)
+    assert [call for call in calls if call.args or call.keywords] == []
+
+
+def test_python_stack_imports_nothing_of_source_builds():
+    """The venv's owner knows the builds only through the shared contract."""
+    from tests.repo.test_architecture import concern_imports  # noqa: PLC0415
+
+    found = {
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sorted((REPO / "operations" / "python_stack").glob("*.py"))
+        for name in concern_imports(path) if name.startswith("source_builds")
+    }
+    assert found == set()
