@@ -16,9 +16,7 @@ from sparkrig.operations.hardware import hardware
 from sparkrig.operations.jobs import jobs
 from sparkrig.operations.ngc import ngc
 from sparkrig.operations.python_stack import python_stack
-from sparkrig.operations.python_stack.operations import synced
 from sparkrig.operations.source_builds import source_builds
-from sparkrig.operations.source_builds.deploy import host_requirement_lines
 from sparkrig.operations.sshd_guard import sshd_guard
 from sparkrig.operations.swap import swap
 from sparkrig.operations.updates import updates
@@ -34,6 +32,6 @@ watchdog()  # earlyoom kills the job before the box freezes
 jobs()  # `spark-run` (also `--detach`), `spark-jobs`, `spark-preflight`, `spark-drop-caches`, `training.slice`, the shared model cache
 containers()  # Docker and the NVIDIA container toolkit, the `nvidia` runtime merged into `daemon.json`
 ngc()  # off by default: NVIDIA's PyTorch image pinned by digest (or built on it), `spark-container`, JupyterLab on 127.0.0.1
-python_stack(built_wheels=host_requirement_lines)  # uv, and a venv holding the controller's lock of `group_data/python_stack.yml` (PyPI's CUDA 13.0 PyTorch, a pinned vLLM, extras) and the built wheels
-source_builds(sync_venv=synced)  # optional Triton, xformers, vLLM (wheels into the venv) and your own C/CUDA projects such as NCCL (root-owned prefixes), built from source once per fleet, detached
+python_stack()  # uv, and a venv holding the controller's lock of `group_data/python_stack.yml` (PyPI's CUDA 13.0 PyTorch, a pinned vLLM, extras) and the built wheels
+source_builds()  # optional Triton, xformers, vLLM (wheels into the venv) and your own C/CUDA projects such as NCCL (root-owned prefixes), built from source once per fleet, detached
 cluster()  # off unless a host has `cluster_name`: the ConnectX-7 link, SSH trust between nodes, NCCL's environment, `spark-cluster-check`

@@ -21,12 +21,14 @@ from types import ModuleType
 
 from pyinfra.context import ctx_state
 
-from sparkrig import hooks
+from sparkrig import hooks, reading
 
 CONCERNS = (
     "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "jobs",
     "containers", "ngc", "python_stack", "source_builds", "cluster",
 )
+# The host's one reading plans its parts in this order, not in the order concerns were imported.
+reading.order(f"{__name__}.{name}" for name in CONCERNS)
 # The shared layer's own settings (apt's), documented after the concern that reads them first.
 _SHARED_SETTINGS = {"updates": "sparkrig.packages"}
 
@@ -52,8 +54,8 @@ def deploy_on_demand(package: str, name: str):
 
 
 def load(names: tuple[str, ...] = CONCERNS) -> tuple:
-    """The @deploy of each of ``names``, imported in this order: so their reading planners
-    (sparkrig.reading) are registered, and their parts read, in deploy order."""
+    """The @deploy of each of ``names``, imported (so their reading planners, sparkrig.reading,
+    are registered; they run in CONCERNS order whatever the import order)."""
     return tuple(getattr(concern(name), name) for name in names)
 
 

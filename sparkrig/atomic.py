@@ -226,6 +226,21 @@ def file(
             validate=("sshd", "-t", "-f"),
         )
     """
+    yield from file_commands(dest, content, mode, user, group, validate, backup, current)
+
+
+def file_commands(
+    dest: str,
+    content: str | bytes,
+    mode: int | str = 0o644,
+    user: str = "root",
+    group: str = "root",
+    validate: tuple[str, ...] | None = None,
+    backup: str | None = None,
+    current: Mapping | None | str = "read",
+):
+    """The commands of :func:`file`, for an operation of another module that writes a file as
+    one of its steps (``yield from atomic.file_commands(...)``)."""
     data = content.encode() if isinstance(content, str) else content
     digest = hashlib.sha256(data).hexdigest()
     wanted_mode = _mode(mode)

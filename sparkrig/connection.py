@@ -50,15 +50,16 @@ def prove_new_connection(state, host, after: str = "restarting sshd") -> bool:
 
 # Neither pyinfra nor sudo changes directory: a command run as root starts in the login
 # user's home, which a Python started there puts first on sys.path (a planted json.py runs
-# as root). Host data is where pyinfra takes a global argument's default from, for facts
-# and operations alike, so every command of every host starts with `cd /`.
+# as root). pyinfra takes a global argument's default (``_chdir``) only from host data, for
+# facts and operations alike: the inventory's override layer (where ``pyinfra --data`` puts
+# its values) gives it to every host, so every command starts with `cd /`. No module writes
+# into a host's own data (tests/repo/test_architecture.py).
 WORKING_DIRECTORY = "/"
 
 
-def from_slash(hosts) -> None:
-    """Make every command pyinfra runs on ``hosts`` start in ``/`` (pyinfra's ``_chdir``)."""
-    for host in hosts:
-        host.data._chdir = WORKING_DIRECTORY
+def from_slash(inventory) -> None:
+    """Make every command pyinfra runs on the hosts of ``inventory`` start in ``/``."""
+    inventory.get_override_data()["_chdir"] = WORKING_DIRECTORY
 
 
 def from_slash_on(state) -> None:

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from . import rendering
+from . import host_settings, rendering
 from .settings import Setting, declare, int_range
 
 TIMEOUT_KEY = "packages_dpkg_lock_timeout_s"
@@ -77,7 +76,7 @@ def install_command(
 def locked(argv: Sequence[str], timeout_s: int | None = None) -> StringCommand:
     """``argv`` (a dpkg or apt command, such as ``apt-mark hold``) once the locks are free,
     waiting as :func:`install_command` does (``packages_dpkg_lock_timeout_s`` by default)."""
-    timeout = host.data.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S) if timeout_s is None else timeout_s
+    timeout = _timeout() if timeout_s is None else timeout_s
     return StringCommand(
         "sh", "-c", QuoteString(WAIT_FOR_LOCKS), "sparkrig-wait-for-apt", str(timeout), *LOCKS,
         "&&", *[QuoteString(word) for word in argv],
@@ -102,9 +101,12 @@ def installed(
 
         packages.installed(name="Install earlyoom", packages=["earlyoom"])
     """
-    # From any deploy: the setting's default where the caller's data_defaults lack it.
-    timeout = host.data.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S)
-    yield install_command(packages, timeout, no_recommends, only_upgrade)
+    yield install_command(packages, _timeout(), no_recommends, only_upgrade)
+
+
+def _timeout() -> int:
+    """``packages_dpkg_lock_timeout_s`` of the current host, from its settings."""
+    return host_settings.current().get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S)
 
 
 SETTINGS = (

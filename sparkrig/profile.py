@@ -3,8 +3,9 @@ The hardware profile of a host, read through one function, :func:`host_profile`:
 kind of box is (a profile: CPU architecture, the GPU's compute capability, the
 ``TORCH_CUDA_ARCH_LIST`` that builds for it), what the box says it is
 (:class:`HardwareIdentity`, in the host's one reading), and for ``hardware_profile = "auto"``
-the one profile that matches it. operations/hardware/ checks the box against its profile;
-every concern that needs the profile asks :func:`host_profile`.
+the one profile that matches it (:func:`choose_profile`, which sparkrig.host_settings asks
+once per host: the host's settings carry the resolved profile). operations/hardware/ checks
+the box against its profile.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyinfra import host
 from pyinfra.api import FactBase, StringCommand
 
 from . import host_output, reading
@@ -139,16 +139,6 @@ def choose_profile(profiles: Mapping[str, Mapping[str, Any]], identity: Mapping[
                   f"({describe(identity)}): set hardware_profile for this host or its group")
 
 
-def _resolve_auto(identity: Mapping[str, Any]) -> str | None:
-    """Keep the profile ``"auto"`` chose in the host's data, for the concerns after
-    ``hardware()``; why none could be chosen, or None."""
-    chosen, problem = choose_profile(host.data.hardware_profiles, identity)
-    # An undecidable box is failed by hardware(); the concerns after it still need a
-    # profile to prepare the operations that will then not run on it.
-    host.data.hardware_profile = chosen or sorted(host.data.hardware_profiles)[0]
-    return problem
-
-
 # What the box reports, in the host's one reading (checked on every host, "auto" or not).
 IDENTITY = reading.part(HardwareIdentity)
 
@@ -157,9 +147,3 @@ IDENTITY = reading.part(HardwareIdentity)
 def reads(_settings):
     return [IDENTITY]
 
-
-def host_profile() -> dict[str, Any]:
-    """The current host's profile (``"auto"`` resolved from the box, once per run)."""
-    if host.data.hardware_profile == AUTO:
-        _resolve_auto(reading.value(IDENTITY))
-    return dict(host.data.hardware_profiles[host.data.hardware_profile])

@@ -138,26 +138,48 @@ def split(parts: Sequence[Part], nonce: str, output: Sequence[str]) -> dict[Part
 
 Planner = Callable[[Mapping[str, Any]], Iterable[Part]]
 _PLANNERS: list[Planner] = []
+# The concerns' packages in deploy order (sparkrig.operations.CONCERNS, which tells it): the
+# planners run in this order whatever order their modules were imported in.
+_ORDER: list[str] = []
+
+
+def order(packages: Iterable[str]) -> None:
+    """Set the order of the planners: a planner of module ``packages[i]`` or below runs
+    after those of ``packages[:i]``; the shared layer's (a box's identity) first."""
+    _ORDER[:] = list(packages)
+
+
+def _rank(function: Planner) -> int:
+    module = function.__module__
+    for index, package in enumerate(_ORDER):
+        if module == package or module.startswith(package + "."):
+            return index + 1
+    return 0  # the shared layer's, or a user's own module
 
 
 def planner(function: Planner) -> Planner:
     """Register a concern's ``reads(settings)``: the parts it will :func:`get` on a host
-    with these settings (every setting resolved, defaults included)."""
+    with these settings (every setting resolved, defaults included; ``hardware_profile``
+    as the host's data says it, possibly ``"auto"``: the reading is what resolves it)."""
     _PLANNERS.append(function)
     return function
+
+
+def planners() -> list[Planner]:
+    """The registered planners in deploy order (stable: import order breaks ties)."""
+    return sorted(_PLANNERS, key=_rank)
 
 
 def planned(settings: Mapping[str, Any]) -> list[Part]:
     """Every registered concern's parts for a host with these settings, in order, once each."""
     found: dict[Part, None] = {}
-    for function in _PLANNERS:
+    for function in planners():
         for each in function(settings):
             found.setdefault(each, None)
     return list(found)
 
 
 def _host_settings() -> dict[str, Any]:
-
     return resolve(all_settings(), host.data.dict())
 
 

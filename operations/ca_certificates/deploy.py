@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import hashlib
 
-from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_settings, reading
 from sparkrig.packages import installed as install_packages
 
 from .facts import CERT_DIR, PREFIX, SparkrigCaCertificates
@@ -41,7 +40,8 @@ def ca_certificates():
 
     Settings: ``ca_certificates_extra``; see docs/settings.md.
     """
-    wanted = {cert_file(name): pem_content(pem) for name, pem in host.data.ca_certificates_extra.items()}
+    settings = host_settings.current()
+    wanted = {cert_file(name): pem_content(pem) for name, pem in settings.ca_certificates_extra.items()}
     found = reading.value(CERTIFICATES)
     if wanted and not found["tool"]:
         install_packages(name="Install ca-certificates", packages=["ca-certificates"])

@@ -6,11 +6,10 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from sparkrig import atomic, host_output, reading
+from sparkrig import atomic, host_output, host_settings, reading
 from sparkrig.messages import refused
 from sparkrig.packages import installed as install_packages
 
@@ -36,7 +35,7 @@ from .repositories import (
     resolve_sources,
     vendor_package,
 )
-from .settings import DEFAULTS, SETTINGS, URL_FIELDS
+from .settings import DEFAULTS, URL_FIELDS
 
 DISTRO_PACKAGES = ("docker.io",)
 # Debian 13 ships the docker client apart from the engine, as a recommendation of docker.io.
@@ -95,8 +94,7 @@ def containers():
     :class:`ContainerHost` and :class:`SparkrigAptRepositories`; an operation is added
     only where that reading shows work to do, and it reads its own state again when it runs.
     """
-    data = host.data
-    settings = {s.key: getattr(data, s.key) for s in SETTINGS}
+    data = settings = host_settings.current()
     distro = data.containers_docker_source == "distro"
     found = reading.value(host_part(settings))
     if host_output.fact_failed():  # unreadable: pyinfra has failed this host and said why

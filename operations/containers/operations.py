@@ -90,7 +90,7 @@ def daemon_config(default_runtime: bool = False):
     if content is None:
         host.noop(f"{DAEMON_JSON} registers the nvidia runtime")
         return
-    yield from atomic.file._inner(
+    yield from atomic.file_commands(
         dest=DAEMON_JSON,
         content=content,
         mode=0o644,

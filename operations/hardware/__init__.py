@@ -7,12 +7,12 @@ A profile names the CPU architecture, the GPU's compute capability and the
 ``"auto"`` to take the one profile that matches what the box reports; the table
 itself is a setting, so a fleet can add its own kind of box without touching code.
 
-``hardware()`` runs first in deploy.py: it reads the box (``uname -m``,
-``nvidia-smi``) and fails that host, before anything changes on it, when the box
-contradicts its profile (an RTX workstation given the gb10 profile would get
-aarch64 wheels and the wrong CUDA arch list). Other hosts go on. The profiles, the box's
-identity and the choice for "auto" live in sparkrig/profile.py, which every concern that needs
-the profile asks (``host_profile()``).
+``hardware()`` runs first in deploy.py: it fails that host, before anything changes on it,
+when the box (``uname -m``, ``nvidia-smi``, in the host's first reading) contradicts its
+profile (an RTX workstation given the gb10 profile would get aarch64 wheels and the wrong CUDA
+arch list). Other hosts go on. The profiles, the box's identity and the choice for "auto" live
+in sparkrig/profile.py; the host's settings (sparkrig/host_settings.py) carry the resolved
+profile to every concern, so none needs hardware() to have run first.
 """
 
 from sparkrig.operations import deploy_on_demand

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig import reading
+from sparkrig import host_settings, reading
 from sparkrig.messages import refused
-from sparkrig.profile import (
-    AUTO,
-    IDENTITY,
-    _resolve_auto,
-    contradiction,
-)
+from sparkrig.profile import IDENTITY, contradiction
 
 from .settings import DEFAULTS
 
@@ -20,16 +14,15 @@ from .settings import DEFAULTS
 @deploy("Hardware profile", data_defaults=DEFAULTS)
 def hardware():
     """
-    Check that the box is the kind its ``hardware_profile`` says, or choose its profile
-    for ``"auto"``: a contradiction fails this host before anything changes on it.
+    Check that the box is the kind its ``hardware_profile`` says, or that ``"auto"`` found the
+    one profile it is: either failing fails this host before anything changes on it.
 
     Settings: ``hardware_profile``, ``hardware_profiles``; see docs/settings.md.
     """
-    identity = reading.value(IDENTITY)
-    name = host.data.hardware_profile
-    if name == AUTO:
-        problem = _resolve_auto(identity)
+    settings = host_settings.current()
+    if settings.profile is None:  # "auto", and no single profile matches the box
+        problem = settings.profile_problem
     else:
-        problem = contradiction(name, host.data.hardware_profiles[name], identity)
+        problem = contradiction(settings.hardware_profile, settings.profile, reading.value(IDENTITY))
     if problem:
         refused(name="The box is the hardware its profile says", message=problem)

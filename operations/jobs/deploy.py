@@ -9,7 +9,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.operations import files, server
 
-from sparkrig import atomic, messages, reading
+from sparkrig import atomic, host_settings, messages, reading
 
 from .facts import ModelCache
 from .operations import (
@@ -47,15 +47,16 @@ def jobs():
     Settings: ``jobs_*``, and ``watchdog_enabled`` (spark-preflight skips its watchdog
     check when it is False); see docs/settings.md.
     """
+    settings = host_settings.current()
     commands = render_commands(
-        host.data.jobs_memory_max,
-        host.data.jobs_oom_score_adj,
-        host.data.jobs_preflight_min_available_kib,
-        host.data.watchdog_enabled,
-        host.data.jobs_drop_caches,
-        host.data.jobs_env,
+        settings.jobs_memory_max,
+        settings.jobs_oom_score_adj,
+        settings.jobs_preflight_min_available_kib,
+        settings.watchdog_enabled,
+        settings.jobs_drop_caches,
+        settings.jobs_env,
     )
-    slice_text = render_slice(host.data.jobs_memory_max)
+    slice_text = render_slice(settings.jobs_memory_max)
     paths = PATHS
     state = reading.value(STATE)["files"]
     atomic.unit_file(
@@ -78,8 +79,8 @@ def jobs():
             mode=0o755,
             validate=("sh", "-n"),
         )
-    if host.data.jobs_records_max_age:
-        clean = render_records_clean(host.data.jobs_records_max_age)
+    if settings.jobs_records_max_age:
+        clean = render_records_clean(settings.jobs_records_max_age)
         if not atomic.up_to_date(state.get(RECORDS_CLEAN), clean):
             atomic.file(
                 name=f"Job records older than jobs_records_max_age are removed ({RECORDS_CLEAN})",
@@ -88,9 +89,9 @@ def jobs():
             )
     elif state.get(RECORDS_CLEAN):
         files.file(name=f"Job records are kept ({RECORDS_CLEAN})", path=RECORDS_CLEAN, present=False)
-    if host.data.jobs_model_cache:
-        model_cache(host.data.jobs_model_cache, host.data.jobs_model_cache_group,
-                    host.data.jobs_model_cache_users)
+    if settings.jobs_model_cache:
+        model_cache(settings.jobs_model_cache, settings.jobs_model_cache_group,
+                    settings.jobs_model_cache_users)
 
 
 def model_cache(path: str, group: str, users: list[str]) -> None:

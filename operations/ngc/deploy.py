@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from sparkrig import atomic, host_output, messages, reading
+from sparkrig import atomic, host_output, host_settings, messages, reading
 
 from .facts import TOKEN_FILE, NgcHost
 from .operations import (
@@ -27,7 +26,7 @@ from .operations import (
     render_jupyter_unit,
     render_launcher,
 )
-from .settings import DEFAULTS, SETTINGS
+from .settings import DEFAULTS
 
 
 def parts(settings: Mapping[str, Any]) -> tuple[reading.Part, reading.Part]:
@@ -64,15 +63,17 @@ def ngc():
     containers) and the hardware profile's ``compute_capability`` (the Unsloth build's
     TORCH_CUDA_ARCH_LIST, as seed 000 builds xformers); see docs/settings.md.
     """
-    data = host.data
+    data = host_settings.current()
     if not data.ngc_enabled:
         return
-    profile = data.hardware_profiles[data.hardware_profile]
+    profile = host_settings.profile_or_refuse(data, "ngc")
+    if profile is None:
+        return
     # Seed 000 builds xformers for the GPU's own capability ("12.1" on GB10).
     dockerfile = render_dockerfile(data, profile["compute_capability"])
     launcher = render_launcher(data)
     jupyter = data.ngc_jupyter
-    found_part, state_part = parts({s.key: getattr(data, s.key) for s in SETTINGS})
+    found_part, state_part = parts(data)
     found = reading.value(found_part)
     if host_output.fact_failed():  # unreadable: pyinfra has failed this host and said why
         return

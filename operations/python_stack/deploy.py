@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_settings, reading, wheelhouse
 from sparkrig.messages import refused
-from sparkrig.operations.source_builds import settings as source_builds_settings
 from sparkrig.packages import installed as install_packages
-from sparkrig.profile import host_profile
-from sparkrig.settings import defaults, resolved
 from sparkrig.venv import UV_TOOL
 
 from .facts import OFFLINE_DIR, PythonStack, major_minor, plan_clean
 from .locks import digest, lock_problem
-from .operations import UV_REQUIREMENTS, render_uv_requirements, uv_tool, virtualenv, virtualenv_arguments
-from .settings import DEFAULTS as OWN_DEFAULTS
-from .settings import manifest_problem
-
-# Its settings' defaults, and source_builds' (which builds make what its lock leaves to them).
-DEFAULTS = {**OWN_DEFAULTS, **defaults(source_builds_settings.SETTINGS)}
+from .operations import UV_REQUIREMENTS, render_uv_requirements, synced, uv_tool, virtualenv, virtualenv_arguments
+from .settings import DEFAULTS, manifest_problem
 
 
 def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, wheels: Sequence[str]) -> bool:
@@ -48,31 +40,35 @@ def reads(settings):
     )]
 
 
+wheelhouse.sync_with(synced)
+
+
 @deploy("Python stack", data_defaults=DEFAULTS)
-def python_stack(built_wheels: Callable[[], Mapping[str, str]] | None = None):
+def python_stack():
     """
     Install uv and make the virtualenv hold the controller's lock of the manifest.
 
-    + built_wheels: what else the venv holds, by package: requirement lines of wheels built
-      on the host (``source_builds.host_requirement_lines``; deploy.py passes it). Without
-      it the venv holds the lock alone, and a built wheel would be synced away.
+    The venv also holds the wheels built on the host (sparkrig/wheelhouse.py: the source
+    builds, when their concern is in this deploy, say which); without them it holds the lock
+    alone.
 
     Settings: ``python_*``; see docs/settings.md and group_data/python_stack.yml.
     """
-    data = host.data
+    data = host_settings.current()
+    profile = host_settings.profile_or_refuse(data, "python_stack")
+    if profile is None:
+        return
     manifest = data.python_stack
-    arch = host_profile()["arch"]
+    arch = profile["arch"]
     # Checked before any connection for a named profile; for "auto", now that the box said.
     problem = manifest_problem(manifest, arch) or lock_problem(
         manifest, arch, data.python_stack_profiles, data.python_stack_locks
-    ) or source_builds_settings.missing_builds_message(resolved(data.dict()), arch)
+    ) or wheelhouse.missing(data, arch)
     if problem:
         refused(name="The versions manifest and its lock fit this box", message=f"python_stack: {problem}")
         return
     try:
-        arguments = virtualenv_arguments(
-            resolved(data.dict()), built_wheels() if built_wheels else {}
-        )
+        arguments = virtualenv_arguments(data, wheelhouse.built_lines(data))
     except (OSError, RuntimeError, ValueError) as error:  # python_offline's downloads
         refused(name="The controller has the locked wheels", message=f"python_offline: {error}")
         return

@@ -6,7 +6,7 @@ from __future__ import annotations
 import posixpath
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from sparkrig import atomic, host_output, messages, rendering
+from sparkrig import atomic, host_output, messages, rendering, wheelhouse
 from sparkrig.python_wheels import offline_wheels
 from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL
 
@@ -154,6 +154,21 @@ def virtualenv(
             lock=open("group_data/python_stack.locks/aarch64-py3.12.txt").read(),
         )
     """
+    yield from virtualenv_commands(path, owner, python, lock, index_url, extra_index_urls, python_preference, wheels)
+
+
+def virtualenv_commands(
+    path: str,
+    owner: str,
+    python: str,
+    lock: str,
+    index_url: str = "https://pypi.org/simple",
+    extra_index_urls: Sequence[str] = (),
+    python_preference: str = "system",
+    wheels: Mapping[str, str] | None = None,
+):
+    """The commands of :func:`virtualenv` (for :func:`synced`, which works out its arguments
+    when it runs)."""
     wheels = wheels or {}
     found = host_output.direct_fact(PythonStack, venv=path, owner=owner, wheels=OFFLINE_DIR if wheels else "")
     if found is None:
@@ -257,19 +272,18 @@ def virtualenv(
 
 
 @operation()
-def synced(data: Mapping[str, Any], built_wheels: Callable[[], Mapping[str, str]]):
+def synced(settings: Mapping[str, Any]):
     """
     Make the venv hold its lock and the built wheels there are when this operation runs
     (source builds of this deploy may have added one): :func:`virtualenv`, its arguments
-    worked out at that moment.
+    worked out at that moment. The source builds call it through sparkrig/wheelhouse.py.
 
-    + data: the host's resolved settings
-    + built_wheels: returns the requirement lines of the built wheels, by package
+    + settings: the host's settings (sparkrig.host_settings)
 
     **Example:**
 
     .. code:: python
 
-        source_builds(sync_venv=python_stack.synced)
+        synced(name="Built wheels into the venv", settings=host_settings.current())
     """
-    yield from virtualenv._inner(**virtualenv_arguments(data, built_wheels()))
+    yield from virtualenv_commands(**virtualenv_arguments(settings, wheelhouse.built_lines(settings)))

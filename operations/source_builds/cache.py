@@ -18,8 +18,9 @@ from pyinfra.api import FileDownloadCommand, FunctionCommand, QuoteString, Strin
 from sparkrig import atomic, host_output, rendering, user_files
 from sparkrig.prefix import ARCHIVE
 from sparkrig.unpack_prefix import MAX_BYTES
+from sparkrig.wheelhouse import WHEELHOUSE
 
-from .catalogue import CACHED_STAMP, WHEELHOUSE, cached_file, product, stamp_problem, wheelhouse_dir
+from .catalogue import CACHED_STAMP, cached_file, product, stamp_problem, wheelhouse_dir
 from .facts import SourceBuilds
 from .operations import report
 

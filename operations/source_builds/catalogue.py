@@ -11,12 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkrig.prefix import ARCHIVE
-from sparkrig.python_wheels import normalise
+from sparkrig.wheelhouse import WHEELHOUSE
 
 from .settings import COMMIT, TARGET
 
 BUILD_ROOT = "/var/lib/sparkrig/source-builds"
-WHEELHOUSE = "/var/lib/sparkrig/wheelhouse"
 # The controller names what it keeps itself; a host's names never become controller paths.
 CACHED_WHEEL = "wheel.whl"
 CACHED_ARCHIVE = ARCHIVE
@@ -164,11 +163,6 @@ def known_key(data: Mapping[str, Any], name: str) -> str | None:
     if data["hardware_profile"] not in data["hardware_profiles"]:
         return None
     return wanted(data).get(name)
-
-
-def line_prefix(name: str, package: str) -> str:
-    """How python_stack's requirement line of any wheel of build ``name`` begins."""
-    return f"{normalise(package)} @ file://{WHEELHOUSE}/{name}/"
 
 
 def runtime_packages(data: Mapping[str, Any]) -> tuple[str, ...]:

@@ -3,23 +3,23 @@ build once per fleet, shares its product and installs it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_settings, reading, wheelhouse
+from sparkrig.packages import TIMEOUT_KEY
 from sparkrig.packages import installed as install_packages
 from sparkrig.prefix import installed_dir
-from sparkrig.settings import resolved
 
 from .cache import cache_root, cached, fetch, receive
 from .catalogue import build_env, known_key, runtime_packages, unit_name, wanted
 from .facts import SourceBuilds, fact_arguments, requirement_lines
 from .operations import build, render_build_script, report, report_failure
 from .prefixes import install_prefix
-from .settings import DEFAULTS
+from .settings import DEFAULTS, missing_builds_message
 
 
 def read_builds(data: Mapping[str, Any]) -> dict:
@@ -36,7 +36,9 @@ def host_requirement_lines(data: Mapping[str, Any] | None = None) -> dict[str, s
     """The requirement lines of the built wheels the current host installs now (its
     resolved settings ``data``, by default read from the host); reads
     :class:`SourceBuilds` only when a build is enabled."""
-    data = resolved(host.data.dict()) if data is None else data
+    data = host_settings.current() if data is None else data
+    if data.get("hardware_profile") not in data["hardware_profiles"]:  # "auto", unresolved
+        return {}
     builds = wanted(data)
     if not builds:
         return {}
@@ -64,24 +66,28 @@ def _peers(name: str, key: str) -> list[str]:
         for other in state.inventory
         if state.is_host_in_limit(other)
         and other not in state.failed_hosts
-        and known_key(resolved(other.data.dict()), name) == key
+        and known_key(host_settings.known(other), name) == key
     ]
 
 
+wheelhouse.provide(wheelhouse.Builds(lines=host_requirement_lines, missing=missing_builds_message))
+
+
 @deploy("Source builds", data_defaults=DEFAULTS)
-def source_builds(sync_venv: Callable[..., Any] | None = None):
+def source_builds():
     """
     Build the enabled source builds once per fleet; have their wheels installed into the venv
     and their prefixes into /opt/sparkrig/builds.
 
-    + sync_venv: the venv owner's operation that makes the venv hold its lock and the built
-      wheels as they are when it runs (``python_stack.synced``; deploy.py passes it); called
-      with ``data`` and ``built_wheels`` once a build of this run may add a wheel. Without it
-      a new wheel reaches the venv with the next deploy.
+    A wheel built in this run reaches the venv through the shared contract
+    (sparkrig/wheelhouse.py: the venv's owner, python_stack, syncs it); the builds run as the
+    venv's owner, so python_stack() comes first in a deploy that has both.
 
     Settings: ``source_builds*``; see docs/settings.md and group_data/source_builds.yml.
     """
-    data = resolved(host.data.dict())
+    data = host_settings.current()
+    if data["source_builds_enabled"] and host_settings.profile_or_refuse(data, "source_builds") is None:
+        return
     builds = wanted(data)
     if not builds:
         return
@@ -144,6 +150,7 @@ def source_builds(sync_venv: Callable[..., Any] | None = None):
             cuda_env_file=data["cuda_env_file"],
             launch=runs_here and state != "running",
             wait=runs_here and data["source_builds_wait"],
+            dpkg_lock_timeout_s=data[TIMEOUT_KEY],
         )
         product_name = "prefix" if prefix else "wheel"
         fetch(
@@ -160,9 +167,5 @@ def source_builds(sync_venv: Callable[..., Any] | None = None):
                 name=f"Source build {name}: root checks its archive and installs it into {installed_dir(name, key)}",
                 build_name=name, key=key, cache=cache, owner=owner,
             )
-    if pending and sync_venv is not None:
-        sync_venv(
-            name="Built wheels into the venv (python_venv_path)",
-            data=data,
-            built_wheels=lambda: host_requirement_lines(data),
-        )
+    if pending:
+        wheelhouse.sync_venv(name="Built wheels into the venv (python_venv_path)", settings=data)

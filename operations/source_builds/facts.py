@@ -15,8 +15,9 @@ from sparkrig import host_output, user_files
 from sparkrig.prefix import ARCHIVE, current, installed_dir, installed_stamp
 from sparkrig.python_wheels import normalise
 from sparkrig.venv import LOCK_LIMIT, STATE_DIR
+from sparkrig.wheelhouse import line_prefix
 
-from .catalogue import build_dir, line_prefix, product, stamp_problem, unit_name, wanted, wheelhouse_dir, work_dir
+from .catalogue import build_dir, product, stamp_problem, unit_name, wanted, wheelhouse_dir, work_dir
 
 # The most a deploy reads of a host's stamp (its owner can replace it; a stamp is about 1 KB)
 # and of a build's result (its exit status).

@@ -13,13 +13,13 @@ from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from sparkrig import atomic, messages, rendering, user_files
-from sparkrig.packages import DEFAULT_TIMEOUT_S, TIMEOUT_KEY, install_command
+from sparkrig.packages import DEFAULT_TIMEOUT_S, install_command
 from sparkrig.prefix import ARCHIVE, installed_dir, installed_stamp, need_variable
 from sparkrig.units import TRAINING_SLICE
 from sparkrig.venv import UV, UV_ENV
+from sparkrig.wheelhouse import WHEELHOUSE
 
 from .catalogue import (
-    WHEELHOUSE,
     build_dir,
     env_file,
     public_inputs,
@@ -118,6 +118,7 @@ def build(
     cuda_env_file: str,
     launch: bool = True,
     wait: bool = True,
+    dpkg_lock_timeout_s: int = DEFAULT_TIMEOUT_S,
 ):
     """
     Start source build ``name`` as a detached systemd unit, and wait for it.
@@ -133,6 +134,7 @@ def build(
     + cuda_env_file: the CUDA env file the unit reads (ignored where missing)
     + launch: start the unit (False: it runs already)
     + wait: wait until the unit ends; fail with the journal's tail if no wheel came of it
+    + dpkg_lock_timeout_s: how long the packages' install waits for the dpkg lock
 
     The unit, ``sparkrig-build-NAME-KEY.service``, runs under ``training.slice`` and is
     started only when it is not active, so a second deploy never starts it twice.
@@ -146,7 +148,7 @@ def build(
         temp = atomic.temp_path(script_path)
         if packages:
             # As every concern installs: a bounded wait for the dpkg lock, then the install.
-            yield install_command(packages, host.data.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S))
+            yield install_command(packages, dpkg_lock_timeout_s)
         # The build directory is root's (an earlier layout gave it to the owner: taken back,
         # and the names root writes cleared first); the owner gets work/ and the wheelhouse
         # entry's parent, each made in a root-owned directory. Nothing of root's goes through

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_settings, reading
 
 from .facts import SshdUnit
 from .operations import SLICE, dropin_contents, dropin_path, guard
@@ -29,6 +29,7 @@ def sshd_guard():
 
     Settings: ``sshd_guard_memory_min``, ``sshd_guard_system_slice_memory_min``.
     """
+    settings = host_settings.current()
     unit = reading.value(UNIT)
     if unit is None:
         host.noop("no sshd unit on this host: nothing to guard")
@@ -37,7 +38,7 @@ def sshd_guard():
         host.noop("ssh.socket starts one sshd per connection (Accept=yes): no sshd listener to guard")
         return
     dropins = dropin_contents(
-        unit["service"], host.data.sshd_guard_memory_min, host.data.sshd_guard_system_slice_memory_min
+        unit["service"], settings.sshd_guard_memory_min, settings.sshd_guard_system_slice_memory_min
     )
     files = reading.value(DROPINS)["files"]
     converged = all(atomic.up_to_date(files.get(dropin_path(u)), text) for u, text in dropins.items())
@@ -46,8 +47,8 @@ def sshd_guard():
     guard(
         name="Reserve memory for sshd, keep its sessions killable",
         unit=unit["service"],
-        memory_min=host.data.sshd_guard_memory_min,
-        slice_memory_min=host.data.sshd_guard_system_slice_memory_min,
+        memory_min=settings.sshd_guard_memory_min,
+        slice_memory_min=settings.sshd_guard_system_slice_memory_min,
         active=unit["active"],
         restart_pending=unit["restart_pending"],
     )

@@ -31,7 +31,7 @@ def dropin_contents(unit: str, memory_min: str, slice_memory_min: str) -> dict[s
 
 
 def _verified_dropin(unit: str, content: str):
-    return atomic.file._inner(
+    return atomic.file_commands(
         dest=dropin_path(unit),
         content=content,
         mode=0o644,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig import reading
+from sparkrig import host_settings, reading
 
 from .facts import SwapSources
 from .operations import disabled
@@ -25,10 +25,11 @@ def swap():
 
     Settings: ``swap_disable``, ``swap_remove_files``; see docs/settings.md.
     """
-    if not host.data.swap_disable:
+    settings = host_settings.current()
+    if not settings.swap_disable:
         host.noop("swap_disable is False: swap is left as it is")
         return
     disabled(
         name="Swap off now and at every boot (fstab entries, swap and zram units)",
-        remove_files=host.data.swap_remove_files,
+        remove_files=settings.swap_remove_files,
     )

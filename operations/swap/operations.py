@@ -183,7 +183,7 @@ def _fstab_commands(found: Mapping[str, Any], backup: str) -> Iterator[PyinfraCo
             f"{FSTAB} a regular file; nothing was changed"
         )
         return
-    yield from atomic.file._inner(
+    yield from atomic.file_commands(
         dest=FSTAB,
         content=content,
         mode=fstab["mode"],

@@ -10,9 +10,9 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from sparkrig import atomic, host_output, messages, reading
+from sparkrig import atomic, host_output, host_settings, messages, reading
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import defaults, resolved
+from sparkrig.settings import defaults
 
 from .facts import RECORD, Versions, dist_name, pending_reboot, unexpected
 from .operations import (
@@ -81,9 +81,9 @@ def updates():
     ``updates_expected_driver``, ``updates_stop_on_unexpected``, ``updates_systemd_oomd``,
     ``updates_packages``; see docs/settings.md.
     """
-    # Every setting resolved as the reading's planner saw them (the venv's path, the
-    # manifest's vLLM, watchdog_enabled): the same parts, so no command of their own.
-    settings = resolved(host.data.dict())
+    # The parts the reading's planner saw (the venv's path, the manifest's vLLM,
+    # watchdog_enabled): no command of their own.
+    settings = host_settings.current()
     facts = reading.value(versions_part(settings))
     state = reading.value(STATE)
     if host_output.fact_failed():

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from sparkrig import atomic, reading, rendering
+from sparkrig import atomic, host_settings, reading, rendering
 from sparkrig.packages import installed as install_packages
 from sparkrig.units import WATCHDOG_SERVICE
 
@@ -73,9 +72,10 @@ def watchdog():
     Settings: ``watchdog_enabled``, ``watchdog_min_available_kib``, ``watchdog_prefer``,
     ``watchdog_avoid``, ``watchdog_report_interval_s``; see docs/settings.md.
     """
+    settings = host_settings.current()
     state = reading.value(STATE)
     unit = state["units"].get(SERVICE, {})
-    if not host.data.watchdog_enabled:
+    if not settings.watchdog_enabled:
         if unit.get("active") == "active" or unit.get("enabled") == "enabled":
             systemd.service(
                 name="earlyoom is stopped and disabled (watchdog_enabled is False)",
@@ -91,10 +91,10 @@ def watchdog():
     drop_in_text = render_drop_in()
     arguments_text = render_default_file(
         earlyoom_args(
-            host.data.watchdog_min_available_kib,
-            host.data.watchdog_report_interval_s,
-            host.data.watchdog_prefer,
-            host.data.watchdog_avoid,
+            settings.watchdog_min_available_kib,
+            settings.watchdog_report_interval_s,
+            settings.watchdog_prefer,
+            settings.watchdog_avoid,
         )
     )
     drop_in = atomic.unit_file(

@@ -7,13 +7,11 @@ from sparkrig.operations.cuda_env import cuda_env
 from sparkrig.operations.hardware import hardware
 from sparkrig.operations.jobs import jobs
 from sparkrig.operations.python_stack import python_stack
-from sparkrig.operations.python_stack.operations import synced
 from sparkrig.operations.source_builds import source_builds
-from sparkrig.operations.source_builds.deploy import host_requirement_lines
 
 hardware()
 ca_certificates()
 cuda_env()
 jobs()
-python_stack(built_wheels=host_requirement_lines)
-source_builds(sync_venv=synced)
+python_stack()
+source_builds()

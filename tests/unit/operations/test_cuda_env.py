@@ -186,6 +186,15 @@ def test_first_run_uploads_both_files_beside_their_destination_and_validates_the
     assert list(ops[1].uploads) == ["/etc/profile.d/.sparkrig-cuda.sh.sparkrig-new"]
 
 
+def test_auto_alone_walks_the_boxs_profile_into_the_env_file():
+    """cuda_env() from a user's deploy, no hardware() first: "auto" is resolved from the box's
+    reading (sparkrig.host_settings) and its arch list reaches /etc/sparkrig/cuda.env."""
+    ops = plan(ce.cuda_env, data={"hardware_profile": "auto"},
+               responses={"readlink -f /usr/local/cuda": DEVICE_H200, "uname -m": ["x86_64", "9.0, NVIDIA H200"]})
+    env_file = ops[0].uploads["/etc/sparkrig/.cuda.env.sparkrig-new"].decode()
+    assert "TORCH_CUDA_ARCH_LIST=9.0\n" in env_file  # hopper, the one profile of an x86_64 sm_90 box
+
+
 def test_converged_host_gets_no_operation():
     env_text = ce_ops.render_env_file(ce_ops.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
     profile_text = ce_ops.render_profile_script("/etc/sparkrig/cuda.env")

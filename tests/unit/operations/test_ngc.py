@@ -532,3 +532,23 @@ def test_the_token_script_never_follows_the_users_link():
         assert len((directory / "token").read_text()) == 64
     finally:
         shutil.rmtree(scratch)
+
+
+def test_ngc_alone_from_a_users_deploy_resolves_auto_without_hardware_first():
+    # No hardware() before it: "auto" is resolved from the box's identity in the host's
+    # reading (sparkrig.host_settings), and the Dockerfile targets the box's own GPU.
+    data = {**ON, "ngc_build": "unsloth", "hardware_profile": "auto"}
+    responses = _responses(data, built=None, files={ngc_ops.DOCKERFILE: None})
+    responses["uname -m"] = ["x86_64", "12.0, NVIDIA GeForce RTX 5070 Ti"]
+    ops = execute(ngc.ngc, data=data, responses=responses)
+    uploaded = ops[0].uploads["/etc/sparkrig/ngc/.Dockerfile.sparkrig-new"].decode()
+    assert uploaded == ngc_ops.render_dockerfile(_data(**data), "12.0")  # rtx50, chosen by "auto"
+
+
+def test_ngc_alone_on_a_box_auto_cannot_place_refuses_it_saying_why():
+    data = {**ON, "hardware_profile": "auto"}
+    responses = {**_responses(data), "uname -m": ["x86_64"]}  # no GPU visible: hopper or rtx50
+    (op,) = execute(ngc.ngc, data=data, responses=responses)
+    assert op.name.endswith("The box's hardware profile is known")
+    assert "ngc needs the hardware profile of the box" in op.commands[0]
+    assert "cannot choose between hopper, rtx50" in op.commands[0]

@@ -15,7 +15,6 @@ import pytest
 
 from sparkrig import python_wheels
 from sparkrig.operations import hardware
-from sparkrig.operations import source_builds as sb
 from sparkrig.operations.python_stack import deploy as ps_deploy
 from sparkrig.operations.python_stack import facts as ps_facts
 from sparkrig.operations.python_stack import locks as ps_locks
@@ -127,16 +126,17 @@ def test_the_default_manifest_is_group_data_python_stack_yml():
     assert default == ps_settings.load_manifest(REPO / "group_data" / "python_stack.yml") == MANIFEST
 
 
-def test_the_deploy_takes_source_builds_defaults_from_its_settings_module():
-    """The deploy refuses, for an "auto" host, a lock that leaves a package to a build not
-    enabled (source_builds' missing_builds): it reads source_builds' settings, whose module it
-    imports, and takes their declared defaults."""
-    from sparkrig.operations.python_stack import deploy as ps_deploy  # noqa: PLC0415 (the deploy's own defaults)
+def test_an_auto_host_whose_lock_leaves_a_package_to_no_enabled_build_is_refused(monkeypatch):
+    """For an "auto" host the deploy asks the shared contract (sparkrig/wheelhouse.py: the
+    source builds answer) what the lock leaves to a build no enabled build makes."""
+    from sparkrig import wheelhouse  # noqa: PLC0415
+    from sparkrig.operations.python_stack import deploy as ps_deploy  # noqa: PLC0415
 
-    declared = {s.key: s.default for s in sb.SETTINGS}
-    assert {k: ps_deploy.DEFAULTS[k] for k in ("source_builds", "source_builds_enabled")} == {
-        k: declared[k] for k in ("source_builds", "source_builds_enabled")}
-    assert ps_settings.DEFAULTS.items() <= ps_deploy.DEFAULTS.items()
+    said = wheelhouse.Builds(lines=lambda _s: {}, missing=lambda _s, arch: f"xformers has no {arch} wheel")
+    monkeypatch.setattr(wheelhouse, "_BUILDS", [said])
+    (op,) = plan(ps_deploy.python_stack, data={"hardware_profile": "auto"},
+                 responses={"uname -m": ["aarch64", "12.1, NVIDIA GB10"]})
+    assert "python_stack: xformers has no aarch64 wheel" in op.commands[0]
 
 
 # Locks ------------------------------------------------------------------------------------

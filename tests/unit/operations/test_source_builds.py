@@ -5,7 +5,6 @@ enabled, a converged build, a fresh build, one running, one failed, and a wheel 
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import json
 import os
@@ -16,7 +15,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig import host_output, python_wheels, reading, user_files
+from sparkrig import host_output, python_wheels, reading, user_files, wheelhouse
+from sparkrig.operations.python_stack import deploy as ps_deploy  # noqa: F401 (registers the venv sync)
 from sparkrig.operations.python_stack import facts as ps_facts
 from sparkrig.operations.python_stack import locks as ps_locks
 from sparkrig.operations.python_stack import operations as ps_ops
@@ -34,7 +34,7 @@ from tests.unit.pyinfra_fake import execute, plan
 
 SETTINGS = all_settings()
 # As deploy.py calls it: python_stack's operation installs the built wheels.
-DEPLOY = functools.partial(sb_deploy.source_builds, sync_venv=ps_ops.synced)
+DEPLOY = sb_deploy.source_builds  # python_stack's deploy, imported, syncs the venv (sparkrig/wheelhouse.py)
 CATALOGUE = sb_settings.load_catalogue()
 FACT = 'echo "unit $n'  # SourceBuilds' command holds this
 STACK = "pip sync --no-config --offline --dry-run"  # PythonStack's
@@ -341,8 +341,10 @@ def test_a_converged_host_gets_no_operation():
                 responses={FACT: _fact_output("built")}) == []
 
 
-def test_without_the_venv_owners_operation_nothing_is_written_into_the_venv():
-    """source_builds never writes into the venv itself: python_stack owns it."""
+def test_without_the_venv_owners_operation_nothing_is_written_into_the_venv(monkeypatch):
+    """source_builds never writes into the venv itself: python_stack owns it, and syncs it
+    through the shared contract (sparkrig/wheelhouse.py) only where its deploy is imported."""
+    monkeypatch.setattr(wheelhouse, "_SYNC", [])
     ops = execute(sb_deploy.source_builds, data=_data(), responses={FACT: _fact_output("absent")})
     assert ops and not any("venv" in op.name for op in ops)
 
