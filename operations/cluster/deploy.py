@@ -11,9 +11,9 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_host
 
-from sparkrig import atomic, host_output, messages, reading
+from sparkrig import atomic, host_output, host_settings, messages, reading
 from sparkrig.packages import installed as install_packages
-from sparkrig.settings import defaults, resolve
+from sparkrig.settings import defaults
 
 from .environment import (
     addresses,
@@ -129,7 +129,7 @@ def _node(name: str, settings: Mapping[str, Any], host_keys: Sequence[str], node
 def _nodes(settings: Mapping[str, Any], own: Mapping[str, Any]) -> list[dict] | str:
     """Every node of this host's cluster, head first (with its host keys from its own
     reading), or why they cannot be had."""
-    everyone = [(h.name, resolve(SETTINGS, h.data.dict())) for h in host.inventory]
+    everyone = [(h.name, host_settings.known(h)) for h in host.inventory]
     name = settings["cluster_name"]
     head = head_of(everyone, name)
     found = []
@@ -159,7 +159,7 @@ def cluster():
     ``cluster_topology``, ``cluster_rail_floor_gbits``, ``cluster_nccl_floor_gbytes``, ``cluster_mtu``, ``cluster_head``, ``cluster_user``, ``cluster_slots``, ``cluster_key_dir``,
     ``cluster_env_file``, ``cluster_env_extra``; see docs/settings.md and docs/cluster.md.
     """
-    settings = resolve(SETTINGS, host.data.dict())
+    settings = host_settings.current()
     wanted = parts(settings)
     if settings["cluster_name"] is None:
         leftovers = reading.value(wanted[0])
@@ -200,7 +200,7 @@ def cluster():
         return
     left_out = [
         peer.name for peer in host.inventory
-        if resolve(SETTINGS, peer.data.dict())["cluster_name"] == name and not host.state.is_host_in_limit(peer)
+        if host_settings.known(peer)["cluster_name"] == name and not host.state.is_host_in_limit(peer)
     ]
     if left_out:
         # Half a cluster is never configured: its nodes' trust and hostfile must agree.

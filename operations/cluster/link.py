@@ -211,7 +211,7 @@ def link(
     rollback_script = render_link_rollback(paths, added, bool(start_networkd), netplan)
     yield StringCommand(arm_rollback(paths, own, apply_script, rollback_script, seconds))
     for dest, content, mode, validate, current in files:
-        yield from atomic.file._inner(dest=dest, content=content, mode=mode, validate=validate, current=current)
+        yield from atomic.file_commands(dest=dest, content=content, mode=mode, validate=validate, current=current)
     if stale:
         yield StringCommand("rm -f", *[QuoteString(p) for p in stale])
     for command in start_networkd:
