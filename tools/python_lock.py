@@ -85,6 +85,10 @@ def header(
 
 # Hosts install wheels only (they never build a source distribution).
 WHEELS_ONLY = ("--only-binary", ":all:")
+# A lock is resolved for a Python version (--python-version), not with that interpreter: uv
+# would otherwise try to download a CPython of that version first, and behind a registry-only
+# network it retries for about 90 s per call before it goes on with the one it has.
+NO_DOWNLOADS = ("--no-python-downloads",)
 _NO_WHEEL = (
     re.compile(r"Wheels are required for `([^`]+)`"),
     re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:[=<>!~][^\s]*)? has no usable wheels"),
@@ -129,7 +133,7 @@ def _refusal(arch: str, python: str, what: str, uv_said: str) -> str:
 def _compile(work: str, arch: str, python: str, index_url: str, uv: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
-            uv, "pip", "compile", "--no-config", "--quiet", "--generate-hashes", "--no-header",
+            uv, "pip", "compile", *NO_DOWNLOADS, "--no-config", "--quiet", "--generate-hashes", "--no-header",
             "--no-emit-index-url", "--emit-index-annotation", "--index-url", index_url, *WHEELS_ONLY,
             "--python-platform", f"{arch}-{LOCK_PLATFORM}", "--python-version", python, *extra,
             "pyproject.toml",
@@ -195,7 +199,7 @@ def installable_problem(
     with tempfile.TemporaryDirectory(prefix="sparkrig-lock-check-") as work:
         Path(work, "pins.txt").write_text("\n".join(pins) + "\n")
         result = subprocess.run(
-            [uv, "pip", "compile", "--no-config", "--quiet", "--no-header", "--no-deps", "--index-url", index_url,
+            [uv, "pip", "compile", *NO_DOWNLOADS, "--no-config", "--quiet", "--no-header", "--no-deps", "--index-url", index_url,
              *indexes, *WHEELS_ONLY[:2], "--python-platform", f"{arch}-{LOCK_PLATFORM}",
              "--python-version", python, "pins.txt"],
             cwd=work, capture_output=True, text=True, env={**os.environ, "UV_NO_PROGRESS": "1"},
