@@ -207,8 +207,13 @@ def row(side: str, size: int, runs: list[dict], check: str) -> str:
     tree = max(r["tree_mib"] for r in runs)
     each = ", ".join(f"{r['cpu_s']:.2f}" for r in runs)
     return (f"| {side} | {size} | {wall:.2f} s | {cpu:.2f} s | {each} | "
-            f"{1000 * cpu / size:.1f} ms | {maxrss:.0f} MiB | {tree:.0f} MiB | {1024 * tree / size:.1f} MiB"
+            f"{1000 * cpu / size:.1f} ms | {maxrss:.0f} MiB | {tree:.0f} MiB | {tree / size:.2f} MiB"
             f" | {check} |")
+
+
+def summary(runs: list[dict]) -> tuple[float, float]:
+    """The median CPU time and the largest process-tree peak of a size's runs."""
+    return statistics.median(r["cpu_s"] for r in runs), max(r["tree_mib"] for r in runs)
 
 
 HEADER = ("| side | hosts | wall (median) | controller CPU (median) | runs | CPU per host | "
@@ -233,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if not lab.inventory_path().exists():
         raise SystemExit("the lab is not up: `python -m lab up` and a converge first")
     rows = [HEADER]
+    medians: dict[str, dict[int, tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="sparkrig-fleet-") as tmp:
         tmp = Path(tmp)
         recording = args.recording or tmp / "recording.json"
@@ -254,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             inventory = write_inventory(tmp, real, size)
             runs = [deploy("replay", recording, inventory) for _ in range(args.runs)]
             rows.append(row("no-change deploy", size, runs, "0 changes"))
+            medians.setdefault("no-change deploy", {})[size] = summary(runs)
             print(rows[-1], file=sys.stderr, flush=True)
             if size in suite_sizes:
                 names = fleet_names(real, size)
@@ -263,10 +270,25 @@ def main(argv: list[str] | None = None) -> int:
                     raise RuntimeError("the replayed suite disagrees with the recorded one:\n" + "\n".join(wrong[:10]))
                 check = f"{runs[-1]['summary']}; same per control" if recorded_suite else runs[-1]["summary"]
                 rows.append(row(f"compliance suite (-m {args.marker})", size, runs, check))
+                medians.setdefault("compliance suite", {})[size] = summary(runs)
                 print(rows[-1], file=sys.stderr, flush=True)
     print(f"{date.today()}: python -m benchmarks.fleet_scale {' '.join(argv or sys.argv[1:])}")
     print("\n".join(rows))
+    print("\n".join(["", "| side | from | to | CPU per added host | memory per added host (process tree) |",
+                      "| --- | --- | --- | --- | --- |", *added(medians)]))
     return 0
+
+
+def added(medians: dict[str, dict[int, tuple[float, float]]]) -> list[str]:
+    """What each host past the smaller fleet costs: (CPU, memory) differences over host differences."""
+    lines = []
+    for side, sizes in medians.items():
+        ordered = sorted(sizes)
+        for small, large in zip(ordered, ordered[1:]):
+            (cpu_a, mem_a), (cpu_b, mem_b) = sizes[small], sizes[large]
+            lines.append(f"| {side} | {small} | {large} | {1000 * (cpu_b - cpu_a) / (large - small):.1f} ms | "
+                         f"{(mem_b - mem_a) / (large - small):.2f} MiB |")
+    return lines
 
 
 if __name__ == "__main__":
