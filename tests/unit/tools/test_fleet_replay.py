@@ -29,13 +29,13 @@ if host.get_fact(Command, "echo hi") != "hi":
 SENT = "sh -c 'echo hi'"
 
 
-def replayed_deploy(tmp_path, recording: dict) -> subprocess.CompletedProcess:
+def replayed_deploy(tmp_path, recording: dict, deploy: str = "deploy.py") -> subprocess.CompletedProcess:
     (tmp_path / "deploy.py").write_text(DEPLOY)
     (tmp_path / "inventory.py").write_text('boxes = ["box~0", "box~1"]\n')
     (tmp_path / "recording.json").write_text(json.dumps(recording))
     return subprocess.run(
         [sys.executable, "-m", "benchmarks.replay", "replay", "recording.json", "--",
-         "-y", "--json", "inventory.py", "deploy.py"],
+         "-y", "--json", "inventory.py", deploy],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -64,6 +64,29 @@ def test_a_command_the_recording_lacks_fails_the_deploy_loudly(tmp_path):
     assert result.returncode != 0
     assert re.search(rf"replay: box~[01] \(box\) has no recorded answer in recording.json \[pyinfra\] for: {re.escape(SENT)}",
                      result.stderr)
+
+
+NONCED = """\
+import base64, secrets
+from pyinfra import host
+from pyinfra.facts.server import Command
+from pyinfra.operations import server
+
+tag = f"@@{secrets.token_hex(8)}"  # as sparkrig.reading tags a reading: fresh each run
+if base64.b64decode(host.get_fact(Command, f"printf %s {tag} | base64 -w0")).decode() != tag:
+    server.shell(name="The host echoed another run's tag", commands=["true"])
+"""
+
+
+def test_a_replayed_reading_echoes_this_runs_nonce(tmp_path):
+    recorded = "0123456789abcdef"
+    answer = base64.b64encode(f"@@{recorded}".encode()).decode()
+    (tmp_path / "nonced.py").write_text(NONCED)
+    result = replayed_deploy(tmp_path, {"pyinfra": {"box": {
+        "sh -c 'printf %s @@NONCE | base64 -w0'": [0, [answer], [], recorded],
+        "sh -c true": [0, [], [], None]}}}, deploy="nonced.py")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert changed(result) == 0
 
 
 def test_the_readings_nonce_is_this_runs_in_the_replayed_output():
