@@ -138,7 +138,9 @@ def deploy(mode: str, recording: Path, inventory: Path) -> dict:
     """One no-change run (recorded from the lab or replayed); it must change nothing."""
     result = measured(deploy_argv(mode, recording, inventory))
     if result["rc"] != 0 or changes(result["stdout"]):
-        raise RuntimeError(f"the {mode}ed no-change run failed or changed something:\n{result['stderr'][-3000:]}")
+        said = [line for line in result["stderr"].splitlines() if "Error" in line or "replay:" in line]
+        raise RuntimeError(f"the {mode}ed no-change run failed or changed something:\n"
+                           + "\n".join(line[:500] for line in said[-10:]) + f"\n{result['stderr'][-1500:]}")
     return result
 
 
