@@ -155,14 +155,19 @@ def wanted(data: Mapping[str, Any]) -> dict[str, str]:
     return {name: stamp_key(stamp_inputs(name, data)) for name in in_order(data)}
 
 
-def known_key(data: Mapping[str, Any], name: str) -> str | None:
-    """The key of build ``name`` for a host's resolved settings, or None when it cannot be
-    known from settings alone: a host whose hardware_profile is "auto" and whose box
-    hardware() has not read yet (pyinfra prepares hosts one after another, in inventory
-    order, so the hosts before this one are resolved and the first of a key still builds)."""
+def known_keys(data: Mapping[str, Any]) -> dict[str, str] | None:
+    """:func:`wanted` for a host's resolved settings, or None when it cannot be known from
+    settings alone: a host whose hardware_profile is "auto" and whose box hardware() has not
+    read yet (pyinfra prepares hosts one after another, in inventory order, so the hosts
+    before this one are resolved and the first of a key still builds)."""
     if data["hardware_profile"] not in data["hardware_profiles"]:
         return None
-    return wanted(data).get(name)
+    return wanted(data)
+
+
+def known_key(data: Mapping[str, Any], name: str) -> str | None:
+    """The key of build ``name`` for a host's resolved settings, or None (see :func:`known_keys`)."""
+    return (known_keys(data) or {}).get(name)
 
 
 def runtime_packages(data: Mapping[str, Any]) -> tuple[str, ...]:

@@ -3,6 +3,7 @@ build once per fleet, shares its product and installs it."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ from sparkrig.packages import installed as install_packages
 from sparkrig.prefix import installed_dir
 
 from .cache import cache_root, cached, fetch, receive
-from .catalogue import build_env, known_key, runtime_packages, unit_name, wanted
+from .catalogue import build_env, known_keys, runtime_packages, unit_name, wanted
 from .facts import SourceBuilds, fact_arguments, requirement_lines
 from .operations import build, render_build_script, report, report_failure
 from .prefixes import install_prefix
@@ -57,6 +58,23 @@ def reads(settings):
     return parts
 
 
+# Each host's build keys, once per run: every host asks for every other host's (_peers), so
+# a fleet of N hosts resolved N² hosts' settings (256 hosts: 65,536, most of the run's CPU).
+_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _known_keys(state, other) -> dict[str, str]:
+    """:func:`known_keys` of host ``other``, kept for the run once known (a host whose
+    profile is still "auto" is asked again: its box has not been read yet)."""
+    keys = _KEYS.setdefault(state, {})
+    if other.name not in keys:
+        found = known_keys(host_settings.known(other))
+        if found is None:
+            return {}
+        keys[other.name] = found
+    return keys[other.name]
+
+
 def _peers(name: str, key: str) -> list[str]:
     """The hosts of this run that want build ``name`` with ``key``, in inventory order
     (from their settings alone: no host is contacted)."""
@@ -66,7 +84,7 @@ def _peers(name: str, key: str) -> list[str]:
         for other in state.inventory
         if state.is_host_in_limit(other)
         and other not in state.failed_hosts
-        and known_key(host_settings.known(other), name) == key
+        and _known_keys(state, other).get(name) == key
     ]
 
 
