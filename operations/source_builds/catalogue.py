@@ -165,11 +165,6 @@ def known_keys(data: Mapping[str, Any]) -> dict[str, str] | None:
     return wanted(data)
 
 
-def known_key(data: Mapping[str, Any], name: str) -> str | None:
-    """The key of build ``name`` for a host's resolved settings, or None (see :func:`known_keys`)."""
-    return (known_keys(data) or {}).get(name)
-
-
 def runtime_packages(data: Mapping[str, Any]) -> tuple[str, ...]:
     """The apt packages the enabled prefix builds need on every host that installs them."""
     specs = data["source_builds"]

@@ -433,9 +433,8 @@ def test_a_peer_whose_profile_is_still_auto_has_no_known_key():
     """Another host of the run whose box hardware() has not read yet must not break the
     current host's plan (its key is unknown, so it is not counted as a peer)."""
     data = _data()
-    name = next(iter(data["source_builds_enabled"]))
-    assert sb_catalogue.known_key(data, name) == sb_catalogue.wanted(data)[name]
-    assert sb_catalogue.known_key({**data, "hardware_profile": "auto"}, name) is None
+    assert sb_catalogue.known_keys(data) == sb_catalogue.wanted(data)
+    assert sb_catalogue.known_keys({**data, "hardware_profile": "auto"}) is None
 
 
 # A hostile builder: the venv's owner writes the stamp and the wheelhouse ----------------------
