@@ -37,7 +37,7 @@ from testinfra.backend.ssh import SshBackend
 import lab
 from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
-from tests.compliance import reads
+from tests.compliance import reads, results
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
 from tools import fleet_page
@@ -87,7 +87,8 @@ def pytest_runtest_protocol(item, nextitem):
         reads.acting = False
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser, pluginmanager):
+    pluginmanager.register(results, "sparkrig-results")  # --results and --waivers: results.py
     parser.addoption(
         "--inventory",
         help="pyinfra inventory whose hosts the compliance suite checks (default: the local lab)",
@@ -477,8 +478,11 @@ class HostTable:
             span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
         if report.failed:
             known[key] = "failed"
-            self.findings.setdefault((target, key), found(report))
-        elif report.skipped and known.get(key) != "failed":
+            self.findings.setdefault((target, key), found(report) + results.expired(report))
+        elif results.waived(report) and known.get(key) != "failed":
+            known[key] = "waived"
+            self.findings.setdefault((target, key), f"{found(report)} ({results.waived(report)})")
+        elif report.skipped and known.get(key) not in ("failed", "waived"):
             known[key] = "skipped"
             self.skips.setdefault((target, key), skipped(report))
         elif report.when == "call" and report.passed and key not in known:
@@ -486,17 +490,19 @@ class HostTable:
 
     def lines(self) -> list[str]:
         rows = [("host", "passed", "failed", "skipped")]
-        failures = []
+        failures, waivers = [], []
         for target in sorted(self.outcomes):
-            counts = {o: 0 for o in ("passed", "failed", "skipped")}
+            counts = {o: 0 for o in ("passed", "failed", "skipped", "waived")}
             for control, outcome in sorted(self.outcomes[target].items()):
                 counts[outcome] += 1
-                if outcome == "failed":
-                    failures.append(f"  {target}: {control}: {self.findings.get((target, control), '')}")
+                if outcome in ("failed", "waived"):
+                    line = f"  {target}: {control}: {self.findings.get((target, control), '')}"
+                    (failures if outcome == "failed" else waivers).append(line)
             rows.append((target, *(str(counts[o]) for o in ("passed", "failed", "skipped"))))
         width = max(len(r[0]) for r in rows)
         out = [f"{r[0]:<{width}}  {r[1]:>6}  {r[2]:>6}  {r[3]:>7}" for r in rows]
-        return out + (["failed controls:", *failures] if failures else [])
+        return (out + (["failed controls:", *failures] if failures else [])
+                + (["waived controls (failed, accepted by --waivers):", *waivers] if waivers else []))
 
 
 _TABLE = HostTable()
@@ -534,14 +540,15 @@ def page_hosts(config, table: HostTable) -> dict:
     """The fleet page's hosts: versions from :func:`read_versions`, controls from ``table``."""
 
     reader = read_versions(config)
-    versions = {}
-    if reader is not None:
+    versions = getattr(config, "_sparkrig_versions_read", {})  # --results and --fleet-page both ask
+    if reader is not None and not hasattr(config, "_sparkrig_versions_read"):
         out, err = reader.communicate(timeout=600)
         try:
             versions = versions_of(json.loads(out))
         except (ValueError, KeyError):
             why = (err.strip().splitlines() or [f"tools.report exited {reader.returncode}"])[-1]
             versions = {name: fleet_page.Host(versions_error=why) for name in table.names}
+        config._sparkrig_versions_read = versions
     known = fleet_page.protections(Path(__file__).parent)
     hosts = {}
     for name in [*table.names, *(n for n in table.outcomes if n not in table.names)]:
@@ -565,7 +572,8 @@ def write_fleet_page(config, table: HostTable) -> str:
     path = config.getoption("--fleet-page")
     fleet_page.write(path, fleet_page.render(
         page_hosts(config, table), columns=COLUMNS, title="sparkrig compliance",
-        source=f"the compliance suite ({config.getoption('--inventory') or 'the lab'})"))
+        source=f"the compliance suite ({config.getoption('--inventory') or 'the lab'})",
+        changed=results.page_changes(config)))
     return path
 
 
@@ -588,3 +596,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 terminalreporter.write_line(line)
         if config.getoption("--fleet-page") and not hasattr(config, "workerinput"):
             terminalreporter.write_line(f"fleet page: {write_fleet_page(config, table)}")
+        for line in results.summary_lines(config):
+            terminalreporter.write_line(line)
