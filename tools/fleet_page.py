@@ -101,7 +101,7 @@ class Changes(NamedTuple):
     documents): controls newly failing, still failing (since when) and fixed, versions changed."""
 
     previous: str = ""  # when the previous run started; "" where there was none
-    newly_failing: Sequence[tuple[str, str, str]] = ()  # host, control id, reason
+    newly_failing: Sequence[tuple[str, str, str, str]] = ()  # host, control id, reason, failing since
     still_failing: Sequence[tuple[str, str, str, str]] = ()  # host, control id, reason, failing since
     fixed: Sequence[tuple[str, str, str]] = ()  # host, control id, its outcome now
     versions: Sequence[tuple[str, str, str, str]] = ()  # host, column, before, now
@@ -112,9 +112,11 @@ def _by_control(doc: Mapping[str, Any]) -> dict[tuple[str, str], Mapping[str, An
 
 
 def changes(current: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]) -> Changes:
-    """What changed from ``earlier[0]`` (the previous run) to ``current``; a failure's "since"
-    is the first run of its unbroken streak of failures, walking ``earlier`` (newest first)
-    back. A control or host that one of the two runs did not check is no change."""
+    """What changed from ``earlier[0]`` (the previous run) to ``current``. A failure is newly
+    failing where the previous run did not fail it (a waived failure did not fail that run);
+    its "since" is the first run of its unbroken streak of failures, waived ones included,
+    walking ``earlier`` (newest first) back. A control or host that one of the two runs did
+    not check is no change."""
     if not earlier:
         return Changes()
     now, before = _by_control(current), _by_control(earlier[0])
@@ -122,15 +124,13 @@ def changes(current: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]) ->
     newly, still, fixed = [], [], []
     for (host, control), c in now.items():
         if c["outcome"] in FAILING:
-            if before.get((host, control), {}).get("outcome") not in FAILING:
-                newly.append((host, control, c.get("reason", "")))
-                continue
             since = current["started"]
             for run, outcomes in zip(earlier, history):
-                if outcomes.get((host, control), {}).get("outcome") not in FAILING:
+                if outcomes.get((host, control), {}).get("outcome") not in (*FAILING, "waived"):
                     break
                 since = run["started"]
-            still.append((host, control, c.get("reason", ""), since))
+            new = before.get((host, control), {}).get("outcome") not in FAILING
+            (newly if new else still).append((host, control, c.get("reason", ""), since))
         elif (host, control) in before and before[(host, control)]["outcome"] in FAILING:
             fixed.append((host, control, c["outcome"]))
     versions = []
@@ -148,7 +148,8 @@ def _changes_section(found: Changes | None) -> str:
     if not found.previous:
         return ('<h2>Changes</h2>\n<p class="note">No earlier run in the results directory: '
                 "the next run's page shows what changed since this one.</p>")
-    rows = [("newly failing", host, control, reason, "this run") for host, control, reason in found.newly_failing]
+    rows = [("newly failing", host, control, reason, _short(since))
+            for host, control, reason, since in found.newly_failing]
     rows += [("still failing", host, control, reason, _short(since)) for host, control, reason, since in found.still_failing]
     rows += [("fixed", host, control, f"now {outcome}", "") for host, control, outcome in found.fixed]
     rows += [("version changed", host, HEADINGS.get(column, column), f"{old} → {new}", "")

@@ -217,7 +217,8 @@ def test_the_page_shows_what_changed_since_the_previous_run_in_the_directory(tmp
     one, two = _documents(tmp_path / "out")
     parsed = Parsed((tmp_path / "page.html").read_text())
     rows = [[c["text"] for c in row["cells"]] for row in parsed.rows["changes"][1:]]
-    assert rows == [["newly failing", "@local", FAULT, f"{tmp_path / 'flag'} is missing", "this run"]]
+    since = f"{two['started'][:10]} {two['started'][11:19]}"
+    assert rows == [["newly failing", "@local", FAULT, f"{tmp_path / 'flag'} is missing", since]]
     assert f"<h2>Changes since the previous run ({one['started'][:10]} {one['started'][11:19]})</h2>" \
         in (tmp_path / "page.html").read_text()
     (tmp_path / "flag").touch()
@@ -238,23 +239,26 @@ def _doc(started: str, outcomes: dict[str, str], **versions) -> dict:
 
 def test_changes_say_newly_failing_still_failing_since_when_fixed_and_versions_changed():
     runs = [  # newest first
-        _doc("2026-11-25T10:00:00+00:00", {"a": "failed", "b": "passed", "c": "failed", "d": "passed"}),
-        _doc("2026-11-24T10:00:00+00:00", {"a": "error", "b": "passed", "c": "failed"}),
-        _doc("2026-11-23T10:00:00+00:00", {"a": "passed", "c": "failed"}),
+        _doc("2026-11-25T10:00:00+00:00", {"a": "failed", "b": "passed", "c": "failed", "d": "passed", "e": "waived"}),
+        _doc("2026-11-24T10:00:00+00:00", {"a": "error", "b": "passed", "c": "failed", "e": "failed"}),
+        _doc("2026-11-23T10:00:00+00:00", {"a": "passed", "c": "failed", "e": "passed"}),
         _doc("2026-11-22T10:00:00+00:00", {"a": "failed", "c": "waived"}),
     ]
-    now = _doc("2026-11-26T10:00:00+00:00", {"a": "failed", "b": "failed", "c": "passed", "d": "skipped"},
+    now = _doc("2026-11-26T10:00:00+00:00", {"a": "failed", "b": "failed", "c": "passed", "d": "skipped", "e": "failed"},
                kernel="6.17")
     found = fleet_page.changes(now, runs)
     assert found.previous == "2026-11-25T10:00:00+00:00"
-    assert found.newly_failing == [("spark-01", "b", "b said so")]
+    # e's waiver expired: newly failing the run, failing since its failure began (waived in between).
+    assert found.newly_failing == [("spark-01", "b", "b said so", "2026-11-26T10:00:00+00:00"),
+                                   ("spark-01", "e", "e said so", "2026-11-24T10:00:00+00:00")]
     assert found.still_failing == [("spark-01", "a", "a said so", "2026-11-24T10:00:00+00:00")]
     assert found.fixed == [("spark-01", "c", "passed")]
     assert found.versions == [("spark-01", "kernel", "6.8", "6.17")]
     assert fleet_page.changes(now, []) == fleet_page.Changes()
     page = Parsed(fleet_page.render({"spark-01": fleet_page.Host()}, columns=COLUMNS, changed=found))
     assert [[c["text"] for c in row["cells"]] for row in page.rows["changes"][1:]] == [
-        ["newly failing", "spark-01", "b", "b said so", "this run"],
+        ["newly failing", "spark-01", "b", "b said so", "2026-11-26 10:00:00"],
+        ["newly failing", "spark-01", "e", "e said so", "2026-11-24 10:00:00"],
         ["still failing", "spark-01", "a", "a said so", "2026-11-24 10:00:00"],
         ["fixed", "spark-01", "c", "now passed", ""],
         ["version changed", "spark-01", "kernel", "6.8 → 6.17", ""],
