@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -45,16 +46,27 @@ def test_a_flag_file_is_there(host):
 def test_skipped_here(host):
     """Protects against nothing here: it skips."""
     pytest.skip("a stand-in skip")
+
+
+@pytest.fixture
+def broken():
+    if os.environ.get("SPARKRIG_STAND_IN_BROKEN"):
+        raise RuntimeError("a stand-in setup failure")
+
+
+def test_its_fixture_may_fail(host, broken):
+    """Protects against a fixture that fails (with SPARKRIG_STAND_IN_BROKEN set)."""
 '''
 FAULT = "test_stand_in.py::test_a_flag_file_is_there"
 
 
-def _suite(tmp_path: Path, *options: str, workers: str = "0") -> subprocess.CompletedProcess:
+def _suite(tmp_path: Path, *options: str, workers: str = "0", inventory: str = 'here = [("@local", {})]\n',
+           **env_vars: str) -> subprocess.CompletedProcess:
     """pytest on the stand-in controls with the compliance conftest, @local as the inventory."""
     (tmp_path / "test_stand_in.py").write_text(STAND_IN)
-    (tmp_path / "inv.py").write_text('here = [("@local", {})]\n')
+    (tmp_path / "inv.py").write_text(inventory)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env.update(PYTHONPATH=str(REPO), SPARKRIG_STAND_IN_FLAG=str(tmp_path / "flag"))
+    env.update(PYTHONPATH=str(REPO), SPARKRIG_STAND_IN_FLAG=str(tmp_path / "flag"), **env_vars)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "test_stand_in.py", "-p", "tests.compliance.conftest",
          "--inventory", "inv.py", "-n", workers, "-p", "no:cacheprovider", *options],
@@ -87,7 +99,7 @@ def _today(days: int = 0) -> str:
 
 
 def test_a_run_writes_one_json_document_with_each_controls_outcome_reason_protection_and_the_versions(tmp_path):
-    result = _suite(tmp_path, "--results", "out")
+    result = _suite(tmp_path, "--results", "out", SPARKRIG_STAND_IN_BROKEN="1")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
     (path,) = (tmp_path / "out").iterdir()  # nothing else: the temporary file is gone
     assert re.fullmatch(r"\d{8}T\d{6}Z\.json", path.name), path.name
@@ -108,8 +120,11 @@ def test_a_run_writes_one_json_document_with_each_controls_outcome_reason_protec
         "test_stand_in.py::test_skipped_here": {
             "host": "@local", "outcome": "skipped", "reason": "a stand-in skip",
             "protects": "Protects against nothing here: it skips."},
+        "test_stand_in.py::test_its_fixture_may_fail": {
+            "host": "@local", "outcome": "error", "reason": "RuntimeError: a stand-in setup failure (at setup)",
+            "protects": "Protects against a fixture that fails (with SPARKRIG_STAND_IN_BROKEN set)."},
     }
-    assert all(0 < c["duration_s"] < 60 for k, c in controls.items() if "skipped" not in k), controls
+    assert all(0 < controls[k]["duration_s"] < 60 for k in ("test_stand_in.py::test_the_kernel_is_read", FAULT)), controls
     # The versions, as tools.report reads them (this machine's, read).
     (host,) = doc["hosts"].values()
     assert set(host["versions"]) == set(COLUMNS) and host["versions"]["os"] not in ("", "-"), host
@@ -129,7 +144,7 @@ def test_a_waiver_accepts_a_failure_which_then_fails_nothing_and_shows_as_waived
                     "--junitxml", "junit.xml")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     table = _table(result.stdout)
-    assert table[1].split() == ["@local", "1", "0", "1"], table
+    assert table[1].split() == ["@local", "2", "0", "1"], table
     assert table[2:4] == ["waived controls (failed, accepted by --waivers):",
                           f"  @local: {FAULT}[local]: {tmp_path / 'flag'} is missing (waived until "
                           f"{_today(1)}: the flag file comes with the next image (OPS-1))"], table
@@ -188,6 +203,8 @@ def test_an_expired_waiver_fails_again_saying_when_it_expired(tmp_path):
      "line 8: expires '2026-13-01' is not a date YYYY-MM-DD"),
     ("- control: x\n  hosts: '*'\n  justification: j\n  expires: next friday\n",
      "line 4: expires 'next friday' is not a date YYYY-MM-DD"),
+    ("- control: x\n  hosts: '*'\n  justification: j\n  expires: 20261201\n",
+     "line 4: expires '20261201' is not a date YYYY-MM-DD"),
     ("- control: x\n  hosts: '*'\n  justification: j\n  expiry: 2026-12-01\n",
      "line 4: unknown key 'expiry' (did you mean 'expires'?): a waiver has control, hosts, justification, expires"),
     ("- control: x\n  control: y\n  hosts: '*'\n  justification: j\n  expires: 2026-12-01\n",
@@ -198,11 +215,20 @@ def test_an_expired_waiver_fails_again_saying_when_it_expired(tmp_path):
     ("- control: x\n  hosts: [\n", "line 3: not YAML: expected the node content, but found '<stream end>'"),
 ])
 def test_a_malformed_waiver_file_stops_the_run_before_any_control_naming_the_line(tmp_path, text, why):
+    """The inventory's host is a listening socket of this test's: nothing connects to it."""
     waivers = _waivers(tmp_path, text)
-    result = _suite(tmp_path, "--waivers", waivers, "--results", "out")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        box = f'boxes = [("box", {{"ssh_hostname": "127.0.0.1", "ssh_port": {port}, "ssh_user": "nobody"}})]\n'
+        result = _suite(tmp_path, "--waivers", waivers, "--results", "out", inventory=box)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.stderr.strip() == f"ERROR: --waivers {waivers} {why}"
-    assert "test session starts" not in result.stdout  # no session, so no host asked anything
+    assert "test session starts" not in result.stdout  # no session, no control
     assert not (tmp_path / "out").exists()
 
 
