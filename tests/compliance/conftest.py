@@ -540,15 +540,14 @@ def page_hosts(config, table: HostTable) -> dict:
     """The fleet page's hosts: versions from :func:`read_versions`, controls from ``table``."""
 
     reader = read_versions(config)
-    versions = getattr(config, "_sparkrig_versions_read", {})  # --results and --fleet-page both ask
-    if reader is not None and not hasattr(config, "_sparkrig_versions_read"):
+    versions = {}
+    if reader is not None:  # --results and --fleet-page both ask: communicate() answers both alike
         out, err = reader.communicate(timeout=600)
         try:
             versions = versions_of(json.loads(out))
         except (ValueError, KeyError):
             why = (err.strip().splitlines() or [f"tools.report exited {reader.returncode}"])[-1]
             versions = {name: fleet_page.Host(versions_error=why) for name in table.names}
-        config._sparkrig_versions_read = versions
     known = fleet_page.protections(Path(__file__).parent)
     hosts = {}
     for name in [*table.names, *(n for n in table.outcomes if n not in table.names)]:
