@@ -341,3 +341,21 @@ def test_a_waiver_without_parameters_covers_every_parameter_of_its_control():
     one = waiver._replace(control="test_jobs.py::test_y[spark-run]")
     assert one.covers("test_jobs.py::test_y[spark-run]", "lab-deb12")
     assert not one.covers("test_jobs.py::test_y[spark-stop]", "lab-deb12")
+
+
+def test_a_waiver_that_applies_wins_over_an_expired_one():
+    day = datetime.now(timezone.utc).date()
+    old = results.Waiver("test_swap.py::test_x", "*", "then", day, 1)
+    new = results.Waiver("test_swap.py::test_x", "*", "now", day + timedelta(days=1), 5)
+    assert results.waiver_for([old, new], "test_swap.py::test_x", "h") == new
+    assert results.waiver_for([old], "test_swap.py::test_x", "h") == old  # expired: said so
+    assert results.waiver_for([new], "test_swap.py::test_y", "h") is None
+
+
+def test_earlier_runs_are_bounded_in_number_and_size(tmp_path, monkeypatch):
+    for day in ("23", "24", "25"):
+        (tmp_path / f"202611{day}T000000Z.json").write_text(json.dumps(_doc(day, {})))
+    monkeypatch.setattr(results, "HISTORY_MAX", 2)
+    assert [d["started"] for d in results.earlier_runs(tmp_path, "20261126T000000Z.json")] == ["25", "24"]
+    monkeypatch.setattr(results, "DOCUMENT_MAX", 10)
+    assert results.earlier_runs(tmp_path, "20261126T000000Z.json") == []
