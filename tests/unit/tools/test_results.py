@@ -29,6 +29,10 @@ import os
 
 import pytest
 
+# They ask the host themselves, as the suite's action controls do (read-only ones read
+# through their declared needs).
+pytestmark = pytest.mark.action
+
 
 def test_the_kernel_is_read(host):
     """Protects against a host that cannot say its kernel.
@@ -69,7 +73,8 @@ def _suite(tmp_path: Path, *options: str, workers: str = "0", inventory: str = '
     env.update(PYTHONPATH=str(REPO), SPARKRIG_STAND_IN_FLAG=str(tmp_path / "flag"), **env_vars)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "test_stand_in.py", "-p", "tests.compliance.conftest",
-         "--inventory", "inv.py", "-n", workers, "-p", "no:cacheprovider", *options],
+         "--inventory", "inv.py", "-n", workers, "-p", "no:cacheprovider",
+         "-o", "markers=action: a stand-in control that asks the host itself", *options],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
     )
 
