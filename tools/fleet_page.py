@@ -25,8 +25,9 @@ from typing import Any, NamedTuple
 from urllib.parse import quote
 
 COMPLIANCE = Path(__file__).resolve().parent.parent / "tests" / "compliance"
-OUTCOMES = ("failed", "skipped", "passed")  # the order controls are listed in
-COUNTED = ("passed", "failed", "skipped")  # the order of the counts, as the terminal's table
+OUTCOMES = ("failed", "waived", "skipped", "passed")  # the order controls are listed in
+COUNTED = ("passed", "failed", "skipped", "waived")  # the order of the counts, as the terminal's table
+FAILING = ("failed", "error")  # outcomes of a results document (tests/compliance/results.py) that fail
 # testinfra's id of pyinfra's @local (its local backend, LocalBackend.get_pytest_id()) in a
 # control's test id: "local", not the "local://" that names the backend.
 LOCAL_ID = "local"
@@ -59,19 +60,25 @@ class Host(NamedTuple):
     controls_read: str = ""  # when the controls ran (ISO 8601, first to last)
 
 
+def protects(doc: str) -> str:
+    """A control's "protects against" line: from "Protects against" to the end of the first
+    paragraph of its docstring, on one line ("" without one)."""
+    paragraph = " ".join((doc or "").strip().split("\n\n", 1)[0].split())
+    start = paragraph.find("Protects against")
+    return paragraph[start:] if start >= 0 else ""
+
+
 def protections(directory: Path = COMPLIANCE) -> dict[str, str]:
-    """Each control's "protects against" line: the first paragraph of its docstring, which
-    by the suite's convention starts "Protects against" (docs/compliance.md has the short
-    form). Read from the source, not imported: the controls need testinfra and a host."""
+    """Each control's "protects against" line (:func:`protects`), by the suite's convention
+    the first paragraph of its docstring (docs/compliance.md has the short form). Read from
+    the source, not imported: the controls need testinfra and a host."""
     found = {}
     for path in sorted(directory.glob("test_*.py")):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                doc = ast.get_docstring(node) or ""
-                paragraph = " ".join(doc.split("\n\n", 1)[0].split())
-                start = paragraph.find("Protects against")
-                if start >= 0:
-                    found[node.name] = paragraph[start:]
+                line = protects(ast.get_docstring(node) or "")
+                if line:
+                    found[node.name] = line
     return found
 
 
@@ -87,6 +94,82 @@ def control_of(key: str, host: str, outcome: str, reason: str, known: Mapping[st
         params = params[len(spec) + 1:]
     name = function + (f"[{params}]" if params else "")
     return Control(concern, name, outcome, reason, known.get(function, ""))
+
+
+class Changes(NamedTuple):
+    """What changed since the previous run in a --results directory (tests/compliance/results.py's
+    documents): controls newly failing, still failing (since when) and fixed, versions changed."""
+
+    previous: str = ""  # when the previous run started; "" where there was none
+    newly_failing: Sequence[tuple[str, str, str, str]] = ()  # host, control id, reason, failing since
+    still_failing: Sequence[tuple[str, str, str, str]] = ()  # host, control id, reason, failing since
+    fixed: Sequence[tuple[str, str, str]] = ()  # host, control id, its outcome now
+    versions: Sequence[tuple[str, str, str, str]] = ()  # host, column, before, now
+
+
+def _by_control(doc: Mapping[str, Any]) -> dict[tuple[str, str], Mapping[str, Any]]:
+    return {(host, c["id"]): c for host, value in doc["hosts"].items() for c in value.get("controls", ())}
+
+
+def changes(current: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]) -> Changes:
+    """What changed from ``earlier[0]`` (the previous run) to ``current``. A failure is newly
+    failing where the previous run did not fail it (a waived failure did not fail that run);
+    its "since" is the first run of its unbroken streak of failures, waived ones included,
+    walking ``earlier`` (newest first) back. A control or host that one of the two runs did
+    not check is no change."""
+    if not earlier:
+        return Changes()
+    now, before = _by_control(current), _by_control(earlier[0])
+    history = [_by_control(run) for run in earlier]
+    newly, still, fixed = [], [], []
+    for (host, control), c in now.items():
+        if c["outcome"] in FAILING:
+            since = current["started"]
+            for run, outcomes in zip(earlier, history):
+                if outcomes.get((host, control), {}).get("outcome") not in (*FAILING, "waived"):
+                    break
+                since = run["started"]
+            new = before.get((host, control), {}).get("outcome") not in FAILING
+            (newly if new else still).append((host, control, c.get("reason", ""), since))
+        elif (host, control) in before and before[(host, control)]["outcome"] in FAILING:
+            fixed.append((host, control, c["outcome"]))
+    versions = []
+    for host, value in current["hosts"].items():
+        old = earlier[0]["hosts"].get(host, {}).get("versions") or {}
+        new = value.get("versions") or {}
+        versions += [(host, column, old[column], new[column])
+                     for column in new if column in old and old[column] != new[column]]
+    return Changes(earlier[0]["started"], newly, still, fixed, versions)
+
+
+def _changes_section(found: Changes | None) -> str:
+    if found is None:
+        return ""
+    if not found.previous:
+        return ('<h2>Changes</h2>\n<p class="note">No earlier run in the results directory: '
+                "the next run's page shows what changed since this one.</p>")
+    rows = [("newly failing", host, control, reason, _short(since))
+            for host, control, reason, since in found.newly_failing]
+    rows += [("still failing", host, control, reason, _short(since)) for host, control, reason, since in found.still_failing]
+    rows += [("fixed", host, control, f"now {outcome}", "") for host, control, outcome in found.fixed]
+    rows += [("version changed", host, HEADINGS.get(column, column), f"{old} → {new}", "")
+             for host, column, old, new in found.versions]
+    body = "\n".join(
+        f'<tr data-change="{escape(change.split()[0])}">' + _cell(change, f"change {change.split()[0]}")
+        + _cell(host, "host") + _cell(what, "control") + _cell(detail, "reason") + _cell(since, "when") + "</tr>"
+        for change, host, what, detail, since in rows)
+    if not rows:
+        body = '<tr><td colspan="5">nothing: the same controls fail, and the same versions, as then</td></tr>'
+    counts = (f"{len(found.newly_failing)} newly failing, {len(found.fixed)} fixed, "
+              f"{len(found.still_failing)} still failing, {len(found.versions)} versions changed")
+    return f"""<h2>Changes since the previous run ({escape(_short(found.previous))})</h2>
+<p class="note">{counts}</p>
+<div class="scroll"><table id="changes" class="sortable">
+<thead><tr><th>change</th><th>host</th><th>control / version</th><th>found / before → now</th><th>failing since</th></tr></thead>
+<tbody>
+{body}
+</tbody>
+</table></div>"""
 
 
 def escape(text: Any) -> str:
@@ -122,8 +205,9 @@ def _most(hosts: Mapping[str, Host], column: str) -> str:
 
 
 def render(hosts: Mapping[str, Host], *, columns: Sequence[str], title: str = "sparkrig fleet",
-           source: str = "", generated: str | None = None) -> str:
-    """The whole page, as text (UTF-8 when written)."""
+           source: str = "", generated: str | None = None, changed: Changes | None = None) -> str:
+    """The whole page, as text (UTF-8 when written); with ``changed``, what changed since the
+    previous run comes first."""
     generated = generated or now()
     counts = {o: sum(c.outcome == o for h in hosts.values() for c in h.controls) for o in OUTCOMES}
     failing = [name for name, h in hosts.items()
@@ -216,6 +300,7 @@ def render(hosts: Mapping[str, Host], *, columns: Sequence[str], title: str = "s
 <label>text <input id="f-text" type="search" placeholder="control, reason, version…"></label>
 <span id="shown"></span>
 </div>
+{_changes_section(changed)}
 <h2>Versions</h2>
 <p class="note"><span class="differs">marked</span>: differs from what most hosts have (hover for theirs).</p>
 <div class="scroll"><table id="versions" class="sortable">
@@ -268,6 +353,9 @@ td.badge { font-weight: 600; text-transform: uppercase; font-size: 11px; letter-
 td.badge.failed { color: var(--fail); background: var(--fail-bg); }
 td.badge.skipped { color: var(--skip); background: var(--skip-bg); }
 td.badge.passed { color: var(--pass); background: var(--pass-bg); }
+td.badge.waived, .n.waived { color: var(--muted); } td.badge.waived { background: #eceef1; }
+td.change { font-weight: 600; white-space: nowrap; } td.change.newly { color: var(--fail); }
+td.change.fixed { color: var(--pass); }
 tr[data-status="failed"] td.reason { color: var(--fail); font-weight: 600; }
 td.control { font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 12.5px; }
 td.protects, td.reason { max-width: 46ch; overflow-wrap: anywhere; }

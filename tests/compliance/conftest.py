@@ -39,7 +39,7 @@ from testinfra.backend.ssh import SshBackend
 import lab
 from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
-from tests.compliance import reads
+from tests.compliance import reads, results
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
 from tools import fleet_page
@@ -112,7 +112,8 @@ def pytest_runtest_call(item):
             signal.signal(signal.SIGALRM, previous)
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser, pluginmanager):
+    pluginmanager.register(results, "sparkrig-results")  # --results and --waivers: results.py
     parser.addoption(
         "--inventory",
         help="pyinfra inventory whose hosts the compliance suite checks (default: the local lab)",
@@ -533,8 +534,11 @@ class HostTable:
             span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
         if report.failed:
             known[key] = "failed"
-            self.findings.setdefault((target, key), found(report))
-        elif report.skipped and known.get(key) != "failed":
+            self.findings.setdefault((target, key), found(report) + results.expired(report))
+        elif results.waived(report) and known.get(key) != "failed":
+            known[key] = "waived"
+            self.findings.setdefault((target, key), f"{found(report)} ({results.waived(report)})")
+        elif report.skipped and known.get(key) not in ("failed", "waived"):
             known[key] = "skipped"
             self.skips.setdefault((target, key), skipped(report))
         elif report.when == "call" and report.passed and key not in known:
@@ -542,17 +546,19 @@ class HostTable:
 
     def lines(self) -> list[str]:
         rows = [("host", "passed", "failed", "skipped")]
-        failures = []
+        failures, waivers = [], []
         for target in sorted(self.outcomes):
-            counts = {o: 0 for o in ("passed", "failed", "skipped")}
+            counts = {o: 0 for o in ("passed", "failed", "skipped", "waived")}
             for control, outcome in sorted(self.outcomes[target].items()):
                 counts[outcome] += 1
-                if outcome == "failed":
-                    failures.append(f"  {target}: {control}: {self.findings.get((target, control), '')}")
+                if outcome in ("failed", "waived"):
+                    line = f"  {target}: {control}: {self.findings.get((target, control), '')}"
+                    (failures if outcome == "failed" else waivers).append(line)
             rows.append((target, *(str(counts[o]) for o in ("passed", "failed", "skipped"))))
         width = max(len(r[0]) for r in rows)
         out = [f"{r[0]:<{width}}  {r[1]:>6}  {r[2]:>6}  {r[3]:>7}" for r in rows]
-        return out + (["failed controls:", *failures] if failures else [])
+        return (out + (["failed controls:", *failures] if failures else [])
+                + (["waived controls (failed, accepted by --waivers):", *waivers] if waivers else []))
 
 
 _TABLE = HostTable()
@@ -591,7 +597,7 @@ def page_hosts(config, table: HostTable) -> dict:
 
     reader = read_versions(config)
     versions = {}
-    if reader is not None:
+    if reader is not None:  # --results and --fleet-page both ask: communicate() answers both alike
         out, err = reader.communicate(timeout=600)
         try:
             versions = versions_of(json.loads(out))
@@ -621,7 +627,8 @@ def write_fleet_page(config, table: HostTable) -> str:
     path = config.getoption("--fleet-page")
     fleet_page.write(path, fleet_page.render(
         page_hosts(config, table), columns=COLUMNS, title="sparkrig compliance",
-        source=f"the compliance suite ({config.getoption('--inventory') or 'the lab'})"))
+        source=f"the compliance suite ({config.getoption('--inventory') or 'the lab'})",
+        changed=results.page_changes(config)))
     return path
 
 
@@ -644,3 +651,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 terminalreporter.write_line(line)
         if config.getoption("--fleet-page") and not hasattr(config, "workerinput"):
             terminalreporter.write_line(f"fleet page: {write_fleet_page(config, table)}")
+        for line in results.summary_lines(config):
+            terminalreporter.write_line(line)
