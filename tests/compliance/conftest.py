@@ -17,6 +17,7 @@ and converges the lab fleet first.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -247,6 +248,15 @@ def write_multiplexed(ssh_config: str, out: Path) -> None:
     os.replace(tmp, out)
 
 
+def inventory_ssh_config(root: Path, text: str) -> Path:
+    """The multiplexed SSH config of these hosts, written under ``root``'s .pytest_cache and
+    named by its contents: two runs of one checkout on other inventories (or a unit test
+    beside a run) each keep their own, where one shared file let a run reach another's hosts."""
+    out = root / ".pytest_cache" / f"sparkrig-ssh-config-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    write_multiplexed(text, out)
+    return out
+
+
 def _given(config, option: str) -> bool:
     """Whether the command line itself (not pyproject's addopts) gives ``option``
     (``--tb`` as ``--tb X`` or ``--tb=X``; ``-r`` as ``-r X`` or ``-rX``)."""
@@ -271,8 +281,7 @@ def pytest_configure(config):
     if inventory:
         config.sparkrig_targets = "inventory"
         hosts = inventory_hosts(config)
-        ssh_config = Path(config.rootpath) / ".pytest_cache" / "sparkrig-ssh-config"
-        write_multiplexed(ssh_config_for(hosts), ssh_config)
+        ssh_config = inventory_ssh_config(Path(config.rootpath), ssh_config_for(hosts))
         names = list(hosts)
         if hasattr(config, "workerinput"):
             reads.seed(config.workerinput.get("sparkrig_constants", {}))

@@ -280,3 +280,13 @@ def test_a_planted_control_directory_is_refused(tmp_path, monkeypatch, plant):
         os.chown(target, 65534, 65534)
     with pytest.raises(pytest.UsageError, match="must be a directory of yours with mode 0700"):
         multiplexed("")
+
+
+def test_two_inventories_get_ssh_configs_of_their_own_and_one_inventory_the_same(tmp_path):
+    """Two suite runs of one checkout on other inventories shared one .pytest_cache file: the
+    second rewrote it while the first's controls read it ("Could not resolve hostname")."""
+    first = conftest.inventory_ssh_config(tmp_path, "Host a\n  HostName 10.0.0.1\n")
+    second = conftest.inventory_ssh_config(tmp_path, "Host b\n  HostName 10.0.0.2\n")
+    assert first != second
+    assert "HostName 10.0.0.1" in first.read_text() and "HostName 10.0.0.2" in second.read_text()
+    assert conftest.inventory_ssh_config(tmp_path, "Host a\n  HostName 10.0.0.1\n") == first
