@@ -81,6 +81,9 @@ def current() -> HostSettings:
     if found is not None:
         return found
     values = resolve(all_settings(), host.data.dict())
+    if "hardware_profile" not in values:  # no declared concern knows the hardware (a user's deploy of swap() alone)
+        host._sparkrig_settings = HostSettings(values)
+        return host._sparkrig_settings
     name = values["hardware_profile"]
     problem = None
     if name == profiles.AUTO:

@@ -56,3 +56,20 @@ def test_planners_run_in_concerns_order_whatever_the_import_order():
         assert ordered.index(early) < ordered.index(late)
     finally:
         reading._PLANNERS[:] = before
+
+
+def test_a_deploy_of_a_concern_that_knows_no_hardware_gets_its_settings(monkeypatch):
+    """A user's deploy of swap() alone (the wheel, install("swap")) declares no hardware_profile:
+    its settings come without a profile (building them raised KeyError: the lab's wheel test)."""
+    from sparkrig import settings  # noqa: PLC0415 (its registry, narrowed for this test)
+
+    monkeypatch.setattr(settings, "_DECLARED", {k: v for k, v in settings._DECLARED.items() if ".swap." in k})
+    SEEN.clear()
+    execute(look_alone, data={})
+    ((found,),) = SEEN
+    assert found.swap_disable is True and found.profile is None
+
+
+@deploy("A user's deploy of one concern")
+def look_alone():
+    SEEN.append((host_settings.current(),))
