@@ -10,11 +10,12 @@ import hashlib
 import json
 import os
 import re
-import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tools import private
 
 # A batch or canary size: hosts (1 or more), or a share of the rollout's hosts (1% to 100%).
 _SIZE = re.compile(r"(?P<count>[1-9][0-9]{0,5})|(?P<percent>[1-9][0-9]?|100)%")
@@ -177,12 +178,10 @@ def default_state_path(inventory: str) -> Path:
 def private_directory(path: Path) -> Path:
     """``path`` made (mode 0700) where missing; refused unless the caller owns it and no one
     else may write it, as a state file others can replace would steer the next --resume."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise ValueError(f"{path} must be a directory of your own that no one else may write "
-                         "(choose another with --state)")
-    return path
+    try:
+        return private.private_directory(path, "a rollout's state")
+    except ValueError as error:
+        raise ValueError(f"{error}: choose another with --state") from None
 
 
 def save(state: State, path: Path) -> None:

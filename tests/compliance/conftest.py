@@ -24,7 +24,6 @@ import os
 import re
 import runpy
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -43,7 +42,7 @@ from sparkrig.settings import all_settings, resolve
 from tests.compliance import reads, results
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
-from tools import fleet_page
+from tools import fleet_page, private
 from tools.report import COLUMNS
 from tools.report import page_hosts as versions_of
 
@@ -220,18 +219,10 @@ def control_dir() -> Path:
     not the user's, or open to others is refused."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     path = Path(runtime) / "sparkrig-ssh" if runtime else Path.home() / ".cache" / "sparkrig" / "ssh"
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    found = os.lstat(path)
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
-        raise pytest.UsageError(
-            f"{path} (SSH control sockets) must be a directory of yours with mode 0700, not a link "
-            f"(found uid {found.st_uid}, mode {stat.filemode(found.st_mode)}): remove it or fix it"
-        )
-    return path
+        return private.private_directory(path, "SSH control sockets", closed=True)
+    except ValueError as error:
+        raise pytest.UsageError(f"{error}: remove it or fix it") from None
 
 
 def multiplexed(ssh_config: str) -> str:

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import pytest
 import yaml
 
-from tools import fleet_page
+from tools import fleet_page, private
 
 SCHEMA = "sparkrig.compliance.results/1"
 KEYS = ("control", "hosts", "justification", "expires")
@@ -268,17 +268,10 @@ RECORDS: dict[tuple[str, str], Record] = {}
 
 def results_dir(given: str) -> Path:
     """DIR, made 0700 if missing; a link, another user's or one others may write is refused."""
-    path = Path(given)
     try:
-        path.mkdir(mode=0o700, parents=True)
-    except FileExistsError:
-        pass
-    found = os.lstat(path)
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o022:
-        raise pytest.UsageError(
-            f"--results {given} must be a directory of yours that no one else may write, not a link "
-            f"(found uid {found.st_uid}, mode {stat.filemode(found.st_mode)})")
-    return path
+        return private.private_directory(Path(given), "--results")
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def document(config, hosts: dict) -> dict:

@@ -261,7 +261,7 @@ def test_ssh_control_sockets_live_in_a_private_directory(tmp_path, monkeypatch):
     assert stat.S_IMODE((tmp_path / "sparkrig-ssh").stat().st_mode) == 0o700
 
 
-@pytest.mark.parametrize("plant", ["link", "open", "other_user"])
+@pytest.mark.parametrize("plant", ["link", "open", "readable", "other_user"])
 def test_a_planted_control_directory_is_refused(tmp_path, monkeypatch, plant):
     """Another local user who made the directory first (or a link to theirs) could answer
     every control with a fake master: the suite stops instead."""
@@ -273,6 +273,9 @@ def test_a_planted_control_directory_is_refused(tmp_path, monkeypatch, plant):
     elif plant == "open":
         target.mkdir()
         target.chmod(0o1777)
+    elif plant == "readable":  # others may list the sockets, and reach a master through one
+        target.mkdir()
+        target.chmod(0o755)
     else:
         if os.geteuid() != 0:
             pytest.skip("needs root to make a directory of another user")

@@ -247,7 +247,7 @@ def test_a_state_directory_others_may_write_is_refused(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    with pytest.raises(ValueError, match="must be a directory of your own that no one else may write"):
+    with pytest.raises(ValueError, match="must be a directory of yours that no one else may write"):
         save(_state(BATCHES), shared / "r.json")
 
 
