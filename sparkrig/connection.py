@@ -53,7 +53,7 @@ def prove_new_connection(state, host, after: str = "restarting sshd") -> bool:
 # as root). pyinfra takes a global argument's default (``_chdir``) only from host data, for
 # facts and operations alike: the inventory's override layer (where ``pyinfra --data`` puts
 # its values) gives it to every host, so every command starts with `cd /`. No module writes
-# into a host's own data (tests/repo/test_architecture.py).
+# into a host's own data (tests/repo/test_values.py).
 WORKING_DIRECTORY = "/"
 
 

@@ -7,7 +7,7 @@ hardware profile resolved: ``"auto"``
 is chosen from what the box said in its first reading (:mod:`sparkrig.profile`), never
 written back anywhere. Every concern's ``@deploy`` takes this object once and hands its
 operations the values they need as parameters; nothing writes into pyinfra's ``host.data``
-(tests/repo/test_architecture.py).
+(tests/repo/test_values.py).
 
 .. code:: python
 

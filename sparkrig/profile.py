@@ -1,5 +1,5 @@
 """
-The hardware profile of a host, read through one function, :func:`host_profile`: what each
+The hardware profile of a host (a concern takes it from sparkrig.host_settings): what each
 kind of box is (a profile: CPU architecture, the GPU's compute capability, the
 ``TORCH_CUDA_ARCH_LIST`` that builds for it), what the box says it is
 (:class:`HardwareIdentity`, in the host's one reading), and for ``hardware_profile = "auto"``
