@@ -5,7 +5,10 @@ MemAvailable falls below its threshold, and the host stays reachable.
 The lab's hosts see the controller's whole memory (about 24 GiB, shared with other
 work), so the test does not fill it. Beside the deployed earlyoom it starts a second,
 transient one with the deployed --prefer and --avoid and a threshold just below the
-current MemAvailable, then a hog that grows by 50 MiB steps to at most 800 MiB.
+current MemAvailable, then a hog that grows by 50 MiB steps to at most 2 GiB: the
+kill is due after about 300 MiB, and the rest is room for what other work on the
+controller frees meanwhile (in one CI run MemAvailable stayed flat while the hog grew
+from 550 to 800 MiB, and the hog reached an 800 MiB limit before the threshold).
 Nothing is left behind: the deployed earlyoom, its process and its files are
 untouched, so the idempotence check and the compliance suite see what the converge did.
 """
@@ -24,7 +27,7 @@ import lab
 pytestmark = pytest.mark.lab
 
 STEP_MIB = 50
-MAX_MIB = 800
+MAX_MIB = 2048
 # The transient earlyoom's threshold: this far below MemAvailable when it starts.
 HEADROOM_MIB = 300
 # How far below the threshold MemAvailable may be seen before the kill lands: one
