@@ -279,7 +279,7 @@ def _host(versions=(), files=None, timers=(False, False), oomd=None, unattended=
         HOST_STATE: host_state(
             files={up_settings.PIN_FILE: None, up_operations.APT_CONF: up_operations.render_apt_conf("off", []), up_facts.RECORD: None, **(files or {})},
             units=units,
-            packages={up_operations.UNATTENDED_PACKAGE: unattended},
+            packages={up_operations.UNATTENDED_PACKAGE: unattended, up_operations.FWUPD_PACKAGE: "2.0.20-1"},
         ),
         TIMER_STATUS: ["Id=apt-daily.timer", f"SubState={'waiting' if timers[0] else 'dead'}"],
         TIMER_ENABLED: ["Id=apt-daily.timer", f"UnitFileState={'enabled' if timers[1] else 'disabled'}"],
