@@ -426,7 +426,7 @@ def test_a_report_row_holds_one_cell_per_column():
         "os": "ubuntu 24.04", "dgx_os": "7.4.0", "kernel": "6.17.0-1007-nvidia",
         "kernel_pkgs": "6.17.0-1007.7 6.17.0-1008.8", "driver": "580.95.05", "driver_pkgs": "580.95.05-0ubuntu1",
         "cuda": "13.0.2", "docker": "5:28.5.1-1~ubuntu.24.04~noble", "toolkit": "1.18.0-1", "torch": "2.11.0",
-        "vllm": "0.20.2", "reboot": "pending",
+        "vllm": "0.20.2", "reboot": "pending", "firmware": "-",
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,8 +20,10 @@ from sparkrig.operations.updates import facts as up_facts
 from sparkrig.operations.updates import operations as up_operations
 from sparkrig.operations.updates import settings as up_settings
 from sparkrig.settings import problems
+from tests.unit.operations.test_updates import SPARK as SPARK_VERSIONS
 from tests.unit.operations.test_updates import _host
 from tests.unit.pyinfra_fake import HOST_STATE, execute, host_state
+from tools import fleet_page, report
 
 DATA = Path(__file__).parent / "data" / "fwupd"
 LAB = (DATA / "get-devices-lab-container-fwupd-2.0.20.json").read_text()  # recorded, real fwupd
@@ -211,3 +214,61 @@ def test_apply_installs_what_fwupd_offers_and_marks_the_reboot():
 def test_apply_with_nothing_on_offer_changes_nothing():
     assert _ops({"updates_firmware": "apply"}, "2.0.20-1", line(SPARK.replace('"UpdateState" : "needs-reboot",', ''))) == {}
     assert _ops({"updates_firmware": "apply"}, "2.0.20-1", line(NO_DAEMON, status=1)) == {}
+
+
+# The report and the fleet page --------------------------------------------------------------
+
+
+def _fleet(**hosts) -> dict:
+    """tools.report's JSON report of hosts given as name=(profile, get-devices JSON or None)."""
+    versions = up_facts.Versions().process(SPARK_VERSIONS)
+    facts = {name: {"versions": versions, "profile": profile,
+                    "firmware": firmware(line(text)) if text is not None else None}
+             for name, (profile, text) in hosts.items()}
+    return report.build(facts, {}, "2026-11-26T16:00:00+00:00")
+
+
+SYSTEM = "System Firmware {6f2e8b9a-1c3d-4e5f-8a7b-9c0d1e2f3a4b}"
+
+
+def test_drift_is_the_same_device_at_another_version_on_boxes_of_one_profile():
+    older = SPARK.replace('"Version" : "2.91"', '"Version" : "2.90"')
+    found = _fleet(**{"spark-1": ("gb10", SPARK), "spark-2": ("gb10", SPARK), "spark-3": ("gb10", older),
+                      # another kind of box: its older system firmware is no drift of the Sparks'
+                      "ws-1": ("rtx50", older)})
+    hosts = found["hosts"]
+    assert hosts["spark-3"]["firmware"]["drift"] == [SYSTEM]
+    assert hosts["spark-3"]["firmware"]["devices"][SYSTEM] == "2.90"
+    assert [hosts[n]["firmware"]["drift"] for n in ("spark-1", "spark-2", "ws-1")] == [[], [], []]
+    assert hosts["spark-3"]["differs"] == ["firmware"] and hosts["spark-1"]["differs"] == []
+    assert hosts["spark-1"]["versions"]["firmware"] == "4 devices"
+
+
+def test_the_report_says_fwupd_reports_no_devices_and_marks_drift(tmp_path):
+    older = SPARK.replace('"Version" : "2.91"', '"Version" : "2.90"')
+    found = _fleet(**{"lab-deb12": ("unmatched", LAB), "spark-1": ("gb10", SPARK), "spark-2": ("gb10", older),
+                      "spark-3": ("gb10", SPARK)})
+    assert found["hosts"]["lab-deb12"]["versions"]["firmware"] == "fwupd reports no devices"
+    text = report.table({n: v["versions"] for n, v in found["hosts"].items()}, {},
+                        {n: v["firmware"] for n, v in found["hosts"].items()})
+    lines = text.splitlines()
+    assert any(re.fullmatch(r"lab-deb12\s+unmatched\s+fwupd reports no devices", x) for x in lines), text
+    assert any(re.fullmatch(rf"spark-2\s+gb10\s+{re.escape(SYSTEM)}\s+2\.90 \*", x) for x in lines), text
+    assert not any(x.startswith("spark-1") and x.endswith("*") for x in lines), text
+    assert lines[-1] == "*: firmware differs from most hosts of its hardware profile"
+    page = fleet_page.render(report.page_hosts(found), columns=report.COLUMNS)
+    section = page[page.index("<h2>Firmware</h2>"):]
+    assert "fwupd reports no devices" in section
+    assert re.search(r'<tr data-host="spark-2" data-status="drift">.*<td class="differs" title="differs from most '
+                     r'gb10 hosts \(others: 2\.91\)">2\.90</td></tr>', section), section[:3000]
+    assert '<tr data-host="spark-1" data-status="ok">' in section
+
+
+def test_a_hosts_device_name_is_escaped_on_the_page_and_in_the_terminal():
+    evil = SPARK.replace('"Name" : "ConnectX-7"', '"Name" : "<script>x</script>\\u001b[2J"')
+    found = _fleet(**{"a": ("gb10", evil)})
+    page = fleet_page.render(report.page_hosts(found), columns=report.COLUMNS)
+    assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    text = report.table({n: v["versions"] for n, v in found["hosts"].items()}, {},
+                        {n: v["firmware"] for n, v in found["hosts"].items()})
+    assert "\x1b" not in text and "\\x1b[2J" in text
