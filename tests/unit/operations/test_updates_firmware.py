@@ -272,3 +272,51 @@ def test_a_hosts_device_name_is_escaped_on_the_page_and_in_the_terminal():
     text = report.table({n: v["versions"] for n, v in found["hosts"].items()}, {},
                         {n: v["firmware"] for n, v in found["hosts"].items()})
     assert "\x1b" not in text and "\\x1b[2J" in text
+
+
+# The compliance control, run on fwupdmgr's answers (through the suite's own reads layer) -----
+
+
+def _control(expected: dict, stdout: str, rc: int = 0) -> str | None:
+    """What tests/compliance/test_updates.py's firmware control says of a host whose fwupdmgr
+    prints ``stdout`` (None: it passed)."""
+    from tests.compliance import reads, test_updates  # noqa: PLC0415 - testinfra, only here
+
+    settings = {"updates_expected_firmware": expected}
+    asked = reads.Reader("spark", settings, {})
+    test_updates.firmware(asked)
+    answers = {command: (rc, stdout.encode(), b"") for command in asked.wanted}
+
+    def read(need):
+        return need(reads.Reader("spark", settings, answers))
+
+    try:
+        test_updates.test_the_firmware_is_the_expected_version(read, settings)
+    except AssertionError as error:
+        return str(error).split("\n")[0]
+    return None
+
+
+def test_the_control_passes_when_each_device_has_its_expected_version():
+    """HAND-WRITTEN sample: by name, and by GUID (any case)."""
+    assert _control({"System Firmware": "2.91", "1A2B3C4D-5E6F-4A7B-8C9D-0E1F2A3B4C5D": "1.4.2"}, SPARK) is None
+
+
+def test_the_control_fails_naming_device_expected_and_actual():
+    assert _control({"System Firmware": "2.92"}, SPARK) == (
+        "firmware of System Firmware is 2.91, updates_expected_firmware says 2.92")
+
+
+def test_the_control_fails_naming_a_device_that_is_not_present():
+    assert _control({"ConnectX-8": "1.0"}, SPARK) == (
+        "firmware device 'ConnectX-8' is not present (fwupd reports: ConnectX-7, Embedded Controller, "
+        "Samsung SSD 990 PRO 4TB, System Firmware)")
+    # Recorded: the lab's real fwupd, which lists the container's CPU without a version.
+    assert _control({"System Firmware": "2.91"}, LAB) == (
+        "firmware device 'System Firmware' is not present (fwupd reports no devices)")
+
+
+def test_the_control_fails_where_fwupd_does_not_answer():
+    assert _control({"System Firmware": "2.91"}, NO_DAEMON, 1).startswith(
+        "fwupdmgr get-devices exited 1: Failed to connect to daemon")
+    assert _control({"System Firmware": "2.91"}, "", 124) == "fwupdmgr get-devices did not answer in 45 s"
