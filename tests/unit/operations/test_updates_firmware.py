@@ -79,6 +79,8 @@ def test_updates_on_offer_are_read_with_the_newest_release():
         {"name": "System Firmware", "id": "a45df35ac0e948ee180fe216a5f703f32dda163f", "version": "2.91", "available": "2.92"},
         {"name": "Embedded Controller", "id": "0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c", "version": "1.4.2", "available": "1.4.3"},
     ]
+    recorded = (DATA / "get-updates-lab-container-fwupd-2.0.20.json").read_text()  # recorded, real fwupd
+    assert firmware(line(LAB), line(recorded, "get-updates"))["updates"] == []
     nothing = firmware(line(SPARK), line('{"Error": {"Message": "No updatable devices"}}', "get-updates", 2))
     assert nothing["updates"] == []
 
