@@ -322,3 +322,24 @@ def test_the_control_fails_where_fwupd_does_not_answer():
     assert _control({"System Firmware": "2.91"}, NO_DAEMON, 1).startswith(
         "fwupdmgr get-devices exited 1: Failed to connect to daemon")
     assert _control({"System Firmware": "2.91"}, "", 124) == "fwupdmgr get-devices did not answer in 45 s"
+
+
+def test_the_controls_fwupdmgr_is_stopped_at_its_limit(tmp_path, monkeypatch):
+    """The need's real command, run here as the suite sends it (from /, as root: through sudo
+    unless root already), against a STAND-IN fwupdmgr that hangs."""
+    from tests.compliance import reads, test_updates  # noqa: PLC0415 - testinfra, only here
+
+    monkeypatch.setattr(test_updates, "FWUPD_TIMEOUT_S", 1)
+    if os.getuid() != 0:
+        pytest.skip("the need runs fwupdmgr as root (sudo -n): run as root")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "fwupdmgr").write_text("#!/bin/sh\nexec sleep 600\n")  # STAND-IN for fwupd's fwupdmgr
+    (bin_dir / "fwupdmgr").chmod(0o755)
+    asked = reads.Reader("spark", {"updates_expected_firmware": {"System Firmware": "2.91"}}, {})
+    test_updates.firmware(asked)
+    (command,) = asked.wanted
+    result = subprocess.run(["sh", "-c", command], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                            capture_output=True, timeout=30)
+    assert result.returncode == 124
+    assert _control({"System Firmware": "2.91"}, "", result.returncode) == "fwupdmgr get-devices did not answer in 1 s"
