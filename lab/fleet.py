@@ -95,6 +95,15 @@ NETWORKD_LAB_CONF = (
     "# sparkrig lab (lab/fleet.py): /sys here is the controller's; networkd must not wait for udev\n"
     "[Service]\nBindReadOnlyPaths=/sys\n"
 )
+# STAND-IN environment for fwupd: its unit refuses containers (ConditionVirtualization=
+# !container), so fwupdmgr would wait 25 s for a daemon that never starts. In the lab it runs,
+# with the controller's /sys read-only for it, and finds no firmware device (the container's
+# CPU only, without a version): the real fwupd answers, with nothing to show.
+FWUPD_LAB_DROP_IN = "/etc/systemd/system/fwupd.service.d/sparkrig-lab.conf"
+FWUPD_LAB_CONF = (
+    "# sparkrig lab (lab/fleet.py), a STAND-IN environment: fwupd runs in this container, /sys read-only\n"
+    "[Unit]\nConditionVirtualization=\n[Service]\nBindReadOnlyPaths=/sys\n"
+)
 NSPAWN_ENV = {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1", "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "1"}
 NSPAWN_PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")
 NSPAWN_LOCK_DIR = Path("/run/systemd/nspawn/locks")
@@ -332,6 +341,7 @@ def _write_starting_state(host: LabHost, apt_repo: AptRepo) -> None:
     for path, (content, mode) in files.items():
         _write_in_root(host.rootfs, path.lstrip("/"), content, mode)
     _write_in_root(host.rootfs, NETWORKD_LAB_DROP_IN.lstrip("/"), NETWORKD_LAB_CONF, 0o644)
+    _write_in_root(host.rootfs, FWUPD_LAB_DROP_IN.lstrip("/"), FWUPD_LAB_CONF, 0o644)
 
 
 def _install_starting_stack(host: LabHost) -> None:

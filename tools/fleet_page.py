@@ -35,7 +35,7 @@ LOCAL_ID = "local"
 HEADINGS = {
     "os": "OS", "dgx_os": "DGX OS", "kernel": "kernel", "kernel_pkgs": "kernel pkgs", "driver": "driver",
     "driver_pkgs": "driver pkgs", "cuda": "CUDA", "docker": "Docker", "toolkit": "toolkit",
-    "torch": "torch", "vllm": "vLLM", "reboot": "reboot",
+    "torch": "torch", "vllm": "vLLM", "reboot": "reboot", "firmware": "firmware",
 }
 
 
@@ -58,6 +58,8 @@ class Host(NamedTuple):
     versions_error: str = ""
     controls: Sequence[Control] = ()
     controls_read: str = ""  # when the controls ran (ISO 8601, first to last)
+    # tools.report's firmware of the host: profile, summary, devices (device -> version), drift
+    firmware: Mapping[str, Any] = {}
 
 
 def protects(doc: str) -> str:
@@ -168,6 +170,38 @@ def _changes_section(found: Changes | None) -> str:
 <thead><tr><th>change</th><th>host</th><th>control / version</th><th>found / before → now</th><th>failing since</th></tr></thead>
 <tbody>
 {body}
+</tbody>
+</table></div>"""
+
+
+def _firmware_section(hosts: Mapping[str, Host]) -> str:
+    """Each host's firmware devices (fwupd's), a version that differs from most hosts of the
+    same hardware profile marked; a host whose fwupd shows none says so."""
+    read = {name: h.firmware for name, h in hosts.items() if h.firmware}
+    if not read:
+        return ""
+    rows = []
+    for name, found in read.items():
+        profile = found.get("profile", "")
+        devices = found.get("devices") or {}
+        if not devices:
+            rows.append(f'<tr data-host="{escape(name)}">' + _cell(name, "host") + _cell(profile)
+                        + _cell(found.get("summary", ""), "note") + _cell("") + "</tr>")
+        for device, version in devices.items():
+            others = sorted({d.get("devices", {}).get(device) for n, d in read.items()
+                             if n != name and d.get("profile") == profile} - {None, version})
+            drift = device in (found.get("drift") or ())
+            cell = (_cell(version, "differs", f"differs from most {profile} hosts (others: {', '.join(others)})")
+                    if drift else _cell(version))
+            rows.append(f'<tr data-host="{escape(name)}" data-status="{"drift" if drift else "ok"}">'
+                        + _cell(name, "host") + _cell(profile) + _cell(device, "control") + cell + "</tr>")
+    drifting = sum(bool(found.get("drift")) for found in read.values())
+    return f"""<h2>Firmware</h2>
+<p class="note">fwupd's devices per host; <span class="differs">marked</span>: a version that differs from most hosts of the same hardware profile ({drifting} host{"s" * (drifting != 1)} with drift).</p>
+<div class="scroll"><table id="firmware" class="sortable">
+<thead><tr><th>host</th><th>profile</th><th>device</th><th>version</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
 </tbody>
 </table></div>"""
 
@@ -309,6 +343,7 @@ def render(hosts: Mapping[str, Host], *, columns: Sequence[str], title: str = "s
 {chr(10).join(version_rows)}
 </tbody>
 </table></div>
+{_firmware_section(hosts)}
 {controls}
 <script>{SCRIPT}</script>
 </body>

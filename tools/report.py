@@ -4,7 +4,11 @@
 
 Each host is read once, with one remote command: the :class:`sparkrig.operations.updates.facts.Versions`
 part of the host's one reading, with the arguments its settings give (as a deploy reads
-it). A cell that differs from what most hosts have is marked with ``*``. A host that cannot
+it), fwupd's view of its firmware (:class:`sparkrig.operations.updates.facts.Firmware`,
+unless ``updates_firmware`` is off) and what it is (its hardware profile). A cell that
+differs from what most hosts have is marked with ``*``; a firmware device whose version
+differs from most hosts of the same hardware profile is marked in the firmware table after
+the versions ("fwupd reports no devices" where it shows none). A host that cannot
 be reached or read gets one line saying why, and the exit status is 1. ``--html PAGE`` also
 writes the fleet page (:mod:`tools.fleet_page`) with these versions; the compliance suite's
 ``--fleet-page`` writes it with every control's outcome too.
@@ -21,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sparkrig import host_output, reading
+from sparkrig import profile as profiles
 from sparkrig.connection import from_slash
 from sparkrig.operations import declaring
-from sparkrig.operations.updates.deploy import versions_part
+from sparkrig.operations.updates.deploy import firmware_part, versions_part
 from sparkrig.operations.updates.facts import pending_reboot
 from sparkrig.settings import resolved, validate_hosts
 from tools import fleet_page
@@ -31,10 +36,11 @@ from tools.rollout import REPO, limit_hosts
 
 COLUMNS = (
     "os", "dgx_os", "kernel", "kernel_pkgs", "driver", "driver_pkgs", "cuda", "docker", "toolkit",
-    "torch", "vllm", "reboot",
+    "torch", "vllm", "reboot", "firmware",
 )
 MARK = "*"
 NONE = "-"
+NO_DEVICES = "fwupd reports no devices"
 
 
 def _versions(installed: Mapping[str, str]) -> str:
@@ -42,8 +48,55 @@ def _versions(installed: Mapping[str, str]) -> str:
     return " ".join(sorted(set(installed.values()))) or NONE
 
 
-def row(facts: Mapping[str, Any]) -> dict[str, str]:
-    """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions`."""
+def firmware_summary(firmware: Mapping[str, Any] | None) -> str:
+    """One host's firmware cell, from its :class:`sparkrig.operations.updates.facts.Firmware`
+    (None: not read, ``updates_firmware = "off"``)."""
+    if firmware is None:
+        return NONE
+    if firmware["fwupd"] == "absent":
+        return "fwupd not installed"
+    if firmware["fwupd"] == "error":
+        return f"not read: {firmware['error']}"
+    count = len(firmware["devices"])
+    return f"{count} device{'s' * (count != 1)}" if count else NO_DEVICES
+
+
+def device_label(device: Mapping[str, Any]) -> str:
+    """A firmware device as the report names it: its name, and its first GUID where fwupd gave
+    one (the same model of device on another host has the same GUID)."""
+    return f"{device['name']} {{{device['guids'][0]}}}" if device["guids"] else device["name"]
+
+
+def firmware_cells(firmware: Mapping[str, Any] | None) -> dict[str, str]:
+    """Each device's firmware version (two devices of one model: both versions)."""
+    found: dict[str, set[str]] = {}
+    for device in (firmware or {}).get("devices", []):
+        found.setdefault(device_label(device), set()).add(device["version"])
+    return {label: " ".join(sorted(versions)) for label, versions in found.items()}
+
+
+def firmware_drift(cells: Mapping[str, Mapping[str, str]], profile: Mapping[str, str]) -> dict[str, list[str]]:
+    """For each host, the devices whose firmware version is not the one most hosts of its
+    hardware profile have (with no single most common version, every version not shared by
+    all of them): the same device, on boxes of one kind, at different versions."""
+    found: dict[str, list[str]] = {name: [] for name in cells}
+    for kind in sorted(set(profile[name] for name in cells)):
+        group = {name: devices for name, devices in cells.items() if profile[name] == kind}
+        for device in sorted({d for devices in group.values() for d in devices}):
+            counts = Counter(devices[device] for devices in group.values() if device in devices)
+            if len(counts) < 2:
+                continue
+            (top, n), *rest = counts.most_common()
+            tie = bool(rest) and rest[0][1] == n
+            for name, devices in group.items():
+                if device in devices and (tie or devices[device] != top):
+                    found[name].append(device)
+    return found
+
+
+def row(facts: Mapping[str, Any], firmware: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions` and
+    :class:`sparkrig.operations.updates.facts.Firmware` (None: not read)."""
     os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
     python = facts["python"]
     vllm = [version for name, version in python.items() if name != "torch"]
@@ -59,15 +112,23 @@ def row(facts: Mapping[str, Any]) -> dict[str, str]:
         "toolkit": _versions(packages["toolkit"]),
         "torch": python.get("torch") or NONE,
         "vllm": " ".join(sorted(set(vllm))) or NONE,
-        "reboot": "pending" if pending_reboot(facts) else NONE,
+        "reboot": "pending" if pending_reboot(facts) or (firmware and firmware["reboot"]) else NONE,
+        "firmware": firmware_summary(firmware),
     }
 
 
-def differing(rows: Mapping[str, Mapping[str, str]]) -> dict[str, list[str]]:
+def differing(rows: Mapping[str, Mapping[str, str]], drift: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[str]]:
     """For each host, the columns whose value is not the one most hosts have (with no single
-    most common value, every cell of that column that is not shared by all)."""
+    most common value, every cell of that column that is not shared by all); the firmware
+    column where the host has firmware drift (:func:`firmware_drift`: by device and hardware
+    profile, not by its summary)."""
     found: dict[str, list[str]] = {name: [] for name in rows}
+    for name in rows:
+        if (drift or {}).get(name):
+            found[name].append("firmware")
     for column in COLUMNS:
+        if column == "firmware":
+            continue
         counts = Counter(cells[column] for cells in rows.values())
         if len(counts) < 2:
             continue
@@ -89,9 +150,13 @@ def printable(text: str) -> str:
     )
 
 
-def table(rows: Mapping[str, Mapping[str, str]], errors: Mapping[str, str]) -> str:
-    """The fleet as a text table, a legend, and one line per host that could not be read."""
-    marks = differing(rows)
+def table(rows: Mapping[str, Mapping[str, str]], errors: Mapping[str, str],
+          firmware: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """The fleet as a text table, a legend, and one line per host that could not be read;
+    with ``firmware`` (host -> its ``firmware`` of the JSON report), each host's devices after
+    the table, drift marked."""
+    firmware = firmware or {}
+    marks = differing(rows, {name: f["drift"] for name, f in firmware.items()})
     header = ["host", *COLUMNS]
     lines = [
         [name, *(printable(cells[c]) + (f" {MARK}" if c in marks[name] else "") for c in COLUMNS)]
@@ -102,14 +167,34 @@ def table(rows: Mapping[str, Mapping[str, str]], errors: Mapping[str, str]) -> s
     if any(marks.values()):
         out.append(f"{MARK}: differs from most hosts")
     out += [f"{name}: not read: {printable(why)}" for name, why in errors.items()]
+    if firmware:
+        out += ["", *firmware_table(firmware)]
     return "\n".join(out)
+
+
+def firmware_table(firmware: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each host's firmware devices (name {GUID}, version), drifting ones marked; a host whose
+    fwupd shows none says so."""
+    lines = [["host", "profile", "firmware device", "version"]]
+    for name, found in firmware.items():
+        if not found["devices"]:
+            lines.append([name, found["profile"], found["summary"], ""])
+        for device, version in found["devices"].items():
+            lines.append([name, found["profile"], device, version + (f" {MARK}" if device in found["drift"] else "")])
+    lines = [[printable(cell) for cell in line] for line in lines]
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    out = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines]
+    if any(found["drift"] for found in firmware.values()):
+        out.append(f"{MARK}: firmware differs from most hosts of its hardware profile")
+    return out
 
 
 def page_hosts(report: Mapping[str, Any]) -> dict[str, fleet_page.Host]:
     """The fleet page's hosts from this tool's ``--json`` report: versions, marks, when read,
     and why a host was not read."""
     hosts = {name: fleet_page.Host(versions=value["versions"], differs=value["differs"],
-                                   versions_read=report.get("read", ""))
+                                   versions_read=report.get("read", ""),
+                                   firmware=value.get("firmware") or {})
              for name, value in report["hosts"].items()}
     for name, why in report["errors"].items():
         hosts[name] = fleet_page.Host(versions_error=why)
@@ -117,8 +202,9 @@ def page_hosts(report: Mapping[str, Any]) -> dict[str, fleet_page.Host]:
 
 
 def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], dict[str, str]]:
-    """Each host's :class:`Versions` (one command per host, hosts in parallel), and why a
-    host could not be read. Settings are validated first, as a deploy validates them."""
+    """Each host's :class:`Versions`, :class:`Firmware` (unless ``updates_firmware`` is off)
+    and hardware profile, in one command per host (hosts in parallel), and why a host could
+    not be read. Settings are validated first, as a deploy validates them."""
     # Imported here, when the fleet is read: pyinfra's CLI modules patch this process for
     # gevent, as the pyinfra command does.
     from gevent import pool  # noqa: PLC0415
@@ -155,16 +241,20 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
             errors[host.name] = "could not connect (see above)"
             return
         with ctx_state.use(state), ctx_host.use(host):
-            part = versions_part(resolved(host.data.dict()))
+            settings = resolved(host.data.dict())
+            part = versions_part(settings)
+            firmware = firmware_part(settings) if settings["updates_firmware"] != "off" else None
+            parts = [part, profiles.IDENTITY, *([firmware] if firmware else [])]
             try:
-                value = reading.read([part])[part]
+                values = reading.read(parts)
             except Exception as error:  # a host that fails is reported, never the fleet
                 errors[host.name] = host_output.failure() or f"{type(error).__name__}: {error}"
                 return
             if host in state.failed_hosts:
                 errors[host.name] = host_output.failure() or "its output could not be read (see above)"
             else:
-                facts[host.name] = value
+                facts[host.name] = {"versions": values[part], "firmware": values[firmware] if firmware else None,
+                                    "profile": host_profile(settings, values[profiles.IDENTITY])}
 
     workers = pool.Pool(32)
     for host in hosts:
@@ -172,6 +262,34 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
     workers.join()
     ordered = {h.name: facts[h.name] for h in hosts if h.name in facts}
     return ordered, {h.name: errors[h.name] for h in hosts if h.name in errors}
+
+
+def host_profile(settings: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
+    """The host's hardware profile: its setting, or for "auto" the one profile the box matches
+    ("unmatched" where none or several do: such hosts are compared among themselves)."""
+    chosen = settings["hardware_profile"]
+    if chosen != "auto":
+        return chosen
+    return profiles.choose_profile(settings["hardware_profiles"], identity)[0] or "unmatched"
+
+
+def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], read: str) -> dict[str, Any]:
+    """The JSON report from each host's readings (:func:`read_fleet`)."""
+    cells = {name: firmware_cells(value["firmware"]) for name, value in facts.items()}
+    drift = firmware_drift(cells, {name: value["profile"] for name, value in facts.items()})
+    rows = {name: row(value["versions"], value["firmware"]) for name, value in facts.items()}
+    marks = differing(rows, drift)
+    return {
+        "columns": list(COLUMNS),
+        "hosts": {
+            name: {"versions": rows[name], "differs": marks[name], "facts": facts[name]["versions"],
+                   "firmware": {"profile": facts[name]["profile"], "summary": rows[name]["firmware"],
+                                "devices": cells[name], "drift": drift[name], "facts": facts[name]["firmware"]}}
+            for name in rows
+        },
+        "errors": dict(errors),
+        "read": read,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,24 +300,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--html", metavar="PAGE", help="also write the fleet page (one HTML file) to PAGE")
     args = parser.parse_args(argv)
     facts, errors = read_fleet(args.inventory, args.limit)
-    read = fleet_page.now()
-    rows = {name: row(value) for name, value in facts.items()}
-    marks = differing(rows)
-    report = {
-        "columns": list(COLUMNS),
-        "hosts": {
-            name: {"versions": rows[name], "differs": marks[name], "facts": facts[name]} for name in rows
-        },
-        "errors": errors,
-        "read": read,
-    }
+    report = build(facts, errors, fleet_page.now())
     if args.html:
         fleet_page.write(args.html, fleet_page.render(
             page_hosts(report), columns=COLUMNS, source=f"tools.report {args.inventory}"))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
-        print(table(rows, errors))
+        print(table({name: value["versions"] for name, value in report["hosts"].items()}, errors,
+                    {name: value["firmware"] for name, value in report["hosts"].items()
+                     if value["firmware"]["facts"] is not None}))
         if args.html:
             print(f"fleet page: {args.html}")
     return 1 if errors else 0

@@ -14,14 +14,16 @@ from sparkrig import atomic, host_output, host_settings, messages, reading
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import defaults
 
-from .facts import RECORD, Versions, dist_name, pending_reboot, unexpected
+from .facts import AWAITING_REBOOT, RECORD, Firmware, Versions, dist_name, pending_reboot, unexpected
 from .operations import (
     APT_CONF,
     APT_CONF_VALIDATOR,
+    FWUPD_PACKAGE,
     OOMD_UNITS,
     PIN_VALIDATOR,
     TIMERS,
     UNATTENDED_PACKAGE,
+    firmware_applied,
     marked,
     oomd_masked,
     render_apt_conf,
@@ -51,17 +53,26 @@ def versions_part(settings: Mapping[str, Any]) -> reading.Part:
     )
 
 
+def firmware_part(settings: Mapping[str, Any]) -> reading.Part:
+    """The host's :class:`Firmware`, as the report reads it (with the updates on offer when
+    ``updates_firmware`` is ``apply``, as the deploy reads it then)."""
+    settings = {**defaults(SETTINGS), **settings}
+    return reading.part(Firmware, updates=settings["updates_firmware"] == "apply")
+
+
 STATE = reading.part(
     atomic.HostState,
     paths=(PIN_FILE, APT_CONF, RECORD),
     units=(*TIMERS, *OOMD_UNITS),
-    packages=(UNATTENDED_PACKAGE,),
+    packages=(UNATTENDED_PACKAGE, FWUPD_PACKAGE),
 )
 
 
 @reading.planner
 def reads(settings):
-    return [versions_part(settings), STATE]
+    # fwupd is asked (over D-Bus, seconds on a real box) only where the deploy acts on it.
+    firmware = [firmware_part(settings)] if settings["updates_firmware"] == "apply" else []
+    return [versions_part(settings), STATE, *firmware]
 
 
 def oomd_off(settings: Mapping[str, Any]) -> bool:
@@ -79,7 +90,7 @@ def updates():
 
     Settings: ``updates_hold``, ``updates_unattended``, ``updates_expected_kernel``,
     ``updates_expected_driver``, ``updates_stop_on_unexpected``, ``updates_systemd_oomd``,
-    ``updates_packages``; see docs/settings.md.
+    ``updates_packages``, ``updates_firmware``; see docs/settings.md.
     """
     # The parts the reading's planner saw (the venv's path, the manifest's vLLM,
     # watchdog_enabled): no command of their own.
@@ -167,3 +178,32 @@ def updates():
         ]
         if present:
             oomd_masked(name="systemd-oomd is masked (earlyoom is the watchdog)", units=present)
+
+    firmware(settings, state)
+
+
+def firmware(settings: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """fwupd installed where firmware is read; with ``apply``, the updates it offers
+    installed (a device whose update awaits a reboot is left alone: the reboot applies it)."""
+    mode = settings["updates_firmware"]
+    if mode == "off":
+        return
+    if state["packages"].get(FWUPD_PACKAGE) is None:
+        install_packages(name="Install fwupd (updates_firmware)", packages=[FWUPD_PACKAGE])
+    if mode != "apply" or state["packages"].get(FWUPD_PACKAGE) is None:
+        return  # a fresh fwupd is read at the next run (its metadata comes with its refresh timer)
+    found = reading.value(firmware_part(settings))
+    if host_output.fact_failed():
+        return
+    if found["fwupd"] == "error":
+        messages.detail(f"updates: firmware not read: {found['error']}")
+        return
+    if found["reboot"]:
+        messages.detail(f"updates: a reboot is pending ({found['reboot']})")
+    waiting = {d["id"] for d in found["devices"] if d["update_state"] in AWAITING_REBOOT}
+    offered = [u for u in found["updates"] if u["id"] not in waiting]
+    if offered:
+        what = ", ".join(f"{u['name']} {u['version']} -> {u['available']}" for u in offered)
+        messages.detail(f"updates: firmware updates: {what}; a reboot applies them")
+        firmware_applied(name=f"Firmware updated through fwupd ({what}), reboot marked",
+                         devices=[u["id"] for u in offered])

@@ -3,6 +3,7 @@ what they mean (a pending reboot, an unexpected kernel or driver)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
@@ -36,6 +37,7 @@ _PYTHON_VERSIONS = rendering.script(
 # that host, naming the file, rather than reaching a report or a plan.
 _PYTHON_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}")
 _DRIVER = rendering.script("updates/driver.sh")
+_FIRMWARE = rendering.script("updates/firmware.sh")
 _CUDA = rendering.script("updates/cuda.sh")
 
 
@@ -173,6 +175,179 @@ class Versions(FactBase):
             "packages": {column: {} for column in PACKAGE_COLUMNS}, "hold_matches": {}, "held": [],
             "record": [], "driver": None, "cuda": None, "python": {},
         }
+
+
+# fwupd ----------------------------------------------------------------------------------
+
+# fwupdmgr is killed after this long: above D-Bus's own 25 s activation timeout, so that a
+# daemon that cannot start is reported in fwupd's words, and a wedged one still ends.
+FWUPD_TIMEOUT_S = 45
+FWUPD_JSON_LIMIT = 4 << 20  # the script's cap on each JSON document (a real box's is ~20 KB)
+# fwupd's FwupdUpdateState, as older releases send it (a number) and newer ones (its name).
+UPDATE_STATES = ("unknown", "pending", "success", "failed", "needs-reboot", "failed-transient")
+# The states in which an installed update takes effect only at the next boot.
+AWAITING_REBOOT = ("pending", "needs-reboot")
+_GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_DEVICE_ID = re.compile(r"[0-9a-f]{40}")
+_FLAG = re.compile(r"[a-z0-9-]{1,64}")
+_TEXT_LIMIT = 256
+
+
+def _text(value: Any, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > _TEXT_LIMIT:
+        raise ValueError(f"fwupd's {what} is not a string of at most {_TEXT_LIMIT} characters: {str(value)[:80]!r}")
+    return value
+
+
+def _update_state(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"fwupd's UpdateState is {value!r}")
+    if isinstance(value, int):
+        if not 0 <= value < len(UPDATE_STATES):
+            raise ValueError(f"fwupd's UpdateState is {value!r}")
+        return UPDATE_STATES[value]
+    if not _FLAG.fullmatch(value):
+        raise ValueError(f"fwupd's UpdateState is {value[:80]!r}")
+    return value
+
+
+def fwupd_device(entry: Any) -> dict:
+    """One device of fwupd's JSON (``fwupdmgr get-devices --json``), checked: its name, device
+    id, GUIDs, version, vendor, plugin, flags and update state; ValueError naming the field
+    that is not what fwupd writes."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"a device of fwupd's is not an object: {str(entry)[:80]!r}")
+    device_id = _text(entry.get("DeviceId"), "DeviceId")
+    if not _DEVICE_ID.fullmatch(device_id):
+        raise ValueError(f"fwupd's DeviceId is {device_id[:80]!r}")
+    guids, flags = entry.get("Guid", []), entry.get("Flags", [])
+    if isinstance(guids, str):  # one GUID, as some releases write it
+        guids = [guids]
+    if not isinstance(guids, list) or not all(isinstance(g, str) and _GUID.fullmatch(g) for g in guids):
+        raise ValueError(f"fwupd's Guid of {device_id} is {str(guids)[:120]!r}")
+    if not isinstance(flags, list) or not all(isinstance(f, str) and _FLAG.fullmatch(f) for f in flags):
+        raise ValueError(f"fwupd's Flags of {device_id} are {str(flags)[:120]!r}")
+    return {
+        "name": _text(entry.get("Name"), "Name") or device_id[:12],
+        "id": device_id,
+        "guids": [g.lower() for g in guids],
+        "version": _text(entry.get("Version"), "Version"),
+        "vendor": _text(entry.get("Vendor"), "Vendor"),
+        "plugin": _text(entry.get("Plugin"), "Plugin"),
+        "flags": flags,
+        "update_state": _update_state(entry.get("UpdateState")),
+    }
+
+
+def fwupd_json(text: str, what: str) -> dict:
+    """fwupdmgr's JSON document, as an object; ValueError when it is not one."""
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"fwupdmgr {what} --json printed no JSON ({error}): {text[:80]!r}") from None
+    if not isinstance(document, dict):
+        raise ValueError(f"fwupdmgr {what} --json printed {text[:80]!r}")
+    return document
+
+
+def fwupd_error(document: Mapping[str, Any], what: str, status: int, limit_s: int) -> str:
+    """Why fwupdmgr gave no devices, in its words where it said them."""
+    if status in (124, 137):
+        return f"fwupdmgr {what} did not answer in {limit_s} s: stopped"
+    said = document.get("Error")
+    message = said.get("Message") if isinstance(said, dict) else None
+    return f"fwupdmgr {what} exited {status}" + (f": {_text(message, 'Error')}" if message else "")
+
+
+def fwupd_devices(document: Mapping[str, Any], what: str) -> list[dict]:
+    """The devices of a fwupdmgr JSON document that carry a firmware version (a container's CPU,
+    which fwupd lists without one, is no firmware to keep alike)."""
+    entries = document.get("Devices", [])
+    if not isinstance(entries, list):
+        raise ValueError(f"fwupdmgr {what} --json: Devices is {str(entries)[:80]!r}")
+    return [device for device in map(fwupd_device, entries) if device["version"]]
+
+
+class Firmware(FactBase):
+    """
+    Returns fwupd's view of the box (``fwupdmgr get-devices --json``, run as root from /, killed
+    after ``timeout_s``): the devices that carry a firmware version (system firmware, EC,
+    ConnectX-7, NVMe...), and with ``updates`` the updates fwupd's metadata offers for them.
+
+    ``reboot`` says why the box needs a reboot for its firmware ("" when it does not): an
+    update fwupd installed that takes effect at the next boot (a device's UpdateState
+    ``pending`` or ``needs-reboot``). **The rollout reads it** (tools/rollout.py, drained
+    reboots): a host whose ``reboot`` is not empty needs a reboot, as ``/run/reboot-required``
+    says for packages (``updates_firmware = "apply"`` also writes that file after an update).
+
+    .. code:: python
+
+        {"fwupd": "read",  # "absent" (not installed) or "error" (see "error")
+         "error": "",
+         "devices": [{"name": "System Firmware", "id": "a45d...", "guids": ["37c9..."],
+                      "version": "2.91", "vendor": "NVIDIA", "plugin": "uefi_capsule",
+                      "flags": ["internal", "updatable"], "update_state": ""}],
+         "updates": [{"name": "System Firmware", "id": "a45d...", "version": "2.91", "available": "2.92"}],
+         "reboot": ""}
+    """
+
+    def command(self, updates: bool = False, timeout_s: int = FWUPD_TIMEOUT_S) -> StringCommand:
+        whats = ["get-devices", *(["get-updates"] if updates else [])]
+        return StringCommand("sh -c", QuoteString(_FIRMWARE), "sparkrig-firmware", str(int(timeout_s)), *whats)
+
+    @host_output.parses
+    def process(self, output: list[str]) -> dict:
+        found = self.default()
+        for line in output:
+            words = line.split(" ")
+            if words == ["absent"]:
+                found["fwupd"] = "absent"
+                continue
+            if len(words) != 5 or words[0] != "fwupd" or words[1] not in ("get-devices", "get-updates") \
+                    or not words[2].isdigit() or not words[3].isdigit():
+                raise ValueError(f"unexpected line {line[:120]!r}")
+            _, what, status, limit, encoded = words
+            text = base64.b64decode(encoded, validate=True).decode("utf-8", "replace")
+            document = fwupd_json(text, what) if text.strip() else {}
+            if what == "get-devices":
+                if int(status) != 0:
+                    found["fwupd"], found["error"] = "error", fwupd_error(document, what, int(status), int(limit))
+                    continue
+                found["fwupd"], found["devices"] = "read", fwupd_devices(document, what)
+            elif int(status) == 0:  # 2: nothing to do (no update); others: no updates known
+                for device in fwupd_devices(document, what):
+                    releases = [r for r in document_releases(document, device["id"]) if r]
+                    if releases:
+                        found["updates"].append({"name": device["name"], "id": device["id"],
+                                                 "version": device["version"], "available": releases[0]})
+        found["reboot"] = firmware_reboot(found["devices"]) or ""
+        return found
+
+    @staticmethod
+    def default() -> dict:
+        return {"fwupd": "absent", "error": "", "devices": [], "updates": [], "reboot": ""}
+
+
+def document_releases(document: Mapping[str, Any], device_id: str) -> list[str]:
+    """The release versions fwupd's get-updates offers a device, newest first."""
+    for entry in document.get("Devices", []):
+        if isinstance(entry, dict) and entry.get("DeviceId") == device_id:
+            releases = entry.get("Releases", [])
+            if not isinstance(releases, list):
+                raise ValueError(f"fwupd's Releases of {device_id} are {str(releases)[:80]!r}")
+            return [_text(r.get("Version"), "a release's Version") if isinstance(r, dict) else "" for r in releases]
+    return []
+
+
+def firmware_reboot(devices: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the box needs a reboot for its firmware (an installed update that takes effect at
+    the next boot), or None."""
+    waiting = [f"{d['name']} ({d['update_state']})" for d in devices if d["update_state"] in AWAITING_REBOOT]
+    return f"fwupd: firmware awaits a reboot: {', '.join(waiting)}" if waiting else None
 
 
 # What the facts mean ---------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 
 from sparkrig import rendering
 from sparkrig.packages import locked
@@ -16,6 +16,8 @@ APT_CONF = "/etc/apt/apt.conf.d/99sparkrig-updates"
 TIMERS = ("apt-daily.timer", "apt-daily-upgrade.timer")
 OOMD_UNITS = ("systemd-oomd.service", "systemd-oomd.socket")
 UNATTENDED_PACKAGE = "unattended-upgrades"
+FWUPD_PACKAGE = "fwupd"
+FIRMWARE_APPLY_TIMEOUT_S = 1800
 
 # Security pockets of Debian and Ubuntu, as unattended-upgrades matches origins.
 SECURITY_ORIGINS = (
@@ -77,3 +79,17 @@ def oomd_masked(units: Sequence[str]):
     + units: the units
     """
     yield StringCommand("systemctl", "mask", "--now", *units)
+
+
+@operation()
+def firmware_applied(devices: Sequence[str], timeout_s: int = FIRMWARE_APPLY_TIMEOUT_S):
+    """
+    Install the firmware updates fwupd offers (``fwupdmgr update``) and mark the box as
+    needing a reboot (``/run/reboot-required``); the reboot is the rollout's.
+
+    + devices: the devices with an update (what the deploy says it updates)
+    + timeout_s: fwupdmgr is stopped after this long
+    """
+    if devices:
+        yield StringCommand("sh", "-c", QuoteString(rendering.script("updates/firmware-apply.sh")),
+                            "sparkrig-firmware-apply", str(int(timeout_s)))

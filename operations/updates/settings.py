@@ -19,6 +19,15 @@ MODES = ("off", "security", "on")
 OOMD_CHOICES = ("auto", "off", "keep")
 
 
+FIRMWARE_MODES = ("off", "report", "apply")
+
+
+# A device as updates_expected_firmware names it: fwupd's name ("System Firmware") or one of
+# its GUIDs; printable, no spaces at either end.
+_FIRMWARE_DEVICE = re.compile(r"(?=\S)[^\x00-\x1f\x7f]{1,128}(?<=\S)")
+_FIRMWARE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~:-]{0,63}")
+
+
 # The report's columns of packages, and which packages count as each.
 PACKAGE_COLUMNS = ("kernel", "driver", "docker", "toolkit")
 
@@ -86,6 +95,21 @@ def packages_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     return None
 
 
+def expected_firmware_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    allowed = (
+        "a mapping of a device (its name as fwupdmgr get-devices shows it, e.g. \"System Firmware\", "
+        "or one of its GUIDs) to the firmware version it must have (A-Z a-z 0-9 . _ + ~ : -)"
+    )
+    if not isinstance(value, Mapping):
+        return allowed
+    for device, version in value.items():
+        if not isinstance(device, str) or not _FIRMWARE_DEVICE.fullmatch(device):
+            return f"{allowed} (bad device: {device!r})"
+        if not isinstance(version, str) or not _FIRMWARE_VERSION.fullmatch(version):
+            return f"{allowed} (bad version of {device!r}: {version!r})"
+    return None
+
+
 def optional(pattern: re.Pattern, what: str):
     def check(value: Any, _data: Mapping[str, Any]) -> str | None:
         ok = isinstance(value, str) and (value == "" or pattern.fullmatch(value))
@@ -145,6 +169,26 @@ SETTINGS = (
         "cgroups under memory pressure (a user's session with every job started from it), racing "
         "earlyoom, which kills one process, the preferred one (docs/updates.md).",
         one_of(*OOMD_CHOICES),
+    ),
+    Setting(
+        "updates_firmware",
+        "report",
+        "Firmware through fwupd: \"report\" (the default: reading firmware changes nothing, and "
+        "DGX OS updates Spark firmware through fwupd) installs fwupd where it is missing, and the "
+        "report, the fleet page and the compliance suite read its devices and versions; \"apply\" "
+        "also installs the updates fwupd's metadata offers (fwupdmgr update) and marks the box as "
+        "needing a reboot (/run/reboot-required), which sparkrig never does by itself; \"off\": "
+        "no fwupd, no firmware read.",
+        one_of(*FIRMWARE_MODES),
+    ),
+    Setting(
+        "updates_expected_firmware",
+        {},
+        "The firmware versions every box of this group must have: a device's name as fwupd shows "
+        "it (every device of that name) or one of its GUIDs, mapped to a version, e.g. "
+        "{\"System Firmware\": \"2.91\"}. A box with another version, or without the device, "
+        "fails the compliance control, naming the device and both versions.",
+        expected_firmware_check,
     ),
     Setting(
         "updates_packages",

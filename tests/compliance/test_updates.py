@@ -1,6 +1,6 @@
 """
-Updates controls: the kernel and driver a box must run, holds that hold, unattended upgrades
-as the owner set them, and no systemd-oomd beside earlyoom.
+Updates controls: the kernel, driver and firmware a box must run, holds that hold, unattended
+upgrades as the owner set them, and no systemd-oomd beside earlyoom.
 
 What the host must show is worked out here from the settings, independently of the code
 that converges (operations/updates/).
@@ -9,6 +9,7 @@ that converges (operations/updates/).
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 
 import pytest
@@ -19,6 +20,8 @@ PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
 APT_CONF = "/etc/apt/apt.conf.d/99sparkrig-updates"
 RECORD = "/var/lib/sparkrig/updates-held"
 TIMERS = ("apt-daily.timer", "apt-daily-upgrade.timer")
+# fwupdmgr waits on fwupd over D-Bus: stopped after this long (above D-Bus's 25 s activation).
+FWUPD_TIMEOUT_S = 45
 
 
 def _holds(settings) -> tuple[list[str], dict[str, str]]:
@@ -49,6 +52,33 @@ def state(r) -> dict:
         "files": {path: r.path(path) for path in (APT_CONF, RECORD)},
         "oomd": r.service("systemd-oomd.service"),
     }
+
+
+@need
+def firmware(r):
+    """fwupd's devices (asked only where updates_expected_firmware expects some), as root."""
+    if not r.settings["updates_expected_firmware"]:
+        return None
+    return r.run(f"timeout -k 5 {FWUPD_TIMEOUT_S} fwupdmgr get-devices --json", sudo=True)
+
+
+def _firmware_devices(answer) -> list[tuple[str, list[str], str]]:
+    """(name, GUIDs in lower case, version) of each device fwupdmgr listed; a failure says why."""
+    assert answer.rc not in (124, 137), f"fwupdmgr get-devices did not answer in {FWUPD_TIMEOUT_S} s"
+    try:
+        document = json.loads(answer.stdout)
+    except ValueError:
+        raise AssertionError(f"fwupdmgr get-devices --json exited {answer.rc}, printed {answer.stdout[:200]!r}") from None
+    error = document.get("Error") if isinstance(document, dict) else None
+    assert answer.rc == 0 and isinstance(document, dict), (
+        f"fwupdmgr get-devices exited {answer.rc}: {error.get('Message') if isinstance(error, dict) else document}"
+    )
+    found = []
+    for device in document.get("Devices", []):
+        guids = device.get("Guid", [])
+        guids = [guids] if isinstance(guids, str) else guids
+        found.append((str(device.get("Name", "")), [str(g).lower() for g in guids], str(device.get("Version", ""))))
+    return found
 
 
 def _loaded_driver(found) -> str | None:
@@ -82,6 +112,26 @@ def test_the_loaded_driver_is_the_expected_one(read, settings):
     assert loaded == expected, (
         f"NVIDIA driver {loaded or '(none loaded)'} is loaded, updates_expected_driver is {expected}"
     )
+
+
+def test_the_firmware_is_the_expected_version(read, settings):
+    """Protects against a box whose firmware (system firmware, EC, ConnectX-7, NVMe) is not the
+    version its fleet was proven with: a firmware update changes a box under its jobs as a
+    kernel does, and boxes of one kind at different firmware behave differently."""
+    expected = settings["updates_expected_firmware"]
+    if not expected:
+        pytest.skip("updates_expected_firmware is not set for this host")
+    devices = _firmware_devices(read(firmware))
+    named = sorted({name for name, _guids, version in devices if version})
+    wrong = []
+    for device, version in expected.items():
+        matching = [(name, found) for name, guids, found in devices if name == device or device.lower() in guids]
+        if not matching:
+            reported = f"fwupd reports: {', '.join(named)}" if named else "fwupd reports no devices"
+            wrong.append(f"firmware device {device!r} is not present ({reported})")
+        wrong += [f"firmware of {name} is {found or '(no version)'}, updates_expected_firmware says {version}"
+                  for name, found in matching if found != version]
+    assert not wrong, "; ".join(wrong)
 
 
 def test_held_packages_are_held(read, settings):

@@ -279,7 +279,7 @@ def _host(versions=(), files=None, timers=(False, False), oomd=None, unattended=
         HOST_STATE: host_state(
             files={up_settings.PIN_FILE: None, up_operations.APT_CONF: up_operations.render_apt_conf("off", []), up_facts.RECORD: None, **(files or {})},
             units=units,
-            packages={up_operations.UNATTENDED_PACKAGE: unattended},
+            packages={up_operations.UNATTENDED_PACKAGE: unattended, up_operations.FWUPD_PACKAGE: "2.0.20-1"},
         ),
         TIMER_STATUS: ["Id=apt-daily.timer", f"SubState={'waiting' if timers[0] else 'dead'}"],
         TIMER_ENABLED: ["Id=apt-daily.timer", f"UnitFileState={'enabled' if timers[1] else 'disabled'}"],
@@ -426,7 +426,7 @@ def test_a_report_row_holds_one_cell_per_column():
         "os": "ubuntu 24.04", "dgx_os": "7.4.0", "kernel": "6.17.0-1007-nvidia",
         "kernel_pkgs": "6.17.0-1007.7 6.17.0-1008.8", "driver": "580.95.05", "driver_pkgs": "580.95.05-0ubuntu1",
         "cuda": "13.0.2", "docker": "5:28.5.1-1~ubuntu.24.04~noble", "toolkit": "1.18.0-1", "torch": "2.11.0",
-        "vllm": "0.20.2", "reboot": "pending",
+        "vllm": "0.20.2", "reboot": "pending", "firmware": "-",
     }
 
 

@@ -1,0 +1,83 @@
+"""
+Firmware in the lab: the updates concern installs fwupd (``updates_firmware``'s default,
+"report"), the real fwupd answers on the lab's Debian 12 and 13 hosts, the report says "fwupd
+reports no devices" (a container has no firmware device: fwupd lists its CPU, without a
+version), and the control of ``updates_expected_firmware`` fails naming the device that is not
+present. fwupd's unit refuses containers: the lab's STAND-IN drop-in (lab/fleet.py,
+FWUPD_LAB_DROP_IN) lets it start there, with /sys read-only. The version comparison and drift
+are tested on recorded and HAND-WRITTEN fwupd JSON (tests/unit/operations/test_updates_firmware.py):
+no lab host has a firmware version to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import lab
+from tests.conftest import LAB_INVENTORY
+from tests.support import REPO, run_deploy
+
+pytestmark = pytest.mark.lab
+
+HOSTS = ("lab-deb12", "lab-deb13")
+LIMIT = [arg for name in HOSTS for arg in ("--limit", name)]
+
+
+def test_fwupd_is_installed_answers_and_the_report_says_no_devices(lab_hosts):
+    hosts = [name for name in HOSTS if name in {h.name for h in lab_hosts}]
+    assert hosts, [h.name for h in lab_hosts]
+    first = run_deploy(LAB_INVENTORY, *LIMIT, deploy="tests/converge/updates_deploy.py")
+    assert first.returncode == 0, first.log
+    again = run_deploy(LAB_INVENTORY, *LIMIT, deploy="tests/converge/updates_deploy.py")
+    assert again.returncode == 0 and again.changed() == {}, again.changed()
+    for name in hosts:
+        assert lab.run_ssh(name, "dpkg-query -W -f '${Status}' fwupd").stdout == "install ok installed"
+
+    result = subprocess.run([sys.executable, "-m", "tools.report", LAB_INVENTORY, *LIMIT, "--json"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    for name in hosts:
+        firmware = report["hosts"][name]["firmware"]
+        # The real fwupd answered (not "absent", not an error), with no firmware device.
+        assert (firmware["facts"]["fwupd"], firmware["facts"]["error"]) == ("read", ""), firmware
+        assert firmware["summary"] == "fwupd reports no devices" and firmware["devices"] == {}, firmware
+        assert report["hosts"][name]["versions"]["firmware"] == "fwupd reports no devices"
+    table = subprocess.run([sys.executable, "-m", "tools.report", LAB_INVENTORY, *LIMIT],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert table.returncode == 0, table.stderr
+    for name in hosts:
+        assert any(re.fullmatch(rf"{name}\s+\S+\s+fwupd reports no devices", line)
+                   for line in table.stdout.splitlines()), table.stdout
+    print(table.stdout)  # docs/updates.md's example
+
+
+@pytest.fixture
+def expecting_firmware(tmp_path) -> str:
+    """The lab inventory, lab-deb12 expecting a system firmware version."""
+    inventory = tmp_path / "expecting.py"
+    inventory.write_text(
+        "from inventory.lab import lab as _lab\n"
+        "lab = [(n, {**d, 'updates_expected_firmware': {'System Firmware': '2.91'}}"
+        " if n == 'lab-deb12' else d) for n, d in _lab]\n"
+    )
+    return str(inventory)
+
+
+def test_an_expected_firmware_device_that_is_not_present_fails_its_control(lab_hosts, expecting_firmware):
+    suite = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/compliance/test_updates.py", "--inventory", expecting_firmware,
+         "--limit", "lab-deb12", "-k", "firmware", "-q", "-p", "no:cacheprovider"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert suite.returncode == 1, suite.stdout + suite.stderr
+    findings = [line.strip() for line in suite.stdout.splitlines() if "::test_" in line and ": " in line]
+    assert findings == [
+        "lab-deb12: test_updates.py::test_the_firmware_is_the_expected_version[ssh://lab-deb12]: "
+        "firmware device 'System Firmware' is not present (fwupd reports no devices)"
+    ], suite.stdout
