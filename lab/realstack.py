@@ -105,7 +105,7 @@ def make_locks() -> str:
     if not MANIFEST.is_file() or MANIFEST.read_text() != text:
         MANIFEST.write_text(text)
     result = subprocess.run(
-        [sys.executable, "-m", "tools.python_lock", "--manifest", str(MANIFEST), "--locks", str(LOCKS)],
+        [sys.executable, "-m", "sparkrig.tools", "lock", "--manifest", str(MANIFEST), "--locks", str(LOCKS)],
         cwd=REPO, capture_output=True, text=True, timeout=1800,
     )
     if result.returncode != 0:

@@ -23,6 +23,11 @@ from pyinfra.context import ctx_state
 
 from sparkrig import hooks, reading
 
+# The repository's root is on the path too (the editable install, pytest's rootdir): this folder
+# is sparkrig.operations alone, so that one file is never two modules.
+if __name__ != "sparkrig.operations":
+    raise ImportError(f"{__name__!r} is sparkrig.operations: import it by that name")
+
 CONCERNS = (
     "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "jobs",
     "containers", "ngc", "python_stack", "source_builds", "cluster",

@@ -9,13 +9,8 @@ Python stack and the source builds), units (unit names one concern makes and ano
 python_wheels (the Python lock's entries and offline wheels), lock (a host's deploy lock),
 summary (the run's last line), hooks (all three for a config.py), resources (templates and data).
 
-The wheel ships the repository's operations/, templates/ and group_data/'s data inside this
-package (sparkrig.operations, ...). In a checkout they stand beside it: the repository's root
-joins this package's path, after its own folder, so the same import names work in both.
+operations/, templates/, tools/ and group_data/'s data are in this package by links to the
+repository's folders (sparkrig/operations -> ../operations, ...): the wheel's build follows them,
+and a checkout's editable install (uv sync) finds them through them, so a name resolves under
+sparkrig. in a checkout exactly when it does in the wheel (tests/repo/test_wheel.py).
 """
-
-from pathlib import Path
-
-_CHECKOUT = Path(__file__).resolve().parent.parent
-if not (Path(__file__).resolve().parent / "operations").is_dir() and (_CHECKOUT / "operations" / "__init__.py").is_file():
-    __path__.append(str(_CHECKOUT))  # noqa: F821 (a package's __path__)

@@ -2,7 +2,7 @@
 The Python stack's locks, made on the controller; and the wheels of a lock, for hosts
 that cannot reach the index.
 
-    uv run python -m tools.python_lock [--manifest FILE] [--locks DIR] [--check]
+    uv run sparkrig lock [--manifest FILE] [--locks DIR] [--check]
 
 resolves the manifest (default ``group_data/python_stack.yml``) once for each
 architecture and set of profiles its ``locks`` lists, as hosts install it: wheels
@@ -245,7 +245,7 @@ def refresh(manifest_path: Path, locks: Path, index_url: str, check: bool) -> li
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.python_lock", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="sparkrig lock", description=__doc__.split("\n\n")[0])
     parser.add_argument("--manifest", default=str(ps_settings.MANIFEST), help="the versions manifest (YAML)")
     parser.add_argument("--locks", default=ps_locks.LOCKS, help="where its locks live (relative: to the repository)")
     parser.add_argument("--index-url", default=DEFAULT_INDEX, help="the index packages are resolved from")

@@ -14,9 +14,11 @@ from typing import Any
 from sparkrig.python_wheels import LOCK_PLATFORM, lock_entries, normalise
 from sparkrig.resources import GROUP_DATA
 
-REPO = GROUP_DATA.parent  # the checkout, or the installed package: what relative locks paths start from
+# What relative locks paths start from: the checkout (sparkrig/group_data links into its
+# group_data/), or the installed package.
+REPO = (GROUP_DATA / "python_stack.yml").resolve().parents[1]
 LOCKS = "group_data/python_stack.locks"  # beside the manifest, relative to the repository
-REFRESH = "uv run python -m tools.python_lock"
+REFRESH = "uv run sparkrig lock"
 # 2: resolved wheels only (--only-binary :all:, --prerelease explicit), with from_source.
 LOCK_FORMAT = 2
 LOCK_STAMP = "# sparkrig-input: "
@@ -171,7 +173,7 @@ def lock_problem(manifest: Mapping[str, Any], arch: str, profiles: Sequence[str]
 
 
 def host_lock(text: str, built: Mapping[str, str] | None = None) -> str:
-    """What a host installs: the controller's lock, each built wheel (operations/source_builds.py,
+    """What a host installs: the controller's lock, each built wheel (operations/source_builds/,
     by normalised name: its requirement line) replacing its package's entry or added."""
     built = built or {}
     if not built:

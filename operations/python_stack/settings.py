@@ -237,7 +237,7 @@ SETTINGS = (
         "The versions manifest: Python, torch's versions (from PyPI unless an index is named for "
         "it alone), vLLM's wheel per architecture with its sha256, extra packages, profiles, and "
         "which locks exist. It lives in group_data/python_stack.yml (documented there); bump the "
-        "stack by editing it, then run `uv run python -m tools.python_lock`.",
+        "stack by editing it, then run `uv run sparkrig lock`.",
         manifest_check,
     ),
     Setting(
@@ -251,7 +251,7 @@ SETTINGS = (
         "python_stack_locks",
         LOCKS,
         "Where the controller keeps the manifest's locks (relative: to the repository), one per "
-        "architecture and set of profiles, made by `uv run python -m tools.python_lock`. A "
+        "architecture and set of profiles, made by `uv run sparkrig lock`. A "
         "host whose lock is missing or stale for the manifest stops the deploy before any host is "
         "contacted.",
         locks_check,
