@@ -33,13 +33,12 @@ def concern_imports(path: Path) -> set[str]:
 
 
 def concern_graph(root: Path = OPERATIONS) -> dict[str, dict[str, set[str]]]:
-    """Each concern (a package, or a module not split yet) with what each of its files imports
-    of other concerns: {concern: {file: {"jobs.settings", ...}}}."""
+    """Each concern (a package) with what each of its files imports of other concerns:
+    {concern: {file: {"jobs.settings", ...}}}."""
     concerns = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
-    concerns |= {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
     graph: dict[str, dict[str, set[str]]] = {}
     for name in sorted(concerns):
-        files = sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / f"{name}.py"]
+        files = sorted((root / name).rglob("*.py"))
         graph[name] = {
             str(f.relative_to(root)): {i for i in concern_imports(f) if i.split(".")[0] in concerns - {name}}
             for f in files
