@@ -36,8 +36,8 @@ from pathlib import Path
 import yaml
 
 from sparkrig import atomic
-from sparkrig.operations.python_stack.settings import load_manifest
 from sparkrig.operations.source_builds.settings import load_catalogue
+from sparkrig.stack_locks import load_manifest
 
 from .config import CACHE_DIR, LAB_DIR, WHEEL_CACHE
 from .sourcebuild import _git

@@ -34,8 +34,9 @@ CONCERNS = (
 )
 # The host's one reading plans its parts in this order, not in the order concerns were imported.
 reading.order(f"{__name__}.{name}" for name in CONCERNS)
-# The shared layer's own settings (apt's), documented after the concern that reads them first.
-_SHARED_SETTINGS = {"updates": "sparkrig.packages"}
+# The shared layer's own settings (apt's; the Python stack's manifest, locks and venv, which the
+# source builds read too), documented after the concern that reads them first.
+_SHARED_SETTINGS = {"updates": "sparkrig.packages", "python_stack": "sparkrig.stack_locks"}
 
 
 def concern(name: str) -> ModuleType:

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from sparkrig import python_wheels
+from sparkrig import stack_locks as ps_locks
 from sparkrig.operations import hardware
 from sparkrig.operations.python_stack import deploy as ps_deploy
 from sparkrig.operations.python_stack import facts as ps_facts
-from sparkrig.operations.python_stack import locks as ps_locks
 from sparkrig.operations.python_stack import operations as ps_ops
 from sparkrig.operations.python_stack import settings as ps_settings
 from sparkrig.settings import SettingsError, problems, validate_hosts
@@ -28,8 +28,8 @@ from tests.support import REPO
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
 
-SETTINGS = ps_settings.SETTINGS + hardware.SETTINGS
-MANIFEST = ps_settings.load_manifest()
+SETTINGS = ps_settings.SETTINGS + ps_locks.SETTINGS + hardware.SETTINGS
+MANIFEST = ps_locks.load_manifest()
 FACT = "pip sync --no-config --offline --dry-run"
 
 
@@ -122,8 +122,8 @@ def test_one_error_names_the_host_the_key_and_what_is_allowed():
 
 
 def test_the_default_manifest_is_group_data_python_stack_yml():
-    default = next(s.default for s in ps_settings.SETTINGS if s.key == "python_stack")
-    assert default == ps_settings.load_manifest(REPO / "group_data" / "python_stack.yml") == MANIFEST
+    default = next(s.default for s in ps_locks.SETTINGS if s.key == "python_stack")
+    assert default == ps_locks.load_manifest(REPO / "group_data" / "python_stack.yml") == MANIFEST
 
 
 def test_an_auto_host_whose_lock_leaves_a_package_to_no_enabled_build_is_refused(monkeypatch):
