@@ -64,12 +64,16 @@ def test_the_wheel_holds_the_package_alone(wheel):
 @pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory) -> Path:
     """A fresh venv outside the checkout holding the wheel, installed offline: its dependencies
-    come from uv's cache, where the checkout's own `uv sync` put them. Its bin/ directory."""
+    as uv.lock pins them, from uv's cache where the checkout's own `uv sync` put them (a resolving
+    `uv pip install --offline` would need the index's pages, which a sync never fetches), then
+    the wheel alone. Its bin/ directory."""
     uv = shutil.which("uv")
     venv = tmp_path_factory.mktemp("wheel-venv") / "venv"
-    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120)
-    subprocess.run([uv, "pip", "install", "--offline", "--quiet", "--python", str(venv / "bin" / "python"),
-                    str(wheel)], check=True, capture_output=True, text=True, timeout=600)
+    subprocess.run([uv, "sync", "--locked", "--offline", "--no-dev", "--no-install-project", "--quiet", "--python",
+                    sys.executable], cwd=REPO, env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)},
+                   check=True, capture_output=True, text=True, timeout=600)
+    subprocess.run([uv, "pip", "install", "--offline", "--no-deps", "--quiet", "--python",
+                    str(venv / "bin" / "python"), str(wheel)], check=True, capture_output=True, text=True, timeout=600)
     return venv / "bin"
 
 
