@@ -16,8 +16,8 @@ from lab import inventory_path as _inventory_path
 from lab import realstack as _realstack
 from lab.config import CLUSTER_KEYS as _CLUSTER_KEYS
 from lab.config import WHEEL_CACHE as _WHEEL_CACHE
-from sparkrig.operations.python_stack.settings import load_manifest as _load_manifest
 from sparkrig.operations.source_builds.settings import load_catalogue as _load_catalogue
+from sparkrig.stack_locks import load_manifest as _load_manifest
 
 if not _inventory_path().exists():
     raise SystemExit(

@@ -45,7 +45,7 @@ KEYRING = "/usr/share/keyrings/sparkrig-lab-dgx-standin.asc"
 NVIDIA_SMI = "/usr/local/bin/nvidia-smi"
 PACKAGES = (DOCKER_STANDIN_PACKAGE, TOOLKIT_STANDIN_PACKAGE)
 
-# The only nvidia-smi call the stand-in answers: operations/hardware.py's.
+# The only nvidia-smi call the stand-in answers: operations/hardware/'s.
 HARDWARE_QUERY = "--query-gpu=compute_cap,name --format=csv,noheader"
 
 

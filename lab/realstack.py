@@ -36,8 +36,8 @@ from pathlib import Path
 import yaml
 
 from sparkrig import atomic
-from sparkrig.operations.python_stack.settings import load_manifest
 from sparkrig.operations.source_builds.settings import load_catalogue
+from sparkrig.stack_locks import load_manifest
 
 from .config import CACHE_DIR, LAB_DIR, WHEEL_CACHE
 from .sourcebuild import _git
@@ -105,7 +105,7 @@ def make_locks() -> str:
     if not MANIFEST.is_file() or MANIFEST.read_text() != text:
         MANIFEST.write_text(text)
     result = subprocess.run(
-        [sys.executable, "-m", "tools.python_lock", "--manifest", str(MANIFEST), "--locks", str(LOCKS)],
+        [sys.executable, "-m", "sparkrig.tools", "lock", "--manifest", str(MANIFEST), "--locks", str(LOCKS)],
         cwd=REPO, capture_output=True, text=True, timeout=1800,
     )
     if result.returncode != 0:

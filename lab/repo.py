@@ -223,7 +223,7 @@ def _update_standin(name: str, version: str, real: str) -> StandinPackage:
         summary=f"sparkrig lab stand-in for {real} (version {version}; installs nothing that runs)",
         description=(
             "A package of the sparkrig test lab, served in two versions from the lab's DGX OS\n"
-            "stand-in repository, so that holds, pins and upgrades (operations/updates.py)\n"
+            "stand-in repository, so that holds, pins and upgrades (operations/updates/)\n"
             "are tested on a package whose new version apt really offers."
         ),
         files=(_readme(name, real, f"Version {version}: it holds only this file."),),

@@ -23,7 +23,7 @@ def make_locks() -> list[str]:
     said = []
     for manifest in lab_inventory.write_lab_manifests():
         result = subprocess.run(
-            [sys.executable, "-m", "tools.python_lock", "--manifest", str(manifest),
+            [sys.executable, "-m", "sparkrig.tools", "lock", "--manifest", str(manifest),
              "--locks", str(lab_inventory.LAB_LOCKS)],
             cwd=REPO, capture_output=True, text=True, timeout=900,
         )

@@ -23,14 +23,20 @@ from pyinfra.context import ctx_state
 
 from sparkrig import hooks, reading
 
+# The repository's root is on the path too (the editable install, pytest's rootdir): this folder
+# is sparkrig.operations alone, so that one file is never two modules.
+if __name__ != "sparkrig.operations":
+    raise ImportError(f"{__name__!r} is sparkrig.operations: import it by that name")
+
 CONCERNS = (
     "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "jobs",
     "containers", "ngc", "python_stack", "source_builds", "cluster",
 )
 # The host's one reading plans its parts in this order, not in the order concerns were imported.
 reading.order(f"{__name__}.{name}" for name in CONCERNS)
-# The shared layer's own settings (apt's), documented after the concern that reads them first.
-_SHARED_SETTINGS = {"updates": "sparkrig.packages"}
+# The shared layer's own settings (apt's; the Python stack's manifest, locks and venv, which the
+# source builds read too), documented after the concern that reads them first.
+_SHARED_SETTINGS = {"updates": "sparkrig.packages", "python_stack": "sparkrig.stack_locks"}
 
 
 def concern(name: str) -> ModuleType:

@@ -73,7 +73,7 @@ def parses(process):
             raise
         except (ValueError, LookupError, TypeError, AttributeError, RecursionError) as error:
             why = f"{type(error).__name__}: {str(error)[:200]}"
-            # Kept for a caller that reports hosts (tools.report): pyinfra logs the reason
+            # Kept for a caller that reports hosts (sparkrig report): pyinfra logs the reason
             # and raises only "No hosts remaining!". A parser run outside any host has none.
             if ctx_host.isset():
                 host._sparkrig_fact_error = why

@@ -229,7 +229,7 @@ def value(wanted: Part) -> Any:
     planned part, if it was not read yet). The fact's ``default()`` when this host failed.
 
     pyinfra runs each host's deploy code in a greenlet of its own: a concern that reads
-    another host (a cluster's peers, operations/cluster.py) waits for that host's reading
+    another host (a cluster's peers, operations/cluster/) waits for that host's reading
     under way instead of making a second one."""
     memo = _memo()
     if wanted not in memo:

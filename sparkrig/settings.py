@@ -4,7 +4,7 @@ Settings: the schema every sparkrig setting is declared in, and its validation.
 Each concern module declares its settings, once, as a tuple of :class:`Setting`
 named ``SETTINGS``: key, default, documentation and check. Its ``@deploy`` takes
 its ``data_defaults`` from them, and the settings reference (``docs/settings.md``)
-is generated from them: ``python -m tools.reference`` writes it, and a unit
+is generated from them: ``sparkrig reference`` writes it, and a unit
 test fails while it is stale. :func:`validate_hosts` checks every host of a run
 before any host is contacted (``config.py`` calls :func:`validate_on_init`), so
 a bad value stops ``pyinfra`` with one message that names the host, the key and
@@ -366,7 +366,7 @@ def reference(concerns: Sequence[ModuleType]) -> str:
     out = [
         "# Settings reference",
         "",
-        "Generated from each concern's `SETTINGS` by `uv run python -m tools.reference`; do not",
+        "Generated from each concern's `SETTINGS` by `uv run sparkrig reference`; do not",
         "edit (a unit test fails while it is stale). Set a key in `group_data/all.py` for every host,",
         "in `group_data/<group>.py` for a group, or in the inventory's host data for one host. Every",
         "value is checked before any host is contacted; a bad one stops the run with one message",
@@ -374,9 +374,10 @@ def reference(concerns: Sequence[ModuleType]) -> str:
     ]
     for concern in concerns:
         title = (concern.__doc__ or concern.__name__).strip().splitlines()[0].rstrip(".:,")
-        name = concern.__name__  # the checkout's path: operations/ sits beside sparkrig/
-        module = name.removeprefix("sparkrig." if name.startswith("sparkrig.operations.") else "")
-        module = module.replace(".", "/") + ("/settings.py" if hasattr(concern, "__path__") else ".py")
+        name = concern.__name__
+        # The checkout's path: a concern's settings module, or the shared layer's module.
+        module = (f"operations/{name.removeprefix('sparkrig.operations.')}/settings.py"
+                  if name.startswith("sparkrig.operations.") else name.replace(".", "/") + ".py")
         out += ["", f"## {title}", "", f"`{module}`"]
         for setting in concern.SETTINGS:
             out += [

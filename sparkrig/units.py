@@ -5,6 +5,6 @@ spark-run starts (spark-container --detach hands its launch to spark-run).
 """
 
 WATCHDOG_SERVICE = "earlyoom.service"  # operations/watchdog/ installs and configures it
-TRAINING_SLICE = "training.slice"  # operations/jobs.py writes it; spark-run and the builds use it
-JOB_UNIT_PREFIX = "spark-job-"  # spark-run --detach NAME starts spark-job-NAME.service (operations/jobs.py)
-SPARK_RUN = "/usr/local/bin/spark-run"  # operations/jobs.py installs it; spark-container --detach runs it
+TRAINING_SLICE = "training.slice"  # operations/jobs/ writes it; spark-run and the builds use it
+JOB_UNIT_PREFIX = "spark-job-"  # spark-run --detach NAME starts spark-job-NAME.service (operations/jobs/)
+SPARK_RUN = "/usr/local/bin/spark-run"  # operations/jobs/ installs it; spark-container --detach runs it

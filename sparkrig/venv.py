@@ -2,8 +2,8 @@
 What the Python stack and the source builds share about the venv and uv, so that neither
 concern imports the other: where uv lives and the environment it runs with, the venv's own
 state directory, and which package names are accepted. The venv has one owner,
-operations/python_stack.py: source builds hand it their wheels (deploy.py passes
-python_stack's ``synced`` operation to ``source_builds``), they never write into it.
+operations/python_stack/: source builds hand it their wheels (sparkrig/wheelhouse.py), they
+never write into it; its settings are sparkrig/stack_locks.py's.
 """
 
 from __future__ import annotations

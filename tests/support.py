@@ -18,7 +18,7 @@ import pytest
 
 # The repository and the pyinfra CLI of this environment: the same for the deploy side.
 from sparkrig.settings import all_settings, defaults
-from tools.rollout import PYINFRA, REPO, limit_hosts, read_inventory
+from sparkrig.tools.rollout import PYINFRA, REPO, limit_hosts, read_inventory
 
 
 def unavailable(why: str) -> NoReturn:
@@ -81,7 +81,7 @@ def inventory_host_data(inventory: str, limit: Sequence[str] = ()) -> dict[str, 
     sparkrig's defaults, restricted as pyinfra's ``--limit`` restricts a deploy (see
     :func:`limit_hosts`).
 
-    Read by :func:`tools.rollout.read_inventory` (pyinfra's ``debug-inventory``).
+    Read by :func:`sparkrig.tools.rollout.read_inventory` (pyinfra's ``debug-inventory``).
     """
     hosts = read_inventory(inventory)
     chosen = limit_hosts({host["name"]: host["groups"] for host in hosts}, limit)

@@ -1,5 +1,12 @@
 """
-sparkrig's command-line tools, each run as ``uv run python -m tools.NAME``: rollout (the
-deploy batch by batch, each batch proven, resumable), python_lock (refresh the Python
-stack's locks), reference (write docs/settings.md).
+sparkrig's command-line tools, shipped as sparkrig.tools and run as ``sparkrig COMMAND`` (the
+wheel's console script; ``uv run sparkrig COMMAND`` in a checkout, :mod:`sparkrig.tools.__main__`):
+lock (refresh the Python stack's locks, python_lock), report (each box's versions, report),
+rollout (the deploy batch by batch, each batch proven, resumable, rollout), reference (write
+docs/settings.md and the tables generated from the code, reference).
 """
+
+# The repository's root is on the path too (the editable install, pytest's rootdir): this folder
+# is sparkrig.tools alone, so that one file is never two modules.
+if __name__ != "sparkrig.tools":
+    raise ImportError(f"{__name__!r} is sparkrig.tools: import it by that name")

@@ -1,7 +1,7 @@
 """
 The fleet page: one static HTML file a person opens in a browser (no server, no network:
 its style and script are inline), written by the compliance suite (``--fleet-page PATH``)
-and by ``python -m tools.report INVENTORY --html PATH``.
+and by ``sparkrig report INVENTORY --html PATH``.
 
 Per host: its versions (what differs from most hosts marked), each control passed, failed or
 skipped with the reason and what it protects against, and when each was read. The tables

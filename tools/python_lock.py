@@ -2,7 +2,7 @@
 The Python stack's locks, made on the controller; and the wheels of a lock, for hosts
 that cannot reach the index.
 
-    uv run python -m tools.python_lock [--manifest FILE] [--locks DIR] [--check]
+    uv run sparkrig lock [--manifest FILE] [--locks DIR] [--check]
 
 resolves the manifest (default ``group_data/python_stack.yml``) once for each
 architecture and set of profiles its ``locks`` lists, as hosts install it: wheels
@@ -36,8 +36,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from sparkrig.operations.python_stack import locks as ps_locks
-from sparkrig.operations.python_stack import settings as ps_settings
+from sparkrig import stack_locks as ps_locks
 from sparkrig.python_wheels import DEFAULT_INDEX, LOCK_PLATFORM, lock_entries, normalise
 
 
@@ -210,8 +209,8 @@ def installable_problem(
 def refresh(manifest_path: Path, locks: Path, index_url: str, check: bool) -> list[str]:
     """Make every lock the manifest lists fresh (``check``: only report); the names of the
     stale ones and (``check``) of fresh ones a host could not install, each said on stderr."""
-    manifest = ps_settings.load_manifest(manifest_path)
-    problem = ps_settings.manifest_problem(manifest, None)
+    manifest = ps_locks.load_manifest(manifest_path)
+    problem = ps_locks.manifest_problem(manifest, None)
     if problem:
         raise SystemExit(f"python_lock: {manifest_path}: {problem}")
     try:
@@ -245,8 +244,8 @@ def refresh(manifest_path: Path, locks: Path, index_url: str, check: bool) -> li
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.python_lock", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--manifest", default=str(ps_settings.MANIFEST), help="the versions manifest (YAML)")
+    parser = argparse.ArgumentParser(prog="sparkrig lock", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--manifest", default=str(ps_locks.MANIFEST), help="the versions manifest (YAML)")
     parser.add_argument("--locks", default=ps_locks.LOCKS, help="where its locks live (relative: to the repository)")
     parser.add_argument("--index-url", default=DEFAULT_INDEX, help="the index packages are resolved from")
     parser.add_argument("--check", action="store_true",

@@ -1,6 +1,6 @@
 """Versions across a fleet: one row per host, one column per version, differing cells marked.
 
-    uv run python -m tools.report INVENTORY [--limit GROUP_OR_HOST] [--json] [--html PAGE]
+    uv run sparkrig report INVENTORY [--limit GROUP_OR_HOST] [--json] [--html PAGE]
 
 Each host is read once, with one remote command: the :class:`sparkrig.operations.updates.facts.Versions`
 part of the host's one reading, with the arguments its settings give (as a deploy reads
@@ -10,7 +10,7 @@ differs from what most hosts have is marked with ``*``; a firmware device whose 
 differs from most hosts of the same hardware profile is marked in the firmware table after
 the versions ("fwupd reports no devices" where it shows none). A host that cannot
 be reached or read gets one line saying why, and the exit status is 1. ``--html PAGE`` also
-writes the fleet page (:mod:`tools.fleet_page`) with these versions; the compliance suite's
+writes the fleet page (:mod:`sparkrig.tools.fleet_page`) with these versions; the compliance suite's
 ``--fleet-page`` writes it with every control's outcome too.
 """
 
@@ -31,8 +31,8 @@ from sparkrig.operations import declaring
 from sparkrig.operations.updates.deploy import firmware_part, versions_part
 from sparkrig.operations.updates.facts import pending_reboot
 from sparkrig.settings import resolved, validate_hosts
-from tools import fleet_page
-from tools.rollout import REPO, limit_hosts
+from sparkrig.tools import fleet_page
+from sparkrig.tools.rollout import REPO, limit_hosts
 
 COLUMNS = (
     "os", "dgx_os", "kernel", "kernel_pkgs", "driver", "driver_pkgs", "cuda", "docker", "toolkit",
@@ -293,7 +293,7 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="sparkrig report", description=__doc__.splitlines()[0])
     parser.add_argument("inventory", help="pyinfra inventory, e.g. inventory/spark.py")
     parser.add_argument("--limit", action="append", default=[], help="as pyinfra's --limit (group or host glob)")
     parser.add_argument("--json", action="store_true", help="print JSON: each host's cells, marks and facts")
@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = build(facts, errors, fleet_page.now())
     if args.html:
         fleet_page.write(args.html, fleet_page.render(
-            page_hosts(report), columns=COLUMNS, source=f"tools.report {args.inventory}"))
+            page_hosts(report), columns=COLUMNS, source=f"sparkrig report {args.inventory}"))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -2,7 +2,7 @@
 Gated rollouts: the deploy on a fleet one batch of hosts at a time, each batch proven by the
 compliance suite before the next starts, within a failure budget, resumable.
 
-    python -m tools.rollout INVENTORY [--batch N|P%] [--canary N|P%] [--max-fail N|P%]
+    sparkrig rollout INVENTORY [--batch N|P%] [--canary N|P%] [--max-fail N|P%]
                             [--limit GROUP_OR_HOST] [--resume] [--state FILE] [-- PYINFRA_OPTIONS]
 
 Each batch is an ordinary ``pyinfra -y --limit HOSTS INVENTORY deploy.py`` run, in inventory
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
-from tools.rollout_plan import (
+from sparkrig.tools.rollout_plan import (
     CONVERGED,
     FAILED,
     PENDING,
@@ -50,7 +50,16 @@ from tools.rollout_plan import (
     table,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+# The checkout the tools belong to (sparkrig/tools links to its tools/). Installed from the
+# wheel they have none (site-packages/sparkrig holds no deploy.py): report reads from the
+# caller's directory, rollout and reference refuse (sparkrig/tools/__main__.py).
+HOME = Path(__file__).resolve().parent.parent
+REPO = HOME if (HOME / "deploy.py").is_file() else Path.cwd()
+
+
+def in_checkout() -> bool:
+    """Whether the tools run from a checkout (its deploy.py and compliance suite beside them)."""
+    return (HOME / "deploy.py").is_file() and (HOME / "tests" / "compliance").is_dir()
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 WHY_MAX = 240
 
@@ -364,7 +373,7 @@ class _locked:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.rollout", description=__doc__,
+    parser = argparse.ArgumentParser(prog="sparkrig rollout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inventory", help="a pyinfra inventory, e.g. inventory/spark.py")
     parser.add_argument("--batch", help="hosts per batch: a number, or a share of the hosts such as 25%% "

@@ -1,7 +1,7 @@
 """
 The rollout's plan and record, apart from running anything: batch sizes and the failure
 budget as Ansible's ``serial`` and ``max_fail_percentage`` read them, the state file a
-rollout resumes from, and the table it ends with. :mod:`tools.rollout` runs the batches.
+rollout resumes from, and the table it ends with. :mod:`sparkrig.tools.rollout` runs the batches.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import private
+from sparkrig.tools import private
 
 # A batch or canary size: hosts (1 or more), or a share of the rollout's hosts (1% to 100%).
 _SIZE = re.compile(r"(?P<count>[1-9][0-9]{0,5})|(?P<percent>[1-9][0-9]?|100)%")

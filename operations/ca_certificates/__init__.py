@@ -5,7 +5,7 @@ Each entry of ``ca_certificates_extra`` becomes
 ``/usr/local/share/ca-certificates/sparkrig-<name>.crt`` (root, 0644), and
 ``update-ca-certificates`` adds it to the system store that apt, curl, Docker and
 pip read. uv reads that store too, because sparkrig runs it with
-``UV_SYSTEM_CERTS=1`` (operations/python_stack.py). Entries removed from the
+``UV_SYSTEM_CERTS=1`` (operations/python_stack/). Entries removed from the
 setting are removed from the host. A converged host costs one remote command.
 """
 

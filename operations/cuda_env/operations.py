@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sparkrig import rendering
-from sparkrig.operations.python_stack import settings as python_stack_settings
+from sparkrig import rendering, stack_locks
 
 from .facts import toolkit_version
 from .settings import MANAGED
@@ -27,7 +26,7 @@ def resolve_cuda_home(toolkits: Mapping[str, Any], default: str) -> str:
 
 
 def env_variables(
-    cuda_home: str, torch_cuda_arch_list: str, extra: Mapping[str, str], venv: str = python_stack_settings.VENV_PATH
+    cuda_home: str, torch_cuda_arch_list: str, extra: Mapping[str, str], venv: str = stack_locks.VENV_PATH
 ) -> list[tuple[str, str]]:
     """The env file's variables, managed ones first in a fixed order, then extras sorted."""
     managed = {

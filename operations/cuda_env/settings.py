@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sparkrig import stack_locks
 from sparkrig.operations.hardware import settings as hardware_settings
 from sparkrig.operations.jobs import settings as jobs_settings
-from sparkrig.operations.python_stack import settings as python_stack_settings
 from sparkrig.settings import Setting, absolute_path, declare, defaults, env_mapping_except
 
 MANAGED = (
@@ -64,4 +64,4 @@ declare(__name__, SETTINGS)
 
 # The deploy's data_defaults: its own settings, the hardware profile (TORCH_CUDA_ARCH_LIST),
 # jobs_model_cache (HF_HOME) and python_stack's python_venv_path (UV_PROJECT_ENVIRONMENT).
-DEFAULTS = defaults((*SETTINGS, *hardware_settings.SETTINGS, *jobs_settings.SETTINGS, *python_stack_settings.SETTINGS))
+DEFAULTS = defaults((*SETTINGS, *hardware_settings.SETTINGS, *jobs_settings.SETTINGS, *stack_locks.SETTINGS))

@@ -22,7 +22,7 @@ training runs, and the slice that caps the memory of every job.
 
 ``/etc/systemd/system/training.slice`` caps all jobs together; systemd re-reads
 it only when it changed. On GB10 the caps count CPU-side memory and page cache,
-not CUDA allocations: the watchdog (operations/watchdog.py) covers those.
+not CUDA allocations: the watchdog (operations/watchdog/) covers those.
 
 Records of ended detached jobs older than ``jobs_records_max_age`` are removed by
 systemd-tmpfiles' daily clean (``/etc/tmpfiles.d/sparkrig-jobs.conf``).

@@ -5,13 +5,13 @@ The stack is data: ``python_stack`` (loaded from ``group_data/python_stack.yml``
 names the Python version, torch (from PyPI unless an index is named for it alone),
 vLLM's wheel per CPU architecture with its sha256, extras and optional profiles.
 
-- **Locks.** ``uv run python -m tools.python_lock`` resolves the manifest on the
+- **Locks.** ``uv run sparkrig lock`` resolves the manifest on the
   controller, once per (architecture, Python, set of profiles) listed under ``locks``,
   into ``group_data/python_stack.locks/`` (``uv pip compile --generate-hashes``, every
   file's sha256). Each lock's header records a digest of its inputs: settings
   validation refuses a host whose lock is missing or stale, before any host is contacted.
 - **Hosts never resolve.** The lock is uploaded to ``<venv>/sparkrig/requirements.lock``
-  (built wheels, operations/source_builds.py, replace their package's entry) and
+  (built wheels, operations/source_builds/, replace their package's entry) and
   ``uv pip sync --require-hashes`` makes the venv hold exactly that. With
   ``python_offline`` the controller downloads the locked wheels once (hashes checked)
   and hosts install them with ``--offline --no-index``.

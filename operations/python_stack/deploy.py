@@ -10,12 +10,12 @@ from pyinfra.api import deploy
 from sparkrig import atomic, host_settings, reading, wheelhouse
 from sparkrig.messages import refused
 from sparkrig.packages import installed as install_packages
+from sparkrig.stack_locks import digest, lock_problem, manifest_problem
 from sparkrig.venv import UV_TOOL
 
 from .facts import OFFLINE_DIR, PythonStack, major_minor, plan_clean
-from .locks import digest, lock_problem
 from .operations import UV_REQUIREMENTS, render_uv_requirements, synced, uv_tool, virtualenv, virtualenv_arguments
-from .settings import DEFAULTS, manifest_problem
+from .settings import DEFAULTS
 
 
 def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, wheels: Sequence[str]) -> bool:

@@ -16,10 +16,10 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from sparkrig import atomic, host_output, messages, rendering, wheelhouse
 from sparkrig.python_wheels import offline_wheels
+from sparkrig.stack_locks import REFRESH, digest, host_lock, indexes, lock_name, locks_dir, read_lock
 from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL
 
 from .facts import OFFLINE_DIR, UV_LINK, PythonStack, major_minor, plan_clean
-from .locks import REFRESH, digest, host_lock, indexes, lock_name, locks_dir, read_lock
 
 UV_REQUIREMENTS = "/opt/sparkrig/uv-requirements.txt"
 STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sparkrig import stack_locks
 from sparkrig.operations.cuda_env import settings as cuda_env_settings
 from sparkrig.operations.hardware import settings as hardware_settings
 from sparkrig.operations.jobs import settings as jobs_settings
-from sparkrig.operations.python_stack import settings as python_stack_settings
 from sparkrig.python_wheels import normalise
 from sparkrig.resources import GROUP_DATA
 from sparkrig.settings import (
@@ -183,11 +183,11 @@ def enabled_check(value: Any, data: Mapping[str, Any]) -> str | None:
         missing = [n for n in needs if n not in value] if isinstance(needs, list) else []
         if missing:
             return f"{allowed}, with every build each one needs ({name} needs {', '.join(missing)}: enable it too)"
-    arch = python_stack_settings.host_arch(data)
+    arch = stack_locks.host_arch(data)
     # A bad manifest, profile list or lock directory is reported by its own key; "auto" at deploy.
-    if arch is None or python_stack_settings.manifest_check(data.get("python_stack"), data) \
-            or python_stack_settings.profiles_check(data.get("python_stack_profiles"), data) \
-            or python_stack_settings.locks_check(data.get("python_stack_locks"), data) \
+    if arch is None or stack_locks.manifest_check(data.get("python_stack"), data) \
+            or stack_locks.profiles_check(data.get("python_stack_profiles"), data) \
+            or stack_locks.locks_check(data.get("python_stack_locks"), data) \
             or _catalogue_entries(catalogue, data):
         return None
     problem = missing_builds_message(data, arch)
@@ -203,7 +203,7 @@ def missing_builds(data: Mapping[str, Any], arch: str) -> dict[str, list[str]]:
     """Each package the host's lock (python_stack's) leaves to a source build that no enabled
     wheel build of the host makes: the catalogue's builds that would (``{"xformers":
     ["xformers"]}``). Empty when the lock is missing or stale (reported on its own)."""
-    found = python_stack_settings.packages_from_source(data, arch)
+    found = stack_locks.packages_from_source(data, arch)
     if found is None:
         return {}
     makes: dict[str, list[str]] = {}
@@ -219,7 +219,7 @@ def missing_builds_message(data: Mapping[str, Any], arch: str) -> str | None:
     missing = missing_builds(data, arch)
     if not missing:
         return None
-    name = python_stack_settings.packages_from_source(data, arch)[0]
+    name = stack_locks.packages_from_source(data, arch)[0]
     said = "; ".join(
         f"{package} has no {arch} wheel: enable "
         + (" or ".join(builds) if builds else f"a build of {package} (none in source_builds)")
@@ -270,11 +270,12 @@ SETTINGS = (
 
 declare(__name__, SETTINGS)
 
-# The deploy's data_defaults: its own settings and those it reads of python_stack (the
-# manifest, profiles and locks its checks and stamps read; the venv, its owner and index),
+# The deploy's data_defaults: its own settings and the shared layer's that it reads with the
+# Python stack (the manifest, profiles and locks its checks and stamps read; the venv, its owner
+# and index: sparkrig/stack_locks.py),
 # hardware (the profile the build targets), jobs (jobs_oom_score_adj of the build's unit) and
 # cuda_env (cuda_env_file, the unit's environment).
 DEFAULTS = defaults((
-    *SETTINGS, *python_stack_settings.SETTINGS, *hardware_settings.SETTINGS, *jobs_settings.SETTINGS,
+    *SETTINGS, *stack_locks.SETTINGS, *hardware_settings.SETTINGS, *jobs_settings.SETTINGS,
     *cuda_env_settings.SETTINGS,
 ))

@@ -19,7 +19,7 @@ Updates: kernel and NVIDIA driver held alike, upgrades on the owner's terms, ver
 - systemd-oomd is masked where earlyoom is the watchdog (see docs/updates.md).
 
 :class:`Versions` reads, in the host's one reading, what the report
-(``python -m tools.report``) shows: OS and DGX OS release, running and installed
+(``sparkrig report``) shows: OS and DGX OS release, running and installed
 kernel, installed and loaded NVIDIA driver, CUDA, Docker, the container toolkit, and
 the venv's torch and vLLM (from their ``.dist-info/METADATA``, read as the venv's
 owner: root runs nothing the venv holds).

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sparkrig.operations.python_stack import settings as python_stack_settings
+from sparkrig import stack_locks
 from sparkrig.operations.watchdog import settings as watchdog_settings
 from sparkrig.settings import Setting, boolean, declare, defaults, one_of
 
@@ -202,6 +202,6 @@ SETTINGS = (
 # Its own settings, watchdog's (systemd-oomd is masked where earlyoom is the watchdog,
 # watchdog_enabled) and python_stack's (the venv whose torch and vLLM versions are read, and
 # the manifest's vLLM name).
-DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS, *python_stack_settings.SETTINGS))
+DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS, *stack_locks.SETTINGS))
 
 declare(__name__, SETTINGS)

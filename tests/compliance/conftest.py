@@ -39,12 +39,12 @@ from testinfra.backend.ssh import SshBackend
 import lab
 from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
+from sparkrig.tools import fleet_page, private
+from sparkrig.tools.report import COLUMNS
+from sparkrig.tools.report import page_hosts as versions_of
 from tests.compliance import reads, results
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
-from tools import fleet_page, private
-from tools.report import COLUMNS
-from tools.report import page_hosts as versions_of
 
 # Action controls' testinfra hosts answer host-wide constants once and each path from one
 # reading; read-only controls may not use them at all (reads.py).
@@ -570,14 +570,14 @@ def pytest_runtest_logreport(report):
 
 
 def read_versions(config) -> subprocess.Popen | None:
-    """``tools.report --json`` of the suite's hosts, started once (for --fleet-page): the versions
+    """``sparkrig report --json`` of the suite's hosts, started once (for --fleet-page): the versions
     cost one remote command per host, read beside the controls."""
     reader = getattr(config, "_sparkrig_versions", None)
     if reader is None and config.sparkrig_targets in ("inventory", "lab"):
         inventory = caller_inventory(config) or str(REPO / LAB_INVENTORY)
         limits = [arg for limit in config.getoption("--limit") for arg in ("--limit", limit)]
         reader = subprocess.Popen(
-            [sys.executable, "-m", "tools.report", inventory, *limits, "--json"],
+            [sys.executable, "-m", "sparkrig.tools", "report", inventory, *limits, "--json"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         config._sparkrig_versions = reader
@@ -586,7 +586,7 @@ def read_versions(config) -> subprocess.Popen | None:
 
 def caller_inventory(config) -> str | None:
     """--inventory as its caller named it: a relative path is from the directory pytest was
-    started in, whatever the directory of the process that reads it (tools.report runs in
+    started in, whatever the directory of the process that reads it (sparkrig report runs in
     the repository's, and read the repository's inventory/spark.py instead)."""
     inventory = config.getoption("--inventory")
     return str(Path(config.invocation_params.dir) / inventory) if inventory else None
@@ -602,7 +602,7 @@ def page_hosts(config, table: HostTable) -> dict:
         try:
             versions = versions_of(json.loads(out))
         except (ValueError, KeyError):
-            why = (err.strip().splitlines() or [f"tools.report exited {reader.returncode}"])[-1]
+            why = (err.strip().splitlines() or [f"sparkrig report exited {reader.returncode}"])[-1]
             versions = {name: fleet_page.Host(versions_error=why) for name in table.names}
     known = fleet_page.protections(Path(__file__).parent)
     hosts = {}

@@ -7,7 +7,7 @@ The compliance suite's results as data, and waivers (a pytest plugin; conftest.p
 (made 0700 when missing; refused when it is a link, another user's, or writable by others),
 named by the run's UTC start (``20261126T140322Z.json``), written atomically (a temporary
 file, flushed, linked into place: never over an earlier run). Per host: the versions read
-(``tools.report``'s) and each control's id, outcome (passed, failed, error, skipped, waived),
+(``sparkrig report``'s) and each control's id, outcome (passed, failed, error, skipped, waived),
 reason (the failure's line as the per-host table prints it, or why it was skipped), what it
 protects against, and duration. With ``--fleet-page`` the page shows what changed since the
 previous run in DIR.
@@ -41,7 +41,7 @@ from typing import NamedTuple
 import pytest
 import yaml
 
-from tools import fleet_page, private
+from sparkrig.tools import fleet_page, private
 
 SCHEMA = "sparkrig.compliance.results/1"
 KEYS = ("control", "hosts", "justification", "expires")

@@ -4,7 +4,7 @@ logs in to every peer without a prompt and only to pinned host keys, from the cl
 addresses only, and jobs get NCCL's environment.
 
 The expected addresses, peers and variables are worked out here from the inventory's
-settings, independently of operations/cluster.py. Hosts that are in no cluster skip.
+settings, independently of operations/cluster/. Hosts that are in no cluster skip.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ any), the user's own daemon.json survived, the vendor repositories are trusted w
 their own key alone, and only the named users hold the root-equivalent docker group.
 
 What the host must look like is worked out here from the settings, independently of
-the code that converges (operations/containers.py).
+the code that converges (operations/containers/).
 """
 
 from __future__ import annotations

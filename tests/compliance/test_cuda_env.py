@@ -2,7 +2,7 @@
 CUDA environment controls: one env file, read alike by login shells and systemd units.
 
 The expected values are worked out here from the host itself and the settings,
-independently of the code that converges (operations/cuda_env.py).
+independently of the code that converges (operations/cuda_env/).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ spark-preflight passes on a converged host, spark-drop-caches works as root, old
 records are cleaned, and the shared model cache belongs to its group.
 
 The expected caps are worked out here from the settings and the host's memory the
-way systemd computes them, independently of operations/jobs.py.
+way systemd computes them, independently of operations/jobs/.
 """
 
 from __future__ import annotations

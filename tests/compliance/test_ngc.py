@@ -5,7 +5,7 @@ command run through it leaves its files on the host, secrets stay out of
 ``docker inspect``, and Jupyter listens on loopback only with a private token.
 
 What the host must look like is worked out here from the settings, independently of
-the code that converges (operations/ngc.py).
+the code that converges (operations/ngc/).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ wheelhouse, stamped with the configured ref and build environment; the wheelhous
 changed by others; a build turned off is gone from the venv.
 
 The expected values are worked out here from the settings, independently of the code that
-builds (operations/source_builds.py): nothing of it is imported. On a host with no build
+builds (operations/source_builds/): nothing of it is imported. On a host with no build
 enabled (the default) the controls skip, saying so.
 """
 

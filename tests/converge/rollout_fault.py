@@ -1,6 +1,6 @@
 """
 A FAULT for the gated rollout's lab test (tests/converge/test_fleet_lab.py), as a pytest plugin
-of the compliance suite that tools.rollout runs after each batch converged:
+of the compliance suite that sparkrig rollout runs after each batch converged:
 ``PYTEST_ADDOPTS="-p tests.converge.rollout_fault"`` with ``SPARKRIG_TEST_FAULT_HOST=HOST``.
 When the suite is about to check HOST, the plugin puts swap back in its /etc/fstab, as a
 hand edit would: the host converged, then drifted, and its swap control fails. Without the

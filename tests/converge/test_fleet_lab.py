@@ -103,7 +103,7 @@ def test_a_gated_rollout_stops_at_a_host_failing_a_control_and_resume_finishes_t
     it), fails its swap control, and, every host of its batch failed, stops the rollout before
     the third. --resume, the fault gone, leaves the proven canary alone and finishes."""
     state = tmp_path / "rollout-state" / "lab.json"
-    command = [sys.executable, "-m", "tools.rollout", LAB_INVENTORY, "--limit", ",".join(ROLLOUT_HOSTS),
+    command = [sys.executable, "-m", "sparkrig.tools", "rollout", LAB_INVENTORY, "--limit", ",".join(ROLLOUT_HOSTS),
                "--canary", "1", "--batch", "50%", "--max-fail", "1", "--state", str(state)]
     fault = {"PYTEST_ADDOPTS": "-p tests.converge.rollout_fault", "SPARKRIG_TEST_FAULT_HOST": ROLLOUT_FAULTY}
     swap_control = f"control test_swap.py::test_fstab_has_no_active_swap_entry[ssh://{ROLLOUT_FAULTY}]"
@@ -154,7 +154,7 @@ def test_an_unreachable_host_is_reported_the_others_finish_and_a_rerun_converges
         assert result.errors() == {} and result.changed() == {}, result.log
         assert down in result.log and "Could not connect" in result.log, result.log[-3000:]
 
-        rollout = subprocess.run([sys.executable, "-m", "tools.rollout", LAB_INVENTORY,
+        rollout = subprocess.run([sys.executable, "-m", "sparkrig.tools", "rollout", LAB_INVENTORY,
                                   "--limit", f"{down},lab-deb13-b", "--state", str(tmp_path / "r" / "s.json")],
                                  cwd=REPO, capture_output=True, text=True, timeout=900)
         assert rollout.returncode == 1

@@ -5,7 +5,7 @@ converge, only the venv; a stale lock stops the run before any host is touched; 
 route to the registries converges from the controller's wheels.
 
 The lab's manifests are STAND-IN manifests (inventory/lab.py: the lab's CPU torch and vLLM
-stand-in from the lab index), locked into the lab's state by tools.python_lock as the
+stand-in from the lab index), locked into the lab's state by sparkrig lock as the
 real manifest is locked into group_data/python_stack.locks. Each test restores what it changed.
 """
 
@@ -49,7 +49,7 @@ def _lock(host: str) -> str:
 
 def _lock_cli(manifest, locks) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tools.python_lock", "--manifest", str(manifest), "--locks", str(locks)],
+        [sys.executable, "-m", "sparkrig.tools", "lock", "--manifest", str(manifest), "--locks", str(locks)],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )
 
@@ -90,7 +90,7 @@ def test_a_bumped_pin_changes_one_lock_file_and_then_only_the_venv(first_converg
     )
     stale = run_deploy(str(inventory), "--limit", host)
     assert stale.returncode != 0
-    assert "x86_64-py3.13-lab.txt is stale for its manifest: run `uv run python -m tools.python_lock" in stale.log
+    assert "x86_64-py3.13-lab.txt is stale for its manifest: run `uv run sparkrig lock" in stale.log
     assert stale.changed() == {} and "nothing was changed on any host" in stale.log
 
     refreshed = _lock_cli(bumped_manifest, locks)

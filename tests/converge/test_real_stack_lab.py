@@ -28,7 +28,7 @@ import pytest
 import lab
 from lab import realstack
 from lab.fleet import _read_state
-from sparkrig.operations.python_stack import locks as ps_locks
+from sparkrig import stack_locks as ps_locks
 from sparkrig.python_wheels import offline_wheels
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, run_deploy

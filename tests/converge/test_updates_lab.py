@@ -75,7 +75,7 @@ def test_a_hold_survives_apt_get_upgrade_until_the_settings_release_it(first_con
 
 def _report(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tools.report", LAB_INVENTORY, *args],
+        [sys.executable, "-m", "sparkrig.tools", "report", LAB_INVENTORY, *args],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
 

@@ -46,3 +46,11 @@ def test_the_install_script_brings_what_the_lab_needs():
     text = (REPO / ".ci" / "install").read_text()
     assert "pipx install --force \"uv==$UV_VERSION\"" in text and re.search(r"^UV_VERSION=[0-9.]+$", text, re.M)
     assert "uv sync --locked" in text
+
+
+def test_each_python_block_of_the_readme_is_a_file_one_can_copy():
+    """Each ```python block is valid Python as it stands (two files in one block were not)."""
+    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    assert len(blocks) >= 3
+    for block in blocks:
+        compile(block, "README.md", "exec")

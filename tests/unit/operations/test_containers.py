@@ -767,7 +767,7 @@ def test_a_daemon_json_5000_deep_is_refused_with_a_message():
 
 
 def _with_facts_module(module):
-    """A concern's module, and its facts module where the concern is a package."""
+    """A module (a concern's package, or sparkrig.atomic), and its facts module where it has one."""
     yield module
     if hasattr(module, "__path__") and importlib.util.find_spec(f"{module.__name__}.facts"):
         yield importlib.import_module(f"{module.__name__}.facts")

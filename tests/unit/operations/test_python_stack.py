@@ -14,22 +14,22 @@ from pathlib import Path
 import pytest
 
 from sparkrig import python_wheels
+from sparkrig import stack_locks as ps_locks
 from sparkrig.operations import hardware
 from sparkrig.operations.python_stack import deploy as ps_deploy
 from sparkrig.operations.python_stack import facts as ps_facts
-from sparkrig.operations.python_stack import locks as ps_locks
 from sparkrig.operations.python_stack import operations as ps_ops
 from sparkrig.operations.python_stack import settings as ps_settings
 from sparkrig.settings import SettingsError, problems, validate_hosts
+from sparkrig.tools import python_lock
 from sparkrig.venv import UV
 from tests.repo.test_architecture import pythons_without_isolation
 from tests.support import REPO
 from tests.unit import pyinfra_fake
 from tests.unit.pyinfra_fake import execute, plan
-from tools import python_lock
 
-SETTINGS = ps_settings.SETTINGS + hardware.SETTINGS
-MANIFEST = ps_settings.load_manifest()
+SETTINGS = ps_settings.SETTINGS + ps_locks.SETTINGS + hardware.SETTINGS
+MANIFEST = ps_locks.load_manifest()
 FACT = "pip sync --no-config --offline --dry-run"
 
 
@@ -80,9 +80,9 @@ def test_the_shipped_manifest_pins_a_matching_cu130_stack_from_pypi():
         ({"python_stack": _manifest(locks={"architectures": ["arm64"], "profiles": [[]]})}, "locks.architectures"),
         ({"python_stack": _manifest(locks={"architectures": ["x86_64"], "profiles": [["nightly"]]})},
          "locks.profiles names 'nightly'"),
-        ({"python_stack_locks": "/nonexistent/locks"}, "aarch64-py3.12.txt is missing: run `uv run python -m tools.python_lock"),
+        ({"python_stack_locks": "/nonexistent/locks"}, "aarch64-py3.12.txt is missing: run `uv run sparkrig lock"),
         ({"python_stack": _manifest(packages={"six": "1.17.0"})},
-         "group_data/python_stack.locks/aarch64-py3.12.txt is stale for its manifest: run `uv run python -m tools.python_lock`"),
+         "group_data/python_stack.locks/aarch64-py3.12.txt is stale for its manifest: run `uv run sparkrig lock`"),
         ({"python_stack": _manifest(locks={"architectures": ["x86_64"], "profiles": [[]]})},
          "the manifest's locks list no lock for aarch64 with profiles []"),
         (
@@ -122,8 +122,8 @@ def test_one_error_names_the_host_the_key_and_what_is_allowed():
 
 
 def test_the_default_manifest_is_group_data_python_stack_yml():
-    default = next(s.default for s in ps_settings.SETTINGS if s.key == "python_stack")
-    assert default == ps_settings.load_manifest(REPO / "group_data" / "python_stack.yml") == MANIFEST
+    default = next(s.default for s in ps_locks.SETTINGS if s.key == "python_stack")
+    assert default == ps_locks.load_manifest(REPO / "group_data" / "python_stack.yml") == MANIFEST
 
 
 def test_an_auto_host_whose_lock_leaves_a_package_to_no_enabled_build_is_refused(monkeypatch):
@@ -359,7 +359,7 @@ def test_plan_without_execution_agrees():
 def test_a_stale_lock_refuses_the_host_before_any_change():
     ops = _ops(_fact_output(), python_stack=_manifest(packages={"six": "1.17.0"}))
     assert [op.name for op in ops] == ["Python stack | The versions manifest and its lock fit this box"]
-    assert "is stale for its manifest: run `uv run python -m tools.python_lock`" in ops[0].commands[0]
+    assert "is stale for its manifest: run `uv run sparkrig lock`" in ops[0].commands[0]
 
 
 def test_a_lock_needing_a_source_build_wants_it_enabled_before_any_host_is_contacted():

@@ -16,11 +16,10 @@ import pytest
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig import host_output, python_wheels, reading, user_files, wheelhouse
+from sparkrig import stack_locks as ps_locks
 from sparkrig.operations.python_stack import deploy as ps_deploy  # noqa: F401 (registers the venv sync)
 from sparkrig.operations.python_stack import facts as ps_facts
-from sparkrig.operations.python_stack import locks as ps_locks
 from sparkrig.operations.python_stack import operations as ps_ops
-from sparkrig.operations.python_stack import settings as ps_settings
 from sparkrig.operations.source_builds import cache as sb_cache
 from sparkrig.operations.source_builds import catalogue as sb_catalogue
 from sparkrig.operations.source_builds import deploy as sb_deploy
@@ -109,7 +108,7 @@ def test_the_shipped_builds_are_the_checked_recipes():
         ({"source_builds": {"lab": {**LAB, "colour": "red"}}}, "lab (kind wheel) must hold exactly"),
         ({"source_builds_enabled": ["tritonn"]}, "a list of builds of source_builds: triton, vllm, xformers"),
         ({"source_builds_enabled": ["triton", "triton"]}, "a list of builds of source_builds"),
-        ({"source_builds_enabled": ["vllm"], "python_stack": {**ps_settings.load_manifest(), "torch": None}},
+        ({"source_builds_enabled": ["vllm"], "python_stack": {**ps_locks.load_manifest(), "torch": None}},
          "vllm compiles against torch, but python_stack installs no torch"),
         ({"source_builds_wait": "yes"}, "True (wait for builds) or False"),
         ({"source_builds_controller_cache": "cache/wheels"}, "a normalised absolute path on the controller"),
@@ -156,7 +155,7 @@ def test_a_tag_is_keyed_with_its_url_a_commit_is_not():
 
 
 def test_python_and_torch_count_only_where_the_wheel_depends_on_them():
-    manifest = ps_settings.load_manifest()
+    manifest = ps_locks.load_manifest()
     other_python = {**manifest, "python": "3.13"}
     other_torch = {**manifest, "torch": {**manifest["torch"], "packages": {"torch": "2.12.0"}}}
     assert _key(python_stack=other_python) == _key()  # abi3

@@ -20,9 +20,9 @@ from sparkrig.operations.updates import facts as up_facts
 from sparkrig.operations.updates import operations as up_operations
 from sparkrig.operations.updates import settings as up_settings
 from sparkrig.settings import all_settings, defaults, problems
+from sparkrig.tools import report
+from sparkrig.tools.rollout import REPO
 from tests.unit.pyinfra_fake import HOST_STATE, PlannedOp, execute, host_state
-from tools import report
-from tools.rollout import REPO
 
 DEFAULTS = defaults(all_settings())
 
@@ -189,7 +189,7 @@ def test_the_command_reads_a_venv_and_this_machine(tmp_path):
 @pytest.mark.skipif(not shutil.which("dpkg-query"), reason="needs dpkg-query (a Debian controller)")
 def test_a_fifo_for_a_venvs_metadata_never_hangs_the_report(tmp_path):
     """The venv's owner makes torch's METADATA a FIFO (no writer ever comes): the fact's own
-    command still ends (the deploy and tools.report read it), torch's version unknown."""
+    command still ends (the deploy and sparkrig report read it), torch's version unknown."""
     info = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "torch-2.11.0.dist-info"
     info.mkdir(parents=True)
     os.mkfifo(info / "METADATA")
@@ -461,7 +461,7 @@ def test_the_report_names_a_host_it_cannot_reach_and_fails(tmp_path):
     inventory = tmp_path / "unreachable.py"
     inventory.write_text('hosts = [("nobody-home", {"ssh_hostname": "127.0.0.1", "ssh_port": 1})]\n')
     result = subprocess.run(
-        [sys.executable, "-m", "tools.report", str(inventory)],
+        [sys.executable, "-m", "sparkrig.tools", "report", str(inventory)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 1, result.stdout + result.stderr

@@ -20,10 +20,10 @@ from sparkrig.operations.updates import facts as up_facts
 from sparkrig.operations.updates import operations as up_operations
 from sparkrig.operations.updates import settings as up_settings
 from sparkrig.settings import problems
+from sparkrig.tools import fleet_page, report
 from tests.unit.operations.test_updates import SPARK as SPARK_VERSIONS
 from tests.unit.operations.test_updates import _host
 from tests.unit.pyinfra_fake import HOST_STATE, execute, host_state
-from tools import fleet_page, report
 
 DATA = Path(__file__).parent / "data" / "fwupd"
 LAB = (DATA / "get-devices-lab-container-fwupd-2.0.20.json").read_text()  # recorded, real fwupd

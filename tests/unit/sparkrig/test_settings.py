@@ -36,7 +36,7 @@ ALL_PY = REPO / "group_data" / "all.py"
 
 def test_the_settings_reference_is_generated_from_the_declarations_and_current():
     assert (REPO / REFERENCE).read_text() == reference(declaring()), (
-        f"{REFERENCE} is stale: run `uv run python -m tools.reference`")
+        f"{REFERENCE} is stale: run `uv run sparkrig reference`")
     for setting in all_settings():
         assert f"### `{setting.key}`\n" in reference(declaring())
 

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from sparkrig.tools.rollout import PYINFRA, failed_hosts, limit_hosts
 from tests.compliance import conftest
 from tests.compliance.conftest import HostTable, found, host_of, multiplexed
 from tests.support import REPO, inventory_host_data
-from tools.rollout import PYINFRA, failed_hosts, limit_hosts
 
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
 

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from sparkrig.tools import fleet_page
+from sparkrig.tools.fleet_page import Control, Host
+from sparkrig.tools.report import COLUMNS, differing, page_hosts
 from tests.compliance.conftest import HostTable
 from tests.support import REPO, unavailable
 from tests.unit.tools.test_fleet import _compliance
-from tools import fleet_page
-from tools.fleet_page import Control, Host
-from tools.report import COLUMNS, differing, page_hosts
 
 # Where the browser test leaves its screenshot and the page it took it of; CI keeps this folder.
 ARTIFACTS = Path(os.environ.get("SPARKRIG_ARTIFACTS", REPO / "artifacts"))
@@ -271,7 +271,7 @@ def test_the_page_renders_in_chromium_shows_the_failure_and_filters(tmp_path):
 
 
 def test_the_suite_writes_the_page_of_a_host_it_cannot_reach(tmp_path):
-    """The real compliance suite's swap controls, and tools.report, against a host that refuses
+    """The real compliance suite's swap controls, and sparkrig report, against a host that refuses
     SSH: every control failed with ssh's reason, the versions not read, saying why."""
 
     result = _compliance(tmp_path, "--fleet-page", str(tmp_path / "fleet.html"))
@@ -292,7 +292,7 @@ def test_the_suite_writes_the_page_of_a_host_it_cannot_reach(tmp_path):
 
 def test_a_byte_that_is_not_utf8_is_shown_and_the_page_still_written(tmp_path):
     """A host's byte that was not UTF-8 arrives as a lone surrogate ('\\udcff'); writing the
-    page raised on it, and no page came (tools.report --html, the suite's --fleet-page)."""
+    page raised on it, and no page came (sparkrig report --html, the suite's --fleet-page)."""
     hosts = {"spark-01": Host(versions=_versions(torch="2.11.0\udcff"), differs=["torch"]),
              "spark-02": Host(versions_error="FactProcessError: \udcfe",
                               controls=[Control("swap", "test_x", "failed", "found \udcfd")])}
@@ -304,7 +304,7 @@ def test_a_byte_that_is_not_utf8_is_shown_and_the_page_still_written(tmp_path):
 
 
 def test_tools_report_writes_the_page_of_a_venv_whose_metadata_is_not_utf8(tmp_path):
-    """The real tools.report --html on @local (this machine, read only), its venv's torch
+    """The real sparkrig report --html on @local (this machine, read only), its venv's torch
     METADATA with a Latin-1 byte in the Version: the page is written, and the host's row
     says why it was not read (the version is no version: the fact fails that host, naming the
     file), the byte shown escaped; the exit status says a host was not read."""
@@ -312,7 +312,7 @@ def test_tools_report_writes_the_page_of_a_venv_whose_metadata_is_not_utf8(tmp_p
     info.mkdir(parents=True)
     (info / "METADATA").write_bytes(b"Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\xff\n")
     (tmp_path / "inv.py").write_text(f'hosts = [("@local", {{"python_venv_path": {str(tmp_path / "venv")!r}}})]\n')
-    result = subprocess.run([sys.executable, "-m", "tools.report", "inv.py", "--html", "fleet.html"],
+    result = subprocess.run([sys.executable, "-m", "sparkrig.tools", "report", "inv.py", "--html", "fleet.html"],
                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr

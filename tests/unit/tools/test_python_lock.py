@@ -25,12 +25,11 @@ import yaml
 
 from lab import wheelhouse
 from sparkrig import python_wheels
-from sparkrig.operations.python_stack import locks as ps_locks
-from sparkrig.operations.python_stack import settings as ps_settings
+from sparkrig import stack_locks as ps_locks
+from sparkrig.tools import python_lock
 from tests.support import REPO, unavailable
-from tools import python_lock
 
-MANIFEST = ps_settings.load_manifest()
+MANIFEST = ps_locks.load_manifest()
 
 
 @functools.cache

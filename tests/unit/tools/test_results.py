@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig.tools import fleet_page
+from sparkrig.tools.report import COLUMNS
 from tests.compliance import results
 from tests.support import REPO
 from tests.unit.tools.test_fleet_page import Parsed
-from tools import fleet_page
-from tools.report import COLUMNS
 
 STAND_IN = '''"""Stand-in controls of tests/unit/tools/test_results.py (not the suite's)."""
 
@@ -130,7 +130,7 @@ def test_a_run_writes_one_json_document_with_each_controls_outcome_reason_protec
             "protects": "Protects against a fixture that fails (with SPARKRIG_STAND_IN_BROKEN set)."},
     }
     assert all(0 < controls[k]["duration_s"] < 60 for k in ("test_stand_in.py::test_the_kernel_is_read", FAULT)), controls
-    # The versions, as tools.report reads them (this machine's, read).
+    # The versions, as sparkrig report reads them (this machine's, read).
     (host,) = doc["hosts"].values()
     assert set(host["versions"]) == set(COLUMNS) and host["versions"]["os"] not in ("", "-"), host
     assert host["versions_read"] and not host["versions_error"]
@@ -167,7 +167,7 @@ def test_a_waiver_accepts_a_failure_which_then_fails_nothing_and_shows_as_waived
     rows = page.rows["controls"][1:]
     (waived,) = [r for r in rows if r["attrs"]["data-status"] == "waived"]
     assert waived["cells"][3]["text"] == "test_a_flag_file_is_there"
-    assert "skipped" in (tmp_path / "junit.xml").read_text()  # CI and tools.rollout: not a failure
+    assert "skipped" in (tmp_path / "junit.xml").read_text()  # CI and sparkrig rollout: not a failure
 
 
 def test_a_waiver_for_other_hosts_or_another_control_accepts_nothing(tmp_path):

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO
-from tools import rollout, rollout_plan
-from tools.rollout import Options, Steps, converge, proof_outcomes, run_batches
-from tools.rollout_plan import (
+from sparkrig.tools import rollout, rollout_plan
+from sparkrig.tools.rollout import Options, Steps, converge, proof_outcomes, run_batches
+from sparkrig.tools.rollout_plan import (
     FAILED,
     PENDING,
     PROVEN,
@@ -28,6 +27,7 @@ from tools.rollout_plan import (
     save,
     table,
 )
+from tests.support import REPO
 
 HOSTS = ["s1", "s2", "s3", "s4", "s5"]
 
@@ -97,7 +97,7 @@ def _not_loaded_inventory(tmp_path: Path) -> tuple[Path, Path]:
 ])
 def test_bad_options_stop_before_the_inventory_is_even_loaded(tmp_path, args, error):
     inventory, loads = _not_loaded_inventory(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "tools.rollout", str(inventory), *args,
+    result = subprocess.run([sys.executable, "-m", "sparkrig.tools", "rollout", str(inventory), *args,
                              "--state", str(tmp_path / "state" / "r.json")],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
