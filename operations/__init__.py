@@ -24,7 +24,7 @@ from pyinfra.context import ctx_state
 from sparkrig import hooks, reading
 
 CONCERNS = (
-    "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "jobs",
+    "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "gpu_policy", "jobs",
     "containers", "ngc", "python_stack", "source_builds", "cluster",
 )
 # The host's one reading plans its parts in this order, not in the order concerns were imported.

@@ -96,7 +96,7 @@ SAMPLES.update({
     "source_builds/build-wait.sh.j2": {"result": _READ.replace('"$f"', '"$d/work/result"'), "tail_lines": 40,
                                        "progress_every_s": 60},
 })
-OWN_SCRIPTS = ("try", "test", ".ci/install")
+OWN_SCRIPTS = ("try", "test", ".ci/install", "lab/nvidia-smi-standin.sh")
 
 
 def scripts() -> list[str]:
