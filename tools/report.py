@@ -1,10 +1,12 @@
-"""Versions across a fleet: one row per host, one column per version, differing cells marked.
+"""Versions across a fleet: one row per host, one column per version, differing cells marked;
+then each GPU's state (temperature, power, SM clock, the GPU policy's cap, active clock event
+reasons).
 
     uv run python -m tools.report INVENTORY [--limit GROUP_OR_HOST] [--json] [--html PAGE]
 
 Each host is read once, with one remote command: the :class:`sparkrig.operations.updates.facts.Versions`
 part of the host's one reading, with the arguments its settings give (as a deploy reads
-it). A cell that differs from what most hosts have is marked with ``*``. A host that cannot
+it), and the GPU policy's :class:`sparkrig.operations.gpu_policy.facts.GpuState` (read-only). A cell that differs from what most hosts have is marked with ``*``. A host that cannot
 be reached or read gets one line saying why, and the exit status is 1. ``--html PAGE`` also
 writes the fleet page (:mod:`tools.fleet_page`) with these versions; the compliance suite's
 ``--fleet-page`` writes it with every control's outcome too.
@@ -23,6 +25,7 @@ from typing import Any
 from sparkrig import host_output, reading
 from sparkrig.connection import from_slash
 from sparkrig.operations import declaring
+from sparkrig.operations.gpu_policy.deploy import GPU
 from sparkrig.operations.updates.deploy import versions_part
 from sparkrig.operations.updates.facts import pending_reboot
 from sparkrig.settings import resolved, validate_hosts
@@ -33,6 +36,8 @@ COLUMNS = (
     "os", "dgx_os", "kernel", "kernel_pkgs", "driver", "driver_pkgs", "cuda", "docker", "toolkit",
     "torch", "vllm", "reboot",
 )
+# The GPU's state, after the versions: never marked (it differs from host to host by nature).
+GPU_COLUMNS = fleet_page.STATE_COLUMNS
 MARK = "*"
 NONE = "-"
 
@@ -42,8 +47,32 @@ def _versions(installed: Mapping[str, str]) -> str:
     return " ".join(sorted(set(installed.values()))) or NONE
 
 
-def row(facts: Mapping[str, Any]) -> dict[str, str]:
-    """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions`."""
+def _each(gpus: Sequence[Mapping[str, Any]], cell) -> str:
+    """One cell over every GPU of a host (GPUs apart by spaces), ``-`` where none answered."""
+    return " ".join(cell(g) for g in gpus) or NONE
+
+
+def _n(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"
+
+
+def gpu_cells(state: Mapping[str, Any] | None) -> dict[str, str]:
+    """A host's GPU cells, from its :class:`GpuState` (None: not read)."""
+    gpus = (state or {}).get("gpus") or []
+    record = ((state or {}).get("applied") or {}).get("settings", {}).get("clock_max_mhz")
+    cap = NONE if record is None else f"{record['value']} MHz" + ("" if record["ok"] else f" failed (exit {record['exit']})")
+    return {
+        "gpu_temp": _each(gpus, lambda g: f"{_n(g['temperature_c'])} °C"),
+        "gpu_power": _each(gpus, lambda g: f"{_n(g['power_draw_w'])}/{_n(g['power_limit_w'])} W"),
+        "gpu_clock": _each(gpus, lambda g: f"{_n(g['clocks_sm_mhz'])}/{_n(g['clocks_max_sm_mhz'])} MHz"),
+        "gpu_cap": cap if gpus else NONE,
+        "gpu_reasons": _each(gpus, lambda g: ",".join(g["reasons"] or []) or "none"),
+    }
+
+
+def row(facts: Mapping[str, Any], gpu: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions` and its
+    :class:`GpuState`."""
     os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
     python = facts["python"]
     vllm = [version for name, version in python.items() if name != "torch"]
@@ -60,6 +89,7 @@ def row(facts: Mapping[str, Any]) -> dict[str, str]:
         "torch": python.get("torch") or NONE,
         "vllm": " ".join(sorted(set(vllm))) or NONE,
         "reboot": "pending" if pending_reboot(facts) else NONE,
+        **gpu_cells(gpu),
     }
 
 
@@ -92,9 +122,9 @@ def printable(text: str) -> str:
 def table(rows: Mapping[str, Mapping[str, str]], errors: Mapping[str, str]) -> str:
     """The fleet as a text table, a legend, and one line per host that could not be read."""
     marks = differing(rows)
-    header = ["host", *COLUMNS]
+    header = ["host", *COLUMNS, *GPU_COLUMNS]
     lines = [
-        [name, *(printable(cells[c]) + (f" {MARK}" if c in marks[name] else "") for c in COLUMNS)]
+        [name, *(printable(cells[c]) + (f" {MARK}" if c in marks[name] else "") for c in (*COLUMNS, *GPU_COLUMNS))]
         for name, cells in rows.items()
     ]
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
@@ -157,7 +187,8 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
         with ctx_state.use(state), ctx_host.use(host):
             part = versions_part(resolved(host.data.dict()))
             try:
-                value = reading.read([part])[part]
+                read_parts = reading.read([part, GPU])
+                value = {**read_parts[part], "gpu": read_parts[GPU]}
             except Exception as error:  # a host that fails is reported, never the fleet
                 errors[host.name] = host_output.failure() or f"{type(error).__name__}: {error}"
                 return
@@ -183,10 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     facts, errors = read_fleet(args.inventory, args.limit)
     read = fleet_page.now()
-    rows = {name: row(value) for name, value in facts.items()}
+    rows = {name: row(value, value.get("gpu")) for name, value in facts.items()}
     marks = differing(rows)
     report = {
-        "columns": list(COLUMNS),
+        "columns": [*COLUMNS, *GPU_COLUMNS],
         "hosts": {
             name: {"versions": rows[name], "differs": marks[name], "facts": facts[name]} for name in rows
         },
@@ -195,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.html:
         fleet_page.write(args.html, fleet_page.render(
-            page_hosts(report), columns=COLUMNS, source=f"tools.report {args.inventory}"))
+            page_hosts(report), columns=(*COLUMNS, *GPU_COLUMNS), source=f"tools.report {args.inventory}"))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -43,7 +43,7 @@ from tests.compliance import reads, results
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
 from tools import fleet_page, private
-from tools.report import COLUMNS
+from tools.report import COLUMNS, GPU_COLUMNS
 from tools.report import page_hosts as versions_of
 
 # Action controls' testinfra hosts answer host-wide constants once and each path from one
@@ -626,7 +626,7 @@ def write_fleet_page(config, table: HostTable) -> str:
 
     path = config.getoption("--fleet-page")
     fleet_page.write(path, fleet_page.render(
-        page_hosts(config, table), columns=COLUMNS, title="sparkrig compliance",
+        page_hosts(config, table), columns=(*COLUMNS, *GPU_COLUMNS), title="sparkrig compliance",
         source=f"the compliance suite ({config.getoption('--inventory') or 'the lab'})",
         changed=results.page_changes(config)))
     return path
