@@ -295,3 +295,83 @@ def test_fact_falls_back_to_the_old_reasons_field(tmp_path):
     assert state["problem"] is None and state["reasons_field"] == "clocks_throttle_reasons.active"
     assert state["gpus"][0]["reasons"] == []
 
+
+
+# The query is bounded and runs from / ------------------------------------------------
+
+# A STAND-IN for an nvidia-smi whose driver hangs (the lab has no GPU): it answers after 30 s,
+# naming its working directory as the GPU's name.
+HANGING = """#!/bin/sh
+sleep "${HANG_S:-0}"
+echo "0, $(pwd), Enabled, 300, 2000, 50.00, 300.00, 100.00, 400.00, 300.00, 40, 0x0000000000000000"
+"""
+
+
+def _query_with(tmp_path: Path, hang_s: int, timeout_s: int, monkeypatch) -> tuple[dict, float]:
+    import time  # noqa: PLC0415
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "nvidia-smi").write_text(HANGING)
+    (bindir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setattr(gpu, "QUERY_TIMEOUT_S", timeout_s)
+    started = time.monotonic()
+    result = subprocess.run(["sh", "-c", gpu.script()], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                            env={"PATH": f"{bindir}:/usr/bin:/bin", "HANG_S": str(hang_s)})
+    return gpu.parse(result.stdout.splitlines()), time.monotonic() - started
+
+
+def test_the_query_runs_from_slash(tmp_path, monkeypatch):
+    state, _ = _query_with(tmp_path, 0, 5, monkeypatch)
+    assert state["gpus"][0]["name"] == "/"
+
+
+def test_a_hanging_nvidia_smi_is_cut_off(tmp_path, monkeypatch):
+    state, took = _query_with(tmp_path, 30, 1, monkeypatch)
+    assert took < 10
+    assert state["gpus"] == [] and state["problem"].startswith("nvidia-smi's query failed (exit 124)")
+
+
+# The files are validated before they take effect ----------------------------------
+
+
+def _validates(validator: tuple[str, ...], text: str, tmp_path: Path) -> bool:
+    path = tmp_path / "candidate"
+    path.write_text(text)
+    return subprocess.run([*validator, str(path)], capture_output=True).returncode == 0
+
+
+def test_env_and_unit_files_are_validated_before_they_take_effect(tmp_path):
+    env = gp_deploy.render_env(WANTED)
+    assert _validates(gp_deploy.ENV_VALIDATOR, env, tmp_path)
+    assert not _validates(gp_deploy.ENV_VALIDATOR, env + "GPU_CLOCK_MAX_MHZ=$(reboot)\n", tmp_path)
+    assert not _validates(gp_deploy.ENV_VALIDATOR, env.replace("=500", "=5OO"), tmp_path)
+    unit = gp_deploy.render_unit()
+    assert _validates(gp_deploy.UNIT_VALIDATOR, unit, tmp_path)
+    assert not _validates(gp_deploy.UNIT_VALIDATOR, unit + "ExecStartPre=/tmp/x\n", tmp_path)
+    ops = execute(gp.gpu_policy, data=POLICY, responses=_host(files=False, enabled=False))
+    commands = {op.name.split(" | ", 1)[1].split(" (")[0]: " ".join(op.commands) for op in ops}
+    assert "grep -Ev" in commands["GPU policy settings"] and "^GPU_CLOCK_MAX_MHZ=[0-9]*$" in commands["GPU policy settings"]
+    assert "^ExecStart=(/usr/local/sbin/sparkrig-gpu-policy)$" in commands["GPU policy unit"]
+    assert "&& { sh -n" in commands["GPU policy script"]
+
+
+# Reports ------------------------------------------------------------------------------
+
+
+def test_report_cells_show_temperature_power_clock_cap_and_reasons():
+    from tools import fleet_page, report  # noqa: PLC0415
+    state = gpu.parse(fact_output(applied="boot b\nclock_max_mhz 1500 ok"))
+    cells = report.gpu_cells(state)
+    assert cells == {"gpu_temp": "40 °C", "gpu_power": "73/700 W", "gpu_clock": "345/1980 MHz",
+                     "gpu_cap": "1500 MHz", "gpu_reasons": "gpu_idle"}
+    assert report.gpu_cells(gpu.parse(fact_output(applied="boot b\nclock_max_mhz 1500 failed 3")))["gpu_cap"] == \
+        "1500 MHz failed (exit 3)"
+    assert set(report.gpu_cells(None).values()) == {"-"}
+    page = fleet_page.render({"spark-01": fleet_page.Host(versions=cells)}, columns=report.GPU_COLUMNS)
+    assert "GPU temp" in page and "40 °C" in page and "clock event reasons" in page and "gpu_idle" in page
+    # A GPU's state differs between hosts and between runs by nature: neither drift nor a change.
+    assert report.differing({"a": {**dict.fromkeys(report.COLUMNS, "x"), **cells},
+                             "b": {**dict.fromkeys(report.COLUMNS, "x"), **report.gpu_cells(None)}}) == {"a": [], "b": []}
+    before = {"started": "t0", "hosts": {"a": {"versions": {**cells, "os": "debian 12"}, "controls": []}}}
+    now = {"started": "t1", "hosts": {"a": {"versions": {**cells, "gpu_temp": "70 °C", "os": "debian 13"}, "controls": []}}}
+    assert fleet_page.changes(now, [before]).versions == [("a", "os", "debian 12", "debian 13")]
