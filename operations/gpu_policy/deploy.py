@@ -9,7 +9,6 @@ from typing import Any
 
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
-from pyinfra.operations.util import any_changed
 
 from sparkrig import atomic, host_settings, reading, rendering
 from sparkrig.gpu import out_of_range
@@ -161,12 +160,9 @@ def gpu_policy():
     if unit.get("enabled") != "enabled":
         systemd.service(name=f"{UNIT} runs at every boot", service=UNIT, running=None, enabled=True)
     lost = drifted(policy, gpu)
-    if changed or lost:
-        # With only files changed, run it when one of them did change (not on a dry run).
-        condition = {} if lost else {"_if": any_changed(*changed)}
+    if changed or lost:  # each write above was decided from the reading: it does change the file
         server.shell(
             name=f"Apply the GPU policy now ({', '.join(lost) or 'its settings changed'})",
             # The script's own words (what nvidia-smi refused) reach the deploy's output.
             commands=[f"systemctl restart {UNIT} || {{ journalctl -u {UNIT} -b -n 20 --no-pager -o cat >&2; false; }}"],
-            **condition,
         )
