@@ -92,6 +92,11 @@ def thermal_problems(state: Mapping[str, Any]) -> list[str]:
             for g in state["gpus"] if set(g["reasons"] or ()) & set(THERMAL)]
 
 
+def _none(problems: list[str]) -> None:
+    """Fail with every problem found, each naming what was expected and what the GPU holds."""
+    assert not problems, "; ".join(problems)
+
+
 @pytest.fixture
 def policy(settings, profile_name) -> dict:
     wanted = expected(settings, profile_name)
@@ -118,7 +123,7 @@ def test_persistence_mode_is_on(read, policy):
     (each job's start pays for it, and settings held only while it is loaded are lost)."""
     if not policy["persistence"]:
         pytest.skip("gpu_persistence is False for this host: persistence is left as it is")
-    assert persistence_problems(gpus_of(read(state))) == []
+    _none(persistence_problems(gpus_of(read(state))))
 
 
 def test_sm_clock_is_capped(read, policy):
@@ -128,7 +133,7 @@ def test_sm_clock_is_capped(read, policy):
     if cap is None:
         pytest.skip("gpu_clock_max_mhz is None for this host: its clocks are left alone")
     found = read(state)
-    assert clock_problems(cap, gpus_of(found), found["boot"].check()) == []
+    _none(clock_problems(cap, gpus_of(found), found["boot"].check()))
 
 
 def test_power_limit_is_the_configured_one(read, policy):
@@ -137,13 +142,13 @@ def test_power_limit_is_the_configured_one(read, policy):
     limit = policy["power_limit_w"]
     if limit is None:
         pytest.skip("gpu_power_limit_w is None for this host: its power limit is left alone")
-    assert power_problems(limit, gpus_of(read(state))) == []
+    _none(power_problems(limit, gpus_of(read(state))))
 
 
 def test_no_gpu_is_slowed_down_by_heat(read):
     """Protects against a GPU running hot enough that the hardware halves its clocks (thermal
     or power-brake slowdown): jobs crawl, and on GB10 a thermal shutdown is near."""
-    assert thermal_problems(gpus_of(read(state))) == []
+    _none(thermal_problems(gpus_of(read(state))))
 
 
 @pytest.mark.parametrize("path", FILES)

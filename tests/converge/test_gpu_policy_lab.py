@@ -105,3 +105,40 @@ def test_the_gpu_state_is_read_as_the_report_shows_it(standin):
     assert {k: v for k, v in cells.items() if k.startswith("gpu_")} == {
         "gpu_temp": "45 °C", "gpu_power": "32/280 W", "gpu_clock": "2100/3090 MHz", "gpu_cap": "2100 MHz",
         "gpu_reasons": "none"}
+
+
+def _inventory_with_policy(tmp_path) -> str:
+    """The lab's inventory with the policy's settings on HOST (as SETTINGS gives them)."""
+    path = tmp_path / "inventory_gpu_policy.py"
+    path.write_text(
+        "import runpy\n"
+        f"_lab = runpy.run_path({str(REPO / LAB_INVENTORY)!r})\n"
+        "lab = [(name, {**data, **({'gpu_persistence': True, 'gpu_clock_max_mhz': {'rtx50': 2100}, "
+        f"'gpu_power_limit_w': 280}} if name == {HOST!r} else {{}})}}) for name, data in _lab['lab']]\n"
+    )
+    return str(path)
+
+
+def _controls(inventory: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/compliance/test_gpu_policy.py", "--inventory", inventory,
+         "--limit", HOST, "-p", "no:cacheprovider", "-q", "-rA", "-n", "0"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_the_controls_read_the_applied_state_and_name_what_they_find(standin, tmp_path):
+    """The compliance controls pass on the converged host; a power limit changed behind the
+    policy's back (as root, through the stand-in) fails its control naming expected and actual,
+    and the next deploy applies the policy again."""
+    inventory = _inventory_with_policy(tmp_path)
+    passed = _controls(inventory)
+    assert passed.returncode == 0, passed.stdout[-4000:]
+    assert "8 passed" in passed.stdout and "skipped" not in passed.stdout.split("per host")[0], passed.stdout[-4000:]
+    lab.run_ssh(HOST, "sudo nvidia-smi -pl 300")
+    failed = _controls(inventory)
+    assert failed.returncode == 1
+    assert "GPU 0 (NVIDIA GeForce RTX 5070 Ti): power limit expected 280 W, is 300 W" in failed.stdout, failed.stdout[-4000:]
+    again = run_deploy(LAB_INVENTORY, "--limit", HOST, *SETTINGS, deploy=DEPLOY)
+    assert again.returncode == 0 and list(again.changed()) == [HOST], again.log
+    assert "Apply the GPU policy now (GPU 0 power limit 300.0 W)" in again.changed()[HOST][0], again.changed()
+    assert _controls(inventory).returncode == 0
