@@ -1,15 +1,17 @@
 """
-The GPU's state as ``nvidia-smi --query-gpu`` reports it, read one way (run from ``/``, bounded
-in time, read-only) by the GPU policy's fact (operations/gpu_policy), its compliance controls
-and tools.report: the command (:func:`script`) and its parser (:func:`parse`). Standard
-library only: it also runs, unchanged, against a real GPU where sparkrig is not installed
-(tests/unit/operations/data/gpu_policy/ holds such a recorded output).
+The GPU's state as ``nvidia-smi --query-gpu`` reports it, read one way (run from ``/``, a
+root-owned nvidia-smi only, bounded in time, read-only) by the GPU policy's fact
+(operations/gpu_policy), its compliance controls and tools.report: the command (:func:`script`)
+and its parser (:func:`parse`), checked against a real H100's recorded output
+(tests/unit/operations/data/gpu_policy/).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from . import rendering
 
 APPLIED = "/run/sparkrig/gpu-policy.applied"  # the GPU policy unit's record of this boot (templates/gpu_policy)
 QUERY_TIMEOUT_S = 20
@@ -32,23 +34,12 @@ REASONS = {
 THROTTLING = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 
 
-def query_command(fields: str) -> str:
-    """nvidia-smi's read-only query of ``fields``, bounded in time."""
-    return f"timeout {QUERY_TIMEOUT_S} nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits"
-
-
 def script() -> str:
-    """The fact's shell: from ``/``; the query with the first reasons field the driver knows;
-    its exit status; then the unit's record of this boot, if any."""
-    fields = ",".join(FIELDS)
-    tries = " ".join(REASON_FIELDS)
-    return (
-        "cd / || exit 1; if ! command -v nvidia-smi >/dev/null 2>&1; then echo '## none'; exit 0; fi; "
-        f"for r in {tries}; do out=$({query_command(fields + ',$r')} 2>&1); rc=$?; "
-        '[ "$rc" = 2 ] || break; done; '
-        'echo "## query $rc $r"; printf \'%s\\n\' "$out"; '
-        f"echo '## applied'; head -c 4096 {APPLIED} 2>/dev/null; true"
-    )
+    """The read's shell (templates/sparkrig/gpu-state.sh.j2): from ``/``; a root-owned
+    nvidia-smi only; the query with the first reasons field the driver knows, and its exit
+    status; then the unit's record of this boot, if any."""
+    return rendering.script("sparkrig/gpu-state.sh.j2", reason_fields=" ".join(REASON_FIELDS),
+                            timeout_s=QUERY_TIMEOUT_S, fields=",".join(FIELDS), applied=APPLIED)
 
 
 def number(text: str) -> float | None:
@@ -121,6 +112,9 @@ def parse(output: Sequence[str]) -> dict[str, Any]:
             section = words[0]
             if section == "none":
                 found["problem"] = "no nvidia-smi on the host (no NVIDIA driver)"
+            elif section == "untrusted":
+                found["problem"] = (f"{' '.join(words[1:])[:200]} is not root's alone (another user owns it or may "
+                                    "change it): not run as root")
             elif section == "query":
                 status, field = int(words[1]), words[2] if len(words) > 2 else None
                 found["reasons_field"] = field

@@ -28,9 +28,15 @@ case $GPU_PERSISTENCE in
     *) say "GPU_PERSISTENCE=$GPU_PERSISTENCE is neither 0 nor 1: nothing applied"; exit 2 ;;
 esac
 
+# Root runs only a root-owned nvidia-smi that nobody else may change.
+if ! smi=$(command -v nvidia-smi) || [ -z "$(find "$smi" -maxdepth 0 -user root ! -perm /022)" ]; then
+    say "no root-owned nvidia-smi that only root may change on PATH (${smi:-none found}): nothing applied"
+    exit 1
+fi
+
 # The driver may still be loading at boot: wait for nvidia-smi to answer, 60 s at most.
 tries=0
-until timeout 10 nvidia-smi -L >/dev/null 2>&1; do
+until timeout 10 "$smi" -L >/dev/null 2>&1; do
     tries=$((tries + 1))
     if [ "$tries" -ge 30 ]; then
         say "nvidia-smi -L did not answer in 60 s (no GPU, or no driver loaded): nothing applied"
@@ -48,7 +54,7 @@ apply() { # WHAT VALUE NVIDIA-SMI-ARGS...: run it, say and record what became of
     what=$1
     value=$2
     shift 2
-    if out=$(timeout 30 nvidia-smi "$@" 2>&1); then
+    if out=$(timeout 30 "$smi" "$@" 2>&1); then
         say "$what $value: applied (nvidia-smi $*)"
         printf '%s %s ok\n' "$what" "$value" >>"$record"
         return

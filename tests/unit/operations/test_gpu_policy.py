@@ -25,7 +25,7 @@ DATA = Path(__file__).parent / "data" / "gpu_policy"
 # Recorded real-device output: an H100 (not a GB10), driver 580.159.04, read-only (README.md there).
 REAL_H100_LINE = (DATA / "recorded-real-h100-query-gpu.csv").read_text()
 REAL_H100_UNKNOWN_FIELD = (DATA / "recorded-real-h100-unknown-field.txt").read_text()
-QUERY = "nvidia-smi --query-gpu"  # the GpuState fact's command holds it
+QUERY = "--query-gpu="  # the GpuState fact's command holds it
 
 
 def fact_output(query: str = REAL_H100_LINE, status: int = 0, field: str = gpu.REASON_FIELDS[0],
@@ -375,3 +375,24 @@ def test_report_cells_show_temperature_power_clock_cap_and_reasons():
     before = {"started": "t0", "hosts": {"a": {"versions": {**cells, "os": "debian 12"}, "controls": []}}}
     now = {"started": "t1", "hosts": {"a": {"versions": {**cells, "gpu_temp": "70 °C", "os": "debian 13"}, "controls": []}}}
     assert fleet_page.changes(now, [before]).versions == [("a", "os", "debian 12", "debian 13")]
+
+
+def test_an_nvidia_smi_others_may_change_is_never_run_as_root(tmp_path, monkeypatch):
+    """Neither the read nor the unit's script runs an nvidia-smi that another user could have
+    replaced (group- or world-writable here; the tests run as root, so the owner is root)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the check is on a root-owned file's mode")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    marker = tmp_path / "ran"
+    (bindir / "nvidia-smi").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    (bindir / "nvidia-smi").chmod(0o777)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin"}
+    read = subprocess.run(["sh", "-c", gpu.script()], capture_output=True, text=True, timeout=30, env=env)
+    state = gpu.parse(read.stdout.splitlines())
+    assert state["gpus"] == [] and state["problem"] == (
+        f"{bindir}/nvidia-smi is not root's alone (another user owns it or may change it): not run as root")
+    unit = subprocess.run(["sh", str(SCRIPT)], capture_output=True, text=True, timeout=30,
+                          env={**env, "GPU_CLOCK_MAX_MHZ": "2100"})
+    assert unit.returncode == 1 and "no root-owned nvidia-smi that only root may change" in unit.stdout
+    assert not marker.exists()
