@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkrig.gpu import CLOCK_MIN_MHZ
+from sparkrig.operations.hardware import settings as hardware_settings
 from sparkrig.profile import profile_name_check
 from sparkrig.settings import Setting, boolean, declare, defaults
 
@@ -67,7 +68,8 @@ SETTINGS = (
     ),
 )
 
-DEFAULTS = defaults(SETTINGS)  # the settings this concern's deploy reads: its own
+# The settings this concern's deploy reads: its own, and the hardware profile a value may depend on.
+DEFAULTS = defaults((*SETTINGS, *hardware_settings.SETTINGS))
 
 declare(__name__, SETTINGS)
 
