@@ -12,6 +12,7 @@ from sparkrig.operations.ca_certificates import ca_certificates
 from sparkrig.operations.cluster import cluster
 from sparkrig.operations.containers import containers
 from sparkrig.operations.cuda_env import cuda_env
+from sparkrig.operations.gpu_policy import gpu_policy
 from sparkrig.operations.hardware import hardware
 from sparkrig.operations.jobs import jobs
 from sparkrig.operations.ngc import ngc
@@ -29,6 +30,7 @@ cuda_env()  # one env file (CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ...) read by 
 swap()  # no swap now, nothing that turns it on at boot
 sshd_guard()  # sshd keeps its memory under pressure; SSH sessions stay killable
 watchdog()  # earlyoom kills the job before the box freezes
+gpu_policy()  # off unless set: persistence mode, an SM clock cap and a power limit, applied at every boot by a oneshot unit
 jobs()  # `spark-run` (also `--detach`), `spark-jobs`, `spark-preflight`, `spark-drop-caches`, `training.slice`, the shared model cache
 containers()  # Docker and the NVIDIA container toolkit, the `nvidia` runtime merged into `daemon.json`
 ngc()  # off by default: NVIDIA's PyTorch image pinned by digest (or built on it), `spark-container`, JupyterLab on 127.0.0.1

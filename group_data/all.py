@@ -12,4 +12,5 @@ For example:
     swap_remove_files = True                  # also delete /swap.img once swap is off
     containers_docker_users = ["alice"]       # the docker group is root-equivalent
     python_stack_profiles = ["unsloth"]
+    gpu_clock_max_mhz = {"gb10": 2100}       # cap the SM clock of the GB10 boxes at every boot
 """

@@ -15,9 +15,11 @@ The lab reproduces that before any deploy:
   ``nvidia-container-runtime``), as the image's installer would have.
 
 A flavour with ``gpu_standin`` also gets ``/usr/local/bin/nvidia-smi``, a
-STAND-IN that answers the query sparkrig's hardware fact makes and ``-L``
-(``spark-preflight``'s) as the named GPU would, and fails every other call as
-nvidia-smi does without a driver: the lab has no GPU. There is no
+STAND-IN (lab/nvidia-smi-standin.sh) that answers the queries sparkrig makes (the hardware
+fact's, the GPU policy's, ``-L``) as the named GPU would, takes the GPU policy's settings
+(``-pm``, ``-lgc``, ``-pl``) as root, records each, answers later queries consistently with
+them and forgets them at a reboot, as a GPU does; every other call fails as nvidia-smi does
+without a driver: the lab has no GPU. There is no
 ``/dev/nvidiactl``, so the controls that need a real GPU skip, saying so.
 
 A flavour with ``netplan_nm`` runs DGX OS's network stack, Debian's real netplan.io and
@@ -36,6 +38,9 @@ link), as on a Spark. Two lab STAND-INS for udev, which cannot run in a containe
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 from .config import DOCKER_STANDIN_PACKAGE, TOOLKIT_STANDIN_PACKAGE
 from .model import Flavour
 
@@ -45,24 +50,30 @@ KEYRING = "/usr/share/keyrings/sparkrig-lab-dgx-standin.asc"
 NVIDIA_SMI = "/usr/local/bin/nvidia-smi"
 PACKAGES = (DOCKER_STANDIN_PACKAGE, TOOLKIT_STANDIN_PACKAGE)
 
-# The only nvidia-smi call the stand-in answers: operations/hardware/'s.
-HARDWARE_QUERY = "--query-gpu=compute_cap,name --format=csv,noheader"
+STANDIN_SCRIPT = Path(__file__).with_name("nvidia-smi-standin.sh")
+# The stand-in's figures per GPU name: made up for the stand-in (near the cards' published
+# ones), never read from a real card. GB10's power limits are [N/A] here: whether a Spark's
+# driver offers -pl is not known (../shared/notes/spark-facts.md), so the stand-in refuses it
+# (exit 3, "not supported") and sparkrig's checks must say so.
+STANDIN_GPUS = {
+    "NVIDIA GB10": {"MAX_SM": "3003", "POWER_DRAW": "[N/A]", "POWER_MIN": "[N/A]", "POWER_MAX": "[N/A]",
+                    "POWER_DEFAULT": "[N/A]", "TEMPERATURE": "45"},
+}
+STANDIN_DEFAULT = {"MAX_SM": "3090", "POWER_DRAW": "31.50", "POWER_MIN": "250.00", "POWER_MAX": "350.00",
+                   "POWER_DEFAULT": "300.00", "TEMPERATURE": "45"}
+# Where the stand-in records each setting call (boot id, uid, arguments): kept across reboots.
+STANDIN_CALLS = "/var/lib/sparkrig-lab-nvidia-smi/calls"
 
 
 def nvidia_smi_standin(answer: str) -> str:
-    """The stand-in nvidia-smi script: ``answer`` ("12.1, NVIDIA GB10") to the hardware
-    query, the GPU list as that GPU would (its UUID names the stand-in), nothing else."""
-    name = answer.split(", ", 1)[1]
-    return (
-        "#!/bin/sh\n"
-        "# sparkrig lab STAND-IN for nvidia-smi (lab/dgxos.py): the lab has no GPU.\n"
-        "# It answers sparkrig's hardware query and -L as this box's GPU would, and fails\n"
-        "# everything else as nvidia-smi does without a driver (exit 9).\n"
-        f'if [ "$*" = "{HARDWARE_QUERY}" ]; then echo "{answer}"; exit 0; fi\n'
-        f'if [ "$*" = "-L" ]; then echo "GPU 0: {name} (UUID: GPU-sparkrig-lab-stand-in)"; exit 0; fi\n'
-        'echo "sparkrig lab stand-in nvidia-smi: no GPU in the lab" >&2\n'
-        "exit 9\n"
-    )
+    """The stand-in nvidia-smi script (lab/nvidia-smi-standin.sh) for the GPU ``answer``
+    describes ("12.1, NVIDIA GB10": compute capability, name), with that GPU's stand-in figures."""
+    capability, name = answer.split(", ", 1)
+    figures = {"CAP": capability, "NAME": name, **STANDIN_GPUS.get(name, STANDIN_DEFAULT)}
+    header = "".join(f"{key}={shlex.quote(value)}\n" for key, value in figures.items())
+    body = STANDIN_SCRIPT.read_text()
+    first, rest = body.split("\n", 1)
+    return f"{first}\n{header}{rest}"
 
 
 def rootfs_files(flavour: Flavour, repo_url: str, origin: str, key: str) -> dict[str, tuple[str, int]]:

@@ -29,7 +29,7 @@ if __name__ != "sparkrig.operations":
     raise ImportError(f"{__name__!r} is sparkrig.operations: import it by that name")
 
 CONCERNS = (
-    "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "jobs",
+    "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "gpu_policy", "jobs",
     "containers", "ngc", "python_stack", "source_builds", "cluster",
 )
 # The host's one reading plans its parts in this order, not in the order concerns were imported.

@@ -36,7 +36,12 @@ HEADINGS = {
     "os": "OS", "dgx_os": "DGX OS", "kernel": "kernel", "kernel_pkgs": "kernel pkgs", "driver": "driver",
     "driver_pkgs": "driver pkgs", "cuda": "CUDA", "docker": "Docker", "toolkit": "toolkit",
     "torch": "torch", "vllm": "vLLM", "reboot": "reboot", "firmware": "firmware",
+    "gpu_temp": "GPU temp", "gpu_power": "GPU power (draw/limit)", "gpu_clock": "SM clock (now/max)",
+    "gpu_cap": "clock cap", "gpu_reasons": "clock event reasons",
 }
+# The GPU's state as read with the versions (tools.report): it changes from one read to the
+# next, so it is neither drift nor a change worth listing.
+STATE_COLUMNS = ("gpu_temp", "gpu_power", "gpu_clock", "gpu_cap", "gpu_reasons")
 
 
 class Control(NamedTuple):
@@ -140,7 +145,7 @@ def changes(current: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]) ->
         old = earlier[0]["hosts"].get(host, {}).get("versions") or {}
         new = value.get("versions") or {}
         versions += [(host, column, old[column], new[column])
-                     for column in new if column in old and old[column] != new[column]]
+                     for column in new if column in old and old[column] != new[column] and column not in STATE_COLUMNS]
     return Changes(earlier[0]["started"], newly, still, fixed, versions)
 
 

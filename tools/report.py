@@ -1,14 +1,17 @@
-"""Versions across a fleet: one row per host, one column per version, differing cells marked.
+"""Versions across a fleet: one row per host, one column per version, differing cells marked;
+then each GPU's state (temperature, power, SM clock, the GPU policy's cap, active clock event
+reasons).
 
     uv run sparkrig report INVENTORY [--limit GROUP_OR_HOST] [--json] [--html PAGE]
 
 Each host is read once, with one remote command: the :class:`sparkrig.operations.updates.facts.Versions`
 part of the host's one reading, with the arguments its settings give (as a deploy reads
 it), fwupd's view of its firmware (:class:`sparkrig.operations.updates.facts.Firmware`,
-unless ``updates_firmware`` is off) and what it is (its hardware profile). A cell that
-differs from what most hosts have is marked with ``*``; a firmware device whose version
-differs from most hosts of the same hardware profile is marked in the firmware table after
-the versions ("fwupd reports no devices" where it shows none). A host that cannot
+unless ``updates_firmware`` is off), what it is (its hardware profile) and the GPU policy's
+:class:`sparkrig.operations.gpu_policy.facts.GpuState` (read-only). A cell that
+differs from what most hosts have is marked with ``*`` (never a GPU state cell); a firmware
+device whose version differs from most hosts of the same hardware profile is marked in the
+firmware table after the versions ("fwupd reports no devices" where it shows none). A host that cannot
 be reached or read gets one line saying why, and the exit status is 1. ``--html PAGE`` also
 writes the fleet page (:mod:`sparkrig.tools.fleet_page`) with these versions; the compliance suite's
 ``--fleet-page`` writes it with every control's outcome too.
@@ -28,6 +31,7 @@ from sparkrig import host_output, reading
 from sparkrig import profile as profiles
 from sparkrig.connection import from_slash
 from sparkrig.operations import declaring
+from sparkrig.operations.gpu_policy.deploy import GPU
 from sparkrig.operations.updates.deploy import firmware_part, versions_part
 from sparkrig.operations.updates.facts import pending_reboot
 from sparkrig.settings import resolved, validate_hosts
@@ -38,6 +42,8 @@ COLUMNS = (
     "os", "dgx_os", "kernel", "kernel_pkgs", "driver", "driver_pkgs", "cuda", "docker", "toolkit",
     "torch", "vllm", "reboot", "firmware",
 )
+# The GPU's state, after the versions: never marked (it differs from host to host by nature).
+GPU_COLUMNS = fleet_page.STATE_COLUMNS
 MARK = "*"
 NONE = "-"
 NO_DEVICES = "fwupd reports no devices"
@@ -94,9 +100,33 @@ def firmware_drift(cells: Mapping[str, Mapping[str, str]], profile: Mapping[str,
     return found
 
 
-def row(facts: Mapping[str, Any], firmware: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions` and
-    :class:`sparkrig.operations.updates.facts.Firmware` (None: not read)."""
+def _each(gpus: Sequence[Mapping[str, Any]], cell) -> str:
+    """One cell over every GPU of a host (GPUs apart by spaces), ``-`` where none answered."""
+    return " ".join(cell(g) for g in gpus) or NONE
+
+
+def _n(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"
+
+
+def gpu_cells(state: Mapping[str, Any] | None) -> dict[str, str]:
+    """A host's GPU cells, from its :class:`GpuState` (None: not read)."""
+    gpus = (state or {}).get("gpus") or []
+    record = ((state or {}).get("applied") or {}).get("settings", {}).get("clock_max_mhz")
+    cap = NONE if record is None else f"{record['value']} MHz" + ("" if record["ok"] else f" failed (exit {record['exit']})")
+    return {
+        "gpu_temp": _each(gpus, lambda g: f"{_n(g['temperature_c'])} °C"),
+        "gpu_power": _each(gpus, lambda g: f"{_n(g['power_draw_w'])}/{_n(g['power_limit_w'])} W"),
+        "gpu_clock": _each(gpus, lambda g: f"{_n(g['clocks_sm_mhz'])}/{_n(g['clocks_max_sm_mhz'])} MHz"),
+        "gpu_cap": cap if gpus else NONE,
+        "gpu_reasons": _each(gpus, lambda g: ",".join(g["reasons"] or []) or "none"),
+    }
+
+
+def row(facts: Mapping[str, Any], firmware: Mapping[str, Any] | None = None,
+        gpu: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions`,
+    :class:`sparkrig.operations.updates.facts.Firmware` (None: not read) and :class:`GpuState`."""
     os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
     python = facts["python"]
     vllm = [version for name, version in python.items() if name != "torch"]
@@ -114,6 +144,7 @@ def row(facts: Mapping[str, Any], firmware: Mapping[str, Any] | None = None) -> 
         "vllm": " ".join(sorted(set(vllm))) or NONE,
         "reboot": "pending" if pending_reboot(facts) or (firmware and firmware["reboot"]) else NONE,
         "firmware": firmware_summary(firmware),
+        **gpu_cells(gpu),
     }
 
 
@@ -157,9 +188,9 @@ def table(rows: Mapping[str, Mapping[str, str]], errors: Mapping[str, str],
     the table, drift marked."""
     firmware = firmware or {}
     marks = differing(rows, {name: f["drift"] for name, f in firmware.items()})
-    header = ["host", *COLUMNS]
+    header = ["host", *COLUMNS, *GPU_COLUMNS]
     lines = [
-        [name, *(printable(cells[c]) + (f" {MARK}" if c in marks[name] else "") for c in COLUMNS)]
+        [name, *(printable(cells[c]) + (f" {MARK}" if c in marks[name] else "") for c in (*COLUMNS, *GPU_COLUMNS))]
         for name, cells in rows.items()
     ]
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
@@ -246,7 +277,7 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
             firmware = firmware_part(settings) if settings["updates_firmware"] != "off" else None
             parts = [part, profiles.IDENTITY, *([firmware] if firmware else [])]
             try:
-                values = reading.read(parts)
+                values = reading.read([*parts, GPU])
             except Exception as error:  # a host that fails is reported, never the fleet
                 errors[host.name] = host_output.failure() or f"{type(error).__name__}: {error}"
                 return
@@ -254,7 +285,8 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
                 errors[host.name] = host_output.failure() or "its output could not be read (see above)"
             else:
                 facts[host.name] = {"versions": values[part], "firmware": values[firmware] if firmware else None,
-                                    "profile": host_profile(settings, values[profiles.IDENTITY])}
+                                    "profile": host_profile(settings, values[profiles.IDENTITY]),
+                                    "gpu": values[GPU]}
 
     workers = pool.Pool(32)
     for host in hosts:
@@ -277,12 +309,12 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
     """The JSON report from each host's readings (:func:`read_fleet`)."""
     cells = {name: firmware_cells(value["firmware"]) for name, value in facts.items()}
     drift = firmware_drift(cells, {name: value["profile"] for name, value in facts.items()})
-    rows = {name: row(value["versions"], value["firmware"]) for name, value in facts.items()}
+    rows = {name: row(value["versions"], value["firmware"], value.get("gpu")) for name, value in facts.items()}
     marks = differing(rows, drift)
     return {
-        "columns": list(COLUMNS),
+        "columns": [*COLUMNS, *GPU_COLUMNS],
         "hosts": {
-            name: {"versions": rows[name], "differs": marks[name], "facts": facts[name]["versions"],
+            name: {"versions": rows[name], "differs": marks[name], "facts": facts[name]["versions"], "gpu": facts[name].get("gpu"),
                    "firmware": {"profile": facts[name]["profile"], "summary": rows[name]["firmware"],
                                 "devices": cells[name], "drift": drift[name], "facts": facts[name]["firmware"]}}
             for name in rows
@@ -303,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = build(facts, errors, fleet_page.now())
     if args.html:
         fleet_page.write(args.html, fleet_page.render(
-            page_hosts(report), columns=COLUMNS, source=f"sparkrig report {args.inventory}"))
+            page_hosts(report), columns=(*COLUMNS, *GPU_COLUMNS), source=f"sparkrig report {args.inventory}"))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -40,7 +40,7 @@ import lab
 from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
 from sparkrig.tools import fleet_page, private
-from sparkrig.tools.report import COLUMNS
+from sparkrig.tools.report import COLUMNS, GPU_COLUMNS
 from sparkrig.tools.report import page_hosts as versions_of
 from tests.compliance import reads, results
 from tests.conftest import LAB_INVENTORY, lab_says
@@ -626,7 +626,7 @@ def write_fleet_page(config, table: HostTable) -> str:
 
     path = config.getoption("--fleet-page")
     fleet_page.write(path, fleet_page.render(
-        page_hosts(config, table), columns=COLUMNS, title="sparkrig compliance",
+        page_hosts(config, table), columns=(*COLUMNS, *GPU_COLUMNS), title="sparkrig compliance",
         source=f"the compliance suite ({config.getoption('--inventory') or 'the lab'})",
         changed=results.page_changes(config)))
     return path

@@ -53,6 +53,8 @@ SAMPLES: dict[str, dict] = {
         "rail_floor": 80, "nccl_floor": 12,
     },
     "cuda_env/profile.sh.j2": {"env_file": "/etc/sparkrig/cuda.env"},
+    "sparkrig/gpu-state.sh.j2": {"reason_fields": "clocks_event_reasons.active clocks_throttle_reasons.active",
+                                 "timeout_s": 20, "fields": "index,name", "applied": "/run/sparkrig/gpu-policy.applied"},
     "jobs/spark-drop-caches.sh.j2": {},
     "jobs/spark-jobs.sh.j2": {"unit_prefix": "spark-job-", "records": "/var/lib/sparkrig/jobs"},
     "jobs/spark-preflight.sh.j2": {"min_available_kib": 8388608, "watchdog_service": "earlyoom.service"},
@@ -96,7 +98,7 @@ SAMPLES.update({
     "source_builds/build-wait.sh.j2": {"result": _READ.replace('"$f"', '"$d/work/result"'), "tail_lines": 40,
                                        "progress_every_s": 60},
 })
-OWN_SCRIPTS = ("try", "test", ".ci/install")
+OWN_SCRIPTS = ("try", "test", ".ci/install", "lab/nvidia-smi-standin.sh")
 
 
 def scripts() -> list[str]:

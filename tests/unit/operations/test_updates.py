@@ -421,13 +421,13 @@ def _row(**changes):
 
 def test_a_report_row_holds_one_cell_per_column():
     row = _row()
-    assert list(row) == list(report.COLUMNS)
-    assert row == {
+    assert list(row) == [*report.COLUMNS, *report.GPU_COLUMNS]
+    assert row == {**dict.fromkeys(report.GPU_COLUMNS, "-"), **{
         "os": "ubuntu 24.04", "dgx_os": "7.4.0", "kernel": "6.17.0-1007-nvidia",
         "kernel_pkgs": "6.17.0-1007.7 6.17.0-1008.8", "driver": "580.95.05", "driver_pkgs": "580.95.05-0ubuntu1",
         "cuda": "13.0.2", "docker": "5:28.5.1-1~ubuntu.24.04~noble", "toolkit": "1.18.0-1", "torch": "2.11.0",
         "vllm": "0.20.2", "reboot": "pending", "firmware": "-",
-    }
+    }}
 
 
 def test_the_odd_host_is_marked():
@@ -435,7 +435,7 @@ def test_the_odd_host_is_marked():
     assert report.differing(rows) == {"spark-1": [], "spark-2": [], "spark-3": ["kernel"]}
     text = report.table(rows, {"spark-4": "could not connect"})
     lines = text.splitlines()
-    assert lines[0].split() == ["host", *report.COLUMNS]
+    assert lines[0].split() == ["host", *report.COLUMNS, *report.GPU_COLUMNS]
     assert "6.17.0-1008-nvidia *" in lines[3] and "*" not in lines[1] + lines[2]
     assert lines[-2:] == ["*: differs from most hosts", "spark-4: not read: could not connect"]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sparkrig.tools import fleet_page
-from sparkrig.tools.report import COLUMNS
+from sparkrig.tools.report import COLUMNS, GPU_COLUMNS
 from tests.compliance import results
 from tests.support import REPO
 from tests.unit.tools.test_fleet_page import Parsed
@@ -132,7 +132,7 @@ def test_a_run_writes_one_json_document_with_each_controls_outcome_reason_protec
     assert all(0 < controls[k]["duration_s"] < 60 for k in ("test_stand_in.py::test_the_kernel_is_read", FAULT)), controls
     # The versions, as sparkrig report reads them (this machine's, read).
     (host,) = doc["hosts"].values()
-    assert set(host["versions"]) == set(COLUMNS) and host["versions"]["os"] not in ("", "-"), host
+    assert set(host["versions"]) == {*COLUMNS, *GPU_COLUMNS} and host["versions"]["os"] not in ("", "-"), host
     assert host["versions_read"] and not host["versions_error"]
     # The reason is the table's line.
     assert f"  @local: {FAULT}[local]: {tmp_path / 'flag'} is missing" in _table(result.stdout)
