@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import lab
-from tests.conftest import LAB_INVENTORY
+from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import run_deploy, unavailable
 
 pytestmark = pytest.mark.lab
@@ -102,7 +102,6 @@ def converged(hosts, say):
 
 @pytest.fixture(scope="module")
 def say(request):
-    from tests.conftest import lab_says
     return lambda message: lab_says(request.config, message)
 
 

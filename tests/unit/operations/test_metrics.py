@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig import rendering
 from sparkrig.operations import metrics as m
 from sparkrig.operations.metrics import deploy as md
 from sparkrig.settings import defaults, problems, resolved
@@ -357,13 +358,11 @@ def _host(installed=True, running=True, files=None) -> dict:
 
 
 def _service_text() -> str:
-    from sparkrig import rendering
     return rendering.render("metrics/sparkrig-metrics.service.j2", description=md.DESCRIPTION,
                             collector=md.COLLECTOR, timeout_s=md.RUN_TIMEOUT_S)
 
 
 def _timer_text(interval: int) -> str:
-    from sparkrig import rendering
     return rendering.render("metrics/sparkrig-metrics.timer.j2", description=md.DESCRIPTION, interval_s=interval)
 
 
