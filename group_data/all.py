@@ -12,4 +12,6 @@ For example:
     swap_remove_files = True                  # also delete /swap.img once swap is off
     containers_docker_users = ["alice"]       # the docker group is root-equivalent
     python_stack_profiles = ["unsloth"]
+    metrics_listen = "192.168.1.21:9100"      # node exporter beyond the loopback ...
+    metrics_allow = ["192.168.1.10"]          # ... answering the fleet's Prometheus alone
 """
