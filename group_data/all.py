@@ -13,4 +13,6 @@ For example:
     containers_docker_users = ["alice"]       # the docker group is root-equivalent
     python_stack_profiles = ["unsloth"]
     gpu_clock_max_mhz = {"gb10": 2100}       # cap the SM clock of the GB10 boxes at every boot
+    metrics_listen = "192.168.1.21:9100"      # node exporter beyond the loopback ...
+    metrics_allow = ["192.168.1.10"]          # ... answering the fleet's Prometheus alone
 """

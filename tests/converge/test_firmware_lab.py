@@ -38,7 +38,7 @@ def test_fwupd_is_installed_answers_and_the_report_says_no_devices(lab_hosts):
     for name in hosts:
         assert lab.run_ssh(name, "dpkg-query -W -f '${Status}' fwupd").stdout == "install ok installed"
 
-    result = subprocess.run([sys.executable, "-m", "tools.report", LAB_INVENTORY, *LIMIT, "--json"],
+    result = subprocess.run([sys.executable, "-m", "sparkrig.tools.report", LAB_INVENTORY, *LIMIT, "--json"],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
@@ -48,7 +48,7 @@ def test_fwupd_is_installed_answers_and_the_report_says_no_devices(lab_hosts):
         assert (firmware["facts"]["fwupd"], firmware["facts"]["error"]) == ("read", ""), firmware
         assert firmware["summary"] == "fwupd reports no devices" and firmware["devices"] == {}, firmware
         assert report["hosts"][name]["versions"]["firmware"] == "fwupd reports no devices"
-    table = subprocess.run([sys.executable, "-m", "tools.report", LAB_INVENTORY, *LIMIT],
+    table = subprocess.run([sys.executable, "-m", "sparkrig.tools.report", LAB_INVENTORY, *LIMIT],
                            cwd=REPO, capture_output=True, text=True, timeout=300)
     assert table.returncode == 0, table.stderr
     for name in hosts:

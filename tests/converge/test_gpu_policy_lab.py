@@ -98,7 +98,7 @@ def test_a_cap_above_the_gpus_maximum_fails_the_host_and_changes_nothing(standin
 def test_the_gpu_state_is_read_as_the_report_shows_it(standin):
     """tools.report reads the GPU with the versions: the stand-in's temperature, power, SM clock,
     the cap the unit applied this boot, and its (no) clock event reasons."""
-    result = subprocess.run([sys.executable, "-m", "tools.report", LAB_INVENTORY, "--limit", HOST, "--json"],
+    result = subprocess.run([sys.executable, "-m", "sparkrig.tools.report", LAB_INVENTORY, "--limit", HOST, "--json"],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     cells = json.loads(result.stdout)["hosts"][HOST]["versions"]
