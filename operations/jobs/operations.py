@@ -17,6 +17,9 @@ PATHS = {name: f"{BIN_DIR}/{name}" for name in COMMAND_NAMES}
 UNIT_PREFIX = JOB_UNIT_PREFIX
 RECORDS = "/var/lib/sparkrig/jobs"
 RECORDS_CLEAN = "/etc/tmpfiles.d/sparkrig-jobs.conf"
+# spark-jobs drain writes it (root's, in root's directory, kept across a reboot: a rollout
+# undrains the host once it proved it); spark-run refuses new jobs while it exists.
+DRAIN = "/var/lib/sparkrig/drain"
 
 
 SLICE_VALIDATOR = atomic.unit_file_validator(
@@ -54,15 +57,16 @@ def render_commands(
     watchdog_enabled: bool,
     drop_caches: bool = False,
     env: Mapping[str, str] | None = None,
+    drain: str = DRAIN,
 ) -> dict[str, str]:
     """Each command's name and script."""
     return {
         "spark-run": rendering.render(
             "jobs/spark-run.sh.j2", slice=SLICE, memory_max=memory_max, oom_score_adj=oom_score_adj,
             drop_caches="yes" if drop_caches else "no", env=sorted((env or {}).items()),
-            unit_prefix=UNIT_PREFIX, jobs_command=PATHS["spark-jobs"], self_path=SPARK_RUN,
+            unit_prefix=UNIT_PREFIX, jobs_command=PATHS["spark-jobs"], self_path=SPARK_RUN, drain=drain,
         ),
-        "spark-jobs": rendering.render("jobs/spark-jobs.sh.j2", unit_prefix=UNIT_PREFIX, records=RECORDS),
+        "spark-jobs": rendering.render("jobs/spark-jobs.sh.j2", unit_prefix=UNIT_PREFIX, records=RECORDS, drain=drain),
         "spark-preflight": rendering.render(
             "jobs/spark-preflight.sh.j2",
             min_available_kib=min_available_kib,

@@ -8,7 +8,7 @@ from typing import Any
 
 from sparkrig.operations.python_stack import settings as python_stack_settings
 from sparkrig.operations.watchdog import settings as watchdog_settings
-from sparkrig.settings import Setting, boolean, declare, defaults, one_of
+from sparkrig.settings import Setting, boolean, declare, defaults, int_range, one_of
 
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
 
@@ -17,6 +17,9 @@ MODES = ("off", "security", "on")
 
 
 OOMD_CHOICES = ("auto", "off", "keep")
+
+
+REBOOT_CHOICES = ("never", "when-required")
 
 
 # The report's columns of packages, and which packages count as each.
@@ -145,6 +148,24 @@ SETTINGS = (
         "cgroups under memory pressure (a user's session with every job started from it), racing "
         "earlyoom, which kills one process, the preferred one (docs/updates.md).",
         one_of(*OOMD_CHOICES),
+    ),
+    Setting(
+        "updates_reboot",
+        "never",
+        "Whether `tools.rollout` reboots a box that needs it (a newer kernel installed than the one "
+        "running, /run/reboot-required, a pending firmware update) after its batch converged: "
+        "\"never\" (it is only reported) or \"when-required\" (drained first: no new spark-run job, "
+        "running detached jobs and containers waited for up to updates_drain_timeout; then "
+        "rebooted, its kernel and driver checked, proven, undrained; docs/fleets.md).",
+        one_of(*REBOOT_CHOICES),
+    ),
+    Setting(
+        "updates_drain_timeout",
+        3600,
+        "How long, in seconds of wall-clock time, a rollout waits for a draining box's running "
+        "detached jobs and containers to end before it leaves the box out, not rebooted (or, with "
+        "`tools.rollout --force`, stops them). 60 to 604800 (a week).",
+        int_range(60, 604800, "seconds"),
     ),
     Setting(
         "updates_packages",
