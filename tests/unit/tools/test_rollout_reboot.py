@@ -6,11 +6,15 @@ spark-jobs, a real reboot of lab hosts) are in tests/converge/test_rollout_reboo
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from sparkrig.operations.updates import settings as up
 from sparkrig.settings import problems
-from tools.rollout import Steps, run_batches
+from tests.support import REPO
+from tools.rollout import PYINFRA, Steps, run_batches
 from tools.rollout_plan import FAILED, PROVEN, State, table
 from tools.rollout_reboot import (
     BOOT_TIMEOUT_S,
@@ -18,6 +22,7 @@ from tools.rollout_reboot import (
     REBOOT_FAILED,
     REBOOTED,
     HostError,
+    PyinfraHosts,
     Reading,
     groups,
     host_settings,
@@ -200,3 +205,23 @@ def test_a_resumed_host_left_drained_by_a_stopped_rollout_is_undrained(tmp_path)
 @pytest.mark.parametrize("value", [59, 604801, "60", None])
 def test_the_drain_timeout_is_bounded(value):
     assert len(problems(up.SETTINGS, {"updates_drain_timeout": value})) == 1
+
+
+# --- the real reading: pyinfra's CLI on this machine (@local, read-only) -------------------
+
+
+def test_the_reading_is_pyinfras_own_facts_of_the_host():
+    """tools.rollout_reboot reads a host through `pyinfra --limit HOST INVENTORY fact ...`, its
+    output parsed from pyinfra's log: here the machine the tests run on, through inventory/local.py
+    (facts only, nothing changes). The lab runs the same against lab hosts, reboots included."""
+    remote = PyinfraHosts(PYINFRA, str(REPO), str(REPO / "inventory" / "local.py"))
+    reading = remote.read("@local")
+    assert reading.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert reading.versions["kernel"] == os.uname().release
+    assert ("/run/reboot-required exists" in reading.reasons) == Path("/run/reboot-required").exists()
+
+
+def test_a_host_pyinfra_cannot_read_is_a_host_error():
+    remote = PyinfraHosts(PYINFRA, str(REPO), str(REPO / "inventory" / "local.py"))
+    with pytest.raises(HostError):
+        remote.read("no-such-host")
