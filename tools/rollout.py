@@ -259,6 +259,9 @@ def _reboots(state: State, path: Path, steps: Steps, converged: list[str]) -> li
         save(state, path)
 
     assert steps.reboot is not None
+    for host in converged:  # an outcome of an earlier run (drained out, failed) is this run's to say
+        if state.hosts[host].reboot in (DRAINED_OUT, REBOOT_FAILED):
+            state.hosts[host].reboot = ""
     for host, (kind, why) in steps.reboot(converged, note).items():
         if kind in (DRAINED_OUT, REBOOT_FAILED):
             state.hosts[host] = HostState(FAILED, True, why, kind)

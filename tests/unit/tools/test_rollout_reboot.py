@@ -202,6 +202,15 @@ def test_a_resumed_host_left_drained_by_a_stopped_rollout_is_undrained(tmp_path)
     assert undrained == ["a"] and state.hosts["a"].reboot == ""
 
 
+def test_a_host_drained_out_before_and_needing_no_reboot_now_is_counted_proven_alone(tmp_path):
+    state = State.new("/inv.py", {"batch": "1", "canary": "", "max_fail": "0"}, [["a"]], {"a": "x"})
+    state.hosts["a"].reboot, state.hosts["a"].status = DRAINED_OUT, FAILED  # its job has ended since
+    steps = Steps(lambda hosts: {}, lambda hosts: {}, lambda hosts, note: {}, lambda hosts: None)
+    assert run_batches(state, tmp_path / "r.json", steps) == 0
+    assert (state.hosts["a"].status, state.hosts["a"].reboot) == (PROVEN, "")
+    assert table(state).splitlines()[1] == "1      1      1          0         0            1       0       0"
+
+
 @pytest.mark.parametrize("value", [59, 604801, "60", None])
 def test_the_drain_timeout_is_bounded(value):
     assert len(problems(up.SETTINGS, {"updates_drain_timeout": value})) == 1
