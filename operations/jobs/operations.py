@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sparkrig import atomic, rendering
-from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
+from sparkrig.units import JOB_DRAIN, JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
 
 SLICE = TRAINING_SLICE
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
@@ -19,7 +19,7 @@ RECORDS = "/var/lib/sparkrig/jobs"
 RECORDS_CLEAN = "/etc/tmpfiles.d/sparkrig-jobs.conf"
 # spark-jobs drain writes it (root's, in root's directory, kept across a reboot: a rollout
 # undrains the host once it proved it); spark-run refuses new jobs while it exists.
-DRAIN = "/var/lib/sparkrig/drain"
+DRAIN = JOB_DRAIN
 
 
 SLICE_VALIDATOR = atomic.unit_file_validator(

@@ -66,7 +66,7 @@ SAMPLES: dict[str, dict] = {
         "hf_cache": "/srv/models", "outputs": "/workspace/outputs", "cuda_env_file": "/etc/sparkrig/cuda.env",
         "home_mounts": "'.aws' '.wandb'", "job_env": "'HF_HOME=/srv/models'", "spark_run": "/usr/local/bin/spark-run",
         "launcher": "/usr/local/bin/spark-container", "job_prefix": "spark-job-", "users": "'alice'",
-        "secrets": "'/etc/sparkrig/ngc/secrets.env'",
+        "secrets": "'/etc/sparkrig/ngc/secrets.env'", "drain": "/var/lib/sparkrig/drain",
     },
     "source_builds/build-prefix.sh.j2": {
         **_BUILD, "archive": "prefix.tar", "install_dir": "/opt/sparkrig/builds/nccl/0123456789abcdef",
