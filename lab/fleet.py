@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -57,7 +58,7 @@ from .config import (
     WHEEL_CACHE,
 )
 from .image import copy_image, ensure_images, missing_images
-from .model import DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, cluster_links, plan_fleet, repo_url
+from .model import BOOT_MARKER, DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, cluster_links, plan_fleet, repo_url
 from .render import (
     parse_nameservers,
     parse_public_key,
@@ -70,6 +71,7 @@ from .render import (
     render_ssh_config,
 )
 from .system import (
+    JOIN_THEN_EXEC,
     LabError,
     kill_processes,
     lab_nspawn_pids,
@@ -189,6 +191,7 @@ def kill(name: str) -> None:
     _require_runnable()
     with locked(LOCK):
         _state, host = _running_host(name)
+        kill_processes(lab_nspawn_pids(HOSTS_DIR, under=host.rootfs, boot_loops=True))
         kill_processes(lab_nspawn_pids(HOSTS_DIR, under=host.rootfs))
         _kill_leftovers(cgroups.pids(host.name), [host.netns])
         log.info("%s: killed", host.name)
@@ -488,9 +491,22 @@ def _boot(host: LabHost) -> None:
     toolkit = cuda_toolkit(host)
     if toolkit:
         argv.append(f"--bind-ro={toolkit}:/usr/local/{toolkit.name}")
-    host.pid = spawn(argv, _console_log(host), NSPAWN_ENV, cgroups.host_cgroups(host.name))
+    # nspawn starts in the host's cgroups, as before; the loop waits in a leaf of its own.
+    procs = [str(directory / "cgroup.procs") for directory in cgroups.host_cgroups(host.name)]
+    loop = ["sh", "-c", BOOT_LOOP, BOOT_MARKER, *procs, "--", *argv]
+    host.pid = spawn(loop, _console_log(host), NSPAWN_ENV, cgroups.host_cgroups(host.name, "boot"))
     write_file(host.rootfs.parent / "pid", f"{host.pid}\n")
-    log.info("%s: booting (systemd-nspawn pid %d)", host.name, host.pid)
+    log.info("%s: booting (boot loop pid %d)", host.name, host.pid)
+
+
+# A lab host that reboots itself boots again, as a real box does: nspawn exits 133 when the
+# container asks for a reboot (systemd-nspawn@.service restarts it on that status alone,
+# RestartForceExitStatus=133); any other exit (a poweroff, a stop, a kill) ends the loop.
+BOOT_LOOP = (
+    f"while :; do sh -ec {shlex.quote(JOIN_THEN_EXEC)} sh \"$@\"; status=$?; "
+    '[ "$status" -eq 133 ] || exit "$status"; '
+    'echo "sparkrig-lab: reboot asked from inside (nspawn exit 133): booting again"; done'
+)
 
 
 def _wait_ready(host: LabHost, timeout: float = BOOT_TIMEOUT_S) -> None:
@@ -583,7 +599,8 @@ def _read_state() -> _State | None:
 
 
 def _host_status(host: LabHost) -> dict[str, Any]:
-    alive = host.pid in lab_nspawn_pids(HOSTS_DIR, under=host.rootfs)
+    alive = host.pid in lab_nspawn_pids(HOSTS_DIR, under=host.rootfs, boot_loops=True) and bool(
+        lab_nspawn_pids(HOSTS_DIR, under=host.rootfs))
     ssh_ok = False
     if alive and SSH_CONFIG.exists():
         try:
@@ -605,6 +622,8 @@ def _host_status(host: LabHost) -> dict[str, Any]:
 
 def _stop_host(host: LabHost) -> None:
     """Stop one host's nspawn, kill whatever it left, remove its cgroups."""
+    # The boot loop first: it would boot the host again if a reboot were under way.
+    kill_processes(lab_nspawn_pids(HOSTS_DIR, under=host.rootfs, boot_loops=True))
     pids = lab_nspawn_pids(HOSTS_DIR, under=host.rootfs)
     if pids:
         stop_processes(pids, STOP_GRACE_S)
@@ -634,6 +653,7 @@ def _teardown() -> None:
         names |= {entry.name for entry in HOSTS_DIR.iterdir()}
 
     repo.stop_server(REPO_SERVER_PID, REPO_CACHE)
+    kill_processes(lab_nspawn_pids(HOSTS_DIR, boot_loops=True))  # no host boots again
     nspawn = lab_nspawn_pids(HOSTS_DIR)
     if nspawn:
         log.info("stopping systemd-nspawn %s", nspawn)

@@ -314,6 +314,19 @@ def is_lab_nspawn(argv: Sequence[str], hosts_dir: Path) -> bool:
     return any(_is_below(directory, hosts_dir) for directory in _nspawn_directories(argv))
 
 
+# A lab host's boot loop (lab/fleet.py _boot): ``sh -c LOOP BOOT_MARKER CGROUP_PROCS... --
+# systemd-nspawn ...``, which boots the host again whenever nspawn exits 133 (a reboot asked
+# from inside), as systemd-nspawn@.service does with RestartForceExitStatus=133.
+BOOT_MARKER = "sparkrig-lab-boot"
+
+
+def is_lab_boot(argv: Sequence[str], hosts_dir: Path) -> bool:
+    """Whether a command line is a lab host's boot loop around a lab ``systemd-nspawn``."""
+    if len(argv) < 4 or os.path.basename(argv[0]) != "sh" or argv[1] != "-c" or argv[3] != BOOT_MARKER:
+        return False
+    return "--" in argv[4:] and is_lab_nspawn(argv[argv.index("--", 4) + 1:], hosts_dir)
+
+
 def is_lab_repo_server(argv: Sequence[str], repo_cache: Path) -> bool:
     """Whether a command line is the lab's apt repository server, serving below ``repo_cache``."""
     # The interpreter, its options, then the script.

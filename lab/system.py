@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .model import is_lab_nspawn, is_lab_repo_server, nspawn_directory
+from .model import is_lab_boot, is_lab_nspawn, is_lab_repo_server, nspawn_directory
 
 log = logging.getLogger("sparkrig.lab")
 
@@ -139,6 +139,10 @@ def locked(lock_file: Path) -> Iterator[None]:
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
+# sh -ec JOIN_THEN_EXEC sh CGROUP_PROCS... -- COMMAND...: join the cgroups, then become COMMAND.
+JOIN_THEN_EXEC = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"'
+
+
 def spawn(
     argv: Sequence[str | os.PathLike[str]],
     log_path: Path,
@@ -150,7 +154,7 @@ def spawn(
     Output goes to ``log_path``. A shell joins the cgroups, then execs the
     command, so the PID is the command's and it starts inside its cgroups.
     """
-    join_then_exec = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"'
+    join_then_exec = JOIN_THEN_EXEC
     procs = [os.fspath(directory / "cgroup.procs") for directory in cgroup_dirs]
     with open(log_path, "wb") as log_file:
         child = subprocess.Popen(
@@ -191,15 +195,17 @@ def cmdline(pid: int) -> list[str]:
     return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
 
 
-def lab_nspawn_pids(hosts_dir: Path, under: Path | None = None) -> list[int]:
-    """Live systemd-nspawn processes booting a rootfs below ``hosts_dir`` (and ``under``)."""
+def lab_nspawn_pids(hosts_dir: Path, under: Path | None = None, boot_loops: bool = False) -> list[int]:
+    """Live systemd-nspawn processes booting a rootfs below ``hosts_dir`` (and ``under``); with
+    ``boot_loops``, the boot loops around them instead (lab/model.py is_lab_boot)."""
     found = []
+    matches = is_lab_boot if boot_loops else is_lab_nspawn
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
         argv = cmdline(pid)
-        if not is_lab_nspawn(argv, hosts_dir) or not pid_alive(pid):
+        if not matches(argv, hosts_dir) or not pid_alive(pid):
             continue
         directory = nspawn_directory(argv)
         if under is None or (directory and Path(directory).is_relative_to(under)):

@@ -3,11 +3,14 @@ Gated rollouts: the deploy on a fleet one batch of hosts at a time, each batch p
 compliance suite before the next starts, within a failure budget, resumable.
 
     sparkrig rollout INVENTORY [--batch N|P%] [--canary N|P%] [--max-fail N|P%]
-                            [--limit GROUP_OR_HOST] [--resume] [--state FILE] [-- PYINFRA_OPTIONS]
+                            [--limit GROUP_OR_HOST] [--resume] [--state FILE] [--force]
+                            [-- PYINFRA_OPTIONS]
 
 Each batch is an ordinary ``pyinfra -y --limit HOSTS INVENTORY deploy.py`` run, in inventory
 order; the hosts that converged are then checked by ``pytest tests/compliance --inventory
-INVENTORY --limit HOSTS`` (a failed control fails its host). A batch whose failed hosts are
+INVENTORY --limit HOSTS`` (a failed control fails its host). Between the two, a converged
+host that needs a reboot is drained, waited for, rebooted, checked and undrained where its
+``updates_reboot`` says so (tools/rollout_reboot.py). A batch whose failed hosts are
 over the budget (--max-fail, 0 by default: any failure), or whose every host failed, ends the
 rollout. It ends with a table per batch. Its state is kept after every step in a file of the
 caller's own (--state; by default under $XDG_STATE_HOME or ~/.local/state/sparkrig/rollouts),
@@ -49,6 +52,15 @@ from sparkrig.tools.rollout_plan import (
     save,
     table,
 )
+from sparkrig.tools.rollout_reboot import (
+    DRAINED_OUT,
+    DRAINING,
+    REBOOT_FAILED,
+    REBOOTING,
+    PyinfraHosts,
+    host_settings,
+    reboot_batch,
+)
 
 # The checkout the tools belong to (sparkrig/tools links to its tools/). Installed from the
 # wheel they have none (site-packages/sparkrig holds no deploy.py): report reads from the
@@ -81,7 +93,18 @@ def limit_hosts(groups_of: dict[str, list[str]], limit: Sequence[str]) -> list[s
     return [name for name in groups_of if name in chosen]
 
 
-def read_inventory(inventory: str, timeout: float = 120) -> list[dict]:
+def data_args(extra: Sequence[str]) -> list[str]:
+    """The ``--data KEY=VALUE`` options among pyinfra's (they change what a host's settings are)."""
+    found = []
+    for i, arg in enumerate(extra):
+        if arg == "--data" and i + 1 < len(extra):
+            found += [arg, extra[i + 1]]
+        elif arg.startswith("--data="):
+            found.append(arg)
+    return found
+
+
+def read_inventory(inventory: str, timeout: float = 120, data: Sequence[str] = ()) -> list[dict]:
     """Every host of a pyinfra inventory, in order: ``{"name", "groups", "data"}``, its data
     merged as pyinfra merges it (group_data included).
 
@@ -90,7 +113,7 @@ def read_inventory(inventory: str, timeout: float = 120) -> list[dict]:
     process with gevent. Raises RuntimeError with pyinfra's output when it cannot load it.
     """
     result = subprocess.run(
-        [PYINFRA, str(Path(inventory).resolve()), "debug-inventory", "--json"],
+        [PYINFRA, *data, str(Path(inventory).resolve()), "debug-inventory", "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=timeout,
     )
     if result.returncode != 0:
@@ -221,13 +244,44 @@ def prove(inventory: str, hosts: Sequence[str]) -> dict[str, str]:
 @dataclass
 class Steps:
     """What a batch runs: converge and prove, each taking hosts and answering the failed ones
-    with why. The real ones run pyinfra and the suite; unit tests of the loop give their own."""
+    with why; reboot (the converged hosts that need it: each host it touched with its outcome
+    and why, telling ``note`` of every step) and undrain (hosts a stopped rollout left drained).
+    The real ones run pyinfra and the suite; unit tests of the loop give their own."""
 
     converge: Callable[[Sequence[str]], Mapping[str, str]]
     prove: Callable[[Sequence[str]], Mapping[str, str]]
+    reboot: Callable[[Sequence[str], Callable[[str, str, str], None]], Mapping[str, tuple[str, str]]] | None = None
+    undrain: Callable[[Sequence[str]], None] | None = None
+
+
 
 
 # --- the rollout ------------------------------------------------------------------------
+
+
+def _reboots(state: State, path: Path, steps: Steps, converged: list[str]) -> list[str]:
+    """Reboot the converged hosts that need it (steps.reboot), the state saved at each step;
+    the hosts that go on to the proof (those drained out or whose reboot failed do not)."""
+    def note(host: str, kind: str, why: str) -> None:
+        state.hosts[host].reboot = kind
+        state.hosts[host].why = f"interrupted while {kind}" if kind in (DRAINING, REBOOTING) else state.hosts[host].why
+        save(state, path)
+
+    assert steps.reboot is not None
+    for host in converged:  # an outcome of an earlier run (drained out, failed) is this run's to say
+        if state.hosts[host].reboot in (DRAINED_OUT, REBOOT_FAILED):
+            state.hosts[host].reboot = ""
+    for host, (kind, why) in steps.reboot(converged, note).items():
+        if kind in (DRAINED_OUT, REBOOT_FAILED):
+            state.hosts[host] = HostState(FAILED, True, why, kind)
+    # Drained by a rollout stopped mid-way, and needing no reboot now (it took place).
+    stale = [h for h in converged if state.hosts[h].reboot in (DRAINING, REBOOTING)]
+    if stale and steps.undrain:
+        steps.undrain(stale)
+        for host in stale:
+            state.hosts[host].reboot = ""
+    save(state, path)
+    return [h for h in converged if state.hosts[h].status != FAILED]
 
 
 def say(message: str) -> None:
@@ -252,19 +306,23 @@ def run_batches(state: State, path: Path, steps: Steps) -> int:
             say(f"{label}: {', '.join(todo)}" + (f" ({kept} proven before, left alone)" if kept else ""))
             running = todo
             for host in todo:
-                state.hosts[host] = HostState(why="interrupted while converging")
+                state.hosts[host] = HostState(why="interrupted while converging", reboot=state.hosts[host].reboot)
             save(state, path)
             for host, why in steps.converge(todo).items():
-                state.hosts[host] = HostState(FAILED, False, why)
+                state.hosts[host] = HostState(FAILED, False, why, state.hosts[host].reboot)
             converged = [h for h in todo if state.hosts[h].status != FAILED]
             for host in converged:
-                state.hosts[host] = HostState(CONVERGED, True, "interrupted while proving")
+                state.hosts[host] = HostState(CONVERGED, True, "interrupted while proving", state.hosts[host].reboot)
             save(state, path)
+            if converged and steps.reboot:
+                converged = _reboots(state, path, steps, converged)
             if converged:
                 say(f"{label}: {len(converged)} converged, running the compliance suite on them")
                 proof = steps.prove(converged)
                 for host in converged:
-                    state.hosts[host] = HostState(FAILED, True, proof[host]) if host in proof else HostState(PROVEN, True)
+                    reboot = state.hosts[host].reboot
+                    state.hosts[host] = (HostState(FAILED, True, proof[host], reboot) if host in proof
+                                         else HostState(PROVEN, True, reboot=reboot))
             running = []
             failed = sum(state.hosts[h].status == FAILED for h in todo)
             if over_budget(failed, len(todo), budget):
@@ -307,6 +365,7 @@ class Options:
     resume: bool
     state: str | None
     extra: list[str]
+    force: bool = False
 
     def validate(self) -> None:
         for value, option, budget in ((self.batch, "--batch", False), (self.canary, "--canary", False),
@@ -329,13 +388,19 @@ def rollout(options: Options, steps: Steps | None = None) -> int:
     private_directory(path.parent)
     with _locked(path):
         try:
-            loaded = read_inventory(inventory)
+            loaded = read_inventory(inventory, data=data_args(options.extra))
         except RuntimeError as error:
             raise SystemExit(f"rollout: {error}") from None
         hosts = limit_hosts({h["name"]: h["groups"] for h in loaded}, options.limit)
         digests = {h["name"]: host_digest(h["data"]) for h in loaded if h["name"] in hosts}
-        steps = steps or Steps(lambda group: converge(inventory, group, options.extra),
-                               lambda group: prove(inventory, group))
+        settings = {h["name"]: host_settings(h["data"]) for h in loaded if h["name"] in hosts}
+        remote = PyinfraHosts(PYINFRA, str(REPO), inventory, data_args(options.extra))
+        steps = steps or Steps(
+            lambda group: converge(inventory, group, options.extra),
+            lambda group: prove(inventory, group),
+            lambda group, note: reboot_batch(group, settings, remote, options.force, note, say),
+            lambda group: _undrain(remote, group),
+        )
         if options.resume:
             state = load(path)
             state.refuse_mismatch(inventory, hosts, digests, options.given())
@@ -352,6 +417,15 @@ def rollout(options: Options, steps: Steps | None = None) -> int:
                 f"--max-fail {chosen['max_fail']} per batch; state: {path}")
         save(state, path)
         return run_batches(state, path, steps)
+
+
+def _undrain(remote: PyinfraHosts, hosts: Sequence[str]) -> None:
+    for host in hosts:
+        try:
+            remote.undrain(host)
+            say(f"{host}: undrained (a stopped rollout had drained it; its reboot took place)")
+        except RuntimeError as error:
+            say(f"{host}: could not undrain it ({error}): `sudo spark-jobs undrain` there")
 
 
 class _locked:
@@ -388,13 +462,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="go on with the saved rollout of this inventory, leaving its proven hosts alone")
     parser.add_argument("--state", help="the state file (default: one per inventory under "
                                         "$XDG_STATE_HOME or ~/.local/state/sparkrig/rollouts)")
+    parser.add_argument("--force", action="store_true",
+                        help="a host to reboot (updates_reboot) whose jobs still run after updates_drain_timeout: "
+                             "stop them (spark-jobs stop) instead of leaving the host out")
     parser.epilog = "Options after -- go to every batch's pyinfra run, e.g. -- --data hardware_profile=auto"
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     try:
         return rollout(Options(args.inventory, args.batch, args.canary, args.max_fail, args.limit,
-                               args.resume, args.state, extra))
+                               args.resume, args.state, extra, args.force))
     except ValueError as error:
         print(f"rollout: {error}", file=sys.stderr)
         return 2

@@ -92,6 +92,9 @@ class HostState:
     status: str = PENDING
     converged: bool = False
     why: str = ""
+    # Where its reboot got (tools/rollout_reboot.py: draining, rebooting, rebooted,
+    # drained-out, reboot failed); "" when it was not rebooted.
+    reboot: str = ""
 
 
 @dataclass
@@ -213,15 +216,17 @@ def load(path: Path) -> State:
 
 
 def table(state: State) -> str:
-    """Per batch: its hosts, how many converged, were proven, failed, were not started; then
-    each failed host with why, and the hosts not started."""
-    rows = [("batch", "hosts", "converged", "proven", "failed", "not started")]
+    """Per batch: its hosts, how many converged, were rebooted, were left out of their reboot by
+    a drain that timed out, were proven, failed, were not started; then each failed host with
+    why, and the hosts not started."""
+    rows = [("batch", "hosts", "converged", "rebooted", "drained-out", "proven", "failed", "not started")]
     failed, waiting = [], []
     for number, batch in enumerate(state.batches, start=1):
         hosts = [state.hosts[h] for h in batch]
         label = f"{number} (canary)" if number == 1 and state.options.get("canary") else str(number)
         rows.append((label, str(len(batch)), *(str(n) for n in (
-            sum(h.converged for h in hosts), sum(h.status == PROVEN for h in hosts),
+            sum(h.converged for h in hosts), sum(h.reboot == "rebooted" for h in hosts),
+            sum(h.reboot == "drained-out" for h in hosts), sum(h.status == PROVEN for h in hosts),
             sum(h.status == FAILED for h in hosts), sum(h.status == PENDING for h in hosts)))))
         failed += [f"  {name} (batch {number}): {state.hosts[name].why}" for name in batch
                    if state.hosts[name].status == FAILED]

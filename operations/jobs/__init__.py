@@ -15,7 +15,9 @@ training runs, and the slice that caps the memory of every job.
   ``--drop-caches`` (the default with ``jobs_drop_caches``) runs
   spark-drop-caches first; ``jobs_env`` is set for every job.
 - ``spark-jobs``: the detached jobs (state, start, memory now and peak, exit
-  status), their logs; stops a job of the caller's.
+  status), their logs; stops a job of the caller's. ``drain``/``undrain`` (root)
+  set and clear ``/var/lib/sparkrig/drain``, while which spark-run starts no job
+  (a rollout drains a host before it reboots it).
 - ``spark-preflight``: memory, swap, watchdog, stray vLLM/Ray processes, GPU; one
   line per check, the failed checks' codes summed into the exit status.
 - ``spark-drop-caches``: ``sync`` and drop the page cache (root only).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sparkrig import atomic, rendering
-from sparkrig.units import JOB_RECORDS, JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
+from sparkrig.units import JOB_DRAIN, JOB_RECORDS, JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
 
 SLICE = TRAINING_SLICE
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
@@ -17,6 +17,9 @@ PATHS = {name: f"{BIN_DIR}/{name}" for name in COMMAND_NAMES}
 UNIT_PREFIX = JOB_UNIT_PREFIX
 RECORDS = JOB_RECORDS
 RECORDS_CLEAN = "/etc/tmpfiles.d/sparkrig-jobs.conf"
+# spark-jobs drain writes it (root's, in root's directory, kept across a reboot: a rollout
+# undrains the host once it proved it); spark-run refuses new jobs while it exists.
+DRAIN = JOB_DRAIN
 
 
 SLICE_VALIDATOR = atomic.unit_file_validator(
@@ -54,15 +57,16 @@ def render_commands(
     watchdog_enabled: bool,
     drop_caches: bool = False,
     env: Mapping[str, str] | None = None,
+    drain: str = DRAIN,
 ) -> dict[str, str]:
     """Each command's name and script."""
     return {
         "spark-run": rendering.render(
             "jobs/spark-run.sh.j2", slice=SLICE, memory_max=memory_max, oom_score_adj=oom_score_adj,
             drop_caches="yes" if drop_caches else "no", env=sorted((env or {}).items()),
-            unit_prefix=UNIT_PREFIX, jobs_command=PATHS["spark-jobs"], self_path=SPARK_RUN,
+            unit_prefix=UNIT_PREFIX, jobs_command=PATHS["spark-jobs"], self_path=SPARK_RUN, drain=drain,
         ),
-        "spark-jobs": rendering.render("jobs/spark-jobs.sh.j2", unit_prefix=UNIT_PREFIX, records=RECORDS),
+        "spark-jobs": rendering.render("jobs/spark-jobs.sh.j2", unit_prefix=UNIT_PREFIX, records=RECORDS, drain=drain),
         "spark-preflight": rendering.render(
             "jobs/spark-preflight.sh.j2",
             min_available_kib=min_available_kib,

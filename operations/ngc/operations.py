@@ -12,7 +12,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from sparkrig import atomic, messages, rendering
 from sparkrig.settings import USER_NAME
-from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN
+from sparkrig.units import JOB_DRAIN, JOB_UNIT_PREFIX, SPARK_RUN
 
 from .facts import RECIPE_LABEL, TOKEN_FILE, NgcHost
 
@@ -55,7 +55,7 @@ def recipe(dockerfile: str) -> str:
     return hashlib.sha256(dockerfile.encode()).hexdigest()
 
 
-def render_launcher(data: Any) -> str:
+def render_launcher(data: Any, drain: str = JOB_DRAIN) -> str:
     q = rendering.quote_literal
     return rendering.render(
         "ngc/spark-container.sh.j2",
@@ -68,6 +68,7 @@ def render_launcher(data: Any) -> str:
         spark_run=q(SPARK_RUN),
         launcher=q(LAUNCHER),
         job_prefix=q(JOB_UNIT_PREFIX),
+        drain=q(drain),
         outputs=q(data.ngc_outputs) if data.ngc_outputs else "",
         cuda_env_file=q(data.cuda_env_file),
         users=" ".join(data.ngc_users),

@@ -357,14 +357,38 @@ def _version_key(text: str) -> list:
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part]
 
 
-def pending_reboot(facts: Mapping[str, Any]) -> str | None:
-    """Why a reboot is pending (a newer kernel installed than the one running), or None."""
+class BootId(FactBase):
+    """
+    Returns the host's boot id (/proc/sys/kernel/random/boot_id): a new one after every boot,
+    how a rollout knows a reboot took place.
+    """
+
+    command = "cat /proc/sys/kernel/random/boot_id"
+
+    def process(self, output: list[str]) -> str:
+        if len(output) != 1 or not re.fullmatch(r"[0-9a-f-]{36}", output[0]):
+            raise ValueError(f"boot_id reads {output[:1]!r}")
+        return output[0]
+
+
+def reboot_reasons(facts: Mapping[str, Any], firmware_pending: Sequence[str] = ()) -> list[str]:
+    """Why a host needs a reboot, one reason each ("reboot needed because ..."): a newer kernel
+    installed than the one running, /run/reboot-required, and each firmware update staged to
+    apply at the next boot (``firmware_pending``, one line each: the hook for fwupd's reading,
+    issue 38 item 3, e.g. "firmware: System Firmware 1.2 -> 1.3 waits for a reboot")."""
     boot = sorted(facts["boot_kernels"], key=_version_key)
+    found = []
     if boot and facts["kernel"] and boot[-1] != facts["kernel"]:
-        return f"kernel {boot[-1]} is installed, {facts['kernel']} is running"
+        found.append(f"kernel {boot[-1]} is installed, {facts['kernel']} is running")
     if facts["reboot_required"]:
-        return f"{REBOOT_REQUIRED} exists"
-    return None
+        found.append(f"{REBOOT_REQUIRED} exists")
+    return found + [f"firmware: {line}" for line in firmware_pending]
+
+
+def pending_reboot(facts: Mapping[str, Any]) -> str | None:
+    """Why a reboot is pending (a newer kernel installed than the one running first), or None."""
+    reasons = reboot_reasons(facts)
+    return reasons[0] if reasons else None
 
 
 def unexpected(settings: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:

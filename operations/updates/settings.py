@@ -8,7 +8,7 @@ from typing import Any
 
 from sparkrig import stack_locks
 from sparkrig.operations.watchdog import settings as watchdog_settings
-from sparkrig.settings import Setting, boolean, declare, defaults, one_of
+from sparkrig.settings import Setting, boolean, declare, defaults, int_range, one_of
 
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
 
@@ -26,6 +26,7 @@ FIRMWARE_MODES = ("off", "report", "apply")
 # its GUIDs; printable, no spaces at either end.
 _FIRMWARE_DEVICE = re.compile(r"(?=\S)[^\x00-\x1f\x7f]{1,128}(?<=\S)")
 _FIRMWARE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~:-]{0,63}")
+REBOOT_CHOICES = ("never", "when-required")
 
 
 # The report's columns of packages, and which packages count as each.
@@ -189,6 +190,24 @@ SETTINGS = (
         "{\"System Firmware\": \"2.91\"}. A box with another version, or without the device, "
         "fails the compliance control, naming the device and both versions.",
         expected_firmware_check,
+    ),
+    Setting(
+        "updates_reboot",
+        "never",
+        "Whether `sparkrig rollout` reboots a box that needs it (a newer kernel installed than the one "
+        "running, /run/reboot-required, a pending firmware update) after its batch converged: "
+        "\"never\" (it is only reported) or \"when-required\" (drained first: no new spark-run job, "
+        "running detached jobs and containers waited for up to updates_drain_timeout; then "
+        "rebooted, its kernel and driver checked, proven, undrained; docs/fleets.md).",
+        one_of(*REBOOT_CHOICES),
+    ),
+    Setting(
+        "updates_drain_timeout",
+        3600,
+        "How long, in seconds of wall-clock time, a rollout waits for a draining box's running "
+        "detached jobs and containers to end before it leaves the box out, not rebooted (or, with "
+        "`sparkrig rollout --force`, stops them). 60 to 604800 (a week).",
+        int_range(60, 604800, "seconds"),
     ),
     Setting(
         "updates_packages",

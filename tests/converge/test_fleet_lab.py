@@ -118,9 +118,9 @@ def test_a_gated_rollout_stops_at_a_host_failing_a_control_and_resume_finishes_t
         assert "batch 3/3" not in first.stderr
         table = first.stderr[first.stderr.index("\nbatch "):]
         assert table.splitlines()[1:4] == [
-            "batch       hosts  converged  proven  failed  not started",
-            "1 (canary)  1      1          1       0       0",
-            "2           1      1          0       1       0",
+            "batch       hosts  converged  rebooted  drained-out  proven  failed  not started",
+            "1 (canary)  1      1          0         0            1       0       0",
+            "2           1      1          0         0            0       1       0",
         ], table
         assert f"  {ROLLOUT_FAULTY} (batch 2): {swap_control}" in table, table
         assert "not started: lab-deb13-b" in table

@@ -14,14 +14,17 @@ import pytest
 
 from lab import dgxos, image
 from lab.cgroups import systemd_hierarchies
+from lab.fleet import BOOT_LOOP
 from lab.image import Chroot, Systemctl, WriteFile, image_key, recipe_steps
 from lab.model import (
+    BOOT_MARKER,
     FLAVOURS,
     AptRepo,
     LabHost,
     cluster_links,
     gateway_address,
     host_address,
+    is_lab_boot,
     is_lab_link,
     is_lab_netns,
     is_lab_nspawn,
@@ -338,6 +341,43 @@ def _nspawn(directory_args: list[str]) -> list[str]:
 )
 def test_lab_nspawn_command_lines(argv, ours):
     assert is_lab_nspawn(argv, HOSTS_DIR) is ours
+
+
+def test_a_boot_loop_is_known_by_its_marker_and_its_lab_nspawn():
+    nspawn = _nspawn(["-D", "/var/lib/sparkrig-lab/hosts/a/rootfs"])
+    assert is_lab_boot(["sh", "-c", "LOOP", BOOT_MARKER, "/cg/cgroup.procs", "--", *nspawn], HOSTS_DIR)
+    assert not is_lab_boot(["sh", "-c", "LOOP", "other", "--", *nspawn], HOSTS_DIR)
+    assert not is_lab_boot(["sh", "-c", "LOOP", BOOT_MARKER, "--", *_nspawn(["-D", "/var/lib/machines/x"])],
+                           HOSTS_DIR)
+    assert not is_lab_boot(nspawn, HOSTS_DIR) and not is_lab_nspawn(["sh", "-c", "LOOP", BOOT_MARKER, "--", *nspawn],
+                                                                     HOSTS_DIR)
+
+
+def _boot_loop(tmp_path: Path, statuses: list[int]) -> subprocess.CompletedProcess:
+    """lab/fleet.py's boot loop around a STAND-IN for systemd-nspawn that exits with each of
+    ``statuses`` in turn (a real nspawn exits 133 when its container asks for a reboot)."""
+    procs = tmp_path / "cgroup.procs"
+    stand_in = tmp_path / "nspawn-stand-in"
+    stand_in.write_text("#!/bin/sh\nset -- " + " ".join(map(str, statuses))
+                        + '\nn=$(wc -l < "$0.runs" 2>/dev/null || echo 0); shift "$n"; echo run >> "$0.runs"; exit "$1"\n')
+    stand_in.chmod(0o755)
+    return subprocess.run(["sh", "-c", BOOT_LOOP, BOOT_MARKER, str(procs), "--", str(stand_in)],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_the_boot_loop_boots_again_after_a_reboot_and_ends_on_any_other_exit(tmp_path):
+    result = _boot_loop(tmp_path, [133, 133, 0])
+    assert result.returncode == 0
+    assert (tmp_path / "nspawn-stand-in.runs").read_text().count("run") == 3
+    assert result.stdout.count("booting again") == 2
+    # Each boot joins the host's cgroups (here a file standing in for cgroup.procs) first.
+    assert (tmp_path / "cgroup.procs").read_text().strip().isdigit()
+
+
+def test_the_boot_loop_passes_a_failure_on_without_booting_again(tmp_path):
+    result = _boot_loop(tmp_path, [1, 0])
+    assert result.returncode == 1
+    assert (tmp_path / "nspawn-stand-in.runs").read_text().count("run") == 1
 
 
 def test_nspawn_directory():

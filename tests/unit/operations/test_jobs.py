@@ -234,9 +234,9 @@ def test_spark_run_help_lists_jobs_env_and_the_drop_caches_default(tmp_path):
 # spark-jobs ------------------------------------------------------------------
 
 
-def _spark_jobs(tmp_path: Path, records: Path) -> Path:
+def _spark_jobs(tmp_path: Path, records: Path, drain: Path | None = None) -> Path:
     return _script(tmp_path, "spark-jobs", rendering.render("jobs/spark-jobs.sh.j2", unit_prefix=jobs_ops.UNIT_PREFIX,
-                                                          records=str(records)))
+                                                          records=str(records), drain=str(drain or tmp_path / "drain")))
 
 
 def _record(records: Path, user: str, name: str, **fields) -> None:
@@ -357,6 +357,58 @@ def test_spark_run_without_systemd_says_so(tmp_path):
     result = _run([_script(tmp_path, "spark-run"), "--", "true"])
     assert (result.returncode, result.stderr) == (
         1, "spark-run: systemd is not running on this host: no scope can be made\n")
+
+
+# draining ------------------------------------------------------------------------
+
+
+def _draining(tmp_path: Path) -> tuple[Path, Path]:
+    """spark-run and spark-jobs whose drain mark is ``tmp_path/lib/drain`` (not yet there)."""
+    drain = tmp_path / "lib" / "drain"
+    scripts = jobs_ops.render_commands("85%", 500, 1, True, drain=str(drain))
+    return _script(tmp_path, "spark-run", scripts["spark-run"]), _script(tmp_path, "spark-jobs", scripts["spark-jobs"])
+
+
+@pytest.mark.parametrize("args", [["--", "true"], ["--detach", "train", "--", "sleep", "60"]])
+def test_spark_run_refuses_a_new_job_while_the_host_is_draining_saying_since_when_and_why(tmp_path, args):
+    spark_run, spark_jobs = _draining(tmp_path)
+    if os.getuid() != 0:
+        pytest.skip("spark-jobs drain is root's")
+    env = _no_units(tmp_path)
+    drained = _run([spark_jobs, "drain", "--why", "rollout: reboot (/run/reboot-required exists)"], env=env)
+    assert drained.returncode == 0, drained.stderr
+    assert drained.stdout.startswith("spark-jobs: draining since 20") and drained.stdout.endswith("running: none\n")
+    result = _run([spark_run, *args])
+    assert result.returncode == 75
+    assert re.fullmatch(r"spark-run: this host is draining since 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC "
+                        r"\(rollout: reboot \(/run/reboot-required exists\)\): it starts no new job until root runs "
+                        r"spark-jobs undrain\n", result.stderr), result.stderr
+    assert _run([spark_jobs, "undrain"], env=env).stdout.startswith("spark-jobs: undrained (draining since 20")
+    assert not (tmp_path / "lib" / "drain").exists()
+    if not os.path.isdir("/run/systemd/system"):  # undrained, it goes on to make its scope
+        assert "systemd is not running" in _run([spark_run, *args]).stderr
+
+
+def test_a_second_drain_keeps_the_first_start_and_a_reason_cannot_forge_a_line(tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("spark-jobs drain is root's")
+    _spark_run, spark_jobs = _draining(tmp_path)
+    drain, env = tmp_path / "lib" / "drain", _no_units(tmp_path)
+    assert _run([spark_jobs, "drain"], env=env).returncode == 0
+    drain.write_text("since=2026-01-02 03:04:05 UTC\nwhy=\n")
+    assert _run([spark_jobs, "drain", "--why", "x\nsince=1999-01-01"], env=env).returncode == 0
+    assert drain.read_text() == "since=2026-01-02 03:04:05 UTC\nwhy=xsince=1999-01-01\n"
+    assert oct(drain.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in drain.parent.iterdir()] == ["drain"]  # no temporary file left
+
+
+def test_drain_and_undrain_are_roots_alone(open_dir):
+    scripts = jobs_ops.render_commands("85%", 500, 1, True, drain=str(open_dir / "drain"))
+    for command in ("drain", "undrain"):
+        result = subprocess.run([*_as_other_user(), "sh", "-s", "--", command], input=scripts["spark-jobs"],
+                                capture_output=True, text=True, cwd="/", timeout=60)
+        assert (result.returncode, result.stderr) == (1, f"spark-jobs: {command} is root's: sudo spark-jobs {command}\n")
+    assert not (open_dir / "drain").exists()
 
 
 # spark-preflight ---------------------------------------------------------------

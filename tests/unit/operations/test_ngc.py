@@ -290,6 +290,25 @@ def test_secrets_are_files_never_env_values(launcher):
     assert not list(launcher.tmp.glob("spark-container.*")), "the private directory was left behind"
 
 
+def test_no_new_container_starts_while_the_host_is_draining_but_one_systemd_starts_does(launcher, tmp_path):
+    drain = tmp_path / "drain"
+    script = tmp_path / "draining"
+    script.write_text(ngc_ops.render_launcher(launcher.data, drain=str(drain)))
+    script.chmod(0o755)
+    drain.write_text("since=2026-11-26 16:30:05 UTC\nwhy=rollout: reboot\n")
+    environment = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(launcher.home), "RECORD": str(tmp_path / "r"),
+                   "XDG_RUNTIME_DIR": str(tmp_path)}
+    result = subprocess.run([str(script), "--", "true"], cwd=launcher.project, env=environment, capture_output=True,
+                            text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert (result.returncode, result.stderr) == (75, "spark-container: this host is draining since 2026-11-26 16:30:05 "
+                                                      "UTC: it starts no new container until root runs spark-jobs undrain\n")
+    assert not (tmp_path / "r").exists()  # docker never ran
+    in_unit = subprocess.run([str(script), "--", "true"], cwd=launcher.project, capture_output=True, text=True,
+                             env={**environment, "INVOCATION_ID": "0123abcd"}, timeout=30, stdin=subprocess.DEVNULL)
+    assert in_unit.returncode == 0, in_unit.stderr
+    assert (tmp_path / "r").exists()
+
+
 def test_a_secret_file_others_can_read_is_refused(launcher):
     secrets_dir = launcher.home / ".config" / "sparkrig" / "secrets"
     secrets_dir.mkdir(parents=True)

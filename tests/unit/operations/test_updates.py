@@ -62,6 +62,10 @@ def test_holds_and_expectations_accept_what_a_fleet_writes():
         ({"updates_packages": {"kernel": ["linux-image-*"]}}, "a mapping of each of kernel, driver"),
         ({"updates_packages": {**up_settings.DEFAULT_PACKAGES, "docker": "docker.io"}}, "(bad docker: 'docker.io')"),
         ({"updates_hodl": []}, "not a sparkrig setting (did you mean updates_hold?)"),
+        ({"updates_reboot": "always"}, "allowed is one of 'never', 'when-required'"),
+        ({"updates_reboot": True}, "allowed is one of 'never', 'when-required'"),
+        ({"updates_drain_timeout": 59}, "allowed is an integer from 60 to 604800 (seconds)"),
+        ({"updates_drain_timeout": "3600"}, "allowed is an integer from 60 to 604800 (seconds)"),
     ],
 )
 def test_bad_values_say_key_and_what_is_allowed(data, expected):

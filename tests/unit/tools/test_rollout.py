@@ -302,10 +302,10 @@ def test_the_table_counts_each_batch_and_says_why_hosts_failed():
     state.hosts.update(s1=HostState(PROVEN, True), s2=HostState(FAILED, True, "control t.py::t[ssh://s2]: x"),
                        s3=HostState(FAILED, False, "deploy: Swap off: sparkrig: boom"))
     assert table(state) == "\n".join([
-        "batch       hosts  converged  proven  failed  not started",
-        "1 (canary)  1      1          1       0       0",
-        "2           2      1          0       2       0",
-        "3           2      0          0       0       2",
+        "batch       hosts  converged  rebooted  drained-out  proven  failed  not started",
+        "1 (canary)  1      1          0         0            1       0       0",
+        "2           2      1          0         0            0       2       0",
+        "3           2      0          0         0            0       0       2",
         "failed:",
         "  s2 (batch 2): control t.py::t[ssh://s2]: x",
         "  s3 (batch 2): deploy: Swap off: sparkrig: boom",
