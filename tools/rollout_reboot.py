@@ -39,11 +39,21 @@ DRAINING, REBOOTING = "draining", "rebooting"
 BOOT_TIMEOUT_S = 900
 POLL_S = 5.0
 
+
+
+def firmware_reasons(firmware: Mapping[str, Any]) -> list[str]:
+    """fwupd's reading (:class:`sparkrig.operations.updates.facts.Firmware`) as reboot reasons:
+    an update staged for the next boot (its ``reboot``), e.g. one the DGX Dashboard installed.
+    ``updates_firmware = "apply"`` also leaves /run/reboot-required, which the versions read."""
+    return reboot_reasons({"boot_kernels": [], "kernel": "", "reboot_required": False},
+                          [firmware["reboot"]] if firmware.get("reboot") else [])
+
+
 # What says a host needs a reboot: facts pyinfra reads, each with what turns its value into
-# reasons (one line each). A firmware reading (fwupd, issue 38 item 3) adds its fact here,
-# feeding reboot_reasons' firmware_pending.
+# reasons (one line each).
 REBOOT_READINGS: list[tuple[str, Callable[[Any], list[str]]]] = [
     ("sparkrig.operations.updates.facts.Versions", reboot_reasons),
+    ("sparkrig.operations.updates.facts.Firmware", firmware_reasons),
 ]
 BOOT_ID_FACT = "sparkrig.operations.updates.facts.BootId"
 VERSIONS_FACT = "sparkrig.operations.updates.facts.Versions"

@@ -6,6 +6,7 @@ spark-jobs, a real reboot of lab hosts) are in tests/converge/test_rollout_reboo
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -234,3 +235,28 @@ def test_a_host_pyinfra_cannot_read_is_a_host_error():
     remote = PyinfraHosts(PYINFRA, str(REPO), str(REPO / "inventory" / "local.py"))
     with pytest.raises(HostError):
         remote.read("no-such-host")
+
+
+def test_a_firmware_update_staged_for_the_next_boot_is_a_reason_to_reboot():
+    """fwupd's reading is one of the rollout's reboot readings: an update staged for the next boot
+    (its Firmware fact's ``reboot``) needs a reboot as /run/reboot-required does."""
+
+    class Answers(PyinfraHosts):
+        def __init__(self, firmware):
+            super().__init__(PYINFRA, str(REPO), "inventory.py")
+            self.firmware = firmware
+
+        def _run(self, host, *args):
+            facts = {
+                "sparkrig.operations.updates.facts.BootId": "b1",
+                "sparkrig.operations.updates.facts.Versions": {
+                    "boot_kernels": ["6.1.0"], "kernel": "6.1.0", "reboot_required": False},
+                "sparkrig.operations.updates.facts.Firmware": self.firmware,
+            }
+            assert list(args[1:]) == list(facts), args
+            text = "".join(f"--> Fact data for: {name}\n{json.dumps({host: value})}\n" for name, value in facts.items())
+            return 0, text.splitlines(), text
+
+    staged = {"fwupd": "ok", "devices": [], "reboot": "System Firmware 1.2 -> 1.3 waits for a reboot"}
+    assert Answers(staged).read("spark-01").reasons == ["firmware: System Firmware 1.2 -> 1.3 waits for a reboot"]
+    assert Answers({**staged, "reboot": ""}).read("spark-01").reasons == []
