@@ -12,4 +12,5 @@ For example:
     swap_remove_files = True                  # also delete /swap.img once swap is off
     containers_docker_users = ["alice"]       # the docker group is root-equivalent
     python_stack_profiles = ["unsloth"]
+    prometheus_server = "spark-01"           # the fleet's Prometheus and its alerts on that host
 """
