@@ -117,11 +117,12 @@ def prometheus():
         server.shell(name="Prometheus may start (unmasked)", commands=[StringCommand("systemctl", "unmask", SERVICE)])
     if not installed or (unit.get("active"), unit.get("enabled")) != ("active", "enabled"):
         systemd.service(name="Prometheus is enabled and running", service=SERVICE, running=True, enabled=True)
-    if arguments is not None:
+    # One started in this run (freshly installed, or found stopped) started with these files.
+    running = installed and unit.get("active") == "active"
+    if arguments is not None and running:
         systemd.service(name="Restart Prometheus: its arguments changed", service=SERVICE, running=True,
                         restarted=True, _if=arguments.did_change)
-    if reload_on and installed:
-        # A reload (SIGHUP) reads the configuration and rules again, keeping the samples;
-        # one freshly installed just started with them.
+    if reload_on and running:
+        # A reload (SIGHUP) reads the configuration and rules again, keeping the samples.
         systemd.service(name="Reload Prometheus: its configuration or rules changed", service=SERVICE,
                         running=True, reloaded=True, _if=any_changed(*reload_on))
