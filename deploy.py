@@ -14,6 +14,7 @@ from sparkrig.operations.containers import containers
 from sparkrig.operations.cuda_env import cuda_env
 from sparkrig.operations.hardware import hardware
 from sparkrig.operations.jobs import jobs
+from sparkrig.operations.metrics import metrics
 from sparkrig.operations.ngc import ngc
 from sparkrig.operations.prometheus import prometheus
 from sparkrig.operations.python_stack import python_stack
@@ -31,6 +32,7 @@ swap()  # no swap now, nothing that turns it on at boot
 sshd_guard()  # sshd keeps its memory under pressure; SSH sessions stay killable
 watchdog()  # earlyoom kills the job before the box freezes
 jobs()  # `spark-run` (also `--detach`), `spark-jobs`, `spark-preflight`, `spark-drop-caches`, `training.slice`, the shared model cache
+metrics()  # node exporter (on the loopback unless `metrics_listen` says otherwise, answering `metrics_allow` alone) and sparkrig's textfile collector: memory, GPU, earlyoom kills, jobs, versions
 containers()  # Docker and the NVIDIA container toolkit, the `nvidia` runtime merged into `daemon.json`
 ngc()  # off by default: NVIDIA's PyTorch image pinned by digest (or built on it), `spark-container`, JupyterLab on 127.0.0.1
 python_stack()  # uv, and a venv holding the controller's lock of `group_data/python_stack.yml` (PyPI's CUDA 13.0 PyTorch, a pinned vLLM, extras) and the built wheels

@@ -297,13 +297,15 @@ _PROMETHEUS_HOST = "lab-deb12"
 
 
 def _monitoring(host: dict) -> dict:
-    if not any(h["name"] == _PROMETHEUS_HOST for h in _inventory["hosts"]):
+    server = next((h for h in _inventory["hosts"] if h["name"] == _PROMETHEUS_HOST), None)
+    if server is None:
         return {}
     return {
         "prometheus_server": _PROMETHEUS_HOST,
         "prometheus_scrape_interval_s": 2,
         "prometheus_evaluation_interval_s": 1,
         "metrics_listen": f"{host['address']}:{_METRICS_PORT}",
+        "metrics_allow": [server["address"]],
     }
 
 

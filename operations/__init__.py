@@ -25,7 +25,7 @@ from sparkrig import hooks, reading
 
 CONCERNS = (
     "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "jobs",
-    "containers", "ngc", "python_stack", "source_builds", "cluster", "prometheus",
+    "metrics", "containers", "ngc", "python_stack", "source_builds", "cluster", "prometheus",
 )
 # The host's one reading plans its parts in this order, not in the order concerns were imported.
 reading.order(f"{__name__}.{name}" for name in CONCERNS)

@@ -8,3 +8,4 @@ WATCHDOG_SERVICE = "earlyoom.service"  # operations/watchdog/ installs and confi
 TRAINING_SLICE = "training.slice"  # operations/jobs.py writes it; spark-run and the builds use it
 JOB_UNIT_PREFIX = "spark-job-"  # spark-run --detach NAME starts spark-job-NAME.service (operations/jobs.py)
 SPARK_RUN = "/usr/local/bin/spark-run"  # operations/jobs.py installs it; spark-container --detach runs it
+JOB_RECORDS = "/var/lib/sparkrig/jobs"  # spark-jobs records how detached jobs ended (operations/jobs); metrics counts them

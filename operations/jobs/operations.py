@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sparkrig import atomic, rendering
-from sparkrig.units import JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
+from sparkrig.units import JOB_RECORDS, JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
 
 SLICE = TRAINING_SLICE
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
@@ -15,7 +15,7 @@ COMMAND_NAMES = ("spark-run", "spark-jobs", "spark-preflight", "spark-drop-cache
 PATHS = {name: f"{BIN_DIR}/{name}" for name in COMMAND_NAMES}
 # spark-run --detach NAME starts UNIT_PREFIX + NAME + ".service"; spark-jobs records how it ended.
 UNIT_PREFIX = JOB_UNIT_PREFIX
-RECORDS = "/var/lib/sparkrig/jobs"
+RECORDS = JOB_RECORDS
 RECORDS_CLEAN = "/etc/tmpfiles.d/sparkrig-jobs.conf"
 
 

@@ -8,10 +8,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sparkrig.operations.metrics.settings import DEFAULTS as METRICS_DEFAULTS
+from sparkrig.operations.metrics.settings import listen_address
 from sparkrig.settings import Setting, declare, defaults, int_range
 
-# What the metrics concern's node exporter listens on where a host's data does not say.
-DEFAULT_METRICS_LISTEN = "127.0.0.1:9100"
+# Where the metrics concern's node exporter listens unless a host's data says otherwise.
+DEFAULT_METRICS_LISTEN = METRICS_DEFAULTS["metrics_listen"]
 _HOST_PORT = re.compile(r"(?P<address>[0-9.]+|localhost)?:(?P<port>[0-9]{1,5})")
 _NAME = re.compile(r"[A-Za-z0-9@][A-Za-z0-9_.@/:-]{0,252}")
 
@@ -34,10 +36,6 @@ def split_listen(value: Any) -> tuple[str, int] | None:
         except ValueError:
             return None
     return address, int(match["port"])
-
-
-def is_loopback(address: str) -> bool:
-    return address == "localhost" or (address != "" and ipaddress.IPv4Address(address).is_loopback)
 
 
 # Checks --------------------------------------------------------------------
@@ -118,23 +116,25 @@ DEFAULTS = defaults(SETTINGS)  # the settings this concern's deploy reads: its o
 
 def target(name: str, data: Mapping[str, Any], server: str) -> str | None:
     """Where the Prometheus on ``server`` scrapes host ``name``'s node exporter: its
-    metrics_listen address; on loopback only the server's own; every address: the address
-    the deploy reaches it at (ssh_hostname, else its name). None: it cannot reach it."""
-    listen = split_listen(data.get("metrics_listen", DEFAULT_METRICS_LISTEN))
-    if listen is None:
+    metrics_listen address; on loopback only the server's own; every address (0.0.0.0, [::]):
+    the address the deploy reaches it at (ssh_hostname, else its name). None: it cannot."""
+    listen = data.get("metrics_listen", DEFAULT_METRICS_LISTEN)
+    address = listen_address(listen)
+    if address is None:
         return None
-    address, port = listen
-    if address == "":
+    port = listen.rsplit(":", 1)[1]
+    if address.is_unspecified:
         return f"{data.get('ssh_hostname') or name}:{port}"
-    if is_loopback(address):
-        return f"127.0.0.1:{port}" if name == server else None
-    return f"{address}:{port}"
+    if address.is_loopback:
+        return listen if name == server else None
+    return listen
 
 
 def scrape_targets(everyone: Sequence[tuple[str, Mapping[str, Any]]], server: str) -> list[tuple[str, str]]:
     """(inventory name, address) of every host the Prometheus on ``server`` scrapes, in
-    inventory order (every host of the inventory that the fleet check let through)."""
-    return [(name, found) for name, data in everyone if (found := target(name, data, server)) is not None]
+    inventory order: every host that serves metrics (metrics_enabled) where it can reach them."""
+    return [(name, found) for name, data in everyone
+            if data.get("metrics_enabled", True) and (found := target(name, data, server)) is not None]
 
 
 def fleet_problems(
@@ -162,7 +162,7 @@ def fleet_problems(
     if server not in {name for name, _ in targeted}:
         return []  # a run without the server writes no scrape configuration
     for name, data in everyone:
-        if target(name, data, server) is None:
+        if data.get("metrics_enabled", True) and target(name, data, server) is None:
             found.append((name, _said("metrics_listen", data.get("metrics_listen", DEFAULT_METRICS_LISTEN), (
                 f"an address {server} (prometheus_server) can reach: not loopback on a host other than it"))))
     return found

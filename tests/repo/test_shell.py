@@ -92,6 +92,13 @@ SAMPLES.update({
         "env": "UV_SYSTEM_CERTS=1 UV_NO_CONFIG=1", "offline": "/var/lib/sparkrig/python-wheels",
         "read_cfg": _READ, "read_lock": _READ, "plan_timeout": 300,
     },
+    "metrics/sparkrig-metrics.sh.j2": {
+        "name": "sparkrig.prom", "textfile_dir": "/var/lib/prometheus/node-exporter", "timeout_s": 5,
+        "throttle_field": "clocks_throttle_reasons.active", "watchdog_service": "earlyoom.service",
+        "unit_prefix": "spark-job-", "records": "/var/lib/sparkrig/jobs", "reboot_file": "/run/reboot-required",
+        "compliance_file": "/var/lib/sparkrig/compliance-last", "venv": "/opt/sparkrig/venv", "user_read_root": _READ,
+        "user_read_owner": 'runuser -u "$OWNER" -- ' + _READ,
+    },
     "source_builds/build-result.sh.j2": {"result": _READ.replace('"$f"', '"$d/work/result"'), "tail_lines": 40},
     "source_builds/build-wait.sh.j2": {"result": _READ.replace('"$f"', '"$d/work/result"'), "tail_lines": 40,
                                        "progress_every_s": 60},

@@ -75,7 +75,7 @@ def _fleet(**per_host):
     hosts = {
         "spark-01": {"prometheus_server": "spark-01", "metrics_listen": "127.0.0.1:9100", "ssh_hostname": "10.0.0.1"},
         "spark-02": {"prometheus_server": "spark-01", "metrics_listen": "192.168.1.2:9100", "ssh_hostname": "s2.lan"},
-        "spark-03": {"prometheus_server": "spark-01", "metrics_listen": ":9200", "ssh_hostname": "s3.lan"},
+        "spark-03": {"prometheus_server": "spark-01", "metrics_listen": "0.0.0.0:9200", "ssh_hostname": "s3.lan"},
     }
     for name, data in per_host.items():
         hosts[name] = {**hosts[name], **data}
@@ -92,6 +92,13 @@ def test_every_host_is_scraped_where_its_node_exporter_listens_and_named_by_its_
 def test_a_host_without_metrics_listen_is_scraped_at_the_metrics_concerns_default_on_the_server_alone():
     everyone = [("spark-01", {"prometheus_server": "spark-01"})]
     assert scrape_targets(everyone, "spark-01") == [("spark-01", "127.0.0.1:9100")]
+
+
+def test_ipv6_addresses_and_hosts_without_metrics():
+    everyone = _fleet(**{"spark-02": {"metrics_listen": "[fd00::2]:9100"},
+                         "spark-03": {"metrics_listen": "127.0.0.1:9100", "metrics_enabled": False}})
+    assert scrape_targets(everyone, "spark-01") == [("spark-01", "127.0.0.1:9100"), ("spark-02", "[fd00::2]:9100")]
+    assert fleet_problems(everyone, everyone) == []
 
 
 def test_no_server_anywhere_is_no_problem_even_with_metrics_on_loopback():

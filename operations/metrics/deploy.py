@@ -1,0 +1,151 @@
+"""Metrics: node exporter where the owner says, and sparkrig's textfile collector on a timer;
+the files they are made of and the host's one reading."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyinfra.api import deploy
+from pyinfra.operations import systemd
+from pyinfra.operations.util import any_changed
+
+from sparkrig import atomic, host_settings, reading, rendering, user_files
+from sparkrig.packages import installed as install_packages
+from sparkrig.units import JOB_RECORDS, JOB_UNIT_PREFIX, WATCHDOG_SERVICE
+
+from .settings import DEFAULTS
+
+PACKAGE = "prometheus-node-exporter"
+EXPORTER = "prometheus-node-exporter.service"
+# Debian's textfile directory (its package makes it, root's; node exporter reads *.prom there).
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+TEXTFILE = "sparkrig.prom"
+DROP_IN = f"/etc/systemd/system/{EXPORTER}.d/50-sparkrig.conf"
+COLLECTOR = "/usr/local/sbin/sparkrig-metrics"
+SERVICE = "sparkrig-metrics.service"
+TIMER = "sparkrig-metrics.timer"
+SERVICE_FILE = f"/etc/systemd/system/{SERVICE}"
+TIMER_FILE = f"/etc/systemd/system/{TIMER}"
+DESCRIPTION = "sparkrig's textfile collector for node exporter (docs/metrics.md)"
+# Seconds any one program the collector runs may take (nvidia-smi, systemctl, journalctl, a
+# read), and the whole run (the unit's TimeoutStartSec=).
+PROGRAM_TIMEOUT_S = 5
+RUN_TIMEOUT_S = 60
+REBOOT_REQUIRED = "/run/reboot-required"  # Debian's and Ubuntu's flag of a pending reboot
+# Lines "CONCERN PASSED FAILED EPOCH": the last compliance outcome per concern, root's, where a
+# rollout puts it (docs/metrics.md); none: no compliance metrics.
+COMPLIANCE_FILE = "/var/lib/sparkrig/compliance-last"
+# torch's METADATA is about 30 KB.
+METADATA_LIMIT = 1 << 20
+# nvidia-smi's field of the active clock event ("throttle") reasons, a bit mask; drivers from
+# 535 on also call it clocks_event_reasons.active.
+THROTTLE_FIELD = "clocks_throttle_reasons.active"
+
+
+def render_collector(venv: str) -> str:
+    """The collector script; ``venv`` is the venv whose torch and vLLM it reports ("": none)."""
+    read = user_files.user_read('"$f"', METADATA_LIMIT, timeout_s=PROGRAM_TIMEOUT_S)
+    return rendering.render(
+        "metrics/sparkrig-metrics.sh.j2", name=TEXTFILE, textfile_dir=TEXTFILE_DIR, timeout_s=PROGRAM_TIMEOUT_S,
+        throttle_field=THROTTLE_FIELD, watchdog_service=WATCHDOG_SERVICE, unit_prefix=JOB_UNIT_PREFIX,
+        records=JOB_RECORDS, reboot_file=REBOOT_REQUIRED, compliance_file=COMPLIANCE_FILE,
+        venv=venv or "/nonexistent", user_read_root=read,
+        user_read_owner=user_files.user_read('"$f"', METADATA_LIMIT, as_user='"$OWNER"', timeout_s=PROGRAM_TIMEOUT_S),
+    )
+
+
+def allow_list(allow: Sequence[str]) -> str:
+    """IPAddressAllow='s value: the host itself, then the scrapers."""
+    return " ".join(["localhost", *allow])
+
+
+def render_drop_in(listen: str, allow: Sequence[str]) -> str:
+    return rendering.render("metrics/node-exporter.conf.j2", listen=listen, textfile_dir=TEXTFILE_DIR,
+                            allow=allow_list(allow))
+
+
+DROP_IN_VALIDATOR = atomic.unit_file_validator(["Service"], {
+    "ExecStart": "|/usr/bin/prometheus-node-exporter --web.listen-address=[][0-9A-Fa-f:.]+ "
+                 f"--collector.textfile.directory={TEXTFILE_DIR} \\$ARGS",
+    "IPAddressDeny": "any",
+    "IPAddressAllow": "localhost( [0-9A-Fa-f:./]+)*",
+})
+SERVICE_VALIDATOR = atomic.unit_file_validator(["Unit", "Service"], {
+    "Description": DESCRIPTION, "Type": "oneshot", "ExecStart": COLLECTOR, "WorkingDirectory": "/",
+    "Nice": "10", "TimeoutStartSec": "[0-9]+",
+})
+TIMER_VALIDATOR = atomic.unit_file_validator(["Unit", "Timer", "Install"], {
+    "Description": DESCRIPTION, "OnActiveSec": "0", "OnUnitActiveSec": "[0-9]+s", "AccuracySec": "1s",
+    "WantedBy": "timers.target",
+})
+
+# Everything the concern decides from, in the host's one reading.
+STATE = reading.part(atomic.HostState, paths=(DROP_IN, COLLECTOR, SERVICE_FILE, TIMER_FILE),
+                     units=(EXPORTER, TIMER), packages=(PACKAGE,))
+
+
+@reading.planner
+def reads(_settings):
+    return [STATE]
+
+
+@deploy("Metrics", data_defaults=DEFAULTS)
+def metrics():
+    """
+    Install node exporter, listening where the owner says and answering the allowed scrapers
+    alone, and the textfile collector with its timer; keep both running.
+
+    Settings: ``metrics_enabled``, ``metrics_listen``, ``metrics_allow``, ``metrics_interval_s``,
+    and ``python_venv_path`` (whose torch and vLLM versions are reported); see docs/settings.md.
+    """
+    settings = host_settings.current()
+    state = reading.value(STATE)
+    units = state["units"]
+    if not settings.metrics_enabled:
+        for unit in (TIMER, EXPORTER):
+            if units.get(unit, {}).get("active") == "active" or units.get(unit, {}).get("enabled") == "enabled":
+                systemd.service(name=f"{unit} is stopped and disabled (metrics_enabled is False)", service=unit,
+                                running=False, enabled=False)
+        return
+    installed = state["packages"].get(PACKAGE) is not None
+    if not installed:
+        install_packages(name="Install prometheus-node-exporter", packages=[PACKAGE])
+    files = state["files"]
+    drop_in = atomic.unit_file(
+        name=f"node exporter listens on metrics_listen, answers metrics_allow ({DROP_IN})", dest=DROP_IN,
+        content=render_drop_in(settings.metrics_listen, settings.metrics_allow), validate=DROP_IN_VALIDATOR,
+        reload_name="Reload systemd: node exporter's drop-in changed", state=files.get(DROP_IN),
+    )
+    collector = render_collector(settings.get("python_venv_path", ""))
+    if not atomic.up_to_date(files.get(COLLECTOR), collector, mode=0o755):
+        atomic.file(name=f"Textfile collector ({COLLECTOR})", dest=COLLECTOR, current=files.get(COLLECTOR),
+                    content=collector, mode=0o755, validate=("sh", "-n"))
+    service = atomic.unit_file(
+        name=f"Textfile collector's unit ({SERVICE_FILE})", dest=SERVICE_FILE,
+        content=rendering.render("metrics/sparkrig-metrics.service.j2", description=DESCRIPTION,
+                                 collector=COLLECTOR, timeout_s=RUN_TIMEOUT_S),
+        validate=SERVICE_VALIDATOR, reload_name="Reload systemd: the collector's unit changed",
+        state=files.get(SERVICE_FILE),
+    )
+    timer = atomic.unit_file(
+        name=f"Textfile collector every metrics_interval_s ({TIMER_FILE})", dest=TIMER_FILE,
+        content=rendering.render("metrics/sparkrig-metrics.timer.j2", description=DESCRIPTION,
+                                 interval_s=settings.metrics_interval_s),
+        validate=TIMER_VALIDATOR, reload_name="Reload systemd: the collector's timer changed",
+        state=files.get(TIMER_FILE),
+    )
+    keep_running(EXPORTER, units, installed, [drop_in])
+    keep_running(TIMER, units, installed, [service, timer])
+
+
+def keep_running(unit: str, units: dict, installed: bool, files: list) -> None:
+    """``unit`` enabled and running, and restarted when one of the operations ``files``
+    (None: the file was up to date) changed it."""
+    now = units.get(unit, {})
+    # A package installed in this run may or may not start it: check again then.
+    if not installed or (now.get("active"), now.get("enabled")) != ("active", "enabled"):
+        systemd.service(name=f"{unit} is enabled and running", service=unit, running=True, enabled=True)
+    changed = [op for op in files if op]
+    if changed:
+        systemd.service(name=f"Restart {unit}: its files changed", service=unit, running=True, restarted=True,
+                        _if=any_changed(*changed))
