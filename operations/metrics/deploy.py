@@ -42,15 +42,23 @@ METADATA_LIMIT = 1 << 20
 THROTTLE_FIELD = "clocks_throttle_reasons.active"
 
 
-def render_collector(venv: str) -> str:
-    """The collector script; ``venv`` is the venv whose torch and vLLM it reports ("": none)."""
-    read = user_files.user_read('"$f"', METADATA_LIMIT, timeout_s=PROGRAM_TIMEOUT_S)
+# Where the collector finds its programs: root's directories alone (systemd's default PATH).
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def render_collector(venv: str, **paths: object) -> str:
+    """The collector script; ``venv`` is the venv whose torch and vLLM it reports ("": none).
+    ``paths`` replaces where it looks (``path``, ``records``, ``reboot_file``,
+    ``compliance_file``, ``textfile_dir``) and ``timeout_s``: the unit tests' own."""
+    timeout_s = int(paths.pop("timeout_s", PROGRAM_TIMEOUT_S))
+    values = {"path": PATH, "records": JOB_RECORDS, "reboot_file": REBOOT_REQUIRED,
+              "compliance_file": COMPLIANCE_FILE, "textfile_dir": TEXTFILE_DIR, **paths}
     return rendering.render(
-        "metrics/sparkrig-metrics.sh.j2", name=TEXTFILE, textfile_dir=TEXTFILE_DIR, timeout_s=PROGRAM_TIMEOUT_S,
-        throttle_field=THROTTLE_FIELD, watchdog_service=WATCHDOG_SERVICE, unit_prefix=JOB_UNIT_PREFIX,
-        records=JOB_RECORDS, reboot_file=REBOOT_REQUIRED, compliance_file=COMPLIANCE_FILE,
-        venv=venv or "/nonexistent", user_read_root=read,
-        user_read_owner=user_files.user_read('"$f"', METADATA_LIMIT, as_user='"$OWNER"', timeout_s=PROGRAM_TIMEOUT_S),
+        "metrics/sparkrig-metrics.sh.j2", name=TEXTFILE, timeout_s=timeout_s, throttle_field=THROTTLE_FIELD,
+        watchdog_service=WATCHDOG_SERVICE, unit_prefix=JOB_UNIT_PREFIX, venv=venv or "/nonexistent",
+        user_read_root=user_files.user_read('"$f"', METADATA_LIMIT, timeout_s=timeout_s),
+        user_read_owner=user_files.user_read('"$f"', METADATA_LIMIT, as_user='"$OWNER"', timeout_s=timeout_s),
+        **values,
     )
 
 

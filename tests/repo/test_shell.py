@@ -93,7 +93,7 @@ SAMPLES.update({
         "read_cfg": _READ, "read_lock": _READ, "plan_timeout": 300,
     },
     "metrics/sparkrig-metrics.sh.j2": {
-        "name": "sparkrig.prom", "textfile_dir": "/var/lib/prometheus/node-exporter", "timeout_s": 5,
+        "name": "sparkrig.prom", "path": "/usr/local/sbin:/usr/bin", "textfile_dir": "/var/lib/prometheus/node-exporter", "timeout_s": 5,
         "throttle_field": "clocks_throttle_reasons.active", "watchdog_service": "earlyoom.service",
         "unit_prefix": "spark-job-", "records": "/var/lib/sparkrig/jobs", "reboot_file": "/run/reboot-required",
         "compliance_file": "/var/lib/sparkrig/compliance-last", "venv": "/opt/sparkrig/venv", "user_read_root": _READ,
