@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig import rendering
 from sparkrig.operations import metrics as m
 from sparkrig.operations.metrics import deploy as md
-from sparkrig.settings import defaults, problems
+from sparkrig.settings import defaults, problems, resolved
 from tests.support import unavailable
+from tests.unit.pyinfra_fake import HOST_STATE, execute, host_state
 
 DATA = Path(__file__).parent / "data" / "metrics"
 RECORDED_GPU = (DATA / "h100-recorded-query-gpu.csv").read_text()
@@ -331,3 +333,81 @@ sparkrig_reboot_required 1, Evil\\" GPU, 580.1, 40, [N/A], 2100, 50, Not Support
     found = samples(text)
     assert found["sparkrig_reboot_required"] == "0", text
     assert all(re.fullmatch(r'[a-z_]+(\{([a-z_]+="[^"\\\n]*",?)*\})? [0-9.e+-]+', s + " " + v) for s, v in found.items()), text
+
+
+# Plans -------------------------------------------------------------------------
+
+def _host(installed=True, running=True, files=None) -> dict:
+    """The host as the concern's one HostState command reads it, and as systemd's status facts
+    read it when the operations it adds run."""
+    converged = {
+        md.DROP_IN: md.render_drop_in(DEFAULTS["metrics_listen"], DEFAULTS["metrics_allow"]),
+        # The venv whose versions it reads: python_stack's, where that concern is imported.
+        md.COLLECTOR: (md.render_collector(resolved({}).get("python_venv_path", "")), 0o755),
+        md.SERVICE_FILE: _service_text(), md.TIMER_FILE: _timer_text(DEFAULTS["metrics_interval_s"]),
+    }
+    return {
+        HOST_STATE: host_state(
+            files={**converged, **(files or {})},
+            units={md.EXPORTER: (running, running), md.TIMER: (running, running)},
+            packages={md.PACKAGE: "1.5.0-1+b6" if installed else None},
+        ),
+        "--property SubState": ["Id=x", f"SubState={'running' if running else 'dead'}"],
+        "--property UnitFileState": ["Id=x", f"UnitFileState={'enabled' if running else 'disabled'}"],
+    }
+
+
+def _service_text() -> str:
+    return rendering.render("metrics/sparkrig-metrics.service.j2", description=md.DESCRIPTION,
+                            collector=md.COLLECTOR, timeout_s=md.RUN_TIMEOUT_S)
+
+
+def _timer_text(interval: int) -> str:
+    return rendering.render("metrics/sparkrig-metrics.timer.j2", description=md.DESCRIPTION, interval_s=interval)
+
+
+def _names(ops) -> list[str]:
+    return [op.name.removeprefix("Metrics | ") for op in ops]
+
+
+def test_a_converged_host_gets_no_operation():
+    assert execute(md.metrics, responses=_host()) == []
+
+
+def test_a_fresh_host_gets_node_exporter_the_collector_and_its_timer():
+    fresh = {path: None for path in (md.DROP_IN, md.COLLECTOR, md.SERVICE_FILE, md.TIMER_FILE)}
+    ops = execute(md.metrics, responses=_host(installed=False, running=False, files=fresh))
+    names = _names(ops)
+    assert names[0] == "Install prometheus-node-exporter"
+    assert ops[0].commands[-1].endswith("install --no-install-recommends prometheus-node-exporter")
+    for expected in (f"{md.EXPORTER} is enabled and running", f"{md.TIMER} is enabled and running",
+                     f"Restart {md.EXPORTER}: its files changed", f"Restart {md.TIMER}: its files changed"):
+        assert expected in names, names
+
+
+def test_a_new_listen_address_rewrites_the_drop_in_and_restarts_node_exporter_alone():
+    data = {"metrics_listen": "10.0.0.5:9100", "metrics_allow": ["10.0.0.1"]}
+    ops = execute(md.metrics, data=data, responses=_host())
+    assert _names(ops) == [
+        f"node exporter listens on metrics_listen, answers metrics_allow ({md.DROP_IN})",
+        "Reload systemd: node exporter's drop-in changed",
+        f"Restart {md.EXPORTER}: its files changed",
+    ]
+    upload = next(iter(ops[0].uploads.values())).decode()
+    assert "--web.listen-address=10.0.0.5:9100 " in upload and "IPAddressAllow=localhost 10.0.0.1\n" in upload
+
+
+def test_a_new_interval_rewrites_the_timer_and_restarts_it():
+    ops = execute(md.metrics, data={"metrics_interval_s": 15}, responses=_host())
+    assert _names(ops) == [
+        f"Textfile collector every metrics_interval_s ({md.TIMER_FILE})",
+        "Reload systemd: the collector's timer changed",
+        f"Restart {md.TIMER}: its files changed",
+    ]
+
+
+def test_disabled_metrics_stop_both_units_and_write_nothing():
+    ops = execute(md.metrics, data={"metrics_enabled": False}, responses=_host())
+    assert _names(ops) == [f"{md.TIMER} is stopped and disabled (metrics_enabled is False)",
+                           f"{md.EXPORTER} is stopped and disabled (metrics_enabled is False)"]
+    assert execute(md.metrics, data={"metrics_enabled": False}, responses=_host(installed=False, running=False)) == []
