@@ -64,7 +64,8 @@ STATE = reading.part(
 
 @reading.planner
 def reads(settings):
-    # Only the host that runs Prometheus reads anything.
+    # Nothing where no host runs Prometheus; where one does, every host's one reading holds
+    # this part (the planner knows settings, not which host it plans for), the server alone uses it.
     return [STATE] if settings["prometheus_server"] is not None else []
 
 
@@ -113,7 +114,8 @@ def prometheus():
     if not atomic.up_to_date(files.get(DEFAULT_FILE), default_text):
         arguments = atomic.file(name=f"Prometheus' arguments ({DEFAULT_FILE})", dest=DEFAULT_FILE,
                                 content=default_text, current=files.get(DEFAULT_FILE), validate=("sh", "-n"))
-    if not installed:
+    # Also where a run stopped between the mask and here (a file promtool refused).
+    if not installed or unit.get("enabled") == "masked":
         server.shell(name="Prometheus may start (unmasked)", commands=[StringCommand("systemctl", "unmask", SERVICE)])
     if not installed or (unit.get("active"), unit.get("enabled")) != ("active", "enabled"):
         systemd.service(name="Prometheus is enabled and running", service=SERVICE, running=True, enabled=True)

@@ -268,6 +268,15 @@ def test_a_new_listen_address_restarts():
                                     "Restart Prometheus: its arguments changed"]
 
 
+def test_a_run_cut_off_after_the_mask_is_finished_by_the_next():
+    """Installed and masked (the last run stopped at a file promtool refused): unmasked, started."""
+    responses = _host()
+    responses[HOST_STATE] = [line.replace("unit active enabled", "unit inactive masked")
+                             for line in responses[HOST_STATE]]
+    assert list(_commands(execute(pm.prometheus, data=ON, responses=responses))) == [
+        "Prometheus may start (unmasked)", "Prometheus is enabled and running"]
+
+
 def test_a_stopped_prometheus_is_started():
     assert _commands(execute(pm.prometheus, data=ON, responses=_host(running=False))) == {
         "Prometheus is enabled and running": ["systemctl start prometheus.service"]}
