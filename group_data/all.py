@@ -12,5 +12,7 @@ For example:
     swap_remove_files = True                  # also delete /swap.img once swap is off
     containers_docker_users = ["alice"]       # the docker group is root-equivalent
     python_stack_profiles = ["unsloth"]
-    prometheus_server = "spark-01"           # the fleet's Prometheus and its alerts on that host
+    metrics_listen = "192.168.1.21:9100"      # node exporter beyond the loopback ...
+    metrics_allow = ["192.168.1.10"]          # ... answering the fleet's Prometheus alone
+    prometheus_server = "spark-01"            # the fleet's Prometheus and its alerts (docs/monitoring.md)
 """

@@ -124,7 +124,7 @@ def metrics():
         content=render_drop_in(settings.metrics_listen, settings.metrics_allow), validate=DROP_IN_VALIDATOR,
         reload_name="Reload systemd: node exporter's drop-in changed", state=files.get(DROP_IN),
     )
-    collector = render_collector(settings.get("python_venv_path", ""))
+    collector = render_collector(settings.python_venv_path)
     if not atomic.up_to_date(files.get(COLLECTOR), collector, mode=0o755):
         atomic.file(name=f"Textfile collector ({COLLECTOR})", dest=COLLECTOR, current=files.get(COLLECTOR),
                     content=collector, mode=0o755, validate=("sh", "-n"))
