@@ -8,12 +8,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sparkrig.operations.metrics.settings import DEFAULTS as METRICS_DEFAULTS
+from sparkrig.operations.metrics import settings as metrics_settings
 from sparkrig.operations.metrics.settings import listen_address
 from sparkrig.settings import Setting, declare, defaults, int_range
 
 # Where the metrics concern's node exporter listens unless a host's data says otherwise.
-DEFAULT_METRICS_LISTEN = METRICS_DEFAULTS["metrics_listen"]
+DEFAULT_METRICS_LISTEN = metrics_settings.DEFAULTS["metrics_listen"]
 _HOST_PORT = re.compile(r"(?P<address>[0-9.]+|localhost)?:(?P<port>[0-9]{1,5})")
 _NAME = re.compile(r"[A-Za-z0-9@][A-Za-z0-9_.@/:-]{0,252}")
 
@@ -108,7 +108,8 @@ SETTINGS = (
     ),
 )
 
-DEFAULTS = defaults(SETTINGS)  # the settings this concern's deploy reads: its own
+# The settings this concern's deploy reads: its own, and where each host's metrics are served.
+DEFAULTS = defaults((*SETTINGS, *metrics_settings.SETTINGS))
 
 
 # The fleet: who scrapes whom -------------------------------------------------------------
