@@ -15,4 +15,5 @@ For example:
     gpu_clock_max_mhz = {"gb10": 2100}       # cap the SM clock of the GB10 boxes at every boot
     metrics_listen = "192.168.1.21:9100"      # node exporter beyond the loopback ...
     metrics_allow = ["192.168.1.10"]          # ... answering the fleet's Prometheus alone
+    prometheus_server = "spark-01"            # the fleet's Prometheus and its alerts (docs/monitoring.md)
 """

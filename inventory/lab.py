@@ -15,6 +15,7 @@ from lab import FLAVOURS as _FLAVOURS
 from lab import inventory_path as _inventory_path
 from lab import realstack as _realstack
 from lab.config import CLUSTER_KEYS as _CLUSTER_KEYS
+from lab.config import METRICS_PORT as _METRICS_PORT
 from lab.config import WHEEL_CACHE as _WHEEL_CACHE
 from sparkrig.operations.source_builds.settings import load_catalogue as _load_catalogue
 from sparkrig.stack_locks import load_manifest as _load_manifest
@@ -289,6 +290,25 @@ def _cluster(host: dict) -> dict:
     return {}
 
 
+# The fleet's Prometheus runs on lab-deb12 (a host the fleet tests leave alone), scraping every
+# lab host at its node exporter on its lab address (the lab's firewall lets the hosts reach each
+# other on that port alone, lab/render.py); short intervals, so a test sees an alert in seconds.
+_PROMETHEUS_HOST = "lab-deb12"
+
+
+def _monitoring(host: dict) -> dict:
+    server = next((h for h in _inventory["hosts"] if h["name"] == _PROMETHEUS_HOST), None)
+    if server is None:
+        return {}
+    return {
+        "prometheus_server": _PROMETHEUS_HOST,
+        "prometheus_scrape_interval_s": 2,
+        "prometheus_evaluation_interval_s": 1,
+        "metrics_listen": f"{host['address']}:{_METRICS_PORT}",
+        "metrics_allow": [server["address"]],
+    }
+
+
 _REAL_STACK = _realstack.choice()
 
 lab = [
@@ -317,6 +337,7 @@ lab = [
                else {**_python_stack(_host), **_source_builds(_host)}),
             **_cluster(_host),
             **_updates(_host),
+            **_monitoring(_host),
         },
     )
     for _host in _inventory["hosts"]

@@ -72,6 +72,9 @@ CGROUP_PARENT = f"sparkrig-lab{LAB_ID}"
 # The lab's signed apt repositories (stand-ins for Docker's and NVIDIA's), served
 # over HTTP from the controller on each host's gateway address at this port.
 REPO_PORT = 8765
+# The node exporter's port (the metrics concern's, on each host's lab address): the one port
+# on which the lab's hosts reach each other, for the fleet's Prometheus (inventory/lab.py).
+METRICS_PORT = 9100
 DOCKER_STANDIN_PACKAGE = "sparkrig-lab-standin-docker-ce"
 TOOLKIT_STANDIN_PACKAGE = "sparkrig-lab-standin-nvidia-container-toolkit"
 # Stand-ins for a kernel and an NVIDIA driver package, each in an old and a new version.

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .config import (
     DOCKER_STANDIN_PACKAGE,
+    METRICS_PORT,
     NFT_TABLE,
     REPO_PORT,
     SSH_USER,
@@ -173,7 +174,9 @@ def render_nft_ruleset(
 
     Of the controller, a host reaches only the apt repository server, at its own
     gateway address: ``fib daddr . iif type local`` holds only for an address
-    of the interface the packet came in on.
+    of the interface the packet came in on. Of each other, the hosts reach only the
+    node exporter's port (``METRICS_PORT``): the fleet's Prometheus on one of them scrapes
+    the others there.
 
     The table's comment records the controller's ``net.ipv4.ip_forward`` from
     before the lab, so ``down`` can restore it even when state.json is lost.
@@ -192,6 +195,7 @@ def render_nft_ruleset(
 \tchain forward {{
 \t\ttype filter hook forward priority filter; policy accept;
 \t\tct state established,related accept
+\t\t{lab} oifname "{VETH_PREFIX}*" tcp dport {METRICS_PORT} accept
 \t\t{lab} oifname "{VETH_PREFIX}*" drop
 \t\t{lab} meta nfproto ipv6 drop
 \t\t{lab} ip daddr {dns} udp dport 53 accept

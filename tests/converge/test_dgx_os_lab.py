@@ -24,10 +24,17 @@ pytestmark = pytest.mark.lab
 # the locks of that stand-in stack, kept in the lab's state), or
 # because the lab's hosts differ from a Spark (Debian's Python 3.11 instead of DGX OS's
 # 3.12, the proxy's CA, the lab's source build, the kernel and driver stand-ins the version
-# report shows). Everything else is the default.
+# report shows), and the fleet's monitoring (which host runs the fleet's Prometheus, said on
+# every host, at the lab's short intervals; the node exporter on the host's lab address,
+# answering that host). Everything else is the default.
 LAB_REPLACED = {
     "ca_certificates_extra",
     "containers_check_image",
+    "metrics_allow",
+    "metrics_listen",
+    "prometheus_evaluation_interval_s",
+    "prometheus_scrape_interval_s",
+    "prometheus_server",
     "containers_docker_ce_packages",
     "containers_docker_key_fingerprint",
     "containers_docker_key_url",

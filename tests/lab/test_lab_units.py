@@ -254,6 +254,7 @@ def test_nft_forward_isolates_hosts_but_lets_dns_through_first():
     )
     order = [
         "ct state established,related accept",
+        'iifname "srlab*" oifname "srlab*" tcp dport 9100 accept',
         'iifname "srlab*" oifname "srlab*" drop',
         dns_udp,
         dns_tcp,
@@ -261,6 +262,14 @@ def test_nft_forward_isolates_hosts_but_lets_dns_through_first():
         'iifname "srlab*" accept',
     ]
     assert [rules.index(rule) for rule in order] == sorted(rules.index(rule) for rule in order)
+
+
+def test_nft_lets_hosts_reach_each_other_on_the_node_exporters_port_alone():
+    """The fleet's Prometheus on one lab host scrapes the others (inventory/lab.py)."""
+    rules = _rules(render_nft_ruleset(["10.255.255.53"], 0))
+    between = [rule for rule in rules if 'oifname "srlab*"' in rule and "!=" not in rule]
+    assert between == ['iifname "srlab*" oifname "srlab*" tcp dport 9100 accept',
+                       'iifname "srlab*" oifname "srlab*" drop']
 
 
 def test_nft_input_only_lets_replies_and_the_apt_repository_in_from_the_hosts():

@@ -1,0 +1,109 @@
+"""
+The fleet's Prometheus controls: on the host prometheus_server names, Prometheus runs, listens
+where the settings say (loopback by default), loaded its configuration, and scrapes every host
+of the inventory, each one up.
+
+Which hosts it must scrape is the inventory itself, read here; what Prometheus sees is asked of
+it through its own HTTP API (``promtool query instant``), not read from its files.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.compliance.conftest import inventory_hosts as _inventory_hosts
+from tests.compliance.conftest import inventory_name
+from tests.compliance.reads import need
+from tests.conftest import LAB_INVENTORY
+from tests.support import REPO, inventory_host_data
+
+SERVICE = "prometheus.service"
+JOB = "sparkrig"
+FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+FILES = ("/etc/prometheus/prometheus.yml", "/etc/prometheus/sparkrig.rules.yml", "/etc/default/prometheus")
+
+
+def api_url(listen: str) -> str:
+    """Prometheus' HTTP API as its own host reaches it: every address (':PORT') through loopback."""
+    address, port = listen.rsplit(":", 1)
+    return f"http://{address or '127.0.0.1'}:{port}"
+
+
+@pytest.fixture
+def server(request, host, settings):
+    if settings["prometheus_server"] != inventory_name(host):
+        pytest.skip(f"Prometheus runs on {settings['prometheus_server']} (prometheus_server), not here")
+
+
+@pytest.fixture(scope="session")
+def inventory_hosts(request, host_data) -> dict[str, dict]:
+    """Every host of the inventory (a --limit may leave some out of host_data)."""
+    if request.config.sparkrig_targets == "inventory":
+        return _inventory_hosts(request.config, limit=[])
+    return inventory_host_data(str(REPO / LAB_INVENTORY)) if request.config.sparkrig_targets == "lab" else {}
+
+
+@need
+def state(r) -> dict:
+    """What the Prometheus controls read of the host (the API only where it runs)."""
+    if r.settings["prometheus_server"] != r.name:
+        return {}
+    url = api_url(r.settings["prometheus_listen"])
+    query = "promtool query instant -o json %s %s"
+    return {
+        "service": r.service("prometheus"),
+        "files": {path: r.path(path) for path in FILES},
+        "cmdline": r.run(f"tr '\\0' '\\n' < /proc/$(systemctl show --property MainPID --value {SERVICE})/cmdline"),
+        "up": r.run(query, url, f'up{{job="{JOB}"}}'),
+        # Prometheus' own metrics (it does not scrape itself): read from its /metrics.
+        "own": r.run("python3 -I -c %s %s", FETCH, f"{url}/metrics"),
+    }
+
+
+def _vector(answer) -> list[dict]:
+    return json.loads(answer.check())
+
+
+def test_prometheus_is_enabled_and_running(read, server):
+    """Protects against a fleet nobody watches between compliance runs: no memory alert
+    before a box freezes, no host-down alert after."""
+    service = read(state)["service"]
+    assert service.is_enabled, "Prometheus would not start at boot"
+    assert service.is_running
+
+
+def test_prometheus_listens_where_the_settings_say(read, settings, server):
+    """Protects against an unauthenticated API (every metric of the fleet, the admin's queries)
+    open on every address when the owner kept it on loopback: read from the running process."""
+    argv = read(state)["cmdline"].check().splitlines()
+    assert f"--web.listen-address={settings['prometheus_listen']}" in argv, argv
+
+
+@pytest.mark.parametrize("path", FILES)
+def test_prometheus_configuration_is_root_owned_and_not_writable_by_others(read, server, path):
+    """Protects against someone other than root choosing what Prometheus scrapes, which
+    alerts exist, or where its API listens."""
+    f = read(state)["files"][path]
+    assert f.is_file, f"{path} is missing"
+    assert (f.user, f.group) == ("root", "root")
+    assert f.mode & 0o022 == 0, f"{path} has mode {f.mode:o}"
+
+
+def test_prometheus_loaded_its_configuration(read, server):
+    """Protects against a configuration on disk that the running Prometheus refused at its
+    last reload (it then keeps the old targets and rules, silently)."""
+    own = read(state)["own"].check().splitlines()
+    assert "prometheus_config_last_reload_successful 1" in own, [
+        line for line in own if line.startswith("prometheus_config_last_reload")]
+
+
+def test_every_host_of_the_inventory_is_scraped_and_up(read, server, inventory_hosts):
+    """Protects against a host missing from the fleet's Prometheus, or one it cannot reach (a
+    firewall, node exporter down or on loopback): its memory and kills would go unseen."""
+    if not inventory_hosts:
+        pytest.skip("the suite has no inventory (a --hosts target): which hosts to expect is unknown")
+    up = {sample["metric"]["instance"]: sample["value"][1] for sample in _vector(read(state)["up"])}
+    serving = [name for name, data in inventory_hosts.items() if data.get("metrics_enabled", True)]
+    assert up == dict.fromkeys(serving, "1"), up
