@@ -59,10 +59,26 @@ def fleet_inventory(directory: Path, hosts: list[dict], ports: dict[str, int], s
 def suite(tree: Path, inventory: Path, names: list[str], marker: str, counts: Path) -> tuple[float, float, dict, str]:
     cpu, started = children_cpu_s(), time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.count_commands", "-p", "no:cacheprovider",
-         "tests/compliance", "--inventory", str(inventory), "--limit", ",".join(names),
-         *(["-m", marker] if marker else [])],
-        cwd=tree, capture_output=True, text=True, timeout=1800,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "benchmarks.count_commands",
+            "-p",
+            "no:cacheprovider",
+            "tests/compliance",
+            "--inventory",
+            str(inventory),
+            "--limit",
+            ",".join(names),
+            *(["-m", marker] if marker else []),
+        ],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=1800,
         env={**os.environ, "SPARKRIG_BENCH_COUNTS": str(counts)},
     )
     wall, cpu = time.monotonic() - started, children_cpu_s() - cpu
@@ -76,8 +92,10 @@ def per_host(counts: dict, names: list[str]) -> str:
     for name in names:
         kinds = {k.split(" (")[1].rstrip(")"): v for k, v in counts.items() if k.split(" (")[0] == name and " (" in k}
         if kinds:
-            cells.append(f"{kinds.get('prefetch', 0)}+{kinds.get('read', 0)}"
-                         + (f" (+{kinds['action']} actions)" if kinds.get("action") else ""))
+            cells.append(
+                f"{kinds.get('prefetch', 0)}+{kinds.get('read', 0)}"
+                + (f" (+{kinds['action']} actions)" if kinds.get("action") else "")
+            )
         else:
             cells.append(str(counts.get(name, "?")))
     return ", ".join(sorted(set(cells)))
@@ -92,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="also the whole suite, actions included (1 host)")
     args = parser.parse_args(argv)
     hosts = json.loads(lab.inventory_path().read_text())["hosts"]
-    rows = ["| tree | controls | hosts | added RTT | wall (median) | runs | controller CPU (median) | "
-            "remote commands per host | result |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| tree | controls | hosts | added RTT | wall (median) | runs | controller CPU (median) | "
+        "remote commands per host | result |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for rtt in (float(r) for r in args.rtt_ms.split(",")):
         relays = Relays(hosts, rtt)
         try:
@@ -111,9 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                                 wall, cpu, counts, outcome = suite(tree, inventory, names, marker, counts_file)
                                 walls.append(wall)
                                 cpus.append(cpu)
-                            row = (f"| {tree_name} | {label} | {size} | {rtt:g} ms | {statistics.median(walls):.1f} s | "
-                                   f"{', '.join(f'{w:.1f}' for w in walls)} | {statistics.median(cpus):.1f} s | "
-                                   f"{per_host(counts, names)} | {outcome} |")
+                            row = (
+                                f"| {tree_name} | {label} | {size} | {rtt:g} ms | {statistics.median(walls):.1f} s | "
+                                f"{', '.join(f'{w:.1f}' for w in walls)} | {statistics.median(cpus):.1f} s | "
+                                f"{per_host(counts, names)} | {outcome} |"
+                            )
                             rows.append(row)
                             print(row, file=sys.stderr, flush=True)
         finally:

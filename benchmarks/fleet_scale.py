@@ -115,17 +115,33 @@ def measured(argv: list[str], env: dict | None = None) -> dict:
         process.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return {"rc": process.returncode, "stdout": out.read().decode(errors="replace"),
-                "stderr": err.read().decode(errors="replace"), "wall_s": wall,
-                "cpu_s": usage.ru_utime + usage.ru_stime, "maxrss_mib": usage.ru_maxrss / 1024,
-                "tree_mib": sampler.peak / 2**20}
+        return {
+            "rc": process.returncode,
+            "stdout": out.read().decode(errors="replace"),
+            "stderr": err.read().decode(errors="replace"),
+            "wall_s": wall,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "maxrss_mib": usage.ru_maxrss / 1024,
+            "tree_mib": sampler.peak / 2**20,
+        }
 
 
 # --- the deploy --------------------------------------------------------------------------
 
+
 def deploy_argv(mode: str, recording: Path, inventory: Path) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.replay", mode, str(recording), "--",
-            "-y", "--json", str(inventory), "deploy.py"]
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.replay",
+        mode,
+        str(recording),
+        "--",
+        "-y",
+        "--json",
+        str(inventory),
+        "deploy.py",
+    ]
 
 
 def changes(stdout: str) -> int:
@@ -139,16 +155,35 @@ def deploy(mode: str, recording: Path, inventory: Path) -> dict:
     result = measured(deploy_argv(mode, recording, inventory))
     if result["rc"] != 0 or changes(result["stdout"]):
         said = [line for line in result["stderr"].splitlines() if "Error" in line or "replay:" in line]
-        raise RuntimeError(f"the {mode}ed no-change run failed or changed something:\n"
-                           + "\n".join(line[:500] for line in said[-10:]) + f"\n{result['stderr'][-1500:]}")
+        raise RuntimeError(
+            f"the {mode}ed no-change run failed or changed something:\n"
+            + "\n".join(line[:500] for line in said[-10:])
+            + f"\n{result['stderr'][-1500:]}"
+        )
     return result
 
 
 # --- the compliance suite -----------------------------------------------------------------
 
+
 def suite_argv(inventory: Path, junit: Path, marker: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.replay", "-p", "no:cacheprovider",
-            "tests/compliance", "--inventory", str(inventory), "-m", marker, "--junitxml", str(junit)]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "benchmarks.replay",
+        "-p",
+        "no:cacheprovider",
+        "tests/compliance",
+        "--inventory",
+        str(inventory),
+        "-m",
+        marker,
+        "--junitxml",
+        str(junit),
+    ]
 
 
 def outcomes(junit: Path) -> dict[tuple[str, str], str]:
@@ -163,9 +198,14 @@ def outcomes(junit: Path) -> dict[tuple[str, str], str]:
         host = next((n for n in _HOSTS if rest == f"{n}]" or rest.startswith(f"{n}-")), None)
         if host is None:
             continue
-        params = rest[len(host):]
-        kind = ("failed" if case.find("failure") is not None or case.find("error") is not None
-                else "skipped" if case.find("skipped") is not None else "passed")
+        params = rest[len(host) :]
+        kind = (
+            "failed"
+            if case.find("failure") is not None or case.find("error") is not None
+            else "skipped"
+            if case.find("skipped") is not None
+            else "passed"
+        )
         found[(host, f"{case.get('classname')}::{control}[{params}")] = kind
     return found
 
@@ -191,16 +231,20 @@ def disagreements(recorded: dict, replayed: dict, names: list[str]) -> list[str]
     wrong = []
     for name in names:
         mine = {control: kind for (host, control), kind in replayed.items() if host == name}
-        theirs = {control: kind for (host, control), kind in recorded.items()
-                  if recorded_host(host) == recorded_host(name)}
+        theirs = {
+            control: kind for (host, control), kind in recorded.items() if recorded_host(host) == recorded_host(name)
+        }
         if mine != theirs:
             differ = sorted(c for c in set(mine) | set(theirs) if mine.get(c) != theirs.get(c))
-            wrong.append(f"{name}: {len(differ)} controls differ, e.g. "
-                         + "; ".join(f"{c}: {theirs.get(c)} -> {mine.get(c)}" for c in differ[:3]))
+            wrong.append(
+                f"{name}: {len(differ)} controls differ, e.g. "
+                + "; ".join(f"{c}: {theirs.get(c)} -> {mine.get(c)}" for c in differ[:3])
+            )
     return wrong
 
 
 # --- the table ------------------------------------------------------------------------------
+
 
 def row(side: str, size: int, runs: list[dict], check: str) -> str:
     cpu = statistics.median(r["cpu_s"] for r in runs)
@@ -208,9 +252,11 @@ def row(side: str, size: int, runs: list[dict], check: str) -> str:
     maxrss = max(r["maxrss_mib"] for r in runs)
     tree = max(r["tree_mib"] for r in runs)
     each = ", ".join(f"{r['cpu_s']:.2f}" for r in runs)
-    return (f"| {side} | {size} | {wall:.2f} s | {cpu:.2f} s | {each} | "
-            f"{1000 * cpu / size:.1f} ms | {maxrss:.0f} MiB | {tree:.0f} MiB | {tree / size:.2f} MiB"
-            f" | {check} |")
+    return (
+        f"| {side} | {size} | {wall:.2f} s | {cpu:.2f} s | {each} | "
+        f"{1000 * cpu / size:.1f} ms | {maxrss:.0f} MiB | {tree:.0f} MiB | {tree / size:.2f} MiB"
+        f" | {check} |"
+    )
 
 
 def summary(runs: list[dict]) -> tuple[float, float]:
@@ -218,9 +264,11 @@ def summary(runs: list[dict]) -> tuple[float, float]:
     return statistics.median(r["cpu_s"] for r in runs), max(r["tree_mib"] for r in runs)
 
 
-HEADER = ("| side | hosts | wall (median) | controller CPU (median) | runs | CPU per host | "
-          "largest process (max RSS) | process tree (peak RSS) | memory per host | replay agrees |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+HEADER = (
+    "| side | hosts | wall (median) | controller CPU (median) | runs | CPU per host | "
+    "largest process (max RSS) | process tree (peak RSS) | memory per host | replay agrees |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,9 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--marker", default="read", help="the controls the suite runs (-m): the read-only ones")
     parser.add_argument("--hosts", default="lab-deb12,lab-deb13", help="the lab hosts recorded")
     parser.add_argument("--recording", type=Path, help="replay this recording instead of recording now")
-    parser.add_argument("--converge", action="store_true",
-                        help="converge the recorded hosts with the benchmark's inventory first (it takes the "
-                             "lab's cluster apart: no alias is in a cluster)")
+    parser.add_argument(
+        "--converge",
+        action="store_true",
+        help="converge the recorded hosts with the benchmark's inventory first (it takes the "
+        "lab's cluster apart: no alias is in a cluster)",
+    )
     args = parser.parse_args(argv)
     real = args.hosts.split(",")
     if not lab.inventory_path().exists():
@@ -276,8 +327,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(rows[-1], file=sys.stderr, flush=True)
     print(f"{date.today()}: python -m benchmarks.fleet_scale {' '.join(argv or sys.argv[1:])}")
     print("\n".join(rows))
-    print("\n".join(["", "| side | from | to | CPU per added host | memory per added host (process tree) |",
-                      "| --- | --- | --- | --- | --- |", *added(medians)]))
+    print(
+        "\n".join(
+            [
+                "",
+                "| side | from | to | CPU per added host | memory per added host (process tree) |",
+                "| --- | --- | --- | --- | --- |",
+                *added(medians),
+            ]
+        )
+    )
     return 0
 
 
@@ -288,8 +347,10 @@ def added(medians: dict[str, dict[int, tuple[float, float]]]) -> list[str]:
         ordered = sorted(sizes)
         for small, large in zip(ordered, ordered[1:]):
             (cpu_a, mem_a), (cpu_b, mem_b) = sizes[small], sizes[large]
-            lines.append(f"| {side} | {small} | {large} | {1000 * (cpu_b - cpu_a) / (large - small):.1f} ms | "
-                         f"{(mem_b - mem_a) / (large - small):.2f} MiB |")
+            lines.append(
+                f"| {side} | {small} | {large} | {1000 * (cpu_b - cpu_a) / (large - small):.1f} ms | "
+                f"{(mem_b - mem_a) / (large - small):.2f} MiB |"
+            )
     return lines
 
 

@@ -31,7 +31,8 @@ FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys
 
 def query_range(expr: str, start: float, end: float, step: float) -> list[dict]:
     url = f"{API}/api/v1/query_range?" + urllib.parse.urlencode(
-        {"query": expr, "start": start, "end": end, "step": step})
+        {"query": expr, "start": start, "end": end, "step": step}
+    )
     found = json.loads(lab.run_ssh(SERVER, f"python3 -I -c {shlex.quote(FETCH)} {shlex.quote(url)}").stdout)
     if found["status"] != "success":
         raise SystemExit(f"Prometheus said: {found}")
@@ -49,13 +50,17 @@ def draw(data: dict, out: Path) -> None:
     for series in data["memory"]:
         points = [(float(t) - start, float(v) / (1 << 30)) for t, v in series["values"]]
         ax.plot(*zip(*points), label=f"{series['metric']['instance']} MemAvailable", linewidth=1.6)
-    ax.axhline(data["threshold"] / (1 << 30), color="tab:red", linestyle="--",
-               label="SparkMemoryLow threshold")
+    ax.axhline(data["threshold"] / (1 << 30), color="tab:red", linestyle="--", label="SparkMemoryLow threshold")
     for series in data["alerts"]:
         times = [float(t) - start for t, _ in series["values"]]
         if times:
-            ax.axvspan(min(times), max(times), color="tab:red", alpha=0.12,
-                       label=f"SparkMemoryLow firing ({series['metric']['instance']})")
+            ax.axvspan(
+                min(times),
+                max(times),
+                color="tab:red",
+                alpha=0.12,
+                label=f"SparkMemoryLow firing ({series['metric']['instance']})",
+            )
     ax.set_xlabel("seconds from the start of the window")
     ax.set_ylabel("GiB")
     when = datetime.fromtimestamp(start, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -69,7 +74,9 @@ def draw(data: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory_alert_graph", description=__doc__.splitlines()[1])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.memory_alert_graph", description=__doc__.splitlines()[1]
+    )
     parser.add_argument("--start", type=float, required=True, help="the window's start (epoch seconds)")
     parser.add_argument("--end", type=float, required=True, help="the window's end (epoch seconds)")
     parser.add_argument("--threshold", type=int, required=True, help="the alert's threshold the test set (bytes)")
@@ -77,10 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
     args = parser.parse_args(argv)
     data = {
-        "start": args.start, "end": args.end, "threshold": args.threshold,
+        "start": args.start,
+        "end": args.end,
+        "threshold": args.threshold,
         "memory": query_range('node_memory_MemAvailable_bytes{job="sparkrig"}', args.start, args.end, args.step),
-        "alerts": query_range('ALERTS{alertname="SparkMemoryLow",alertstate="firing"}', args.start, args.end,
-                              args.step),
+        "alerts": query_range(
+            'ALERTS{alertname="SparkMemoryLow",alertstate="firing"}', args.start, args.end, args.step
+        ),
     }
     args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     draw(data, args.out)

@@ -96,12 +96,15 @@ def deploy(inventory: Path | str, *args: str, tree: Path = REPO) -> tuple[float,
     """``pyinfra -y ARGS INVENTORY deploy.py`` of the checkout ``tree`` (its own .venv), from there."""
     pyinfra = PYINFRA if tree == REPO else str(tree / ".venv" / "bin" / "pyinfra")
     started = time.monotonic()
-    result = subprocess.run([pyinfra, "-y", *args, str(inventory), "deploy.py"], cwd=tree,
-                            capture_output=True, text=True, timeout=3600)
+    result = subprocess.run(
+        [pyinfra, "-y", *args, str(inventory), "deploy.py"], cwd=tree, capture_output=True, text=True, timeout=3600
+    )
     return time.monotonic() - started, result
 
 
-def deploy_costs(inventory: Path | str, *args: str, tree: Path = REPO) -> tuple[float, float, float, subprocess.CompletedProcess]:
+def deploy_costs(
+    inventory: Path | str, *args: str, tree: Path = REPO
+) -> tuple[float, float, float, subprocess.CompletedProcess]:
     """One deploy: its wall time, pyinfra's CPU time and the whole machine's CPU time."""
     controller, machine = children_cpu_s(), machine_cpu_s()
     seconds, result = deploy(inventory, *args, tree=tree)
@@ -125,7 +128,9 @@ class Relays:
         pairs = [f"127.0.0.1:0={host['address']}:22" for host in hosts]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.relay", "--rtt-ms", str(rtt_ms), *pairs],
-            cwd=REPO, stdout=subprocess.PIPE, text=True,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         line = self.process.stdout.readline().split()
         if not line or line[0] != "ready":
@@ -164,8 +169,9 @@ def write_inventory(directory: Path, hosts: list[dict], ports: dict[str, int]) -
     return inventory
 
 
-def measure(size: int, rtt_ms: float, runs: int, hosts: list[dict], compliance: bool,
-            baselines: list[Path] = ()) -> list[Row]:
+def measure(
+    size: int, rtt_ms: float, runs: int, hosts: list[dict], compliance: bool, baselines: list[Path] = ()
+) -> list[Row]:
     """This checkout's row (after each baseline's, when there are some) at one RTT."""
     relays = Relays(hosts, rtt_ms)
     trees = [*baselines, REPO]
@@ -191,9 +197,22 @@ def measure(size: int, rtt_ms: float, runs: int, hosts: list[dict], compliance: 
                 for _ in range(min(runs, COMPLIANCE_RUNS)):
                     started = time.monotonic()
                     result = run(
-                        [sys.executable, "-m", "pytest", "-q", "--durations=8", "-p", "benchmarks.count_commands",
-                         "-p", "no:cacheprovider", "tests/compliance", "--inventory", str(inventory)],
-                        timeout=3600, env={**os.environ, "SPARKRIG_BENCH_COUNTS": str(counts)},
+                        [
+                            sys.executable,
+                            "-m",
+                            "pytest",
+                            "-q",
+                            "--durations=8",
+                            "-p",
+                            "benchmarks.count_commands",
+                            "-p",
+                            "no:cacheprovider",
+                            "tests/compliance",
+                            "--inventory",
+                            str(inventory),
+                        ],
+                        timeout=3600,
+                        env={**os.environ, "SPARKRIG_BENCH_COUNTS": str(counts)},
                     )
                     compliance_runs.append(time.monotonic() - started)
                     outcome = (result.stdout.strip().splitlines() or ["?"])[-1].strip("= ")
@@ -206,11 +225,22 @@ def measure(size: int, rtt_ms: float, runs: int, hosts: list[dict], compliance: 
     rows = []
     for tree in trees:
         ours = tree == REPO
-        rows.append(Row(size, rtt_ms, statistics.median(times[tree]), times[tree], dict(commands[tree]),
-                        compliance_s if ours else float("nan"), counted if ours else {},
-                        outcome if ours else "not measured", statistics.median(controller_cpu[tree]),
-                        statistics.median(machine_cpu[tree]), compliance_runs if ours else [],
-                        "this checkout" if ours else f"baseline {tree}"))
+        rows.append(
+            Row(
+                size,
+                rtt_ms,
+                statistics.median(times[tree]),
+                times[tree],
+                dict(commands[tree]),
+                compliance_s if ours else float("nan"),
+                counted if ours else {},
+                outcome if ours else "not measured",
+                statistics.median(controller_cpu[tree]),
+                statistics.median(machine_cpu[tree]),
+                compliance_runs if ours else [],
+                "this checkout" if ours else f"baseline {tree}",
+            )
+        )
     return rows
 
 
@@ -236,7 +266,9 @@ def _span(values) -> str:
 def table(rows: list[Row]) -> str:
     compared = any(row.code != "this checkout" for row in rows)
     lines = [
-        "| " + "code | " * compared + "hosts | added RTT | no-change deploy (median) | runs | pyinfra CPU | machine CPU | "
+        "| "
+        + "code | " * compared
+        + "hosts | added RTT | no-change deploy (median) | runs | pyinfra CPU | machine CPU | "
         "remote commands per host | compliance suite | per host | testinfra commands per host | suite result |",
         "| " + "--- | " * compared + "--- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -258,12 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtt-ms", default="0,50", help="added round-trip times, comma-separated")
     parser.add_argument("--runs", type=int, default=5, help="no-change runs per measurement")
     parser.add_argument(
-        "--compliance-hosts", default="1,4,8",
+        "--compliance-hosts",
+        default="1,4,8",
         help="fleet sizes at which the compliance suite is measured too (comma-separated, '' for none)",
     )
-    parser.add_argument("--baseline", type=Path, metavar="DIR", action="append", default=[],
-                        help="another checkout (with its own .venv) whose no-change run is timed too, in turns "
-                             "(repeatable)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="another checkout (with its own .venv) whose no-change run is timed too, in turns (repeatable)",
+    )
     args = parser.parse_args(argv)
     rows = []
     try:

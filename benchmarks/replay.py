@@ -62,8 +62,10 @@ class Recording:
     def answer(self, section: str, host: str, command: str):
         found = self.data.get(section, {}).get(recorded_host(host), {}).get(command)
         if found is None:
-            raise Unrecorded(f"replay: {host} ({recorded_host(host)}) has no recorded answer in "
-                             f"{self.path} [{section}] for: {command}")
+            raise Unrecorded(
+                f"replay: {host} ({recorded_host(host)}) has no recorded answer in "
+                f"{self.path} [{section}] for: {command}"
+            )
         return found
 
     def add(self, section: str, host: str, command: str, answer) -> None:
@@ -85,6 +87,7 @@ class Recording:
 
 
 # --- pyinfra ---------------------------------------------------------------------------
+
 
 class _Lines(list):
     """A paramiko output file as pyinfra reads it: lines to iterate, and the channel's status."""
@@ -128,8 +131,9 @@ def renonced(lines: list[str], old: str | None, new: str | None) -> list[str]:
         except ValueError:
             out.append(line.replace(old, new))
             continue
-        out.append(base64.b64encode(text.replace(old.encode(), new.encode())).decode()
-                   if old.encode() in text else line)
+        out.append(
+            base64.b64encode(text.replace(old.encode(), new.encode())).decode() if old.encode() in text else line
+        )
     return out
 
 
@@ -142,8 +146,11 @@ class ReplayClient:
     def exec_command(self, command: str, get_pty: bool = False):
         key, nonce = without_nonce(command)
         status, stdout, stderr, recorded = self.recording.answer("pyinfra", self.host, key)
-        return (_Stdin(), _Lines(renonced(stdout, recorded, nonce), status),
-                _Lines(renonced(stderr, recorded, nonce), status))
+        return (
+            _Stdin(),
+            _Lines(renonced(stdout, recorded, nonce), status),
+            _Lines(renonced(stderr, recorded, nonce), status),
+        )
 
     def get_transport(self):
         """The connection's far end, as recorded (the cluster concern asks which address the
@@ -177,6 +184,7 @@ def install_pyinfra(recording: Recording) -> None:
     from pyinfra.connectors.ssh import SSHConnector  # noqa: PLC0415 - after pyinfra_cli, which patches for gevent
 
     if not recording.recording:
+
         def connect(self) -> None:
             self.client = ReplayClient(recording, self.host.name)
 
@@ -235,6 +243,7 @@ def pyinfra_main(argv: list[str]) -> int:
 
 
 # --- the compliance suite (a pytest plugin) --------------------------------------------
+
 
 def _encode(data: bytes) -> str:
     return base64.b64encode(data).decode()

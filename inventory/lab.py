@@ -21,10 +21,7 @@ from sparkrig.operations.source_builds.settings import load_catalogue as _load_c
 from sparkrig.stack_locks import load_manifest as _load_manifest
 
 if not _inventory_path().exists():
-    raise SystemExit(
-        f"sparkrig: the lab is not up ({_inventory_path()} is missing): "
-        "run `python -m lab up` first"
-    )
+    raise SystemExit(f"sparkrig: the lab is not up ({_inventory_path()} is missing): run `python -m lab up` first")
 
 _inventory = _json.loads(_inventory_path().read_text())
 _repo = _inventory["apt_repo"]
@@ -125,9 +122,7 @@ def _jobs(host: dict) -> dict:
 # The controller reaches the registries through a TLS-intercepting proxy, and so do
 # the lab hosts: they trust its CA through the deploy (the images hold none).
 _CONTROLLER_CA_DIR = _Path("/usr/local/share/ca-certificates")
-_ca_certificates = {
-    _path.stem: _path.read_text() for _path in sorted(_CONTROLLER_CA_DIR.glob("*.crt"))
-}
+_ca_certificates = {_path.stem: _path.read_text() for _path in sorted(_CONTROLLER_CA_DIR.glob("*.crt"))}
 
 # Python of each suite's system interpreter (the venv uses it: no downloads here).
 _PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
@@ -162,9 +157,7 @@ def lab_manifest(flavour_name: str, url: str) -> dict:
     machine = _MACHINE[flavour.arch]
     torch = [w for w in house.get("torch", []) if w["python"] == tag and w["file"].endswith(f"_{machine}.whl")]
     manifest["torch"] = (
-        {"index_url": url + house["simple"], "packages": {"torch": torch[-1]["version"]}}
-        if torch
-        else None
+        {"index_url": url + house["simple"], "packages": {"torch": torch[-1]["version"]}} if torch else None
     )
     standin = house.get("vllm_standin")
     manifest["vllm"] = (
@@ -225,21 +218,30 @@ LAB_PREFIX, LAB_PREFIX_TESTS = "lab-prefix", "lab-prefix-tests"
 
 def _prefix_standins(url: str, commit: str) -> dict:
     common = {
-        "kind": "prefix", "url": url, "ref": commit, "env": {"MAX_JOBS": "2"},
-        "build_packages": ["git", "gcc", "make", "libc6-dev"], "submodules": False, "subdirectory": ".",
+        "kind": "prefix",
+        "url": url,
+        "ref": commit,
+        "env": {"MAX_JOBS": "2"},
+        "build_packages": ["git", "gcc", "make", "libc6-dev"],
+        "submodules": False,
+        "subdirectory": ".",
         "memory_max": "1G",
     }
     return {
         LAB_PREFIX: {
             **common,
             "steps": ['make -j"$MAX_JOBS" -C lib', 'make -C lib install PREFIX="$SPARKRIG_PREFIX"'],
-            "needs": [], "runtime_packages": [],
+            "needs": [],
+            "runtime_packages": [],
         },
         LAB_PREFIX_TESTS: {
             **common,
-            "steps": ['make -C tests STANDIN_HOME="$SPARKRIG_NEED_LAB_PREFIX"',
-                      'mkdir -p "$SPARKRIG_PREFIX/bin" && cp tests/standin_perf "$SPARKRIG_PREFIX/bin/"'],
-            "needs": [LAB_PREFIX], "runtime_packages": ["bc"],
+            "steps": [
+                'make -C tests STANDIN_HOME="$SPARKRIG_NEED_LAB_PREFIX"',
+                'mkdir -p "$SPARKRIG_PREFIX/bin" && cp tests/standin_perf "$SPARKRIG_PREFIX/bin/"',
+            ],
+            "needs": [LAB_PREFIX],
+            "runtime_packages": ["bc"],
         },
     }
 
@@ -333,8 +335,11 @@ lab = [
             **_jobs(_host),
             **_ngc(_host),
             # The real stack (lab/realstack.py), when a real_stack test asks for it; else the stand-ins.
-            **(_realstack.host_data(_host, _REAL_STACK) if _REAL_STACK is not None
-               else {**_python_stack(_host), **_source_builds(_host)}),
+            **(
+                _realstack.host_data(_host, _REAL_STACK)
+                if _REAL_STACK is not None
+                else {**_python_stack(_host), **_source_builds(_host)}
+            ),
             **_cluster(_host),
             **_updates(_host),
             **_monitoring(_host),
@@ -343,12 +348,14 @@ lab = [
     for _host in _inventory["hosts"]
 ]
 
+
 # Groups, for --limit (pyinfra's and the compliance suite's): e.g. `--limit debian13`
 # targets the Debian 13 hosts; debian12 holds the x86_64 Debian 12 hosts (DGX OS-like
 # lab-deb12-b too), gb10 the emulated aarch64 Spark.
 def _group(suite: str, arch: str) -> list[str]:
     return [
-        _host["name"] for _host in _inventory["hosts"]
+        _host["name"]
+        for _host in _inventory["hosts"]
         if (_FLAVOURS[_host["flavour"]].suite, _FLAVOURS[_host["flavour"]].arch) == (suite, arch)
     ]
 

@@ -68,9 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     boot = commands.add_parser("up", help="boot a fresh lab (removing leftovers first)")
     boot.add_argument("--hosts", help=f"fleet as NAME:FLAVOUR,... (flavours: {', '.join(FLAVOURS)})")
-    boot.add_argument(
-        "--keep-on-failure", action="store_true", help="leave a failed lab up to inspect it"
-    )
+    boot.add_argument("--keep-on-failure", action="store_true", help="leave a failed lab up to inspect it")
     commands.add_parser("down", help="remove the lab (keeps the image cache and SSH key)")
     trial = commands.add_parser("try", help="boot a fresh lab, converge it twice, prove it, tear it down")
     trial.add_argument("--keep", action="store_true", help="leave the lab up afterwards")

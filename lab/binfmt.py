@@ -84,8 +84,7 @@ def ensure() -> None:
     entry = BINFMT_DIR / ENTRY
     if entry.exists():
         lines = entry.read_text().split("\n")
-        if "enabled" in lines and f"interpreter {os.path.realpath(interpreter)}" in lines \
-                and LISTED_FLAGS in lines:
+        if "enabled" in lines and f"interpreter {os.path.realpath(interpreter)}" in lines and LISTED_FLAGS in lines:
             return
         remove()
     log.info("registering binfmt_misc entry %s (%s, flags %s)", ENTRY, interpreter, FLAGS)

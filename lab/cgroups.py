@@ -42,8 +42,10 @@ def _hierarchies() -> list[Path]:
 
 def host_cgroups(host_name: str, leaf: str = "") -> list[Path]:
     """The host's cgroup directory in each hierarchy (or its ``leaf`` below it; made if missing)."""
-    paths = [hierarchy / CGROUP_PARENT / host_name / leaf if leaf else hierarchy / CGROUP_PARENT / host_name
-             for hierarchy in _hierarchies()]
+    paths = [
+        hierarchy / CGROUP_PARENT / host_name / leaf if leaf else hierarchy / CGROUP_PARENT / host_name
+        for hierarchy in _hierarchies()
+    ]
     for path in paths:
         path.mkdir(parents=True, exist_ok=True)
     return paths

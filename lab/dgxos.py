@@ -56,11 +56,23 @@ STANDIN_SCRIPT = Path(__file__).with_name("nvidia-smi-standin.sh")
 # driver offers -pl is not known (../shared/notes/spark-facts.md), so the stand-in refuses it
 # (exit 3, "not supported") and sparkrig's checks must say so.
 STANDIN_GPUS = {
-    "NVIDIA GB10": {"MAX_SM": "3003", "POWER_DRAW": "[N/A]", "POWER_MIN": "[N/A]", "POWER_MAX": "[N/A]",
-                    "POWER_DEFAULT": "[N/A]", "TEMPERATURE": "45"},
+    "NVIDIA GB10": {
+        "MAX_SM": "3003",
+        "POWER_DRAW": "[N/A]",
+        "POWER_MIN": "[N/A]",
+        "POWER_MAX": "[N/A]",
+        "POWER_DEFAULT": "[N/A]",
+        "TEMPERATURE": "45",
+    },
 }
-STANDIN_DEFAULT = {"MAX_SM": "3090", "POWER_DRAW": "31.50", "POWER_MIN": "250.00", "POWER_MAX": "350.00",
-                   "POWER_DEFAULT": "300.00", "TEMPERATURE": "45"}
+STANDIN_DEFAULT = {
+    "MAX_SM": "3090",
+    "POWER_DRAW": "31.50",
+    "POWER_MIN": "250.00",
+    "POWER_MAX": "350.00",
+    "POWER_DEFAULT": "300.00",
+    "TEMPERATURE": "45",
+}
 # Where the stand-in records each setting call (boot id, uid, arguments): kept across reboots.
 STANDIN_CALLS = "/var/lib/sparkrig-lab-nvidia-smi/calls"
 
@@ -91,7 +103,7 @@ def rootfs_files(flavour: Flavour, repo_url: str, origin: str, key: str) -> dict
         )
         files[PIN_FILE] = (
             "# sparkrig lab: DGX OS pins its own repositories above the others\n"
-            f'Package: *\nPin: release o={origin}\nPin-Priority: 600\n',
+            f"Package: *\nPin: release o={origin}\nPin-Priority: 600\n",
             0o644,
         )
         files[KEYRING] = (key, 0o644)

@@ -133,9 +133,7 @@ def ssh_config_path() -> Path:
     return SSH_CONFIG
 
 
-def up(
-    hosts: Sequence[tuple[str, str]] | None = None, keep_on_failure: bool = False
-) -> list[LabHost]:
+def up(hosts: Sequence[tuple[str, str]] | None = None, keep_on_failure: bool = False) -> list[LabHost]:
     """Boot a fresh fleet (default: one Debian 12 and one Debian 13 host).
 
     Leftovers of earlier runs are removed first. If booting fails, the lab is
@@ -246,8 +244,28 @@ def appear_as(name: str, address: str | None) -> None:
             if f'comment "{comment}"' in line:
                 run(["nft", "delete", "rule", "inet", NFT_TABLE, "postrouting", "handle", line.rsplit(" ", 1)[1]])
         if address is not None:
-            run(["nft", "add", "rule", "inet", NFT_TABLE, "postrouting", "ip", "daddr", host.address, "tcp", "dport",
-                 "22", "snat", "ip", "to", address, "comment", f'"{comment}"'])
+            run(
+                [
+                    "nft",
+                    "add",
+                    "rule",
+                    "inet",
+                    NFT_TABLE,
+                    "postrouting",
+                    "ip",
+                    "daddr",
+                    host.address,
+                    "tcp",
+                    "dport",
+                    "22",
+                    "snat",
+                    "ip",
+                    "to",
+                    address,
+                    "comment",
+                    f'"{comment}"',
+                ]
+            )
 
 
 def _running_host(name: str) -> tuple[_State, LabHost]:
@@ -337,9 +355,7 @@ def _register_emulation(hosts: Sequence[LabHost]) -> None:
 def _write_starting_state(host: LabHost, apt_repo: AptRepo) -> None:
     """The files a host starts with beyond its image (DGX OS's sources, a GPU stand-in)."""
     key = (apt_repo.root / repo.PUBLIC_KEYS["dgx"]).read_text()
-    files = dgxos.rootfs_files(
-        FLAVOURS[host.flavour], repo_url(host.index, apt_repo.port), repo.DGX_ORIGIN, key
-    )
+    files = dgxos.rootfs_files(FLAVOURS[host.flavour], repo_url(host.index, apt_repo.port), repo.DGX_ORIGIN, key)
     files.update(dgxos.network_files(FLAVOURS[host.flavour], host.address, host.gateway, _controller_nameservers()))
     for path, (content, mode) in files.items():
         _write_in_root(host.rootfs, path.lstrip("/"), content, mode)
@@ -353,8 +369,7 @@ def _install_starting_stack(host: LabHost) -> None:
         return
     started = time.monotonic()
     run_ssh(host.name, dgxos.install_command(), timeout=600)
-    log.info("%s: DGX OS's Docker and toolkit (stand-ins) installed in %.0f s", host.name,
-             time.monotonic() - started)
+    log.info("%s: DGX OS's Docker and toolkit (stand-ins) installed in %.0f s", host.name, time.monotonic() - started)
 
 
 def images_to_build(hosts: Sequence[tuple[str, str]] | None = None) -> list[str]:
@@ -389,8 +404,7 @@ def _controller_nameservers() -> list[str]:
     nameservers = parse_nameservers(CONTROLLER_RESOLV_CONF.read_text())
     if not nameservers:
         raise LabError(
-            f"no IPv4 nameserver other than loopback in {CONTROLLER_RESOLV_CONF}: "
-            "the lab hosts would have no DNS"
+            f"no IPv4 nameserver other than loopback in {CONTROLLER_RESOLV_CONF}: the lab hosts would have no DNS"
         )
     return nameservers
 
@@ -439,8 +453,10 @@ def cuda_toolkit(host: LabHost) -> Path | None:
 def _link_cuda_toolkit(root: Path, toolkit: Path) -> None:
     """A mount point for the toolkit and Ubuntu's link chain to it."""
     (root / "usr/local" / toolkit.name).mkdir(parents=True, exist_ok=True)
-    for link, target in (("etc/alternatives/cuda", f"/usr/local/{toolkit.name}"),
-                         ("usr/local/cuda", "/etc/alternatives/cuda")):
+    for link, target in (
+        ("etc/alternatives/cuda", f"/usr/local/{toolkit.name}"),
+        ("usr/local/cuda", "/etc/alternatives/cuda"),
+    ):
         path = root / link
         if path.is_symlink() or path.exists():
             path.unlink()
@@ -456,10 +472,7 @@ def _write_in_root(root: Path, relative: str, content: str, mode: int = 0o644) -
 
 
 def _host_keys(host: LabHost) -> list[tuple[str, str]]:
-    keys = [
-        parse_public_key(path.read_text())
-        for path in sorted((host.rootfs / "etc/ssh").glob("ssh_host_*_key.pub"))
-    ]
+    keys = [parse_public_key(path.read_text()) for path in sorted((host.rootfs / "etc/ssh").glob("ssh_host_*_key.pub"))]
     if not keys:
         raise LabError(f"no SSH host keys in {host.rootfs}/etc/ssh")
     return keys
@@ -470,10 +483,18 @@ def _write_client_files(hosts: list[LabHost], apt_repo: AptRepo) -> None:
     keys = {host.name: _host_keys(host) for host in hosts}
     write_file(KNOWN_HOSTS, render_known_hosts(hosts, keys))
     write_file(SSH_CONFIG, render_ssh_config(hosts, SSH_KEY, KNOWN_HOSTS))
-    write_file(INVENTORY, render_inventory(
-        hosts, SSH_KEY, KNOWN_HOSTS, apt_repo, wheelhouse.read_description(apt_repo.root),
-        registry.read_description(apt_repo.root), sourcebuild.read_description(apt_repo.root),
-    ))
+    write_file(
+        INVENTORY,
+        render_inventory(
+            hosts,
+            SSH_KEY,
+            KNOWN_HOSTS,
+            apt_repo,
+            wheelhouse.read_description(apt_repo.root),
+            registry.read_description(apt_repo.root),
+            sourcebuild.read_description(apt_repo.root),
+        ),
+    )
 
 
 def _console_log(host: LabHost) -> Path:
@@ -483,10 +504,17 @@ def _console_log(host: LabHost) -> Path:
 def _boot(host: LabHost) -> None:
     network.power_on_ports(host)
     argv = [
-        "systemd-nspawn", "--boot", "--register=no", "--keep-unit",
+        "systemd-nspawn",
+        "--boot",
+        "--register=no",
+        "--keep-unit",
         f"--network-namespace-path=/run/netns/{host.netns}",
-        "-D", str(host.rootfs), f"--machine={host.name}", "--capability=all",
-        "--system-call-filter=@keyring bpf", "--console=read-only",
+        "-D",
+        str(host.rootfs),
+        f"--machine={host.name}",
+        "--capability=all",
+        "--system-call-filter=@keyring bpf",
+        "--console=read-only",
     ]
     toolkit = cuda_toolkit(host)
     if toolkit:
@@ -503,7 +531,7 @@ def _boot(host: LabHost) -> None:
 # container asks for a reboot (systemd-nspawn@.service restarts it on that status alone,
 # RestartForceExitStatus=133); any other exit (a poweroff, a stop, a kill) ends the loop.
 BOOT_LOOP = (
-    f"while :; do sh -ec {shlex.quote(JOIN_THEN_EXEC)} sh \"$@\"; status=$?; "
+    f'while :; do sh -ec {shlex.quote(JOIN_THEN_EXEC)} sh "$@"; status=$?; '
     '[ "$status" -eq 133 ] || exit "$status"; '
     'echo "sparkrig-lab: reboot asked from inside (nspawn exit 133): booting again"; done'
 )
@@ -546,8 +574,13 @@ def _boot_error(host: LabHost, what: str) -> str:
 
 def _ssh_argv(host_name: str, command: str, connect_timeout: int = 10) -> list[str]:
     return [
-        "ssh", "-F", str(SSH_CONFIG), "-o", f"ConnectTimeout={connect_timeout}",
-        host_name, command,
+        "ssh",
+        "-F",
+        str(SSH_CONFIG),
+        "-o",
+        f"ConnectTimeout={connect_timeout}",
+        host_name,
+        command,
     ]
 
 
@@ -600,7 +633,8 @@ def _read_state() -> _State | None:
 
 def _host_status(host: LabHost) -> dict[str, Any]:
     alive = host.pid in lab_nspawn_pids(HOSTS_DIR, under=host.rootfs, boot_loops=True) and bool(
-        lab_nspawn_pids(HOSTS_DIR, under=host.rootfs))
+        lab_nspawn_pids(HOSTS_DIR, under=host.rootfs)
+    )
     ssh_ok = False
     if alive and SSH_CONFIG.exists():
         try:

@@ -57,9 +57,13 @@ DEBOOTSTRAP_TIMEOUT_S = 1200
 # Debian 12's units that load credentials, and those that need a network namespace of
 # their own: neither works under qemu-user emulation (foreign-architecture images).
 EMULATION_NO_CREDENTIALS: tuple[str, ...] = (
-    "procps.service", "systemd-firstboot.service", "systemd-sysctl.service",
-    "systemd-sysusers.service", "systemd-tmpfiles-clean.service",
-    "systemd-tmpfiles-setup-dev.service", "systemd-tmpfiles-setup.service",
+    "procps.service",
+    "systemd-firstboot.service",
+    "systemd-sysctl.service",
+    "systemd-sysusers.service",
+    "systemd-tmpfiles-clean.service",
+    "systemd-tmpfiles-setup-dev.service",
+    "systemd-tmpfiles-setup.service",
 )
 EMULATION_MASKED_UNITS: tuple[str, ...] = ("e2scrub_reap.service",)
 
@@ -67,12 +71,17 @@ EMULATION_MASKED_UNITS: tuple[str, ...] = ("e2scrub_reap.service",)
 # (or its trigger) there would act on the controller's devices, so it never starts in the
 # lab. What udev does on a Spark for the cluster ports is stood in for elsewhere (lab/dgxos.py).
 UDEV_UNITS: tuple[str, ...] = (
-    "systemd-udevd.service", "systemd-udevd-control.socket", "systemd-udevd-kernel.socket",
-    "systemd-udev-trigger.service", "systemd-udev-settle.service",
+    "systemd-udevd.service",
+    "systemd-udevd-control.socket",
+    "systemd-udevd-kernel.socket",
+    "systemd-udev-trigger.service",
+    "systemd-udev-settle.service",
 )
 # DGX OS: systemd-networkd installed, not running (NetworkManager renders netplan).
 NETWORKD_UNITS: tuple[str, ...] = (
-    "systemd-networkd.service", "systemd-networkd.socket", "systemd-networkd-wait-online.service",
+    "systemd-networkd.service",
+    "systemd-networkd.socket",
+    "systemd-networkd-wait-online.service",
 )
 
 
@@ -120,9 +129,10 @@ def recipe_steps(flavour: Flavour, mirror: str) -> tuple[Step, ...]:
         # that ask for them fail at boot. The credentials they load are optional; the
         # namespaced e2scrub_reap has nothing to do on the lab's file system.
         steps += [
-            WriteFile(f"/etc/systemd/system/{unit}.d/sparkrig-lab-emulation.conf",
-                      "# sparkrig lab: qemu-user cannot set up credentials (lab/image.py)\n"
-                      "[Service]\nLoadCredential=\n")
+            WriteFile(
+                f"/etc/systemd/system/{unit}.d/sparkrig-lab-emulation.conf",
+                "# sparkrig lab: qemu-user cannot set up credentials (lab/image.py)\n[Service]\nLoadCredential=\n",
+            )
             for unit in EMULATION_NO_CREDENTIALS
         ]
         steps.append(Systemctl(("mask", *EMULATION_MASKED_UNITS)))
@@ -144,8 +154,14 @@ def recipe_steps(flavour: Flavour, mirror: str) -> tuple[Step, ...]:
     steps += [
         Chroot(
             (
-                "useradd", "--create-home", "--uid", str(SSH_UID), "--user-group",
-                "--shell", "/bin/bash", SSH_USER,
+                "useradd",
+                "--create-home",
+                "--uid",
+                str(SSH_UID),
+                "--user-group",
+                "--shell",
+                "/bin/bash",
+                SSH_USER,
             )
         ),
         # '*' is no valid password (no password login) yet not "locked" for sshd.
@@ -180,13 +196,16 @@ def image_path(name: str, cache_dir: Path, mirror: str) -> Path:
 
 def missing_images(flavours: Sequence[str], cache_dir: Path, mirror: str) -> list[str]:
     """The images not built yet (``up`` builds them first), by name."""
-    return sorted({image_path(name, cache_dir, mirror).name.rsplit("-", 1)[0] for name in set(flavours)
-                   if not image_path(name, cache_dir, mirror).is_dir()})
+    return sorted(
+        {
+            image_path(name, cache_dir, mirror).name.rsplit("-", 1)[0]
+            for name in set(flavours)
+            if not image_path(name, cache_dir, mirror).is_dir()
+        }
+    )
 
 
-def ensure_images(
-    flavours: Sequence[str], cache_dir: Path, mirror: str, hosts_dir: Path
-) -> dict[str, Path]:
+def ensure_images(flavours: Sequence[str], cache_dir: Path, mirror: str, hosts_dir: Path) -> dict[str, Path]:
     """The image of each flavour, building the missing ones in parallel."""
     wanted = {}
     for name in sorted(set(flavours)):
@@ -198,9 +217,7 @@ def ensure_images(
         missing = {path: (flavour, steps, path) for flavour, steps, path in wanted.values() if not path.is_dir()}
         if missing:
             with ThreadPoolExecutor(max_workers=len(missing)) as pool:
-                futures = [
-                    pool.submit(_build, *build, cache_dir, mirror, hosts_dir) for build in missing.values()
-                ]
+                futures = [pool.submit(_build, *build, cache_dir, mirror, hosts_dir) for build in missing.values()]
                 errors = [str(future.exception()) for future in futures if future.exception()]
             if errors:
                 raise LabError("image build failed:\n" + "\n".join(errors))
@@ -242,8 +259,7 @@ def _build(
     work = Path(tempfile.mkdtemp(dir=cache_dir / "tmp", prefix=f"{final.name}."))
     root = work / "rootfs"
     log_path = cache_dir / f"build-{flavour.image_name}.log"
-    log.info("building image %s (debootstrap %s %s, log %s)", final.name, flavour.suite, flavour.arch,
-             log_path)
+    log.info("building image %s (debootstrap %s %s, log %s)", final.name, flavour.suite, flavour.arch, log_path)
     started = time.monotonic()
     try:
         _debootstrap(flavour, root, mirror, log_path)
@@ -259,21 +275,22 @@ def _build(
 def _debootstrap(flavour: Flavour, root: Path, mirror: str, log_path: Path) -> None:
     suite = flavour.suite
     argv = [
-        "debootstrap", "--variant=minbase", f"--arch={flavour.arch}",
+        "debootstrap",
+        "--variant=minbase",
+        f"--arch={flavour.arch}",
         f"--include={','.join(PACKAGES + flavour.extra_packages)}",
-        suite, str(root), mirror,
+        suite,
+        str(root),
+        mirror,
     ]
     with open(log_path, "w") as log_file:
         try:
-            result = subprocess.run(
-                argv, stdout=log_file, stderr=subprocess.STDOUT, timeout=DEBOOTSTRAP_TIMEOUT_S
-            )
+            result = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, timeout=DEBOOTSTRAP_TIMEOUT_S)
         except subprocess.TimeoutExpired as error:
             raise LabError(f"debootstrap {suite} timed out; see {log_path}") from error
     if result.returncode != 0:
         raise LabError(
-            f"debootstrap {suite} failed (exit {result.returncode}); end of {log_path}:\n"
-            + tail(log_path, 25)
+            f"debootstrap {suite} failed (exit {result.returncode}); end of {log_path}:\n" + tail(log_path, 25)
         )
 
 

@@ -72,8 +72,13 @@ FLAVOURS: dict[str, Flavour] = {
     # Debian 13 on DGX OS's network stack: netplan.io 1.1 (Ubuntu 24.04's generation; Debian
     # 12's 0.106 is older than any DGX OS 7) and network-manager, from Debian.
     "debian13-nm": Flavour(
-        "debian13-nm", "trixie", "ssh.socket", cuda_toolkit=True, image="debian13-nm",
-        extra_packages=("netplan.io", "network-manager"), netplan_nm=True,
+        "debian13-nm",
+        "trixie",
+        "ssh.socket",
+        cuda_toolkit=True,
+        image="debian13-nm",
+        extra_packages=("netplan.io", "network-manager"),
+        netplan_nm=True,
     ),
     # Debian 12 amd64 in DGX OS's starting state (the same image as debian12).
     "dgxos": Flavour("dgxos", "bookworm", "ssh.service", image="debian12", dgx_os=True),
@@ -82,8 +87,14 @@ FLAVOURS: dict[str, Flavour] = {
     # DGX OS's starting state, and a STAND-IN nvidia-smi reporting a GB10. Debian's
     # docker.io is in its image: installing it at every boot under emulation is slow.
     "gb10": Flavour(
-        "gb10", "bookworm", "ssh.service", arch="arm64", image="debian12-arm64",
-        extra_packages=("docker.io",), dgx_os=True, gpu_standin="12.1, NVIDIA GB10",
+        "gb10",
+        "bookworm",
+        "ssh.service",
+        arch="arm64",
+        image="debian12-arm64",
+        extra_packages=("docker.io",),
+        dgx_os=True,
+        gpu_standin="12.1, NVIDIA GB10",
     ),
 }
 
@@ -93,8 +104,10 @@ FLAVOURS: dict[str, Flavour] = {
 # cluster pair is one of each network stack: lab-deb13 on DGX OS's (netplan +
 # NetworkManager), lab-deb12 on systemd-networkd alone.
 DEFAULT_FLEET: tuple[tuple[str, str], ...] = (
-    ("lab-deb12", "debian12"), ("lab-deb13", "debian13-nm"),
-    ("lab-deb12-b", "dgxos"), ("lab-deb13-b", "debian13"),
+    ("lab-deb12", "debian12"),
+    ("lab-deb13", "debian13-nm"),
+    ("lab-deb12-b", "dgxos"),
+    ("lab-deb13-b", "debian13"),
     ("lab-gb10", "gb10"),
 )
 
@@ -113,8 +126,7 @@ class ClusterLink:
 
     def to_json(self) -> dict[str, object]:
         """The link as inventory.json gives it to the lab inventory."""
-        return {"name": self.cluster, "interface": self.interface,
-                "addresses": dict(zip(self.hosts, self.addresses))}
+        return {"name": self.cluster, "interface": self.interface, "addresses": dict(zip(self.hosts, self.addresses))}
 
 
 # The default fleet's cluster: its two x86_64 hosts that the fleet tests leave alone
@@ -260,9 +272,7 @@ def plan_fleet(fleet: Sequence[tuple[str, str]], hosts_dir: Path) -> list[LabHos
     hosts = []
     for index, (name, flavour) in enumerate(fleet, start=1):
         if not _HOST_NAME.match(name):
-            raise ValueError(
-                f"bad lab host name {name!r}: use 1-40 of a-z, 0-9 and '-', not at either end"
-            )
+            raise ValueError(f"bad lab host name {name!r}: use 1-40 of a-z, 0-9 and '-', not at either end")
         if flavour not in FLAVOURS:
             raise ValueError(f"unknown flavour {flavour!r} for {name}; known: {sorted(FLAVOURS)}")
         hosts.append(
@@ -324,7 +334,7 @@ def is_lab_boot(argv: Sequence[str], hosts_dir: Path) -> bool:
     """Whether a command line is a lab host's boot loop around a lab ``systemd-nspawn``."""
     if len(argv) < 4 or os.path.basename(argv[0]) != "sh" or argv[1] != "-c" or argv[3] != BOOT_MARKER:
         return False
-    return "--" in argv[4:] and is_lab_nspawn(argv[argv.index("--", 4) + 1:], hosts_dir)
+    return "--" in argv[4:] and is_lab_nspawn(argv[argv.index("--", 4) + 1 :], hosts_dir)
 
 
 def is_lab_repo_server(argv: Sequence[str], repo_cache: Path) -> bool:

@@ -43,8 +43,23 @@ def create_host_network(host: LabHost) -> None:
 def create_cluster_link(first: LabHost, second: LabHost, interface: str) -> None:
     """The ConnectX-7 STAND-IN: a veth pair made straight between two hosts' namespaces,
     named ``interface`` in both; it goes with them (nothing of it is in the root namespace)."""
-    run(["ip", "link", "add", interface, "netns", first.netns, "type", "veth",
-         "peer", "name", interface, "netns", second.netns])
+    run(
+        [
+            "ip",
+            "link",
+            "add",
+            interface,
+            "netns",
+            first.netns,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            interface,
+            "netns",
+            second.netns,
+        ]
+    )
 
 
 def power_on_ports(host: LabHost) -> None:

@@ -74,7 +74,7 @@ _STANDIN_FILES = {
     ),
     "xformers/__init__.py": (
         '"""STAND-IN for xformers in the sparkrig lab (lab/realstack.py): it proves the source\n'
-        "build's path onto an emulated aarch64 host (build, share, install), nothing of xformers.\"\"\"\n"
+        'build\'s path onto an emulated aarch64 host (build, share, install), nothing of xformers."""\n'
         f'__version__ = "{STANDIN_VERSION}"\n'
         "STANDIN = True\n"
         "from ._standin import answer\n"
@@ -106,7 +106,10 @@ def make_locks() -> str:
         MANIFEST.write_text(text)
     result = subprocess.run(
         [sys.executable, "-m", "sparkrig.tools", "lock", "--manifest", str(MANIFEST), "--locks", str(LOCKS)],
-        cwd=REPO, capture_output=True, text=True, timeout=1800,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     if result.returncode != 0:
         raise LabError(f"locking the real stack for Python {PYTHON} failed:\n{result.stderr[-3000:]}")
@@ -196,8 +199,11 @@ def host_data(host: dict, chosen: dict) -> dict:
         served = json.loads((STACK / "sources.json").read_text())
         catalogue = load_catalogue()
         for build, source in builds.items():
-            catalogue[build] = {**catalogue[build], "url": host["apt_repo_url"] + served[source]["path"],
-                                "ref": served[source]["commit"]}
+            catalogue[build] = {
+                **catalogue[build],
+                "url": host["apt_repo_url"] + served[source]["path"],
+                "ref": served[source]["commit"],
+            }
             if source == "real":
                 # No CUDA in the lab: xformers' setup.py builds its CUDA extension (calling nvcc)
                 # whenever TORCH_CUDA_ARCH_LIST is set or CUDA_HOME found, so this lab-only step

@@ -58,24 +58,30 @@ def blobs(busybox: bytes) -> tuple[bytes, dict[str, bytes]]:
     """The manifest and the blobs it names (by digest), identical on every call."""
     tar = layer(busybox)
     compressed = gzip.compress(tar, mtime=0)
-    config = json.dumps({
-        "architecture": "amd64",
-        "os": "linux",
-        "created": "1970-01-01T00:00:00Z",
-        "config": {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "Cmd": ["sh"],
-            "Labels": {"org.opencontainers.image.title": TITLE},
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "created": "1970-01-01T00:00:00Z",
+            "config": {
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "Cmd": ["sh"],
+                "Labels": {"org.opencontainers.image.title": TITLE},
+            },
+            "rootfs": {"type": "layers", "diff_ids": [_digest(tar)]},
+            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "lab/registry.py"}],
         },
-        "rootfs": {"type": "layers", "diff_ids": [_digest(tar)]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "lab/registry.py"}],
-    }, sort_keys=True).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2,
-        "mediaType": MANIFEST_TYPE,
-        "config": {"mediaType": CONFIG_TYPE, "size": len(config), "digest": _digest(config)},
-        "layers": [{"mediaType": LAYER_TYPE, "size": len(compressed), "digest": _digest(compressed)}],
-    }, sort_keys=True).encode()
+        sort_keys=True,
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_TYPE,
+            "config": {"mediaType": CONFIG_TYPE, "size": len(config), "digest": _digest(config)},
+            "layers": [{"mediaType": LAYER_TYPE, "size": len(compressed), "digest": _digest(compressed)}],
+        },
+        sort_keys=True,
+    ).encode()
     return manifest, {_digest(config): config, _digest(compressed): compressed}
 
 

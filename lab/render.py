@@ -68,9 +68,7 @@ def parse_public_key(text: str) -> tuple[str, str]:
     return fields[0], fields[1]
 
 
-def render_known_hosts(
-    hosts: Sequence[LabHost], host_keys: Mapping[str, Sequence[tuple[str, str]]]
-) -> str:
+def render_known_hosts(hosts: Sequence[LabHost], host_keys: Mapping[str, Sequence[tuple[str, str]]]) -> str:
     """known_hosts lines for every host key, once under the address and once under the name."""
     lines = []
     for host in hosts:
@@ -167,9 +165,7 @@ def passwd_ids(passwd: str, user: str) -> tuple[int, int]:
     raise ValueError(f"no user {user!r} in passwd")
 
 
-def render_nft_ruleset(
-    nameservers: Sequence[str], ip_forward_before: int, repo_port: int = REPO_PORT
-) -> str:
+def render_nft_ruleset(nameservers: Sequence[str], ip_forward_before: int, repo_port: int = REPO_PORT) -> str:
     """The lab's one nftables table: NAT to the internet, and isolation of the hosts.
 
     Of the controller, a host reaches only the apt repository server, at its own
@@ -259,10 +255,7 @@ def render_packages(entries: Sequence[str]) -> str:
 def release_date(when: datetime.datetime) -> str:
     """A Release file's Date (RFC 2822 in UTC, English names whatever the locale)."""
     utc = when.astimezone(datetime.timezone.utc)
-    return (
-        f"{_WEEKDAYS[utc.weekday()]}, {utc.day:02d} {_MONTHS[utc.month - 1]} {utc.year} "
-        f"{utc:%H:%M:%S} UTC"
-    )
+    return f"{_WEEKDAYS[utc.weekday()]}, {utc.day:02d} {_MONTHS[utc.month - 1]} {utc.year} {utc:%H:%M:%S} UTC"
 
 
 def render_release(fields: Mapping[str, str], indexes: Mapping[str, bytes]) -> str:
@@ -271,8 +264,7 @@ def render_release(fields: Mapping[str, str], indexes: Mapping[str, bytes]) -> s
     ``indexes`` maps paths relative to the Release file's directory to contents.
     """
     sums = "".join(
-        f" {hashlib.sha256(data).hexdigest()} {len(data):>8} {path}\n"
-        for path, data in sorted(indexes.items())
+        f" {hashlib.sha256(data).hexdigest()} {len(data):>8} {path}\n" for path, data in sorted(indexes.items())
     )
     return render_deb822(fields) + "SHA256:\n" + sums
 

@@ -109,7 +109,9 @@ DGX_ORIGIN = "sparkrig lab (stand-in for DGX OS)"
 
 # Where each repository's armored public key is served, below the site.
 PUBLIC_KEYS: dict[str, str] = {
-    "docker": f"{DOCKER_ROOT}/gpg", "nvidia": f"{NVIDIA_ROOT}/gpgkey", "dgx": f"{DGX_ROOT}/gpgkey",
+    "docker": f"{DOCKER_ROOT}/gpg",
+    "nvidia": f"{NVIDIA_ROOT}/gpgkey",
+    "dgx": f"{DGX_ROOT}/gpgkey",
 }
 
 
@@ -121,6 +123,7 @@ def architectures() -> list[str]:
 def nvidia_flat(arch: str) -> str:
     """The NVIDIA-like flat repository of one architecture, below the site."""
     return f"{NVIDIA_ROOT}/stable/deb/{arch}"
+
 
 SERVER_START_TIMEOUT_S = 15.0
 
@@ -303,9 +306,7 @@ def site_files(
             "Description": "sparkrig lab stand-in for Docker's apt repository",
         }
         files[f"{DOCKER_ROOT}/dists/{suite}/Release"] = render_release(release, indexes).encode()
-        files.update(
-            {f"{DOCKER_ROOT}/dists/{suite}/{path}": data for path, data in indexes.items()}
-        )
+        files.update({f"{DOCKER_ROOT}/dists/{suite}/{path}": data for path, data in indexes.items()})
 
     toolkit_entry = render_packages_entry(
         control_fields(TOOLKIT_STANDIN), f"./{TOOLKIT_STANDIN.deb_name}", debs[TOOLKIT_STANDIN.name]
@@ -495,8 +496,13 @@ def _sign(gnupg: Path, fingerprint: str, release: Path) -> None:
     signer = ["--local-user", f"{fingerprint}!", "--digest-algo", "SHA512"]
     _gpg(gnupg, *signer, "--clearsign", "--output", release.with_name("InRelease"), release)
     _gpg(
-        gnupg, *signer, "--armor", "--detach-sign",
-        "--output", release.with_name("Release.gpg"), release,
+        gnupg,
+        *signer,
+        "--armor",
+        "--detach-sign",
+        "--output",
+        release.with_name("Release.gpg"),
+        release,
     )
 
 
@@ -520,13 +526,9 @@ def start_server(repo: AptRepo, addresses: Sequence[str], pid_file: Path, log_fi
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while not any(line.startswith(READY) for line in tail(log_file).splitlines()):
         if not pid_alive(pid):
-            raise LabError(
-                f"the apt repository server exited; end of {log_file}:\n{tail(log_file)}"
-            )
+            raise LabError(f"the apt repository server exited; end of {log_file}:\n{tail(log_file)}")
         if time.monotonic() > deadline:
-            raise LabError(
-                f"the apt repository server did not start in {SERVER_START_TIMEOUT_S:.0f} s"
-            )
+            raise LabError(f"the apt repository server did not start in {SERVER_START_TIMEOUT_S:.0f} s")
         time.sleep(0.1)
     urls = ", ".join(f"http://{address}:{repo.port}" for address in addresses)
     log.info("apt repositories served at %s (pid %d)", urls, pid)

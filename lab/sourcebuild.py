@@ -77,7 +77,7 @@ setup(
 )
 '''
 
-_NATIVE = '''\
+_NATIVE = """\
 #include <Python.h>
 
 static PyObject *answer(PyObject *self, PyObject *unused)
@@ -96,7 +96,7 @@ PyMODINIT_FUNC PyInit__native(void)
 {{
     return PyModule_Create(&module);
 }}
-'''
+"""
 
 _FILES = {
     "pyproject.toml": '[build-system]\nrequires = ["setuptools>=61", "wheel"]\nbuild-backend = "setuptools.build_meta"\n',
@@ -141,9 +141,9 @@ _PREFIX_FILES = {
         " -Wl,-rpath,$(STANDIN_HOME)/lib\n"
     ),
     "tests/perf.c": (
-        "#include <stdio.h>\n#include \"standin.h\"\n"
+        '#include <stdio.h>\n#include "standin.h"\n'
         "int main(void)\n{\n"
-        "    printf(\"standin_perf (a STAND-IN for all_reduce_perf): libstandin answers %d\\n\", standin_answer());\n"
+        '    printf("standin_perf (a STAND-IN for all_reduce_perf): libstandin answers %d\\n", standin_answer());\n'
         "    return 0;\n}\n"
     ),
 }
@@ -170,9 +170,7 @@ def _git(cwd: Path, *args: str, date: str | None = None) -> str:
     env = {**os.environ, **_GIT_ENV}
     if date:
         env.update(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
-    return subprocess.run(
-        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
-    ).stdout.strip()
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def _repository(site: Path, repository: str, commits: list[tuple[str, str, dict[str, str], dict]]) -> dict:
@@ -201,18 +199,39 @@ def _repository(site: Path, repository: str, commits: list[tuple[str, str, dict[
 
 def build(site: Path) -> None:
     """Make the bare repositories and their description below ``site``."""
-    refs = _repository(site, REPOSITORY, [
-        (tag, f"sparkrig lab project {version}", files(version, answer, broken), {"version": version, "answer": answer})
-        for tag, version, answer, broken in COMMITS
-    ])
-    prefix_refs = _repository(site, PREFIX_REPOSITORY, [
-        (tag, f"sparkrig lab prefix stand-in {tag}", prefix_files(answer), {"answer": answer})
-        for tag, answer in PREFIX_COMMITS
-    ])
-    (site / DESCRIPTION).write_text(json.dumps({
-        "name": NAME, "path": f"/{REPOSITORY}", "refs": refs,
-        "prefix": {"name": PREFIX_NAME, "path": f"/{PREFIX_REPOSITORY}", "refs": prefix_refs},
-    }, indent=2) + "\n")
+    refs = _repository(
+        site,
+        REPOSITORY,
+        [
+            (
+                tag,
+                f"sparkrig lab project {version}",
+                files(version, answer, broken),
+                {"version": version, "answer": answer},
+            )
+            for tag, version, answer, broken in COMMITS
+        ],
+    )
+    prefix_refs = _repository(
+        site,
+        PREFIX_REPOSITORY,
+        [
+            (tag, f"sparkrig lab prefix stand-in {tag}", prefix_files(answer), {"answer": answer})
+            for tag, answer in PREFIX_COMMITS
+        ],
+    )
+    (site / DESCRIPTION).write_text(
+        json.dumps(
+            {
+                "name": NAME,
+                "path": f"/{REPOSITORY}",
+                "refs": refs,
+                "prefix": {"name": PREFIX_NAME, "path": f"/{PREFIX_REPOSITORY}", "refs": prefix_refs},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def read_description(site: Path) -> dict | None:

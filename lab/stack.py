@@ -23,9 +23,20 @@ def make_locks() -> list[str]:
     said = []
     for manifest in lab_inventory.write_lab_manifests():
         result = subprocess.run(
-            [sys.executable, "-m", "sparkrig.tools", "lock", "--manifest", str(manifest),
-             "--locks", str(lab_inventory.LAB_LOCKS)],
-            cwd=REPO, capture_output=True, text=True, timeout=900,
+            [
+                sys.executable,
+                "-m",
+                "sparkrig.tools",
+                "lock",
+                "--manifest",
+                str(manifest),
+                "--locks",
+                str(lab_inventory.LAB_LOCKS),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         if result.returncode != 0:
             raise LabError(f"locking the lab's stand-in stack {manifest.name} failed:\n{result.stderr[-3000:]}")

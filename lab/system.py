@@ -83,9 +83,7 @@ def run(
     """Run a command, capture its output as text; raise LabCommandError if it fails."""
     args = [os.fspath(arg) for arg in argv]
     try:
-        result = subprocess.run(
-            args, capture_output=True, text=True, timeout=timeout, input=input, check=False
-        )
+        result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input, check=False)
     except FileNotFoundError as error:
         raise LabError(f"cannot run {args[0]}: {error}") from error
     except subprocess.TimeoutExpired as error:

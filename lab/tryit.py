@@ -30,8 +30,9 @@ def _converge(round_: int) -> str:
     log = config.LAB_DIR / f"try-converge-{round_}.log"
     started = time.monotonic()
     with log.open("w") as out:
-        result = subprocess.run([PYINFRA, "-y", INVENTORY, "deploy.py"], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, text=True)
+        result = subprocess.run(
+            [PYINFRA, "-y", INVENTORY, "deploy.py"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True
+        )
     lines = log.read_text().splitlines()
     summary = next((line.split("--> ", 1)[1] for line in reversed(lines) if "--> " in line and " host" in line), "")
     if result.returncode != 0:
@@ -54,12 +55,26 @@ def run(keep: bool) -> int:
         if not second.endswith("no changes"):
             raise SystemExit(f"try: the second converge changed something: {second}")
         _say("proving it: the compliance suite against every host")
-        status = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/compliance",
-                                 "--inventory", INVENTORY, "-q"], cwd=REPO).returncode
+        status = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "tests/compliance",
+                "--inventory",
+                INVENTORY,
+                "-q",
+            ],
+            cwd=REPO,
+        ).returncode
     finally:
         if keep:
-            _say("--keep: the lab stays up (`uv run python -m lab ssh lab-deb13` logs in; "
-                 "`uv run python -m lab down` removes it)")
+            _say(
+                "--keep: the lab stays up (`uv run python -m lab ssh lab-deb13` logs in; "
+                "`uv run python -m lab down` removes it)"
+            )
         else:
             _say("tearing the lab down")
             down()

@@ -29,8 +29,22 @@ if __name__ != "sparkrig.operations":
     raise ImportError(f"{__name__!r} is sparkrig.operations: import it by that name")
 
 CONCERNS = (
-    "hardware", "updates", "ca_certificates", "cuda_env", "swap", "sshd_guard", "watchdog", "gpu_policy", "jobs",
-    "metrics", "containers", "ngc", "python_stack", "source_builds", "cluster", "prometheus",
+    "hardware",
+    "updates",
+    "ca_certificates",
+    "cuda_env",
+    "swap",
+    "sshd_guard",
+    "watchdog",
+    "gpu_policy",
+    "jobs",
+    "metrics",
+    "containers",
+    "ngc",
+    "python_stack",
+    "source_builds",
+    "cluster",
+    "prometheus",
 )
 # The host's one reading plans its parts in this order, not in the order concerns were imported.
 reading.order(f"{__name__}.{name}" for name in CONCERNS)

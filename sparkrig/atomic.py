@@ -46,8 +46,13 @@ class FileDigest(FactBase):
     def command(self, path: str) -> StringCommand:
         path_arg = QuoteString(path)
         return StringCommand(
-            "if [ -f", path_arg, "]; then stat -c '%a %U %G'", path_arg,
-            "&& sha256sum", path_arg, "; fi",
+            "if [ -f",
+            path_arg,
+            "]; then stat -c '%a %U %G'",
+            path_arg,
+            "&& sha256sum",
+            path_arg,
+            "; fi",
         )
 
     @parses
@@ -85,19 +90,35 @@ class HostState(FactBase):
         for path in paths:
             q = QuoteString(path)
             bits += [
-                "if [ -f", q, "]; then echo file $(stat -c '%a %U %G'", q, ")",
-                "$(sha256sum <", q, "| cut -d' ' -f1)", q, "; else echo nofile", q, "; fi;",
+                "if [ -f",
+                q,
+                "]; then echo file $(stat -c '%a %U %G'",
+                q,
+                ")",
+                "$(sha256sum <",
+                q,
+                "| cut -d' ' -f1)",
+                q,
+                "; else echo nofile",
+                q,
+                "; fi;",
             ]
         for unit in units:
             q = QuoteString(unit)
             bits += [
-                "a=$(systemctl is-active", q, "2>/dev/null); e=$(systemctl is-enabled", q,
-                "2>/dev/null); echo unit ${a:-unknown} ${e:-unknown}", q, ";",
+                "a=$(systemctl is-active",
+                q,
+                "2>/dev/null); e=$(systemctl is-enabled",
+                q,
+                "2>/dev/null); echo unit ${a:-unknown} ${e:-unknown}",
+                q,
+                ";",
             ]
         if packages:
             bits += [
                 "dpkg-query -W -f='package ${db:Status-Abbrev} ${Version} ${Package}\\n'",
-                *[QuoteString(p) for p in packages], "2>/dev/null;",
+                *[QuoteString(p) for p in packages],
+                "2>/dev/null;",
             ]
         return StringCommand(*bits, "true")
 
@@ -132,7 +153,10 @@ def up_to_date(
     content, mode and owner: :func:`file` would change nothing."""
     data = content.encode() if isinstance(content, str) else content
     return bool(state) and (state["sha256"], state["mode"], state["user"], state["group"]) == (
-        hashlib.sha256(data).hexdigest(), _mode(mode), user, group,
+        hashlib.sha256(data).hexdigest(),
+        _mode(mode),
+        user,
+        group,
     )
 
 
@@ -171,17 +195,26 @@ class Upload(FileUploadCommand):
         ok, output = host.connector.run_shell_command(StringCommand("umask 077 && mktemp -d"), **shown, **mine)
         stage = output.stdout.strip() if ok else ""
         if not _STAGE.fullmatch(stage):
-            logger.error(f"{host.print_prefix}sparkrig: no private directory to upload {self.dest} through: "
-                         f"{output.stderr or stage!r}")
+            logger.error(
+                f"{host.print_prefix}sparkrig: no private directory to upload {self.dest} through: "
+                f"{output.stderr or stage!r}"
+            )
             return False
         staged = f"{stage}/file"
         if not host.connector.put_file(self.src, staged, **shown, **mine):
             host.connector.run_shell_command(StringCommand("rm -rf", QuoteString(stage)), **mine)
             return False
         ok, output = host.connector.run_shell_command(
-            StringCommand("umask 077 && cp", QuoteString(staged), QuoteString(self.dest), "; s=$?; rm -rf", QuoteString(stage),
-                          "; exit $s"),
-            **shown, **connector_arguments,
+            StringCommand(
+                "umask 077 && cp",
+                QuoteString(staged),
+                QuoteString(self.dest),
+                "; s=$?; rm -rf",
+                QuoteString(stage),
+                "; exit $s",
+            ),
+            **shown,
+            **connector_arguments,
         )
         if not ok:
             logger.error(f"{host.print_prefix}sparkrig: upload of {self.dest} failed: {output.stderr}")
@@ -254,9 +287,7 @@ def file_commands(
         if (current["mode"], current["user"], current["group"]) == (wanted_mode, user, group):
             host.noop(f"file {dest} is up to date")
             return
-        yield StringCommand(
-            "chown", owner, QuoteString(dest), "&& chmod", f"{wanted_mode:o}", QuoteString(dest)
-        )
+        yield StringCommand("chown", owner, QuoteString(dest), "&& chmod", f"{wanted_mode:o}", QuoteString(dest))
         return
 
     temp = QuoteString(temp_path(dest))
@@ -270,16 +301,21 @@ def file_commands(
     )
     keep = ["&& cp -p", QuoteString(dest), QuoteString(backup)] if backup and current else []
     yield StringCommand(
-        "chown", owner, temp, "&& chmod", f"{wanted_mode:o}", temp,
+        "chown",
+        owner,
+        temp,
+        "&& chmod",
+        f"{wanted_mode:o}",
+        temp,
         *check,
         *keep,
-        "&& mv -f", temp, QuoteString(dest),
+        "&& mv -f",
+        temp,
+        QuoteString(dest),
     )
 
 
-def unit_file(
-    name: str, dest: str, content: str, validate: tuple[str, ...], reload_name: str, state: Mapping | None
-):
+def unit_file(name: str, dest: str, content: str, validate: tuple[str, ...], reload_name: str, state: Mapping | None):
     """A systemd unit file or drop-in: written (validated, atomically) only when its
     :class:`HostState` entry ``state`` differs, then ``systemctl daemon-reload`` if the
     write changed it. Returns the file operation, or None when the file was up to date."""
@@ -303,5 +339,3 @@ def unit_file_validator(sections: Sequence[str], keys: Mapping[str, str]) -> tup
     # an unreadable file: 2) fails the validation.
     script = 'grep -Ev "$@"; [ $? -eq 1 ]'
     return ("sh", "-c", script, "sh", *[arg for pattern in patterns for arg in ("-e", pattern)])
-
-

@@ -11,8 +11,20 @@ from pyinfra.api import StringCommand
 from pyinfra.connectors.ssh import SSHConnector
 
 # The operation's own privilege arguments (sudo, su, doas...) go to the new connection's command.
-_AUTH = ("_sudo", "_sudo_user", "_use_sudo_login", "_sudo_password", "_preserve_sudo_env", "_su_user",
-         "_use_su_login", "_preserve_su_env", "_su_shell", "_su_password", "_doas", "_doas_user")
+_AUTH = (
+    "_sudo",
+    "_sudo_user",
+    "_use_sudo_login",
+    "_sudo_password",
+    "_preserve_sudo_env",
+    "_su_user",
+    "_use_su_login",
+    "_preserve_su_env",
+    "_su_shell",
+    "_su_password",
+    "_doas",
+    "_doas_user",
+)
 
 
 def run_on_new_connection(state, host, command: str, timeout: int = 10) -> tuple[bool, list[str] | Exception]:

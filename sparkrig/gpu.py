@@ -18,17 +18,32 @@ QUERY_TIMEOUT_S = 20
 CLOCK_MIN_MHZ = 200  # the lowest SM clock cap sparkrig sets (a GPU's own minimum is lower)
 # What the policy is checked against and what reports show, in this order.
 FIELDS = (
-    "index", "name", "persistence_mode", "clocks.sm", "clocks.max.sm", "power.draw", "power.limit",
-    "power.min_limit", "power.max_limit", "power.default_limit", "temperature.gpu",
+    "index",
+    "name",
+    "persistence_mode",
+    "clocks.sm",
+    "clocks.max.sm",
+    "power.draw",
+    "power.limit",
+    "power.min_limit",
+    "power.max_limit",
+    "power.default_limit",
+    "temperature.gpu",
 )
 # The active clock event reasons' field: drivers from 535 name it clocks_event_reasons, older
 # ones clocks_throttle_reasons (580 knows both). An unknown field is nvidia-smi's exit 2.
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
 # nvml.h's clocksEventReasons bits.
 REASONS = {
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
 }
 # Reasons that mean the GPU is held back by heat or power (what an owner is alerted to).
 THROTTLING = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
@@ -38,8 +53,13 @@ def script() -> str:
     """The read's shell (templates/sparkrig/gpu-state.sh.j2): from ``/``; a root-owned
     nvidia-smi only; the query with the first reasons field the driver knows, and its exit
     status; then the unit's record of this boot, if any."""
-    return rendering.script("sparkrig/gpu-state.sh.j2", reason_fields=" ".join(REASON_FIELDS),
-                            timeout_s=QUERY_TIMEOUT_S, fields=",".join(FIELDS), applied=APPLIED)
+    return rendering.script(
+        "sparkrig/gpu-state.sh.j2",
+        reason_fields=" ".join(REASON_FIELDS),
+        timeout_s=QUERY_TIMEOUT_S,
+        fields=",".join(FIELDS),
+        applied=APPLIED,
+    )
 
 
 def number(text: str) -> float | None:
@@ -60,7 +80,8 @@ def reasons(text: str) -> list[str] | None:
         return None
     mask = int(text, 16)
     return [name for bit, name in REASONS.items() if mask & bit] + (
-        [f"unknown_0x{mask & ~sum(REASONS):x}"] if mask & ~sum(REASONS) else [])
+        [f"unknown_0x{mask & ~sum(REASONS):x}"] if mask & ~sum(REASONS) else []
+    )
 
 
 def gpu_line(line: str) -> dict[str, Any]:
@@ -95,8 +116,11 @@ def applied(lines: Sequence[str]) -> dict[str, Any]:
         if len(words) == 2 and words[0] == "boot":
             found["boot"] = words[1]
         elif len(words) in (3, 4) and words[2] in ("ok", "failed"):
-            found["settings"][words[0]] = {"value": int(words[1]), "ok": words[2] == "ok",
-                                           "exit": int(words[3]) if len(words) == 4 else 0}
+            found["settings"][words[0]] = {
+                "value": int(words[1]),
+                "ok": words[2] == "ok",
+                "exit": int(words[3]) if len(words) == 4 else 0,
+            }
         elif line.strip():
             raise ValueError(f"not a line of the unit's record: {line[:80]!r}")
     return found
@@ -113,8 +137,10 @@ def parse(output: Sequence[str]) -> dict[str, Any]:
             if section == "none":
                 found["problem"] = "no nvidia-smi on the host (no NVIDIA driver)"
             elif section == "untrusted":
-                found["problem"] = (f"{' '.join(words[1:])[:200]} is not root's alone (another user owns it or may "
-                                    "change it): not run as root")
+                found["problem"] = (
+                    f"{' '.join(words[1:])[:200]} is not root's alone (another user owns it or may "
+                    "change it): not run as root"
+                )
             elif section == "query":
                 status, field = int(words[1]), words[2] if len(words) > 2 else None
                 found["reasons_field"] = field
@@ -135,17 +161,21 @@ def parse(output: Sequence[str]) -> dict[str, Any]:
 
 def out_of_range(key: str, value: int, gpus: Sequence[Mapping[str, Any]]) -> str | None:
     """Why ``value`` of ``key`` is outside what each GPU allows, naming key, value and range."""
-    field = {"gpu_clock_max_mhz": ("clocks_max_sm_mhz", "clocks_max_sm_mhz"),
-             "gpu_power_limit_w": ("power_min_limit_w", "power_max_limit_w")}[key]
+    field = {
+        "gpu_clock_max_mhz": ("clocks_max_sm_mhz", "clocks_max_sm_mhz"),
+        "gpu_power_limit_w": ("power_min_limit_w", "power_max_limit_w"),
+    }[key]
     for gpu in gpus:
         low = gpu[field[0]] if key == "gpu_power_limit_w" else CLOCK_MIN_MHZ
         high = gpu[field[1]]
         where = f"GPU {gpu['index']} ({gpu['name']})"
         if low is None or high is None:
             what = "clocks.max.sm" if key == "gpu_clock_max_mhz" else "power.min_limit/power.max_limit"
-            return (f"{key} = {value}: {where} reports no range to set it in ({what} is "
-                    f"{gpu['raw'].get(field[1], 'N/A')}): the driver does not offer this setting here; "
-                    f"set {key} to None for this host or its profile")
+            return (
+                f"{key} = {value}: {where} reports no range to set it in ({what} is "
+                f"{gpu['raw'].get(field[1], 'N/A')}): the driver does not offer this setting here; "
+                f"set {key} to None for this host or its profile"
+            )
         if not low <= value <= high:
             unit = "MHz" if key == "gpu_clock_max_mhz" else "W"
             return f"{key} = {value}: allowed on {where} is {low:g} to {high:g} {unit}"

@@ -39,8 +39,9 @@ class HostSettings(Mapping):
 
     __slots__ = ("_values", "profile", "profile_problem")
 
-    def __init__(self, values: Mapping[str, Any], profile: Mapping[str, Any] | None = None,
-                 profile_problem: str | None = None) -> None:
+    def __init__(
+        self, values: Mapping[str, Any], profile: Mapping[str, Any] | None = None, profile_problem: str | None = None
+    ) -> None:
         object.__setattr__(self, "_values", MappingProxyType(dict(values)))
         object.__setattr__(self, "profile", None if profile is None else MappingProxyType(dict(profile)))
         object.__setattr__(self, "profile_problem", profile_problem)

@@ -61,14 +61,29 @@ def install_command(
     # A conffile sparkrig changed (e.g. /etc/default/earlyoom) is kept on a reinstall, never prompted for.
     keep = ["-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
     install = [
-        *keep, "install", *(["--no-install-recommends"] if no_recommends else []),
+        *keep,
+        "install",
+        *(["--no-install-recommends"] if no_recommends else []),
         *(["--only-upgrade"] if only_upgrade else []),
     ]
     return StringCommand(
-        "sh", "-c", QuoteString(WAIT_FOR_LOCKS), "sparkrig-wait-for-apt", str(timeout_s), *LOCKS,
-        "&&", "DEBIAN_FRONTEND=noninteractive", "sh", "-c", QuoteString(COMPLETE_DPKG),
-        "sparkrig-complete-dpkg", *apt[1:], *keep,
-        "&&", *apt, "update",
+        "sh",
+        "-c",
+        QuoteString(WAIT_FOR_LOCKS),
+        "sparkrig-wait-for-apt",
+        str(timeout_s),
+        *LOCKS,
+        "&&",
+        "DEBIAN_FRONTEND=noninteractive",
+        "sh",
+        "-c",
+        QuoteString(COMPLETE_DPKG),
+        "sparkrig-complete-dpkg",
+        *apt[1:],
+        *keep,
+        "&&",
+        *apt,
+        "update",
         *(["&&", *apt, *install, *[QuoteString(p) for p in packages]] if packages else []),
     )
 
@@ -78,8 +93,14 @@ def locked(argv: Sequence[str], timeout_s: int | None = None) -> StringCommand:
     waiting as :func:`install_command` does (``packages_dpkg_lock_timeout_s`` by default)."""
     timeout = _timeout() if timeout_s is None else timeout_s
     return StringCommand(
-        "sh", "-c", QuoteString(WAIT_FOR_LOCKS), "sparkrig-wait-for-apt", str(timeout), *LOCKS,
-        "&&", *[QuoteString(word) for word in argv],
+        "sh",
+        "-c",
+        QuoteString(WAIT_FOR_LOCKS),
+        "sparkrig-wait-for-apt",
+        str(timeout),
+        *LOCKS,
+        "&&",
+        *[QuoteString(word) for word in argv],
     )
 
 

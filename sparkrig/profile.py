@@ -120,23 +120,30 @@ def contradiction(name: str, profile: Mapping[str, Any], identity: Mapping[str, 
         wrong.append(f"compute capability {profile['compute_capability']}")
     if not wrong:
         return None
-    return (f"hardware_profile {name!r} says {' and '.join(wrong)}, but the box is "
-            f"{describe(identity)}: set hardware_profile for this host or its group "
-            f"(or \"auto\"); nothing was changed on it")
+    return (
+        f"hardware_profile {name!r} says {' and '.join(wrong)}, but the box is "
+        f"{describe(identity)}: set hardware_profile for this host or its group "
+        f'(or "auto"); nothing was changed on it'
+    )
 
 
-def choose_profile(profiles: Mapping[str, Mapping[str, Any]], identity: Mapping[str, Any]) -> tuple[str | None, str | None]:
+def choose_profile(
+    profiles: Mapping[str, Mapping[str, Any]], identity: Mapping[str, Any]
+) -> tuple[str | None, str | None]:
     """``hardware_profile = "auto"``: the one profile the box matches, as (name, None), or
     (None, why no single profile matches)."""
-    matching = sorted(name for name, profile in profiles.items()
-                      if contradiction(name, profile, identity) is None)
+    matching = sorted(name for name, profile in profiles.items() if contradiction(name, profile, identity) is None)
     if len(matching) == 1:
         return matching[0], None
     if not matching:
-        return None, (f"hardware_profile \"auto\": no profile in hardware_profiles matches the box "
-                      f"({describe(identity)}): add one, or set hardware_profile")
-    return None, (f"hardware_profile \"auto\" cannot choose between {', '.join(matching)} for the box "
-                  f"({describe(identity)}): set hardware_profile for this host or its group")
+        return None, (
+            f'hardware_profile "auto": no profile in hardware_profiles matches the box '
+            f"({describe(identity)}): add one, or set hardware_profile"
+        )
+    return None, (
+        f'hardware_profile "auto" cannot choose between {", ".join(matching)} for the box '
+        f"({describe(identity)}): set hardware_profile for this host or its group"
+    )
 
 
 # What the box reports, in the host's one reading (checked on every host, "auto" or not).
@@ -146,4 +153,3 @@ IDENTITY = reading.part(HardwareIdentity)
 @reading.planner
 def reads(_settings):
     return [IDENTITY]
-

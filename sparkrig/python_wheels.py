@@ -32,6 +32,7 @@ _ANCHOR = re.compile(r'<a\s[^>]*href="([^"]+)"[^>]*>([^<]+)</a>', re.IGNORECASE)
 # flash-attn has no sm_121 kernels and builds for CUDA 12 only: never installed.
 REFUSED = {"flash-attn": "no sm_121 kernels and CUDA 12 only; PyTorch SDPA replaces it"}
 
+
 def normalise(name: str) -> str:
     """A package name as PEP 503 compares them."""
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -141,15 +142,22 @@ def _index_files(index: str, name: str) -> list[dict]:
         raise RuntimeError(f"{index}: its answer for {name} is larger than {INDEX_MAX_BYTES} bytes, refused")
     try:
         if kind == _SIMPLE_JSON:
-            files = [{"filename": f["filename"], "url": f["url"], "hashes": dict(f.get("hashes") or {})}
-                     for f in json.loads(body)["files"]]
+            files = [
+                {"filename": f["filename"], "url": f["url"], "hashes": dict(f.get("hashes") or {})}
+                for f in json.loads(body)["files"]
+            ]
         else:
             files = []
             for href, filename in _ANCHOR.findall(body.decode()):
                 url, _, fragment = href.partition("#")
                 algorithm, _, value = fragment.partition("=")
-                files.append({"filename": html.unescape(filename).strip(), "url": html.unescape(url),
-                              "hashes": {algorithm: value} if value else {}})
+                files.append(
+                    {
+                        "filename": html.unescape(filename).strip(),
+                        "url": html.unescape(url),
+                        "hashes": {algorithm: value} if value else {},
+                    }
+                )
         if not all(isinstance(v, str) for f in files for v in (f["filename"], f["url"], *f["hashes"].values())):
             raise TypeError("a file's name, URL or hash is not a string")
         return [{**f, "url": urllib.parse.urljoin(base, f["url"])} for f in files]
@@ -176,22 +184,36 @@ def offline_wheels(text: str, arch: str, python: str, cache: Path) -> dict[str, 
     wheels = {}
     for name, url, hashes, index in _registry_entries(text):
         if url:
-            candidates = [{"filename": urllib.parse.unquote(url.rsplit("/", 1)[1]), "url": url,
-                           "hashes": {"sha256": hashes[0]}}] if hashes else []
+            candidates = (
+                [{"filename": urllib.parse.unquote(url.rsplit("/", 1)[1]), "url": url, "hashes": {"sha256": hashes[0]}}]
+                if hashes
+                else []
+            )
         elif hashes and all(h in files for h in hashes):
             candidates = [{**files[h], "hashes": {"sha256": h}} for h in hashes]
         else:
             candidates = _index_files(index or DEFAULT_INDEX, name)
-            files.update({f["hashes"]["sha256"]: {"filename": f["filename"], "url": f["url"]}
-                          for f in candidates if f["hashes"].get("sha256") in hashes})
-        fits = [f for f in candidates
-                if f["hashes"].get("sha256") in hashes and f["filename"].endswith(".whl") and _rank(f["filename"], order) is not None]
+            files.update(
+                {
+                    f["hashes"]["sha256"]: {"filename": f["filename"], "url": f["url"]}
+                    for f in candidates
+                    if f["hashes"].get("sha256") in hashes
+                }
+            )
+        fits = [
+            f
+            for f in candidates
+            if f["hashes"].get("sha256") in hashes
+            and f["filename"].endswith(".whl")
+            and _rank(f["filename"], order) is not None
+        ]
         if not fits:
             raise RuntimeError(f"python_offline: no wheel of {name} in the lock fits {arch}, Python {python}")
         chosen = min(fits, key=lambda f: (_rank(f["filename"], order), f["filename"]))
         target = cache / chosen["filename"]
-        if not (known.get(chosen["filename"]) == chosen["hashes"]["sha256"] and target.is_file()) \
-                and not (target.is_file() and atomic.file_sha256(target) == chosen["hashes"]["sha256"]):
+        if not (known.get(chosen["filename"]) == chosen["hashes"]["sha256"] and target.is_file()) and not (
+            target.is_file() and atomic.file_sha256(target) == chosen["hashes"]["sha256"]
+        ):
             _download(chosen["url"], chosen["hashes"]["sha256"], target, _schemes(index))
         known[chosen["filename"]] = chosen["hashes"]["sha256"]
         wheels[chosen["filename"]] = str(target)

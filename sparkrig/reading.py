@@ -86,7 +86,9 @@ class Reading(FactBase):
             tag = f"@@{nonce}"
             # stdout to fd 3 untouched; stderr tagged, merged into stdout.
             bits += [
-                "{ { (", command, f"); echo {tag} end {index} $?; }} 2>&1 1>&3 | sed 's/^/{tag} err {index} /';",
+                "{ { (",
+                command,
+                f"); echo {tag} end {index} $?; }} 2>&1 1>&3 | sed 's/^/{tag} err {index} /';",
                 "} 3>&1;",
             ]
         return host_output.encoded(*bits)
@@ -106,7 +108,7 @@ def split(parts: Sequence[Part], nonce: str, output: Sequence[str]) -> dict[Part
     current = 0
     for line in lines:
         if line.startswith(tag):
-            kind, index, rest = (line[len(tag):].split(" ", 2) + [""])[:3]
+            kind, index, rest = (line[len(tag) :].split(" ", 2) + [""])[:3]
             index = int(index)
             if index not in stdout:
                 raise ValueError(f"a part index out of range: {index}")

@@ -46,7 +46,6 @@ class SettingsError(PyinfraError):
     """A setting has a value sparkrig does not allow; raised before any change."""
 
 
-
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A login name as useradd accepts it by default (at most 32 characters).
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -157,8 +156,7 @@ def mapping_of(allowed: str, entry_problem: Callable[[Any, Any], "str | None"]) 
 
 
 env_mapping = mapping_of(
-    "a mapping of environment variable names ([A-Za-z_][A-Za-z0-9_]*) to strings "
-    "without single quotes or newlines",
+    "a mapping of environment variable names ([A-Za-z_][A-Za-z0-9_]*) to strings without single quotes or newlines",
     lambda name, item: (
         f"bad entry: {name!r}"
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name) or env_value_problem(item)
@@ -189,8 +187,6 @@ def env_mapping_except(managed: Iterable[str]) -> Check:
 def defaults(settings: Iterable[Setting]) -> dict[str, Any]:
     """The ``data_defaults`` of a deploy: each setting's key and default."""
     return {setting.key: setting.default for setting in settings}
-
-
 
 
 def resolve(settings: Iterable[Setting], data: Mapping[str, Any]) -> dict[str, Any]:
@@ -290,11 +286,7 @@ def validate_hosts(
     """
     hosts = list(hosts)
     settings = all_settings()
-    lines = [
-        f"  host {name!r}: {problem}"
-        for name, data in hosts
-        for problem in problems(settings, data)
-    ]
+    lines = [f"  host {name!r}: {problem}" for name, data in hosts for problem in problems(settings, data)]
     if not lines:
         everyone = hosts if inventory is None else list(inventory)
         # Each host's data with every setting resolved (ssh_hostname and such stay).
@@ -376,8 +368,11 @@ def reference(concerns: Sequence[ModuleType]) -> str:
         title = (concern.__doc__ or concern.__name__).strip().splitlines()[0].rstrip(".:,")
         name = concern.__name__
         # The checkout's path: a concern's settings module, or the shared layer's module.
-        module = (f"operations/{name.removeprefix('sparkrig.operations.')}/settings.py"
-                  if name.startswith("sparkrig.operations.") else name.replace(".", "/") + ".py")
+        module = (
+            f"operations/{name.removeprefix('sparkrig.operations.')}/settings.py"
+            if name.startswith("sparkrig.operations.")
+            else name.replace(".", "/") + ".py"
+        )
         out += ["", f"## {title}", "", f"`{module}`"]
         for setting in concern.SETTINGS:
             out += [

@@ -68,9 +68,7 @@ def pins(manifest: Mapping[str, Any], profiles: Sequence[str]) -> dict[str, str]
         for name, version in entries.items():
             key = normalise(name)
             if key in found and found[key] != version:
-                raise ValueError(
-                    f"{name} is pinned to {found[key]} in {where[key]} and to {version} in {source}"
-                )
+                raise ValueError(f"{name} is pinned to {found[key]} in {where[key]} and to {version} in {source}")
             found[key], where[key] = version, source
     return found
 
@@ -120,13 +118,22 @@ def lock_input(manifest: Mapping[str, Any], profiles: Sequence[str], arch: str) 
     a named index, and vLLM's wheel sha256, are in."""
     vllm = manifest.get("vllm")
     wheel = (vllm.get("wheels") or {}).get(arch) if vllm else None
-    return digest(json.dumps({
-        "format": LOCK_FORMAT, "python": manifest["python"], "arch": arch,
-        "platform": LOCK_PLATFORM, "profiles": sorted(profiles),
-        "requirements": lock_requirements(manifest, profiles, arch),
-        "routes": routes(manifest), "wheel_sha256": wheel["sha256"] if wheel else None,
-        "from_source": from_source(manifest, arch),
-    }, sort_keys=True))
+    return digest(
+        json.dumps(
+            {
+                "format": LOCK_FORMAT,
+                "python": manifest["python"],
+                "arch": arch,
+                "platform": LOCK_PLATFORM,
+                "profiles": sorted(profiles),
+                "requirements": lock_requirements(manifest, profiles, arch),
+                "routes": routes(manifest),
+                "wheel_sha256": wheel["sha256"] if wheel else None,
+                "from_source": from_source(manifest, arch),
+            },
+            sort_keys=True,
+        )
+    )
 
 
 def lock_name(manifest: Mapping[str, Any], profiles: Sequence[str], arch: str) -> str:
@@ -162,7 +169,7 @@ def read_lock(path: Path) -> str | None:
 def _header_value(text: str, prefix: str) -> str | None:
     for line in text.splitlines():
         if line.startswith(prefix):
-            return line[len(prefix):].strip()
+            return line[len(prefix) :].strip()
         if not line.startswith("#"):
             break
     return None
@@ -261,7 +268,10 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
     vllm = manifest.get("vllm")
     if vllm is not None:
         if not isinstance(vllm, Mapping) or not {"name", "version"} <= set(vllm) <= {
-            "name", "version", "wheels", "index_url"
+            "name",
+            "version",
+            "wheels",
+            "index_url",
         }:
             return "vllm must hold name, version and optionally wheels or index_url (or be null)"
         problem = _pins_problem({vllm["name"]: vllm["version"]}, "vllm")
@@ -298,8 +308,12 @@ def manifest_problem(manifest: Any, arch: str | None) -> str | None:
             return problem
     from_source = manifest.get("from_source") or {}
     if not isinstance(from_source, Mapping) or not all(
-        isinstance(name, str) and package_name(name) and isinstance(arches, list) and arches
-        and all(a in ARCHES for a in arches) for name, arches in from_source.items()
+        isinstance(name, str)
+        and package_name(name)
+        and isinstance(arches, list)
+        and arches
+        and all(a in ARCHES for a in arches)
+        for name, arches in from_source.items()
     ):
         return f"from_source must map package names to lists of architectures ({', '.join(ARCHES)})"
     return _locks_problem(manifest.get("locks"), profiles)
@@ -370,7 +384,6 @@ def locks_check(value: Any, data: Mapping[str, Any]) -> str | None:
     return f"a directory holding a fresh lock for this host ({problem})" if problem else None
 
 
-
 def packages_from_source(data: Mapping[str, Any], arch: str) -> tuple[str, list[str]] | None:
     """The host's lock (its file name) and the packages it leaves to a source build (the
     manifest's ``from_source``), or None while the lock is missing or stale (python_stack_locks
@@ -409,13 +422,23 @@ SETTINGS = (
         "contacted.",
         locks_check,
     ),
-    Setting("python_venv_path", VENV_PATH, "The virtualenv's directory. It is made anew"
-                                                      " (uv venv --clear) when its Python is not "
-                                                      "the manifest's; an existing non-venv "
-                                                      "directory is refused, never wiped.", absolute_path),
-    Setting("python_venv_owner", "root", "The user who owns the venv (and uv's cache); uv runs as "
-                                         "this user. A Spark's owner usually sets their own login,"
-                                         ' e.g. "spark". The user must exist.', user_check),
+    Setting(
+        "python_venv_path",
+        VENV_PATH,
+        "The virtualenv's directory. It is made anew"
+        " (uv venv --clear) when its Python is not "
+        "the manifest's; an existing non-venv "
+        "directory is refused, never wiped.",
+        absolute_path,
+    ),
+    Setting(
+        "python_venv_owner",
+        "root",
+        "The user who owns the venv (and uv's cache); uv runs as "
+        "this user. A Spark's owner usually sets their own login,"
+        ' e.g. "spark". The user must exist.',
+        user_check,
+    ),
     Setting(
         "python_index_url",
         "https://pypi.org/simple",

@@ -51,9 +51,9 @@ def summarise(state: State) -> str:
     changes = {}
     for host in state.activated_hosts:
         changes[host.name] = sum(
-            1 for op in state.ops[host].values()
-            if op.operation_meta.did_succeed(_raise_if_not_complete=False)
-            and op.operation_meta.did_change()
+            1
+            for op in state.ops[host].values()
+            if op.operation_meta.did_succeed(_raise_if_not_complete=False) and op.operation_meta.did_change()
         )
     return summary_line(len(targeted), changes, [host.name for host in state.failed_hosts])
 

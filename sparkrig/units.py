@@ -8,6 +8,8 @@ WATCHDOG_SERVICE = "earlyoom.service"  # operations/watchdog/ installs and confi
 TRAINING_SLICE = "training.slice"  # operations/jobs/ writes it; spark-run and the builds use it
 JOB_UNIT_PREFIX = "spark-job-"  # spark-run --detach NAME starts spark-job-NAME.service (operations/jobs/)
 SPARK_RUN = "/usr/local/bin/spark-run"  # operations/jobs/ installs it; spark-container --detach runs it
-JOB_RECORDS = "/var/lib/sparkrig/jobs"  # spark-jobs records how detached jobs ended (operations/jobs/); metrics counts them
+JOB_RECORDS = (
+    "/var/lib/sparkrig/jobs"  # spark-jobs records how detached jobs ended (operations/jobs/); metrics counts them
+)
 # spark-jobs drain writes it (operations/jobs/); spark-run and spark-container start no job while it exists.
 JOB_DRAIN = "/var/lib/sparkrig/drain"

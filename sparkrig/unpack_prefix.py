@@ -90,7 +90,9 @@ def check(members, max_members=MAX_MEMBERS, max_bytes=MAX_BYTES):
         if member.islnk():
             raise Refused(f"member {member.name!r} is a hard link")
         if not (member.isreg() or member.isdir() or member.issym()):
-            raise Refused(f"member {member.name!r} is not a regular file, directory or symlink (a device, fifo or the like)")
+            raise Refused(
+                f"member {member.name!r} is not a regular file, directory or symlink (a device, fifo or the like)"
+            )
         if member.mode & (stat.S_ISUID | stat.S_ISGID):
             raise Refused(f"member {member.name!r} has a setuid or setgid bit (mode {member.mode:o})")
         if member.isreg():
@@ -167,8 +169,10 @@ def main(argv):
     except Refused as error:
         print(f"sparkrig: {label}: refused the archive: {error}; nothing was installed", file=sys.stderr)
         return 1
-    print(f"sparkrig: {label}: unpacked {counts['files']} files, {counts['directories']} directories,"
-          f" {counts['symlinks']} symlinks into {dest}")
+    print(
+        f"sparkrig: {label}: unpacked {counts['files']} files, {counts['directories']} directories,"
+        f" {counts['symlinks']} symlinks into {dest}"
+    )
     return 0
 
 

@@ -35,7 +35,11 @@ def copy_out(path: str, dest: str, limit: int, as_user: str, timeout_s: int, wha
     fails with one line naming ``what`` and the file (a FIFO, a device, a link, a sparse
     file larger than the limit: nothing is copied)."""
     read = user_read(shlex.quote(path), limit, as_user=shlex.quote(as_user), timeout_s=timeout_s)
-    said = (f"sparkrig: {what}: {path} not copied (status %s): it must be a regular file of at most {limit} bytes, "
-            f"with no link on its way, read as {as_user} within {timeout_s} s\\n")
-    return (f"{{ {read} > {shlex.quote(dest)} || {{ s=$?; rm -f {shlex.quote(dest)}; "
-            f"printf {shlex.quote(said)} \"$s\" >&2; exit 1; }}; }}")
+    said = (
+        f"sparkrig: {what}: {path} not copied (status %s): it must be a regular file of at most {limit} bytes, "
+        f"with no link on its way, read as {as_user} within {timeout_s} s\\n"
+    )
+    return (
+        f"{{ {read} > {shlex.quote(dest)} || {{ s=$?; rm -f {shlex.quote(dest)}; "
+        f'printf {shlex.quote(said)} "$s" >&2; exit 1; }}; }}'
+    )

@@ -46,10 +46,12 @@ STOCK_FSTAB = {
 # ... and with a daemon.json of the user's own, which the deploy must merge into, not
 # replace (Debian 12's docker.io is 20.10: no dockerd --validate there).
 STOCK_DAEMON_JSON = {
-    "lab-deb12": {"log-driver": "json-file", "log-opts": {"max-size": "10m", "max-file": "3"},
-                  "live-restore": True},
-    "lab-deb13": {"data-root": "/var/lib/docker-data", "log-driver": "local",
-                  "default-address-pools": [{"base": "10.240.0.0/16", "size": 24}]},
+    "lab-deb12": {"log-driver": "json-file", "log-opts": {"max-size": "10m", "max-file": "3"}, "live-restore": True},
+    "lab-deb13": {
+        "data-root": "/var/lib/docker-data",
+        "log-driver": "local",
+        "default-address-pools": [{"base": "10.240.0.0/16", "size": 24}],
+    },
 }
 
 
@@ -89,9 +91,12 @@ def deploy_summary(result: DeployResult) -> str:
 
 def pytest_addoption(parser):
     parser.addoption("--keep-lab", action="store_true", help="leave the lab hosts running after the tests")
-    parser.addoption("--reuse-lab", action="store_true",
-                     help="use the lab left up by --keep-lab (or a `lab up --hosts` of default hosts) as it is "
-                          "(no fresh boot); implies --keep-lab")
+    parser.addoption(
+        "--reuse-lab",
+        action="store_true",
+        help="use the lab left up by --keep-lab (or a `lab up --hosts` of default hosts) as it is "
+        "(no fresh boot); implies --keep-lab",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -111,8 +116,11 @@ def write_stock_files(name: str) -> None:
     if name in STOCK_FSTAB:
         lab.run_ssh(name, "sudo tee /etc/fstab >/dev/null", input=STOCK_FSTAB[name].decode())
     if name in STOCK_DAEMON_JSON:
-        lab.run_ssh(name, "sudo mkdir -p /etc/docker && sudo tee /etc/docker/daemon.json >/dev/null",
-                    input=json.dumps(stock_daemon_json(name), indent=4) + "\n")
+        lab.run_ssh(
+            name,
+            "sudo mkdir -p /etc/docker && sudo tee /etc/docker/daemon.json >/dev/null",
+            input=json.dumps(stock_daemon_json(name), indent=4) + "\n",
+        )
 
 
 @pytest.fixture(scope="session")
@@ -124,16 +132,23 @@ def lab_hosts(request):
         running = {h["name"]: h for h in lab.status()}
         # A lab of some of the default hosts (`lab up --hosts lab-deb12:debian12,...`) serves
         # the tests of those hosts.
-        if not running or not set(running) <= {name for name, _ in lab.DEFAULT_FLEET} \
-                or not all(h["ssh_ok"] for h in running.values()):
+        if (
+            not running
+            or not set(running) <= {name for name, _ in lab.DEFAULT_FLEET}
+            or not all(h["ssh_ok"] for h in running.values())
+        ):
             pytest.fail(f"--reuse-lab: the lab is not up with default hosts, each reachable: {running}")
         yield [SimpleNamespace(**h) for h in running.values()]
         return
     started = time.monotonic()
     images = lab.images_to_build()
-    lab_says(request.config, f"booting {len(lab.DEFAULT_FLEET)} hosts ("
-             + ", ".join(name for name, _ in lab.DEFAULT_FLEET) + ")"
-             + (f", building the {' and '.join(images)} images first (once; a few minutes)" if images else ""))
+    lab_says(
+        request.config,
+        f"booting {len(lab.DEFAULT_FLEET)} hosts ("
+        + ", ".join(name for name, _ in lab.DEFAULT_FLEET)
+        + ")"
+        + (f", building the {' and '.join(images)} images first (once; a few minutes)" if images else ""),
+    )
     hosts = lab.up()
     lab_says(request.config, f"{len(hosts)} hosts up in {time.monotonic() - started:.0f} s")
     for host in hosts:

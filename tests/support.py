@@ -61,13 +61,21 @@ class DeployResult:
 
 
 def run_deploy(
-    inventory: str, *args: str, timeout: int = 1800, deploy: str = "deploy.py", env: dict[str, str] | None = None,
+    inventory: str,
+    *args: str,
+    timeout: int = 1800,
+    deploy: str = "deploy.py",
+    env: dict[str, str] | None = None,
 ) -> DeployResult:
     """Run ``pyinfra -y --json INVENTORY DEPLOY`` from the repository, as a user would
     (``env``: added to the environment)."""
     result = subprocess.run(
         [PYINFRA, "-y", "--json", *args, inventory, deploy],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
     try:
         report = json.loads(result.stdout)

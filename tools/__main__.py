@@ -30,8 +30,10 @@ USAGE = f"usage: sparkrig {{{','.join(COMMANDS)}}} [ARGS] (sparkrig COMMAND --he
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in COMMANDS:
-        print(USAGE if not args or args[0] in ("-h", "--help") else f"sparkrig: no command {args[0]!r}; {USAGE}",
-              file=sys.stderr)
+        print(
+            USAGE if not args or args[0] in ("-h", "--help") else f"sparkrig: no command {args[0]!r}; {USAGE}",
+            file=sys.stderr,
+        )
         return 0 if args and args[0] in ("-h", "--help") else 2
     name, needs_checkout = COMMANDS[args[0]]
     module = importlib.import_module(f"{__package__}.{name}")
@@ -39,9 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sparkrig.tools.rollout import REPO, in_checkout  # noqa: PLC0415 (the command's module first)
 
         if not in_checkout():
-            print(f"sparkrig {args[0]}: runs from a sparkrig checkout (its deploy.py, tests/compliance/ and "
-                  f"docs/), and this one is installed from the wheel ({REPO}): run `uv run sparkrig {args[0]}` "
-                  "in a clone of the repository", file=sys.stderr)
+            print(
+                f"sparkrig {args[0]}: runs from a sparkrig checkout (its deploy.py, tests/compliance/ and "
+                f"docs/), and this one is installed from the wheel ({REPO}): run `uv run sparkrig {args[0]}` "
+                "in a clone of the repository",
+                file=sys.stderr,
+            )
             return 2
     if name == "report":
         # As pyinfra's CLI does: the hosts are read concurrently on gevent.

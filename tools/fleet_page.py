@@ -33,11 +33,24 @@ FAILING = ("failed", "error")  # outcomes of a results document (tests/complianc
 LOCAL_ID = "local"
 # The version columns a person compares across a fleet, and their headings.
 HEADINGS = {
-    "os": "OS", "dgx_os": "DGX OS", "kernel": "kernel", "kernel_pkgs": "kernel pkgs", "driver": "driver",
-    "driver_pkgs": "driver pkgs", "cuda": "CUDA", "docker": "Docker", "toolkit": "toolkit",
-    "torch": "torch", "vllm": "vLLM", "reboot": "reboot", "firmware": "firmware",
-    "gpu_temp": "GPU temp", "gpu_power": "GPU power (draw/limit)", "gpu_clock": "SM clock (now/max)",
-    "gpu_cap": "clock cap", "gpu_reasons": "clock event reasons",
+    "os": "OS",
+    "dgx_os": "DGX OS",
+    "kernel": "kernel",
+    "kernel_pkgs": "kernel pkgs",
+    "driver": "driver",
+    "driver_pkgs": "driver pkgs",
+    "cuda": "CUDA",
+    "docker": "Docker",
+    "toolkit": "toolkit",
+    "torch": "torch",
+    "vllm": "vLLM",
+    "reboot": "reboot",
+    "firmware": "firmware",
+    "gpu_temp": "GPU temp",
+    "gpu_power": "GPU power (draw/limit)",
+    "gpu_clock": "SM clock (now/max)",
+    "gpu_cap": "clock cap",
+    "gpu_reasons": "clock event reasons",
 }
 # The GPU's state as read with the versions (tools.report): it changes from one read to the
 # next, so it is neither drift nor a change worth listing.
@@ -98,7 +111,7 @@ def control_of(key: str, host: str, outcome: str, reason: str, known: Mapping[st
     params = params.removesuffix("]")
     spec = LOCAL_ID if host == "@local" else f"ssh://{host}"
     if params == spec or params.startswith(f"{spec}-"):
-        params = params[len(spec) + 1:]
+        params = params[len(spec) + 1 :]
     name = function + (f"[{params}]" if params else "")
     return Control(concern, name, outcome, reason, known.get(function, ""))
 
@@ -144,8 +157,11 @@ def changes(current: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]) ->
     for host, value in current["hosts"].items():
         old = earlier[0]["hosts"].get(host, {}).get("versions") or {}
         new = value.get("versions") or {}
-        versions += [(host, column, old[column], new[column])
-                     for column in new if column in old and old[column] != new[column] and column not in STATE_COLUMNS]
+        versions += [
+            (host, column, old[column], new[column])
+            for column in new
+            if column in old and old[column] != new[column] and column not in STATE_COLUMNS
+        ]
     return Changes(earlier[0]["started"], newly, still, fixed, versions)
 
 
@@ -153,22 +169,37 @@ def _changes_section(found: Changes | None) -> str:
     if found is None:
         return ""
     if not found.previous:
-        return ('<h2>Changes</h2>\n<p class="note">No earlier run in the results directory: '
-                "the next run's page shows what changed since this one.</p>")
-    rows = [("newly failing", host, control, reason, _short(since))
-            for host, control, reason, since in found.newly_failing]
-    rows += [("still failing", host, control, reason, _short(since)) for host, control, reason, since in found.still_failing]
+        return (
+            '<h2>Changes</h2>\n<p class="note">No earlier run in the results directory: '
+            "the next run's page shows what changed since this one.</p>"
+        )
+    rows = [
+        ("newly failing", host, control, reason, _short(since)) for host, control, reason, since in found.newly_failing
+    ]
+    rows += [
+        ("still failing", host, control, reason, _short(since)) for host, control, reason, since in found.still_failing
+    ]
     rows += [("fixed", host, control, f"now {outcome}", "") for host, control, outcome in found.fixed]
-    rows += [("version changed", host, HEADINGS.get(column, column), f"{old} → {new}", "")
-             for host, column, old, new in found.versions]
+    rows += [
+        ("version changed", host, HEADINGS.get(column, column), f"{old} → {new}", "")
+        for host, column, old, new in found.versions
+    ]
     body = "\n".join(
-        f'<tr data-change="{escape(change.split()[0])}">' + _cell(change, f"change {change.split()[0]}")
-        + _cell(host, "host") + _cell(what, "control") + _cell(detail, "reason") + _cell(since, "when") + "</tr>"
-        for change, host, what, detail, since in rows)
+        f'<tr data-change="{escape(change.split()[0])}">'
+        + _cell(change, f"change {change.split()[0]}")
+        + _cell(host, "host")
+        + _cell(what, "control")
+        + _cell(detail, "reason")
+        + _cell(since, "when")
+        + "</tr>"
+        for change, host, what, detail, since in rows
+    )
     if not rows:
         body = '<tr><td colspan="5">nothing: the same controls fail, and the same versions, as then</td></tr>'
-    counts = (f"{len(found.newly_failing)} newly failing, {len(found.fixed)} fixed, "
-              f"{len(found.still_failing)} still failing, {len(found.versions)} versions changed")
+    counts = (
+        f"{len(found.newly_failing)} newly failing, {len(found.fixed)} fixed, "
+        f"{len(found.still_failing)} still failing, {len(found.versions)} versions changed"
+    )
     return f"""<h2>Changes since the previous run ({escape(_short(found.previous))})</h2>
 <p class="note">{counts}</p>
 <div class="scroll"><table id="changes" class="sortable">
@@ -190,16 +221,33 @@ def _firmware_section(hosts: Mapping[str, Host]) -> str:
         profile = found.get("profile", "")
         devices = found.get("devices") or {}
         if not devices:
-            rows.append(f'<tr data-host="{escape(name)}">' + _cell(name, "host") + _cell(profile)
-                        + _cell(found.get("summary", ""), "note") + _cell("") + "</tr>")
+            rows.append(
+                f'<tr data-host="{escape(name)}">'
+                + _cell(name, "host")
+                + _cell(profile)
+                + _cell(found.get("summary", ""), "note")
+                + _cell("")
+                + "</tr>"
+            )
         for device, version in devices.items():
-            others = sorted({d.get("devices", {}).get(device) for n, d in read.items()
-                             if n != name and d.get("profile") == profile} - {None, version})
+            others = sorted(
+                {d.get("devices", {}).get(device) for n, d in read.items() if n != name and d.get("profile") == profile}
+                - {None, version}
+            )
             drift = device in (found.get("drift") or ())
-            cell = (_cell(version, "differs", f"differs from most {profile} hosts (others: {', '.join(others)})")
-                    if drift else _cell(version))
-            rows.append(f'<tr data-host="{escape(name)}" data-status="{"drift" if drift else "ok"}">'
-                        + _cell(name, "host") + _cell(profile) + _cell(device, "control") + cell + "</tr>")
+            cell = (
+                _cell(version, "differs", f"differs from most {profile} hosts (others: {', '.join(others)})")
+                if drift
+                else _cell(version)
+            )
+            rows.append(
+                f'<tr data-host="{escape(name)}" data-status="{"drift" if drift else "ok"}">'
+                + _cell(name, "host")
+                + _cell(profile)
+                + _cell(device, "control")
+                + cell
+                + "</tr>"
+            )
     drifting = sum(bool(found.get("drift")) for found in read.values())
     return f"""<h2>Firmware</h2>
 <p class="note">fwupd's devices per host; <span class="differs">marked</span>: a version that differs from most hosts of the same hardware profile ({drifting} host{"s" * (drifting != 1)} with drift).</p>
@@ -243,14 +291,20 @@ def _most(hosts: Mapping[str, Host], column: str) -> str:
     return max(set(values), key=values.count) if values else ""
 
 
-def render(hosts: Mapping[str, Host], *, columns: Sequence[str], title: str = "sparkrig fleet",
-           source: str = "", generated: str | None = None, changed: Changes | None = None) -> str:
+def render(
+    hosts: Mapping[str, Host],
+    *,
+    columns: Sequence[str],
+    title: str = "sparkrig fleet",
+    source: str = "",
+    generated: str | None = None,
+    changed: Changes | None = None,
+) -> str:
     """The whole page, as text (UTF-8 when written); with ``changed``, what changed since the
     previous run comes first."""
     generated = generated or now()
     counts = {o: sum(c.outcome == o for h in hosts.values() for c in h.controls) for o in OUTCOMES}
-    failing = [name for name, h in hosts.items()
-               if any(c.outcome == "failed" for c in h.controls) or h.versions_error]
+    failing = [name for name, h in hosts.items() if any(c.outcome == "failed" for c in h.controls) or h.versions_error]
     drifted = [name for name, h in hosts.items() if h.differs]
     with_controls = any(h.controls for h in hosts.values())
 
@@ -259,11 +313,14 @@ def render(hosts: Mapping[str, Host], *, columns: Sequence[str], title: str = "s
         counted = {o: sum(c.outcome == o for c in h.controls) for o in OUTCOMES}
         cells = [_cell(name, "host")]
         if with_controls:
-            cells += [_cell(counted[o] if h.controls else "", f"n {o}" * bool(counted[o]), sort=str(counted[o]))
-                      for o in COUNTED]
+            cells += [
+                _cell(counted[o] if h.controls else "", f"n {o}" * bool(counted[o]), sort=str(counted[o]))
+                for o in COUNTED
+            ]
         if h.versions_error:  # one cell across the versions: why there are none
-            cells.append(f'<td class="error" colspan="{len(columns) + 1}">versions not read: '
-                         f"{escape(h.versions_error)}</td>")
+            cells.append(
+                f'<td class="error" colspan="{len(columns) + 1}">versions not read: {escape(h.versions_error)}</td>'
+            )
         else:
             for column in columns:
                 value = h.versions.get(column, "")
@@ -274,24 +331,31 @@ def render(hosts: Mapping[str, Host], *, columns: Sequence[str], title: str = "s
             cells.append(_cell(_short(h.versions_read), "when", h.versions_read))
         cells.append(_cell(_short(h.controls_read), "when", h.controls_read))
         status = "failed" if name in failing else ("drift" if name in drifted else "ok")
-        version_rows.append(
-            f'<tr data-host="{escape(name)}" data-status="{status}">{"".join(cells)}</tr>'
-        )
-    heads = ["host", *(COUNTED if with_controls else ()),
-             *(HEADINGS.get(c, c) for c in columns), "versions read", "controls run"]
+        version_rows.append(f'<tr data-host="{escape(name)}" data-status="{status}">{"".join(cells)}</tr>')
+    heads = [
+        "host",
+        *(COUNTED if with_controls else ()),
+        *(HEADINGS.get(c, c) for c in columns),
+        "versions read",
+        "controls run",
+    ]
 
     control_rows = []
     rank = {o: str(i) for i, o in enumerate(OUTCOMES)}
     order = {name: i for i, name in enumerate(hosts)}
-    every = sorted(((name, c) for name, h in hosts.items() for c in h.controls),
-                   key=lambda x: (OUTCOMES.index(x[1].outcome), order[x[0]], x[1].concern, x[1].name))
+    every = sorted(
+        ((name, c) for name, h in hosts.items() for c in h.controls),
+        key=lambda x: (OUTCOMES.index(x[1].outcome), order[x[0]], x[1].concern, x[1].name),
+    )
     for name, c in every:  # failed first, across the fleet
         control_rows.append(
             f'<tr data-host="{escape(name)}" data-status="{escape(c.outcome)}">'
             + _cell(name, "host")
             + _cell(c.outcome, f"badge {c.outcome}", sort=rank.get(c.outcome, "9"))
-            + _cell(c.concern) + _cell(c.name, "control")
-            + _cell(c.reason, "reason") + _cell(c.protects, "protects")
+            + _cell(c.concern)
+            + _cell(c.name, "control")
+            + _cell(c.reason, "reason")
+            + _cell(c.protects, "protects")
             + "</tr>"
         )
 
@@ -301,8 +365,11 @@ def render(hosts: Mapping[str, Host], *, columns: Sequence[str], title: str = "s
     summary.append(f"{len(drifted)} with versions that differ from most hosts")
     problems = ""
     if failing:
-        problems = ('<p class="alert">Needs a look: '
-                    + ", ".join(f'<a href="#host={escape(quote(n, safe=""))}">{escape(n)}</a>' for n in failing) + "</p>")
+        problems = (
+            '<p class="alert">Needs a look: '
+            + ", ".join(f'<a href="#host={escape(quote(n, safe=""))}">{escape(n)}</a>' for n in failing)
+            + "</p>"
+        )
     options = "".join(f'<option value="{escape(n)}">{escape(n)}</option>' for n in hosts)
     statuses = "".join(f'<option value="{o}">{o}</option>' for o in OUTCOMES)
     controls = ""
@@ -316,8 +383,10 @@ def render(hosts: Mapping[str, Host], *, columns: Sequence[str], title: str = "s
 </tbody>
 </table></div>"""
     else:
-        controls = ('<p class="note">No controls on this page: the compliance suite writes them '
-                    "(<code>pytest tests/compliance --inventory INVENTORY --fleet-page PATH</code>).</p>")
+        controls = (
+            '<p class="note">No controls on this page: the compliance suite writes them '
+            "(<code>pytest tests/compliance --inventory INVENTORY --fleet-page PATH</code>).</p>"
+        )
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>

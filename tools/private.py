@@ -20,6 +20,8 @@ def private_directory(path: Path, what: str, closed: bool = False) -> Path:
     found = os.lstat(path)
     if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & (0o077 if closed else 0o022):
         wanted = "with mode 0700" if closed else "that no one else may write"
-        raise ValueError(f"{path} ({what}) must be a directory of yours {wanted}, not a link "
-                         f"(found uid {found.st_uid}, mode {stat.filemode(found.st_mode)})")
+        raise ValueError(
+            f"{path} ({what}) must be a directory of yours {wanted}, not a link "
+            f"(found uid {found.st_uid}, mode {stat.filemode(found.st_mode)})"
+        )
     return path

@@ -65,14 +65,21 @@ def compile_input(manifest: Mapping[str, Any], profiles: Sequence[str], arch: st
 
 
 def header(
-    manifest_name: str, manifest: Mapping[str, Any], profiles: Sequence[str], arch: str,
+    manifest_name: str,
+    manifest: Mapping[str, Any],
+    profiles: Sequence[str],
+    arch: str,
     from_source: Sequence[str] = (),
 ) -> str:
     chosen = ", ".join(sorted(profiles)) or "none"
     left = (
-        f"# Needs, from a source build (no {arch} wheel; source_builds_enabled):\n"
-        f"{ps_locks.LOCK_FROM_SOURCE}{' '.join(from_source)}\n"
-    ) if from_source else ""
+        (
+            f"# Needs, from a source build (no {arch} wheel; source_builds_enabled):\n"
+            f"{ps_locks.LOCK_FROM_SOURCE}{' '.join(from_source)}\n"
+        )
+        if from_source
+        else ""
+    )
     return (
         f"# sparkrig lock of {manifest_name}: {arch}, Python {manifest['python']}, profiles: {chosen}.\n"
         f"# Made on the controller by `{ps_locks.REFRESH}`, wheels only; hosts install it as it is\n"
@@ -132,18 +139,40 @@ def _refusal(arch: str, python: str, what: str, uv_said: str) -> str:
 def _compile(work: str, arch: str, python: str, index_url: str, uv: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
-            uv, "pip", "compile", *NO_DOWNLOADS, "--no-config", "--quiet", "--generate-hashes", "--no-header",
-            "--no-emit-index-url", "--emit-index-annotation", "--index-url", index_url, *WHEELS_ONLY,
-            "--python-platform", f"{arch}-{LOCK_PLATFORM}", "--python-version", python, *extra,
+            uv,
+            "pip",
+            "compile",
+            *NO_DOWNLOADS,
+            "--no-config",
+            "--quiet",
+            "--generate-hashes",
+            "--no-header",
+            "--no-emit-index-url",
+            "--emit-index-annotation",
+            "--index-url",
+            index_url,
+            *WHEELS_ONLY,
+            "--python-platform",
+            f"{arch}-{LOCK_PLATFORM}",
+            "--python-version",
+            python,
+            *extra,
             "pyproject.toml",
         ],
-        cwd=work, capture_output=True, text=True, env={**os.environ, "UV_NO_PROGRESS": "1"},
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "UV_NO_PROGRESS": "1"},
     )
 
 
 def compile_lock(
-    manifest: Mapping[str, Any], profiles: Sequence[str], arch: str, index_url: str = DEFAULT_INDEX,
-    manifest_name: str = "group_data/python_stack.yml", uv: str = "uv",
+    manifest: Mapping[str, Any],
+    profiles: Sequence[str],
+    arch: str,
+    index_url: str = DEFAULT_INDEX,
+    manifest_name: str = "group_data/python_stack.yml",
+    uv: str = "uv",
 ) -> str:
     """The lock's text, resolved by uv for ``arch`` and the manifest's Python, wheels only.
     Raises RuntimeError naming the package, the architecture and uv's reason when a host
@@ -156,8 +185,12 @@ def compile_lock(
     with tempfile.TemporaryDirectory(prefix="sparkrig-lock-") as work:
         Path(work, "pyproject.toml").write_text(compile_input(manifest, profiles, arch))
         result = _compile(work, arch, manifest["python"], index_url, uv)
-        said = result.stderr if result.returncode else " ".join(
-            f"{snapshot.split('==')[0]} has no usable wheels" for snapshot in dev_snapshots(result.stdout, pins)
+        said = (
+            result.stderr
+            if result.returncode
+            else " ".join(
+                f"{snapshot.split('==')[0]} has no usable wheels" for snapshot in dev_snapshots(result.stdout, pins)
+            )
         )
         needed = sorted(set(no_wheel(said)) & set(left_to_builds))
         if needed:
@@ -171,10 +204,18 @@ def compile_lock(
         raise RuntimeError(_refusal(arch, manifest["python"], what, result.stderr))
     snapshots = dev_snapshots(result.stdout, pins)
     if snapshots:
-        raise RuntimeError(_refusal(arch, manifest["python"], what, "".join(
-            f"{s.split('==')[0]} has no usable wheels but the development snapshot {s} "
-            "(no release has a wheel here; pin it in the manifest if you mean it)\n" for s in snapshots
-        )))
+        raise RuntimeError(
+            _refusal(
+                arch,
+                manifest["python"],
+                what,
+                "".join(
+                    f"{s.split('==')[0]} has no usable wheels but the development snapshot {s} "
+                    "(no release has a wheel here; pin it in the manifest if you mean it)\n"
+                    for s in snapshots
+                ),
+            )
+        )
     vllm = manifest.get("vllm")
     wheel = (vllm.get("wheels") or {}).get(arch) if vllm else None
     if wheel:
@@ -185,8 +226,13 @@ def compile_lock(
 
 
 def installable_problem(
-    text: str, arch: str, python: str, index_url: str = DEFAULT_INDEX, extra_index_urls: Sequence[str] = (),
-    uv: str = "uv", what: str = "the lock",
+    text: str,
+    arch: str,
+    python: str,
+    index_url: str = DEFAULT_INDEX,
+    extra_index_urls: Sequence[str] = (),
+    uv: str = "uv",
+    what: str = "the lock",
 ) -> str | None:
     """Why a host of ``arch`` and ``python`` could not install lock ``text`` as it is (a
     pinned package without a wheel for it), or None: each pin resolved on its own
@@ -198,10 +244,29 @@ def installable_problem(
     with tempfile.TemporaryDirectory(prefix="sparkrig-lock-check-") as work:
         Path(work, "pins.txt").write_text("\n".join(pins) + "\n")
         result = subprocess.run(
-            [uv, "pip", "compile", *NO_DOWNLOADS, "--no-config", "--quiet", "--no-header", "--no-deps", "--index-url", index_url,
-             *indexes, *WHEELS_ONLY[:2], "--python-platform", f"{arch}-{LOCK_PLATFORM}",
-             "--python-version", python, "pins.txt"],
-            cwd=work, capture_output=True, text=True, env={**os.environ, "UV_NO_PROGRESS": "1"},
+            [
+                uv,
+                "pip",
+                "compile",
+                *NO_DOWNLOADS,
+                "--no-config",
+                "--quiet",
+                "--no-header",
+                "--no-deps",
+                "--index-url",
+                index_url,
+                *indexes,
+                *WHEELS_ONLY[:2],
+                "--python-platform",
+                f"{arch}-{LOCK_PLATFORM}",
+                "--python-version",
+                python,
+                "pins.txt",
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "UV_NO_PROGRESS": "1"},
         )
     return None if result.returncode == 0 else _refusal(arch, python, what, result.stderr)
 
@@ -224,7 +289,12 @@ def refresh(manifest_path: Path, locks: Path, index_url: str, check: bool) -> li
             text = ps_locks.read_lock(path)
             if text is not None and ps_locks.lock_stamp(text) == ps_locks.lock_input(manifest, profiles, arch):
                 refused = check and installable_problem(
-                    text, arch, manifest["python"], index_url, sorted(ps_locks.indexes(manifest).values()), what=path.name
+                    text,
+                    arch,
+                    manifest["python"],
+                    index_url,
+                    sorted(ps_locks.indexes(manifest).values()),
+                    what=path.name,
                 )
                 if refused:
                     print(f"python_lock: {refused}", file=sys.stderr)
@@ -248,8 +318,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--manifest", default=str(ps_locks.MANIFEST), help="the versions manifest (YAML)")
     parser.add_argument("--locks", default=ps_locks.LOCKS, help="where its locks live (relative: to the repository)")
     parser.add_argument("--index-url", default=DEFAULT_INDEX, help="the index packages are resolved from")
-    parser.add_argument("--check", action="store_true",
-                        help="only report stale locks and locks a host could not install (exit status 1)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only report stale locks and locks a host could not install (exit status 1)",
+    )
     args = parser.parse_args(argv)
     try:
         stale = refresh(Path(args.manifest), ps_locks.locks_dir(args.locks), args.index_url, args.check)

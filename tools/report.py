@@ -39,8 +39,19 @@ from sparkrig.tools import fleet_page
 from sparkrig.tools.rollout import REPO, limit_hosts
 
 COLUMNS = (
-    "os", "dgx_os", "kernel", "kernel_pkgs", "driver", "driver_pkgs", "cuda", "docker", "toolkit",
-    "torch", "vllm", "reboot", "firmware",
+    "os",
+    "dgx_os",
+    "kernel",
+    "kernel_pkgs",
+    "driver",
+    "driver_pkgs",
+    "cuda",
+    "docker",
+    "toolkit",
+    "torch",
+    "vllm",
+    "reboot",
+    "firmware",
 )
 # The GPU's state, after the versions: never marked (it differs from host to host by nature).
 GPU_COLUMNS = fleet_page.STATE_COLUMNS
@@ -113,7 +124,11 @@ def gpu_cells(state: Mapping[str, Any] | None) -> dict[str, str]:
     """A host's GPU cells, from its :class:`GpuState` (None: not read)."""
     gpus = (state or {}).get("gpus") or []
     record = ((state or {}).get("applied") or {}).get("settings", {}).get("clock_max_mhz")
-    cap = NONE if record is None else f"{record['value']} MHz" + ("" if record["ok"] else f" failed (exit {record['exit']})")
+    cap = (
+        NONE
+        if record is None
+        else f"{record['value']} MHz" + ("" if record["ok"] else f" failed (exit {record['exit']})")
+    )
     return {
         "gpu_temp": _each(gpus, lambda g: f"{_n(g['temperature_c'])} °C"),
         "gpu_power": _each(gpus, lambda g: f"{_n(g['power_draw_w'])}/{_n(g['power_limit_w'])} W"),
@@ -123,8 +138,9 @@ def gpu_cells(state: Mapping[str, Any] | None) -> dict[str, str]:
     }
 
 
-def row(facts: Mapping[str, Any], firmware: Mapping[str, Any] | None = None,
-        gpu: Mapping[str, Any] | None = None) -> dict[str, str]:
+def row(
+    facts: Mapping[str, Any], firmware: Mapping[str, Any] | None = None, gpu: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions`,
     :class:`sparkrig.operations.updates.facts.Firmware` (None: not read) and :class:`GpuState`."""
     os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
@@ -148,7 +164,9 @@ def row(facts: Mapping[str, Any], firmware: Mapping[str, Any] | None = None,
     }
 
 
-def differing(rows: Mapping[str, Mapping[str, str]], drift: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[str]]:
+def differing(
+    rows: Mapping[str, Mapping[str, str]], drift: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, list[str]]:
     """For each host, the columns whose value is not the one most hosts have (with no single
     most common value, every cell of that column that is not shared by all); the firmware
     column where the host has firmware drift (:func:`firmware_drift`: by device and hardware
@@ -176,13 +194,17 @@ def printable(text: str) -> str:
     host's strings are data, and an escape sequence in them would drive the terminal."""
     return "".join(
         (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
-        if unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp") else ch
+        if unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp")
+        else ch
         for ch in text
     )
 
 
-def table(rows: Mapping[str, Mapping[str, str]], errors: Mapping[str, str],
-          firmware: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+def table(
+    rows: Mapping[str, Mapping[str, str]],
+    errors: Mapping[str, str],
+    firmware: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
     """The fleet as a text table, a legend, and one line per host that could not be read;
     with ``firmware`` (host -> its ``firmware`` of the JSON report), each host's devices after
     the table, drift marked."""
@@ -223,10 +245,15 @@ def firmware_table(firmware: Mapping[str, Mapping[str, Any]]) -> list[str]:
 def page_hosts(report: Mapping[str, Any]) -> dict[str, fleet_page.Host]:
     """The fleet page's hosts from this tool's ``--json`` report: versions, marks, when read,
     and why a host was not read."""
-    hosts = {name: fleet_page.Host(versions=value["versions"], differs=value["differs"],
-                                   versions_read=report.get("read", ""),
-                                   firmware=value.get("firmware") or {})
-             for name, value in report["hosts"].items()}
+    hosts = {
+        name: fleet_page.Host(
+            versions=value["versions"],
+            differs=value["differs"],
+            versions_read=report.get("read", ""),
+            firmware=value.get("firmware") or {},
+        )
+        for name, value in report["hosts"].items()
+    }
     for name, why in report["errors"].items():
         hosts[name] = fleet_page.Host(versions_error=why)
     return hosts
@@ -284,9 +311,12 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
             if host in state.failed_hosts:
                 errors[host.name] = host_output.failure() or "its output could not be read (see above)"
             else:
-                facts[host.name] = {"versions": values[part], "firmware": values[firmware] if firmware else None,
-                                    "profile": host_profile(settings, values[profiles.IDENTITY]),
-                                    "gpu": values[GPU]}
+                facts[host.name] = {
+                    "versions": values[part],
+                    "firmware": values[firmware] if firmware else None,
+                    "profile": host_profile(settings, values[profiles.IDENTITY]),
+                    "gpu": values[GPU],
+                }
 
     workers = pool.Pool(32)
     for host in hosts:
@@ -314,9 +344,19 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
     return {
         "columns": [*COLUMNS, *GPU_COLUMNS],
         "hosts": {
-            name: {"versions": rows[name], "differs": marks[name], "facts": facts[name]["versions"], "gpu": facts[name].get("gpu"),
-                   "firmware": {"profile": facts[name]["profile"], "summary": rows[name]["firmware"],
-                                "devices": cells[name], "drift": drift[name], "facts": facts[name]["firmware"]}}
+            name: {
+                "versions": rows[name],
+                "differs": marks[name],
+                "facts": facts[name]["versions"],
+                "gpu": facts[name].get("gpu"),
+                "firmware": {
+                    "profile": facts[name]["profile"],
+                    "summary": rows[name]["firmware"],
+                    "devices": cells[name],
+                    "drift": drift[name],
+                    "facts": facts[name]["firmware"],
+                },
+            }
             for name in rows
         },
         "errors": dict(errors),
@@ -334,14 +374,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     facts, errors = read_fleet(args.inventory, args.limit)
     report = build(facts, errors, fleet_page.now())
     if args.html:
-        fleet_page.write(args.html, fleet_page.render(
-            page_hosts(report), columns=(*COLUMNS, *GPU_COLUMNS), source=f"sparkrig report {args.inventory}"))
+        fleet_page.write(
+            args.html,
+            fleet_page.render(
+                page_hosts(report), columns=(*COLUMNS, *GPU_COLUMNS), source=f"sparkrig report {args.inventory}"
+            ),
+        )
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
-        print(table({name: value["versions"] for name, value in report["hosts"].items()}, errors,
-                    {name: value["firmware"] for name, value in report["hosts"].items()
-                     if value["firmware"]["facts"] is not None}))
+        print(
+            table(
+                {name: value["versions"] for name, value in report["hosts"].items()},
+                errors,
+                {
+                    name: value["firmware"]
+                    for name, value in report["hosts"].items()
+                    if value["firmware"]["facts"] is not None
+                },
+            )
+        )
         if args.html:
             print(f"fleet page: {args.html}")
     return 1 if errors else 0
@@ -352,4 +404,3 @@ if __name__ == "__main__":
 
     monkey.patch_all()
     sys.exit(main())
-

@@ -72,6 +72,8 @@ REPO = HOME if (HOME / "deploy.py").is_file() else Path.cwd()
 def in_checkout() -> bool:
     """Whether the tools run from a checkout (its deploy.py and compliance suite beside them)."""
     return (HOME / "deploy.py").is_file() and (HOME / "tests" / "compliance").is_dir()
+
+
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 WHY_MAX = 240
 
@@ -114,7 +116,10 @@ def read_inventory(inventory: str, timeout: float = 120, data: Sequence[str] = (
     """
     result = subprocess.run(
         [PYINFRA, *data, str(Path(inventory).resolve()), "debug-inventory", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if result.returncode != 0:
         raise RuntimeError(f"pyinfra could not load {inventory}:\n{result.stderr}{result.stdout}")
@@ -147,8 +152,13 @@ def deploy_error(host: str, report: dict | None, log: str) -> str:
     failed_op = next((op.get("name", "") for op in operations if host in op.get("error", [])), "")
     lines = [_ANSI.sub("", line).strip() for line in log.splitlines()]
     ours = [line.split(f"[{host}]", 1)[1].strip() for line in lines if f"[{host}]" in line]
-    said = [line for line in ours if line and not _GENERIC.search(line) and (
-        "rror" in line or "sparkrig:" in line or "Could not connect" in line or "failed" in line)]
+    said = [
+        line
+        for line in ours
+        if line
+        and not _GENERIC.search(line)
+        and ("rror" in line or "sparkrig:" in line or "Could not connect" in line or "failed" in line)
+    ]
     parts = [part for part in ("deploy", failed_op, said[-1] if said else "") if part]
     if len(parts) == 1:
         parts.append("pyinfra failed (its log is above)")
@@ -160,7 +170,10 @@ def converge(inventory: str, hosts: Sequence[str], extra: Sequence[str]) -> dict
     the hosts that failed, each with why."""
     process = subprocess.Popen(
         [PYINFRA, "-y", "--json", *[arg for h in hosts for arg in ("--limit", h)], *extra, inventory, "deploy.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert process.stderr is not None and process.stdout is not None
     # The report is read beside the log: a report larger than a pipe's buffer would otherwise
@@ -220,7 +233,8 @@ def proof_outcomes(junit: Path, hosts: Sequence[str], output: str) -> dict[str, 
     for host in hosts:
         if host not in ran:
             failed[host] = "the compliance suite checked nothing on it" + (
-                f" (pytest: {output.strip().splitlines()[-1].strip('= ')})" if output.strip() else "")
+                f" (pytest: {output.strip().splitlines()[-1].strip('= ')})" if output.strip() else ""
+            )
     return {h: why[:WHY_MAX] for h, why in failed.items()}
 
 
@@ -230,10 +244,23 @@ def prove(inventory: str, hosts: Sequence[str]) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="sparkrig-rollout-") as scratch:  # 0700, the caller's
         junit = Path(scratch) / "compliance.xml"
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "tests/compliance", "--inventory", inventory,
-             *[arg for h in hosts for arg in ("--limit", h)], f"--junitxml={junit}", "-q",
-             "-p", "no:cacheprovider"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "tests/compliance",
+                "--inventory",
+                inventory,
+                *[arg for h in hosts for arg in ("--limit", h)],
+                f"--junitxml={junit}",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         sys.stderr.write(result.stdout)
         if not junit.exists():
@@ -254,14 +281,13 @@ class Steps:
     undrain: Callable[[Sequence[str]], None] | None = None
 
 
-
-
 # --- the rollout ------------------------------------------------------------------------
 
 
 def _reboots(state: State, path: Path, steps: Steps, converged: list[str]) -> list[str]:
     """Reboot the converged hosts that need it (steps.reboot), the state saved at each step;
     the hosts that go on to the proof (those drained out or whose reboot failed do not)."""
+
     def note(host: str, kind: str, why: str) -> None:
         state.hosts[host].reboot = kind
         state.hosts[host].why = f"interrupted while {kind}" if kind in (DRAINING, REBOOTING) else state.hosts[host].why
@@ -321,14 +347,18 @@ def run_batches(state: State, path: Path, steps: Steps) -> int:
                 proof = steps.prove(converged)
                 for host in converged:
                     reboot = state.hosts[host].reboot
-                    state.hosts[host] = (HostState(FAILED, True, proof[host], reboot) if host in proof
-                                         else HostState(PROVEN, True, reboot=reboot))
+                    state.hosts[host] = (
+                        HostState(FAILED, True, proof[host], reboot)
+                        if host in proof
+                        else HostState(PROVEN, True, reboot=reboot)
+                    )
             running = []
             failed = sum(state.hosts[h].status == FAILED for h in todo)
             if over_budget(failed, len(todo), budget):
-                state.stopped = (f"stopped after batch {number}: {failed} of its {len(todo)} hosts failed, "
-                                 f"over --max-fail {budget}" + (" (every host of the batch failed)"
-                                                                 if failed == len(todo) else ""))
+                state.stopped = (
+                    f"stopped after batch {number}: {failed} of its {len(todo)} hosts failed, "
+                    f"over --max-fail {budget}" + (" (every host of the batch failed)" if failed == len(todo) else "")
+                )
             save(state, path)
             if state.stopped:
                 break
@@ -348,8 +378,10 @@ def run_batches(state: State, path: Path, steps: Steps) -> int:
     elif proven == len(state.hosts):
         say(f"all {proven} hosts converged and proven")
     else:
-        say(f"{proven} of {len(state.hosts)} hosts proven, the failed ones within the budget; "
-            f"--resume runs them again (state: {path})")
+        say(
+            f"{proven} of {len(state.hosts)} hosts proven, the failed ones within the budget; "
+            f"--resume runs them again (state: {path})"
+        )
     return 0 if proven == len(state.hosts) else 1
 
 
@@ -368,15 +400,20 @@ class Options:
     force: bool = False
 
     def validate(self) -> None:
-        for value, option, budget in ((self.batch, "--batch", False), (self.canary, "--canary", False),
-                                      (self.max_fail, "--max-fail", True)):
+        for value, option, budget in (
+            (self.batch, "--batch", False),
+            (self.canary, "--canary", False),
+            (self.max_fail, "--max-fail", True),
+        ):
             if value is not None:
                 parse_amount(value, option, budget)
 
     def given(self) -> dict[str, str | None]:
         """The options given, written as the state keeps them (" 2" is "2")."""
-        return {key: None if value is None else str(parse_amount(value, "", key == "max_fail"))
-                for key, value in (("batch", self.batch), ("canary", self.canary), ("max_fail", self.max_fail))}
+        return {
+            key: None if value is None else str(parse_amount(value, "", key == "max_fail"))
+            for key, value in (("batch", self.batch), ("canary", self.canary), ("max_fail", self.max_fail))
+        }
 
 
 def rollout(options: Options, steps: Steps | None = None) -> int:
@@ -405,16 +442,30 @@ def rollout(options: Options, steps: Steps | None = None) -> int:
             state = load(path)
             state.refuse_mismatch(inventory, hosts, digests, options.given())
             state.digests.update(digests)
-            say(f"resuming {path}: " + ", ".join(
-                f"{sum(h.status == s for h in state.hosts.values())} {s}" for s in (PROVEN, FAILED, CONVERGED, PENDING)))
+            say(
+                f"resuming {path}: "
+                + ", ".join(
+                    f"{sum(h.status == s for h in state.hosts.values())} {s}"
+                    for s in (PROVEN, FAILED, CONVERGED, PENDING)
+                )
+            )
         else:
             given = options.given()
-            chosen = {"batch": given["batch"] or "1", "canary": given["canary"] or "", "max_fail": given["max_fail"] or "0"}
-            batches = plan(hosts, parse_amount(chosen["batch"], "--batch"),
-                           parse_amount(chosen["canary"], "--canary") if chosen["canary"] else None)
+            chosen = {
+                "batch": given["batch"] or "1",
+                "canary": given["canary"] or "",
+                "max_fail": given["max_fail"] or "0",
+            }
+            batches = plan(
+                hosts,
+                parse_amount(chosen["batch"], "--batch"),
+                parse_amount(chosen["canary"], "--canary") if chosen["canary"] else None,
+            )
             state = State.new(inventory, chosen, batches, digests)
-            say(f"{len(hosts)} hosts in {len(batches)} batches ({', '.join(str(len(b)) for b in batches)} hosts), "
-                f"--max-fail {chosen['max_fail']} per batch; state: {path}")
+            say(
+                f"{len(hosts)} hosts in {len(batches)} batches ({', '.join(str(len(b)) for b in batches)} hosts), "
+                f"--max-fail {chosen['max_fail']} per batch; state: {path}"
+            )
         save(state, path)
         return run_batches(state, path, steps)
 
@@ -447,31 +498,57 @@ class _locked:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sparkrig rollout", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="sparkrig rollout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("inventory", help="a pyinfra inventory, e.g. inventory/spark.py")
-    parser.add_argument("--batch", help="hosts per batch: a number, or a share of the hosts such as 25%% "
-                                        "(rounded down, at least 1); default 1")
+    parser.add_argument(
+        "--batch",
+        help="hosts per batch: a number, or a share of the hosts such as 25%% (rounded down, at least 1); default 1",
+    )
     parser.add_argument("--canary", help="a first batch of this many hosts (a number or a share), alone")
-    parser.add_argument("--max-fail", dest="max_fail",
-                        help="failed hosts a batch may have and the rollout go on: a number, or a share of "
-                             "the batch such as 10%% (more than it stops; default 0)")
-    parser.add_argument("--limit", action="append", default=[],
-                        help="only these hosts: a group or host glob, as pyinfra's --limit")
-    parser.add_argument("--resume", action="store_true",
-                        help="go on with the saved rollout of this inventory, leaving its proven hosts alone")
-    parser.add_argument("--state", help="the state file (default: one per inventory under "
-                                        "$XDG_STATE_HOME or ~/.local/state/sparkrig/rollouts)")
-    parser.add_argument("--force", action="store_true",
-                        help="a host to reboot (updates_reboot) whose jobs still run after updates_drain_timeout: "
-                             "stop them (spark-jobs stop) instead of leaving the host out")
+    parser.add_argument(
+        "--max-fail",
+        dest="max_fail",
+        help="failed hosts a batch may have and the rollout go on: a number, or a share of "
+        "the batch such as 10%% (more than it stops; default 0)",
+    )
+    parser.add_argument(
+        "--limit", action="append", default=[], help="only these hosts: a group or host glob, as pyinfra's --limit"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the saved rollout of this inventory, leaving its proven hosts alone",
+    )
+    parser.add_argument(
+        "--state",
+        help="the state file (default: one per inventory under $XDG_STATE_HOME or ~/.local/state/sparkrig/rollouts)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="a host to reboot (updates_reboot) whose jobs still run after updates_drain_timeout: "
+        "stop them (spark-jobs stop) instead of leaving the host out",
+    )
     parser.epilog = "Options after -- go to every batch's pyinfra run, e.g. -- --data hardware_profile=auto"
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     try:
-        return rollout(Options(args.inventory, args.batch, args.canary, args.max_fail, args.limit,
-                               args.resume, args.state, extra, args.force))
+        return rollout(
+            Options(
+                args.inventory,
+                args.batch,
+                args.canary,
+                args.max_fail,
+                args.limit,
+                args.resume,
+                args.state,
+                extra,
+                args.force,
+            )
+        )
     except ValueError as error:
         print(f"rollout: {error}", file=sys.stderr)
         return 2

@@ -47,8 +47,11 @@ def parse_amount(text: str, option: str, budget: bool = False) -> Amount:
     the option, the value and what is allowed."""
     match = (_BUDGET if budget else _SIZE).fullmatch(text.strip())
     if match is None:
-        allowed = ("a number of hosts (0 or more) or a share of a batch (0% to 100%)" if budget
-                   else "a number of hosts (1 or more) or a share of the hosts (1% to 100%)")
+        allowed = (
+            "a number of hosts (0 or more) or a share of a batch (0% to 100%)"
+            if budget
+            else "a number of hosts (1 or more) or a share of the hosts (1% to 100%)"
+        )
         raise ValueError(f"{option} {text!r}: expected {allowed}, e.g. {'1 or 10%' if budget else '2 or 25%'}")
     if match["percent"] is not None:
         return Amount(percent=int(match["percent"]))
@@ -64,7 +67,7 @@ def plan(hosts: Sequence[str], batch: Amount, canary: Amount | None = None) -> l
     if first is not None and rest:
         batches.append(rest[:first])
         rest = rest[first:]
-    batches += [rest[i:i + size] for i in range(0, len(rest), size)]
+    batches += [rest[i : i + size] for i in range(0, len(rest), size)]
     return batches
 
 
@@ -111,17 +114,28 @@ class State:
     stopped: str = ""
 
     @classmethod
-    def new(cls, inventory: str, options: Mapping[str, str], batches: list[list[str]],
-            digests: Mapping[str, str]) -> State:
-        return cls(inventory, dict(options), batches, dict(digests),
-                   {h: HostState() for b in batches for h in b})
+    def new(
+        cls, inventory: str, options: Mapping[str, str], batches: list[list[str]], digests: Mapping[str, str]
+    ) -> State:
+        return cls(inventory, dict(options), batches, dict(digests), {h: HostState() for b in batches for h in b})
 
     def to_json(self) -> str:
-        return json.dumps({
-            "version": STATE_VERSION, "inventory": self.inventory, "options": self.options,
-            "batches": self.batches, "digests": self.digests, "stopped": self.stopped,
-            "hosts": {h: vars(s) for h, s in self.hosts.items()},
-        }, indent=1, sort_keys=True) + "\n"
+        return (
+            json.dumps(
+                {
+                    "version": STATE_VERSION,
+                    "inventory": self.inventory,
+                    "options": self.options,
+                    "batches": self.batches,
+                    "digests": self.digests,
+                    "stopped": self.stopped,
+                    "hosts": {h: vars(s) for h, s in self.hosts.items()},
+                },
+                indent=1,
+                sort_keys=True,
+            )
+            + "\n"
+        )
 
     @classmethod
     def from_json(cls, text: str, path: Path) -> State:
@@ -129,14 +143,22 @@ class State:
             data = json.loads(text)
             if data.get("version") != STATE_VERSION:
                 raise ValueError(f"version {data.get('version')!r}, not {STATE_VERSION}")
-            return cls(data["inventory"], data["options"], data["batches"], data["digests"],
-                       {h: HostState(**s) for h, s in data["hosts"].items()}, data.get("stopped", ""))
+            return cls(
+                data["inventory"],
+                data["options"],
+                data["batches"],
+                data["digests"],
+                {h: HostState(**s) for h, s in data["hosts"].items()},
+                data.get("stopped", ""),
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise ValueError(f"{path} is not a rollout state this version reads ({error}): "
-                             "start afresh without --resume") from None
+            raise ValueError(
+                f"{path} is not a rollout state this version reads ({error}): start afresh without --resume"
+            ) from None
 
-    def refuse_mismatch(self, inventory: str, hosts: Sequence[str], digests: Mapping[str, str],
-                        options: Mapping[str, str | None]) -> None:
+    def refuse_mismatch(
+        self, inventory: str, hosts: Sequence[str], digests: Mapping[str, str], options: Mapping[str, str | None]
+    ) -> None:
         """Raises ValueError, one line, when this state is not the rollout asked for: another
         inventory, other hosts, other options given, or a proven host whose settings changed
         since (it is proven for the old ones). Hosts not yet proven may change: that is how
@@ -147,18 +169,29 @@ class State:
         planned = [h for b in self.batches for h in b]
         if planned != list(hosts):
             gone, new = sorted(set(planned) - set(hosts)), sorted(set(hosts) - set(planned))
-            what = "; ".join(part for part in (
-                f"left out now: {', '.join(gone)}" if gone else "", f"new: {', '.join(new)}" if new else "",
-            ) if part) or "their order changed"
+            what = (
+                "; ".join(
+                    part
+                    for part in (
+                        f"left out now: {', '.join(gone)}" if gone else "",
+                        f"new: {', '.join(new)}" if new else "",
+                    )
+                    if part
+                )
+                or "their order changed"
+            )
             raise ValueError(f"the saved rollout has other hosts ({what}): {resume}")
         for key, given in options.items():
             if given is not None and self.options.get(key) != given:
-                raise ValueError(f"the saved rollout ran with --{key.replace('_', '-')} {self.options.get(key)}, "
-                                 f"not {given}: resume with the same options, or {resume}")
+                raise ValueError(
+                    f"the saved rollout ran with --{key.replace('_', '-')} {self.options.get(key)}, "
+                    f"not {given}: resume with the same options, or {resume}"
+                )
         changed = [h for h in planned if self.hosts[h].status == PROVEN and self.digests.get(h) != digests.get(h)]
         if changed:
-            raise ValueError(f"the settings of proven hosts changed since the saved rollout ({', '.join(changed)}): "
-                             f"{resume}")
+            raise ValueError(
+                f"the settings of proven hosts changed since the saved rollout ({', '.join(changed)}): {resume}"
+            )
 
 
 def host_digest(data: object) -> str:
@@ -224,14 +257,33 @@ def table(state: State) -> str:
     for number, batch in enumerate(state.batches, start=1):
         hosts = [state.hosts[h] for h in batch]
         label = f"{number} (canary)" if number == 1 and state.options.get("canary") else str(number)
-        rows.append((label, str(len(batch)), *(str(n) for n in (
-            sum(h.converged for h in hosts), sum(h.reboot == "rebooted" for h in hosts),
-            sum(h.reboot == "drained-out" for h in hosts), sum(h.status == PROVEN for h in hosts),
-            sum(h.status == FAILED for h in hosts), sum(h.status == PENDING for h in hosts)))))
-        failed += [f"  {name} (batch {number}): {state.hosts[name].why}" for name in batch
-                   if state.hosts[name].status == FAILED]
-        waiting += [name + (f" ({state.hosts[name].why})" if state.hosts[name].why else "")
-                    for name in batch if state.hosts[name].status == PENDING]
+        rows.append(
+            (
+                label,
+                str(len(batch)),
+                *(
+                    str(n)
+                    for n in (
+                        sum(h.converged for h in hosts),
+                        sum(h.reboot == "rebooted" for h in hosts),
+                        sum(h.reboot == "drained-out" for h in hosts),
+                        sum(h.status == PROVEN for h in hosts),
+                        sum(h.status == FAILED for h in hosts),
+                        sum(h.status == PENDING for h in hosts),
+                    )
+                ),
+            )
+        )
+        failed += [
+            f"  {name} (batch {number}): {state.hosts[name].why}"
+            for name in batch
+            if state.hosts[name].status == FAILED
+        ]
+        waiting += [
+            name + (f" ({state.hosts[name].why})" if state.hosts[name].why else "")
+            for name in batch
+            if state.hosts[name].status == PENDING
+        ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     if failed:

@@ -40,13 +40,14 @@ BOOT_TIMEOUT_S = 900
 POLL_S = 5.0
 
 
-
 def firmware_reasons(firmware: Mapping[str, Any]) -> list[str]:
     """fwupd's reading (:class:`sparkrig.operations.updates.facts.Firmware`) as reboot reasons:
     an update staged for the next boot (its ``reboot``), e.g. one the DGX Dashboard installed.
     ``updates_firmware = "apply"`` also leaves /run/reboot-required, which the versions read."""
-    return reboot_reasons({"boot_kernels": [], "kernel": "", "reboot_required": False},
-                          [firmware["reboot"]] if firmware.get("reboot") else [])
+    return reboot_reasons(
+        {"boot_kernels": [], "kernel": "", "reboot_required": False},
+        [firmware["reboot"]] if firmware.get("reboot") else [],
+    )
 
 
 # What says a host needs a reboot: facts pyinfra reads, each with what turns its value into
@@ -141,16 +142,19 @@ def _reboot_group(group, settings, readings, remote, force, note, say, clock, sl
             outcome[host] = (REBOOT_FAILED, f"reboot: could not drain it: {error}")
             continue
         deadline[host] = clock() + settings[host]["updates_drain_timeout"]
-        say(f"{host}: draining ({why[len('rollout: '):]})")
+        say(f"{host}: draining ({why[len('rollout: ') :]})")
     ready = _wait_drained(deadline, settings, remote, force, outcome, say, clock, sleep)
     for index, host in enumerate(ready):
         note(host, REBOOTING, "")
         kind, why = _reboot_one(host, settings[host], readings[host], remote, say, clock, sleep)
         outcome[host] = (kind, why)
         if kind != REBOOTED:
-            for rest in ready[index + 1:]:  # a cluster down one node keeps the others up
+            for rest in ready[index + 1 :]:  # a cluster down one node keeps the others up
                 _undrain(remote, rest, say)
-                outcome[rest] = (DRAINED_OUT, f"reboot: left out, {host} of its cluster did not come back well; undrained")
+                outcome[rest] = (
+                    DRAINED_OUT,
+                    f"reboot: left out, {host} of its cluster did not come back well; undrained",
+                )
             break
     return outcome
 
@@ -173,8 +177,10 @@ def _wait_drained(deadline, settings, remote, force, outcome, say, clock, sleep)
                 ready.append(host)
                 continue
             if told.get(host) != jobs:
-                say(f"{host}: waiting for {len(jobs)} running job(s) ({', '.join(jobs)}), "
-                    f"{max(0, round(deadline[host] - clock()))} s left of updates_drain_timeout")
+                say(
+                    f"{host}: waiting for {len(jobs)} running job(s) ({', '.join(jobs)}), "
+                    f"{max(0, round(deadline[host] - clock()))} s left of updates_drain_timeout"
+                )
                 told[host] = jobs
             if clock() < deadline[host]:
                 continue
@@ -189,9 +195,12 @@ def _wait_drained(deadline, settings, remote, force, outcome, say, clock, sleep)
                     outcome[host] = (REBOOT_FAILED, f"reboot: --force could not stop {', '.join(jobs)}: {error}")
                 continue
             _undrain(remote, host, say)
-            outcome[host] = (DRAINED_OUT, f"reboot: drain timed out: {len(jobs)} job(s) still running after "
-                                          f"updates_drain_timeout {timeout} s ({', '.join(jobs)}); left out, not "
-                                          "rebooted, undrained (--force stops them; --resume tries again)")
+            outcome[host] = (
+                DRAINED_OUT,
+                f"reboot: drain timed out: {len(jobs)} job(s) still running after "
+                f"updates_drain_timeout {timeout} s ({', '.join(jobs)}); left out, not "
+                "rebooted, undrained (--force stops them; --resume tries again)",
+            )
             say(f"{host}: {outcome[host][1]}")
         if waiting:
             sleep(POLL_S)
@@ -219,8 +228,11 @@ def _reboot_one(host, settings, before: Reading, remote, say, clock, sleep) -> t
         wrong = unexpected(settings, after.versions) + [f"still needs a reboot: {r}" for r in after.reasons]
         if wrong:
             return REBOOT_FAILED, f"reboot: back (boot id {after.boot_id}), but {'; '.join(wrong)}; left drained"
-        say(f"{host}: back after the reboot (boot id {after.boot_id}, kernel {after.versions.get('kernel')}"
-            + (f", driver {after.versions['driver']}" if after.versions.get("driver") else "") + "): undraining")
+        say(
+            f"{host}: back after the reboot (boot id {after.boot_id}, kernel {after.versions.get('kernel')}"
+            + (f", driver {after.versions['driver']}" if after.versions.get("driver") else "")
+            + "): undraining"
+        )
         try:
             remote.undrain(host)
         except HostError as error:
@@ -261,7 +273,7 @@ class PyinfraHosts:
 
     def _exec(self, host: str, command: str) -> list[str]:
         code, lines, _ = self._run(host, "--sudo", "exec", "--", command)
-        said = [line[len(host) + 3:] for line in lines if line.startswith(f"[{host}] ")]
+        said = [line[len(host) + 3 :] for line in lines if line.startswith(f"[{host}] ")]
         if code != 0:
             problem = [line.strip() for line in lines if "Could not connect" in line or "rror" in line]
             raise HostError("; ".join((said[-2:] or problem[-1:]) or [f"pyinfra exit {code}"])[:240])

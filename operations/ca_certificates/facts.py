@@ -26,9 +26,9 @@ class SparkrigCaCertificates(FactBase):
     def command(self) -> str:
         return (
             f"command -v update-ca-certificates >/dev/null && echo tool; "
-            f"for f in {CERT_DIR}/{PREFIX}*.crt; do [ -f \"$f\" ] || continue; "
-            f"n=${{f##*/}}; l=no; [ -L \"{LINK_DIR}/${{n%.crt}}.pem\" ] && l=yes; "
-            "echo file $(sha256sum < \"$f\" | cut -d' ' -f1) $(stat -c '%a %U' \"$f\") $l \"$f\"; "
+            f'for f in {CERT_DIR}/{PREFIX}*.crt; do [ -f "$f" ] || continue; '
+            f'n=${{f##*/}}; l=no; [ -L "{LINK_DIR}/${{n%.crt}}.pem" ] && l=yes; '
+            'echo file $(sha256sum < "$f" | cut -d\' \' -f1) $(stat -c \'%a %U\' "$f") $l "$f"; '
             "done; true"
         )
 

@@ -10,9 +10,7 @@ from sparkrig.settings import Setting, declare, defaults, mapping_of
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-_PEM = re.compile(
-    r"-----BEGIN CERTIFICATE-----\n[A-Za-z0-9+/=\n]+-----END CERTIFICATE-----\n?"
-)
+_PEM = re.compile(r"-----BEGIN CERTIFICATE-----\n[A-Za-z0-9+/=\n]+-----END CERTIFICATE-----\n?")
 
 
 def _entry_problem(name: Any, pem: Any) -> str | None:

@@ -42,7 +42,7 @@ from sparkrig.operations import deploy_on_demand
 
 from .settings import FLEET_CHECKS, SETTINGS
 
-__all__ = ['FLEET_CHECKS', 'SETTINGS', 'cluster']
+__all__ = ["FLEET_CHECKS", "SETTINGS", "cluster"]
 # The deploy (and the facts and operations it imports) only when asked for: a concern that
 # reads this one's settings imports them alone.
-__getattr__ = deploy_on_demand(__name__, 'cluster')
+__getattr__ = deploy_on_demand(__name__, "cluster")

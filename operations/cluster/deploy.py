@@ -70,8 +70,16 @@ from .trust import (
 def _files(settings: Mapping[str, Any]) -> tuple[str, ...]:
     # Both forms of the link file: which one a host uses is read in the same reading.
     return (
-        *link_files(settings["cluster_interfaces"], False), NETPLAN_FILE, NM_FILE,
-        KEY_FILE, KNOWN_HOSTS, HOSTFILE, SSH_CONFIG, settings["cluster_env_file"], PROFILE_SCRIPT, CHECK,
+        *link_files(settings["cluster_interfaces"], False),
+        NETPLAN_FILE,
+        NM_FILE,
+        KEY_FILE,
+        KNOWN_HOSTS,
+        HOSTFILE,
+        SSH_CONFIG,
+        settings["cluster_env_file"],
+        PROFILE_SCRIPT,
+        CHECK,
     )
 
 
@@ -81,8 +89,12 @@ def parts(settings: Mapping[str, Any]) -> list[reading.Part]:
     if settings["cluster_name"] is None:
         return [reading.part(ClusterLeftovers, env_file=settings["cluster_env_file"])]
     return [
-        reading.part(atomic.HostState, paths=_files(settings), units=(NETWORKD, WAIT_ONLINE),
-                     packages=(*PACKAGES, *RDMA_PACKAGES)),
+        reading.part(
+            atomic.HostState,
+            paths=_files(settings),
+            units=(NETWORKD, WAIT_ONLINE),
+            packages=(*PACKAGES, *RDMA_PACKAGES),
+        ),
         reading.part(ClusterHost, user=settings["cluster_user"]),
     ]
 
@@ -90,7 +102,6 @@ def parts(settings: Mapping[str, Any]) -> list[reading.Part]:
 @reading.planner
 def reads(settings):
     return parts(settings)
-
 
 
 def _management_interface(links: Mapping[str, Any]) -> tuple[str | None, str | None]:
@@ -112,7 +123,9 @@ def rails(settings: Mapping[str, Any], node: Mapping[str, Any]) -> dict[str, str
     return planned_rails(settings["cluster_interfaces"], settings.get("cluster_rails", "twins"), node.get("twins", {}))
 
 
-def _node(name: str, settings: Mapping[str, Any], host_keys: Sequence[str], node: Mapping[str, Any] | None = None) -> dict:
+def _node(
+    name: str, settings: Mapping[str, Any], host_keys: Sequence[str], node: Mapping[str, Any] | None = None
+) -> dict:
     """One node as the others see it; ``node`` its reading (its twins and RDMA devices)."""
     node = node or {}
     interfaces = rails(settings, node)
@@ -164,8 +177,11 @@ def cluster():
     if settings["cluster_name"] is None:
         leftovers = reading.value(wanted[0])
         if leftovers["files"] and not host_output.fact_failed():
-            leave(name="Out of any cluster: its key, trust, environment and link files removed",
-                  files=leftovers["files"], key_owner=leftovers["key_owner"])
+            leave(
+                name="Out of any cluster: its key, trust, environment and link files removed",
+                files=leftovers["files"],
+                key_owner=leftovers["key_owner"],
+            )
         return
     state_part, node_part = wanted
     state = reading.value(state_part)
@@ -181,25 +197,39 @@ def cluster():
 
     missing = [i for i in settings["cluster_interfaces"] if i not in node["links"]]
     if missing:
-        messages.refused(name="Cluster interfaces exist", message=f"cluster_interfaces names {', '.join(missing)}, "
-                       f"which this host has no interface of (it has {', '.join(sorted(node['links']))})")
+        messages.refused(
+            name="Cluster interfaces exist",
+            message=f"cluster_interfaces names {', '.join(missing)}, "
+            f"which this host has no interface of (it has {', '.join(sorted(node['links']))})",
+        )
         return
     address, management = _management_interface(node["links"])
     if management in interfaces:
-        messages.refused(name="Cluster link is not the deploy's connection", message=(
-            f"{management} carries this deploy's SSH connection ({address}): sparkrig never reconfigures "
-            "it as a cluster link; connect through another interface"))
+        messages.refused(
+            name="Cluster link is not the deploy's connection",
+            message=(
+                f"{management} carries this deploy's SSH connection ({address}): sparkrig never reconfigures "
+                "it as a cluster link; connect through another interface"
+            ),
+        )
         return
     if node["user"] is None:
-        messages.refused(name="Cluster user exists", message=f"cluster_user {user} is no user on this host: create it first")
+        messages.refused(
+            name="Cluster user exists", message=f"cluster_user {user} is no user on this host: create it first"
+        )
         return
     if not node["ssh_config_d"]:
-        messages.refused(name="ssh reads /etc/ssh/ssh_config.d", message=(
-            "/etc/ssh/ssh_config has no 'Include /etc/ssh/ssh_config.d/*.conf': the cluster's pinned host keys "
-            "would not apply"))
+        messages.refused(
+            name="ssh reads /etc/ssh/ssh_config.d",
+            message=(
+                "/etc/ssh/ssh_config has no 'Include /etc/ssh/ssh_config.d/*.conf': the cluster's pinned host keys "
+                "would not apply"
+            ),
+        )
         return
     left_out = [
-        peer.name for peer in host.inventory
+        peer.name
+        for peer in host.inventory
         if host_settings.known(peer)["cluster_name"] == name and not host.state.is_host_in_limit(peer)
     ]
     if left_out:
@@ -218,8 +248,9 @@ def cluster():
     if any(state["packages"].get(p) is None for p in PACKAGES):
         install_packages(name="Install ping (iputils-ping) for spark-cluster-check", packages=list(PACKAGES))
     if devices and any(state["packages"].get(p) is None for p in RDMA_PACKAGES):
-        install_packages(name="Install ib_write_bw (perftest) for spark-cluster-check --bandwidth",
-                         packages=list(RDMA_PACKAGES))
+        install_packages(
+            name="Install ib_write_bw (perftest) for spark-cluster-check --bandwidth", packages=list(RDMA_PACKAGES)
+        )
     note = None if devices else no_rdma_note(list(interfaces))
     if note:
         messages.detail(f"cluster {name}: {note}")
@@ -251,8 +282,11 @@ def cluster():
             # to two minutes for links it does not manage: keep boot as it was.
             start_networkd.append(f"systemctl disable {WAIT_ONLINE}")
     drifted = [
-        i for i, a in interfaces.items()
-        if not node["links"][i]["up"] or node["links"][i]["mtu"] != mtu or a not in node["links"][i]["addresses"]
+        i
+        for i, a in interfaces.items()
+        if not node["links"][i]["up"]
+        or node["links"][i]["mtu"] != mtu
+        or a not in node["links"][i]["addresses"]
         or (node["networkmanager"] and i in node["nm_managed"])
     ]
     if writes or stale or start_networkd or drifted:
@@ -264,12 +298,16 @@ def cluster():
             messages.detail(f"{', '.join(drifted)}: down, MTU or address not as configured, or NetworkManager's")
         link(
             name="Cluster link: written, applied to its interfaces alone, kept once a new SSH connection confirms it",
-            cluster=name, files=writes, stale=stale, start_networkd=start_networkd,
+            cluster=name,
+            files=writes,
+            stale=stale,
+            start_networkd=start_networkd,
             paths=sorted({*contents, *stale, *node["link_files"]}),
             own=[f"{NETWORKD_PREFIX}*.network", *[f"10-netplan-{i}.*" for i in interfaces]],
             interfaces=list(interfaces),
             added=[(i, a) for i, a in interfaces.items() if a not in node["links"][i]["addresses"]],
-            netplan=netplan, networkmanager=node["networkmanager"],
+            netplan=netplan,
+            networkmanager=node["networkmanager"],
             seconds=settings["cluster_link_confirm_seconds"],
             ports=[(i, a, mtu, [p["address"] for p in peer_links({i: a}, peers)]) for i, a in interfaces.items()],
             _serial=True,  # node after node: a change no new connection confirms stops the others'
@@ -282,30 +320,67 @@ def cluster():
         private_key(name=f"Cluster key of {user} ({KEY_FILE}, 0600)", dest=KEY_FILE, key=key, user=user, group=group)
     root_files = {
         KNOWN_HOSTS: ("Every node's pinned host keys", render_known_hosts(nodes), 0o644, None),
-        SSH_CONFIG: ("ssh uses the cluster key and the pinned host keys between nodes",
-                     render_ssh_config(nodes, user), 0o644,
-                     ("sh", "-c", VERIFY_SSH_CONFIG, "verify")),
+        SSH_CONFIG: (
+            "ssh uses the cluster key and the pinned host keys between nodes",
+            render_ssh_config(nodes, user),
+            0o644,
+            ("sh", "-c", VERIFY_SSH_CONFIG, "verify"),
+        ),
         HOSTFILE: ("MPI hostfile", render_hostfile(nodes, settings["cluster_slots"]), 0o644, None),
         settings["cluster_env_file"]: (
             "NCCL environment (cluster_env_file)",
-            render_env_file(env_variables(
-                list(interfaces), first_address(interfaces), nodes[0]["first"], name, settings["cluster_env_extra"],
-                list(devices.values()),
-            ), note),
-            0o644, ("sh", "-n"),
+            render_env_file(
+                env_variables(
+                    list(interfaces),
+                    first_address(interfaces),
+                    nodes[0]["first"],
+                    name,
+                    settings["cluster_env_extra"],
+                    list(devices.values()),
+                ),
+                note,
+            ),
+            0o644,
+            ("sh", "-n"),
         ),
-        PROFILE_SCRIPT: ("Login shells read the NCCL environment", render_profile_script(settings["cluster_env_file"]),
-                         0o644, ("sh", "-n")),
-        CHECK: ("spark-cluster-check command",
-                render_check(name, user, mtu, interfaces, peers, settings["cluster_env_file"], devices=devices,
-                             rail_floor=settings["cluster_rail_floor_gbits"],
-                             nccl_floor=settings["cluster_nccl_floor_gbytes"]), 0o755, ("sh", "-n")),
+        PROFILE_SCRIPT: (
+            "Login shells read the NCCL environment",
+            render_profile_script(settings["cluster_env_file"]),
+            0o644,
+            ("sh", "-n"),
+        ),
+        CHECK: (
+            "spark-cluster-check command",
+            render_check(
+                name,
+                user,
+                mtu,
+                interfaces,
+                peers,
+                settings["cluster_env_file"],
+                devices=devices,
+                rail_floor=settings["cluster_rail_floor_gbits"],
+                nccl_floor=settings["cluster_nccl_floor_gbytes"],
+            ),
+            0o755,
+            ("sh", "-n"),
+        ),
     }
     for dest, (title, content, mode, validate) in host.loop(root_files.items()):
         if not atomic.up_to_date(files.get(dest), content, mode=mode):
-            atomic.file(name=f"{title} ({dest})", dest=dest, current=files.get(dest), content=content, mode=mode,
-                        validate=validate)
+            atomic.file(
+                name=f"{title} ({dest})",
+                dest=dest,
+                current=files.get(dest),
+                content=content,
+                mode=mode,
+                validate=validate,
+            )
     lines = authorized_lines(nodes, name)
     if node["user"]["authorized"] != lines:
-        authorized_key(name=f"Each node's own cluster key in {user}'s authorized_keys, from that node's addresses only",
-                       user=user, home=node["user"]["home"], lines=lines)
+        authorized_key(
+            name=f"Each node's own cluster key in {user}'s authorized_keys, from that node's addresses only",
+            user=user,
+            home=node["user"]["home"],
+            lines=lines,
+        )

@@ -17,7 +17,12 @@ NCCL_TESTS_BIN = f"{prefix.current('nccl-tests')}/bin"
 
 
 def env_variables(
-    interfaces: Sequence[str], own: str, head: str, name: str, extra: Mapping[str, str], devices: Sequence[str] = (),
+    interfaces: Sequence[str],
+    own: str,
+    head: str,
+    name: str,
+    extra: Mapping[str, str],
+    devices: Sequence[str] = (),
 ) -> list[tuple[str, str]]:
     """The env file's variables: managed ones in a fixed order, then extras sorted.
     ``devices``: the rails' RDMA devices, read from the host (none: NCCL_IB_HCA is left out
@@ -42,13 +47,16 @@ def env_variables(
 
 def no_rdma_note(interfaces: Sequence[str]) -> str:
     """What the env file and the deploy say where no rail has an RDMA device."""
-    return (f"no RDMA device behind {', '.join(interfaces)} (/sys/class/infiniband names none): NCCL_IB_HCA "
-            "is not set and NCCL moves data over TCP sockets")
+    return (
+        f"no RDMA device behind {', '.join(interfaces)} (/sys/class/infiniband names none): NCCL_IB_HCA "
+        "is not set and NCCL moves data over TCP sockets"
+    )
 
 
 def render_env_file(variables: Sequence[tuple[str, str]], note: str | None = None) -> str:
     return rendering.render(
-        "cluster/cluster.env.j2", lines=[f"{key}={rendering.quote_literal(value)}" for key, value in variables],
+        "cluster/cluster.env.j2",
+        lines=[f"{key}={rendering.quote_literal(value)}" for key, value in variables],
         note=note,
     )
 
@@ -65,9 +73,10 @@ def render_hostfile(nodes: Sequence[Mapping[str, Any]], slots: int) -> str:
     return rendering.render("cluster/hostfile.j2", nodes=nodes, slots=slots)
 
 
-
 def peer_links(
-    interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]], devices: Mapping[str, str] | None = None,
+    interfaces: Mapping[str, str],
+    peers: Sequence[Mapping[str, Any]],
+    devices: Mapping[str, str] | None = None,
 ) -> list[dict]:
     """Each peer address this host reaches (on a direct cable, its one peer on that rail;
     through a switch, every node on every rail), with its own interface on that subnet, and
@@ -77,21 +86,43 @@ def peer_links(
         for address in peer["addresses"]:
             for name, own in interfaces.items():
                 if ipaddress.IPv4Address(address) in ipaddress.IPv4Interface(own).network:
-                    found.append({"name": peer["name"], "address": address, "interface": name,
-                                  "device": (devices or {}).get(name, ""),
-                                  "peer_device": peer.get("devices", {}).get(address, "")})
+                    found.append(
+                        {
+                            "name": peer["name"],
+                            "address": address,
+                            "interface": name,
+                            "device": (devices or {}).get(name, ""),
+                            "peer_device": peer.get("devices", {}).get(address, ""),
+                        }
+                    )
     return found
 
 
 def render_check(
-    name: str, user: str, mtu: int, interfaces: Mapping[str, str], peers: Sequence[Mapping[str, Any]], env_file: str,
-    hostfile: str = HOSTFILE, nccl_tests_bin: str = NCCL_TESTS_BIN, devices: Mapping[str, str] | None = None,
-    rail_floor: int = 80, nccl_floor: int = 12,
+    name: str,
+    user: str,
+    mtu: int,
+    interfaces: Mapping[str, str],
+    peers: Sequence[Mapping[str, Any]],
+    env_file: str,
+    hostfile: str = HOSTFILE,
+    nccl_tests_bin: str = NCCL_TESTS_BIN,
+    devices: Mapping[str, str] | None = None,
+    rail_floor: int = 80,
+    nccl_floor: int = 12,
 ) -> str:
     return rendering.render(
-        "cluster/spark-cluster-check.sh.j2", name=name, user=user, mtu=mtu, interfaces=sorted(interfaces),
-        peers=peer_links(interfaces, peers, devices), hostfile=hostfile, env_file=env_file,
-        nccl_tests_bin=nccl_tests_bin, rail_floor=rail_floor, nccl_floor=nccl_floor,
+        "cluster/spark-cluster-check.sh.j2",
+        name=name,
+        user=user,
+        mtu=mtu,
+        interfaces=sorted(interfaces),
+        peers=peer_links(interfaces, peers, devices),
+        hostfile=hostfile,
+        env_file=env_file,
+        nccl_tests_bin=nccl_tests_bin,
+        rail_floor=rail_floor,
+        nccl_floor=nccl_floor,
     )
 
 

@@ -42,7 +42,9 @@ _HOST_KEY = re.compile(r"(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) [A-
 # their authorized_keys that sparkrig manages. For `sh -c SCRIPT NAME HOME`.
 AUTHORIZED_LIMIT = 1 << 20
 READ_AUTHORIZED = rendering.script(
-    "cluster/read-authorized.sh.j2", marker=MARKER, limit=AUTHORIZED_LIMIT,
+    "cluster/read-authorized.sh.j2",
+    marker=MARKER,
+    limit=AUTHORIZED_LIMIT,
     user_read=user_files.user_read('"$f"', AUTHORIZED_LIMIT),
 )
 
@@ -70,9 +72,13 @@ def twins(pci: dict[str, str], rdma: dict[str, str]) -> dict[str, str]:
         if name not in rdma or match is None:
             continue
         others = [
-            other for other, theirs in pci.items()
-            if other != name and other in rdma and (m := _PCI.fullmatch(theirs)) is not None
-            and m.group(2) == match.group(2) and m.group(1) != match.group(1)
+            other
+            for other, theirs in pci.items()
+            if other != name
+            and other in rdma
+            and (m := _PCI.fullmatch(theirs)) is not None
+            and m.group(2) == match.group(2)
+            and m.group(1) != match.group(1)
         ]
         if len(others) == 1:
             found[name] = others[0]
@@ -111,23 +117,42 @@ class ClusterHost(FactBase):
             "nmcli -t -f DEVICE,STATE device 2>/dev/null | sed 's/^/nmdevice /'; else echo networkmanager no; fi;",
             "if grep -Eqs '^[[:space:]]*Include[[:space:]]+/etc/ssh/ssh_config\\.d/\\*\\.conf' /etc/ssh/ssh_config;",
             "then echo ssh_config_d yes; else echo ssh_config_d no; fi;",
-            "for k in /etc/ssh/ssh_host_*_key.pub; do [ -f \"$k\" ] && echo hostkey $(cut -d' ' -f1,2 \"$k\"); done;",
-            f"for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network {NETPLAN_FILE} {NM_FILE}; do [ -f \"$f\" ] && echo linkfile \"$f\"; done;",
+            'for k in /etc/ssh/ssh_host_*_key.pub; do [ -f "$k" ] && echo hostkey $(cut -d\' \' -f1,2 "$k"); done;',
+            f'for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network {NETPLAN_FILE} {NM_FILE}; do [ -f "$f" ] && echo linkfile "$f"; done;',
             # Each networkd link file's state too: a twin's file, whose name the settings
             # alone cannot give to the host state's reading, is compared all the same.
-            f"for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network; do [ -f \"$f\" ] &&",
-            "echo linkstate $(stat -c '%a %U %G' \"$f\") $(sha256sum < \"$f\" | cut -d' ' -f1) \"$f\"; done;",
-            "if e=$(getent passwd", q_user, "); then",
-            'h=$(echo "$e" | cut -d: -f6); echo user $(id -u', q_user, ") $(id -gn", q_user, ') "$h";',
-            "runuser -u", q_user, "-- sh -c", QuoteString(READ_AUTHORIZED), 'sparkrig "$h" | sed "s/^/authorized /";',
+            f'for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network; do [ -f "$f" ] &&',
+            'echo linkstate $(stat -c \'%a %U %G\' "$f") $(sha256sum < "$f" | cut -d\' \' -f1) "$f"; done;',
+            "if e=$(getent passwd",
+            q_user,
+            "); then",
+            'h=$(echo "$e" | cut -d: -f6); echo user $(id -u',
+            q_user,
+            ") $(id -gn",
+            q_user,
+            ') "$h";',
+            "runuser -u",
+            q_user,
+            "-- sh -c",
+            QuoteString(READ_AUTHORIZED),
+            'sparkrig "$h" | sed "s/^/authorized /";',
             "else echo nouser; fi;",
             read_rails(),
         )
 
     @host_output.parses
     def process(self, output: list[str]) -> dict:
-        found: dict = {"links": {}, "netplan": False, "networkmanager": False, "nm_managed": [], "ssh_config_d": False,
-                       "host_keys": [], "link_files": [], "link_state": {}, "user": None}
+        found: dict = {
+            "links": {},
+            "netplan": False,
+            "networkmanager": False,
+            "nm_managed": [],
+            "ssh_config_d": False,
+            "host_keys": [],
+            "link_files": [],
+            "link_state": {},
+            "user": None,
+        }
         pci: dict[str, str] = {}
         rdma: dict[str, str] = {}
         for line in output:
@@ -138,7 +163,9 @@ class ClusterHost(FactBase):
                         "up": "UP" in link.get("flags", []),
                         "mtu": int(link.get("mtu", 0)),
                         "addresses": [
-                            f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("family") == "inet"
+                            f"{a['local']}/{a['prefixlen']}"
+                            for a in link.get("addr_info", [])
+                            if a.get("family") == "inet"
                         ],
                     }
             elif kind == "nmdevice":
@@ -152,7 +179,10 @@ class ClusterHost(FactBase):
                     raise ValueError(f"not an SSH host key: {rest[:60]!r}")
                 found["host_keys"].append(rest)
             elif kind == "linkfile":
-                if not (rest in (NETPLAN_FILE, NM_FILE) or (rest.startswith(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}") and rest.endswith(".network"))):
+                if not (
+                    rest in (NETPLAN_FILE, NM_FILE)
+                    or (rest.startswith(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}") and rest.endswith(".network"))
+                ):
                     raise ValueError(f"unexpected link file {rest[:80]!r}")
                 found["link_files"].append(rest)
             elif kind == "user":
@@ -162,8 +192,12 @@ class ClusterHost(FactBase):
                 found["user"]["authorized"].append(rest)
             elif kind == "linkstate":
                 mode, user, group, sha, path = rest.split(" ", 4)
-                if not (path.startswith(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}") and path.endswith(".network")
-                        and re.fullmatch("[0-7]{3,4}", mode) and re.fullmatch("[0-9a-f]{64}", sha)):
+                if not (
+                    path.startswith(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}")
+                    and path.endswith(".network")
+                    and re.fullmatch("[0-7]{3,4}", mode)
+                    and re.fullmatch("[0-9a-f]{64}", sha)
+                ):
                     raise ValueError(f"unexpected line {line[:80]!r}")
                 found["link_state"][path] = {"sha256": sha, "mode": int(mode, 8), "user": user, "group": group}
             elif kind in ("pci", "rdma"):
@@ -179,8 +213,19 @@ class ClusterHost(FactBase):
 
     @staticmethod
     def default() -> dict:
-        return {"links": {}, "netplan": False, "networkmanager": False, "nm_managed": [], "ssh_config_d": False,
-                "host_keys": [], "link_files": [], "link_state": {}, "user": None, "twins": {}, "rdma": {}}
+        return {
+            "links": {},
+            "netplan": False,
+            "networkmanager": False,
+            "nm_managed": [],
+            "ssh_config_d": False,
+            "host_keys": [],
+            "link_files": [],
+            "link_state": {},
+            "user": None,
+            "twins": {},
+            "rdma": {},
+        }
 
 
 class ClusterLeftovers(FactBase):
@@ -197,7 +242,9 @@ class ClusterLeftovers(FactBase):
     def command(self, env_file: str) -> StringCommand:
         fixed = [KEY_FILE, KNOWN_HOSTS, HOSTFILE, SSH_CONFIG, PROFILE_SCRIPT, CHECK, NETPLAN_FILE, NM_FILE]
         return StringCommand(
-            "for f in", *[QuoteString(p) for p in fixed], QuoteString(env_file),
+            "for f in",
+            *[QuoteString(p) for p in fixed],
+            QuoteString(env_file),
             f"{NETWORKD_DIR}/{NETWORKD_PREFIX}*.network;",
             'do [ -f "$f" ] && echo file "$f"; done;',
             f"[ -f {KEY_FILE} ] && echo keyowner $(stat -c %U {KEY_FILE}); true",
@@ -223,4 +270,3 @@ class ClusterLeftovers(FactBase):
 
 def link_files(interfaces: Iterable[str], netplan: bool) -> list[str]:
     return [NETPLAN_FILE] if netplan else [f"{NETWORKD_DIR}/{NETWORKD_PREFIX}{name}.network" for name in interfaces]
-

@@ -88,9 +88,12 @@ def fleet_problems(
     for cluster in clusters:
         nodes = members(everyone, cluster)
         if len(nodes) < 2:
-            found.append((nodes[0], _said(
-                "cluster_name", cluster, "the name of a cluster of two hosts or more (no other host has it)"
-            )))
+            found.append(
+                (
+                    nodes[0],
+                    _said("cluster_name", cluster, "the name of a cluster of two hosts or more (no other host has it)"),
+                )
+            )
             continue
         for key in ("cluster_user", "cluster_mtu", "cluster_head", "cluster_rails", "cluster_topology"):
             values = {n: data[n].get(key) for n in nodes}
@@ -98,16 +101,20 @@ def fleet_problems(
                 first = values[nodes[0]]
                 for node in nodes[1:]:
                     if repr(values[node]) != repr(first):
-                        found.append((node, _said(
-                            key, values[node], f"the same value on every node of cluster {cluster!r} "
-                            f"({nodes[0]} has {first!r})",
-                        )))
+                        found.append(
+                            (
+                                node,
+                                _said(
+                                    key,
+                                    values[node],
+                                    f"the same value on every node of cluster {cluster!r} ({nodes[0]} has {first!r})",
+                                ),
+                            )
+                        )
         head = data[nodes[0]].get("cluster_head")
         if head is not None and head not in nodes:
             for node in nodes:
-                found.append((node, _said(
-                    "cluster_head", head, f"a host of cluster {cluster!r}: {', '.join(nodes)}"
-                )))
+                found.append((node, _said("cluster_head", head, f"a host of cluster {cluster!r}: {', '.join(nodes)}")))
         found += _address_problems(cluster, nodes, data)
     return found
 
@@ -117,7 +124,9 @@ def _rail_key(name: str) -> str:
     return "cluster_rails" if name.startswith("twin of ") else "cluster_interfaces"
 
 
-def _address_problems(cluster: str, nodes: Sequence[str], data: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+def _address_problems(
+    cluster: str, nodes: Sequence[str], data: Mapping[str, Mapping[str, Any]]
+) -> list[tuple[str, str]]:
     found = []
     owner: dict[ipaddress.IPv4Address, str] = {}
     subnets: dict[ipaddress.IPv4Network, list[str]] = {}
@@ -126,31 +135,55 @@ def _address_problems(cluster: str, nodes: Sequence[str], data: Mapping[str, Map
         rails = planned_rails(interfaces, data[node].get("cluster_rails", "twins"))
         for name, address in interfaces.items():
             if data[node].get("cluster_rails", "twins") == "twins" and twin_address(address) is None:
-                found.append((node, _said("cluster_rails", "twins", (
-                    f"'listed' where a port's twin cannot take its address {TWIN_STEP} subnets further on "
-                    f"({name} is at {address}: its twin's would leave its /8 or private range); list the twin "
-                    "in cluster_interfaces yourself"))))
+                found.append(
+                    (
+                        node,
+                        _said(
+                            "cluster_rails",
+                            "twins",
+                            (
+                                f"'listed' where a port's twin cannot take its address {TWIN_STEP} subnets further on "
+                                f"({name} is at {address}: its twin's would leave its /8 or private range); list the twin "
+                                "in cluster_interfaces yourself"
+                            ),
+                        ),
+                    )
+                )
         for name, address in rails.items():
             key = _rail_key(name)
             value = interfaces if key == "cluster_interfaces" else data[node].get("cluster_rails", "twins")
             where = f" ({name}'s rail would be {address})" if key == "cluster_rails" else ""
             interface = ipaddress.IPv4Interface(address)
             if interface.ip in owner:
-                found.append((node, _said(
-                    key, value,
-                    f"addresses unique in cluster {cluster!r} ({interface.ip} is also {owner[interface.ip]}'s){where}",
-                )))
+                found.append(
+                    (
+                        node,
+                        _said(
+                            key,
+                            value,
+                            f"addresses unique in cluster {cluster!r} ({interface.ip} is also {owner[interface.ip]}'s){where}",
+                        ),
+                    )
+                )
             owner.setdefault(interface.ip, node)
             clash = next((s for s in subnets if s.overlaps(interface.network) and s != interface.network), None)
             if clash is not None:
-                found.append((node, _said(
-                    key, value,
-                    f"one subnet per rail: {address} overlaps {clash}, which {subnets[clash][0]} uses{where}",
-                )))
+                found.append(
+                    (
+                        node,
+                        _said(
+                            key,
+                            value,
+                            f"one subnet per rail: {address} overlaps {clash}, which {subnets[clash][0]} uses{where}",
+                        ),
+                    )
+                )
                 continue
             mine = [n for n in subnets.get(interface.network, []) if n == node]
             if mine:
-                found.append((node, _said(key, value, f"one subnet per rail: two rails of {node} in {interface.network}{where}")))
+                found.append(
+                    (node, _said(key, value, f"one subnet per rail: two rails of {node} in {interface.network}{where}"))
+                )
                 continue
             subnets.setdefault(interface.network, []).append(node)
         found += _management_problems(node, data[node], rails)
@@ -159,7 +192,9 @@ def _address_problems(cluster: str, nodes: Sequence[str], data: Mapping[str, Map
 
 
 def _topology_problems(
-    cluster: str, nodes: Sequence[str], data: Mapping[str, Mapping[str, Any]],
+    cluster: str,
+    nodes: Sequence[str],
+    data: Mapping[str, Mapping[str, Any]],
     subnets: Mapping[ipaddress.IPv4Network, list[str]],
 ) -> list[tuple[str, str]]:
     """Direct cables: each rail's subnet holds the two nodes a cable joins. A switch: each
@@ -169,20 +204,46 @@ def _topology_problems(
     for network, holders in subnets.items():
         if len(holders) < 2:
             node = holders[0]
-            found.append((node, _said(
-                "cluster_interfaces", data[node]["cluster_interfaces"],
-                f"links to other nodes: no other node of cluster {cluster!r} has an address in {network}",
-            )))
+            found.append(
+                (
+                    node,
+                    _said(
+                        "cluster_interfaces",
+                        data[node]["cluster_interfaces"],
+                        f"links to other nodes: no other node of cluster {cluster!r} has an address in {network}",
+                    ),
+                )
+            )
         elif topology == "direct" and len(holders) > 2:
             for node in holders:
-                found.append((node, _said("cluster_topology", "direct", (
-                    f"'switch' for a subnet of more than two nodes: {network} holds {', '.join(holders)}, and a "
-                    "direct cable joins two (through a switch, every node is on every rail's subnet)"))))
+                found.append(
+                    (
+                        node,
+                        _said(
+                            "cluster_topology",
+                            "direct",
+                            (
+                                f"'switch' for a subnet of more than two nodes: {network} holds {', '.join(holders)}, and a "
+                                "direct cable joins two (through a switch, every node is on every rail's subnet)"
+                            ),
+                        ),
+                    )
+                )
         elif topology == "switch" and len(holders) < len(nodes):
             for node in (n for n in nodes if n not in holders):
-                found.append((node, _said("cluster_interfaces", data[node]["cluster_interfaces"], (
-                    f"an address in every rail's subnet of cluster {cluster!r} (cluster_topology 'switch': every "
-                    f"node reaches every node on each rail); {node} has none in {network}"))))
+                found.append(
+                    (
+                        node,
+                        _said(
+                            "cluster_interfaces",
+                            data[node]["cluster_interfaces"],
+                            (
+                                f"an address in every rail's subnet of cluster {cluster!r} (cluster_topology 'switch': every "
+                                f"node reaches every node on each rail); {node} has none in {network}"
+                            ),
+                        ),
+                    )
+                )
     return found
 
 
@@ -196,10 +257,19 @@ def _management_problems(node: str, data: Mapping[str, Any], interfaces: Mapping
     try:
         node_ip = _resolve(target)
     except OSError as error:
-        return [(node, _said("ssh_hostname", target, (
-            f"a host name the controller resolves, or an IPv4 address ({error}): a cluster node's "
-            "management path is checked against its cluster subnets before any host is contacted"
-        )))]
+        return [
+            (
+                node,
+                _said(
+                    "ssh_hostname",
+                    target,
+                    (
+                        f"a host name the controller resolves, or an IPv4 address ({error}): a cluster node's "
+                        "management path is checked against its cluster subnets before any host is contacted"
+                    ),
+                ),
+            )
+        ]
     if node_ip is None:  # IPv6 only: no IPv4 cluster subnet can take its path
         return []
     source, route = controller_route(node_ip)
@@ -209,18 +279,29 @@ def _management_problems(node: str, data: Mapping[str, Any], interfaces: Mapping
         if node_ip in network:
             why = f"the address the deploy connects to ({node_ip} is in {network})"
         elif source is not None and source in network:
-            why = (f"the controller's own address towards this host ({source}, the source of its route to "
-                   f"{node_ip}, is in {network}: the node would answer the controller through the link)")
+            why = (
+                f"the controller's own address towards this host ({source}, the source of its route to "
+                f"{node_ip}, is in {network}: the node would answer the controller through the link)"
+            )
         elif route is not None and route.overlaps(network):
-            why = f"the controller's route to this host ({node_ip} is reached through {route}, which {network} overlaps)"
+            why = (
+                f"the controller's route to this host ({node_ip} is reached through {route}, which {network} overlaps)"
+            )
         else:
             continue
         key = _rail_key(name)
         value = data["cluster_interfaces"] if key == "cluster_interfaces" else data.get("cluster_rails")
         where = f" ({name}'s rail would be {address})" if key == "cluster_rails" else ""
-        found.append((node, _said(
-            key, value, f"subnets apart from {why}: sparkrig never reconfigures its own connection{where}",
-        )))
+        found.append(
+            (
+                node,
+                _said(
+                    key,
+                    value,
+                    f"subnets apart from {why}: sparkrig never reconfigures its own connection{where}",
+                ),
+            )
+        )
     return found
 
 
@@ -248,8 +329,11 @@ def controller_route(
         routes = subprocess.run(["ip", "-j", "route", "show", "match", str(address)], capture_output=True, text=True)
         if got.returncode == 0 and routes.returncode == 0:
             source = next((r.get("prefsrc") for r in json.loads(got.stdout or "[]") if r.get("prefsrc")), None)
-            nets = [ipaddress.IPv4Network(r["dst"], strict=False) for r in json.loads(routes.stdout or "[]")
-                    if r.get("dst") not in (None, "default")]
+            nets = [
+                ipaddress.IPv4Network(r["dst"], strict=False)
+                for r in json.loads(routes.stdout or "[]")
+                if r.get("dst") not in (None, "default")
+            ]
             route = max(nets, key=lambda n: n.prefixlen, default=None)
             return (ipaddress.IPv4Address(source) if source else None), route
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:

@@ -31,8 +31,13 @@ def leave(files: Sequence[str], key_owner: str | None):
     messages.detail(f"removing {', '.join(files)}")
     if key_owner and key_owner != "root":
         yield StringCommand(
-            "h=$(getent passwd", QuoteString(key_owner), "| cut -d: -f6) && [ -n \"$h\" ] && runuser -u",
-            QuoteString(key_owner), "-- sh -c", QuoteString(DROP_AUTHORIZED), 'sparkrig "$h" || true',
+            "h=$(getent passwd",
+            QuoteString(key_owner),
+            '| cut -d: -f6) && [ -n "$h" ] && runuser -u',
+            QuoteString(key_owner),
+            "-- sh -c",
+            QuoteString(DROP_AUTHORIZED),
+            'sparkrig "$h" || true',
         )
     links = [f for f in files if f in (NETPLAN_FILE, NM_FILE) or f.startswith(f"{NETWORKD_DIR}/")]
     if not links or links == [NM_FILE]:
@@ -42,15 +47,23 @@ def leave(files: Sequence[str], key_owner: str | None):
         return
     # The link's interfaces alone are reconfigured (their files gone: unmanaged, addresses
     # dropped), never while another link's change waits to be loaded.
-    interfaces = [f[len(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}"):-len(".network")] for f in links if f.startswith(NETWORKD_DIR)]
+    interfaces = [
+        f[len(f"{NETWORKD_DIR}/{NETWORKD_PREFIX}") : -len(".network")] for f in links if f.startswith(NETWORKD_DIR)
+    ]
     netplan = NETPLAN_FILE in links
     names = ([f"10-netplan-{i}.*" for i in interfaces] + ["10-netplan-*"] * netplan) or ["-"]
     apply = render_link_apply([*interfaces, *(["$n"] if netplan else [])], netplan, NM_FILE in links)
     yield StringCommand(
-        f"set -e; d={LINK_DIR}; install -d -m 755 -o root -g root /var/lib/sparkrig; rm -rf \"$d\"; mkdir -m 700 \"$d\"; "
-        + pending_check([f"{NETWORKD_PREFIX}*.network", *names]) + "; "
-        + (f"n=$(sed -n 's/^    \\([A-Za-z0-9_.-]*\\):$/\\1/p' {NETPLAN_FILE} | tr '\\n' ' '); export n; " if netplan else "")
-        + " ".join(["rm -f", *[shlex.quote(f) for f in files]]) + "; "
-        + f"if systemctl is-active -q {NETWORKD}; then printf %s {shlex.quote(apply)} >\"$d/apply.sh\"; "
+        f'set -e; d={LINK_DIR}; install -d -m 755 -o root -g root /var/lib/sparkrig; rm -rf "$d"; mkdir -m 700 "$d"; '
+        + pending_check([f"{NETWORKD_PREFIX}*.network", *names])
+        + "; "
+        + (
+            f"n=$(sed -n 's/^    \\([A-Za-z0-9_.-]*\\):$/\\1/p' {NETPLAN_FILE} | tr '\\n' ' '); export n; "
+            if netplan
+            else ""
+        )
+        + " ".join(["rm -f", *[shlex.quote(f) for f in files]])
+        + "; "
+        + f'if systemctl is-active -q {NETWORKD}; then printf %s {shlex.quote(apply)} >"$d/apply.sh"; '
         + 'sh "$d/apply.sh"; cat "$d/apply.log"; [ "$(cat "$d/applied")" = 0 ]; fi'
     )

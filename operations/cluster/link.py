@@ -39,8 +39,9 @@ NETWORKD_VALIDATOR = atomic.unit_file_validator(
 
 
 def render_networkmanager(interfaces: Iterable[str]) -> str:
-    return rendering.render("cluster/networkmanager.conf.j2",
-                         devices=",".join(f"interface-name:{name}" for name in interfaces))
+    return rendering.render(
+        "cluster/networkmanager.conf.j2", devices=",".join(f"interface-name:{name}" for name in interfaces)
+    )
 
 
 NM_VALIDATOR = atomic.unit_file_validator(
@@ -67,7 +68,10 @@ LINK_LOADED = "/var/lib/sparkrig/cluster-link.loaded"  # touched when sparkrig's
 ROLLBACK_UNIT = "sparkrig-cluster-rollback"
 # The timer above dies with a reboot: while a change waits, this unit rolls it back at boot.
 BOOT_UNIT = "sparkrig-cluster-rollback-boot"
-BOOT_FILES = (f"/etc/systemd/system/{BOOT_UNIT}.service", f"/etc/systemd/system/sysinit.target.wants/{BOOT_UNIT}.service")
+BOOT_FILES = (
+    f"/etc/systemd/system/{BOOT_UNIT}.service",
+    f"/etc/systemd/system/sysinit.target.wants/{BOOT_UNIT}.service",
+)
 APPLY_UNIT = "sparkrig-cluster-apply"
 NETWORKD_DIRS = ("/etc/systemd/network", "/run/systemd/network", "/usr/lib/systemd/network", "/lib/systemd/network")
 _unconfirmed: set[str] = set()  # clusters whose link change a node did not confirm in this run
@@ -75,15 +79,32 @@ _confirmed: set[str] = set()  # clusters whose link change a node confirmed in t
 
 
 def render_link_apply(interfaces: Sequence[str], netplan: bool, networkmanager: bool) -> str:
-    return rendering.render("cluster/link-apply.sh.j2", dir=LINK_DIR, loaded=LINK_LOADED, interfaces=list(interfaces),
-                            netplan=netplan, networkmanager=networkmanager, nm_file=NM_FILE)
+    return rendering.render(
+        "cluster/link-apply.sh.j2",
+        dir=LINK_DIR,
+        loaded=LINK_LOADED,
+        interfaces=list(interfaces),
+        netplan=netplan,
+        networkmanager=networkmanager,
+        nm_file=NM_FILE,
+    )
 
 
-def render_link_rollback(paths: Sequence[str], added: Sequence[tuple[str, str]], started_networkd: bool,
-                         netplan: bool) -> str:
-    return rendering.render("cluster/link-rollback.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT, boot_unit=BOOT_UNIT,
-                            boot_files=BOOT_FILES, paths=list(paths), added=list(added),
-                            started_networkd=started_networkd, netplan=netplan, networkd=NETWORKD)
+def render_link_rollback(
+    paths: Sequence[str], added: Sequence[tuple[str, str]], started_networkd: bool, netplan: bool
+) -> str:
+    return rendering.render(
+        "cluster/link-rollback.sh.j2",
+        dir=LINK_DIR,
+        unit=ROLLBACK_UNIT,
+        boot_unit=BOOT_UNIT,
+        boot_files=BOOT_FILES,
+        paths=list(paths),
+        added=list(added),
+        started_networkd=started_networkd,
+        netplan=netplan,
+        networkd=NETWORKD,
+    )
 
 
 BOOT_SERVICE = rendering.render("cluster/link-rollback-boot.service.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT)
@@ -107,7 +128,9 @@ def pending_check(own: Sequence[str]) -> str:
     )
 
 
-def arm_rollback(paths: Sequence[str], own: Sequence[str], apply_script: str, rollback_script: str, seconds: int) -> str:
+def arm_rollback(
+    paths: Sequence[str], own: Sequence[str], apply_script: str, rollback_script: str, seconds: int
+) -> str:
     """sh, as root: refuse while another link's change is pending, keep the old link files,
     write the apply and rollback scripts, arm the rollback at boot and the rollback timer."""
     keep = " ".join(paths)
@@ -118,7 +141,7 @@ def arm_rollback(paths: Sequence[str], own: Sequence[str], apply_script: str, ro
         f'rm -rf "$d"; mkdir -m 700 "$d"; {pending_check(own)}; '
         f'printf %s {shlex.quote(apply_script)} >"$d/apply.sh"; printf %s {shlex.quote(rollback_script)} >"$d/rollback.sh"; '
         f'for f in {keep}; do if [ -f "$f" ]; then mkdir -p "$d/old${{f%/*}}"; cp -a "$f" "$d/old$f"; fi; done; '
-        f"t=$(mktemp /etc/systemd/system/.{BOOT_UNIT}.XXXXXX); printf %s {shlex.quote(BOOT_SERVICE)} >\"$t\"; "
+        f't=$(mktemp /etc/systemd/system/.{BOOT_UNIT}.XXXXXX); printf %s {shlex.quote(BOOT_SERVICE)} >"$t"; '
         f'chmod 644 "$t"; mv -f "$t" {BOOT_FILES[0]}; mkdir -p {BOOT_FILES[1].rsplit("/", 1)[0]}; '
         f'ln -sfn {BOOT_FILES[0]} {BOOT_FILES[1]}; touch "$d/armed"; '
         f"systemd-run --quiet --unit={ROLLBACK_UNIT} --on-active={seconds}s --timer-property=AccuracySec=1s "
@@ -131,15 +154,20 @@ def render_confirm(ports: Sequence[tuple[str, str, int, Sequence[str]]], peers: 
     its address and MTU; with ``peers``, a peer on its subnet answers); when both are right,
     the rollback is cancelled. ``ports``: (interface, address, MTU, peer addresses)."""
     return rendering.script(
-        "cluster/confirm-link.sh.j2", dir=LINK_DIR, unit=ROLLBACK_UNIT, boot_files=BOOT_FILES,
+        "cluster/confirm-link.sh.j2",
+        dir=LINK_DIR,
+        unit=ROLLBACK_UNIT,
+        boot_files=BOOT_FILES,
         ports=[{"interface": i, "address": a, "mtu": m, "peers": list(p) if peers else []} for i, a, m, p in ports],
     )
 
 
 def _not_after_a_failure(state, host, cluster: str) -> bool:
     if cluster in _unconfirmed:
-        logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: the link is not changed here, as a node "
-                     "before this one did not confirm its change in this run (see above)")
+        logger.error(
+            f"{host.print_prefix}sparkrig: cluster {cluster}: the link is not changed here, as a node "
+            "before this one did not confirm its change in this run (see above)"
+        )
         return False
     return True
 
@@ -169,24 +197,37 @@ def _confirm_link(state, host, cluster: str, seconds: int, ports: Sequence[tuple
             said = "no new SSH connection"
         gevent.sleep(1)
     _unconfirmed.add(cluster)
-    logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: the link change was not confirmed ({said}): "
-                 f"the host puts its previous link files back and applies them by itself ({ROLLBACK_UNIT}.timer)")
+    logger.error(
+        f"{host.print_prefix}sparkrig: cluster {cluster}: the link change was not confirmed ({said}): "
+        f"the host puts its previous link files back and applies them by itself ({ROLLBACK_UNIT}.timer)"
+    )
     if not rolled_back:  # else a new connection just saw it done
         gevent.sleep(max(0.0, deadline + 15 - time.monotonic()))
     ok, lines = run_on_new_connection(state, host, f"cat {LINK_DIR}/rolled-back", timeout=10)
     if ok:
         logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: rolled back; a new SSH connection works again")
     else:
-        logger.error(f"{host.print_prefix}sparkrig: cluster {cluster}: still no new SSH connection after the rollback "
-                     f"time: reach the host another way ({LINK_DIR} holds the old files and rollback.sh)")
+        logger.error(
+            f"{host.print_prefix}sparkrig: cluster {cluster}: still no new SSH connection after the rollback "
+            f"time: reach the host another way ({LINK_DIR} holds the old files and rollback.sh)"
+        )
     return False
 
 
 @operation()
 def link(
-    cluster: str, files: Sequence[tuple], stale: Sequence[str], start_networkd: Sequence[str], paths: Sequence[str],
-    own: Sequence[str], interfaces: Sequence[str], added: Sequence[tuple[str, str]], netplan: bool,
-    networkmanager: bool, seconds: int, ports: Sequence[tuple[str, str, int, Sequence[str]]],
+    cluster: str,
+    files: Sequence[tuple],
+    stale: Sequence[str],
+    start_networkd: Sequence[str],
+    paths: Sequence[str],
+    own: Sequence[str],
+    interfaces: Sequence[str],
+    added: Sequence[tuple[str, str]],
+    netplan: bool,
+    networkmanager: bool,
+    seconds: int,
+    ports: Sequence[tuple[str, str, int, Sequence[str]]],
 ):
     """
     Change the cluster link: its files written, applied to its interfaces alone, kept only when
@@ -217,6 +258,5 @@ def link(
     for command in start_networkd:
         yield command
     # Detached: a change that cuts this connection off still runs to its end.
-    yield StringCommand(f"systemd-run --quiet --collect --unit={APPLY_UNIT} "
-                        f"/bin/sh {LINK_DIR}/apply.sh")
+    yield StringCommand(f"systemd-run --quiet --collect --unit={APPLY_UNIT} /bin/sh {LINK_DIR}/apply.sh")
     yield FunctionCommand(_confirm_link, (cluster, seconds, ports), {})

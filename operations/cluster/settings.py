@@ -27,9 +27,17 @@ _ADDRESS = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}")
 
 # The variables of cluster_env_file that sparkrig writes itself (cluster_env_extra may not).
 MANAGED_ENV = (
-    "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
-    "OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_oob_tcp_if_include", "MASTER_ADDR", "VLLM_HOST_IP",
-    "SPARKRIG_CLUSTER", "SPARKRIG_CLUSTER_HOSTFILE",
+    "NCCL_IB_HCA",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+    "UCX_NET_DEVICES",
+    "OMPI_MCA_btl_tcp_if_include",
+    "OMPI_MCA_oob_tcp_if_include",
+    "MASTER_ADDR",
+    "VLLM_HOST_IP",
+    "SPARKRIG_CLUSTER",
+    "SPARKRIG_CLUSTER_HOSTFILE",
 )
 
 
@@ -79,7 +87,7 @@ def interfaces_check(value: Any, data: Mapping[str, Any]) -> str | None:
             return f"{allowed} ({problem})"
     networks = [ipaddress.IPv4Interface(a).network for a in value.values()]
     for i, one in enumerate(networks):
-        for other in networks[i + 1:]:
+        for other in networks[i + 1 :]:
             if one.overlaps(other):
                 return f"{allowed} (two interfaces of one host in {one}: one subnet per link)"
     return None

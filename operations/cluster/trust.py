@@ -61,7 +61,6 @@ def authorized_lines(nodes: Sequence[Mapping[str, Any]], name: str) -> list[str]
     return lines
 
 
-
 # The controller's key pair -----------------------------------------------------------------
 
 
@@ -96,9 +95,20 @@ def controller_key(key_dir: str, name: str, node: str, host_keys: Sequence[str])
             with tempfile.TemporaryDirectory(dir=directory) as tmp:
                 new = Path(tmp) / "id_ed25519"
                 subprocess.run(
-                    ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{MARKER}{name}:{node_label(node)}",
-                     "-f", str(new)],
-                    check=True, capture_output=True,
+                    [
+                        "ssh-keygen",
+                        "-q",
+                        "-t",
+                        "ed25519",
+                        "-N",
+                        "",
+                        "-C",
+                        f"{MARKER}{name}:{node_label(node)}",
+                        "-f",
+                        str(new),
+                    ],
+                    check=True,
+                    capture_output=True,
                 )
                 os.replace(new, private)
             recorded = None
@@ -126,11 +136,11 @@ class Secret(bytes):
 def _stage_secret(state, host, directory: str, data: bytes) -> bool:
     """Upload ``data`` as the login user into ``directory``, made 0700 first (mkdir fails if
     anything is there): pyinfra's own uploads pass through a world-readable temp file."""
-    ok, output = host.connector.run_shell_command(
-        StringCommand("umask 077 && mkdir -m 700", QuoteString(directory))
-    )
+    ok, output = host.connector.run_shell_command(StringCommand("umask 077 && mkdir -m 700", QuoteString(directory)))
     if not ok:
-        logger.error(f"{host.print_prefix}sparkrig: cannot make a private directory for the cluster key: {output.stderr}")
+        logger.error(
+            f"{host.print_prefix}sparkrig: cannot make a private directory for the cluster key: {output.stderr}"
+        )
         return False
     return bool(host.connector.put_file(BytesIO(data), f"{directory}/key"))
 
@@ -149,10 +159,23 @@ def private_key(dest: str, key: bytes, user: str, group: str):
     temp = atomic.temp_path(dest)
     yield FunctionCommand(_stage_secret, (staged, Secret(key)), {})
     yield StringCommand(
-        "install -d -m 755 -o root -g root", QuoteString(posixpath.dirname(dest)),
-        "&& install -m 600 -o", QuoteString(user), "-g", QuoteString(group), QuoteString(f"{staged}/key"), QuoteString(temp),
-        "&& ssh-keygen -y -f", QuoteString(temp), ">/dev/null && mv -f", QuoteString(temp), QuoteString(dest),
-        "; s=$?; rm -rf", QuoteString(staged), QuoteString(temp), "; exit $s",
+        "install -d -m 755 -o root -g root",
+        QuoteString(posixpath.dirname(dest)),
+        "&& install -m 600 -o",
+        QuoteString(user),
+        "-g",
+        QuoteString(group),
+        QuoteString(f"{staged}/key"),
+        QuoteString(temp),
+        "&& ssh-keygen -y -f",
+        QuoteString(temp),
+        ">/dev/null && mv -f",
+        QuoteString(temp),
+        QuoteString(dest),
+        "; s=$?; rm -rf",
+        QuoteString(staged),
+        QuoteString(temp),
+        "; exit $s",
     )
 
 
@@ -174,6 +197,16 @@ def authorized_key(user: str, home: str, lines: Sequence[str]):
     yield StringCommand("install -d -m 755 -o root -g root", QuoteString(STAGE))
     yield atomic.Upload(BytesIO("".join(f"{line}\n" for line in lines).encode()), staged)
     yield StringCommand(
-        "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(user), "-- sh -c", QuoteString(PUT_AUTHORIZED), "sparkrig",
-        QuoteString(home), QuoteString(staged), "; s=$?; rm -f", QuoteString(staged), "; exit $s",
+        "chmod 644",
+        QuoteString(staged),
+        "&& runuser -u",
+        QuoteString(user),
+        "-- sh -c",
+        QuoteString(PUT_AUTHORIZED),
+        "sparkrig",
+        QuoteString(home),
+        QuoteString(staged),
+        "; s=$?; rm -f",
+        QuoteString(staged),
+        "; exit $s",
     )

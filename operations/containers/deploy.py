@@ -59,15 +59,19 @@ def host_part(settings: Mapping[str, Any]) -> reading.Part:
     """The :class:`ContainerHost` reading these settings decide from."""
     distro = settings["containers_docker_source"] == "distro"
     # Every package any source could ask for: "auto" is decided from this reading.
-    candidates = [
-        (src.program, vendor_package(settings, src.key)) for src in SOURCES if settings[src.key] == "auto"
-    ]
+    candidates = [(src.program, vendor_package(settings, src.key)) for src in SOURCES if settings[src.key] == "auto"]
     return reading.part(
         ContainerHost,
         packages=(
-            *dict.fromkeys([*settings["containers_docker_ce_packages"], *DISTRO_PACKAGES,
-                            *settings["containers_toolkit_packages"], *KEY_TOOLS,
-                            *([DISTRO_CLI] if distro else [])]),
+            *dict.fromkeys(
+                [
+                    *settings["containers_docker_ce_packages"],
+                    *DISTRO_PACKAGES,
+                    *settings["containers_toolkit_packages"],
+                    *KEY_TOOLS,
+                    *([DISTRO_CLI] if distro else []),
+                ]
+            ),
         ),
         users=tuple(settings["containers_docker_users"]),
         available=(DISTRO_CLI,) if distro else (),
@@ -112,8 +116,7 @@ def containers():
     if data.containers_toolkit_source == "preinstalled" and not found["nvidia_runtime"]:
         refused(
             name="The NVIDIA container toolkit is preinstalled",
-            message="containers_toolkit_source is 'preinstalled' but this host has no "
-            "nvidia-container-runtime",
+            message="containers_toolkit_source is 'preinstalled' but this host has no nvidia-container-runtime",
         )
         return
 

@@ -26,8 +26,9 @@ class Source:
 
 SOURCES = (
     Source("containers_docker_source", "docker-ce", "dockerd", "dockerd", "docker"),
-    Source("containers_toolkit_source", "nvidia", "nvidia-container-runtime", "nvidia_runtime",
-           "nvidia-container-toolkit"),
+    Source(
+        "containers_toolkit_source", "nvidia", "nvidia-container-runtime", "nvidia_runtime", "nvidia-container-toolkit"
+    ),
 )
 SERVICE = "docker.service"
 GROUP = "docker"
@@ -100,22 +101,32 @@ class ContainerHost(FactBase):
         if packages:
             parts += [
                 "dpkg-query -W -f 'pkg=${Package} ${db:Status-Abbrev}\\n'",
-                *map(QuoteString, packages), "2>/dev/null;",
+                *map(QuoteString, packages),
+                "2>/dev/null;",
             ]
         if available or candidates:
             # One apt-cache for every package asked: each start loads apt's cache (apt-cache
             # show of an unknown package took 120 ms on a lab host; policy of two, 19 ms).
             parts += ["set --", *map(QuoteString, available), ";"]
             for program, package in candidates:
-                parts += ["command -v", QuoteString(program), ">/dev/null 2>&1 || set -- \"$@\"",
-                          QuoteString(package), ";"]
+                parts += [
+                    "command -v",
+                    QuoteString(program),
+                    '>/dev/null 2>&1 || set -- "$@"',
+                    QuoteString(package),
+                    ";",
+                ]
             parts += [
-                "[ $# -eq 0 ] || apt-cache policy \"$@\" 2>/dev/null | awk",
-                QuoteString('/^[^ ]/ { p = $0; sub(/:$/, "", p) } /^  Candidate: / && $2 != "(none)" { print "available=" p }'),
+                '[ $# -eq 0 ] || apt-cache policy "$@" 2>/dev/null | awk',
+                QuoteString(
+                    '/^[^ ]/ { p = $0; sub(/:$/, "", p) } /^  Candidate: / && $2 != "(none)" { print "available=" p }'
+                ),
                 ";",
             ]
         parts += [
-            "for r in", *REPOSITORY_NAMES, f"; do [ -f {SOURCES_DIR}/sparkrig-$r.sources ] && echo own=$r; done;",
+            "for r in",
+            *REPOSITORY_NAMES,
+            f"; do [ -f {SOURCES_DIR}/sparkrig-$r.sources ] && echo own=$r; done;",
         ]
         parts += [
             f"[ -f {DAEMON_JSON} ] && echo daemon_json=$(base64 -w0 {DAEMON_JSON});",
@@ -124,8 +135,9 @@ class ContainerHost(FactBase):
         ]
         if users:
             parts += [
-                "for u in", *map(QuoteString, users),
-                "; do getent passwd \"$u\" >/dev/null && echo user=$u; done;",
+                "for u in",
+                *map(QuoteString, users),
+                '; do getent passwd "$u" >/dev/null && echo user=$u; done;',
             ]
         parts += [
             "echo dockerd=$(command -v dockerd);",
@@ -198,8 +210,12 @@ class GroupMembers(FactBase):
 
     def command(self, group: str, users: Sequence[str] = ()) -> StringCommand:
         return StringCommand(
-            "echo group=$(getent group", QuoteString(group), ");",
-            "for u in", *map(QuoteString, users), "; do getent passwd \"$u\" >/dev/null && echo user=$u; done",
+            "echo group=$(getent group",
+            QuoteString(group),
+            ");",
+            "for u in",
+            *map(QuoteString, users),
+            '; do getent passwd "$u" >/dev/null && echo user=$u; done',
         )
 
     @host_output.parses
@@ -230,15 +246,28 @@ class SparkrigAptRepositories(FactBase):
             keyring = QuoteString(f"{KEYRING_DIR}/sparkrig-{name}.gpg")
             sources = QuoteString(f"{SOURCES_DIR}/sparkrig-{name}.sources")
             parts += [
-                "if [ -f", keyring, "] && command -v gpg >/dev/null; then",
-                "echo key", QuoteString(name),
-                "$(gpg --homedir \"$t\" --batch --with-colons --show-keys", keyring,
-                "2>/dev/null |", PRIMARY_FINGERPRINTS, "); fi;",
-                "[ -f", sources, "] && echo src", QuoteString(name),
-                "$(sha256sum <", sources, "| cut -d' ' -f1) $(stat -c %a", sources, ");",
+                "if [ -f",
+                keyring,
+                "] && command -v gpg >/dev/null; then",
+                "echo key",
+                QuoteString(name),
+                '$(gpg --homedir "$t" --batch --with-colons --show-keys',
+                keyring,
+                "2>/dev/null |",
+                PRIMARY_FINGERPRINTS,
+                "); fi;",
+                "[ -f",
+                sources,
+                "] && echo src",
+                QuoteString(name),
+                "$(sha256sum <",
+                sources,
+                "| cut -d' ' -f1) $(stat -c %a",
+                sources,
+                ");",
             ]
         parts += [
-            "rm -rf \"$t\";",
+            'rm -rf "$t";',
             "grep -s -H -E '^[[:space:]]*(deb|deb-src|URIs:)[[:space:]]' /etc/apt/sources.list",
             f"{SOURCES_DIR}/*.list {SOURCES_DIR}/*.sources | sed 's/^/entry /'; true",
         ]
@@ -264,4 +293,3 @@ class SparkrigAptRepositories(FactBase):
             elif kind == "src" and len(words) == 2:
                 repo["sources"] = [words[0], int(words[1], 8)]
         return found
-

@@ -84,8 +84,9 @@ def daemon_config(default_runtime: bool = False):
     try:
         content = daemon_json_change(text, default_runtime)
     except ValueError as error:
-        yield refuse(f"{DAEMON_JSON}: {error}; sparkrig merges into it and never overwrites it: "
-                     "fix or remove it, then run again")
+        yield refuse(
+            f"{DAEMON_JSON}: {error}; sparkrig merges into it and never overwrites it: fix or remove it, then run again"
+        )
         return
     if content is None:
         host.noop(f"{DAEMON_JSON} registers the nvidia runtime")
@@ -148,4 +149,3 @@ def static_cdi_spec(path: str = CDI_STATIC_SPEC):
         host.noop(f"{path} exists")
         return
     yield StringCommand("nvidia-ctk", "cdi", "generate", QuoteString(f"--output={path}"))
-

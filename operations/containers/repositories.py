@@ -56,25 +56,29 @@ def repositories(data: Mapping[str, Any], release: Mapping[str, str]) -> list[Ap
     ``release`` (``{"os": "ubuntu", "codename": "noble", "arch": "arm64"}``)."""
     found = []
     if data["containers_docker_source"] == "docker-ce":
-        found.append(AptRepository(
-            "docker",
-            data["containers_docker_repo_url"].format(**release),
-            release["codename"],
-            ("stable",),
-            data["containers_docker_key_url"].format(**release),
-            data["containers_docker_key_fingerprint"],
-            url_origin(data["containers_docker_repo_url"]),
-        ))
+        found.append(
+            AptRepository(
+                "docker",
+                data["containers_docker_repo_url"].format(**release),
+                release["codename"],
+                ("stable",),
+                data["containers_docker_key_url"].format(**release),
+                data["containers_docker_key_fingerprint"],
+                url_origin(data["containers_docker_repo_url"]),
+            )
+        )
     if data["containers_toolkit_source"] == "nvidia":
-        found.append(AptRepository(
-            "nvidia-container-toolkit",
-            data["containers_toolkit_repo_url"].format(**release),
-            "/",  # a flat repository: no dists/, no components
-            (),
-            data["containers_toolkit_key_url"].format(**release),
-            data["containers_toolkit_key_fingerprint"],
-            url_origin(data["containers_toolkit_repo_url"]),
-        ))
+        found.append(
+            AptRepository(
+                "nvidia-container-toolkit",
+                data["containers_toolkit_repo_url"].format(**release),
+                "/",  # a flat repository: no dists/, no components
+                (),
+                data["containers_toolkit_key_url"].format(**release),
+                data["containers_toolkit_key_fingerprint"],
+                url_origin(data["containers_toolkit_repo_url"]),
+            )
+        )
     return found
 
 
@@ -135,7 +139,7 @@ def source_uris(line: str) -> list[str]:
     deb822 (``URIs: A B``)."""
     line = line.strip()
     if line.startswith("URIs:"):
-        return line[len("URIs:"):].split()
+        return line[len("URIs:") :].split()
     words = re.sub(r"\[[^\]]*\]", " ", line).split()
     return words[1:2] if words and words[0] in ("deb", "deb-src") else []
 
@@ -152,10 +156,13 @@ def foreign_sources(entries: Sequence[tuple[str, str]], repo: AptRepository) -> 
     """The files other than sparkrig's own that already configure ``repo``'s origin:
     apt refuses two entries of one repository with different Signed-By keyrings, and
     a second copy of a vendor's repository is never wanted."""
-    return sorted({
-        path for path, line in entries
-        if path != repo.sources_file and any(same_origin(uri, repo) for uri in source_uris(line))
-    })
+    return sorted(
+        {
+            path
+            for path, line in entries
+            if path != repo.sources_file and any(same_origin(uri, repo) for uri in source_uris(line))
+        }
+    )
 
 
 # The key is fetched on the host, its primary fingerprint checked and only that key kept.
@@ -186,5 +193,12 @@ def repository_key(repository: str, url: str, fingerprint: str, keyring: str):
     if current == [fingerprint]:
         host.noop(f"{keyring} holds key {fingerprint}")
         return
-    yield StringCommand("sh", "-c", QuoteString(FETCH_KEY), "fetch-key",
-                        QuoteString(url), QuoteString(fingerprint), QuoteString(keyring))
+    yield StringCommand(
+        "sh",
+        "-c",
+        QuoteString(FETCH_KEY),
+        "fetch-key",
+        QuoteString(url),
+        QuoteString(fingerprint),
+        QuoteString(keyring),
+    )

@@ -47,11 +47,7 @@ def fingerprint_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 
 
 def packages_check(value: Any, _data: Mapping[str, Any]) -> str | None:
-    ok = (
-        isinstance(value, (list, tuple))
-        and value
-        and all(isinstance(p, str) and _PACKAGE.fullmatch(p) for p in value)
-    )
+    ok = isinstance(value, (list, tuple)) and value and all(isinstance(p, str) and _PACKAGE.fullmatch(p) for p in value)
     return None if ok else "a non-empty list of Debian package names"
 
 

@@ -21,4 +21,4 @@ from .settings import SETTINGS
 __all__ = ["SETTINGS", "cuda_env"]
 # The deploy (and the facts and operations it imports) only when asked for: a concern that
 # reads this one's settings imports them alone.
-__getattr__ = deploy_on_demand(__name__, 'cuda_env')
+__getattr__ = deploy_on_demand(__name__, "cuda_env")

@@ -55,5 +55,6 @@ def cuda_env():
     # host.loop: each file keeps its place (and its row in pyinfra's table) on every host.
     for dest, (name, content) in host.loop(files.items()):
         if not atomic.up_to_date(state.get(dest), content):
-            atomic.file(name=name, dest=dest, content=content, mode=0o644, validate=("sh", "-n"),
-                        current=state.get(dest))
+            atomic.file(
+                name=name, dest=dest, content=content, mode=0o644, validate=("sh", "-n"), current=state.get(dest)
+            )

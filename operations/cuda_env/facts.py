@@ -25,7 +25,7 @@ class CudaToolkits(FactBase):
     def command(self) -> str:
         return (
             f"if [ -e {CUDA_LINK} ]; then echo link $(readlink -f {CUDA_LINK}); fi; "
-            f"for d in {CUDA_LINK}-*/; do [ -d \"$d\" ] && echo toolkit \"${{d%/}}\"; done; true"
+            f'for d in {CUDA_LINK}-*/; do [ -d "$d" ] && echo toolkit "${{d%/}}"; done; true'
         )
 
     @host_output.parses

@@ -27,4 +27,4 @@ from .settings import SETTINGS
 __all__ = ["SETTINGS", "gpu_policy"]
 # The deploy (and the facts and operations it imports) only when asked for: a concern that
 # reads this one's settings imports them alone.
-__getattr__ = deploy_on_demand(__name__, 'gpu_policy')
+__getattr__ = deploy_on_demand(__name__, "gpu_policy")

@@ -23,12 +23,32 @@ ENV_FILE = "/etc/sparkrig/gpu-policy.env"
 SCRIPT = "/usr/local/sbin/sparkrig-gpu-policy"
 UNIT_VALIDATOR = atomic.unit_file_validator(
     ["Unit", "Service", "Install"],
-    {"Description": ".+", "After": "[A-Za-z0-9@._ -]+", "Type": "oneshot", "RemainAfterExit": "yes",
-     "EnvironmentFile": ENV_FILE, "ExecStart": SCRIPT, "TimeoutStartSec": "[0-9]+", "WantedBy": "multi-user.target"},
+    {
+        "Description": ".+",
+        "After": "[A-Za-z0-9@._ -]+",
+        "Type": "oneshot",
+        "RemainAfterExit": "yes",
+        "EnvironmentFile": ENV_FILE,
+        "ExecStart": SCRIPT,
+        "TimeoutStartSec": "[0-9]+",
+        "WantedBy": "multi-user.target",
+    },
 )
 # The env file: comments and the three settings, each empty or a whole number.
-ENV_VALIDATOR = ("sh", "-c", 'grep -Ev "$@"; [ $? -eq 1 ]', "sh", "-e", "^#", "-e", "^GPU_PERSISTENCE=[01]$",
-                 "-e", "^GPU_CLOCK_MAX_MHZ=[0-9]*$", "-e", "^GPU_POWER_LIMIT_W=[0-9]*$")
+ENV_VALIDATOR = (
+    "sh",
+    "-c",
+    'grep -Ev "$@"; [ $? -eq 1 ]',
+    "sh",
+    "-e",
+    "^#",
+    "-e",
+    "^GPU_PERSISTENCE=[01]$",
+    "-e",
+    "^GPU_CLOCK_MAX_MHZ=[0-9]*$",
+    "-e",
+    "^GPU_POWER_LIMIT_W=[0-9]*$",
+)
 
 STATE = reading.part(atomic.HostState, paths=(UNIT_FILE, ENV_FILE, SCRIPT), units=(UNIT,))
 GPU = reading.part(GpuState)
@@ -64,8 +84,10 @@ def reads(settings):
 def problem(policy: Mapping[str, Any], gpu: Mapping[str, Any]) -> str | None:
     """Why the policy cannot be applied to this GPU (naming key, value and allowed range)."""
     if gpu["problem"] or not gpu["gpus"]:
-        return (f"the GPU policy is set ({describe(policy)}) but the host shows no GPU to apply it to: "
-                f"{gpu['problem'] or 'nvidia-smi lists none'}; nothing was changed")
+        return (
+            f"the GPU policy is set ({describe(policy)}) but the host shows no GPU to apply it to: "
+            f"{gpu['problem'] or 'nvidia-smi lists none'}; nothing was changed"
+        )
     for key, name in (("gpu_clock_max_mhz", "clock_max_mhz"), ("gpu_power_limit_w", "power_limit_w")):
         if policy[name] is not None:
             found = out_of_range(key, policy[name], gpu["gpus"])
@@ -75,13 +97,17 @@ def problem(policy: Mapping[str, Any], gpu: Mapping[str, Any]) -> str | None:
 
 
 def describe(policy: Mapping[str, Any]) -> str:
-    return (f"persistence {'on' if policy['persistence'] else 'left alone'}, clock cap "
-            f"{policy['clock_max_mhz'] or 'none'} MHz, power limit {policy['power_limit_w'] or 'none'} W")
+    return (
+        f"persistence {'on' if policy['persistence'] else 'left alone'}, clock cap "
+        f"{policy['clock_max_mhz'] or 'none'} MHz, power limit {policy['power_limit_w'] or 'none'} W"
+    )
 
 
 def render_env(policy: Mapping[str, Any]) -> str:
     return rendering.render(
-        "gpu_policy/gpu-policy.env.j2", unit=UNIT, persistence=int(policy["persistence"]),
+        "gpu_policy/gpu-policy.env.j2",
+        unit=UNIT,
+        persistence=int(policy["persistence"]),
         clock_max_mhz="" if policy["clock_max_mhz"] is None else policy["clock_max_mhz"],
         power_limit_w="" if policy["power_limit_w"] is None else policy["power_limit_w"],
     )
@@ -141,19 +167,35 @@ def gpu_policy():
     changed = []
     script_text = render_script()
     if not atomic.up_to_date(state["files"].get(SCRIPT), script_text, mode=0o755):
-        changed.append(atomic.file(
-            name=f"GPU policy script ({SCRIPT})", dest=SCRIPT, content=script_text, mode=0o755,
-            validate=("sh", "-n"), current=state["files"].get(SCRIPT),
-        ))
+        changed.append(
+            atomic.file(
+                name=f"GPU policy script ({SCRIPT})",
+                dest=SCRIPT,
+                content=script_text,
+                mode=0o755,
+                validate=("sh", "-n"),
+                current=state["files"].get(SCRIPT),
+            )
+        )
     env_text = render_env(policy)
     if not atomic.up_to_date(state["files"].get(ENV_FILE), env_text):
-        changed.append(atomic.file(
-            name=f"GPU policy settings ({ENV_FILE}: {describe(policy)})", dest=ENV_FILE, content=env_text,
-            mode=0o644, validate=ENV_VALIDATOR, current=state["files"].get(ENV_FILE),
-        ))
+        changed.append(
+            atomic.file(
+                name=f"GPU policy settings ({ENV_FILE}: {describe(policy)})",
+                dest=ENV_FILE,
+                content=env_text,
+                mode=0o644,
+                validate=ENV_VALIDATOR,
+                current=state["files"].get(ENV_FILE),
+            )
+        )
     unit_op = atomic.unit_file(
-        name=f"GPU policy unit ({UNIT_FILE})", dest=UNIT_FILE, content=render_unit(), validate=UNIT_VALIDATOR,
-        reload_name="Reload systemd: the GPU policy unit changed", state=state["files"].get(UNIT_FILE),
+        name=f"GPU policy unit ({UNIT_FILE})",
+        dest=UNIT_FILE,
+        content=render_unit(),
+        validate=UNIT_VALIDATOR,
+        reload_name="Reload systemd: the GPU policy unit changed",
+        state=state["files"].get(UNIT_FILE),
     )
     if unit_op:
         changed.append(unit_op)

@@ -38,4 +38,3 @@ class GpuState(FactBase):
     @staticmethod
     def default() -> dict[str, Any]:
         return {"gpus": [], "problem": "nvidia-smi printed nothing", "reasons_field": None, "applied": None}
-

@@ -25,8 +25,10 @@ def per_profile(low: int, high: int, unit: str):
     names (of hardware_profiles) to either."""
 
     def check(value: Any, data: Mapping[str, Any]) -> str | None:
-        allowed = (f"None (leave it alone), an integer from {low} to {high} ({unit}), or a mapping of "
-                   f"hardware profile names to either, such as {{'gb10': {min(max(low, 2100), high)}}}")
+        allowed = (
+            f"None (leave it alone), an integer from {low} to {high} ({unit}), or a mapping of "
+            f"hardware profile names to either, such as {{'gb10': {min(max(low, 2100), high)}}}"
+        )
         if isinstance(value, Mapping):
             for name, item in value.items():
                 if profile_name_check(name, data) or name == "auto" or not _number_or_none(item, low, high):

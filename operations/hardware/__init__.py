@@ -24,4 +24,4 @@ __all__ = ["DOC", "SETTINGS", "hardware"]
 DOC = "docs/fleets.md"  # profiles are what a mixed fleet is made of
 # The deploy (and the facts and operations it imports) only when asked for: a concern that
 # reads this one's settings imports them alone.
-__getattr__ = deploy_on_demand(__name__, 'hardware')
+__getattr__ = deploy_on_demand(__name__, "hardware")

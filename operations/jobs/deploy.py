@@ -84,34 +84,47 @@ def jobs():
         if not atomic.up_to_date(state.get(RECORDS_CLEAN), clean):
             atomic.file(
                 name=f"Job records older than jobs_records_max_age are removed ({RECORDS_CLEAN})",
-                dest=RECORDS_CLEAN, current=state.get(RECORDS_CLEAN), content=clean,
+                dest=RECORDS_CLEAN,
+                current=state.get(RECORDS_CLEAN),
+                content=clean,
                 validate=RECORDS_CLEAN_VALIDATOR,
             )
     elif state.get(RECORDS_CLEAN):
         files.file(name=f"Job records are kept ({RECORDS_CLEAN})", path=RECORDS_CLEAN, present=False)
     if settings.jobs_model_cache:
-        model_cache(settings.jobs_model_cache, settings.jobs_model_cache_group,
-                    settings.jobs_model_cache_users)
+        model_cache(settings.jobs_model_cache, settings.jobs_model_cache_group, settings.jobs_model_cache_users)
 
 
 def model_cache(path: str, group: str, users: list[str]) -> None:
     """The shared model cache: its group with its members, the directory root's and the group's."""
     found = reading.get(ModelCache, path=path, group=group)
     if found["directory"] == "link":
-        messages.refused(name="Model cache directory (jobs_model_cache)",
-                       message=f"{path} is a symbolic link: root would follow it (make it a directory)")
+        messages.refused(
+            name="Model cache directory (jobs_model_cache)",
+            message=f"{path} is a symbolic link: root would follow it (make it a directory)",
+        )
         return
     if found["group"] is None:
-        server.shell(name="Model cache group (jobs_model_cache_group)",
-                     commands=[StringCommand("groupadd", "--system", QuoteString(group))])
+        server.shell(
+            name="Model cache group (jobs_model_cache_group)",
+            commands=[StringCommand("groupadd", "--system", QuoteString(group))],
+        )
     members = (found["group"] or {}).get("members", [])
     joining = [user for user in users if user not in members]
     if joining:
         messages.detail(f"{', '.join(joining)} join {group}")
-        server.shell(name="Model cache group members (jobs_model_cache_users)", commands=[
-            StringCommand("usermod", "--append", "--groups", QuoteString(group), QuoteString(user))
-            for user in joining
-        ])
+        server.shell(
+            name="Model cache group members (jobs_model_cache_users)",
+            commands=[
+                StringCommand("usermod", "--append", "--groups", QuoteString(group), QuoteString(user))
+                for user in joining
+            ],
+        )
     if found["directory"] != {"mode": 0o2775, "user": "root", "group": group}:
-        files.directory(name="Model cache directory (jobs_model_cache, root and the group's, 2775)",
-                        path=path, user="root", group=group, mode="2775")
+        files.directory(
+            name="Model cache directory (jobs_model_cache, root and the group's, 2775)",
+            path=path,
+            user="root",
+            group=group,
+            mode="2775",
+        )

@@ -21,8 +21,16 @@ class ModelCache(FactBase):
     def command(self, path: str, group: str) -> StringCommand:
         q, g = QuoteString(path), QuoteString(group)
         return StringCommand(
-            "if [ -L", q, "]; then echo link; elif [ -d", q, "]; then echo dir $(stat -c '%a %U %G'", q, ");",
-            "else echo nodir; fi; echo group $(getent group", g, "|| true)",
+            "if [ -L",
+            q,
+            "]; then echo link; elif [ -d",
+            q,
+            "]; then echo dir $(stat -c '%a %U %G'",
+            q,
+            ");",
+            "else echo nodir; fi; echo group $(getent group",
+            g,
+            "|| true)",
         )
 
     @host_output.parses

@@ -38,7 +38,9 @@ def render_slice(memory_max: str) -> str:
 
 # A file of sparkrig's single line, nothing else (comments aside).
 RECORDS_CLEAN_VALIDATOR = (
-    "sh", "-c", rendering.script("jobs/records-clean-check.sh"),
+    "sh",
+    "-c",
+    rendering.script("jobs/records-clean-check.sh"),
     rf"#.*|d {RECORDS} 0755 root root mM:[1-9][0-9]*[hdw]",
 )
 
@@ -62,9 +64,16 @@ def render_commands(
     """Each command's name and script."""
     return {
         "spark-run": rendering.render(
-            "jobs/spark-run.sh.j2", slice=SLICE, memory_max=memory_max, oom_score_adj=oom_score_adj,
-            drop_caches="yes" if drop_caches else "no", env=sorted((env or {}).items()),
-            unit_prefix=UNIT_PREFIX, jobs_command=PATHS["spark-jobs"], self_path=SPARK_RUN, drain=drain,
+            "jobs/spark-run.sh.j2",
+            slice=SLICE,
+            memory_max=memory_max,
+            oom_score_adj=oom_score_adj,
+            drop_caches="yes" if drop_caches else "no",
+            env=sorted((env or {}).items()),
+            unit_prefix=UNIT_PREFIX,
+            jobs_command=PATHS["spark-jobs"],
+            self_path=SPARK_RUN,
+            drain=drain,
         ),
         "spark-jobs": rendering.render("jobs/spark-jobs.sh.j2", unit_prefix=UNIT_PREFIX, records=RECORDS, drain=drain),
         "spark-preflight": rendering.render(

@@ -67,8 +67,9 @@ SETTINGS = (
         "spark-jobs), counted from its end: systemd-tmpfiles' daily clean removes older ones "
         '(/etc/tmpfiles.d/sparkrig-jobs.conf). Hours, days or weeks: "12h", "30d", "8w". "": '
         "records stay until spark-jobs forget.",
-        lambda value, _data: None if value == "" or (isinstance(value, str) and _AGE.fullmatch(value)) else (
-            'hours, days or weeks such as "12h", "30d" or "8w" (1 to 9999), or "" to keep records'),
+        lambda value, _data: None
+        if value == "" or (isinstance(value, str) and _AGE.fullmatch(value))
+        else ('hours, days or weeks such as "12h", "30d" or "8w" (1 to 9999), or "" to keep records'),
     ),
     Setting(
         "jobs_model_cache",
@@ -84,15 +85,17 @@ SETTINGS = (
         "jobs_model_cache_group",
         "sparkrig-models",
         "The group that owns jobs_model_cache (made a system group when missing).",
-        lambda value, _data: None if isinstance(value, str) and USER_NAME.fullmatch(value) else (
-            "a group name ([a-z_][a-z0-9_-]*, 32 characters at most)"),
+        lambda value, _data: None
+        if isinstance(value, str) and USER_NAME.fullmatch(value)
+        else ("a group name ([a-z_][a-z0-9_-]*, 32 characters at most)"),
     ),
     Setting(
         "jobs_model_cache_users",
         [],
         "Users added to jobs_model_cache_group (users in it already stay; none is removed).",
-        lambda value, _data: None if isinstance(value, (list, tuple)) and all(
-            isinstance(u, str) and USER_NAME.fullmatch(u) for u in value) else "a list of user names",
+        lambda value, _data: None
+        if isinstance(value, (list, tuple)) and all(isinstance(u, str) and USER_NAME.fullmatch(u) for u in value)
+        else "a list of user names",
     ),
     Setting(
         "jobs_preflight_min_available_kib",
@@ -115,14 +118,37 @@ DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS))
 def _cache_path_check(value: Any, data: Mapping[str, Any]) -> str | None:
     # One word wherever it goes: the env file, docker's --volume (':'), a unit's arguments.
     ok = isinstance(value, str) and _CACHE_PATH.fullmatch(value) and absolute_path(value, data) is None
-    return None if ok and value.rstrip("/") not in SYSTEM_DIRS else (
-        "a normalised absolute path of letters, digits and ._-/ (no spaces or ':'), "
-        "not / or a system directory such as /usr or /home"
+    return (
+        None
+        if ok and value.rstrip("/") not in SYSTEM_DIRS
+        else (
+            "a normalised absolute path of letters, digits and ._-/ (no spaces or ':'), "
+            "not / or a system directory such as /usr or /home"
+        )
     )
 
 
 _CACHE_PATH = re.compile(r"(/[A-Za-z0-9._-]+)+")
 
 
-SYSTEM_DIRS = {"", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/opt", "/proc", "/root", "/run",
-               "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/usr/local", "/var/lib"}
+SYSTEM_DIRS = {
+    "",
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/home",
+    "/lib",
+    "/opt",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/srv",
+    "/sys",
+    "/tmp",
+    "/usr",
+    "/var",
+    "/usr/local",
+    "/var/lib",
+}

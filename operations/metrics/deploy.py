@@ -51,11 +51,22 @@ def render_collector(venv: str, **paths: object) -> str:
     ``paths`` replaces where it looks (``path``, ``records``, ``reboot_file``,
     ``compliance_file``, ``textfile_dir``) and ``timeout_s``: the unit tests' own."""
     timeout_s = int(paths.pop("timeout_s", PROGRAM_TIMEOUT_S))
-    values = {"path": PATH, "records": JOB_RECORDS, "reboot_file": REBOOT_REQUIRED,
-              "compliance_file": COMPLIANCE_FILE, "textfile_dir": TEXTFILE_DIR, **paths}
+    values = {
+        "path": PATH,
+        "records": JOB_RECORDS,
+        "reboot_file": REBOOT_REQUIRED,
+        "compliance_file": COMPLIANCE_FILE,
+        "textfile_dir": TEXTFILE_DIR,
+        **paths,
+    }
     return rendering.render(
-        "metrics/sparkrig-metrics.sh.j2", name=TEXTFILE, timeout_s=timeout_s, throttle_field=THROTTLE_FIELD,
-        watchdog_service=WATCHDOG_SERVICE, unit_prefix=JOB_UNIT_PREFIX, venv=venv or "/nonexistent",
+        "metrics/sparkrig-metrics.sh.j2",
+        name=TEXTFILE,
+        timeout_s=timeout_s,
+        throttle_field=THROTTLE_FIELD,
+        watchdog_service=WATCHDOG_SERVICE,
+        unit_prefix=JOB_UNIT_PREFIX,
+        venv=venv or "/nonexistent",
         user_read_root=user_files.user_read('"$f"', METADATA_LIMIT, timeout_s=timeout_s),
         user_read_owner=user_files.user_read('"$f"', METADATA_LIMIT, as_user='"$OWNER"', timeout_s=timeout_s),
         **values,
@@ -68,28 +79,46 @@ def allow_list(allow: Sequence[str]) -> str:
 
 
 def render_drop_in(listen: str, allow: Sequence[str]) -> str:
-    return rendering.render("metrics/node-exporter.conf.j2", listen=listen, textfile_dir=TEXTFILE_DIR,
-                            allow=allow_list(allow))
+    return rendering.render(
+        "metrics/node-exporter.conf.j2", listen=listen, textfile_dir=TEXTFILE_DIR, allow=allow_list(allow)
+    )
 
 
-DROP_IN_VALIDATOR = atomic.unit_file_validator(["Service"], {
-    "ExecStart": "|/usr/bin/prometheus-node-exporter --web.listen-address=[][0-9A-Fa-f:.]+ "
-                 f"--collector.textfile.directory={TEXTFILE_DIR} \\$ARGS",
-    "IPAddressDeny": "any",
-    "IPAddressAllow": "localhost( [0-9A-Fa-f:./]+)*",
-})
-SERVICE_VALIDATOR = atomic.unit_file_validator(["Unit", "Service"], {
-    "Description": DESCRIPTION, "Type": "oneshot", "ExecStart": COLLECTOR, "WorkingDirectory": "/",
-    "Nice": "10", "TimeoutStartSec": "[0-9]+",
-})
-TIMER_VALIDATOR = atomic.unit_file_validator(["Unit", "Timer", "Install"], {
-    "Description": DESCRIPTION, "OnActiveSec": "0", "OnUnitActiveSec": "[0-9]+s", "AccuracySec": "1s",
-    "WantedBy": "timers.target",
-})
+DROP_IN_VALIDATOR = atomic.unit_file_validator(
+    ["Service"],
+    {
+        "ExecStart": "|/usr/bin/prometheus-node-exporter --web.listen-address=[][0-9A-Fa-f:.]+ "
+        f"--collector.textfile.directory={TEXTFILE_DIR} \\$ARGS",
+        "IPAddressDeny": "any",
+        "IPAddressAllow": "localhost( [0-9A-Fa-f:./]+)*",
+    },
+)
+SERVICE_VALIDATOR = atomic.unit_file_validator(
+    ["Unit", "Service"],
+    {
+        "Description": DESCRIPTION,
+        "Type": "oneshot",
+        "ExecStart": COLLECTOR,
+        "WorkingDirectory": "/",
+        "Nice": "10",
+        "TimeoutStartSec": "[0-9]+",
+    },
+)
+TIMER_VALIDATOR = atomic.unit_file_validator(
+    ["Unit", "Timer", "Install"],
+    {
+        "Description": DESCRIPTION,
+        "OnActiveSec": "0",
+        "OnUnitActiveSec": "[0-9]+s",
+        "AccuracySec": "1s",
+        "WantedBy": "timers.target",
+    },
+)
 
 # Everything the concern decides from, in the host's one reading.
-STATE = reading.part(atomic.HostState, paths=(DROP_IN, COLLECTOR, SERVICE_FILE, TIMER_FILE),
-                     units=(EXPORTER, TIMER), packages=(PACKAGE,))
+STATE = reading.part(
+    atomic.HostState, paths=(DROP_IN, COLLECTOR, SERVICE_FILE, TIMER_FILE), units=(EXPORTER, TIMER), packages=(PACKAGE,)
+)
 
 
 @reading.planner
@@ -112,34 +141,53 @@ def metrics():
     if not settings.metrics_enabled:
         for unit in (TIMER, EXPORTER):
             if units.get(unit, {}).get("active") == "active" or units.get(unit, {}).get("enabled") == "enabled":
-                systemd.service(name=f"{unit} is stopped and disabled (metrics_enabled is False)", service=unit,
-                                running=False, enabled=False)
+                systemd.service(
+                    name=f"{unit} is stopped and disabled (metrics_enabled is False)",
+                    service=unit,
+                    running=False,
+                    enabled=False,
+                )
         return
     installed = state["packages"].get(PACKAGE) is not None
     if not installed:
         install_packages(name="Install prometheus-node-exporter", packages=[PACKAGE])
     files = state["files"]
     drop_in = atomic.unit_file(
-        name=f"node exporter listens on metrics_listen, answers metrics_allow ({DROP_IN})", dest=DROP_IN,
-        content=render_drop_in(settings.metrics_listen, settings.metrics_allow), validate=DROP_IN_VALIDATOR,
-        reload_name="Reload systemd: node exporter's drop-in changed", state=files.get(DROP_IN),
+        name=f"node exporter listens on metrics_listen, answers metrics_allow ({DROP_IN})",
+        dest=DROP_IN,
+        content=render_drop_in(settings.metrics_listen, settings.metrics_allow),
+        validate=DROP_IN_VALIDATOR,
+        reload_name="Reload systemd: node exporter's drop-in changed",
+        state=files.get(DROP_IN),
     )
     collector = render_collector(settings.python_venv_path)
     if not atomic.up_to_date(files.get(COLLECTOR), collector, mode=0o755):
-        atomic.file(name=f"Textfile collector ({COLLECTOR})", dest=COLLECTOR, current=files.get(COLLECTOR),
-                    content=collector, mode=0o755, validate=("sh", "-n"))
+        atomic.file(
+            name=f"Textfile collector ({COLLECTOR})",
+            dest=COLLECTOR,
+            current=files.get(COLLECTOR),
+            content=collector,
+            mode=0o755,
+            validate=("sh", "-n"),
+        )
     service = atomic.unit_file(
-        name=f"Textfile collector's unit ({SERVICE_FILE})", dest=SERVICE_FILE,
-        content=rendering.render("metrics/sparkrig-metrics.service.j2", description=DESCRIPTION,
-                                 collector=COLLECTOR, timeout_s=RUN_TIMEOUT_S),
-        validate=SERVICE_VALIDATOR, reload_name="Reload systemd: the collector's unit changed",
+        name=f"Textfile collector's unit ({SERVICE_FILE})",
+        dest=SERVICE_FILE,
+        content=rendering.render(
+            "metrics/sparkrig-metrics.service.j2", description=DESCRIPTION, collector=COLLECTOR, timeout_s=RUN_TIMEOUT_S
+        ),
+        validate=SERVICE_VALIDATOR,
+        reload_name="Reload systemd: the collector's unit changed",
         state=files.get(SERVICE_FILE),
     )
     timer = atomic.unit_file(
-        name=f"Textfile collector every metrics_interval_s ({TIMER_FILE})", dest=TIMER_FILE,
-        content=rendering.render("metrics/sparkrig-metrics.timer.j2", description=DESCRIPTION,
-                                 interval_s=settings.metrics_interval_s),
-        validate=TIMER_VALIDATOR, reload_name="Reload systemd: the collector's timer changed",
+        name=f"Textfile collector every metrics_interval_s ({TIMER_FILE})",
+        dest=TIMER_FILE,
+        content=rendering.render(
+            "metrics/sparkrig-metrics.timer.j2", description=DESCRIPTION, interval_s=settings.metrics_interval_s
+        ),
+        validate=TIMER_VALIDATOR,
+        reload_name="Reload systemd: the collector's timer changed",
         state=files.get(TIMER_FILE),
     )
     keep_running(EXPORTER, units, installed, [drop_in])
@@ -155,5 +203,10 @@ def keep_running(unit: str, units: dict, installed: bool, files: list) -> None:
         systemd.service(name=f"{unit} is enabled and running", service=unit, running=True, enabled=True)
     changed = [op for op in files if op]
     if changed:
-        systemd.service(name=f"Restart {unit}: its files changed", service=unit, running=True, restarted=True,
-                        _if=any_changed(*changed))
+        systemd.service(
+            name=f"Restart {unit}: its files changed",
+            service=unit,
+            running=True,
+            restarted=True,
+            _if=any_changed(*changed),
+        )

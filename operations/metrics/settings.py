@@ -33,8 +33,10 @@ def listen_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if address is None:
         return 'ADDRESS:PORT, an IPv4 address or a bracketed IPv6 one, such as "127.0.0.1:9100" or "[::]:9100"'
     if not address.is_loopback and not data.get("metrics_allow"):
-        return ("a loopback address while metrics_allow is empty (name the scrapers in metrics_allow to listen "
-                "on another address)")
+        return (
+            "a loopback address while metrics_allow is empty (name the scrapers in metrics_allow to listen "
+            "on another address)"
+        )
     return None
 
 

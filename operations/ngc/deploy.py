@@ -83,46 +83,67 @@ def ngc():
     image_ops = []
 
     if not found["pinned"]:
-        image_ops.append(image_pulled(name="Pull the pinned base image (ngc_base_image)",
-                                      image=data.ngc_base_image))
+        image_ops.append(image_pulled(name="Pull the pinned base image (ngc_base_image)", image=data.ngc_base_image))
     if dockerfile:
         if not atomic.up_to_date(state["files"].get(DOCKERFILE), dockerfile):
-            atomic.file(name=f"Dockerfile of the ngc_build image ({DOCKERFILE})",
-                        dest=DOCKERFILE, content=dockerfile, mode=0o644,
-                        current=state["files"].get(DOCKERFILE))
+            atomic.file(
+                name=f"Dockerfile of the ngc_build image ({DOCKERFILE})",
+                dest=DOCKERFILE,
+                content=dockerfile,
+                mode=0o644,
+                current=state["files"].get(DOCKERFILE),
+            )
         built = found["built"]
         if not built or built["recipe"] != recipe(dockerfile):
-            image_ops.append(image_built(
-                name="Build ngc_image (ngc_build) on the pinned base",
-                tag=data.ngc_image, dockerfile=DOCKERFILE, recipe=recipe(dockerfile),
-            ))
+            image_ops.append(
+                image_built(
+                    name="Build ngc_image (ngc_build) on the pinned base",
+                    tag=data.ngc_image,
+                    dockerfile=DOCKERFILE,
+                    recipe=recipe(dockerfile),
+                )
+            )
 
     launcher_op = None
     if not atomic.up_to_date(state["files"].get(LAUNCHER), launcher, mode=0o755):
-        launcher_op = atomic.file(name=f"spark-container command ({LAUNCHER})", dest=LAUNCHER,
-                                  current=state["files"].get(LAUNCHER),
-                                  content=launcher, mode=0o755, validate=("bash", "-n"))
+        launcher_op = atomic.file(
+            name=f"spark-container command ({LAUNCHER})",
+            dest=LAUNCHER,
+            current=state["files"].get(LAUNCHER),
+            content=launcher,
+            mode=0o755,
+            validate=("bash", "-n"),
+        )
 
     unit = state["units"].get(JUPYTER_UNIT) or {}
     if not jupyter:
         if unit.get("active") == "active" or unit.get("enabled") == "enabled":
-            systemd.service(name=f"{JUPYTER_UNIT} is off (ngc_jupyter is False)", service=JUPYTER_UNIT,
-                            running=False, enabled=False)
+            systemd.service(
+                name=f"{JUPYTER_UNIT} is off (ngc_jupyter is False)", service=JUPYTER_UNIT, running=False, enabled=False
+            )
         return
     user = found["user"]
     if user is None:
-        messages.refused(name="The Jupyter user exists",
-                       message=f"ngc_jupyter_user {data.ngc_jupyter_user!r} has no account on this host")
+        messages.refused(
+            name="The Jupyter user exists",
+            message=f"ngc_jupyter_user {data.ngc_jupyter_user!r} has no account on this host",
+        )
         return
     directory = data.ngc_jupyter_dir or user["home"]
     if data.ngc_jupyter_dir and not found["directory"]:
-        files.directory(name="Jupyter's directory (ngc_jupyter_dir)", path=directory,
-                        user=str(user["uid"]), group=str(user["gid"]), mode="750")
+        files.directory(
+            name="Jupyter's directory (ngc_jupyter_dir)",
+            path=directory,
+            user=str(user["uid"]),
+            group=str(user["gid"]),
+            mode="750",
+        )
     token = found["token"]
     token_op = None
     if not (token and token["user"] == data.ngc_jupyter_user and token["mode"] == 0o600 and token["size"]):
-        token_op = jupyter_token(name=f"Jupyter's token ({TOKEN_FILE}, 0600)", path=TOKEN_FILE,
-                                 user=data.ngc_jupyter_user)
+        token_op = jupyter_token(
+            name=f"Jupyter's token ({TOKEN_FILE}, 0600)", path=TOKEN_FILE, user=data.ngc_jupyter_user
+        )
     unit_op = atomic.unit_file(
         name=f"Jupyter's unit ({JUPYTER_UNIT_FILE})",
         dest=JUPYTER_UNIT_FILE,
@@ -132,10 +153,14 @@ def ngc():
         state=state["files"].get(JUPYTER_UNIT_FILE),
     )
     if unit.get("active") != "active" or unit.get("enabled") != "enabled":
-        systemd.service(name=f"{JUPYTER_UNIT} is enabled and running", service=JUPYTER_UNIT,
-                        running=True, enabled=True)
+        systemd.service(name=f"{JUPYTER_UNIT} is enabled and running", service=JUPYTER_UNIT, running=True, enabled=True)
         return
     changed = [op for op in (unit_op, token_op, launcher_op, *image_ops) if op is not None]
     if changed:
-        systemd.service(name=f"Restart {JUPYTER_UNIT}: its unit, token, launcher or image changed",
-                        service=JUPYTER_UNIT, running=True, restarted=True, _if=any_changed(*changed))
+        systemd.service(
+            name=f"Restart {JUPYTER_UNIT}: its unit, token, launcher or image changed",
+            service=JUPYTER_UNIT,
+            running=True,
+            restarted=True,
+            _if=any_changed(*changed),
+        )

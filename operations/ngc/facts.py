@@ -26,22 +26,30 @@ class NgcHost(FactBase):
          "directory": True, "token": {"user": "spark", "mode": 0o600, "size": 64}}
     """
 
-    def command(self, pinned: str = "", built: str = "", user: str = "", directory: str = "",
-                token: str = TOKEN_FILE) -> StringCommand:
+    def command(
+        self, pinned: str = "", built: str = "", user: str = "", directory: str = "", token: str = TOKEN_FILE
+    ) -> StringCommand:
         bits: list = ["command -v docker >/dev/null && echo docker=1;"]
         if pinned:
-            bits += ["docker image inspect --format", QuoteString("pinned={{.Id}}"), QuoteString(pinned),
-                     "2>/dev/null;"]
+            bits += [
+                "docker image inspect --format",
+                QuoteString("pinned={{.Id}}"),
+                QuoteString(pinned),
+                "2>/dev/null;",
+            ]
         if built:
             label = '{{index .Config.Labels "' + RECIPE_LABEL + '"}}'
-            bits += ["docker image inspect --format", QuoteString(f"built={{{{.Id}}}} {label}"),
-                     QuoteString(built), "2>/dev/null;"]
+            bits += [
+                "docker image inspect --format",
+                QuoteString(f"built={{{{.Id}}}} {label}"),
+                QuoteString(built),
+                "2>/dev/null;",
+            ]
         if user:
             bits += ["echo user=$(getent passwd", QuoteString(user), "| cut -d: -f3,4,6);"]
         if directory:
             bits += ["[ -d", QuoteString(directory), "] && echo directory=1;"]
-        bits += ["[ -f", QuoteString(token), "] && echo token=$(stat -c '%U %a %s'", QuoteString(token), ");",
-                 "true"]
+        bits += ["[ -f", QuoteString(token), "] && echo token=$(stat -c '%U %a %s'", QuoteString(token), ");", "true"]
         return StringCommand(*bits)
 
     @host_output.parses
@@ -59,6 +67,5 @@ class NgcHost(FactBase):
             "built": {"id": built[0], "recipe": built[1] if len(built) > 1 else ""} if built else None,
             "user": {"uid": int(user[0]), "gid": int(user[1]), "home": user[2]} if len(user) == 3 else None,
             "directory": values.get("directory") == "1",
-            "token": {"user": token[0], "mode": int(token[1], 8), "size": int(token[2])} if len(token) == 3
-            else None,
+            "token": {"user": token[0], "mode": int(token[1], 8), "size": int(token[2])} if len(token) == 3 else None,
         }

@@ -164,9 +164,22 @@ def image_built(tag: str, dockerfile: str, recipe: str, context: str = BUILD_DIR
         return
     messages.detail(f"building {tag} from {dockerfile}")
     yield StringCommand(
-        "systemd-run", "--quiet", "--wait", "--collect", "--pipe", f"--unit={BUILD_UNIT}", "--",
-        "docker", "build", "--label", QuoteString(f"{RECIPE_LABEL}={recipe}"), "--tag", QuoteString(tag),
-        "--file", QuoteString(dockerfile), QuoteString(context),
+        "systemd-run",
+        "--quiet",
+        "--wait",
+        "--collect",
+        "--pipe",
+        f"--unit={BUILD_UNIT}",
+        "--",
+        "docker",
+        "build",
+        "--label",
+        QuoteString(f"{RECIPE_LABEL}={recipe}"),
+        "--tag",
+        QuoteString(tag),
+        "--file",
+        QuoteString(dockerfile),
+        QuoteString(context),
     )
 
 
@@ -193,5 +206,12 @@ def jupyter_token(path: str, user: str):
         host.noop(f"{path} is {user}'s, mode 0600")
         return
     directory = path.rsplit("/", 1)[0]
-    yield StringCommand("sh", "-c", QuoteString(TOKEN_SCRIPT), "jupyter-token",
-                        QuoteString(directory), QuoteString(path), QuoteString(user))
+    yield StringCommand(
+        "sh",
+        "-c",
+        QuoteString(TOKEN_SCRIPT),
+        "jupyter-token",
+        QuoteString(directory),
+        QuoteString(path),
+        QuoteString(user),
+    )

@@ -41,16 +41,24 @@ def jupyter_command_check(value: Any, _data: Mapping[str, Any]) -> str | None:
         and "127.0.0.1" in value
         and "0.0.0.0" not in value
     )
-    return None if ok else (
-        "a command of words of letters, digits and ._/:=@,+- (and {port}, {project}) separated by "
-        "single blanks, binding 127.0.0.1 (never 0.0.0.0)"
+    return (
+        None
+        if ok
+        else (
+            "a command of words of letters, digits and ._/:=@,+- (and {port}, {project}) separated by "
+            "single blanks, binding 127.0.0.1 (never 0.0.0.0)"
+        )
     )
 
 
 # Unsloth with the pins seed 000 was checked with; unsloth and unsloth_zoo at the newest
 # release that resolves with them (uv pip compile, Python 3.12, aarch64, 2026-11-23).
 UNSLOTH_PACKAGES = [
-    "unsloth==2025.10.1", "unsloth_zoo==2025.10.1", "bitsandbytes==0.48.0", "transformers==4.56.2", "trl==0.22.2",
+    "unsloth==2025.10.1",
+    "unsloth_zoo==2025.10.1",
+    "bitsandbytes==0.48.0",
+    "transformers==4.56.2",
+    "trl==0.22.2",
 ]
 
 
@@ -67,9 +75,13 @@ def pinned_image_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if value == "" and not data.get("ngc_enabled"):
         return None
     ok = isinstance(value, str) and IMAGE_REFERENCE.fullmatch(value) and "@sha256:" in value
-    return None if ok else (
-        "an image reference pinned by digest, such as "
-        "'nvcr.io/nvidia/pytorch:25.09-py3@sha256:<64 hex digits>' (required when ngc_enabled)"
+    return (
+        None
+        if ok
+        else (
+            "an image reference pinned by digest, such as "
+            "'nvcr.io/nvidia/pytorch:25.09-py3@sha256:<64 hex digits>' (required when ngc_enabled)"
+        )
     )
 
 
@@ -117,12 +129,19 @@ def home_mounts_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 def mount_point_check(value: Any, data: Mapping[str, Any]) -> str | None:
     # One word wherever it goes: the unit's ExecStart (split at blanks) and docker's --volume (':').
     ok = (
-        isinstance(value, str) and _MOUNT_POINT.fullmatch(value) and absolute_path(value, data) is None
-        and value != "/" and not value.startswith(("/cache/", "/run/"))
+        isinstance(value, str)
+        and _MOUNT_POINT.fullmatch(value)
+        and absolute_path(value, data) is None
+        and value != "/"
+        and not value.startswith(("/cache/", "/run/"))
     )
-    return None if ok else (
-        "a normalised absolute path in the container of letters, digits and ._-/ "
-        "(no spaces or ':') other than /, /cache/… and /run/…"
+    return (
+        None
+        if ok
+        else (
+            "a normalised absolute path in the container of letters, digits and ._-/ "
+            "(no spaces or ':') other than /, /cache/… and /run/…"
+        )
     )
 
 
@@ -143,10 +162,15 @@ def optional_absolute_path(value: Any, data: Mapping[str, Any]) -> str | None:
 
 
 SETTINGS = (
-    Setting("ngc_enabled", False, "Set up the container workflow of seeds 000 and 004 at all: the "
-                                  "pinned image, spark-container, and (with ngc_jupyter) "
-                                  "JupyterLab. Off by default; it needs Docker from the containers"
-                                  " concern.", boolean),
+    Setting(
+        "ngc_enabled",
+        False,
+        "Set up the container workflow of seeds 000 and 004 at all: the "
+        "pinned image, spark-container, and (with ngc_jupyter) "
+        "JupyterLab. Off by default; it needs Docker from the containers"
+        " concern.",
+        boolean,
+    ),
     Setting(
         "ngc_base_image",
         "",
@@ -166,56 +190,106 @@ SETTINGS = (
         "it changes.",
         one_of(*BUILDS),
     ),
-    Setting("ngc_pip_packages", [], 'Pinned pip requirements ("name==version") installed into the '
-                                    "image's own Python (never a venv: it would hide the image's "
-                                    "CUDA builds). No flash-attn.", requirements_check),
-    Setting("ngc_unsloth_packages", UNSLOTH_PACKAGES,
-            'The "unsloth" recipe\'s pip requirements, every one pinned ("name==version"), so hosts'
-            " built on different days get the same image; the image's recipe label (the "
-            "Dockerfile's sha256) changes with them. Unsloth's pins as seed 000 checked them; "
-            "unsloth and unsloth_zoo at the newest release that resolves with them.",
-            requirements_check),
-    Setting("ngc_image", "sparkrig/ngc:local", "The name the built image gets (ngc_build other "
-                                               'than "none").',
-            local_image_check),
-    Setting("ngc_memlock_unlimited", True,
-            "Run containers with --ulimit memlock=-1, as NVIDIA's PyTorch containers want (pinned "
-            "memory for CUDA). False only where the host cannot grant it: the lab's hosts are "
-            'nspawn containers without CAP_SYS_RESOURCE ("error setting rlimit type 8").', boolean),
-    Setting("ngc_users", [], 'Users who may run spark-container, e.g. ["spark"]. Launching needs '
-                             "Docker, so each must also be in containers_docker_users "
-                             "(root-equivalent). Root always may.",
-            launch_users_check),
-    Setting("ngc_project_mount", "/workspace/project",
-            "Where the project (spark-container's current directory, or --project) is mounted in "
-            "the container; it is also the working directory.", mount_point_check),
-    Setting("ngc_hf_cache", "~/.cache/huggingface",
-            'The Hugging Face cache on the host, "~/" being the caller\'s home, mounted at '
-            "/cache/huggingface with HF_HOME pointing there: models are downloaded once. "
-            "jobs_model_cache, when set, is mounted instead (one cache for all users).",
-            home_path_check),
-    Setting("ngc_home_mounts", [],
-            'Directories of the caller\'s home mounted read-only into the container at its HOME '
-            '(/tmp), where present, e.g. ["~/.aws", "~/.wandb"]: credentials and settings the '
-            "tools inside read. A link is not mounted.", home_mounts_check),
-    Setting("ngc_outputs", "", "A host directory mounted over the project's outputs/ (checkpoints "
-                               'on a bigger disk, e.g. "/data/outputs" or "~/outputs"). "": '
-                               "outputs stay in the project.", optional_home_path_check),
-    Setting("ngc_secrets", ["HF_TOKEN", "WANDB_API_KEY"],
-            "Secrets spark-container passes in, by variable name: from the caller's environment, "
-            "else from ~/.config/sparkrig/secrets/NAME (the caller's, mode 0600). Each is mounted "
-            "read-only as a 0600 file and exported inside the container only, never given as --env"
-            " (docker inspect would show it).",
-            secrets_check),
-    Setting("ngc_jupyter", False, "Run JupyterLab as sparkrig-jupyter.service: the image's Jupyter"
-                                  " and Python, on the host network bound to 127.0.0.1 only (reach"
-                                  " it with `ssh -L 8888:127.0.0.1:8888`), its token in "
-                                  "/var/lib/sparkrig/jupyter/token (mode 0600), Restart=always.", boolean),
-    Setting("ngc_jupyter_user", "", "The user Jupyter runs as: one of ngc_users; owns the token "
-                                    "file. Required when ngc_jupyter.",
-            jupyter_user_check),
-    Setting("ngc_jupyter_dir", "", 'The directory Jupyter serves (mounted as the project). "": the'
-                                   " user's home.", optional_absolute_path),
+    Setting(
+        "ngc_pip_packages",
+        [],
+        'Pinned pip requirements ("name==version") installed into the '
+        "image's own Python (never a venv: it would hide the image's "
+        "CUDA builds). No flash-attn.",
+        requirements_check,
+    ),
+    Setting(
+        "ngc_unsloth_packages",
+        UNSLOTH_PACKAGES,
+        'The "unsloth" recipe\'s pip requirements, every one pinned ("name==version"), so hosts'
+        " built on different days get the same image; the image's recipe label (the "
+        "Dockerfile's sha256) changes with them. Unsloth's pins as seed 000 checked them; "
+        "unsloth and unsloth_zoo at the newest release that resolves with them.",
+        requirements_check,
+    ),
+    Setting(
+        "ngc_image",
+        "sparkrig/ngc:local",
+        'The name the built image gets (ngc_build other than "none").',
+        local_image_check,
+    ),
+    Setting(
+        "ngc_memlock_unlimited",
+        True,
+        "Run containers with --ulimit memlock=-1, as NVIDIA's PyTorch containers want (pinned "
+        "memory for CUDA). False only where the host cannot grant it: the lab's hosts are "
+        'nspawn containers without CAP_SYS_RESOURCE ("error setting rlimit type 8").',
+        boolean,
+    ),
+    Setting(
+        "ngc_users",
+        [],
+        'Users who may run spark-container, e.g. ["spark"]. Launching needs '
+        "Docker, so each must also be in containers_docker_users "
+        "(root-equivalent). Root always may.",
+        launch_users_check,
+    ),
+    Setting(
+        "ngc_project_mount",
+        "/workspace/project",
+        "Where the project (spark-container's current directory, or --project) is mounted in "
+        "the container; it is also the working directory.",
+        mount_point_check,
+    ),
+    Setting(
+        "ngc_hf_cache",
+        "~/.cache/huggingface",
+        'The Hugging Face cache on the host, "~/" being the caller\'s home, mounted at '
+        "/cache/huggingface with HF_HOME pointing there: models are downloaded once. "
+        "jobs_model_cache, when set, is mounted instead (one cache for all users).",
+        home_path_check,
+    ),
+    Setting(
+        "ngc_home_mounts",
+        [],
+        "Directories of the caller's home mounted read-only into the container at its HOME "
+        '(/tmp), where present, e.g. ["~/.aws", "~/.wandb"]: credentials and settings the '
+        "tools inside read. A link is not mounted.",
+        home_mounts_check,
+    ),
+    Setting(
+        "ngc_outputs",
+        "",
+        "A host directory mounted over the project's outputs/ (checkpoints "
+        'on a bigger disk, e.g. "/data/outputs" or "~/outputs"). "": '
+        "outputs stay in the project.",
+        optional_home_path_check,
+    ),
+    Setting(
+        "ngc_secrets",
+        ["HF_TOKEN", "WANDB_API_KEY"],
+        "Secrets spark-container passes in, by variable name: from the caller's environment, "
+        "else from ~/.config/sparkrig/secrets/NAME (the caller's, mode 0600). Each is mounted "
+        "read-only as a 0600 file and exported inside the container only, never given as --env"
+        " (docker inspect would show it).",
+        secrets_check,
+    ),
+    Setting(
+        "ngc_jupyter",
+        False,
+        "Run JupyterLab as sparkrig-jupyter.service: the image's Jupyter"
+        " and Python, on the host network bound to 127.0.0.1 only (reach"
+        " it with `ssh -L 8888:127.0.0.1:8888`), its token in "
+        "/var/lib/sparkrig/jupyter/token (mode 0600), Restart=always.",
+        boolean,
+    ),
+    Setting(
+        "ngc_jupyter_user",
+        "",
+        "The user Jupyter runs as: one of ngc_users; owns the token file. Required when ngc_jupyter.",
+        jupyter_user_check,
+    ),
+    Setting(
+        "ngc_jupyter_dir",
+        "",
+        'The directory Jupyter serves (mounted as the project). "": the user\'s home.',
+        optional_absolute_path,
+    ),
     Setting("ngc_jupyter_port", 8888, "Jupyter's port on 127.0.0.1.", int_range(1024, 65535, "a TCP port")),
     Setting(
         "ngc_jupyter_command",
@@ -233,7 +307,12 @@ declare(__name__, SETTINGS)
 # The deploy's data_defaults: its own settings and those it reads of hardware (the profile's
 # compute capability), jobs (jobs_model_cache, jobs_env), cuda_env (cuda_env_file) and
 # containers (containers_docker_users, which ngc_users must be in).
-DEFAULTS = defaults((
-    *SETTINGS, *hardware_settings.SETTINGS, *jobs_settings.SETTINGS, *cuda_env_settings.SETTINGS,
-    *containers_settings.SETTINGS,
-))
+DEFAULTS = defaults(
+    (
+        *SETTINGS,
+        *hardware_settings.SETTINGS,
+        *jobs_settings.SETTINGS,
+        *cuda_env_settings.SETTINGS,
+        *containers_settings.SETTINGS,
+    )
+)

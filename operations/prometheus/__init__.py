@@ -29,4 +29,4 @@ __all__ = ["DOC", "FLEET_CHECKS", "SETTINGS", "prometheus"]
 DOC = "docs/monitoring.md"
 # The deploy (and the facts and operations it imports) only when asked for: a concern that
 # reads this one's settings imports them alone.
-__getattr__ = deploy_on_demand(__name__, 'prometheus')
+__getattr__ = deploy_on_demand(__name__, "prometheus")

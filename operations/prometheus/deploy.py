@@ -23,7 +23,11 @@ JOB = "sparkrig"
 # The GPU's clocks event reasons (the metrics concern's names) that SparkGpuThrottled counts:
 # thermal and power, not idling or an application's own clock setting.
 THROTTLE_REASONS = (
-    "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
 )
 # promtool reads the file to be before it takes the place of the live one (atomic.file appends
 # the new file's path); `check config` also checks the rule files the configuration names.
@@ -33,15 +37,21 @@ CHECK_RULES = ("promtool", "check", "rules")
 
 def render_rules(memory_available_min_bytes: int) -> str:
     return rendering.render(
-        "prometheus/sparkrig.rules.yml.j2", job=JOB, memory_available_min_bytes=memory_available_min_bytes,
+        "prometheus/sparkrig.rules.yml.j2",
+        job=JOB,
+        memory_available_min_bytes=memory_available_min_bytes,
         throttle_reasons="|".join(THROTTLE_REASONS),
     )
 
 
 def render_config(targets: list[tuple[str, str]], scrape_interval_s: int, evaluation_interval_s: int) -> str:
     return rendering.render(
-        "prometheus/prometheus.yml.j2", job=JOB, targets=targets, rules_file=RULES,
-        scrape_interval_s=scrape_interval_s, evaluation_interval_s=evaluation_interval_s,
+        "prometheus/prometheus.yml.j2",
+        job=JOB,
+        targets=targets,
+        rules_file=RULES,
+        scrape_interval_s=scrape_interval_s,
+        evaluation_interval_s=evaluation_interval_s,
         # A scrape may take at most the interval (Prometheus refuses a longer timeout), 10 s at most.
         scrape_timeout_s=min(10, scrape_interval_s),
     )
@@ -57,9 +67,7 @@ def render_default_file(args: list[str]) -> str:
     return rendering.render("prometheus/prometheus.default.j2", args=" ".join(args))
 
 
-STATE = reading.part(
-    atomic.HostState, paths=(CONFIG, RULES, DEFAULT_FILE), units=(SERVICE,), packages=(PACKAGE,)
-)
+STATE = reading.part(atomic.HostState, paths=(CONFIG, RULES, DEFAULT_FILE), units=(SERVICE,), packages=(PACKAGE,))
 
 
 @reading.planner
@@ -94,26 +102,48 @@ def prometheus():
     if not installed:
         # Debian's package starts Prometheus at once, on every address with its own
         # configuration: masked, it starts only once sparkrig's files are in place.
-        server.shell(name="Prometheus waits for its configuration (masked while installed)",
-                     commands=[StringCommand("systemctl", "mask", SERVICE)])
+        server.shell(
+            name="Prometheus waits for its configuration (masked while installed)",
+            commands=[StringCommand("systemctl", "mask", SERVICE)],
+        )
         install_packages(name="Install Prometheus", packages=[PACKAGE])
     files = state["files"]
     rules_text = render_rules(settings.prometheus_memory_available_min_bytes)
-    config_text = render_config(_targets(), settings.prometheus_scrape_interval_s,
-                                settings.prometheus_evaluation_interval_s)
+    config_text = render_config(
+        _targets(), settings.prometheus_scrape_interval_s, settings.prometheus_evaluation_interval_s
+    )
     default_text = render_default_file(prometheus_args(settings.prometheus_listen, settings.prometheus_retention_days))
     reload_on = []
     # Rules first: `promtool check config` of a new configuration checks the rules it names.
     if not atomic.up_to_date(files.get(RULES), rules_text):
-        reload_on.append(atomic.file(name=f"Alert rules ({RULES}), checked by promtool", dest=RULES,
-                                     content=rules_text, current=files.get(RULES), validate=CHECK_RULES))
+        reload_on.append(
+            atomic.file(
+                name=f"Alert rules ({RULES}), checked by promtool",
+                dest=RULES,
+                content=rules_text,
+                current=files.get(RULES),
+                validate=CHECK_RULES,
+            )
+        )
     if not atomic.up_to_date(files.get(CONFIG), config_text):
-        reload_on.append(atomic.file(name=f"Scrape configuration ({CONFIG}), checked by promtool", dest=CONFIG,
-                                     content=config_text, current=files.get(CONFIG), validate=CHECK_CONFIG))
+        reload_on.append(
+            atomic.file(
+                name=f"Scrape configuration ({CONFIG}), checked by promtool",
+                dest=CONFIG,
+                content=config_text,
+                current=files.get(CONFIG),
+                validate=CHECK_CONFIG,
+            )
+        )
     arguments = None
     if not atomic.up_to_date(files.get(DEFAULT_FILE), default_text):
-        arguments = atomic.file(name=f"Prometheus' arguments ({DEFAULT_FILE})", dest=DEFAULT_FILE,
-                                content=default_text, current=files.get(DEFAULT_FILE), validate=("sh", "-n"))
+        arguments = atomic.file(
+            name=f"Prometheus' arguments ({DEFAULT_FILE})",
+            dest=DEFAULT_FILE,
+            content=default_text,
+            current=files.get(DEFAULT_FILE),
+            validate=("sh", "-n"),
+        )
     # Also where a run stopped between the mask and here (a file promtool refused).
     if not installed or unit.get("enabled") == "masked":
         server.shell(name="Prometheus may start (unmasked)", commands=[StringCommand("systemctl", "unmask", SERVICE)])
@@ -122,9 +152,19 @@ def prometheus():
     # One started in this run (freshly installed, or found stopped) started with these files.
     running = installed and unit.get("active") == "active"
     if arguments is not None and running:
-        systemd.service(name="Restart Prometheus: its arguments changed", service=SERVICE, running=True,
-                        restarted=True, _if=arguments.did_change)
+        systemd.service(
+            name="Restart Prometheus: its arguments changed",
+            service=SERVICE,
+            running=True,
+            restarted=True,
+            _if=arguments.did_change,
+        )
     if reload_on and running:
         # A reload (SIGHUP) reads the configuration and rules again, keeping the samples.
-        systemd.service(name="Reload Prometheus: its configuration or rules changed", service=SERVICE,
-                        running=True, reloaded=True, _if=any_changed(*reload_on))
+        systemd.service(
+            name="Reload Prometheus: its configuration or rules changed",
+            service=SERVICE,
+            running=True,
+            reloaded=True,
+            _if=any_changed(*reload_on),
+        )

@@ -134,8 +134,11 @@ def target(name: str, data: Mapping[str, Any], server: str) -> str | None:
 def scrape_targets(everyone: Sequence[tuple[str, Mapping[str, Any]]], server: str) -> list[tuple[str, str]]:
     """(inventory name, address) of every host the Prometheus on ``server`` scrapes, in
     inventory order: every host that serves metrics (metrics_enabled) where it can reach them."""
-    return [(name, found) for name, data in everyone
-            if data.get("metrics_enabled", True) and (found := target(name, data, server)) is not None]
+    return [
+        (name, found)
+        for name, data in everyone
+        if data.get("metrics_enabled", True) and (found := target(name, data, server)) is not None
+    ]
 
 
 def fleet_problems(
@@ -152,11 +155,23 @@ def fleet_problems(
     for name, data in targeted:
         server = data.get("prometheus_server")
         if len(servers) > 1:
-            found.append((name, _said("prometheus_server", server, (
-                f"the same host on every host of the inventory ({first_name} has {first!r})"))))
+            found.append(
+                (
+                    name,
+                    _said(
+                        "prometheus_server",
+                        server,
+                        (f"the same host on every host of the inventory ({first_name} has {first!r})"),
+                    ),
+                )
+            )
         elif server not in names:
-            found.append((name, _said("prometheus_server", server, (
-                f"the inventory name of one of its hosts: {', '.join(names)}"))))
+            found.append(
+                (
+                    name,
+                    _said("prometheus_server", server, (f"the inventory name of one of its hosts: {', '.join(names)}")),
+                )
+            )
     if found:
         return found
     (server,) = servers
@@ -164,8 +179,16 @@ def fleet_problems(
         return []  # a run without the server writes no scrape configuration
     for name, data in everyone:
         if data.get("metrics_enabled", True) and target(name, data, server) is None:
-            found.append((name, _said("metrics_listen", data.get("metrics_listen", DEFAULT_METRICS_LISTEN), (
-                f"an address {server} (prometheus_server) can reach: not loopback on a host other than it"))))
+            found.append(
+                (
+                    name,
+                    _said(
+                        "metrics_listen",
+                        data.get("metrics_listen", DEFAULT_METRICS_LISTEN),
+                        (f"an address {server} (prometheus_server) can reach: not loopback on a host other than it"),
+                    ),
+                )
+            )
     return found
 
 

@@ -30,7 +30,7 @@ from sparkrig.operations import deploy_on_demand
 
 from .settings import SETTINGS
 
-__all__ = ['SETTINGS', 'python_stack']
+__all__ = ["SETTINGS", "python_stack"]
 # The deploy (and the facts and operations it imports) only when asked for: a concern that
 # reads this one's settings imports them alone.
-__getattr__ = deploy_on_demand(__name__, 'python_stack')
+__getattr__ = deploy_on_demand(__name__, "python_stack")

@@ -34,10 +34,14 @@ def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, whe
 @reading.planner
 def reads(settings):
     # As python_stack() asks (offline wheels exist when python_offline is on).
-    return [reading.part(
-        PythonStack, venv=settings["python_venv_path"], owner=settings["python_venv_owner"],
-        wheels=OFFLINE_DIR if settings["python_offline"] else "",
-    )]
+    return [
+        reading.part(
+            PythonStack,
+            venv=settings["python_venv_path"],
+            owner=settings["python_venv_owner"],
+            wheels=OFFLINE_DIR if settings["python_offline"] else "",
+        )
+    ]
 
 
 wheelhouse.sync_with(synced)
@@ -61,9 +65,11 @@ def python_stack():
     manifest = data.python_stack
     arch = profile["arch"]
     # Checked before any connection for a named profile; for "auto", now that the box said.
-    problem = manifest_problem(manifest, arch) or lock_problem(
-        manifest, arch, data.python_stack_profiles, data.python_stack_locks
-    ) or wheelhouse.missing(data, arch)
+    problem = (
+        manifest_problem(manifest, arch)
+        or lock_problem(manifest, arch, data.python_stack_profiles, data.python_stack_locks)
+        or wheelhouse.missing(data, arch)
+    )
     if problem:
         refused(name="The versions manifest and its lock fit this box", message=f"python_stack: {problem}")
         return
@@ -74,7 +80,9 @@ def python_stack():
         return
     owner = data.python_venv_owner
     found = reading.fact(
-        PythonStack, venv=data.python_venv_path, owner=owner,
+        PythonStack,
+        venv=data.python_venv_path,
+        owner=owner,
         wheels=OFFLINE_DIR if arguments["wheels"] else "",
     )
     if found is None:

@@ -17,7 +17,11 @@ PLAN_TIMEOUT_S = 300  # the longest the offline dry run of the lock may take (em
 
 STACK_SCRIPT = rendering.script(
     "python_stack/stack.sh.j2",
-    uv=UV, link=UV_LINK, cache=UV_CACHE, env=" ".join(UV_ENV), offline=OFFLINE_DIR,
+    uv=UV,
+    link=UV_LINK,
+    cache=UV_CACHE,
+    env=" ".join(UV_ENV),
+    offline=OFFLINE_DIR,
     read_cfg=user_files.user_read('"$v/pyvenv.cfg"', 1 << 16),
     read_lock=user_files.user_read('"$s/requirements.lock"', LOCK_LIMIT),
     # The owner's venv could make the dry run wait for ever (a FIFO where uv reads).
@@ -50,10 +54,19 @@ class PythonStack(FactBase):
     """
 
     def command(self, venv: str, owner: str, wheels: str = "") -> StringCommand:
-        return host_output.encoded(StringCommand(
-            "v=", QuoteString(venv), "; o=", QuoteString(owner), "; w=", QuoteString(wheels), ";\n",
-            STACK_SCRIPT, _separator=""
-        ))
+        return host_output.encoded(
+            StringCommand(
+                "v=",
+                QuoteString(venv),
+                "; o=",
+                QuoteString(owner),
+                "; w=",
+                QuoteString(wheels),
+                ";\n",
+                STACK_SCRIPT,
+                _separator="",
+            )
+        )
 
     @host_output.parses
     def process(self, output: list[str]) -> dict:
@@ -75,9 +88,21 @@ class PythonStack(FactBase):
     @staticmethod
     def default() -> dict:
         return {
-            "uv": None, "link_exists": False, "venv_module": False,
-            "cache_owner": None, "owner_exists": False, "occupied": False, "python": None, "owner": None, "usable": False,
-            "lock": None, "plan": None, "wheels": [], "offline_dir": False, "planned": [], "other_platform": [],
+            "uv": None,
+            "link_exists": False,
+            "venv_module": False,
+            "cache_owner": None,
+            "owner_exists": False,
+            "occupied": False,
+            "python": None,
+            "owner": None,
+            "usable": False,
+            "lock": None,
+            "plan": None,
+            "wheels": [],
+            "offline_dir": False,
+            "planned": [],
+            "other_platform": [],
         }
 
 
@@ -89,6 +114,8 @@ def plan_clean(found: Mapping[str, Any]) -> bool:
     if found["plan"] == NO_CHANGES:
         return True
     planned = found.get("planned") or []
-    return bool(planned) and (found["plan"] or "").lstrip().startswith("~") and all(
-        line.startswith("~") and line[1:].split("==")[0] in found.get("other_platform", []) for line in planned
+    return (
+        bool(planned)
+        and (found["plan"] or "").lstrip().startswith("~")
+        and all(line.startswith("~") and line[1:].split("==")[0] in found.get("other_platform", []) for line in planned)
     )

@@ -61,21 +61,30 @@ def uv_tool(version: str, index_url: str, present: str | None = None, link: bool
         new = QuoteString(f"{UV_TOOL}.sparkrig-new")
         python = QuoteString(f"{UV_TOOL}.sparkrig-new/bin/python")
         yield StringCommand(
-            "rm -rf", new,
-            "&& python3 -I -m venv", new,
+            "rm -rf",
+            new,
+            "&& python3 -I -m venv",
+            new,
             # Debian's and Ubuntu's pip read the system store; say so for any other pip.
             f"&& {{ [ ! -f {CA_BUNDLE} ] || export PIP_CERT={CA_BUNDLE}; }}",
-            "&&", python, "-I -m pip install --quiet --disable-pip-version-check --no-cache-dir",
-            "--require-hashes --only-binary :all: --index-url", QuoteString(index_url),
-            "-r", QuoteString(UV_REQUIREMENTS),
-            "&&", QuoteString(f"{UV_TOOL}.sparkrig-new/bin/uv"), "--version",
-            "&& rm -rf", QuoteString(UV_TOOL),
-            "&& mv", new, QuoteString(UV_TOOL),
+            "&&",
+            python,
+            "-I -m pip install --quiet --disable-pip-version-check --no-cache-dir",
+            "--require-hashes --only-binary :all: --index-url",
+            QuoteString(index_url),
+            "-r",
+            QuoteString(UV_REQUIREMENTS),
+            "&&",
+            QuoteString(f"{UV_TOOL}.sparkrig-new/bin/uv"),
+            "--version",
+            "&& rm -rf",
+            QuoteString(UV_TOOL),
+            "&& mv",
+            new,
+            QuoteString(UV_TOOL),
         )
     if link:
-        yield StringCommand(
-            "[ -e", QuoteString(UV_LINK), "] || ln -s", QuoteString(UV), QuoteString(UV_LINK)
-        )
+        yield StringCommand("[ -e", QuoteString(UV_LINK), "] || ln -s", QuoteString(UV), QuoteString(UV_LINK))
 
 
 def virtualenv_arguments(data: Mapping[str, Any], built: Mapping[str, str]) -> dict[str, Any]:
@@ -107,6 +116,7 @@ def offline_lock(text: str) -> str:
     """A lock for ``--offline --no-index``: each wheel locked by its URL (vLLM's) named by its
     copy in :data:`OFFLINE_DIR` instead, its hashes kept (uv fetches no URL offline, and
     --find-links serves only what is locked by name)."""
+
     def local(match: re.Match) -> str:
         return f" @ file://{OFFLINE_DIR}/{urllib.parse.unquote(match[1])}"  # as offline_wheels names it
 
@@ -202,11 +212,25 @@ def virtualenv_commands(
         changed = True
         yield StringCommand(
             # Root makes the directory, never through a link (-h: the links inside are the owner's).
-            "{ [ ! -L", q_path, "] || {", messages.refuse(f"{path} is a symbolic link: sparkrig makes its venv only in a directory"), "; }; }",
-            "&& mkdir -p", q_path, "&& chown -hR", q_group, q_path,
-            "&&", *as_owner(
-                owner, QuoteString(UV), "venv --no-config --clear --python", QuoteString(python),
-                "--python-preference", QuoteString(python_preference), q_path,
+            "{ [ ! -L",
+            q_path,
+            "] || {",
+            messages.refuse(f"{path} is a symbolic link: sparkrig makes its venv only in a directory"),
+            "; }; }",
+            "&& mkdir -p",
+            q_path,
+            "&& chown -hR",
+            q_group,
+            q_path,
+            "&&",
+            *as_owner(
+                owner,
+                QuoteString(UV),
+                "venv --no-config --clear --python",
+                QuoteString(python),
+                "--python-preference",
+                QuoteString(python_preference),
+                q_path,
             ),
         )
     elif found["owner"] != owner:
@@ -221,8 +245,9 @@ def virtualenv_commands(
         for name in missing:
             temp = f"{OFFLINE_DIR}/.{name}.sparkrig-new"
             yield atomic.Upload(wheels[name], temp)
-            yield StringCommand("chmod 644", QuoteString(temp), "&& mv -f", QuoteString(temp),
-                                QuoteString(f"{OFFLINE_DIR}/{name}"))
+            yield StringCommand(
+                "chmod 644", QuoteString(temp), "&& mv -f", QuoteString(temp), QuoteString(f"{OFFLINE_DIR}/{name}")
+            )
         if extra:
             yield StringCommand("rm -f", *[QuoteString(f"{OFFLINE_DIR}/{name}") for name in extra])
     elif not wheels and found["offline_dir"]:
@@ -237,14 +262,22 @@ def virtualenv_commands(
         # Uploaded into a root-owned directory, then put in place by the owner: the venv is
         # theirs, and root never writes or chowns through a path they can change.
         staged = f"{STAGE}/requirements-{digest(path)[:16]}.lock"
-        yield StringCommand(
-            "install -d -m 755 -o root -g root", QuoteString(STAGE), "&& rm -f", QuoteString(staged)
-        )
+        yield StringCommand("install -d -m 755 -o root -g root", QuoteString(STAGE), "&& rm -f", QuoteString(staged))
         yield atomic.Upload(BytesIO(lock.encode()), staged)
         yield StringCommand(
-            "chmod 644", QuoteString(staged), "&& runuser -u", QuoteString(owner), "-- sh -c",
-            QuoteString(PUT_AS_OWNER), "put", q_state, QuoteString(staged), "requirements.lock",
-            "; s=$?; rm -f", QuoteString(staged), "; exit $s",
+            "chmod 644",
+            QuoteString(staged),
+            "&& runuser -u",
+            QuoteString(owner),
+            "-- sh -c",
+            QuoteString(PUT_AS_OWNER),
+            "put",
+            q_state,
+            QuoteString(staged),
+            "requirements.lock",
+            "; s=$?; rm -f",
+            QuoteString(staged),
+            "; exit $s",
         )
 
     if stale_lock or missing or not plan_clean(found):
@@ -261,14 +294,18 @@ def virtualenv_commands(
                 source.append("--index-strategy unsafe-best-match")
         yield StringCommand(
             *as_owner(
-                owner, QuoteString(UV), "pip sync --no-config --quiet --require-hashes",
-                *source, "--python", venv_python, QuoteString(lock_path),
+                owner,
+                QuoteString(UV),
+                "pip sync --no-config --quiet --require-hashes",
+                *source,
+                "--python",
+                venv_python,
+                QuoteString(lock_path),
             )
         )
 
     if not changed:
         host.noop(f"virtualenv {path} holds its lock")
-
 
 
 @operation()

@@ -31,13 +31,17 @@ SETTINGS = (
     Setting(
         "python_venv_python_preference",
         "system",
-        'How uv finds the venv\'s Python: "system" (a system interpreter of the manifest\'s version '
+        "How uv finds the venv's Python: \"system\" (a system interpreter of the manifest's version "
         'first, a uv-managed download only if none), "only-system" (never download), "managed" or '
         '"only-managed".',
         one_of("only-system", "system", "managed", "only-managed"),
     ),
-    Setting("python_uv_version", "0.13.9", "The uv release installed into /opt/sparkrig/uv (linked"
-                                           " from /usr/local/bin/uv when that name is free).", uv_version_check),
+    Setting(
+        "python_uv_version",
+        "0.13.9",
+        "The uv release installed into /opt/sparkrig/uv (linked from /usr/local/bin/uv when that name is free).",
+        uv_version_check,
+    ),
     Setting(
         "python_offline",
         False,
@@ -51,8 +55,7 @@ SETTINGS = (
     Setting(
         "python_offline_cache",
         "~/.cache/sparkrig/python-wheels",
-        "Where the controller keeps those wheels, shared by every host and run (~ is the "
-        "controller user's home).",
+        "Where the controller keeps those wheels, shared by every host and run (~ is the controller user's home).",
         controller_path,
     ),
     Setting(

@@ -49,7 +49,7 @@ from sparkrig.operations import deploy_on_demand
 
 from .settings import SETTINGS
 
-__all__ = ['SETTINGS', 'source_builds']
+__all__ = ["SETTINGS", "source_builds"]
 # The deploy (and the facts and operations it imports) only when asked for: a concern that
 # reads this one's settings imports them alone.
-__getattr__ = deploy_on_demand(__name__, 'source_builds')
+__getattr__ = deploy_on_demand(__name__, "source_builds")

@@ -100,10 +100,21 @@ def fetch(build_name: str, key: str, cache: str, owner: str = "root", active: bo
     outgoing = f"{OUTGOING}/{name}-{key}.{'whl' if 'wheel' in stamp else ARCHIVE}"
     staging = root / name / f".{key}.{host.name}.new"
     yield StringCommand(
-        "install -d -m 755 -o root -g root", QuoteString(OUTGOING), "&& rm -f", QuoteString(outgoing), "&&",
-        user_files.copy_out(f"{wheelhouse_dir(name, key)}/{product(stamp)}", outgoing, PRODUCT_LIMIT, owner,
-                            PRODUCT_TIMEOUT_S, f"source build {name}"),
-        "&& chmod 644", QuoteString(outgoing),
+        "install -d -m 755 -o root -g root",
+        QuoteString(OUTGOING),
+        "&& rm -f",
+        QuoteString(outgoing),
+        "&&",
+        user_files.copy_out(
+            f"{wheelhouse_dir(name, key)}/{product(stamp)}",
+            outgoing,
+            PRODUCT_LIMIT,
+            owner,
+            PRODUCT_TIMEOUT_S,
+            f"source build {name}",
+        ),
+        "&& chmod 644",
+        QuoteString(outgoing),
     )
     yield FunctionCommand(_make_dir, (str(staging),), {})
     yield FileDownloadCommand(outgoing, str(staging / cached_file(stamp)), _sudo=False)
@@ -138,17 +149,35 @@ def receive(build_name: str, key: str, cache: str, builder: str, owner: str, act
     local = cache_root(cache) / name / key
     wheel = product(stamp)  # checked by cached(): a wheel file name or the archive's, no path
     yield StringCommand(
-        "install -d -m 755 -o root -g root", QuoteString(INCOMING), QuoteString(WHEELHOUSE),
-        "&& rm -rf", QuoteString(incoming), "&& install -d -m 755 -o root -g root", QuoteString(incoming),
-        "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {rendering.quote_literal(owner)})"',
+        "install -d -m 755 -o root -g root",
+        QuoteString(INCOMING),
+        QuoteString(WHEELHOUSE),
+        "&& rm -rf",
+        QuoteString(incoming),
+        "&& install -d -m 755 -o root -g root",
+        QuoteString(incoming),
+        "&& install -d -m 755 -o",
+        QuoteString(owner),
+        "-g",
+        f'"$(id -gn {rendering.quote_literal(owner)})"',
         QuoteString(posixpath.dirname(w)),
     )
     yield atomic.Upload(str(local / cached_file(stamp)), f"{incoming}/{wheel}")
     yield atomic.Upload(BytesIO((json.dumps(stamp, sort_keys=True) + "\n").encode()), f"{incoming}/stamp.json")
     # Into the wheelhouse as its owner (the entry's directory is theirs), checked there.
     yield StringCommand(
-        "chmod 644", QuoteString(f"{incoming}/{wheel}"), QuoteString(f"{incoming}/stamp.json"),
-        "&& runuser -u", QuoteString(owner), "-- sh -c", QuoteString(RECEIVE_SCRIPT), "receive",
-        QuoteString(incoming), QuoteString(w), QuoteString(wheel), QuoteString(stamp["sha256"]),
-        "&& rm -rf", QuoteString(incoming),
+        "chmod 644",
+        QuoteString(f"{incoming}/{wheel}"),
+        QuoteString(f"{incoming}/stamp.json"),
+        "&& runuser -u",
+        QuoteString(owner),
+        "-- sh -c",
+        QuoteString(RECEIVE_SCRIPT),
+        "receive",
+        QuoteString(incoming),
+        QuoteString(w),
+        QuoteString(wheel),
+        QuoteString(stamp["sha256"]),
+        "&& rm -rf",
+        QuoteString(incoming),
     )

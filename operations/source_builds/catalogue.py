@@ -23,7 +23,9 @@ CACHED_STAMP = "stamp.json"
 UNIT_PREFIX = "sparkrig-build-"
 KEY_LENGTH = 16
 # A wheel's file name (PEP 427): name-version[-build]-python-abi-platform.whl, nothing else.
-WHEEL_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_]*)?(-[A-Za-z0-9_.]+){3}\.whl")
+WHEEL_NAME = re.compile(
+    r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_]*)?(-[A-Za-z0-9_.]+){3}\.whl"
+)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -69,8 +71,11 @@ def stamp_inputs(name: str, data: Mapping[str, Any]) -> dict:
     if spec["kind"] == "prefix":
         # Each needed build by its key, so a new library rebuilds what was compiled against
         # it. No venv, Python or torch.
-        return {**common, "kind": "prefix",
-                "needs": {need: stamp_key(stamp_inputs(need, data)) for need in spec["needs"]}}
+        return {
+            **common,
+            "kind": "prefix",
+            "needs": {need: stamp_key(stamp_inputs(need, data)) for need in spec["needs"]},
+        }
     return {
         **common,
         "package": spec["package"],

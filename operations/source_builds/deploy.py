@@ -117,7 +117,9 @@ def source_builds():
         present = reading.get(atomic.HostState, packages=packages)["packages"]
         missing = [p for p in packages if present.get(p) is None]
         if missing:
-            install_packages(name=f"Packages the prefix builds need at run time ({', '.join(missing)})", packages=missing)
+            install_packages(
+                name=f"Packages the prefix builds need at run time ({', '.join(missing)})", packages=missing
+            )
     pending = False
     deferred: set[str] = set()  # prefix builds that cannot be installed in this run
     for name, key in builds.items():
@@ -173,17 +175,28 @@ def source_builds():
         product_name = "prefix" if prefix else "wheel"
         fetch(
             name=f"Source build {name}: the {product_name} from its builder into the controller's cache",
-            build_name=name, key=key, cache=cache, owner=owner, active=share and building,
+            build_name=name,
+            key=key,
+            cache=cache,
+            owner=owner,
+            active=share and building,
         )
         receive(
             name=f"Source build {name}: the {product_name} from the controller's cache",
-            build_name=name, key=key, cache=cache, builder=builder, owner=owner,
+            build_name=name,
+            key=key,
+            cache=cache,
+            builder=builder,
+            owner=owner,
             active=state == "absent" and not runs_here,
         )
         if prefix and not installed:
             install_prefix(
                 name=f"Source build {name}: root checks its archive and installs it into {installed_dir(name, key)}",
-                build_name=name, key=key, cache=cache, owner=owner,
+                build_name=name,
+                key=key,
+                cache=cache,
+                owner=owner,
             )
     if pending:
         wheelhouse.sync_venv(name="Built wheels into the venv (python_venv_path)", settings=data)

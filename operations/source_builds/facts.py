@@ -55,30 +55,58 @@ class SourceBuilds(FactBase):
         for name, key in installs:
             # A prefix build: installed (root's record of it, written last) and the link in use.
             bits += [
-                "[ -d ", QuoteString(installed_dir(name, key)), " ] && [ -f ", QuoteString(installed_stamp(name, key)),
-                " ] && echo ", QuoteString(f"installed {name} {key}"), ";",
-                "l=$(readlink ", QuoteString(current(name)), "); [ -n \"$l\" ] && echo \"link ", name, ' $l";',
+                "[ -d ",
+                QuoteString(installed_dir(name, key)),
+                " ] && [ -f ",
+                QuoteString(installed_stamp(name, key)),
+                " ] && echo ",
+                QuoteString(f"installed {name} {key}"),
+                ";",
+                "l=$(readlink ",
+                QuoteString(current(name)),
+                '); [ -n "$l" ] && echo "link ',
+                name,
+                ' $l";',
             ]
         for name, key, prefix in builds:
             n, d, w = QuoteString(name), QuoteString(build_dir(name, key)), QuoteString(wheelhouse_dir(name, key))
             bits += [
-                "n=", n, "; d=", d, "; w=", w, "; u=", QuoteString(unit_name(name, key)), ";",
+                "n=",
+                n,
+                "; d=",
+                d,
+                "; w=",
+                w,
+                "; u=",
+                QuoteString(unit_name(name, key)),
+                ";",
                 'echo "unit $n $(systemctl is-active "$u" 2>/dev/null)";',
-                "s=$(", user_files.user_read('"$w/stamp.json"', STAMP_LIMIT), " | tr -d '\\n');",
+                "s=$(",
+                user_files.user_read('"$w/stamp.json"', STAMP_LIMIT),
+                " | tr -d '\\n');",
                 ' [ -n "$s" ] && echo "stamp $n $s";',
                 # The owner names the wheelhouse's files and writes the result: each travels as a
                 # field (host_output.FIELD), so a newline in it forges no line.
-                'for f in "$w"/*.whl "$w"/', QuoteString(ARCHIVE), '; do [ -f "$f" ] && echo "wheel $n $(printf %s "${f##*/}" | ',
-                host_output.FIELD, ')"; done;',
+                'for f in "$w"/*.whl "$w"/',
+                QuoteString(ARCHIVE),
+                '; do [ -f "$f" ] && echo "wheel $n $(printf %s "${f##*/}" | ',
+                host_output.FIELD,
+                ')"; done;',
                 '[ -f "$d/attempt" ] && echo "attempt $n yes";',
-                "x=$(", user_files.user_read(shlex.quote(f"{work_dir(name, key)}/result"), RESULT_LIMIT),
-                " | ", host_output.FIELD, '); [ -n "$x" ] && echo "result $n $x";',
+                "x=$(",
+                user_files.user_read(shlex.quote(f"{work_dir(name, key)}/result"), RESULT_LIMIT),
+                " | ",
+                host_output.FIELD,
+                '); [ -n "$x" ] && echo "result $n $x";',
             ]
             if venv and prefix:
                 # The line of this build's wheel in the venv's requirements, if that wheel is there.
                 bits += [
-                    "c=$(", user_files.user_read('"$r"', LOCK_LIMIT), " | grep -F -- ", QuoteString(prefix),
-                    ' | head -n 1); p=${c#* @ file://};',
+                    "c=$(",
+                    user_files.user_read('"$r"', LOCK_LIMIT),
+                    " | grep -F -- ",
+                    QuoteString(prefix),
+                    " | head -n 1); p=${c#* @ file://};",
                     ' [ -n "$c" ] && [ -f "${p%% *}" ] && echo "current $n $c";',
                 ]
         return host_output.encoded(StringCommand(*bits, "true", _separator=""))
@@ -98,8 +126,19 @@ class SourceBuilds(FactBase):
         for line in output:
             kind, _, rest = line.partition(" ")
             name, _, value = rest.partition(" ")
-            entry = raw.setdefault(name, {"unit": None, "stamp": None, "wheels": [], "attempt": False, "result": None,
-                                          "current": None, "installed": None, "link": None})
+            entry = raw.setdefault(
+                name,
+                {
+                    "unit": None,
+                    "stamp": None,
+                    "wheels": [],
+                    "attempt": False,
+                    "result": None,
+                    "current": None,
+                    "installed": None,
+                    "link": None,
+                },
+            )
             if kind == "unit":
                 entry["unit"] = value or None
             elif kind == "stamp":
@@ -133,8 +172,13 @@ class SourceBuilds(FactBase):
                 state = "failed"
             else:
                 state = "absent"
-            found[name] = {"state": state, "unit": entry["unit"], "stamp": stamp if state == "built" else None,
-                           "result": entry["result"], "current": entry["current"]}
+            found[name] = {
+                "state": state,
+                "unit": entry["unit"],
+                "stamp": stamp if state == "built" else None,
+                "result": entry["result"],
+                "current": entry["current"],
+            }
             if entry["installed"] is not None or entry["link"] is not None:
                 # A prefix build: the key root installed, and the one `current` links to.
                 found[name].update(installed=entry["installed"], link=entry["link"])

@@ -95,8 +95,13 @@ def _attempt_command(script: str, label: str, name: str, key: str) -> StringComm
     if the wheel is there, else prints the journal's tail, clears the attempt and fails;
     :data:`WAIT_SCRIPT` first waits while the unit runs (a progress line every minute)."""
     return StringCommand(
-        "sh -c", QuoteString(script), label, QuoteString(unit_name(name, key)), QuoteString(build_dir(name, key)),
-        QuoteString(wheelhouse_dir(name, key)), QuoteString(name),
+        "sh -c",
+        QuoteString(script),
+        label,
+        QuoteString(unit_name(name, key)),
+        QuoteString(build_dir(name, key)),
+        QuoteString(wheelhouse_dir(name, key)),
+        QuoteString(name),
     )
 
 
@@ -154,37 +159,76 @@ def build(
         # entry's parent, each made in a root-owned directory. Nothing of root's goes through
         # a path the owner can change.
         yield StringCommand(
-            "install -d -m 755 -o root -g root", QuoteString(posixpath.dirname(d)), q_d,
+            "install -d -m 755 -o root -g root",
+            QuoteString(posixpath.dirname(d)),
+            q_d,
             QuoteString(WHEELHOUSE),
-            "&& rm -rf", QuoteString(temp), QuoteString(f"{d}/attempt"), q_env, QuoteString(f"{d}/env.new"),
-            "&& install -d -m 755 -o", QuoteString(owner), "-g", f'"$(id -gn {rendering.quote_literal(owner)})"',
-            q_work, QuoteString(posixpath.dirname(w)),
-            "&& install -m 600 -o root -g root /dev/null", QuoteString(f"{d}/env.new"),
+            "&& rm -rf",
+            QuoteString(temp),
+            QuoteString(f"{d}/attempt"),
+            q_env,
+            QuoteString(f"{d}/env.new"),
+            "&& install -d -m 755 -o",
+            QuoteString(owner),
+            "-g",
+            f'"$(id -gn {rendering.quote_literal(owner)})"',
+            q_work,
+            QuoteString(posixpath.dirname(w)),
+            "&& install -m 600 -o root -g root /dev/null",
+            QuoteString(f"{d}/env.new"),
         )
         yield atomic.Upload(BytesIO(script.encode()), temp)
         yield atomic.Upload(BytesIO(_env_text(env).encode()), f"{d}/env.new")
         properties = [
-            f"Nice={UNIT_NICE}", f"OOMScoreAdjust={oom_score_adj}", "MemorySwapMax=0",
-            f"EnvironmentFile=-{cuda_env_file}", f"EnvironmentFile={env_file(name, key)}",
-            f"WorkingDirectory={work_dir(name, key)}", f"RuntimeMaxSec={UNIT_RUNTIME_MAX}",
+            f"Nice={UNIT_NICE}",
+            f"OOMScoreAdjust={oom_score_adj}",
+            "MemorySwapMax=0",
+            f"EnvironmentFile=-{cuda_env_file}",
+            f"EnvironmentFile={env_file(name, key)}",
+            f"WorkingDirectory={work_dir(name, key)}",
+            f"RuntimeMaxSec={UNIT_RUNTIME_MAX}",
         ]
         if memory_max:
             properties.append(f"MemoryMax={memory_max}")
         setenv = dict(v.split("=", 1) for v in UV_ENV)
         yield StringCommand(
-            "sh -n", QuoteString(temp), "&& chmod 644", QuoteString(temp),
-            "&& mv -f", QuoteString(temp), QuoteString(script_path),
-            "&& chmod 600", QuoteString(f"{d}/env.new"), "&& mv -f", QuoteString(f"{d}/env.new"), q_env,
-            "&& if systemctl is-active --quiet", QuoteString(unit), "; then echo",
-            QuoteString(f"sparkrig: {unit} runs already"), "; else",
-            "touch", QuoteString(f"{d}/attempt"), "&& rm -f", QuoteString(f"{work_dir(name, key)}/result"),
-            "&& { systemctl reset-failed", QuoteString(unit), "2>/dev/null; true; }",
-            "&& systemd-run --quiet --collect --unit", QuoteString(unit),
-            "--description", QuoteString(f"sparkrig source build {name}"),
-            "--slice", QuoteString(TRAINING_SLICE), "--uid", QuoteString(owner),
+            "sh -n",
+            QuoteString(temp),
+            "&& chmod 644",
+            QuoteString(temp),
+            "&& mv -f",
+            QuoteString(temp),
+            QuoteString(script_path),
+            "&& chmod 600",
+            QuoteString(f"{d}/env.new"),
+            "&& mv -f",
+            QuoteString(f"{d}/env.new"),
+            q_env,
+            "&& if systemctl is-active --quiet",
+            QuoteString(unit),
+            "; then echo",
+            QuoteString(f"sparkrig: {unit} runs already"),
+            "; else",
+            "touch",
+            QuoteString(f"{d}/attempt"),
+            "&& rm -f",
+            QuoteString(f"{work_dir(name, key)}/result"),
+            "&& { systemctl reset-failed",
+            QuoteString(unit),
+            "2>/dev/null; true; }",
+            "&& systemd-run --quiet --collect --unit",
+            QuoteString(unit),
+            "--description",
+            QuoteString(f"sparkrig source build {name}"),
+            "--slice",
+            QuoteString(TRAINING_SLICE),
+            "--uid",
+            QuoteString(owner),
             *[arg for p in properties for arg in ("--property", QuoteString(p))],
             *[arg for k, v in setenv.items() for arg in ("--setenv", QuoteString(f"{k}={v}"))],
-            "/bin/sh", QuoteString(script_path), "; fi",
+            "/bin/sh",
+            QuoteString(script_path),
+            "; fi",
         )
     if wait:
         yield _attempt_command(WAIT_SCRIPT, "build-wait", name, key)

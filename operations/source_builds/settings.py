@@ -34,7 +34,9 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 _URL = re.compile(r"(https?://|file:///|/)[^\s'\"\\`$;]+")
-_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?")
+_REQUIREMENT = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?"
+)
 _DEB = re.compile(r"[a-z0-9][a-z0-9.+-]+")
 _SUBDIR = re.compile(r"(\.|[A-Za-z0-9_][A-Za-z0-9_./-]*)")
 # Each kind's keys: a wheel is installed into the venv (so its package, build venv, torch
@@ -67,12 +69,18 @@ def spec_problem(name: Any, spec: Any) -> str | None:
     if kind not in KIND_KEYS:
         return f"{name}.kind must be one of: {', '.join(sorted(KIND_KEYS))}"
     if not KIND_KEYS[kind] <= set(spec) <= KIND_KEYS[kind] | OPTIONAL_KEYS:
-        return (f"{name} (kind {kind}) must hold exactly: {', '.join(sorted(KIND_KEYS[kind]))}"
-                f" (and optionally {', '.join(sorted(OPTIONAL_KEYS))})")
+        return (
+            f"{name} (kind {kind}) must hold exactly: {', '.join(sorted(KIND_KEYS[kind]))}"
+            f" (and optionally {', '.join(sorted(OPTIONAL_KEYS))})"
+        )
     if not (isinstance(spec["url"], str) and _URL.fullmatch(spec["url"])):
         return f"{name}.url must be an http(s):// or file:/// URL or an absolute path, without quotes or spaces"
     ref = spec["ref"]
-    if not (isinstance(ref, str) and (COMMIT.fullmatch(ref) or _TAG.fullmatch(ref))) or ref in ("HEAD", "main", "master"):
+    if not (isinstance(ref, str) and (COMMIT.fullmatch(ref) or _TAG.fullmatch(ref))) or ref in (
+        "HEAD",
+        "main",
+        "master",
+    ):
         return f"{name}.ref must be a commit id (40 lower-case hex digits) or a tag, never a branch"
     if kind == "wheel" and not (isinstance(spec["package"], str) and package_name(spec["package"])):
         return f"{name}.package must be a distribution name"
@@ -82,8 +90,10 @@ def spec_problem(name: Any, spec: Any) -> str | None:
     ):
         return f"{name}.env must map variable names to strings without quotes or newlines"
     if TARGET in env:
-        return (f"{name}.env must not set {TARGET}: a build targets the host's hardware profile "
-                f"(hardware_profiles); set torch_cuda_arch_list: {{PROFILE: LIST}} to override it per profile")
+        return (
+            f"{name}.env must not set {TARGET}: a build targets the host's hardware profile "
+            f"(hardware_profiles); set torch_cuda_arch_list: {{PROFILE: LIST}} to override it per profile"
+        )
     targets = spec.get("torch_cuda_arch_list", {})
     if not isinstance(targets, Mapping) or not all(
         isinstance(k, str) and _PROFILE.fullmatch(k) and isinstance(v, str) and _ARCH_LIST.fullmatch(v)
@@ -105,16 +115,22 @@ def spec_problem(name: Any, spec: Any) -> str | None:
         if not isinstance(debs, list) or not all(isinstance(d, str) and _DEB.fullmatch(d) for d in debs):
             return f"{name}.{key} must be a list of apt package names"
     needs = spec.get("needs", [])
-    if not isinstance(needs, list) or not all(isinstance(n, str) and _NAME.fullmatch(n) for n in needs) \
-            or len(set(needs)) != len(needs) or name in needs:
+    if (
+        not isinstance(needs, list)
+        or not all(isinstance(n, str) and _NAME.fullmatch(n) for n in needs)
+        or len(set(needs)) != len(needs)
+        or name in needs
+    ):
         return f"{name}.needs must be a list of other prefix builds of the catalogue, each once"
     for flag in ("submodules", "uses_torch", "abi3"):
         if flag in spec and not isinstance(spec[flag], bool):
             return f"{name}.{flag} must be true or false"
     subdirectory = spec["subdirectory"]
     if not (
-        isinstance(subdirectory, str) and _SUBDIR.fullmatch(subdirectory)
-        and ".." not in subdirectory.split("/") and posixpath.normpath(subdirectory) == subdirectory
+        isinstance(subdirectory, str)
+        and _SUBDIR.fullmatch(subdirectory)
+        and ".." not in subdirectory.split("/")
+        and posixpath.normpath(subdirectory) == subdirectory
     ):
         return f"{name}.subdirectory must be a relative path inside the repository ('.' for its top)"
     memory_max = spec["memory_max"]
@@ -144,8 +160,10 @@ def catalogue_check(value: Any, data: Mapping[str, Any]) -> str | None:
     # A bad list is reported by its own check; here it only enables nothing.
     for name in enabled if isinstance(enabled, list) else []:
         spec = value.get(name) if isinstance(name, str) else None
-        if isinstance(spec, Mapping) and spec.get("uses_torch") and not (
-            isinstance(manifest, Mapping) and manifest.get("torch")
+        if (
+            isinstance(spec, Mapping)
+            and spec.get("uses_torch")
+            and not (isinstance(manifest, Mapping) and manifest.get("torch"))
         ):
             return f"{allowed} ({name} compiles against torch, but python_stack installs no torch)"
     return None
@@ -153,9 +171,10 @@ def catalogue_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 def _needs_loop(catalogue: Mapping[str, Any]) -> list[str] | None:
     """A loop of ``needs`` in the catalogue (its builds in order), or None."""
+
     def visit(name: str, path: list[str]) -> list[str] | None:
         if name in path:
-            return path[path.index(name):] + [name]
+            return path[path.index(name) :] + [name]
         for need in (catalogue.get(name) or {}).get("needs", []):
             loop = visit(need, path + [name])
             if loop:
@@ -173,8 +192,10 @@ def enabled_check(value: Any, data: Mapping[str, Any]) -> str | None:
     catalogue = data.get("source_builds")
     known = sorted(catalogue) if isinstance(catalogue, Mapping) else []
     allowed = f"a list of builds of source_builds: {', '.join(known) or '(none defined)'}"
-    ok = isinstance(value, list) and len(set(value)) == len(value) and all(
-        isinstance(name, str) and name in known for name in value
+    ok = (
+        isinstance(value, list)
+        and len(set(value)) == len(value)
+        and all(isinstance(name, str) and name in known for name in value)
     )
     if not ok:
         return allowed
@@ -185,10 +206,13 @@ def enabled_check(value: Any, data: Mapping[str, Any]) -> str | None:
             return f"{allowed}, with every build each one needs ({name} needs {', '.join(missing)}: enable it too)"
     arch = stack_locks.host_arch(data)
     # A bad manifest, profile list or lock directory is reported by its own key; "auto" at deploy.
-    if arch is None or stack_locks.manifest_check(data.get("python_stack"), data) \
-            or stack_locks.profiles_check(data.get("python_stack_profiles"), data) \
-            or stack_locks.locks_check(data.get("python_stack_locks"), data) \
-            or _catalogue_entries(catalogue, data):
+    if (
+        arch is None
+        or stack_locks.manifest_check(data.get("python_stack"), data)
+        or stack_locks.profiles_check(data.get("python_stack_profiles"), data)
+        or stack_locks.locks_check(data.get("python_stack_locks"), data)
+        or _catalogue_entries(catalogue, data)
+    ):
         return None
     problem = missing_builds_message(data, arch)
     return f"{allowed} that makes every package the host's lock leaves to one ({problem})" if problem else None
@@ -196,7 +220,6 @@ def enabled_check(value: Any, data: Mapping[str, Any]) -> str | None:
 
 def wait_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     return None if isinstance(value, bool) else "True (wait for builds) or False (return at once)"
-
 
 
 def missing_builds(data: Mapping[str, Any], arch: str) -> dict[str, list[str]]:
@@ -211,7 +234,9 @@ def missing_builds(data: Mapping[str, Any], arch: str) -> dict[str, list[str]]:
         if isinstance(spec, Mapping) and spec.get("kind") == "wheel" and isinstance(spec.get("package"), str):
             makes.setdefault(normalise(spec["package"]), []).append(build)
     enabled = set(data.get("source_builds_enabled") or [])
-    return {package: sorted(makes.get(package, [])) for package in found[1] if not enabled & set(makes.get(package, []))}
+    return {
+        package: sorted(makes.get(package, [])) for package in found[1] if not enabled & set(makes.get(package, []))
+    }
 
 
 def missing_builds_message(data: Mapping[str, Any], arch: str) -> str | None:
@@ -244,7 +269,7 @@ SETTINGS = (
         "source_builds_enabled",
         [],
         'Which builds of the catalogue a host builds and installs, e.g. ["triton", "xformers"] (into '
-        'its venv) or your prefix builds (into /opt/sparkrig/builds; a build needs what its '
+        "its venv) or your prefix builds (into /opt/sparkrig/builds; a build needs what its "
         "`needs` names enabled too). Off by default. Each build takes minutes to an hour and many GB"
         " of memory (docs/source-builds.md); one host of each architecture and profile builds it, "
         "the others receive its wheel or prefix.",
@@ -275,7 +300,12 @@ declare(__name__, SETTINGS)
 # and index: sparkrig/stack_locks.py),
 # hardware (the profile the build targets), jobs (jobs_oom_score_adj of the build's unit) and
 # cuda_env (cuda_env_file, the unit's environment).
-DEFAULTS = defaults((
-    *SETTINGS, *stack_locks.SETTINGS, *hardware_settings.SETTINGS, *jobs_settings.SETTINGS,
-    *cuda_env_settings.SETTINGS,
-))
+DEFAULTS = defaults(
+    (
+        *SETTINGS,
+        *stack_locks.SETTINGS,
+        *hardware_settings.SETTINGS,
+        *jobs_settings.SETTINGS,
+        *cuda_env_settings.SETTINGS,
+    )
+)

@@ -53,8 +53,14 @@ class SshdUnit(FactBase):
             socket.get("ActiveState") == "active" or socket.get("UnitFileState") == "enabled"
         )
         if socket_used and socket.get("Accept") == "yes":
-            return {"service": "ssh@.service", "socket": "ssh.socket", "per_connection": True,
-                    "active": False, "main_pid": 0, "restart_pending": False}
+            return {
+                "service": "ssh@.service",
+                "socket": "ssh.socket",
+                "per_connection": True,
+                "active": False,
+                "main_pid": 0,
+                "restart_pending": False,
+            }
         if socket_used and socket.get("Triggers"):
             name = socket["Triggers"].split()[0]
         else:

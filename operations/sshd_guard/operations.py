@@ -40,9 +40,7 @@ def _verified_dropin(unit: str, content: str):
 
 
 @operation()
-def guard(
-    unit: str, memory_min: str, slice_memory_min: str, active: bool = True, restart_pending: bool = False
-):
+def guard(unit: str, memory_min: str, slice_memory_min: str, active: bool = True, restart_pending: bool = False):
     """
     Protect the unit running sshd from memory pressure without making sessions unkillable.
 

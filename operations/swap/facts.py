@@ -73,9 +73,9 @@ def active_swap_sources(content: bytes) -> list[str]:
 def disabled_swap_sources(content: bytes) -> list[str]:
     """Sources of the swap entries sparkrig disabled (the lines starting with DISABLED)."""
     return [
-        _source(line[len(DISABLED):])
+        _source(line[len(DISABLED) :])
         for line in fstab_lines(content)
-        if line.startswith(DISABLED) and is_swap_entry(line[len(DISABLED):])
+        if line.startswith(DISABLED) and is_swap_entry(line[len(DISABLED) :])
     ]
 
 
@@ -207,9 +207,17 @@ class SwapFiles(FactBase):
         for path in paths:
             quoted = QuoteString(path)
             parts += [
-                "if [ -f", quoted, "] && [ ! -L", quoted, "] &&",
-                '[ "$(blkid -p -o value -s TYPE', quoted, '2>/dev/null)" = swap ];',
-                "then printf '%s\\n'", quoted, "; fi;",
+                "if [ -f",
+                quoted,
+                "] && [ ! -L",
+                quoted,
+                "] &&",
+                '[ "$(blkid -p -o value -s TYPE',
+                quoted,
+                '2>/dev/null)" = swap ];',
+                "then printf '%s\\n'",
+                quoted,
+                "; fi;",
             ]
         return host_output.encoded(*parts, "true")
 

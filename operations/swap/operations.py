@@ -116,7 +116,7 @@ def swap_file_candidates(found: Mapping[str, Any]) -> list[str]:
 def _template(unit: str) -> str:
     """``foo@bar.service`` → ``foo@.service``; other names unchanged."""
     prefix, at, rest = unit.partition("@")
-    return f"{prefix}@{rest[rest.rindex('.'):]}" if at and "." in rest else unit
+    return f"{prefix}@{rest[rest.rindex('.') :]}" if at and "." in rest else unit
 
 
 # operation -----------------------------------------------------------------------
@@ -203,7 +203,8 @@ def _unit_commands(found: Mapping[str, Any], units: list[str]) -> Iterator[Pyinf
     set_aside = [unit for unit in units if unit in found["admin_unit_files"]]
     to_mask = [unit for unit in units if found["unit_files"].get(unit) != "masked"]
     to_stop = sorted(
-        unit for unit, state in found["units"].items()
+        unit
+        for unit, state in found["units"].items()
         if state in RUNNING and (unit in units or _template(unit) in units)
     )
     if not (to_mask or to_stop):

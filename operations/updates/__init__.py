@@ -34,4 +34,4 @@ from .settings import SETTINGS
 __all__ = ["SETTINGS", "updates"]
 # The deploy (and the facts and operations it imports) only when asked for: a concern that
 # reads this one's settings imports them alone.
-__getattr__ = deploy_on_demand(__name__, 'updates')
+__getattr__ = deploy_on_demand(__name__, "updates")

@@ -156,7 +156,10 @@ def updates():
     if not atomic.up_to_date(conf_state, conf):
         atomic.file(
             name=f"Unattended upgrades as updates_unattended says ({APT_CONF})",
-            dest=APT_CONF, current=conf_state, content=conf, validate=APT_CONF_VALIDATOR,
+            dest=APT_CONF,
+            current=conf_state,
+            content=conf,
+            validate=APT_CONF_VALIDATOR,
         )
     running = mode != "off"
     for timer in host.loop(TIMERS):
@@ -166,13 +169,16 @@ def updates():
         if (unit.get("active") == "active", unit.get("enabled") == "enabled") != (running, running):
             systemd.service(
                 name=f"{timer} runs as updates_unattended says",
-                service=timer, running=running, enabled=running,
+                service=timer,
+                running=running,
+                enabled=running,
             )
 
     # systemd-oomd.
     if oomd_off(settings):
         present = [
-            u for u in OOMD_UNITS
+            u
+            for u in OOMD_UNITS
             if state["units"].get(u, {}).get("enabled") not in (None, "unknown", "not-found", "masked")
             or state["units"].get(u, {}).get("active") == "active"
         ]
@@ -205,5 +211,6 @@ def firmware(settings: Mapping[str, Any], state: Mapping[str, Any]) -> None:
     if offered:
         what = ", ".join(f"{u['name']} {u['version']} -> {u['available']}" for u in offered)
         messages.detail(f"updates: firmware updates: {what}; a reboot applies them")
-        firmware_applied(name=f"Firmware updated through fwupd ({what}), reboot marked",
-                         devices=[u["id"] for u in offered])
+        firmware_applied(
+            name=f"Firmware updated through fwupd ({what}), reboot marked", devices=[u["id"] for u in offered]
+        )

@@ -30,7 +30,9 @@ def _sh_glob_words(names: Iterable[str]) -> list:
 # torch's METADATA is about 30 KB.
 METADATA_LIMIT = 1 << 20
 _PYTHON_VERSIONS = rendering.script(
-    "updates/python-versions.sh.j2", limit=METADATA_LIMIT, user_read=user_files.user_read('"$dir/METADATA"', METADATA_LIMIT),
+    "updates/python-versions.sh.j2",
+    limit=METADATA_LIMIT,
+    user_read=user_files.user_read('"$dir/METADATA"', METADATA_LIMIT),
     field=host_output.FIELD,
 )
 # A distribution's version as METADATA gives it (PEP 440's characters): anything else fails
@@ -79,29 +81,41 @@ class Versions(FactBase):
             "if [ -f /etc/dgx-release ]; then sed -n 's/^\\(DGX_[A-Z_]*VERSION\\)=/dgx \\1=/p'",
             "/etc/dgx-release; fi;",
             "echo kernel $(uname -r);",
-            "for f in /boot/vmlinuz-*; do [ -f \"$f\" ] && echo boot \"${f#/boot/vmlinuz-}\"; done;",
+            'for f in /boot/vmlinuz-*; do [ -f "$f" ] && echo boot "${f#/boot/vmlinuz-}"; done;',
             f"if [ -e {REBOOT_REQUIRED} ]; then echo reboot; fi;",
         ]
         for column, names in dict(packages).items():
             if names:
                 bits += [
                     f"dpkg-query -W -f='pkg {column} ${{db:Status-Abbrev}} ${{Package}} ${{Version}}\\n'",
-                    *_sh_glob_words(names), "2>/dev/null;",
+                    *_sh_glob_words(names),
+                    "2>/dev/null;",
                 ]
         if holds:
             bits += [
                 "dpkg-query -W -f='pkg hold ${db:Status-Abbrev} ${Package} ${Version}\\n'",
-                *_sh_glob_words(holds), "2>/dev/null;",
+                *_sh_glob_words(holds),
+                "2>/dev/null;",
             ]
         bits += [
-            "dpkg --get-selections | awk '$2 == \"hold\" { sub(/:.*/, \"\", $1); print \"held\", $1 }';",
+            'dpkg --get-selections | awk \'$2 == "hold" { sub(/:.*/, "", $1); print "held", $1 }\';',
             f"if [ -f {RECORD} ]; then sed 's/^/record /' {RECORD}; fi;",
-            "sh -c", QuoteString(_DRIVER), ";",
-            "sh -c", QuoteString(_CUDA), ";",
+            "sh -c",
+            QuoteString(_DRIVER),
+            ";",
+            "sh -c",
+            QuoteString(_CUDA),
+            ";",
         ]
         if venv and python:
-            bits += ["sh -c", QuoteString(_PYTHON_VERSIONS), "sparkrig-python-versions", QuoteString(venv),
-                     *[QuoteString(name) for name in python], ";"]
+            bits += [
+                "sh -c",
+                QuoteString(_PYTHON_VERSIONS),
+                "sparkrig-python-versions",
+                QuoteString(venv),
+                *[QuoteString(name) for name in python],
+                ";",
+            ]
         return StringCommand(*bits, "true")
 
     @host_output.parses
@@ -171,9 +185,18 @@ class Versions(FactBase):
     @staticmethod
     def default() -> dict:
         return {
-            "os": {}, "dgx": {}, "kernel": None, "boot_kernels": [], "reboot_required": False,
-            "packages": {column: {} for column in PACKAGE_COLUMNS}, "hold_matches": {}, "held": [],
-            "record": [], "driver": None, "cuda": None, "python": {},
+            "os": {},
+            "dgx": {},
+            "kernel": None,
+            "boot_kernels": [],
+            "reboot_required": False,
+            "packages": {column: {} for column in PACKAGE_COLUMNS},
+            "hold_matches": {},
+            "held": [],
+            "record": [],
+            "driver": None,
+            "cuda": None,
+            "python": {},
         }
 
 
@@ -307,8 +330,13 @@ class Firmware(FactBase):
             if words == ["absent"]:
                 found["fwupd"] = "absent"
                 continue
-            if len(words) != 5 or words[0] != "fwupd" or words[1] not in ("get-devices", "get-updates") \
-                    or not words[2].isdigit() or not words[3].isdigit():
+            if (
+                len(words) != 5
+                or words[0] != "fwupd"
+                or words[1] not in ("get-devices", "get-updates")
+                or not words[2].isdigit()
+                or not words[3].isdigit()
+            ):
                 raise ValueError(f"unexpected line {line[:120]!r}")
             _, what, status, limit, encoded = words
             text = base64.b64decode(encoded, validate=True).decode("utf-8", "replace")
@@ -322,8 +350,14 @@ class Firmware(FactBase):
                 for device in fwupd_devices(document, what):
                     releases = [r for r in document_releases(document, device["id"]) if r]
                     if releases:
-                        found["updates"].append({"name": device["name"], "id": device["id"],
-                                                 "version": device["version"], "available": releases[0]})
+                        found["updates"].append(
+                            {
+                                "name": device["name"],
+                                "id": device["id"],
+                                "version": device["version"],
+                                "available": releases[0],
+                            }
+                        )
         found["reboot"] = firmware_reboot(found["devices"]) or ""
         return found
 
@@ -398,5 +432,7 @@ def unexpected(settings: Mapping[str, Any], facts: Mapping[str, Any]) -> list[st
     if kernel and facts["kernel"] != kernel:
         found.append(f"kernel {facts['kernel']} is running, updates_expected_kernel is {kernel}")
     if driver and facts["driver"] != driver:
-        found.append(f"NVIDIA driver {facts['driver'] or '(none loaded)'} is loaded, updates_expected_driver is {driver}")
+        found.append(
+            f"NVIDIA driver {facts['driver'] or '(none loaded)'} is loaded, updates_expected_driver is {driver}"
+        )
     return found

@@ -91,5 +91,10 @@ def firmware_applied(devices: Sequence[str], timeout_s: int = FIRMWARE_APPLY_TIM
     + timeout_s: fwupdmgr is stopped after this long
     """
     if devices:
-        yield StringCommand("sh", "-c", QuoteString(rendering.script("updates/firmware-apply.sh")),
-                            "sparkrig-firmware-apply", str(int(timeout_s)))
+        yield StringCommand(
+            "sh",
+            "-c",
+            QuoteString(rendering.script("updates/firmware-apply.sh")),
+            "sparkrig-firmware-apply",
+            str(int(timeout_s)),
+        )

@@ -83,22 +83,19 @@ def hold_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 
 def packages_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     allowed = (
-        f"a mapping of each of {', '.join(PACKAGE_COLUMNS)} to a list of package names or globs "
-        "(a-z 0-9 + . - * ?)"
+        f"a mapping of each of {', '.join(PACKAGE_COLUMNS)} to a list of package names or globs (a-z 0-9 + . - * ?)"
     )
     if not isinstance(value, Mapping) or set(value) != set(PACKAGE_COLUMNS):
         return allowed
     for column, names in value.items():
-        if not isinstance(names, (list, tuple)) or not all(
-            isinstance(n, str) and _PACKAGE.fullmatch(n) for n in names
-        ):
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and _PACKAGE.fullmatch(n) for n in names):
             return f"{allowed} (bad {column}: {names!r})"
     return None
 
 
 def expected_firmware_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     allowed = (
-        "a mapping of a device (its name as fwupdmgr get-devices shows it, e.g. \"System Firmware\", "
+        'a mapping of a device (its name as fwupdmgr get-devices shows it, e.g. "System Firmware", '
         "or one of its GUIDs) to the firmware version it must have (A-Z a-z 0-9 . _ + ~ : -)"
     )
     if not isinstance(value, Mapping):
@@ -123,7 +120,7 @@ SETTINGS = (
     Setting(
         "updates_hold",
         [],
-        "Packages held, as data: a name or glob (e.g. \"linux-image-*\") is held with apt-mark hold "
+        'Packages held, as data: a name or glob (e.g. "linux-image-*") is held with apt-mark hold '
         "(every installed package it matches); NAME=VERSION pins it to that version in "
         f"{PIN_FILE} (Pin-Priority 1000). Held packages are never upgraded, unattended or by "
         "`apt-get upgrade`. Removing an entry releases the hold and upgrades the package in the "
@@ -133,9 +130,9 @@ SETTINGS = (
     Setting(
         "updates_unattended",
         "off",
-        "Unattended upgrades: \"off\" (sparkrig's boxes are GPU boxes, where a kernel or driver "
+        'Unattended upgrades: "off" (sparkrig\'s boxes are GPU boxes, where a kernel or driver '
         "upgrade must be the owner's decision; DGX OS's own recipe and NVIDIA DeepOps turn them "
-        "off), \"security\" (the distribution's security pocket only) or \"on\" (every source). "
+        'off), "security" (the distribution\'s security pocket only) or "on" (every source). '
         "The apt-daily timers stop or run to match; held packages are never upgraded.",
         one_of(*MODES),
     ),
@@ -143,15 +140,15 @@ SETTINGS = (
         "updates_expected_kernel",
         "",
         "The running kernel (uname -r) every box of this group must have, e.g. "
-        "\"6.17.0-1007-nvidia\"; a box that runs another fails the compliance control, naming both. "
-        "\"\": no expectation.",
+        '"6.17.0-1007-nvidia"; a box that runs another fails the compliance control, naming both. '
+        '"": no expectation.',
         optional(_KERNEL_RELEASE, "a kernel release as uname -r prints it"),
     ),
     Setting(
         "updates_expected_driver",
         "",
-        "The loaded NVIDIA driver version every box of this group must have, e.g. \"580.95.05\"; "
-        "a box with another (or none loaded) fails the compliance control, naming both. \"\": no "
+        'The loaded NVIDIA driver version every box of this group must have, e.g. "580.95.05"; '
+        'a box with another (or none loaded) fails the compliance control, naming both. "": no '
         "expectation.",
         optional(_DRIVER_VERSION, "a driver version such as 580.95.05"),
     ),
@@ -165,8 +162,8 @@ SETTINGS = (
     Setting(
         "updates_systemd_oomd",
         "auto",
-        "systemd-oomd: \"auto\" masks it where earlyoom is the watchdog (watchdog_enabled) and "
-        "leaves it alone elsewhere, \"off\" masks it, \"keep\" leaves it alone. It kills whole "
+        'systemd-oomd: "auto" masks it where earlyoom is the watchdog (watchdog_enabled) and '
+        'leaves it alone elsewhere, "off" masks it, "keep" leaves it alone. It kills whole '
         "cgroups under memory pressure (a user's session with every job started from it), racing "
         "earlyoom, which kills one process, the preferred one (docs/updates.md).",
         one_of(*OOMD_CHOICES),
@@ -174,11 +171,11 @@ SETTINGS = (
     Setting(
         "updates_firmware",
         "report",
-        "Firmware through fwupd: \"report\" (the default: reading firmware changes nothing, and "
+        'Firmware through fwupd: "report" (the default: reading firmware changes nothing, and '
         "DGX OS updates Spark firmware through fwupd) installs fwupd where it is missing, and the "
-        "report, the fleet page and the compliance suite read its devices and versions; \"apply\" "
+        'report, the fleet page and the compliance suite read its devices and versions; "apply" '
         "also installs the updates fwupd's metadata offers (fwupdmgr update) and marks the box as "
-        "needing a reboot (/run/reboot-required), which sparkrig never does by itself; \"off\": "
+        'needing a reboot (/run/reboot-required), which sparkrig never does by itself; "off": '
         "no fwupd, no firmware read.",
         one_of(*FIRMWARE_MODES),
     ),
@@ -187,7 +184,7 @@ SETTINGS = (
         {},
         "The firmware versions every box of this group must have: a device's name as fwupd shows "
         "it (every device of that name) or one of its GUIDs, mapped to a version, e.g. "
-        "{\"System Firmware\": \"2.91\"}. A box with another version, or without the device, "
+        '{"System Firmware": "2.91"}. A box with another version, or without the device, '
         "fails the compliance control, naming the device and both versions.",
         expected_firmware_check,
     ),
@@ -196,7 +193,7 @@ SETTINGS = (
         "never",
         "Whether `sparkrig rollout` reboots a box that needs it (a newer kernel installed than the one "
         "running, /run/reboot-required, a pending firmware update) after its batch converged: "
-        "\"never\" (it is only reported) or \"when-required\" (drained first: no new spark-run job, "
+        '"never" (it is only reported) or "when-required" (drained first: no new spark-run job, '
         "running detached jobs and containers waited for up to updates_drain_timeout; then "
         "rebooted, its kernel and driver checked, proven, undrained; docs/fleets.md).",
         one_of(*REBOOT_CHOICES),

@@ -28,11 +28,16 @@ SWAP_PERCENT = 100
 def earlyoom_args(min_available_kib: int, report_interval_s: int, prefer: str, avoid: str) -> list[str]:
     """earlyoom's arguments, as the words of its command line."""
     return [
-        "-M", str(min_available_kib),
-        "-s", str(SWAP_PERCENT),
-        "-r", str(report_interval_s),
-        "--prefer", prefer,
-        "--avoid", avoid,
+        "-M",
+        str(min_available_kib),
+        "-s",
+        str(SWAP_PERCENT),
+        "-r",
+        str(report_interval_s),
+        "--prefer",
+        prefer,
+        "--avoid",
+        avoid,
     ]
 
 
@@ -41,9 +46,7 @@ def render_default_file(args: Sequence[str]) -> str:
     systemd (``EnvironmentFile=`` then ``$EARLYOOM_ARGS`` split with quote removal) and
     Debian's init script (``bash -c "exec earlyoom $EARLYOOM_ARGS"``) all turn back into
     the bare word; settings validation keeps quotes, backslashes and whitespace out."""
-    return rendering.render(
-        "watchdog/earlyoom.default.j2", args=" ".join(map(rendering.quote_literal, args))
-    )
+    return rendering.render("watchdog/earlyoom.default.j2", args=" ".join(map(rendering.quote_literal, args)))
 
 
 def render_drop_in() -> str:

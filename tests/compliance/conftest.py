@@ -71,7 +71,8 @@ def readers(config, hosts: dict[str, dict]) -> dict:
         if settings["cluster_name"] is not None and everyone is None:
             everyone = inventory_hosts(config, limit=[])  # a --limit may leave peers out
         found[name] = lambda answers, name=name, settings=settings: reads.Reader(
-            name, settings, answers, lambda: everyone)
+            name, settings, answers, lambda: everyone
+        )
     return found
 
 
@@ -98,8 +99,10 @@ def pytest_runtest_call(item):
     limit = ACTION_TIMEOUT_S if action else READ_ONLY_TIMEOUT_S
     timed = threading.current_thread() is threading.main_thread()
     if timed:
+
         def expired(_signum, _frame):
             raise ControlTimeout(f"{item.name} ran past its {limit} s limit: stopped")
+
         previous = signal.signal(signal.SIGALRM, expired)
         signal.setitimer(signal.ITIMER_REAL, limit)
     reads.guarded = not action
@@ -119,14 +122,17 @@ def pytest_addoption(parser, pluginmanager):
         help="pyinfra inventory whose hosts the compliance suite checks (default: the local lab)",
     )
     parser.addoption(
-        "--fleet-page", metavar="PATH",
+        "--fleet-page",
+        metavar="PATH",
         help="also write the fleet page, one HTML file: each host's versions and every control's "
-             "outcome, why, and what it protects against (with --inventory, or against the lab)",
+        "outcome, why, and what it protects against (with --inventory, or against the lab)",
     )
     parser.addoption(
-        "--limit", action="append", default=[],
+        "--limit",
+        action="append",
+        default=[],
         help="with --inventory: only these hosts, as pyinfra's --limit (group or host glob; "
-             "comma-separated or repeated)",
+        "comma-separated or repeated)",
     )
 
 
@@ -203,8 +209,10 @@ def read_only_selection(markexpr: str) -> bool:
         return False
     expression = Expression.compile(markexpr)
     # An action control's markers: action, and lab against the lab.
-    return not any(expression.evaluate(lambda name, marks=marks, **_kwargs: name in marks)
-                   for marks in ({"action"}, {"action", "lab"}))
+    return not any(
+        expression.evaluate(lambda name, marks=marks, **_kwargs: name in marks)
+        for marks in ({"action"}, {"action", "lab"})
+    )
 
 
 # One SSH connection per host for the whole suite. testinfra asks ssh for
@@ -266,8 +274,10 @@ def pytest_configure(config):
     if config.option.hosts:
         config.sparkrig_targets = "hosts"
         if config.getoption("--fleet-page"):
-            raise pytest.UsageError("--fleet-page needs --inventory (or the lab): testinfra's --hosts "
-                                    "name no inventory to read the versions from")
+            raise pytest.UsageError(
+                "--fleet-page needs --inventory (or the lab): testinfra's --hosts "
+                "name no inventory to read the versions from"
+            )
         return
     if inventory:
         config.sparkrig_targets = "inventory"
@@ -280,7 +290,8 @@ def pytest_configure(config):
             # Read once here, for every worker, while the workers start (this also opens each
             # host's shared connection); constants(config) waits for it.
             config.sparkrig_prefetch = ThreadPoolExecutor(max_workers=1).submit(
-                reads.prefetch, str(ssh_config), names, reads.EVERY_HOST, readers(config, hosts))
+                reads.prefetch, str(ssh_config), names, reads.EVERY_HOST, readers(config, hosts)
+            )
             if config.getoption("--fleet-page"):
                 read_versions(config)  # beside the controls
     else:
@@ -332,17 +343,17 @@ def settings(host, host_data) -> dict:
     """The effective sparkrig settings of the host under test: its data over the defaults."""
     data = host_data.get(inventory_name(host))
     if data is None:  # a --hosts target: what group_data/all.py says for every host
-        data = {k: v for k, v in runpy.run_path(str(REPO / "group_data" / "all.py")).items()
-                if not k.startswith("_")}
+        data = {k: v for k, v in runpy.run_path(str(REPO / "group_data" / "all.py")).items() if not k.startswith("_")}
     return resolve(all_settings(), data)
 
 
 @pytest.fixture
 def read(request, host, settings):
     """``read(NEED)``: what the need returns on the host under test (reads.py)."""
+
     def answered(function):
-        return reads.answer(host.backend, inventory_name(host), function, settings,
-                            lambda: _every_host(request))
+        return reads.answer(host.backend, inventory_name(host), function, settings, lambda: _every_host(request))
+
     return answered
 
 
@@ -405,7 +416,9 @@ def pytest_collection_modifyitems(config, items):
         if callspec and "_testinfra_host" in callspec.params:
             together = TOGETHER.get(Path(item.fspath).stem)
             if together:
-                item.add_marker(pytest.mark.xdist_group(f"{inventory_name(callspec.params['_testinfra_host'])}/{together}"))
+                item.add_marker(
+                    pytest.mark.xdist_group(f"{inventory_name(callspec.params['_testinfra_host'])}/{together}")
+                )
 
 
 # Controls that share something they set up on a host run one after the other, in one
@@ -416,6 +429,7 @@ TOGETHER = {"test_containers": "containers", "test_ngc": "containers"}
 
 # --- the per-host table ----------------------------------------------------------
 
+
 def host_of(nodeid: str, names) -> str | None:
     """The inventory name in a control's test id, or None. testinfra's id comes first in the
     brackets (``[ssh://NAME]``, ``[local]``), joined by "-" to other parameters, so the
@@ -423,8 +437,7 @@ def host_of(nodeid: str, names) -> str | None:
     local = fleet_page.LOCAL_ID
     if "@local" in names and (f"[{local}]" in nodeid or f"[{local}-" in nodeid):
         return "@local"
-    fits = [name for name in names
-            if f"[ssh://{name}]" in nodeid or f"[ssh://{name}-" in nodeid]
+    fits = [name for name in names if f"[ssh://{name}]" in nodeid or f"[ssh://{name}-" in nodeid]
     return max(fits, key=len) if fits else None
 
 
@@ -497,7 +510,7 @@ def found(report) -> str:
         else:
             line = f"a command exited {result['rc']}: {stderr or result['command']}"
     if len(line) > FINDING_MAX:
-        line = line[:FINDING_MAX - 1] + "…"
+        line = line[: FINDING_MAX - 1] + "…"
     return f"{line} (at setup)" if report.when == "setup" else line
 
 
@@ -557,8 +570,11 @@ class HostTable:
             rows.append((target, *(str(counts[o]) for o in ("passed", "failed", "skipped"))))
         width = max(len(r[0]) for r in rows)
         out = [f"{r[0]:<{width}}  {r[1]:>6}  {r[2]:>6}  {r[3]:>7}" for r in rows]
-        return (out + (["failed controls:", *failures] if failures else [])
-                + (["waived controls (failed, accepted by --waivers):", *waivers] if waivers else []))
+        return (
+            out
+            + (["failed controls:", *failures] if failures else [])
+            + (["waived controls (failed, accepted by --waivers):", *waivers] if waivers else [])
+        )
 
 
 _TABLE = HostTable()
@@ -578,7 +594,10 @@ def read_versions(config) -> subprocess.Popen | None:
         limits = [arg for limit in config.getoption("--limit") for arg in ("--limit", limit)]
         reader = subprocess.Popen(
             [sys.executable, "-m", "sparkrig.tools", "report", inventory, *limits, "--json"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         config._sparkrig_versions = reader
     return reader
@@ -608,8 +627,9 @@ def page_hosts(config, table: HostTable) -> dict:
     hosts = {}
     for name in [*table.names, *(n for n in table.outcomes if n not in table.names)]:
         controls = [
-            fleet_page.control_of(key, name, outcome,
-                                  table.findings.get((name, key)) or table.skips.get((name, key), ""), known)
+            fleet_page.control_of(
+                key, name, outcome, table.findings.get((name, key)) or table.skips.get((name, key), ""), known
+            )
             for key, outcome in sorted(table.outcomes.get(name, {}).items())
         ]
         span = table.spans.get(name)
@@ -623,12 +643,17 @@ def _when(epoch: float) -> str:
 
 
 def write_fleet_page(config, table: HostTable) -> str:
-
     path = config.getoption("--fleet-page")
-    fleet_page.write(path, fleet_page.render(
-        page_hosts(config, table), columns=(*COLUMNS, *GPU_COLUMNS), title="sparkrig compliance",
-        source=f"the compliance suite ({config.getoption('--inventory') or 'the lab'})",
-        changed=results.page_changes(config)))
+    fleet_page.write(
+        path,
+        fleet_page.render(
+            page_hosts(config, table),
+            columns=(*COLUMNS, *GPU_COLUMNS),
+            title="sparkrig compliance",
+            source=f"the compliance suite ({config.getoption('--inventory') or 'the lab'})",
+            changed=results.page_changes(config),
+        ),
+    )
     return path
 
 

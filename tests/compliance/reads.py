@@ -65,17 +65,22 @@ _CONSTANT = re.compile(
 # One command that answers every path question: the six tests as 0/1, then stat, then readlink.
 _TESTS = "edfLSx"
 _READ_PATH = (
-    "p=%s; for t in " + " ".join(_TESTS) + "; do if test -$t \"$p\"; then printf 1; else printf 0; fi; done; echo;"
-    " stat -Lc '%%U %%G %%a %%u %%g %%s' -- \"$p\" 2>/dev/null || echo; readlink -f -- \"$p\" || echo;"
-    " realpath -- \"$p\" || echo"
+    "p=%s; for t in " + " ".join(_TESTS) + '; do if test -$t "$p"; then printf 1; else printf 0; fi; done; echo;'
+    ' stat -Lc \'%%U %%G %%a %%u %%g %%s\' -- "$p" 2>/dev/null || echo; readlink -f -- "$p" || echo;'
+    ' realpath -- "$p" || echo'
 )
 _STATS = ("stat -Lc %U", "stat -Lc %G", "stat -Lc %a", "stat -Lc %u", "stat -Lc %g", "stat -Lc %s")
 
 
 # The constants that testinfra and the action controls ask on every host, as they ask them.
 EVERY_HOST = (
-    "id -nu", "uname -s", "uname -m", "cat /etc/os-release", "test -d /run/systemd/system",
-    "getconf PAGESIZE", "awk '$1 == \"MemTotal:\" { print $2 }' /proc/meminfo",
+    "id -nu",
+    "uname -s",
+    "uname -m",
+    "cat /etc/os-release",
+    "test -d /run/systemd/system",
+    "getconf PAGESIZE",
+    "awk '$1 == \"MemTotal:\" { print $2 }' /proc/meminfo",
 )
 PREFETCH_TIMEOUT_S = 120
 READ_TIMEOUT_S = 90  # each read on the host is killed after this long (a hung command fails its control)
@@ -251,8 +256,13 @@ class Reader:
     """What a need asks of one host, answered from ``answers`` (every ask is recorded in
     ``wanted``, read or not)."""
 
-    def __init__(self, name: str, settings: Mapping, answers: Mapping[str, tuple[int, bytes, bytes]],
-                 inventory: Callable[[], Mapping[str, dict] | None] | None = None):
+    def __init__(
+        self,
+        name: str,
+        settings: Mapping,
+        answers: Mapping[str, tuple[int, bytes, bytes]],
+        inventory: Callable[[], Mapping[str, dict] | None] | None = None,
+    ):
         self.name, self.settings, self.answers = name, settings, answers
         self._inventory = inventory
         self.wanted: dict[str, None] = {}
@@ -297,11 +307,11 @@ def prefetch_script(commands: Iterable[str], nonce: str) -> str:
     ``nonce:status:stdout:stderr``, the outputs base64-encoded."""
     quoted = " ".join(shlex.quote(c) for c in commands)
     return (
-        'd=$(mktemp -d) || exit 1; trap \'rm -rf "$d"\' EXIT; s=${SHELL:-/bin/sh}; i=0; '
-        f'for c in {quoted}; do i=$((i+1)); '
+        "d=$(mktemp -d) || exit 1; trap 'rm -rf \"$d\"' EXIT; s=${SHELL:-/bin/sh}; i=0; "
+        f"for c in {quoted}; do i=$((i+1)); "
         f'{{ timeout -k 5 {READ_TIMEOUT_S} "$s" -c "$c" >"$d/$i.o" 2>"$d/$i.e" </dev/null; echo $? >"$d/$i.r"; }} & '
-        'done; wait; i=0; '
-        f'for c in {quoted}; do i=$((i+1)); '
+        "done; wait; i=0; "
+        f"for c in {quoted}; do i=$((i+1)); "
         f'printf \'{nonce}:%s:%s:%s\\n\' "$(cat "$d/$i.r")" "$(base64 -w0 <"$d/$i.o")" "$(base64 -w0 <"$d/$i.e")"; done'
     )
 
@@ -319,8 +329,11 @@ def parse_prefetch(output: str, commands: Iterable[str], nonce: str) -> dict[str
         if len(fields) != 4 or not fields[1].isdigit():
             return {}
         try:
-            answers[command] = (int(fields[1]), base64.b64decode(fields[2], validate=True),
-                                base64.b64decode(fields[3], validate=True))
+            answers[command] = (
+                int(fields[1]),
+                base64.b64decode(fields[2], validate=True),
+                base64.b64decode(fields[3], validate=True),
+            )
         except ValueError:
             return {}
     return answers
@@ -331,11 +344,24 @@ def _read(ssh_config: str, name: str, commands: list[str]) -> dict[str, tuple[in
     nonce = uuid.uuid4().hex
     if _LOG:
         with open(_LOG, "a") as log:
-            log.write(json.dumps({"host": name, "control": "(prefetch)", "command": f"{len(commands)} reads",
-                                  "sudo": False, "action": False}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "host": name,
+                        "control": "(prefetch)",
+                        "command": f"{len(commands)} reads",
+                        "sudo": False,
+                        "action": False,
+                    }
+                )
+                + "\n"
+            )
     script = prefetch_script(commands, nonce)
-    argv = (["sh", "-c", script] if name == "@local" else
-            ["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", name, script])
+    argv = (
+        ["sh", "-c", script]
+        if name == "@local"
+        else ["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", name, script]
+    )
     output = _ssh_output(argv)
     return {} if output is None else parse_prefetch(output, commands, nonce)
 
@@ -346,8 +372,9 @@ def _ssh_output(argv: list[str]) -> str | None:
     banner in its .bashrc), which must fail no other host's reading; this run's own lines
     are ASCII."""
     try:
-        result = subprocess.run(argv, capture_output=True, timeout=PREFETCH_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                                cwd="/")
+        result = subprocess.run(
+            argv, capture_output=True, timeout=PREFETCH_TIMEOUT_S, stdin=subprocess.DEVNULL, cwd="/"
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout.decode("ascii", errors="replace") if result.returncode == 0 else None
@@ -364,8 +391,12 @@ def plan(reader: Reader) -> None:
             pass  # the control meets it again, and fails or skips with it
 
 
-def prefetch(ssh_config: str, names: Iterable[str], commands: Iterable[str] = EVERY_HOST,
-             readers: Mapping[str, Callable[[Mapping], Reader]] | None = None) -> dict:
+def prefetch(
+    ssh_config: str,
+    names: Iterable[str],
+    commands: Iterable[str] = EVERY_HOST,
+    readers: Mapping[str, Callable[[Mapping], Reader]] | None = None,
+) -> dict:
     """``commands`` and what every need asks of each host (``readers[name](answers)``
     gives the host's :class:`Reader`), read on every host of ``names``, one command per host
     and round, the hosts at once: {name: {command: [status, stdout, stderr]}}, outputs as
@@ -392,8 +423,10 @@ def prefetch(ssh_config: str, names: Iterable[str], commands: Iterable[str] = EV
             if not found:
                 break
             answers.update(found)
-        return name, {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
-                      for c, (rc, out, err) in answers.items()}
+        return name, {
+            c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
+            for c, (rc, out, err) in answers.items()
+        }
 
     names = list(names)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
@@ -403,8 +436,9 @@ def prefetch(ssh_config: str, names: Iterable[str], commands: Iterable[str] = EV
 def seed(found: Mapping[str, Mapping[str, list]]) -> None:
     """Answer what :func:`prefetch` read, in this process."""
     for name, answers in found.items():
-        _SEEDS[name] = {c: (int(rc), base64.b64decode(out), base64.b64decode(err))
-                        for c, (rc, out, err) in answers.items()}
+        _SEEDS[name] = {
+            c: (int(rc), base64.b64decode(out), base64.b64decode(err)) for c, (rc, out, err) in answers.items()
+        }
 
 
 def _send(backend: BaseBackend, commands: list[str]) -> dict[str, tuple[int, bytes, bytes]]:
@@ -419,8 +453,13 @@ def _send(backend: BaseBackend, commands: list[str]) -> dict[str, tuple[int, byt
     return parse_prefetch(out.stdout_bytes.decode("ascii", errors="replace"), commands, nonce)
 
 
-def answer(backend: BaseBackend, name: str, function: Callable[[Reader], Any], settings: Mapping,
-           inventory: Callable[[], Mapping[str, dict] | None] | None = None) -> Any:
+def answer(
+    backend: BaseBackend,
+    name: str,
+    function: Callable[[Reader], Any],
+    settings: Mapping,
+    inventory: Callable[[], Mapping[str, dict] | None] | None = None,
+) -> Any:
     """What the need ``function`` returns for host ``name`` (reached through ``backend``):
     answered from the prefetch (unless the control acts), whatever is missing read in one
     command per round."""
@@ -514,10 +553,18 @@ _LOG = os.environ.get("SPARKRIG_COMPLIANCE_LOG")
 def _logged(run, backend):
     def sent(command, *args):
         with open(_LOG, "a") as log:
-            log.write(json.dumps({"host": backend.get_hostname(), "control": os.environ.get("PYTEST_CURRENT_TEST", ""),
-                                  "command": backend.get_command(command, *args),
-                                  "sudo": backend.get_command(command, *args) != backend.quote(command, *args),
-                                  "action": acting}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "host": backend.get_hostname(),
+                        "control": os.environ.get("PYTEST_CURRENT_TEST", ""),
+                        "command": backend.get_command(command, *args),
+                        "sudo": backend.get_command(command, *args) != backend.quote(command, *args),
+                        "action": acting,
+                    }
+                )
+                + "\n"
+            )
         return run(command, *args)
 
     return sent

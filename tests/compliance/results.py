@@ -54,18 +54,21 @@ HISTORY_MAX = 1000
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--results", metavar="DIR",
+        "--results",
+        metavar="DIR",
         help="also write this run's results as one JSON document into DIR (a directory of yours): "
-             "each host's versions and every control's id, outcome, reason, protection and duration",
+        "each host's versions and every control's id, outcome, reason, protection and duration",
     )
     parser.addoption(
-        "--waivers", metavar="FILE",
+        "--waivers",
+        metavar="FILE",
         help="YAML list of accepted failures (control, hosts, justification, expires: YYYY-MM-DD): "
-             "a waived failure fails nothing until its expiry date",
+        "a waived failure fails nothing until its expiry date",
     )
 
 
 # --- waivers ----------------------------------------------------------------------------
+
 
 class Waiver(NamedTuple):
     control: str
@@ -83,6 +86,7 @@ class Waiver(NamedTuple):
 
 def load_waivers(path: str) -> list[Waiver]:
     """The waivers of ``path``, or a UsageError naming the line and what is wrong."""
+
     def bad(line: int, why: str):
         return pytest.UsageError(f"--waivers {path} line {line}: {why}")
 
@@ -98,7 +102,7 @@ def load_waivers(path: str) -> list[Waiver]:
     if root is None:
         return []
     if not isinstance(root, yaml.SequenceNode):
-        raise bad(root.start_mark.line + 1, "expected a list of waivers (each \"- control: ...\")")
+        raise bad(root.start_mark.line + 1, 'expected a list of waivers (each "- control: ...")')
     return [_waiver(entry, bad) for entry in root.value]
 
 
@@ -121,8 +125,10 @@ def _waiver(entry, bad) -> Waiver:
         fields[name] = (value.value.strip(), at)
     missing = [key for key in KEYS if key not in fields]
     if missing:
-        why = {"justification": " (say why this failure is accepted)",
-               "expires": " (YYYY-MM-DD: no waiver lasts for ever)"}
+        why = {
+            "justification": " (say why this failure is accepted)",
+            "expires": " (YYYY-MM-DD: no waiver lasts for ever)",
+        }
         raise bad(line, "missing " + ", ".join(f"{key!r}{why.get(key, '')}" for key in missing))
     expires, at = fields["expires"]
     try:
@@ -146,6 +152,7 @@ def waiver_for(waivers, control: str, host: str) -> Waiver | None:
 
 
 # --- the report of one control ------------------------------------------------------------
+
 
 def control_id(nodeid: str, host: str) -> str:
     """A control's id: its module file and name, testinfra's id of ``host`` left out
@@ -172,8 +179,12 @@ def pytest_runtest_makereport(item, call):
     waiver = waiver_for(waivers, control_id(report.nodeid, host), host)
     if waiver is None:
         return report
-    report.sparkrig_waiver = {"justification": waiver.justification, "expires": waiver.expires.isoformat(),
-                              "line": waiver.line, "expired": today() >= waiver.expires}
+    report.sparkrig_waiver = {
+        "justification": waiver.justification,
+        "expires": waiver.expires.isoformat(),
+        "line": waiver.line,
+        "expired": today() >= waiver.expires,
+    }
     if not report.sparkrig_waiver["expired"]:
         report.outcome = "skipped"
         report.wasxfail = f"waived until {waiver.expires}: {waiver.justification}"
@@ -232,6 +243,7 @@ class Record:
 
 # --- the run ------------------------------------------------------------------------------
 
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     """Before conftest contacts any host: the waivers read and checked, DIR checked."""
@@ -282,12 +294,24 @@ def document(config, hosts: dict) -> dict:
     for name in names:
         host = hosts.get(name, fleet_page.Host())
         controls = [
-            {"id": control, "host": name, "outcome": r.outcome, "reason": r.reason, "protects": r.protects,
-             "duration_s": round(r.duration, 3), **({"waiver": r.waiver} if r.waiver else {})}
-            for (h, control), r in sorted(records.items()) if h == name and r.outcome
+            {
+                "id": control,
+                "host": name,
+                "outcome": r.outcome,
+                "reason": r.reason,
+                "protects": r.protects,
+                "duration_s": round(r.duration, 3),
+                **({"waiver": r.waiver} if r.waiver else {}),
+            }
+            for (h, control), r in sorted(records.items())
+            if h == name and r.outcome
         ]
-        out[name] = {"versions": dict(host.versions), "versions_read": host.versions_read,
-                     "versions_error": host.versions_error, "controls": controls}
+        out[name] = {
+            "versions": dict(host.versions),
+            "versions_read": host.versions_read,
+            "versions_error": host.versions_error,
+            "controls": controls,
+        }
     return {
         "schema": SCHEMA,
         "started": config.sparkrig_started.isoformat(timespec="seconds"),
@@ -335,8 +359,11 @@ def earlier_runs(directory: Path, before: str) -> list[dict]:
     """The documents in ``directory`` of runs before the one named ``before``, newest first
     (at most HISTORY_MAX; a link, a file too large or not this schema's is passed over)."""
     limit = run_order(before)
-    names = sorted((p for p in directory.glob("*.json") if run_order(p.name) and run_order(p.name) < limit),
-                   key=lambda p: run_order(p.name), reverse=True)[:HISTORY_MAX]
+    names = sorted(
+        (p for p in directory.glob("*.json") if run_order(p.name) and run_order(p.name) < limit),
+        key=lambda p: run_order(p.name),
+        reverse=True,
+    )[:HISTORY_MAX]
     runs = []
     for path in names:
         try:

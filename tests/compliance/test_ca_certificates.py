@@ -32,8 +32,10 @@ def certificates(r) -> dict:
     """Each extra certificate's file (its reading and content) and the system bundle."""
     if not r.settings["ca_certificates_extra"]:
         return None
-    files = {name: (r.path(f"{CERT_DIR}/sparkrig-{name}.crt"), r.file(f"{CERT_DIR}/sparkrig-{name}.crt"))
-             for name in r.settings["ca_certificates_extra"]}
+    files = {
+        name: (r.path(f"{CERT_DIR}/sparkrig-{name}.crt"), r.file(f"{CERT_DIR}/sparkrig-{name}.crt"))
+        for name in r.settings["ca_certificates_extra"]
+    }
     return {"files": files, "bundle": r.file(BUNDLE)}
 
 

@@ -61,23 +61,32 @@ def cluster_node(me: str, settings, inventory_hosts: dict[str, dict]) -> dict | 
                     peers.append({"name": peer, "address": str(ip), "interface": interface})
     head = settings["cluster_head"] or next(iter(nodes))
     return {
-        "name": name, "interfaces": interfaces, "peers": peers, "user": settings["cluster_user"],
+        "name": name,
+        "interfaces": interfaces,
+        "peers": peers,
+        "user": settings["cluster_user"],
         "mtu": settings["cluster_mtu"],
-        "addresses": sorted(str(ipaddress.IPv4Interface(a).ip) for d in nodes.values()
-                            for a in d["cluster_interfaces"].values()),
+        "addresses": sorted(
+            str(ipaddress.IPv4Interface(a).ip) for d in nodes.values() for a in d["cluster_interfaces"].values()
+        ),
         "head": str(ipaddress.IPv4Interface(next(iter(nodes[head]["cluster_interfaces"].values()))).ip),
         "nodes": [head] + [n for n in nodes if n != head],
-        "firsts": {n: str(ipaddress.IPv4Interface(next(iter(d["cluster_interfaces"].values()))).ip)
-                   for n, d in nodes.items()},
-        "node_addresses": {n: sorted(str(ipaddress.IPv4Interface(a).ip) for a in d["cluster_interfaces"].values())
-                           for n, d in nodes.items()},
+        "firsts": {
+            n: str(ipaddress.IPv4Interface(next(iter(d["cluster_interfaces"].values()))).ip) for n, d in nodes.items()
+        },
+        "node_addresses": {
+            n: sorted(str(ipaddress.IPv4Interface(a).ip) for a in d["cluster_interfaces"].values())
+            for n, d in nodes.items()
+        },
     }
 
 
 def as_user(user: str, command: str) -> str:
     """``command`` as the cluster user (through sudo when the suite logs in as someone else)."""
-    return (f'if [ "$(id -nu)" = {shlex.quote(user)} ]; then {command}; '
-            f"else sudo -n runuser -u {shlex.quote(user)} -- {command}; fi")
+    return (
+        f'if [ "$(id -nu)" = {shlex.quote(user)} ]; then {command}; '
+        f"else sudo -n runuser -u {shlex.quote(user)} -- {command}; fi"
+    )
 
 
 AUTHORIZED_KEYS_LIMIT = 1024 * 1024
@@ -92,8 +101,10 @@ _LOGIN_ENV = "bash -lc " + shlex.quote("printf '%s\\n' " + " ".join(f'"${n}"' fo
 
 
 def _unit_env(settings) -> str:
-    return (f"systemd-run -q --wait --pipe -p EnvironmentFile={settings['cluster_env_file']} "
-            f"printenv {' '.join(_NCCL_NAMES)}")
+    return (
+        f"systemd-run -q --wait --pipe -p EnvironmentFile={settings['cluster_env_file']} "
+        f"printenv {' '.join(_NCCL_NAMES)}"
+    )
 
 
 @need
@@ -107,19 +118,30 @@ def cluster(r) -> dict | None:
         return None
     user = node["user"]
     # The cluster user's authorized_keys, a file that user controls: through the bounded reader.
-    keys = (f"h=$(getent passwd {shlex.quote(user)} | cut -d: -f6) && "
-            + user_read('"$h/.ssh/authorized_keys"', AUTHORIZED_KEYS_LIMIT))
+    keys = f"h=$(getent passwd {shlex.quote(user)} | cut -d: -f6) && " + user_read(
+        '"$h/.ssh/authorized_keys"', AUTHORIZED_KEYS_LIMIT
+    )
     return {
-        "links": {interface: r.run(f"ip -j addr show dev {shlex.quote(interface)}") for interface in node["interfaces"]},
+        "links": {
+            interface: r.run(f"ip -j addr show dev {shlex.quote(interface)}") for interface in node["interfaces"]
+        },
         "routes": {peer["address"]: r.run(f"ip -o route get {peer['address']}") for peer in node["peers"]},
-        "pings": {peer["address"]: r.run(f"ping -n -c 1 -W 2 -M do -s {node['mtu'] - 28} {peer['address']}", sudo=True)
-                  for peer in node["peers"]},
-        "logins": {peer["address"]: r.run(as_user(user, "ssh -n -o BatchMode=yes -o ConnectTimeout=5 "
-                                                        f"{peer['address']} id -un")) for peer in node["peers"]},
+        "pings": {
+            peer["address"]: r.run(f"ping -n -c 1 -W 2 -M do -s {node['mtu'] - 28} {peer['address']}", sudo=True)
+            for peer in node["peers"]
+        },
+        "logins": {
+            peer["address"]: r.run(
+                as_user(user, f"ssh -n -o BatchMode=yes -o ConnectTimeout=5 {peer['address']} id -un")
+            )
+            for peer in node["peers"]
+        },
         # ssh's own exit status 255 is what the control checks: said, not taken for a failure.
         "unpinned": r.run(f"{{ {as_user(user, _unpinned_probe(node['peers'][0]))}; }} 2>&1; echo exit=$?")
-        if node["peers"] else None,
-        "key": r.path("/etc/sparkrig/cluster/id_ed25519"), "key_dir": r.path("/etc/sparkrig/cluster"),
+        if node["peers"]
+        else None,
+        "key": r.path("/etc/sparkrig/cluster/id_ed25519"),
+        "key_dir": r.path("/etc/sparkrig/cluster"),
         "authorized_keys": r.run(keys, sudo=True),
         "login_env": r.run(as_user(user, _LOGIN_ENV)),
         "unit_env": r.run(_unit_env(settings), sudo=True),
@@ -159,8 +181,9 @@ def test_the_cluster_user_logs_in_to_every_peer_without_a_prompt(read, node):
     node (every node runs this control, so trust is checked both ways)."""
     for peer in node["peers"]:
         result = read(cluster)["logins"][peer["address"]]
-        assert result.rc == 0 and result.stdout.strip() == node["user"], \
+        assert result.rc == 0 and result.stdout.strip() == node["user"], (
             f"{peer['name']}: {result.stdout}{result.stderr}"
+        )
 
 
 def test_a_host_key_that_is_not_pinned_is_refused(read, node):
@@ -216,8 +239,9 @@ def test_nccl_environment_names_the_link_for_shells_and_units(read, node):
 def test_the_mpi_hostfile_lists_every_node_head_first(read, node):
     """Protects against mpirun starting ranks on a node left out, or rank 0 (NCCL's root)
     off the head."""
-    lines = [line.split()[0] for line in read(cluster)["hostfile"].check().splitlines()
-             if line and not line.startswith("#")]
+    lines = [
+        line.split()[0] for line in read(cluster)["hostfile"].check().splitlines() if line and not line.startswith("#")
+    ]
     assert lines == [node["firsts"][n] for n in node["nodes"]]
 
 

@@ -23,7 +23,9 @@ DAEMON_JSON = "/etc/docker/daemon.json"
 BACKUP = "/etc/docker/daemon.json.sparkrig-old"
 # The stand-in image the lab imports (busybox-static, from the lab image): the lab has
 # no registry access for Docker Hub.
-LAB_IMAGE_ROOTFS = "mkdir -p {d}/bin && cp /bin/busybox {d}/bin/ && ln -sf busybox {d}/bin/true && ln -sf busybox {d}/bin/sh"
+LAB_IMAGE_ROOTFS = (
+    "mkdir -p {d}/bin && cp /bin/busybox {d}/bin/ && ln -sf busybox {d}/bin/true && ln -sf busybox {d}/bin/sh"
+)
 
 
 @pytest.fixture
@@ -51,27 +53,40 @@ def state(r) -> dict:
     found = {
         **docker_present(r),
         "service": r.service(SERVICE),
-        **{key: r.run("docker info --format %s", template, sudo=True)
-           for key, template in (("runtimes", "{{json .Runtimes}}"), ("default", "{{.DefaultRuntime}}"))},
-        "paths": {path: r.path(path) for path in (BACKUP, DAEMON_JSON, "/run/docker.sock", "/dev/nvidiactl",
-                                                   "/etc/cdi/nvidia.yaml")},
-        "backup": r.file(BACKUP, sudo=True), "daemon_json": r.file(DAEMON_JSON, sudo=True),
-        "cmdline": r.run("tr '\\0' ' ' < /proc/$(systemctl show --property MainPID --value %s)/cmdline",
-                         SERVICE, sudo=True),
+        **{
+            key: r.run("docker info --format %s", template, sudo=True)
+            for key, template in (("runtimes", "{{json .Runtimes}}"), ("default", "{{.DefaultRuntime}}"))
+        },
+        "paths": {
+            path: r.path(path)
+            for path in (BACKUP, DAEMON_JSON, "/run/docker.sock", "/dev/nvidiactl", "/etc/cdi/nvidia.yaml")
+        },
+        "backup": r.file(BACKUP, sudo=True),
+        "daemon_json": r.file(DAEMON_JSON, sudo=True),
+        "cmdline": r.run(
+            "tr '\\0' ' ' < /proc/$(systemctl show --property MainPID --value %s)/cmdline", SERVICE, sudo=True
+        ),
         "cdi_refresh": r.service("nvidia-cdi-refresh.path", exists=True),
         "nvidia_ctk": r.run("command -v nvidia-ctk"),
         "groups": {user: r.run("id -nG %s", user) for user in r.settings["containers_docker_users"]},
-        "os_release": r.file("/etc/os-release"), "arch": r.run("dpkg --print-architecture"),
-        "entries": r.run("grep -s -H -E '^[[:space:]]*(deb|deb-src|URIs:)[[:space:]]' "
-                         "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources"),
+        "os_release": r.file("/etc/os-release"),
+        "arch": r.run("dpkg --print-architecture"),
+        "entries": r.run(
+            "grep -s -H -E '^[[:space:]]*(deb|deb-src|URIs:)[[:space:]]' "
+            "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources"
+        ),
         "repos": {},
     }
     for repo in _vendors(r.settings):
         sources = f"/etc/apt/sources.list.d/sparkrig-{repo['name']}.sources"
         keyring = f"/etc/apt/keyrings/sparkrig-{repo['name']}.gpg"
         found["repos"][repo["name"]] = {
-            "sources": r.path(sources), "content": r.file(sources), "keyring": r.path(keyring),
-            "keys": r.run("t=$(mktemp -d) && gpg --homedir $t --batch --with-colons --show-keys %s; rm -rf $t", keyring),
+            "sources": r.path(sources),
+            "content": r.file(sources),
+            "keyring": r.path(keyring),
+            "keys": r.run(
+                "t=$(mktemp -d) && gpg --homedir $t --batch --with-colons --show-keys %s; rm -rf $t", keyring
+            ),
             "policies": {package: r.run("apt-cache policy %s", package) for package in repo["packages"]},
         }
     return found
@@ -92,14 +107,17 @@ def check_image(docker, settings, host_data):
     data = host_data.get(inventory_name(docker), {})
     lab_host = "lab_flavour" in data
     if data.get("lab_emulated"):
-        pytest.skip("lab host under qemu-user emulation: containerd's runc shim cannot start a container "
-                    "there ('failed to start shim: invalid argument'); a real GB10 runs them natively")
+        pytest.skip(
+            "lab host under qemu-user emulation: containerd's runc shim cannot start a container "
+            "there ('failed to start shim: invalid argument'); a real GB10 runs them natively"
+        )
     with docker.sudo():
         present = docker.run("docker image inspect %s", image).rc == 0
         if not present and lab_host:
             d = "/tmp/sparkrig-lab-image"
             docker.check_output(
-                f"rm -rf {d} && {LAB_IMAGE_ROOTFS.format(d=d)} && tar -C {d} -c . | docker import - %s", image)
+                f"rm -rf {d} && {LAB_IMAGE_ROOTFS.format(d=d)} && tar -C {d} -c . | docker import - %s", image
+            )
     return image
 
 
@@ -213,9 +231,7 @@ def test_configured_users_are_in_the_docker_group(dockerd, settings):
 
 
 def _release(found) -> dict[str, str]:
-    os_release = dict(
-        line.split("=", 1) for line in found["os_release"].check().splitlines() if "=" in line
-    )
+    os_release = dict(line.split("=", 1) for line in found["os_release"].check().splitlines() if "=" in line)
     return {
         "os": os_release["ID"].strip('"'),
         "codename": os_release.get("VERSION_CODENAME", "").strip('"'),
@@ -225,14 +241,22 @@ def _release(found) -> dict[str, str]:
 
 def _vendors(settings) -> list[dict[str, str]]:
     return [
-        {"name": "docker", "source": settings["containers_docker_source"], "vendor": "docker-ce",
-         "url": settings["containers_docker_repo_url"],
-         "fingerprint": settings["containers_docker_key_fingerprint"],
-         "packages": settings["containers_docker_ce_packages"]},
-        {"name": "nvidia-container-toolkit", "source": settings["containers_toolkit_source"], "vendor": "nvidia",
-         "url": settings["containers_toolkit_repo_url"],
-         "fingerprint": settings["containers_toolkit_key_fingerprint"],
-         "packages": settings["containers_toolkit_packages"]},
+        {
+            "name": "docker",
+            "source": settings["containers_docker_source"],
+            "vendor": "docker-ce",
+            "url": settings["containers_docker_repo_url"],
+            "fingerprint": settings["containers_docker_key_fingerprint"],
+            "packages": settings["containers_docker_ce_packages"],
+        },
+        {
+            "name": "nvidia-container-toolkit",
+            "source": settings["containers_toolkit_source"],
+            "vendor": "nvidia",
+            "url": settings["containers_toolkit_repo_url"],
+            "fingerprint": settings["containers_toolkit_key_fingerprint"],
+            "packages": settings["containers_toolkit_packages"],
+        },
     ]
 
 
@@ -240,9 +264,10 @@ def _repositories(settings, found) -> list[dict[str, str]]:
     """The vendor repositories sparkrig must have configured: those the settings name, and
     under "auto" those whose sparkrig sources file exists (auto chose the vendor's)."""
     return [
-        repo for repo in _vendors(settings)
-        if repo["source"] == repo["vendor"] or (
-            repo["source"] == "auto" and found["repos"][repo["name"]]["sources"].exists)
+        repo
+        for repo in _vendors(settings)
+        if repo["source"] == repo["vendor"]
+        or (repo["source"] == "auto" and found["repos"][repo["name"]]["sources"].exists)
     ]
 
 
@@ -267,8 +292,9 @@ def test_no_vendor_repository_is_configured_twice(dockerd, settings):
     entries = _source_entries(dockerd)
     for repo in _vendors(settings):
         origin = repo["url"].split("://", 1)[-1].split("{", 1)[0].rstrip("/")
-        files = sorted({path for path, uri in entries
-                        if (uri.split("://", 1)[-1].rstrip("/") + "/").startswith(origin + "/")})
+        files = sorted(
+            {path for path, uri in entries if (uri.split("://", 1)[-1].rstrip("/") + "/").startswith(origin + "/")}
+        )
         assert len(files) <= 1, f"{origin} is configured in {len(files)} files: {files}"
 
 
@@ -278,21 +304,29 @@ def test_vendor_repositories_trust_their_own_key_alone(dockerd, settings):
     key whose fingerprint the settings name; neither file is writable by others."""
     repos = _repositories(settings, dockerd)
     if not repos:
-        pytest.skip("no vendor repository is configured by sparkrig here (sources 'preinstalled' or 'distro', "
-                    "or 'auto' keeping what the host had)")
+        pytest.skip(
+            "no vendor repository is configured by sparkrig here (sources 'preinstalled' or 'distro', "
+            "or 'auto' keeping what the host had)"
+        )
     release = _release(dockerd)
     for repo in repos:
         found = dockerd["repos"][repo["name"]]
         sources = found["sources"]
         keyring = f"/etc/apt/keyrings/sparkrig-{repo['name']}.gpg"
         assert sources.exists, f"{sources.path} is missing"
-        fields = dict(line.split(": ", 1) for line in found["content"].check().splitlines()
-                      if ": " in line and not line.startswith("#"))
+        fields = dict(
+            line.split(": ", 1)
+            for line in found["content"].check().splitlines()
+            if ": " in line and not line.startswith("#")
+        )
         assert fields["URIs"] == repo["url"].format(**release)
         assert fields["Signed-By"] == keyring
         listing = found["keys"].check()
-        primary = [line.split(":")[9] for i, line in enumerate(listing.splitlines()[1:], 1)
-                   if line.startswith("fpr") and listing.splitlines()[i - 1].startswith("pub")]
+        primary = [
+            line.split(":")[9]
+            for i, line in enumerate(listing.splitlines()[1:], 1)
+            if line.startswith("fpr") and listing.splitlines()[i - 1].startswith("pub")
+        ]
         assert primary == [repo["fingerprint"]], f"{keyring} holds {primary}, not {repo['fingerprint']}"
         for path, f in ((sources.path, sources), (keyring, found["keyring"])):
             assert f.user == "root" and f.mode & 0o022 == 0, f"{path} is writable by others"
@@ -303,8 +337,10 @@ def test_packages_come_from_the_configured_repository(dockerd, settings):
     list, another mirror): the installed version's origin is the configured repository."""
     repos = _repositories(settings, dockerd)
     if not repos:
-        pytest.skip("no vendor repository is configured by sparkrig here (sources 'preinstalled' or 'distro', "
-                    "or 'auto' keeping what the host had)")
+        pytest.skip(
+            "no vendor repository is configured by sparkrig here (sources 'preinstalled' or 'distro', "
+            "or 'auto' keeping what the host had)"
+        )
     release = _release(dockerd)
     for repo in repos:
         url = repo["url"].format(**release).rstrip("/")
@@ -314,6 +350,7 @@ def test_packages_come_from_the_configured_repository(dockerd, settings):
             installed = next(line.split(":", 1)[1].strip() for line in lines if "Installed:" in line)
             assert installed != "(none)", f"{package} is not installed"
             at = next(i for i, line in enumerate(lines) if line.strip().startswith(("*** " + installed)))
-            origins = [line.split()[1] for line in lines[at + 1:] if line.startswith("        ")]
+            origins = [line.split()[1] for line in lines[at + 1 :] if line.startswith("        ")]
             assert any(origin.rstrip("/").startswith(url) for origin in origins), (
-                f"{package} {installed} comes from {origins}, not {url}")
+                f"{package} {installed} comes from {origins}, not {url}"
+            )

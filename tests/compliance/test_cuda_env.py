@@ -74,16 +74,20 @@ def environments(r) -> dict:
         "sourced": r.run(f"sh -c {shlex.quote(command)}"),
         "login": r.run("bash -lc env"),
         "systemd": r.path("/run/systemd/system"),
-        "unit": r.run("systemd-run --quiet --wait --pipe --collect -p EnvironmentFile=%s /usr/bin/env",
-                      env_file, sudo=True),
+        "unit": r.run(
+            "systemd-run --quiet --wait --pipe --collect -p EnvironmentFile=%s /usr/bin/env", env_file, sudo=True
+        ),
     }
 
 
 @need
 def toolkit(r) -> dict:
     """nvcc where CUDA_HOME says, and what a login shell's nvcc and Triton's ptxas say."""
-    return {"nvcc": r.path(f"{cuda_home(r)}/bin/nvcc"), "version": r.run("bash -lc 'nvcc --version'"),
-            "ptxas": r.run("bash -lc '\"$TRITON_PTXAS_PATH\" --version'")}
+    return {
+        "nvcc": r.path(f"{cuda_home(r)}/bin/nvcc"),
+        "version": r.run("bash -lc 'nvcc --version'"),
+        "ptxas": r.run("bash -lc '\"$TRITON_PTXAS_PATH\" --version'"),
+    }
 
 
 @pytest.mark.parametrize("path_key", ["cuda_env_file", PROFILE_SCRIPT])

@@ -40,11 +40,16 @@ def state(r) -> dict:
 
 def expected(settings: Mapping[str, Any], profile_name: str) -> dict[str, Any]:
     """What the settings ask of a host of this hardware profile."""
+
     def value(key):
         found = settings[key]
         return found.get(profile_name) if isinstance(found, Mapping) else found
-    return {"persistence": bool(settings["gpu_persistence"]), "clock_max_mhz": value("gpu_clock_max_mhz"),
-            "power_limit_w": value("gpu_power_limit_w")}
+
+    return {
+        "persistence": bool(settings["gpu_persistence"]),
+        "clock_max_mhz": value("gpu_clock_max_mhz"),
+        "power_limit_w": value("gpu_power_limit_w"),
+    }
 
 
 def gpus_of(found: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,9 +64,12 @@ def gpus_of(found: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def persistence_problems(state: Mapping[str, Any]) -> list[str]:
-    return [f"GPU {g['index']} ({g['name']}): persistence mode expected Enabled, is "
-            f"{ {True: 'Enabled', False: 'Disabled'}.get(g['persistence'], 'unknown')}"
-            for g in state["gpus"] if g["persistence"] is not True]
+    return [
+        f"GPU {g['index']} ({g['name']}): persistence mode expected Enabled, is "
+        f"{ {True: 'Enabled', False: 'Disabled'}.get(g['persistence'], 'unknown') }"
+        for g in state["gpus"]
+        if g["persistence"] is not True
+    ]
 
 
 def clock_problems(cap: int, state: Mapping[str, Any], boot: str) -> list[str]:
@@ -71,25 +79,36 @@ def clock_problems(cap: int, state: Mapping[str, Any], boot: str) -> list[str]:
     record = state["applied"] or {}
     applied = record.get("settings", {}).get("clock_max_mhz")
     if record.get("boot") != boot:
-        found.append(f"SM clock cap expected {cap} MHz applied this boot, but the unit's record is "
-                     f"{'of another boot' if record else 'missing'} ({gpu.APPLIED})")
+        found.append(
+            f"SM clock cap expected {cap} MHz applied this boot, but the unit's record is "
+            f"{'of another boot' if record else 'missing'} ({gpu.APPLIED})"
+        )
     elif applied != {"value": cap, "ok": True, "exit": 0}:
         found.append(f"SM clock cap expected {cap} MHz applied, the unit's record says {applied}")
-    found += [f"GPU {g['index']} ({g['name']}): SM clock expected at most {cap} MHz, is {g['clocks_sm_mhz']:g} MHz"
-              for g in state["gpus"] if g["clocks_sm_mhz"] is not None and g["clocks_sm_mhz"] > cap]
+    found += [
+        f"GPU {g['index']} ({g['name']}): SM clock expected at most {cap} MHz, is {g['clocks_sm_mhz']:g} MHz"
+        for g in state["gpus"]
+        if g["clocks_sm_mhz"] is not None and g["clocks_sm_mhz"] > cap
+    ]
     return found
 
 
 def power_problems(limit: int, state: Mapping[str, Any]) -> list[str]:
-    return [f"GPU {g['index']} ({g['name']}): power limit expected {limit} W, is "
-            f"{'N/A' if g['power_limit_w'] is None else format(g['power_limit_w'], 'g') + ' W'}"
-            for g in state["gpus"] if g["power_limit_w"] is None or abs(g["power_limit_w"] - limit) > 0.5]
+    return [
+        f"GPU {g['index']} ({g['name']}): power limit expected {limit} W, is "
+        f"{'N/A' if g['power_limit_w'] is None else format(g['power_limit_w'], 'g') + ' W'}"
+        for g in state["gpus"]
+        if g["power_limit_w"] is None or abs(g["power_limit_w"] - limit) > 0.5
+    ]
 
 
 def thermal_problems(state: Mapping[str, Any]) -> list[str]:
-    return [f"GPU {g['index']} ({g['name']}): expected no heat or power-brake slowdown, active: "
-            f"{', '.join(r for r in g['reasons'] if r in THERMAL)} at {g['temperature_c']} °C"
-            for g in state["gpus"] if set(g["reasons"] or ()) & set(THERMAL)]
+    return [
+        f"GPU {g['index']} ({g['name']}): expected no heat or power-brake slowdown, active: "
+        f"{', '.join(r for r in g['reasons'] if r in THERMAL)} at {g['temperature_c']} °C"
+        for g in state["gpus"]
+        if set(g["reasons"] or ()) & set(THERMAL)
+    ]
 
 
 def _none(problems: list[str]) -> None:
@@ -101,8 +120,10 @@ def _none(problems: list[str]) -> None:
 def policy(settings, profile_name) -> dict:
     wanted = expected(settings, profile_name)
     if not (wanted["persistence"] or wanted["clock_max_mhz"] is not None or wanted["power_limit_w"] is not None):
-        pytest.skip(f"no GPU policy set for this host (hardware profile {profile_name}): gpu_persistence is False, "
-                    "gpu_clock_max_mhz and gpu_power_limit_w are None")
+        pytest.skip(
+            f"no GPU policy set for this host (hardware profile {profile_name}): gpu_persistence is False, "
+            "gpu_clock_max_mhz and gpu_power_limit_w are None"
+        )
     return wanted
 
 
@@ -115,7 +136,8 @@ def test_gpu_policy_unit_runs_at_boot_and_succeeded(read, policy):
     assert found["unit"].is_enabled, f"{UNIT} is not enabled: a reboot would drop the GPU policy"
     assert found["result"].check() == "success", (
         f"{UNIT}: expected its last run to succeed, Result={found['result'].check()} "
-        f"(journalctl -u {UNIT} -b says what nvidia-smi refused)")
+        f"(journalctl -u {UNIT} -b says what nvidia-smi refused)"
+    )
 
 
 def test_persistence_mode_is_on(read, policy):

@@ -97,15 +97,15 @@ def state(r) -> dict:
         "commands": {name: r.path(f"/usr/local/bin/{name}") for name in COMMANDS},
         "slice": r.run(_show_command(SLICE, "LoadState", "MemoryMax", "MemorySwapMax")),
         # The threshold lowered to 1 GiB on a host whose whole memory is below it (the control's rule).
-        "preflight": r.run(f"if [ {_MEM_TOTAL_KIB} -ge {threshold} ]; then spark-preflight; "
-                           "else spark-preflight --min-available-kib 1048576; fi"),
+        "preflight": r.run(
+            f"if [ {_MEM_TOTAL_KIB} -ge {threshold} ]; then spark-preflight; "
+            "else spark-preflight --min-available-kib 1048576; fi"
+        ),
         "preflight_short": r.run(f"spark-preflight --min-available-kib $(({_MEM_TOTAL_KIB} + 1))"),
         "cache": r.path(cache) if cache else None,
         "group": r.run("getent group %s", group) if cache else None,
         "groups": {user: r.run("id -Gn %s", user) for user in r.settings["jobs_model_cache_users"]} if cache else {},
     }
-
-
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -151,12 +151,11 @@ def test_spark_run_keeps_the_users_identity_and_environment(host, read, settings
     if host.run(CAN_SUDO).rc != 0:
         pytest.skip("sudo asks this user for a password: spark-run would prompt for it")
     probe = (
-        "id -u; printf '%s\\n' \"$LD_LIBRARY_PATH\" \"$SPARKRIG_PROBE\"; "
+        'id -u; printf \'%s\\n\' "$LD_LIBRARY_PATH" "$SPARKRIG_PROBE"; '
         "unit=$(grep -o 'spark-run-[0-9-]*\\.scope' /proc/self/cgroup | head -n 1); "
-        "systemctl show --property Slice --property MemoryMax --property MemorySwapMax \"$unit\""
+        'systemctl show --property Slice --property MemoryMax --property MemorySwapMax "$unit"'
     )
-    output = host.check_output(
-        "LD_LIBRARY_PATH=/opt/probe/lib64 SPARKRIG_PROBE='a b' spark-run -- sh -c %s", probe)
+    output = host.check_output("LD_LIBRARY_PATH=/opt/probe/lib64 SPARKRIG_PROBE='a b' spark-run -- sh -c %s", probe)
     uid, ld_library_path, probe_value, *properties = output.splitlines()
     assert uid == str(host.user().uid)
     assert (ld_library_path, probe_value) == ("/opt/probe/lib64", "a b")
@@ -253,8 +252,18 @@ def _fresh_ssh(request, host) -> list[str]:
     """An ssh command that opens a connection of its own (none of the suite's shared ones)."""
     if host.backend.NAME != "ssh":
         pytest.skip("the suite does not reach this host over SSH: no session to drop")
-    return ["ssh", "-F", request.config.option.ssh_config, "-o", "ControlMaster=no", "-o", "ControlPath=none",
-            "-o", "BatchMode=yes", inventory_name(host)]
+    return [
+        "ssh",
+        "-F",
+        request.config.option.ssh_config,
+        "-o",
+        "ControlMaster=no",
+        "-o",
+        "ControlPath=none",
+        "-o",
+        "BatchMode=yes",
+        inventory_name(host),
+    ]
 
 
 @pytest.mark.action
@@ -271,19 +280,29 @@ def test_a_detached_job_outlives_its_ssh_session_and_keeps_its_exit_status(reque
     # it up, and the session (sleep, standing in for the shell) ends. The job runs until the
     # control lets it end (the go file), at most a minute: it must outlive the reconnection.
     start = subprocess.Popen(
-        [*ssh, "-tt", f"spark-run --detach {job_name} -- sh -c 'echo started-{marker}; i=0; "
-               f"while [ ! -e {go} ] && [ $i -lt 300 ]; do sleep 0.2; i=$((i+1)); done; "
-               f"echo finished-{marker}; exit 3' && {session}"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            *ssh,
+            "-tt",
+            f"spark-run --detach {job_name} -- sh -c 'echo started-{marker}; i=0; "
+            f"while [ ! -e {go} ] && [ $i -lt 300 ]; do sleep 0.2; i=$((i+1)); done; "
+            f"echo finished-{marker}; exit 3' && {session}",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     request.addfinalizer(lambda: host.run("rm -f %s", go))
     try:
-        assert _wait_for(lambda: (_row(host, job_name) or [None] * 3)[2] == "active", 30), \
+        assert _wait_for(lambda: (_row(host, job_name) or [None] * 3)[2] == "active", 30), (
             f"the job did not start: {_row(host, job_name)}"
+        )
     finally:
         start.kill()  # the connection drops, as a laptop going to sleep
         start.wait(10)
-    assert _wait_for(lambda: host.run("pgrep -u %s -x -f %s", job_user, session).rc == 1, 30), \
+    assert _wait_for(lambda: host.run("pgrep -u %s -x -f %s", job_user, session).rc == 1, 30), (
         "the SSH session that started the job is still there: nothing was cut"
+    )
     reconnect = subprocess.run([*ssh, "spark-jobs list"], capture_output=True, text=True, timeout=60)
     assert reconnect.returncode == 0, reconnect.stderr
     row = next((line.split() for line in reconnect.stdout.splitlines() if line.startswith(job_name + " ")), None)
@@ -301,12 +320,15 @@ def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, read, 
     and earlyoom would spare, that run as root, or without the caller's environment, directory
     and jobs_env; and against a stop that does not stop: spark-jobs stop ends it, and it is
     listed as stopped by SIGTERM."""
-    probe = ("cat /proc/self/oom_score_adj; id -un; pwd; printf '%s\\n' \"$SPARKRIG_PROBE\" "
-             "\"${PYTORCH_CUDA_ALLOC_CONF-unset}\"; exec sleep 300")
+    probe = (
+        "cat /proc/self/oom_score_adj; id -un; pwd; printf '%s\\n' \"$SPARKRIG_PROBE\" "
+        '"${PYTORCH_CUDA_ALLOC_CONF-unset}"; exec sleep 300'
+    )
     host.check_output("cd /tmp && SPARKRIG_PROBE='a b$c' spark-run --detach %s -- sh -c %s", job_name, probe)
     unit = f"spark-job-{job_name}.service"
-    assert _wait_for(lambda: len(host.check_output("sudo -n journalctl -q --no-pager -o cat -u %s", unit)
-                                 .splitlines()) >= 5, 30)
+    assert _wait_for(
+        lambda: len(host.check_output("sudo -n journalctl -q --no-pager -o cat -u %s", unit).splitlines()) >= 5, 30
+    )
     shown = _show(host, unit, "Slice", "MemoryMax", "MemorySwapMax", "OOMScoreAdjust", "User")
     assert (shown["Slice"], shown["MemorySwapMax"], shown["User"]) == (SLICE, "0", job_user)
     assert shown["OOMScoreAdjust"] == str(settings["jobs_oom_score_adj"])
@@ -332,8 +354,9 @@ def test_stopping_a_job_that_ignores_sigterm_waits_a_bounded_time_saying_what_fo
     took = time.monotonic() - started
     try:
         assert stop.rc == 1 and took < 20, (stop.rc, took, stop.stderr)
-        assert f"systemd sends SIGTERM, and SIGKILL after 1min 30s; waiting up to 3 s for {unit} to end" \
-            in stop.stderr, stop.stderr
+        assert (
+            f"systemd sends SIGTERM, and SIGKILL after 1min 30s; waiting up to 3 s for {unit} to end" in stop.stderr
+        ), stop.stderr
         assert f"{job_name} did not stop within 3 s: {unit} is deactivating/stop-sigterm" in stop.stderr, stop.stderr
     finally:
         host.run("sudo -n systemctl kill --signal=KILL %s", unit)
@@ -375,7 +398,13 @@ def test_old_job_records_are_removed_and_recent_ones_kept(host, settings):
         assert host.service("systemd-tmpfiles-clean.timer").is_running
         host.check_output(
             "mkdir -p %s && echo ended > %s && echo ended > %s && touch -d @$(($(date +%%s) - %s)) %s && cat %s",
-            f"{RECORDS}/root", old, new, str(seconds + 3600), old, old)
+            f"{RECORDS}/root",
+            old,
+            new,
+            str(seconds + 3600),
+            old,
+            old,
+        )
         try:
             host.check_output("systemd-tmpfiles --clean --prefix=%s", RECORDS)
             assert not host.file(old).exists, f"a record older than {age} was kept"

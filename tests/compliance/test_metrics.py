@@ -29,10 +29,12 @@ def enabled(settings):
 def state(r) -> dict:
     """What the metrics controls read of the host."""
     return {
-        "package": r.package("prometheus-node-exporter"), "exporter": r.service("prometheus-node-exporter"),
+        "package": r.package("prometheus-node-exporter"),
+        "exporter": r.service("prometheus-node-exporter"),
         "timer": r.service("sparkrig-metrics.timer"),
-        "filter": r.run("systemctl show --property IPAddressDeny --property IPAddressAllow --property ExecStart %s",
-                        EXPORTER),
+        "filter": r.run(
+            "systemctl show --property IPAddressDeny --property IPAddressAllow --property ExecStart %s", EXPORTER
+        ),
         "textfile": r.file(TEXTFILE),
         "now": r.run("date +%s"),
     }
@@ -58,8 +60,9 @@ def test_node_exporter_listens_where_the_owner_said_and_answers_the_allowed_alon
     # systemd prints "any" as both families' whole ranges, in either order.
     assert set(lines.get("IPAddressDeny", "").split()) in ({"any"}, {"0.0.0.0/0", "::/0"}), lines
     allowed = set(lines.get("IPAddressAllow", "").split())
-    expected = {"127.0.0.0/8", "::1/128"} | {a if "/" in a else a + ("/128" if ":" in a else "/32")
-                                             for a in settings["metrics_allow"]}
+    expected = {"127.0.0.0/8", "::1/128"} | {
+        a if "/" in a else a + ("/128" if ":" in a else "/32") for a in settings["metrics_allow"]
+    }
     assert allowed == expected, f"allowed {sorted(allowed)}, expected {sorted(expected)}"
 
 
@@ -68,7 +71,9 @@ def test_the_collectors_file_is_fresh(read, settings, enabled):
     hangs): sparkrig.prom was written within three of its intervals."""
     found = read(state)
     text = found["textfile"].check()
-    stamp = [line.split()[1] for line in text.splitlines() if line.startswith("sparkrig_metrics_last_run_timestamp_seconds ")]
+    stamp = [
+        line.split()[1] for line in text.splitlines() if line.startswith("sparkrig_metrics_last_run_timestamp_seconds ")
+    ]
     assert stamp, f"{TEXTFILE} holds no run's timestamp"
     now = int(found["now"].check() or time.time())
     age = now - int(stamp[0])

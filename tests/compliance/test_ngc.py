@@ -35,12 +35,18 @@ def state(r) -> dict | None:
     if not settings["ngc_enabled"]:
         return None
     found = {
-        "base": r.run("docker image inspect --format '{{json .RepoDigests}}' %s", settings["ngc_base_image"], sudo=True),
+        "base": r.run(
+            "docker image inspect --format '{{json .RepoDigests}}' %s", settings["ngc_base_image"], sudo=True
+        ),
         "dockerfile": r.file("/etc/sparkrig/ngc/Dockerfile", sudo=True),
         "digest": r.run("sha256sum < /etc/sparkrig/ngc/Dockerfile", sudo=True),
-        "label": r.run("docker image inspect --format '{{index .Config.Labels \"sparkrig.recipe\"}}' %s",
-                       settings["ngc_image"], sudo=True),
-        "launcher": r.path(LAUNCHER), "syntax": r.run("bash -n %s", LAUNCHER),
+        "label": r.run(
+            "docker image inspect --format '{{index .Config.Labels \"sparkrig.recipe\"}}' %s",
+            settings["ngc_image"],
+            sudo=True,
+        ),
+        "launcher": r.path(LAUNCHER),
+        "syntax": r.run("bash -n %s", LAUNCHER),
     }
     if settings["ngc_jupyter"]:
         port = settings["ngc_jupyter_port"]
@@ -56,10 +62,15 @@ def state(r) -> dict | None:
         )
     if settings["ngc_jupyter"] and settings["ngc_jupyter_command"].startswith("jupyter "):
         found.update(
-            status=r.run(f"for i in $(seq {JUPYTER_TRIES}); do s=$(curl -s -o /dev/null -w '%{{http_code}}' "
-                         f"{shlex.quote(url)}); case $s in ''|000) sleep 1;; *) break;; esac; done; echo \"$s\""),
-            kernelspecs=r.run(f"t=$({token}) && printf 'header = \"Authorization: token %s\"\\n' \"$t\" | "
-                              f"curl -sf -K - {shlex.quote(url)}", sudo=True),
+            status=r.run(
+                f"for i in $(seq {JUPYTER_TRIES}); do s=$(curl -s -o /dev/null -w '%{{http_code}}' "
+                f"{shlex.quote(url)}); case $s in ''|000) sleep 1;; *) break;; esac; done; echo \"$s\""
+            ),
+            kernelspecs=r.run(
+                f't=$({token}) && printf \'header = "Authorization: token %s"\\n\' "$t" | '
+                f"curl -sf -K - {shlex.quote(url)}",
+                sudo=True,
+            ),
         )
     return found
 
@@ -168,8 +179,12 @@ def test_secrets_reach_the_container_but_not_docker_inspect(ngc, launcher_user):
     name = "sparkrig-secret-check"
     with ngc.sudo(launcher_user):
         # setsid -f: started in its own session, so the SSH command returns at once.
-        ngc.run("cd && HF_TOKEN=%s setsid -f spark-container --name %s -- sh -c %s </dev/null >/dev/null 2>&1",
-                secret, name, 'echo "$HF_TOKEN" > /tmp/seen; sleep 30')
+        ngc.run(
+            "cd && HF_TOKEN=%s setsid -f spark-container --name %s -- sh -c %s </dev/null >/dev/null 2>&1",
+            secret,
+            name,
+            'echo "$HF_TOKEN" > /tmp/seen; sleep 30',
+        )
     try:
         seen = ""
         for _ in range(40):
@@ -224,8 +239,10 @@ def test_jupyter_wants_its_token_and_offers_the_images_python(jupyter, settings)
     one than the file's), and against notebooks that run without the image's Python: the API
     refuses a request without the token, and with the file's token lists a python3 kernel."""
     if not settings["ngc_jupyter_command"].startswith("jupyter "):
-        pytest.skip(f"ngc_jupyter_command runs {settings['ngc_jupyter_command'].split()[0]!r}, not "
-                    "Jupyter (the lab's stand-in HTTP server): there is no token nor kernel to check")
+        pytest.skip(
+            f"ngc_jupyter_command runs {settings['ngc_jupyter_command'].split()[0]!r}, not "
+            "Jupyter (the lab's stand-in HTTP server): there is no token nor kernel to check"
+        )
     url = f"http://127.0.0.1:{settings['ngc_jupyter_port']}/api/kernelspecs"
     status = jupyter["status"].stdout.strip()
     assert status in ("401", "403"), f"{url} answered {status} without a token"
@@ -243,8 +260,11 @@ def test_pytorch_imports_inside_the_image(ngc, launcher_user, settings):
     if STAND_IN_IMAGE in settings["ngc_base_image"]:
         pytest.skip("the lab's STAND-IN image (lab/registry.py) is busybox: it has no Python or PyTorch")
     gpu = ngc.file("/dev/nvidiactl").exists
-    result = _as(ngc, launcher_user, "spark-container -- python3 -c "
-                 "'import torch; print(torch.__version__, torch.cuda.is_available())'")
+    result = _as(
+        ngc,
+        launcher_user,
+        "spark-container -- python3 -c 'import torch; print(torch.__version__, torch.cuda.is_available())'",
+    )
     assert result.rc == 0, f"import torch failed in the image: {result.stderr}"
     version, available = result.stdout.split()[-2:]
     assert version, result.stdout
@@ -259,9 +279,13 @@ def test_a_detached_server_publishes_its_port_on_loopback_only(ngc, launcher_use
     started with --detach and --publish answers on 127.0.0.1 only, is listed as its caller's
     job, and spark-jobs stop ends it and its container."""
     port, name = 18765, f"sparkrig-serve-{int(time.time())}"
-    started = _as(ngc, launcher_user, f"mkdir -p sparkrig-serve && cd sparkrig-serve && echo hello > index.html && "
-                                      f"spark-container --detach {name} --publish {port} -- "
-                                      f"sh -c 'exec busybox httpd -f -p {port} || exec python3 -m http.server {port}'")
+    started = _as(
+        ngc,
+        launcher_user,
+        f"mkdir -p sparkrig-serve && cd sparkrig-serve && echo hello > index.html && "
+        f"spark-container --detach {name} --publish {port} -- "
+        f"sh -c 'exec busybox httpd -f -p {port} || exec python3 -m http.server {port}'",
+    )
     try:
         assert started.rc == 0, started.stderr
         listeners = _listeners(ngc, port, tries=60)
@@ -275,8 +299,9 @@ def test_a_detached_server_publishes_its_port_on_loopback_only(ngc, launcher_use
         assert gone.rc != 0, "the container outlived its stopped job"
     finally:
         with ngc.sudo():
-            ngc.run("systemctl stop spark-job-%s.service; spark-jobs forget %s; docker rm -f spark-job-%s",
-                    name, name, name)
+            ngc.run(
+                "systemctl stop spark-job-%s.service; spark-jobs forget %s; docker rm -f spark-job-%s", name, name, name
+            )
         _as(ngc, launcher_user, "rm -rf sparkrig-serve")
 
 
@@ -288,14 +313,17 @@ def test_home_mounts_are_read_only_and_the_model_cache_is_shared(ngc, launcher_u
     if not settings["ngc_home_mounts"]:
         pytest.skip("ngc_home_mounts is empty for this host: no home directory is mounted")
     mount = settings["ngc_home_mounts"][0].removeprefix("~/")
-    script = (f"mkdir -p {mount} && echo probe > {mount}/sparkrig-probe && spark-container -- sh -c "
-              f"'cat /tmp/{mount}/sparkrig-probe; touch /tmp/{mount}/x 2>/dev/null && echo writable; "
-              f"touch $HF_HOME/sparkrig-probe-$$ && echo cache-ok'; rm -f {mount}/sparkrig-probe")
+    script = (
+        f"mkdir -p {mount} && echo probe > {mount}/sparkrig-probe && spark-container -- sh -c "
+        f"'cat /tmp/{mount}/sparkrig-probe; touch /tmp/{mount}/x 2>/dev/null && echo writable; "
+        f"touch $HF_HOME/sparkrig-probe-$$ && echo cache-ok'; rm -f {mount}/sparkrig-probe"
+    )
     lines = _as(ngc, launcher_user, script).stdout.split()
     assert lines[0] == "probe" and "writable" not in lines, lines
     if settings["jobs_model_cache"]:
         assert "cache-ok" in lines, lines
         with ngc.sudo():
-            written = ngc.check_output("find %s -maxdepth 1 -name 'sparkrig-probe-*' -printf '%%g\\n' -delete",
-                                       settings["jobs_model_cache"])
+            written = ngc.check_output(
+                "find %s -maxdepth 1 -name 'sparkrig-probe-*' -printf '%%g\\n' -delete", settings["jobs_model_cache"]
+            )
         assert written.split() and set(written.split()) == {settings["jobs_model_cache_group"]}, written

@@ -96,7 +96,8 @@ def test_prometheus_loaded_its_configuration(read, server):
     last reload (it then keeps the old targets and rules, silently)."""
     own = read(state)["own"].check().splitlines()
     assert "prometheus_config_last_reload_successful 1" in own, [
-        line for line in own if line.startswith("prometheus_config_last_reload")]
+        line for line in own if line.startswith("prometheus_config_last_reload")
+    ]
 
 
 def test_every_host_of_the_inventory_is_scraped_and_up(read, server, inventory_hosts):

@@ -147,8 +147,10 @@ def test_flash_attn_is_not_installed(read):
 
 
 def _as_owner_uv(settings, arguments: str) -> str:
-    return (f"runuser -u {shlex.quote(settings['python_venv_owner'])} -- env UV_CACHE_DIR=/var/cache/sparkrig/uv "
-            f"{UV} {arguments} --python {shlex.quote(settings['python_venv_path'] + '/bin/python')}")
+    return (
+        f"runuser -u {shlex.quote(settings['python_venv_owner'])} -- env UV_CACHE_DIR=/var/cache/sparkrig/uv "
+        f"{UV} {arguments} --python {shlex.quote(settings['python_venv_path'] + '/bin/python')}"
+    )
 
 
 def _dry_run(settings) -> str:
@@ -156,7 +158,9 @@ def _dry_run(settings) -> str:
     wheels, without which it could not resolve a reinstall)."""
     wheels = f"--find-links {OFFLINE_WHEELS} " if settings["python_offline"] else ""
     lock = f"{settings['python_venv_path']}/sparkrig/requirements.lock"
-    return _as_owner_uv(settings, f"pip sync --no-config --offline --dry-run --require-hashes {wheels}{shlex.quote(lock)}")
+    return _as_owner_uv(
+        settings, f"pip sync --no-config --offline --dry-run --require-hashes {wheels}{shlex.quote(lock)}"
+    )
 
 
 def test_venv_holds_exactly_its_lock(read):
@@ -170,10 +174,14 @@ def test_venv_holds_exactly_its_lock(read):
     if result.rc == 0 and NO_CHANGES in result.stderr:
         return
     planned = re.findall(r"^ ([-+~]) ([^=\s]+)==", result.stderr, re.MULTILINE)
-    other = set(re.findall(r"^The package `([^`]+)` was built for a different platform$",
-                           check.stdout + check.stderr, re.MULTILINE))
-    assert result.rc == 0 and planned and all(sign == "~" and name in other for sign, name in planned), \
+    other = set(
+        re.findall(
+            r"^The package `([^`]+)` was built for a different platform$", check.stdout + check.stderr, re.MULTILINE
+        )
+    )
+    assert result.rc == 0 and planned and all(sign == "~" and name in other for sign, name in planned), (
         result.stderr + check.stderr
+    )
 
 
 def test_uv_run_never_resyncs_for_the_owner(read):
@@ -223,9 +231,12 @@ def torch_answers(r) -> dict | None:
     return {
         "version": run("import torch; print(torch.__version__)"),
         "cuda": run("import torch; print(torch.version.cuda)", gpu=True),
-        "capability": run("import torch\n"
-                          "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
-                          "print('%d.%d' % torch.cuda.get_device_capability(0))", gpu=True),
+        "capability": run(
+            "import torch\n"
+            "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
+            "print('%d.%d' % torch.cuda.get_device_capability(0))",
+            gpu=True,
+        ),
         "vllm": run("import vllm; print(vllm.__version__)", gpu=True) if vllm and vllm["name"] == "vllm" else None,
     }
 

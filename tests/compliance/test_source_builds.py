@@ -36,7 +36,9 @@ def enabled(settings) -> dict[str, dict]:
     names = settings["source_builds_enabled"]
     if not names:
         pytest.skip("no source build is enabled on this host (source_builds_enabled is empty)")
-    wheels = {name: settings["source_builds"][name] for name in names if settings["source_builds"][name]["kind"] == "wheel"}
+    wheels = {
+        name: settings["source_builds"][name] for name in names if settings["source_builds"][name]["kind"] == "wheel"
+    }
     if not wheels:
         pytest.skip(f"no wheel build is enabled on this host (only prefix builds: {', '.join(names)})")
     return wheels
@@ -83,9 +85,12 @@ def builds(r) -> dict:
             directory = f"{WHEELHOUSE}/{name}/{match[1]}"
             stamps[directory] = {
                 "stamp": r.user_file(shlex.quote(f"{directory}/stamp.json"), STAMP_LIMIT),
-                "wheels": r.run(f'for w in {shlex.quote(directory)}/*.whl; do test -f "$w" || continue; '
-                                f'printf "%s " "${{w##*/}}"; {user_read(chr(34) + "$w" + chr(34), WHEEL_LIMIT)}'
-                                ' | sha256sum | cut -d " " -f 1; done', sudo=True),
+                "wheels": r.run(
+                    f'for w in {shlex.quote(directory)}/*.whl; do test -f "$w" || continue; '
+                    f'printf "%s " "${{w##*/}}"; {user_read(chr(34) + "$w" + chr(34), WHEEL_LIMIT)}'
+                    ' | sha256sum | cut -d " " -f 1; done',
+                    sudo=True,
+                ),
             }
     return {"installs": installs, "listings": listings, "stamps": stamps}
 
@@ -129,11 +134,14 @@ def test_every_enabled_build_is_installed_from_its_stamped_wheel(read, enabled):
 def target_problem(stamp: dict, spec: dict, settings: dict, profile_name: str) -> str | None:
     """Why a build's record says it was built for another GPU than the host's, or None:
     the entry's torch_cuda_arch_list for the host's profile, else the profile's own."""
-    wanted = (spec.get("torch_cuda_arch_list") or {}).get(profile_name) \
-        or settings["hardware_profiles"][profile_name]["torch_cuda_arch_list"]
+    wanted = (spec.get("torch_cuda_arch_list") or {}).get(profile_name) or settings["hardware_profiles"][profile_name][
+        "torch_cuda_arch_list"
+    ]
     if stamp.get("target") != wanted or stamp.get("profile") != profile_name:
-        return (f"built for TORCH_CUDA_ARCH_LIST={stamp.get('target')!r} (profile {stamp.get('profile')!r}); "
-                f"this host is {profile_name!r}, which wants {wanted!r}")
+        return (
+            f"built for TORCH_CUDA_ARCH_LIST={stamp.get('target')!r} (profile {stamp.get('profile')!r}); "
+            f"this host is {profile_name!r}, which wants {wanted!r}"
+        )
     return None
 
 
@@ -186,10 +194,13 @@ def prefix_installs(r) -> dict:
         if link.is_symlink:
             directory = f"{PREFIXES}/{name}/{link.linked_to.rsplit('/', 1)[-1]}"
             found[name].update(
-                directory=directory, record=r.file(f"{directory}.json"),
+                directory=directory,
+                record=r.file(f"{directory}.json"),
                 listing=r.run(f"find {shlex.quote(directory)} -printf '%u %g %m %y %p\\n'"),
-                targets=r.run(f"find {shlex.quote(directory)} -type l -exec sh -c "
-                              """'for p; do printf "%s\\t%s\\n" "$p" "$(realpath -m -- "$p")"; done' sh {} +"""),
+                targets=r.run(
+                    f"find {shlex.quote(directory)} -type l -exec sh -c "
+                    """'for p; do printf "%s\\t%s\\n" "$p" "$(realpath -m -- "$p")"; done' sh {} +"""
+                ),
             )
     return found
 

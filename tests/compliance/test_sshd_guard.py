@@ -60,8 +60,11 @@ def guard(r) -> dict:
     if unit is not None:
         found.update(
             props=_show(r, unit, "OOMScoreAdjust", "MemoryMin", "ControlGroup", "MainPID"),
-            memory_min=r.run('f="/sys/fs/cgroup$(systemctl show %s -p ControlGroup --value)/memory.min"; '
-                             'if test -e "$f"; then cat -- "$f"; else echo missing; fi', unit),
+            memory_min=r.run(
+                'f="/sys/fs/cgroup$(systemctl show %s -p ControlGroup --value)/memory.min"; '
+                'if test -e "$f"; then cat -- "$f"; else echo missing; fi',
+                unit,
+            ),
             listener=r.run("cat -- /proc/$(systemctl show %s -p MainPID --value)/oom_score_adj", unit, sudo=True),
         )
     return found
@@ -92,8 +95,7 @@ def test_sshd_unit_and_system_slice_reserve_memory(read, settings, sshd_unit):
     (MemoryMin), within a reservation on system.slice without which it has no effect."""
     found = read(guard)
     assert int(_shown(found["props"])["MemoryMin"]) == _bytes(settings["sshd_guard_memory_min"])
-    assert int(_shown(found["system_slice"])["MemoryMin"]) == _bytes(
-        settings["sshd_guard_system_slice_memory_min"])
+    assert int(_shown(found["system_slice"])["MemoryMin"]) == _bytes(settings["sshd_guard_system_slice_memory_min"])
 
 
 def test_memory_reservation_reaches_the_cgroup(read, settings, sshd_unit):
@@ -103,8 +105,10 @@ def test_memory_reservation_reaches_the_cgroup(read, settings, sshd_unit):
     memory_min = f"/sys/fs/cgroup{group}/memory.min"
     value = found["memory_min"].check()
     if value == "missing":
-        pytest.skip(f"the memory controller is not enabled for {group} ({memory_min} is missing), "
-                    "as in containers on hosts with cgroup v1 memory")
+        pytest.skip(
+            f"the memory controller is not enabled for {group} ({memory_min} is missing), "
+            "as in containers on hosts with cgroup v1 memory"
+        )
     assert int(value) == _bytes(settings["sshd_guard_memory_min"])
 
 
@@ -113,8 +117,10 @@ def test_sshd_listener_is_protected_from_the_oom_killer(read, sshd_unit):
     oom_score_adj -1000 (sshd sets it itself)."""
     found = read(guard)
     if not _can_lower_oom_score_adj(found):
-        pytest.skip("this host cannot lower oom_score_adj (no CAP_SYS_RESOURCE, as in containers): "
-                    "sshd cannot protect its listener here")
+        pytest.skip(
+            "this host cannot lower oom_score_adj (no CAP_SYS_RESOURCE, as in containers): "
+            "sshd cannot protect its listener here"
+        )
     assert found["listener"].check().strip() == "-1000"
 
 
@@ -123,8 +129,10 @@ def test_a_fresh_ssh_session_is_killable(read):
     that is not negative, so the OOM killer can still stop a runaway job."""
     found = read(guard)
     if not _can_lower_oom_score_adj(found):
-        pytest.skip("this host cannot lower oom_score_adj (no CAP_SYS_RESOURCE, as in containers): no session "
-                    "can inherit a negative score here, so the control could not fail")
+        pytest.skip(
+            "this host cannot lower oom_score_adj (no CAP_SYS_RESOURCE, as in containers): no session "
+            "can inherit a negative score here, so the control could not fail"
+        )
     assert int(found["session"].check()) >= 0
 
 

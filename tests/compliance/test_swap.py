@@ -20,8 +20,13 @@ from tests.compliance.reads import need
 
 FSTAB = "/etc/fstab"
 # Swap units, and the services of zram-tools, zram-config, zram-swap and systemd-zram-generator.
-UNIT_PATTERNS = ("*.swap", "zramswap.service", "zram-config.service", "zram-swap.service",
-                 "systemd-zram-setup@*.service")
+UNIT_PATTERNS = (
+    "*.swap",
+    "zramswap.service",
+    "zram-config.service",
+    "zram-swap.service",
+    "systemd-zram-setup@*.service",
+)
 RUNNING = ("active", "activating", "reloading")
 
 
@@ -45,8 +50,10 @@ def state(r) -> dict | None:
         "findmnt": r.run("findmnt --fstab --types swap --noheadings --raw --output FSTYPE,SOURCE"),
         "verify": r.run("LC_ALL=C findmnt --verify --verbose", sudo=True),
         "systemd": r.path("/run/systemd/system"),
-        "units": {listing: r.run(f"systemctl {listing} --no-legend --no-pager --full {patterns}")
-                  for listing in ("list-units --all --plain", "list-unit-files")},
+        "units": {
+            listing: r.run(f"systemctl {listing} --no-legend --no-pager --full {patterns}")
+            for listing in ("list-units --all --plain", "list-unit-files")
+        },
     }
 
 
@@ -81,8 +88,10 @@ def test_no_swap_is_active(read, swap_off):
     areas = [line.split()[0] for line in found["swaps"].check().splitlines()[1:]]
     container = _container(found) if areas else None
     if container:
-        pytest.skip(f"this host is a {container} container: /proc/swaps lists the swap of the machine "
-                    f"running it ({', '.join(areas)}), which only that machine can turn off")
+        pytest.skip(
+            f"this host is a {container} container: /proc/swaps lists the swap of the machine "
+            f"running it ({', '.join(areas)}), which only that machine can turn off"
+        )
     assert areas == [], f"swap is active: {', '.join(areas)}"
 
 
@@ -135,6 +144,7 @@ def test_swap_and_zram_unit_files_are_masked(read, swap_off, systemd):
     """Protects against swap revived at the next boot or by a dependency: every swap and
     zram unit file systemd knows is masked (a link to /dev/null), so neither swap.target
     nor another unit nor an administrator's `systemctl start` can start it."""
-    unmasked = [f"{fields[0]} ({fields[1]})" for fields in _systemctl(read(state), "list-unit-files")
-                if fields[1] != "masked"]
+    unmasked = [
+        f"{fields[0]} ({fields[1]})" for fields in _systemctl(read(state), "list-unit-files") if fields[1] != "masked"
+    ]
     assert unmasked == [], f"swap or zram unit files not masked: {unmasked}"

@@ -45,7 +45,8 @@ def state(r) -> dict:
         "smi": r.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader"),
         "held": r.run("apt-mark showhold"),
         "installed": r.run("dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'"),
-        "pin_file": r.path(PIN_FILE), "pins": r.file(PIN_FILE),
+        "pin_file": r.path(PIN_FILE),
+        "pins": r.file(PIN_FILE),
         "apt_config": r.run("apt-config dump"),
         "unattended": r.package("unattended-upgrades"),
         "timers": {timer: r.service(timer) for timer in TIMERS},
@@ -68,7 +69,9 @@ def _firmware_devices(answer) -> list[tuple[str, list[str], str]]:
     try:
         document = json.loads(answer.stdout)
     except ValueError:
-        raise AssertionError(f"fwupdmgr get-devices --json exited {answer.rc}, printed {answer.stdout[:200]!r}") from None
+        raise AssertionError(
+            f"fwupdmgr get-devices --json exited {answer.rc}, printed {answer.stdout[:200]!r}"
+        ) from None
     error = document.get("Error") if isinstance(document, dict) else None
     assert answer.rc == 0 and isinstance(document, dict), (
         f"fwupdmgr get-devices exited {answer.rc}: {error.get('Message') if isinstance(error, dict) else document}"
@@ -129,8 +132,11 @@ def test_the_firmware_is_the_expected_version(read, settings):
         if not matching:
             reported = f"fwupd reports: {', '.join(named)}" if named else "fwupd reports no devices"
             wrong.append(f"firmware device {device!r} is not present ({reported})")
-        wrong += [f"firmware of {name} is {found or '(no version)'}, updates_expected_firmware says {version}"
-                  for name, found in matching if found != version]
+        wrong += [
+            f"firmware of {name} is {found or '(no version)'}, updates_expected_firmware says {version}"
+            for name, found in matching
+            if found != version
+        ]
     assert not wrong, "; ".join(wrong)
 
 
@@ -158,8 +164,11 @@ def test_pinned_packages_are_pinned_by_a_root_owned_file(read, settings):
         assert not pin_file.exists, f"{PIN_FILE} exists, but updates_hold pins nothing"
         return
     assert (pin_file.user, pin_file.group) == ("root", "root") and pin_file.mode & 0o022 == 0
-    records = [dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith("#"))
-               for block in found["pins"].check().split("\n\n") if block.strip("\n# ")]
+    records = [
+        dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith("#"))
+        for block in found["pins"].check().split("\n\n")
+        if block.strip("\n# ")
+    ]
     found = {r["Package"]: r["Pin"].removeprefix("version ") for r in records if r}
     assert found == pins
     assert all(r["Pin-Priority"] == "1000" for r in records if r)

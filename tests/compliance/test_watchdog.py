@@ -33,7 +33,8 @@ _OF_MAIN = "$(systemctl show --property MainPID --value %s)"
 def state(r) -> dict:
     """What the watchdog controls read of the host."""
     return {
-        "package": r.package("earlyoom"), "service": r.service("earlyoom"),
+        "package": r.package("earlyoom"),
+        "service": r.service("earlyoom"),
         "files": {path: r.path(path) for path in CONFIG_FILES},
         "oom_score_adjust": r.run("systemctl show --property OOMScoreAdjust --value %s", SERVICE),
         "capeff": r.run("grep '^CapEff:' /proc/1/status"),

@@ -36,9 +36,9 @@ _DISTRIBUTIONS = (
     'for d in "$1"/lib/python3*/site-packages/*.dist-info; do '
     'test -d "$d" || continue; '
     f'm=$({user_read(chr(34) + "$d/METADATA" + chr(34), METADATA_LIMIT)} | sed "/^\\r*$/q" | base64 -w0); '
-    f'u=$({user_read(chr(34) + "$d/direct_url.json" + chr(34), DIRECT_URL_LIMIT)} 2>/dev/null | base64 -w0); '
+    f"u=$({user_read(chr(34) + '$d/direct_url.json' + chr(34), DIRECT_URL_LIMIT)} 2>/dev/null | base64 -w0); "
     'printf "%s %s %s\\n" "$(printf %s "$d" | base64 -w0)" "$m" "$u"; '
-    'done'
+    "done"
 )
 
 # The venv's interpreter as its owner (see the module's docstring): $1 owner, $2 venv, $3 code,
@@ -70,8 +70,10 @@ def distributions(r, venv: str) -> dict[str, dict]:
             direct_url = json.loads(direct) if direct.strip() else None
         except ValueError:
             direct_url = None
-        found[name.strip()] = {"version": version.strip(),
-                               "direct": direct_url if isinstance(direct_url, dict) else None}
+        found[name.strip()] = {
+            "version": version.strip(),
+            "direct": direct_url if isinstance(direct_url, dict) else None,
+        }
     return found
 
 
@@ -92,5 +94,7 @@ def pyvenv_version(r, venv: str):
 
 def interpreter(settings, code: str) -> str:
     """Shell text running ``code`` with the venv's interpreter as its owner (run it as root)."""
-    return (f"sh -c {shlex.quote(_INTERPRETER)} sparkrig-python {shlex.quote(settings['python_venv_owner'])} "
-            f"{shlex.quote(settings['python_venv_path'])} {shlex.quote(code)} {int(INTERPRETER_TIMEOUT_S)}")
+    return (
+        f"sh -c {shlex.quote(_INTERPRETER)} sparkrig-python {shlex.quote(settings['python_venv_owner'])} "
+        f"{shlex.quote(settings['python_venv_path'])} {shlex.quote(code)} {int(INTERPRETER_TIMEOUT_S)}"
+    )

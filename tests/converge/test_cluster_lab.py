@@ -33,16 +33,20 @@ NODES = ("lab-deb12", "lab-deb13")
 NETPLAN_NODE = "lab-deb13"  # DGX OS's stack; lab-deb12 runs networkd alone
 LINK = "cx7-standin"
 APPLY = "Cluster | Cluster link: written, applied to its interfaces alone, kept once a new SSH connection confirms it"
-LINK_FILES = {"lab-deb12": f"/etc/systemd/network/40-sparkrig-cluster-{LINK}.network",
-              "lab-deb13": "/etc/netplan/40-sparkrig-cluster.yaml"}
+LINK_FILES = {
+    "lab-deb12": f"/etc/systemd/network/40-sparkrig-cluster-{LINK}.network",
+    "lab-deb13": "/etc/netplan/40-sparkrig-cluster.yaml",
+}
 ADDRESSES = {"lab-deb12": "192.168.100.11", "lab-deb13": "192.168.100.12"}
 KEY = "/etc/sparkrig/cluster/id_ed25519"
 LINK_DIR = "/var/lib/sparkrig/cluster-link"
 # Each file netplan's generator writes in /run (inode, change time): a rewritten file has
 # another.
-RUN_FILES = ("sudo find /run/systemd/network /run/NetworkManager/conf.d /run/NetworkManager/system-connections "
-             "/run/udev/rules.d -type f \\( -name '*netplan*' -o -name 10-globally-managed-devices.conf \\) "
-             "-printf '%p %i %C@\\n' 2>/dev/null | sort")
+RUN_FILES = (
+    "sudo find /run/systemd/network /run/NetworkManager/conf.d /run/NetworkManager/system-connections "
+    "/run/udev/rules.d -type f \\( -name '*netplan*' -o -name 10-globally-managed-devices.conf \\) "
+    "-printf '%p %i %C@\\n' 2>/dev/null | sort"
+)
 
 
 def _limit(*hosts: str) -> list[str]:
@@ -92,8 +96,11 @@ def _on_dgx_os_stack(name: str) -> None:
     """The cluster port of a node on DGX OS's stack is networkd's: netplan's file for it as
     netplan wrote it (networkd, running as systemd-network, reads it), NetworkManager lets go of
     it (its DHCP "Wired connection" no longer runs there) and networkd stays off for eth0."""
-    said = lab.run_ssh(name, f"sudo stat -c '%a %U:%G' /run/systemd/network/10-netplan-{LINK}.network; "
-                             "nmcli -t -f DEVICE,STATE,CONNECTION device; networkctl list --no-legend").stdout
+    said = lab.run_ssh(
+        name,
+        f"sudo stat -c '%a %U:%G' /run/systemd/network/10-netplan-{LINK}.network; "
+        "nmcli -t -f DEVICE,STATE,CONNECTION device; networkctl list --no-legend",
+    ).stdout
     assert "640 root:systemd-network\n" in said, said
     assert f"{LINK}:unmanaged:\n" in said and "eth0:connected:netplan-eth0\n" in said, said
     assert re.search(rf"{LINK} +ether +routable +configured", said), said
@@ -126,8 +133,9 @@ def test_a_link_taken_down_fails_the_check_naming_it_and_one_run_brings_it_back(
         assert result.returncode == 0 and f"OK link {LINK}: up" in result.stdout, result.stdout
     after = lab.run_ssh(NETPLAN_NODE, RUN_FILES).stdout
     port = f"/run/systemd/network/10-netplan-{LINK}."
-    assert [f for f in after.splitlines() if not f.startswith(port)] == \
-        [f for f in others.splitlines() if not f.startswith(port)], (others, after)
+    assert [f for f in after.splitlines() if not f.startswith(port)] == [
+        f for f in others.splitlines() if not f.startswith(port)
+    ], (others, after)
     _on_dgx_os_stack(NETPLAN_NODE)
     # A port keeps its address while its peer's is down (a peer rebooting): networkd's
     # ConfigureWithoutCarrier, netplan's ignore-carrier.
@@ -161,10 +169,13 @@ def _arm(name: str, applied: int) -> None:
     """A change of the link armed by hand, as the deploy arms it: the rollback timer (its
     service records that it ran: the rollback itself is proven by the fault tests) and the
     apply's status."""
-    lab.run_ssh(name, f"sudo sh -c 'set -e; d={LINK_DIR}; rm -rf $d; mkdir -m 700 $d; touch $d/armed; "
-                      f"echo \"touch $d/rollback-ran\" >$d/rollback.sh; echo apply-log-end >$d/apply.log; "
-                      f"echo {applied} >$d/applied; systemd-run --quiet --unit={cl_link.ROLLBACK_UNIT} "
-                      f"--on-active=300s /bin/sh $d/rollback.sh'")
+    lab.run_ssh(
+        name,
+        f"sudo sh -c 'set -e; d={LINK_DIR}; rm -rf $d; mkdir -m 700 $d; touch $d/armed; "
+        f'echo "touch $d/rollback-ran" >$d/rollback.sh; echo apply-log-end >$d/apply.log; '
+        f"echo {applied} >$d/applied; systemd-run --quiet --unit={cl_link.ROLLBACK_UNIT} "
+        f"--on-active=300s /bin/sh $d/rollback.sh'",
+    )
 
 
 def _timer(name: str) -> str:
@@ -187,8 +198,9 @@ def test_the_confirmation_keeps_a_change_only_when_it_applied_and_the_link_works
         _arm(name, applied=1)
         assert _confirm(name, peers=True) == "failed: apply-log-end"
         assert _timer(name) == "inactive"
-        lab.run_ssh(name, f"for i in $(seq 50); do sudo test -f {LINK_DIR}/rollback-ran && exit; sleep 0.1; done; "
-                          "exit 1")
+        lab.run_ssh(
+            name, f"for i in $(seq 50); do sudo test -f {LINK_DIR}/rollback-ran && exit; sleep 0.1; done; exit 1"
+        )
 
         _arm(name, applied=0)
         lab.run_ssh(name, f"sudo ip addr del 192.168.100.11/24 dev {LINK}")
@@ -229,8 +241,11 @@ def test_a_node_whose_link_reaches_no_peer_rolls_back_by_itself(first_converge, 
         back = run_deploy(LAB_INVENTORY, *_limit(*NODES))
     assert moved.returncode != 0, moved.log[-3000:]
     kept = [name for name in NODES if APPLY in moved.changed().get(name, [])]
-    found = re.search(r"\[(lab-deb1[23])\] +sparkrig: cluster lab: the link change was not confirmed \(the link is "
-                      rf"not up as configured: {LINK}: no answer from 192\.168\.77\.1[12]\)", moved.log)
+    found = re.search(
+        r"\[(lab-deb1[23])\] +sparkrig: cluster lab: the link change was not confirmed \(the link is "
+        rf"not up as configured: {LINK}: no answer from 192\.168\.77\.1[12]\)",
+        moved.log,
+    )
     assert found and len(kept) == 1 and found.group(1) != kept[0], (kept, moved.log[-3000:])
     rolled = found.group(1)
     assert re.search(rf"\[{rolled}\] +sparkrig: cluster lab: rolled back; a new SSH connection works again", moved.log)
@@ -297,8 +312,9 @@ def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(first_
         removed = run_deploy(LAB_INVENTORY, *hosts)
         assert removed.returncode == 0, removed.log[-3000:]
         assert "192.168.101.13" not in lab.run_ssh("lab-deb12", "cat /etc/sparkrig/cluster/known_hosts").stdout
-        left = lab.run_ssh(added, "sudo ls /etc/sparkrig/cluster; grep -c sparkrig-cluster: ~/.ssh/authorized_keys",
-                           check=False).stdout
+        left = lab.run_ssh(
+            added, "sudo ls /etc/sparkrig/cluster; grep -c sparkrig-cluster: ~/.ssh/authorized_keys", check=False
+        ).stdout
         assert left.split() == ["0"], f"{added} keeps cluster files or trust: {left}"
         # Its own key, which it still holds, logs in from nowhere: neither from its old address
         # nor from a remaining node's (anyone on the link can take an address of from=).
@@ -306,17 +322,19 @@ def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(first_
             lab.run_ssh(name, f"sudo ip addr replace {address} dev {link} && sudo ip link set {link} up")
         for source, target in ((added, "192.168.101.11"), ("lab-deb13", "192.168.100.11")):
             lab.run_ssh(source, "umask 077 && cat > /tmp/removed-key", input=removed_key)
-            said = lab.run_ssh(source, "ssh -n -F /dev/null -i /tmp/removed-key -o IdentitiesOnly=yes -o BatchMode=yes "
-                                       "-o UserKnownHostsFile=/tmp/kh -o StrictHostKeyChecking=accept-new "
-                                       f"{target} true 2>&1; echo exit=$?; rm -f /tmp/removed-key /tmp/kh",
-                               check=False).stdout
+            said = lab.run_ssh(
+                source,
+                "ssh -n -F /dev/null -i /tmp/removed-key -o IdentitiesOnly=yes -o BatchMode=yes "
+                "-o UserKnownHostsFile=/tmp/kh -o StrictHostKeyChecking=accept-new "
+                f"{target} true 2>&1; echo exit=$?; rm -f /tmp/removed-key /tmp/kh",
+                check=False,
+            ).stdout
             assert said.endswith("exit=255\n") and "Permission denied (publickey" in said, (source, said)
     finally:
         lab.unlink("lab-deb12", link)
     assert _check("lab-deb12").returncode == 0, _check("lab-deb12").stdout
     settled = run_deploy(LAB_INVENTORY, *hosts)
     assert settled.returncode == 0 and settled.changed() == {}, settled.changed()
-
 
 
 def _pinned(name: str, address: str) -> list[str]:
@@ -350,8 +368,13 @@ def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(first_
     # The controller still pins the old host key: pyinfra refuses the box and says what to do.
     KNOWN_HOSTS.write_text(trusted)
     try:
-        refused = subprocess.run([PYINFRA, "-y", "--limit", node, LAB_INVENTORY, "fact", "server.Hostname"],
-                                 cwd=REPO, capture_output=True, text=True, timeout=300)
+        refused = subprocess.run(
+            [PYINFRA, "-y", "--limit", node, LAB_INVENTORY, "fact", "server.Hostname"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         # The owner's step: the old key removed, the new one accepted once checked against the box's.
         for label in (lab_address, node):
@@ -378,14 +401,20 @@ def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(first_
     assert admitted == "1\n", admitted  # its new key alone
     # The old pair, used from the node's own cluster address (inside from=), is refused.
     lab.run_ssh(node, "umask 077 && cat > /tmp/old-key", input=old_key)
-    said = lab.run_ssh(node, "ssh -n -F /dev/null -i /tmp/old-key -o IdentitiesOnly=yes -o BatchMode=yes "
-                             f"-o UserKnownHostsFile=/etc/sparkrig/cluster/known_hosts -b {address} "
-                             "192.168.100.11 true 2>&1; echo exit=$?; rm -f /tmp/old-key", check=False).stdout
+    said = lab.run_ssh(
+        node,
+        "ssh -n -F /dev/null -i /tmp/old-key -o IdentitiesOnly=yes -o BatchMode=yes "
+        f"-o UserKnownHostsFile=/etc/sparkrig/cluster/known_hosts -b {address} "
+        "192.168.100.11 true 2>&1; echo exit=$?; rm -f /tmp/old-key",
+        check=False,
+    ).stdout
     assert said.endswith("exit=255\n") and "Permission denied (publickey" in said, said
     again = run_deploy(LAB_INVENTORY, *_limit(*NODES))
     assert again.returncode == 0 and again.changed() == {}, again.changed()
-    print(f"reinstall rejoin: recreate {recreated - started:.0f} s, converge {converged - converging:.0f} s, "
-          f"second converge {time.monotonic() - converged:.0f} s, whole test {time.monotonic() - started:.0f} s")
+    print(
+        f"reinstall rejoin: recreate {recreated - started:.0f} s, converge {converged - converging:.0f} s, "
+        f"second converge {time.monotonic() - converged:.0f} s, whole test {time.monotonic() - started:.0f} s"
+    )
 
 
 def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(first_converge, tmp_path):
@@ -407,8 +436,9 @@ def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(first_c
             lab.appear_as(name, None)
     assert cut.returncode != 0, cut.log[-3000:]
     # Before the timer fired no new connection got through; the one after it may see it fired.
-    assert re.search(r"the link change was not confirmed \((no new SSH connection|the host rolled back already)\)",
-                     cut.log), cut.log[-3000:]
+    assert re.search(
+        r"the link change was not confirmed \((no new SSH connection|the host rolled back already)\)", cut.log
+    ), cut.log[-3000:]
     assert "rolled back; a new SSH connection works again" in cut.log, cut.log[-3000:]
     assert "the link is not changed here, as a node before this one did not confirm its change" in cut.log
     assert took < 240, took

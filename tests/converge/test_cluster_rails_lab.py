@@ -51,19 +51,25 @@ def test_two_rails_per_node_without_rdma_converge_check_and_say_so(lab_hosts, fi
         assert first.returncode == 0, first.log[-3000:]
         for name in NODES:
             env = lab.run_ssh(name, "cat /etc/sparkrig/cluster.env").stdout
-            assert (f"# no RDMA device behind cx7-standin, {RAIL2} (/sys/class/infiniband names none): "
-                    "NCCL_IB_HCA is not set and NCCL moves data over TCP sockets.") in env, env
-            assert f"NCCL_SOCKET_IFNAME='cx7-standin,{RAIL2}'" in env or f"NCCL_SOCKET_IFNAME=cx7-standin,{RAIL2}" in env
+            assert (
+                f"# no RDMA device behind cx7-standin, {RAIL2} (/sys/class/infiniband names none): "
+                "NCCL_IB_HCA is not set and NCCL moves data over TCP sockets."
+            ) in env, env
+            assert (
+                f"NCCL_SOCKET_IFNAME='cx7-standin,{RAIL2}'" in env or f"NCCL_SOCKET_IFNAME=cx7-standin,{RAIL2}" in env
+            )
             assert "\nNCCL_IB_HCA=" not in env
             shown = lab.run_ssh(name, f"ip -4 -o addr show dev {RAIL2}").stdout
             assert ADDRESSES[name] in shown, shown
         assert "no RDMA device behind cx7-standin, cx7-rail2" in first.log, first.log[-3000:]
         check = lab.run_ssh("lab-deb12", "sudo spark-cluster-check --bandwidth", check=False)
         assert check.returncode == 0, check.stdout
-        for line in (f"OK ping lab-deb13: 8972 bytes to 192.168.110.12 through {RAIL2}, not fragmented",
-                     "OK ping lab-deb13: 8972 bytes to 192.168.100.12 through cx7-standin, not fragmented",
-                     f"SKIP bandwidth {RAIL2} lab-deb13: no RDMA device behind {RAIL2} (a veth, as in sparkrig's lab",
-                     "SKIP bandwidth cx7-standin lab-deb13: no RDMA device behind cx7-standin"):
+        for line in (
+            f"OK ping lab-deb13: 8972 bytes to 192.168.110.12 through {RAIL2}, not fragmented",
+            "OK ping lab-deb13: 8972 bytes to 192.168.100.12 through cx7-standin, not fragmented",
+            f"SKIP bandwidth {RAIL2} lab-deb13: no RDMA device behind {RAIL2} (a veth, as in sparkrig's lab",
+            "SKIP bandwidth cx7-standin lab-deb13: no RDMA device behind cx7-standin",
+        ):
             assert any(shown.startswith(line) for shown in check.stdout.splitlines()), (line, check.stdout)
         again = run_deploy(inventory, *_limit(), deploy=DEPLOY)
         assert again.returncode == 0 and again.changed() == {}, again.changed()

@@ -31,9 +31,28 @@ def _root_sh(host: str, script: str) -> str:
 
 def _suite(tmp_path: Path, inventory: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/compliance", "--inventory", inventory, "--limit", HOST,
-         "-p", "no:cacheprovider", "-n", "0", "-q", "-rfs", "--tb=short", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/compliance",
+            "--inventory",
+            inventory,
+            "--limit",
+            HOST,
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            "-q",
+            "-rfs",
+            "--tb=short",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -45,21 +64,28 @@ def test_a_python_planted_in_the_venv_never_runs_as_root_nor_as_the_suites_sudo_
     login_uid = lab.run_ssh(HOST, "id -u").stdout.strip()
     owner = _root_sh(HOST, f"stat -c %U {VENV}").strip()
     python = _root_sh(HOST, f"readlink {VENV}/bin/python").strip()
-    planted = f"#!/bin/sh\ntouch /tmp/sparkrig-ran-as-$(id -u)\nexec {python} \"$@\"\n"
+    planted = f'#!/bin/sh\ntouch /tmp/sparkrig-ran-as-$(id -u)\nexec {python} "$@"\n'
     inventory = tmp_path / "inventory.py"
     inventory.write_text(
         "import runpy\n"
         f"_lab = runpy.run_path({str(REPO / LAB_INVENTORY)!r})\n"
         f"lab = [(n, {{**d, 'python_venv_owner': {PLANTER!r}}} if n == {HOST!r} else d) for n, d in _lab['lab']]\n"
     )
-    _root_sh(HOST, f"useradd -M -s /bin/sh {PLANTER} 2>/dev/null; chown -R -h {PLANTER} {VENV}; rm -f /tmp/sparkrig-ran-as-*")
+    _root_sh(
+        HOST, f"useradd -M -s /bin/sh {PLANTER} 2>/dev/null; chown -R -h {PLANTER} {VENV}; rm -f /tmp/sparkrig-ran-as-*"
+    )
     try:
-        lab.run_ssh(HOST, f"sudo runuser -u {PLANTER} -- sh -c {shlex.quote(f'rm {VENV}/bin/python && cat > {VENV}/bin/python && chmod 755 {VENV}/bin/python')}",
-                    input=planted)
+        lab.run_ssh(
+            HOST,
+            f"sudo runuser -u {PLANTER} -- sh -c {shlex.quote(f'rm {VENV}/bin/python && cat > {VENV}/bin/python && chmod 755 {VENV}/bin/python')}",
+            input=planted,
+        )
         # The plant works: the venv's Python, run, leaves its mark.
         _root_sh(HOST, f"runuser -u {PLANTER} -- {VENV}/bin/python -c pass")
         planter_uid = _root_sh(HOST, f"id -u {PLANTER}").strip()
-        assert _root_sh(HOST, "ls /tmp/sparkrig-ran-as-* 2>/dev/null; true").split() == [f"/tmp/sparkrig-ran-as-{planter_uid}"]
+        assert _root_sh(HOST, "ls /tmp/sparkrig-ran-as-* 2>/dev/null; true").split() == [
+            f"/tmp/sparkrig-ran-as-{planter_uid}"
+        ]
         _root_sh(HOST, "rm -f /tmp/sparkrig-ran-as-*")
         run = _suite(tmp_path, str(inventory), "-k", "python_stack or source_builds", "-m", "not action")
         assert "passed" in run.stdout or "failed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
@@ -67,8 +93,11 @@ def test_a_python_planted_in_the_venv_never_runs_as_root_nor_as_the_suites_sudo_
         assert "/tmp/sparkrig-ran-as-0" not in marks, run.stdout[-2000:]
         assert f"/tmp/sparkrig-ran-as-{login_uid}" not in marks, run.stdout[-2000:]
     finally:
-        _root_sh(HOST, f"rm -f {VENV}/bin/python /tmp/sparkrig-ran-as-*; ln -s {python} {VENV}/bin/python; "
-                       f"chown -R -h {owner} {VENV}; userdel {PLANTER}")
+        _root_sh(
+            HOST,
+            f"rm -f {VENV}/bin/python /tmp/sparkrig-ran-as-*; ln -s {python} {VENV}/bin/python; "
+            f"chown -R -h {owner} {VENV}; userdel {PLANTER}",
+        )
 
 
 CLUSTER_USER = "sparkrig-clusterer"  # not the lab's login user: its authorized_keys lets the suite in
@@ -88,14 +117,17 @@ def _as_cluster_user(tmp_path: Path) -> str:
 @pytest.fixture
 def authorized_keys():
     """CLUSTER_USER, made for the test (and removed after it), and its authorized_keys' path."""
-    _root_sh(HOST, f"useradd -m -s /bin/sh {CLUSTER_USER} && runuser -u {CLUSTER_USER} -- mkdir -m 700 "
-                   f"/home/{CLUSTER_USER}/.ssh")
+    _root_sh(
+        HOST,
+        f"useradd -m -s /bin/sh {CLUSTER_USER} && runuser -u {CLUSTER_USER} -- mkdir -m 700 /home/{CLUSTER_USER}/.ssh",
+    )
     yield f"/home/{CLUSTER_USER}/.ssh/authorized_keys", CLUSTER_USER
     _root_sh(HOST, f"userdel -r {CLUSTER_USER} 2>/dev/null; rm -f /root/sparkrig-secret")
 
 
-def test_a_fifo_as_the_cluster_users_authorized_keys_fails_its_control_at_once(first_converge, tmp_path,
-                                                                                  authorized_keys):
+def test_a_fifo_as_the_cluster_users_authorized_keys_fails_its_control_at_once(
+    first_converge, tmp_path, authorized_keys
+):
     """The cluster user makes its authorized_keys a FIFO: the suite neither hangs in its
     reading nor in the control; the control fails, saying the file could not be read."""
     assert first_converge.returncode == 0, first_converge.log
@@ -107,8 +139,9 @@ def test_a_fifo_as_the_cluster_users_authorized_keys_fails_its_control_at_once(f
     assert "1 failed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
 
 
-def test_a_link_as_the_cluster_users_authorized_keys_sends_nothing_of_its_target(first_converge, tmp_path,
-                                                                                    authorized_keys):
+def test_a_link_as_the_cluster_users_authorized_keys_sends_nothing_of_its_target(
+    first_converge, tmp_path, authorized_keys
+):
     """The cluster user links its authorized_keys to a root-only file whose line looks like
     a cluster key: the control fails without that line in its message, the run's output or
     its JUnit."""

@@ -45,8 +45,11 @@ def test_a_key_with_another_fingerprint_is_refused_and_nothing_changes(first_con
     data = inventory_host_data(LAB_INVENTORY)[host]
     # The docker repository's key, where the toolkit's is expected: a swapped key.
     result = run_deploy(
-        LAB_INVENTORY, "--limit", host,
-        "--data", f"containers_toolkit_key_fingerprint={data['containers_docker_key_fingerprint']}",
+        LAB_INVENTORY,
+        "--limit",
+        host,
+        "--data",
+        f"containers_toolkit_key_fingerprint={data['containers_docker_key_fingerprint']}",
     )
     assert result.returncode != 0
     assert f"not {data['containers_docker_key_fingerprint']}: refusing it" in result.log

@@ -41,7 +41,11 @@ class StoppedDeploy:
     def __init__(self, value: str):
         self.process = subprocess.Popen(
             [PYINFRA, "-y", "--json", "--debug", *extra(value), LAB_INVENTORY, "deploy.py"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         log = []
         sent = False
@@ -61,8 +65,9 @@ class StoppedDeploy:
 
     def connection(self, address: str) -> tuple[str, str]:
         """The controller's address and port of this deploy's SSH connection to HOST (at ``address``)."""
-        sockets = subprocess.run(["ss", "-tnpH", "state", "established", "dst", f"{address}:22"],
-                                 capture_output=True, text=True, check=True).stdout
+        sockets = subprocess.run(
+            ["ss", "-tnpH", "state", "established", "dst", f"{address}:22"], capture_output=True, text=True, check=True
+        ).stdout
         mine = [line.split()[2] for line in sockets.splitlines() if f"pid={self.process.pid}," in line]
         assert len(mine) == 1, sockets
         return tuple(mine[0].rsplit(":", 1))
@@ -108,8 +113,11 @@ def test_a_second_deploy_fails_the_host_naming_the_first_which_converges(back_to
     assert second.returncode != 0, second.log
     # (pyinfra pads "[HOST]" to the inventory's longest name.)
     assert re.search(rf"\[{HOST}\] +Error: executed 0 commands", second.log), second.log
-    named = re.search(rf"\[{HOST}\] +sparkrig: another deploy is changing this host: (.*?); "
-                      "this run leaves the host alone", second.log)
+    named = re.search(
+        rf"\[{HOST}\] +sparkrig: another deploy is changing this host: (.*?); "
+        "this run leaves the host alone",
+        second.log,
+    )
     assert named, second.log
     assert re.fullmatch(
         rf"{data['ssh_user']} from {re.escape(address)} port {port} \(sshd(-session)? pid \d+\), "

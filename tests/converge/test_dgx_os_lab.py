@@ -72,14 +72,17 @@ def test_dgx_os_hosts_keep_their_preinstalled_docker_and_toolkit(first_converge,
     # The source file DGX OS wrote is the only one, as it was; sparkrig added no repository.
     assert lab.run_ssh(name, "ls /etc/apt/sources.list.d").stdout.split() == ["dgx.list"]
     assert "dgx/baseos ./" in lab.run_ssh(name, "cat /etc/apt/sources.list.d/dgx.list").stdout
-    assert lab.run_ssh(name, "ls /etc/apt/keyrings 2>/dev/null | grep -c sparkrig", check=False).stdout.strip() in ("", "0")
+    assert lab.run_ssh(name, "ls /etc/apt/keyrings 2>/dev/null | grep -c sparkrig", check=False).stdout.strip() in (
+        "",
+        "0",
+    )
     # Each package is still the one installed from there, at that version.
     for package in dgxos.PACKAGES:
         policy = lab.run_ssh(name, f"apt-cache policy {package}").stdout.splitlines()
         installed = next(line.split(":", 1)[1].strip() for line in policy if "Installed:" in line)
         assert installed == "1.0", policy
         at = next(i for i, line in enumerate(policy) if line.strip().startswith("*** " + installed))
-        origins = [line.split()[1] for line in policy[at + 1:] if line.startswith("        ")]
+        origins = [line.split()[1] for line in policy[at + 1 :] if line.startswith("        ")]
         assert any(origin.endswith("/dgx/baseos") for origin in origins), policy
     # ... and wired up: the nvidia runtime is registered with the running Docker.
     info = json.loads(lab.run_ssh(name, "sudo docker info --format '{{json .Runtimes}}'").stdout)

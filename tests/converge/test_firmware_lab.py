@@ -38,8 +38,13 @@ def test_fwupd_is_installed_answers_and_the_report_says_no_devices(lab_hosts):
     for name in hosts:
         assert lab.run_ssh(name, "dpkg-query -W -f '${Status}' fwupd").stdout == "install ok installed"
 
-    result = subprocess.run([sys.executable, "-m", "sparkrig.tools.report", LAB_INVENTORY, *LIMIT, "--json"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "sparkrig.tools.report", LAB_INVENTORY, *LIMIT, "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     for name in hosts:
@@ -48,12 +53,18 @@ def test_fwupd_is_installed_answers_and_the_report_says_no_devices(lab_hosts):
         assert (firmware["facts"]["fwupd"], firmware["facts"]["error"]) == ("read", ""), firmware
         assert firmware["summary"] == "fwupd reports no devices" and firmware["devices"] == {}, firmware
         assert report["hosts"][name]["versions"]["firmware"] == "fwupd reports no devices"
-    table = subprocess.run([sys.executable, "-m", "sparkrig.tools.report", LAB_INVENTORY, *LIMIT],
-                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    table = subprocess.run(
+        [sys.executable, "-m", "sparkrig.tools.report", LAB_INVENTORY, *LIMIT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert table.returncode == 0, table.stderr
     for name in hosts:
-        assert any(re.fullmatch(rf"{name}\s+\S+\s+fwupd reports no devices", line)
-                   for line in table.stdout.splitlines()), table.stdout
+        assert any(
+            re.fullmatch(rf"{name}\s+\S+\s+fwupd reports no devices", line) for line in table.stdout.splitlines()
+        ), table.stdout
     print(table.stdout)  # docs/updates.md's example
 
 
@@ -71,9 +82,25 @@ def expecting_firmware(tmp_path) -> str:
 
 def test_an_expected_firmware_device_that_is_not_present_fails_its_control(lab_hosts, expecting_firmware):
     suite = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/compliance/test_updates.py", "--inventory", expecting_firmware,
-         "--limit", "lab-deb12", "-k", "firmware", "-q", "-p", "no:cacheprovider"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/compliance/test_updates.py",
+            "--inventory",
+            expecting_firmware,
+            "--limit",
+            "lab-deb12",
+            "-k",
+            "firmware",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert suite.returncode == 1, suite.stdout + suite.stderr
     findings = [line.strip() for line in suite.stdout.splitlines() if "::test_" in line and ": " in line]

@@ -50,9 +50,22 @@ def run_suite(tmp_path: Path, *args: str) -> SuiteRun:
     """``pytest tests/compliance --inventory inventory/lab.py --junitxml ...``, as a user runs it."""
     junit = tmp_path / f"compliance-{time.monotonic_ns()}.xml"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/compliance", "--inventory", LAB_INVENTORY,
-         f"--junitxml={junit}", "-q", "-rfs", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=1500,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/compliance",
+            "--inventory",
+            LAB_INVENTORY,
+            f"--junitxml={junit}",
+            "-q",
+            "-rfs",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     outcomes: dict[str, dict[str, str]] = {}
     if junit.exists():
@@ -61,8 +74,13 @@ def run_suite(tmp_path: Path, *args: str) -> SuiteRun:
             if target is None:
                 continue
             control = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{case.get('name').split('[')[0]}"
-            outcome = ("failed" if case.find("failure") is not None or case.find("error") is not None
-                       else "skipped" if case.find("skipped") is not None else "passed")
+            outcome = (
+                "failed"
+                if case.find("failure") is not None or case.find("error") is not None
+                else "skipped"
+                if case.find("skipped") is not None
+                else "passed"
+            )
             outcomes.setdefault(target, {})[control] = outcome
     return SuiteRun(result.returncode, result.stdout + result.stderr, outcomes)
 
@@ -103,20 +121,36 @@ def test_a_gated_rollout_stops_at_a_host_failing_a_control_and_resume_finishes_t
     it), fails its swap control, and, every host of its batch failed, stops the rollout before
     the third. --resume, the fault gone, leaves the proven canary alone and finishes."""
     state = tmp_path / "rollout-state" / "lab.json"
-    command = [sys.executable, "-m", "sparkrig.tools", "rollout", LAB_INVENTORY, "--limit", ",".join(ROLLOUT_HOSTS),
-               "--canary", "1", "--batch", "50%", "--max-fail", "1", "--state", str(state)]
+    command = [
+        sys.executable,
+        "-m",
+        "sparkrig.tools",
+        "rollout",
+        LAB_INVENTORY,
+        "--limit",
+        ",".join(ROLLOUT_HOSTS),
+        "--canary",
+        "1",
+        "--batch",
+        "50%",
+        "--max-fail",
+        "1",
+        "--state",
+        str(state),
+    ]
     fault = {"PYTEST_ADDOPTS": "-p tests.converge.rollout_fault", "SPARKRIG_TEST_FAULT_HOST": ROLLOUT_FAULTY}
     swap_control = f"control test_swap.py::test_fstab_has_no_active_swap_entry[ssh://{ROLLOUT_FAULTY}]"
     resumed = None
     try:
-        first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500,
-                               env={**os.environ, **fault})
+        first = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=1500, env={**os.environ, **fault}
+        )
         assert first.returncode == 1, first.stderr[-6000:]
         assert "rollout: 3 hosts in 3 batches (1, 1, 1 hosts), --max-fail 1 per batch" in first.stderr
         assert "rollout: batch 1/3 (canary): lab-deb12\n" in first.stderr
         assert "rollout: batch 2/3: lab-deb12-b\n" in first.stderr
         assert "batch 3/3" not in first.stderr
-        table = first.stderr[first.stderr.index("\nbatch "):]
+        table = first.stderr[first.stderr.index("\nbatch ") :]
         assert table.splitlines()[1:4] == [
             "batch       hosts  converged  rebooted  drained-out  proven  failed  not started",
             "1 (canary)  1      1          0         0            1       0       0",
@@ -124,12 +158,17 @@ def test_a_gated_rollout_stops_at_a_host_failing_a_control_and_resume_finishes_t
         ], table
         assert f"  {ROLLOUT_FAULTY} (batch 2): {swap_control}" in table, table
         assert "not started: lab-deb13-b" in table
-        assert ("rollout: stopped after batch 2: 1 of its 1 hosts failed, over --max-fail 1 "
-                "(every host of the batch failed); fix it, then go on with --resume") in first.stderr
+        assert (
+            "rollout: stopped after batch 2: 1 of its 1 hosts failed, over --max-fail 1 "
+            "(every host of the batch failed); fix it, then go on with --resume"
+        ) in first.stderr
 
         resumed = subprocess.run([*command, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=1500)
         assert resumed.returncode == 0, resumed.stderr[-6000:]
-        assert "rollout: resuming" in resumed.stderr and ": 1 proven, 1 failed, 0 converged, 1 not started" in resumed.stderr
+        assert (
+            "rollout: resuming" in resumed.stderr
+            and ": 1 proven, 1 failed, 0 converged, 1 not started" in resumed.stderr
+        )
         assert "rollout: batch 1/3 (canary): proven before (lab-deb12)" in resumed.stderr
         # The canary was neither deployed to nor checked again: pyinfra never named it, nor the suite's table.
         assert "[lab-deb12]" not in resumed.stderr
@@ -154,9 +193,23 @@ def test_an_unreachable_host_is_reported_the_others_finish_and_a_rerun_converges
         assert result.errors() == {} and result.changed() == {}, result.log
         assert down in result.log and "Could not connect" in result.log, result.log[-3000:]
 
-        rollout = subprocess.run([sys.executable, "-m", "sparkrig.tools", "rollout", LAB_INVENTORY,
-                                  "--limit", f"{down},lab-deb13-b", "--state", str(tmp_path / "r" / "s.json")],
-                                 cwd=REPO, capture_output=True, text=True, timeout=900)
+        rollout = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sparkrig.tools",
+                "rollout",
+                LAB_INVENTORY,
+                "--limit",
+                f"{down},lab-deb13-b",
+                "--state",
+                str(tmp_path / "r" / "s.json"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert rollout.returncode == 1
         assert f"\n  {down} (batch 1): deploy: Could not connect" in rollout.stderr, rollout.stderr[-3000:]
         assert "not started: lab-deb13-b" in rollout.stderr
@@ -176,15 +229,17 @@ def test_a_box_that_contradicts_its_profile_stops_before_anything_changes(first_
     report's driver_version) as nvidia-smi does without a driver."""
     host = "lab-deb13-b"
     script = dgxos.nvidia_smi_standin("12.0, sparkrig-lab stand-in GPU")
-    lab.run_ssh(host, f"sudo tee {STANDIN_NVIDIA_SMI} >/dev/null && sudo chmod 755 {STANDIN_NVIDIA_SMI}",
-                input=script)
+    lab.run_ssh(host, f"sudo tee {STANDIN_NVIDIA_SMI} >/dev/null && sudo chmod 755 {STANDIN_NVIDIA_SMI}", input=script)
     try:
         wrong = run_deploy(LAB_INVENTORY, "--limit", host, "--data", "hardware_profile=hopper")
         assert wrong.returncode != 0
-        assert ("--> Starting operation: Hardware profile | The box is the hardware its profile says"
-                in wrong.log), wrong.log
-        assert ("hardware_profile 'hopper' says compute capability 9.0, but the box is x86_64, "
-                "GPU sparkrig-lab stand-in GPU (12.0)") in wrong.log
+        assert "--> Starting operation: Hardware profile | The box is the hardware its profile says" in wrong.log, (
+            wrong.log
+        )
+        assert (
+            "hardware_profile 'hopper' says compute capability 9.0, but the box is x86_64, "
+            "GPU sparkrig-lab stand-in GPU (12.0)"
+        ) in wrong.log
         # The first operation failed the only host (pyinfra: "No hosts remaining!"), so no
         # other ran: had the hopper profile changed anything (its arch list 9.0 in the CUDA
         # env file), the run with the host's own profile would change it back.
@@ -203,8 +258,7 @@ def test_a_box_that_contradicts_its_profile_stops_before_anything_changes(first_
 # Holds dpkg's frontend lock as apt does (a POSIX record lock), the way unattended-upgrades
 # holds it for minutes after a fresh boot.
 HOLD_DPKG_LOCK = (
-    "import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); "
-    "fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(900)"
+    "import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(900)"
 )
 
 
@@ -213,13 +267,17 @@ def test_a_held_dpkg_lock_fails_that_host_after_a_bounded_wait(first_converge):
     unit = "sparkrig-test-holds-dpkg-lock"
     # A package the deploy must install again.
     lab.run_ssh(host, "sudo DEBIAN_FRONTEND=noninteractive apt-get -q -y remove earlyoom >/dev/null")
-    lab.run_ssh(host, f"sudo systemd-run --unit={unit} --description='stand-in for unattended-upgrades' "
-                      f"python3 -c {shlex.quote(HOLD_DPKG_LOCK)}")
+    lab.run_ssh(
+        host,
+        f"sudo systemd-run --unit={unit} --description='stand-in for unattended-upgrades' "
+        f"python3 -c {shlex.quote(HOLD_DPKG_LOCK)}",
+    )
     try:
         started = time.monotonic()
         # With a neighbour, which must finish: the lock is held on one box only.
-        result = run_deploy(LAB_INVENTORY, "--limit", host, "--limit", "lab-deb13",
-                            "--data", "packages_dpkg_lock_timeout_s=5")
+        result = run_deploy(
+            LAB_INVENTORY, "--limit", host, "--limit", "lab-deb13", "--data", "packages_dpkg_lock_timeout_s=5"
+        )
         assert result.returncode != 0
         # The install failed; pyinfra lists the operations the failed host then skipped too.
         assert list(result.errors()) == [host], result.log
@@ -239,8 +297,13 @@ def test_a_held_dpkg_lock_fails_that_host_after_a_bounded_wait(first_converge):
 def test_a_host_killed_mid_deploy_converges_on_the_next_run_with_no_half_written_file(first_converge, tmp_path):
     host = "lab-deb12-b"
     lab.recreate(host)  # a fresh box: a whole deploy's work to interrupt
-    deploy = subprocess.Popen([PYINFRA, "-y", "--json", LAB_INVENTORY, "deploy.py"], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deploy = subprocess.Popen(
+        [PYINFRA, "-y", "--json", LAB_INVENTORY, "deploy.py"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # Cut the power while dpkg is unpacking on it (the worst moment for a package manager).
         deadline = time.monotonic() + 900

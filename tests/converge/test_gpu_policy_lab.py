@@ -26,8 +26,14 @@ HOST = "lab-deb12"
 GPU = "12.0, NVIDIA GeForce RTX 5070 Ti"  # the lab inventory's profile for x86_64 hosts: rtx50
 DEPLOY = "tests/converge/gpu_policy_deploy.py"
 UNIT = "sparkrig-gpu-policy.service"
-SETTINGS = ("--data", "gpu_persistence=true", "--data", 'gpu_clock_max_mhz={"rtx50": 2100}',
-            "--data", "gpu_power_limit_w=280")
+SETTINGS = (
+    "--data",
+    "gpu_persistence=true",
+    "--data",
+    'gpu_clock_max_mhz={"rtx50": 2100}',
+    "--data",
+    "gpu_power_limit_w=280",
+)
 QUERY = "nvidia-smi --query-gpu=persistence_mode,clocks.sm,power.limit --format=csv,noheader,nounits"
 
 
@@ -35,13 +41,21 @@ QUERY = "nvidia-smi --query-gpu=persistence_mode,clocks.sm,power.limit --format=
 def standin(lab_hosts):
     """The stand-in nvidia-smi on HOST; afterwards the stand-in, its records and the policy's
     unit and files are removed, so that the host is as before."""
-    lab.run_ssh(HOST, f"sudo tee {dgxos.NVIDIA_SMI} >/dev/null && sudo chmod 755 {dgxos.NVIDIA_SMI} "
-                      f"&& sudo rm -f {dgxos.STANDIN_CALLS}", input=dgxos.nvidia_smi_standin(GPU))
+    lab.run_ssh(
+        HOST,
+        f"sudo tee {dgxos.NVIDIA_SMI} >/dev/null && sudo chmod 755 {dgxos.NVIDIA_SMI} "
+        f"&& sudo rm -f {dgxos.STANDIN_CALLS}",
+        input=dgxos.nvidia_smi_standin(GPU),
+    )
     yield HOST
-    lab.run_ssh(HOST, f"sudo systemctl disable {UNIT}; sudo rm -f /etc/systemd/system/{UNIT} "
-                      "/etc/sparkrig/gpu-policy.env /usr/local/sbin/sparkrig-gpu-policy /run/sparkrig/gpu-policy.applied "
-                      f"{dgxos.NVIDIA_SMI} && sudo rm -rf /var/lib/sparkrig-lab-nvidia-smi /run/sparkrig-lab-nvidia-smi "
-                      "&& sudo systemctl daemon-reload", check=False)
+    lab.run_ssh(
+        HOST,
+        f"sudo systemctl disable {UNIT}; sudo rm -f /etc/systemd/system/{UNIT} "
+        "/etc/sparkrig/gpu-policy.env /usr/local/sbin/sparkrig-gpu-policy /run/sparkrig/gpu-policy.applied "
+        f"{dgxos.NVIDIA_SMI} && sudo rm -rf /var/lib/sparkrig-lab-nvidia-smi /run/sparkrig-lab-nvidia-smi "
+        "&& sudo systemctl daemon-reload",
+        check=False,
+    )
 
 
 def _boot() -> str:
@@ -89,8 +103,10 @@ def test_a_cap_above_the_gpus_maximum_fails_the_host_and_changes_nothing(standin
     calls = _calls(boot)
     wrong = run_deploy(LAB_INVENTORY, "--limit", HOST, "--data", "gpu_clock_max_mhz=4000", deploy=DEPLOY)
     assert wrong.returncode != 0
-    assert ("gpu_clock_max_mhz = 4000: allowed on GPU 0 (NVIDIA GeForce RTX 5070 Ti) is 200 to 3090 MHz; "
-            "nothing was changed") in wrong.log, wrong.log
+    assert (
+        "gpu_clock_max_mhz = 4000: allowed on GPU 0 (NVIDIA GeForce RTX 5070 Ti) is 200 to 3090 MHz; "
+        "nothing was changed"
+    ) in wrong.log, wrong.log
     assert lab.run_ssh(HOST, "cat /etc/sparkrig/gpu-policy.env").stdout == env
     assert _calls(boot) == calls
 
@@ -98,13 +114,22 @@ def test_a_cap_above_the_gpus_maximum_fails_the_host_and_changes_nothing(standin
 def test_the_gpu_state_is_read_as_the_report_shows_it(standin):
     """tools.report reads the GPU with the versions: the stand-in's temperature, power, SM clock,
     the cap the unit applied this boot, and its (no) clock event reasons."""
-    result = subprocess.run([sys.executable, "-m", "sparkrig.tools.report", LAB_INVENTORY, "--limit", HOST, "--json"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "sparkrig.tools.report", LAB_INVENTORY, "--limit", HOST, "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     cells = json.loads(result.stdout)["hosts"][HOST]["versions"]
     assert {k: v for k, v in cells.items() if k.startswith("gpu_")} == {
-        "gpu_temp": "45 °C", "gpu_power": "32/280 W", "gpu_clock": "2100/3090 MHz", "gpu_cap": "2100 MHz",
-        "gpu_reasons": "none"}
+        "gpu_temp": "45 °C",
+        "gpu_power": "32/280 W",
+        "gpu_clock": "2100/3090 MHz",
+        "gpu_cap": "2100 MHz",
+        "gpu_reasons": "none",
+    }
 
 
 def _inventory_with_policy(tmp_path) -> str:
@@ -121,9 +146,27 @@ def _inventory_with_policy(tmp_path) -> str:
 
 def _controls(inventory: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/compliance/test_gpu_policy.py", "--inventory", inventory,
-         "--limit", HOST, "-p", "no:cacheprovider", "-q", "-rA", "-n", "0"],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/compliance/test_gpu_policy.py",
+            "--inventory",
+            inventory,
+            "--limit",
+            HOST,
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rA",
+            "-n",
+            "0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_controls_read_the_applied_state_and_name_what_they_find(standin, tmp_path):
@@ -137,7 +180,9 @@ def test_the_controls_read_the_applied_state_and_name_what_they_find(standin, tm
     lab.run_ssh(HOST, "sudo nvidia-smi -pl 300")
     failed = _controls(inventory)
     assert failed.returncode == 1
-    assert "GPU 0 (NVIDIA GeForce RTX 5070 Ti): power limit expected 280 W, is 300 W" in failed.stdout, failed.stdout[-4000:]
+    assert "GPU 0 (NVIDIA GeForce RTX 5070 Ti): power limit expected 280 W, is 300 W" in failed.stdout, failed.stdout[
+        -4000:
+    ]
     again = run_deploy(LAB_INVENTORY, "--limit", HOST, *SETTINGS, deploy=DEPLOY)
     assert again.returncode == 0 and list(again.changed()) == [HOST], again.log
     assert "Apply the GPU policy now (GPU 0 power limit 300.0 W)" in again.changed()[HOST][0], again.changed()

@@ -21,15 +21,21 @@ BANNER = "printf 'Gr\\374\\337 Gott\\n'  # sparkrig test: a Latin-1 banner\n"
 
 def _ssh(host: str, command: str) -> subprocess.CompletedProcess[bytes]:
     """``command`` on a lab host, its output as bytes (lab.run_ssh decodes UTF-8 and would raise)."""
-    return subprocess.run(["ssh", "-F", str(lab.ssh_config_path()), host, command],
-                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        ["ssh", "-F", str(lab.ssh_config_path()), host, command],
+        capture_output=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_a_latin1_banner_in_one_hosts_bashrc_stops_no_hosts_prefetch(lab_hosts):
     names = sorted(host.name for host in lab_hosts if host.name in ("lab-deb12", "lab-deb13"))
     assert len(names) == 2, names
     noisy = names[0]
-    lab.run_ssh(noisy, "cp ~/.bashrc ~/.bashrc.sparkrig-test && cat - ~/.bashrc.sparkrig-test > ~/.bashrc", input=BANNER)
+    lab.run_ssh(
+        noisy, "cp ~/.bashrc ~/.bashrc.sparkrig-test && cat - ~/.bashrc.sparkrig-test > ~/.bashrc", input=BANNER
+    )
     try:
         assert _ssh(noisy, "true").stdout == b"Gr\xfc\xdf Gott\n"  # the banner comes, and is not UTF-8
         found = reads.prefetch(str(lab.ssh_config_path()), names, reads.EVERY_HOST)

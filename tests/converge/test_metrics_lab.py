@@ -35,11 +35,13 @@ STANDIN = "/usr/local/bin/nvidia-smi"
 JOB_UNIT = "spark-job-lab-metrics.service"
 RECORD = "/var/lib/sparkrig/jobs/lab-metrics/lab-metrics-ended"
 # Scrapes a URL, or says why not: "status N" or "error ...".
-SCRAPE = ("import sys, urllib.request\n"
-          "try:\n"
-          "    print(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode())\n"
-          "except Exception as error:\n"
-          "    print('error', error); sys.exit(3)\n")
+SCRAPE = (
+    "import sys, urllib.request\n"
+    "try:\n"
+    "    print(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode())\n"
+    "except Exception as error:\n"
+    "    print('error', error); sys.exit(3)\n"
+)
 
 
 def _standin_script() -> str:
@@ -112,9 +114,12 @@ def standins(hosts, converged):
     asks nvidia-smi a question it does not answer)."""
     for name in hosts:
         _ssh(name, f"sudo install -m 755 /dev/stdin {STANDIN}", input=_standin_script())
-        _ssh(name, f"sudo mkdir -p {RECORD.rsplit('/', 1)[0]} && printf 'name=lab-metrics-ended\\nresult=failed\\n' "
-                   f"| sudo tee {RECORD} >/dev/null && sudo touch /run/reboot-required && "
-                   f"sudo systemd-run --quiet --unit={JOB_UNIT} sleep 600")
+        _ssh(
+            name,
+            f"sudo mkdir -p {RECORD.rsplit('/', 1)[0]} && printf 'name=lab-metrics-ended\\nresult=failed\\n' "
+            f"| sudo tee {RECORD} >/dev/null && sudo touch /run/reboot-required && "
+            f"sudo systemd-run --quiet --unit={JOB_UNIT} sleep 600",
+        )
     yield
     for name in hosts:
         _ssh(name, f"sudo rm -f {STANDIN} {RECORD} /run/reboot-required; sudo systemctl stop {JOB_UNIT}", check=False)
@@ -132,13 +137,19 @@ def test_node_exporter_serves_the_collectors_metrics_with_the_hosts_own_numbers(
     gpu = [f.strip() for f in (DATA / "h100-recorded-query-gpu.csv").read_text().split(",")]
     for name in hosts:
         found = _collect(name)
-        meminfo = {line.split(":")[0]: int(line.split()[1]) * 1024
-                   for line in _ssh(name, "cat /proc/meminfo").stdout.splitlines()}
+        meminfo = {
+            line.split(":")[0]: int(line.split()[1]) * 1024
+            for line in _ssh(name, "cat /proc/meminfo").stdout.splitlines()
+        }
         # Node exporter serves the textfile's values as Go formats a float64 (2.5276510208e+10).
-        assert float(found["sparkrig_memory_total_bytes"]) == meminfo["MemTotal"] == float(found["node_memory_MemTotal_bytes"])
+        assert (
+            float(found["sparkrig_memory_total_bytes"])
+            == meminfo["MemTotal"]
+            == float(found["node_memory_MemTotal_bytes"])
+        )
         assert abs(float(found["sparkrig_memory_available_bytes"]) - meminfo["MemAvailable"]) < 512 << 20
         assert abs(float(found["sparkrig_memory_page_cache_bytes"]) - meminfo["Cached"]) < 512 << 20
-        assert found['node_textfile_scrape_error'] == "0"
+        assert found["node_textfile_scrape_error"] == "0"
         # The stand-in nvidia-smi's answers (the H100's, recorded).
         assert found["sparkrig_gpu_query_ok"] == "1"
         assert found[f'sparkrig_gpu_info{{gpu="0",name="{gpu[2]}",uuid="{gpu[1]}"}}'] == "1"
@@ -171,8 +182,11 @@ def test_earlyoom_kill_lines_are_counted(hosts, standins):
         pytest.skip("earlyoom is installed here: its journal is its own (tests/converge/test_watchdog_kill.py)")
     before = _collect(name)
     line = 'sending SIGTERM to process 4242 uid 1000 "python3": badness 900, VmRSS 100 MiB'
-    _ssh(name, "sudo systemd-run --quiet --wait --unit=earlyoom.service -p SyslogIdentifier=earlyoom "
-               f"sh -c {_quote(f'echo {_quote(line)}; echo sending nothing')}")
+    _ssh(
+        name,
+        "sudo systemd-run --quiet --wait --unit=earlyoom.service -p SyslogIdentifier=earlyoom "
+        f"sh -c {_quote(f'echo {_quote(line)}; echo sending nothing')}",
+    )
     time.sleep(1)  # journald writes it
     after = _collect(name)
     key = 'sparkrig_earlyoom_kills_total{signal="%s"}'

@@ -64,7 +64,9 @@ def test_an_image_not_built_from_the_recipe_is_rebuilt_and_used(data):
     _docker(f"tag {data['ngc_base_image']} {image}")
     again = run_deploy(LAB_INVENTORY, "--limit", HOST)
     assert again.returncode == 0, again.log
-    assert any(op.endswith("| Build ngc_image (ngc_build) on the pinned base") for op in again.changed().get(HOST, [])), again.changed()
+    assert any(
+        op.endswith("| Build ngc_image (ngc_build) on the pinned base") for op in again.changed().get(HOST, [])
+    ), again.changed()
     label = _docker(f"image inspect --format '{{{{index .Config.Labels \"sparkrig.recipe\"}}}}' {image}").stdout
     recipe = lab.run_ssh(HOST, "sha256sum < /etc/sparkrig/ngc/Dockerfile").stdout.split()[0]
     assert label.strip() == recipe
@@ -94,8 +96,11 @@ def test_a_user_not_allowed_cannot_launch(data):
 
 def test_jupyter_stand_in_answers_on_loopback_but_not_on_the_network(data):
     port = data["ngc_jupyter_port"]
-    inside = lab.run_ssh(HOST, f"bash -c 'for i in $(seq 30); do exec 3<>/dev/tcp/127.0.0.1/{port} && exit 0; "
-                         "sleep 1; done; exit 1'", check=False)
+    inside = lab.run_ssh(
+        HOST,
+        f"bash -c 'for i in $(seq 30); do exec 3<>/dev/tcp/127.0.0.1/{port} && exit 0; sleep 1; done; exit 1'",
+        check=False,
+    )
     assert inside.returncode == 0, "the stand-in Jupyter does not answer on 127.0.0.1"
     address = data["ssh_hostname"]
     outside = lab.run_ssh(HOST, f"bash -c 'exec 3<>/dev/tcp/{address}/{port}'", check=False)

@@ -108,7 +108,9 @@ def test_the_first_host_builds_once_the_other_receives_and_both_install_root_own
         assert _sh(host, f"runuser -u spark -- {PERF}").strip().endswith("libstandin answers 1")
         assert _sh(host, f"grep -q {ROOT}/{LIB}/{key}/lib {PERF} && echo linked").strip() == "linked"
         # Root's, read-only to everyone else, no setuid bit; the library's link kept, inside.
-        assert _sh(host, f"find {ROOT} ! -user root -o ! -group root -o ! -type l \\( -perm /022 -o -perm /6000 \\)") == ""
+        assert (
+            _sh(host, f"find {ROOT} ! -user root -o ! -group root -o ! -type l \\( -perm /022 -o -perm /6000 \\)") == ""
+        )
         assert _sh(host, f"readlink {ROOT}/{LIB}/{key}/lib/libstandin.so").strip() == "libstandin.so.1"
         assert _sh(host, "dpkg-query -W -f='${Status}' bc") == "install ok installed"
 
@@ -127,12 +129,17 @@ def test_a_new_ref_of_the_needed_build_rebuilds_the_one_that_needs_it(turned_on,
     peer_before = {build: _launches(PEER, build) for build in (LIB, TESTS)}
     old = {build: _current(PEER, build) for build in (LIB, TESTS)}
     # (the environment names this run: a key no earlier run built, nor the controller cached)
-    bumped = _variant(tmp_path, **{LIB: {"ref": _refs()["p2.0"]["commit"],
-                                         "env": {"MAX_JOBS": "2", "SPARKRIG_LAB_RUN": str(time.time_ns())}}})
+    bumped = _variant(
+        tmp_path,
+        **{LIB: {"ref": _refs()["p2.0"]["commit"], "env": {"MAX_JOBS": "2", "SPARKRIG_LAB_RUN": str(time.time_ns())}}},
+    )
     result = run_deploy(bumped, *HOSTS)
     assert result.returncode == 0, result.log[-5000:]
     # The dependent's ref did not change; its need's key did, so it was built again, once.
-    assert {build: _launches(BUILDER, build) for build in (LIB, TESTS)} == {LIB: before[LIB] + 1, TESTS: before[TESTS] + 1}
+    assert {build: _launches(BUILDER, build) for build in (LIB, TESTS)} == {
+        LIB: before[LIB] + 1,
+        TESTS: before[TESTS] + 1,
+    }
     assert {build: _launches(PEER, build) for build in (LIB, TESTS)} == peer_before  # it received both
     for host in (BUILDER, PEER):
         assert _sh(host, f"runuser -u spark -- {PERF}").strip().endswith("libstandin answers 2")
@@ -140,7 +147,10 @@ def test_a_new_ref_of_the_needed_build_rebuilds_the_one_that_needs_it(turned_on,
     # Back to the first ref: its prefixes are on the hosts and in the controller's cache.
     back = run_deploy(inventory, *HOSTS)
     assert back.returncode == 0, back.log[-3000:]
-    assert {build: _launches(BUILDER, build) for build in (LIB, TESTS)} == {LIB: before[LIB] + 1, TESTS: before[TESTS] + 1}
+    assert {build: _launches(BUILDER, build) for build in (LIB, TESTS)} == {
+        LIB: before[LIB] + 1,
+        TESTS: before[TESTS] + 1,
+    }
     for host in (BUILDER, PEER):
         assert _current(host, TESTS) == old[TESTS]
         assert _sh(host, f"runuser -u spark -- {PERF}").strip().endswith("libstandin answers 1")

@@ -48,7 +48,9 @@ HOG = (
 def api(path: str, **params: str) -> dict:
     """Prometheus' HTTP API on lab-deb12, asked on that host (it listens on loopback alone)."""
     url = API + path + ("?" + urllib.parse.urlencode(params) if params else "")
-    fetch = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+    fetch = (
+        "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+    )
     found = json.loads(lab.run_ssh(SERVER, f"python3 -I -c {shlex.quote(fetch)} {shlex.quote(url)}").stdout)
     assert found["status"] == "success", found
     return found["data"]
@@ -71,14 +73,20 @@ def wait_for(what: str, check, timeout_s: float):
 
 
 def meminfo(name: str) -> dict[str, int]:
-    return {line.split(":")[0]: int(line.split()[1]) * 1024
-            for line in lab.run_ssh(name, "cat /proc/meminfo").stdout.splitlines()}
+    return {
+        line.split(":")[0]: int(line.split()[1]) * 1024
+        for line in lab.run_ssh(name, "cat /proc/meminfo").stdout.splitlines()
+    }
 
 
 def firing(instance: str) -> list[dict]:
-    return [a for a in api("/api/v1/alerts")["alerts"]
-            if a["labels"]["alertname"] == "SparkMemoryLow" and a["labels"]["instance"] == instance
-            and a["state"] == "firing"]
+    return [
+        a
+        for a in api("/api/v1/alerts")["alerts"]
+        if a["labels"]["alertname"] == "SparkMemoryLow"
+        and a["labels"]["instance"] == instance
+        and a["state"] == "firing"
+    ]
 
 
 def loaded_threshold() -> float:
@@ -97,8 +105,7 @@ def hosts(lab_hosts, first_converge) -> list[str]:
 
 
 def test_prometheus_scrapes_every_lab_host_and_holds_each_hosts_own_numbers(hosts):
-    wait_for("every lab host up in Prometheus",
-             lambda: query('up{job="sparkrig"}') == dict.fromkeys(hosts, 1.0), 60)
+    wait_for("every lab host up in Prometheus", lambda: query('up{job="sparkrig"}') == dict.fromkeys(hosts, 1.0), 60)
     for name in hosts:
         own = meminfo(name)
         assert query(f'node_memory_MemTotal_bytes{{instance="{name}"}}') == {name: own["MemTotal"]}
@@ -114,28 +121,38 @@ def test_prometheus_scrapes_every_lab_host_and_holds_each_hosts_own_numbers(host
 
 
 def _stop_job(name: str) -> None:
-    lab.run_ssh(name, f"sudo systemctl stop spark-job-{JOB}.service; sudo systemctl reset-failed "
-                      f"spark-job-{JOB}.service", check=False)
+    lab.run_ssh(
+        name,
+        f"sudo systemctl stop spark-job-{JOB}.service; sudo systemctl reset-failed spark-job-{JOB}.service",
+        check=False,
+    )
 
 
 def test_a_job_that_takes_memory_fires_the_memory_alert_through_prometheus(hosts):
     host = next(name for name in ("lab-deb13-b", "lab-deb13", SERVER) if name in hosts)
     available = meminfo(host)["MemAvailable"]
     if available - (HOG_MIB << 20) < FLOOR_MIB << 20:
-        pytest.skip(f"the controller has {available >> 20} MiB available: a {HOG_MIB} MiB job would leave "
-                    f"less than {FLOOR_MIB} MiB")
+        pytest.skip(
+            f"the controller has {available >> 20} MiB available: a {HOG_MIB} MiB job would leave "
+            f"less than {FLOOR_MIB} MiB"
+        )
     threshold = available - (HEADROOM_MIB << 20)
-    converged = run_deploy(LAB_INVENTORY, "--limit", SERVER, "--data",
-                           f"prometheus_memory_available_min_bytes={threshold}")
+    converged = run_deploy(
+        LAB_INVENTORY, "--limit", SERVER, "--data", f"prometheus_memory_available_min_bytes={threshold}"
+    )
     try:
         assert converged.returncode == 0, converged.log[-3000:]
         rules = lab.run_ssh(SERVER, "cat /etc/prometheus/sparkrig.rules.yml").stdout
         assert f"< {threshold}\n" in rules
-        wait_for("the new threshold loaded (SparkMemoryLow quiet before the job)",
-                 lambda: loaded_threshold() == threshold and not firing(host), 30)
+        wait_for(
+            "the new threshold loaded (SparkMemoryLow quiet before the job)",
+            lambda: loaded_threshold() == threshold and not firing(host),
+            30,
+        )
         started = time.time()
-        lab.run_ssh(host, shlex.join(["spark-run", "--detach", JOB, "--", "python3", "-I", "-c", HOG,
-                                      str(HOG_MIB), "300"]))
+        lab.run_ssh(
+            host, shlex.join(["spark-run", "--detach", JOB, "--", "python3", "-I", "-c", HOG, str(HOG_MIB), "300"])
+        )
         alert = wait_for(f"SparkMemoryLow firing for {host}", lambda: firing(host), 90)[0]
         fired = time.time()
         assert alert["labels"]["severity"] == "critical"
@@ -147,8 +164,10 @@ def test_a_job_that_takes_memory_fires_the_memory_alert_through_prometheus(hosts
         _stop_job(host)
         wait_for(f"SparkMemoryLow resolved for {host} once the job ended", lambda: not firing(host), 60)
         # The window benchmarks/memory_alert_graph.py draws (docs/monitoring.md).
-        print(f"memory alert on {host}: job started {started:.0f}, alert firing {fired:.0f} "
-              f"(+{fired - started:.0f} s), resolved {time.time():.0f}; --threshold {threshold}")
+        print(
+            f"memory alert on {host}: job started {started:.0f}, alert firing {fired:.0f} "
+            f"(+{fired - started:.0f} s), resolved {time.time():.0f}; --threshold {threshold}"
+        )
     finally:
         _stop_job(host)
         restored = run_deploy(LAB_INVENTORY, "--limit", SERVER)

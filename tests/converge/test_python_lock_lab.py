@@ -50,7 +50,10 @@ def _lock(host: str) -> str:
 def _lock_cli(manifest, locks) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "sparkrig.tools", "lock", "--manifest", str(manifest), "--locks", str(locks)],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 

@@ -66,9 +66,13 @@ def test_uv_follows_its_pin_and_a_wrong_hash_keeps_the_old_uv(first_converge):
     assert _uv_version(host) == "0.13.9"
 
     older = run_deploy(
-        LAB_INVENTORY, "--limit", host,
-        "--data", "python_uv_version=0.13.8",
-        "--data", f'python_uv_sha256=["{UV_0138_SHA256}"]',
+        LAB_INVENTORY,
+        "--limit",
+        host,
+        "--data",
+        "python_uv_version=0.13.8",
+        "--data",
+        f'python_uv_sha256=["{UV_0138_SHA256}"]',
     )
     assert older.returncode == 0, older.log
     assert _uv_version(host) == "0.13.8"
@@ -96,4 +100,3 @@ def test_a_directory_that_is_not_a_venv_is_refused_and_kept(first_converge):
     # The CUDA env file named that path (UV_PROJECT_ENVIRONMENT): converge back.
     back = run_deploy(LAB_INVENTORY, "--limit", host)
     assert back.returncode == 0, back.log
-

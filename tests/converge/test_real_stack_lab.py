@@ -89,9 +89,11 @@ def _size(paths) -> int:
 # When the host's last upload of wheels ended and its last install into the venv (xformers,
 # which a source build installs after it, aside) ended: the install ran between the later of
 # that upload and the deploy's start (the lab's hosts share the controller's clock) and then.
-_TIMES = ("W=/var/lib/sparkrig/python-wheels; V=/opt/sparkrig/venv;"
-          " echo $(find $W -name '*.whl' -printf '%T@\\n' | sort -n | tail -n 1)"
-          " $(find $V -path '*.dist-info/INSTALLER' -not -path '*/xformers-*' -printf '%T@\\n' | sort -n | tail -n 1)")
+_TIMES = (
+    "W=/var/lib/sparkrig/python-wheels; V=/opt/sparkrig/venv;"
+    " echo $(find $W -name '*.whl' -printf '%T@\\n' | sort -n | tail -n 1)"
+    " $(find $V -path '*.dist-info/INSTALLER' -not -path '*/xformers-*' -printf '%T@\\n' | sort -n | tail -n 1)"
+)
 
 
 def _install_s(host: str, started: float) -> int | None:
@@ -115,8 +117,9 @@ def converged(real_lab, request):
             FIGURES.setdefault("install_s", {})[f"{host} {'+'.join(profiles) or 'base'}"] = _install_s(host, started)
     for arch in ("x86_64", "aarch64"):
         for profiles in ([], ["unsloth"]):
-            FIGURES.setdefault("download_bytes", {})[ps_locks.lock_name(realstack.manifest(), profiles, arch)] = \
-                _size(_wheels(arch, profiles).values())
+            FIGURES.setdefault("download_bytes", {})[ps_locks.lock_name(realstack.manifest(), profiles, arch)] = _size(
+                _wheels(arch, profiles).values()
+            )
     both = {**_wheels("x86_64", ["unsloth"]), **_wheels("aarch64", ["unsloth"])}
     FIGURES["offline"] = {
         "each_host_downloading_bytes": _size(_wheels("x86_64", ["unsloth"]).values())
@@ -136,15 +139,20 @@ def test_the_real_stack_imports_as_a_cuda_13_build(converged, host):
     """torch is PyPI's CUDA 13.0 build; vLLM, transformers, trl, bitsandbytes and xformers
     import (on aarch64 the source-built STAND-IN); vLLM's extension needs nothing but the
     driver's libcuda; every installed package's requirements are met."""
-    found = json.loads(_python(host, (
-        "import json, importlib, importlib.util, torch, xformers\n"
-        "found = {'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
-        "         'xformers': xformers.__version__, 'standin': getattr(xformers, 'STANDIN', False)}\n"
-        "for name in ('vllm', 'transformers', 'trl', 'bitsandbytes'):\n"
-        "    found[name] = importlib.import_module(name).__version__\n"
-        "found['vllm_c'] = importlib.util.find_spec('vllm._C').origin\n"
-        "print(json.dumps(found))\n"
-    )).splitlines()[-1])
+    found = json.loads(
+        _python(
+            host,
+            (
+                "import json, importlib, importlib.util, torch, xformers\n"
+                "found = {'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
+                "         'xformers': xformers.__version__, 'standin': getattr(xformers, 'STANDIN', False)}\n"
+                "for name in ('vllm', 'transformers', 'trl', 'bitsandbytes'):\n"
+                "    found[name] = importlib.import_module(name).__version__\n"
+                "found['vllm_c'] = importlib.util.find_spec('vllm._C').origin\n"
+                "print(json.dumps(found))\n"
+            ),
+        ).splitlines()[-1]
+    )
     assert found["cuda"] == "13.0" and found["torch"].startswith("2.11.0"), found
     assert found["vllm"].startswith("0.20.2"), found
     if ARCH[host] == "aarch64":
@@ -153,8 +161,12 @@ def test_the_real_stack_imports_as_a_cuda_13_build(converged, host):
         assert not found["standin"] and found["xformers"] == "0.0.35", found
     # The libraries torch loads before vLLM's extension: the venv's torch/lib and nvidia/*/lib.
     site = found["vllm_c"].rsplit("/vllm/", 1)[0]
-    ldd = lab.run_ssh(host, f"LD_LIBRARY_PATH=$(ls -d {site}/torch/lib {site}/nvidia/*/lib | tr '\\n' :)"
-                            f" ldd {shlex.quote(found['vllm_c'])}", timeout=600).stdout
+    ldd = lab.run_ssh(
+        host,
+        f"LD_LIBRARY_PATH=$(ls -d {site}/torch/lib {site}/nvidia/*/lib | tr '\\n' :)"
+        f" ldd {shlex.quote(found['vllm_c'])}",
+        timeout=600,
+    ).stdout
     missing = [line.split()[0] for line in ldd.splitlines() if "not found" in line]
     assert missing == ["libcuda.so.1"], ldd
     check = lab.run_ssh(host, f"sudo /usr/local/bin/uv pip check --python {VENV}/bin/python", check=False, timeout=600)
@@ -162,10 +174,13 @@ def test_the_real_stack_imports_as_a_cuda_13_build(converged, host):
     # NVIDIA's aarch64 cuSPARSELt wheel (nvidia_cusparselt_cu13-0.8.0-py3-none-manylinux2014_aarch64.whl,
     # torch's requirement on every aarch64 host, a Spark's too) declares `Tag: py3-none-manylinux2014_sbsa`
     # in its WHEEL file, a tag no host matches: uv pip check reports it; uv installs by the file's name.
-    vendor = ["The package `nvidia-cusparselt-cu13` was built for a different platform"] if ARCH[host] == "aarch64" else []
+    vendor = (
+        ["The package `nvidia-cusparselt-cu13` was built for a different platform"] if ARCH[host] == "aarch64" else []
+    )
     assert found_issues == vendor and check.returncode == (1 if vendor else 0), check.stdout + check.stderr
     FIGURES.setdefault("hosts", {})[host] = {
-        **found, "venv_bytes": int(lab.run_ssh(host, f"sudo du -sb {VENV}").stdout.split()[0]),
+        **found,
+        "venv_bytes": int(lab.run_ssh(host, f"sudo du -sb {VENV}").stdout.split()[0]),
     }
 
 
@@ -183,9 +198,25 @@ def test_the_python_stack_controls_pass_on_the_real_stack(converged):
     (the GPU controls skip: no GPU in the lab)."""
     env = {**os.environ, realstack.ENV: json.dumps({"profiles": ["unsloth"], "builds": STANDIN_BUILD})}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/compliance/test_python_stack.py", "--inventory", LAB_INVENTORY,
-         "--limit", ",".join(name for name, _ in HOSTS), "-q", "-rfs", "-p", "no:cacheprovider"],
-        cwd=REPO, capture_output=True, text=True, timeout=1800, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/compliance/test_python_stack.py",
+            "--inventory",
+            LAB_INVENTORY,
+            "--limit",
+            ",".join(name for name, _ in HOSTS),
+            "-q",
+            "-rfs",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     for host, _flavour in HOSTS:
@@ -201,9 +232,11 @@ def test_xformers_real_sources_build_natively_through_the_source_build_path(conv
 
     # The lab's containers have no memory controller (no memory.peak): the build unit's
     # processes' resident memory, summed every 10 s, is its peak's estimate.
-    rss = ('c=$(ls -d /sys/fs/cgroup/training.slice/sparkrig-build-xformers-*.service 2>/dev/null | head -n 1);'
-           ' [ -n "$c" ] && for p in $(cat "$c/cgroup.procs"); do awk \'/VmRSS/{print $2}\' /proc/$p/status'
-           ' 2>/dev/null; done | awk \'{s += $1} END {print s * 1024}\'')
+    rss = (
+        "c=$(ls -d /sys/fs/cgroup/training.slice/sparkrig-build-xformers-*.service 2>/dev/null | head -n 1);"
+        ' [ -n "$c" ] && for p in $(cat "$c/cgroup.procs"); do awk \'/VmRSS/{print $2}\' /proc/$p/status'
+        " 2>/dev/null; done | awk '{s += $1} END {print s * 1024}'"
+    )
 
     def watch():
         while not done.wait(10):
@@ -218,13 +251,17 @@ def test_xformers_real_sources_build_natively_through_the_source_build_path(conv
     finally:
         done.set()
         watcher.join()
-    journal = lab.run_ssh(host, "sudo journalctl -u 'sparkrig-build-xformers-*' -o short-unix --no-pager", check=False, timeout=120).stdout
+    journal = lab.run_ssh(
+        host, "sudo journalctl -u 'sparkrig-build-xformers-*' -o short-unix --no-pager", check=False, timeout=120
+    ).stdout
     # This deploy's build alone (a lab kept from an earlier run has that build shared already).
     stamps = [float(line.split()[0]) for line in journal.splitlines() if line[:1].isdigit()]
     stamps = [stamp for stamp in stamps if stamp >= started]
     FIGURES["xformers_build"] = {
-        "deploy_s": round(seconds), "build_s": round(stamps[-1] - stamps[0]) if stamps else None,
-        "memory_peak_rss_bytes": peak["bytes"], "journal_tail": journal.splitlines()[-5:],
+        "deploy_s": round(seconds),
+        "build_s": round(stamps[-1] - stamps[0]) if stamps else None,
+        "memory_peak_rss_bytes": peak["bytes"],
+        "journal_tail": journal.splitlines()[-5:],
     }
     lab_says(request.config, f"xformers built in {FIGURES['xformers_build']['build_s']} s, peak {peak['bytes']} bytes")
     assert result.returncode == 0, result.log[-4000:]

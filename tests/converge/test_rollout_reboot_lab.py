@@ -34,9 +34,25 @@ def _boot_id(host: str) -> str:
 
 def _rollout(tmp_path: Path, hosts: list[str], *data: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "sparkrig.tools.rollout", LAB_INVENTORY, "--limit", ",".join(hosts), "--batch", str(len(hosts)),
-         "--state", str(tmp_path / "rollout-state" / "lab.json"), "--", *WHEN_REQUIRED, *data],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "sparkrig.tools.rollout",
+            LAB_INVENTORY,
+            "--limit",
+            ",".join(hosts),
+            "--batch",
+            str(len(hosts)),
+            "--state",
+            str(tmp_path / "rollout-state" / "lab.json"),
+            "--",
+            *WHEN_REQUIRED,
+            *data,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -69,7 +85,9 @@ def clean_cluster(first_converge):
     clean()
 
 
-def test_a_host_with_a_pending_reboot_and_a_running_job_is_drained_waited_for_rebooted_and_proven(clean_cluster, tmp_path):
+def test_a_host_with_a_pending_reboot_and_a_running_job_is_drained_waited_for_rebooted_and_proven(
+    clean_cluster, tmp_path
+):
     job = f"hold-{time.monotonic_ns()}"
     before = {host: _boot_id(host) for host in CLUSTER}
     for host in CLUSTER:
@@ -80,9 +98,11 @@ def test_a_host_with_a_pending_reboot_and_a_running_job_is_drained_waited_for_re
         _wait_drained("lab-deb12", rollout)
         refused = lab.run_ssh("lab-deb12", "spark-run -- true", check=False)
         assert refused.returncode == 75, refused
-        assert re.fullmatch(r"spark-run: this host is draining since \S+ \S+ UTC \(rollout: reboot "
-                            r"\(/run/reboot-required exists\)\): it starts no new job until root runs spark-jobs undrain\n",
-                            refused.stderr), refused.stderr
+        assert re.fullmatch(
+            r"spark-run: this host is draining since \S+ \S+ UTC \(rollout: reboot "
+            r"\(/run/reboot-required exists\)\): it starts no new job until root runs spark-jobs undrain\n",
+            refused.stderr,
+        ), refused.stderr
         assert _job_row("lab-deb12", job)[2] == "active"  # the running job goes on
         out, _ = rollout.communicate(timeout=1200)
     finally:
@@ -109,14 +129,18 @@ def test_a_host_with_a_pending_reboot_and_a_running_job_is_drained_waited_for_re
         assert lab.run_ssh(host, f"test -e {DRAIN} || test -e /run/reboot-required", check=False).returncode == 1
     # The job ended by itself (exit 0), not stopped by the reboot.
     assert _job_row("lab-deb12", job)[2:3] == ["ended"] and _job_row("lab-deb12", job)[-1] == "0"
-    assert "batch  hosts  converged  rebooted  drained-out  proven  failed  not started\n" \
-           "1      2      2          2         0            2       0       0\n" in out, out[-3000:]
+    assert (
+        "batch  hosts  converged  rebooted  drained-out  proven  failed  not started\n"
+        "1      2      2          2         0            2       0       0\n" in out
+    ), out[-3000:]
     assert "rollout: all 2 hosts converged and proven" in out
     assert lab.run_ssh("lab-deb12", "spark-run -- true").returncode == 0  # undrained: jobs start again
     lab.run_ssh("lab-deb12", f"spark-jobs forget {job}")
 
 
-def test_a_drain_that_outlasts_updates_drain_timeout_leaves_the_host_out_undrained_and_reported(clean_cluster, tmp_path):
+def test_a_drain_that_outlasts_updates_drain_timeout_leaves_the_host_out_undrained_and_reported(
+    clean_cluster, tmp_path
+):
     host, job = "lab-deb13", f"long-{time.monotonic_ns()}"
     before = _boot_id(host)
     lab.run_ssh(host, "sudo touch /run/reboot-required")
@@ -125,10 +149,14 @@ def test_a_drain_that_outlasts_updates_drain_timeout_leaves_the_host_out_undrain
         rollout = _rollout(tmp_path, [host], "--data", "updates_drain_timeout=60")
         out, _ = rollout.communicate(timeout=900)
         assert rollout.returncode == 1, out[-6000:]
-        assert "batch  hosts  converged  rebooted  drained-out  proven  failed  not started\n" \
-               "1      1      1          0         1            0       1       0\n" in out, out[-3000:]
-        assert (f"  {host} (batch 1): reboot: drain timed out: 1 job(s) still running after updates_drain_timeout "
-                f"60 s ({job}); left out, not rebooted, undrained (--force stops them; --resume tries again)") in out
+        assert (
+            "batch  hosts  converged  rebooted  drained-out  proven  failed  not started\n"
+            "1      1      1          0         1            0       1       0\n" in out
+        ), out[-3000:]
+        assert (
+            f"  {host} (batch 1): reboot: drain timed out: 1 job(s) still running after updates_drain_timeout "
+            f"60 s ({job}); left out, not rebooted, undrained (--force stops them; --resume tries again)"
+        ) in out
         assert _boot_id(host) == before
         assert _job_row(host, job)[2] == "active"
         assert lab.run_ssh(host, f"test -e {DRAIN}", check=False).returncode == 1  # undrained

@@ -125,7 +125,10 @@ def test_a_build_survives_its_deploy_being_cut_and_a_new_ref_reinstalls(first_co
     inventory = _variant(tmp_path, ref="v2.0", env={"SPARKRIG_LAB_BUILD_SLEEP": "40"})
     deploy = subprocess.Popen(
         [PYINFRA, "-y", "--limit", host, inventory, "deploy.py"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 300

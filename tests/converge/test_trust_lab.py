@@ -48,8 +48,15 @@ def test_python_planted_in_the_login_users_home_never_runs_as_root(first_converg
         result = run_deploy(LAB_INVENTORY, "--limit", host, "--dry")
         assert result.returncode == 0, result.log[-3000:]
         # uv's tool environment is rebuilt (python3 -m venv, its pip) when uv changes.
-        again = run_deploy(LAB_INVENTORY, "--limit", host, "--data", "python_uv_version=0.13.8",
-                           "--data", 'python_uv_sha256=["e18a57b8b352eb7c8feb317b9f6f533c8f0ad9673fd6cf34bbe3cf1a9f6a8984"]')
+        again = run_deploy(
+            LAB_INVENTORY,
+            "--limit",
+            host,
+            "--data",
+            "python_uv_version=0.13.8",
+            "--data",
+            'python_uv_sha256=["e18a57b8b352eb7c8feb317b9f6f533c8f0ad9673fd6cf34bbe3cf1a9f6a8984"]',
+        )
         assert again.returncode == 0, again.log[-3000:]
         assert _marks(host) == []
     finally:

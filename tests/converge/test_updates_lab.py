@@ -45,8 +45,11 @@ def _hosts() -> dict[str, dict]:
 
 def test_a_hold_survives_apt_get_upgrade_until_the_settings_release_it(first_converge):
     assert first_converge.returncode == 0, first_converge.log
-    lab.run_ssh(HOST, "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-                f"--allow-downgrades {KERNEL}=1.0 {DRIVER}=1.0 >/dev/null")
+    lab.run_ssh(
+        HOST,
+        "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+        f"--allow-downgrades {KERNEL}=1.0 {DRIVER}=1.0 >/dev/null",
+    )
     hold = ("--limit", HOST, "--data", "updates_hold=" + json.dumps(HOLDS))
     held = run_deploy(LAB_INVENTORY, *hold)
     assert held.returncode == 0, held.log
@@ -76,7 +79,10 @@ def test_a_hold_survives_apt_get_upgrade_until_the_settings_release_it(first_con
 def _report(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "sparkrig.tools", "report", LAB_INVENTORY, *args],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -86,8 +92,11 @@ def test_the_report_marks_the_host_that_differs(first_converge):
     for name, host in hosts.items():
         version = "1.0" if name == HOST else "2.0"
         url = f"{host['apt_repo_url']}/dgx/baseos/{KERNEL}_{version}_all.deb"
-        lab.run_ssh(name, "python3 -c 'import sys, urllib.request as u; u.urlretrieve(sys.argv[1], sys.argv[2])' "
-                          f"{url} /tmp/standin.deb && sudo dpkg -i /tmp/standin.deb >/dev/null && rm /tmp/standin.deb")
+        lab.run_ssh(
+            name,
+            "python3 -c 'import sys, urllib.request as u; u.urlretrieve(sys.argv[1], sys.argv[2])' "
+            f"{url} /tmp/standin.deb && sudo dpkg -i /tmp/standin.deb >/dev/null && rm /tmp/standin.deb",
+        )
     result = _report("--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -114,15 +123,33 @@ def expecting_another_kernel(tmp_path) -> str:
     return str(inventory)
 
 
-def test_an_unexpected_kernel_fails_compliance_and_stops_the_deploy_on_that_host(first_converge, expecting_another_kernel):
+def test_an_unexpected_kernel_fails_compliance_and_stops_the_deploy_on_that_host(
+    first_converge, expecting_another_kernel
+):
     assert first_converge.returncode == 0, first_converge.log
     running = lab.run_ssh(HOST, "uname -r").stdout.strip()
     both = f"kernel {running} is running, updates_expected_kernel is {EXPECTED}"
 
     suite = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/compliance/test_updates.py", "--inventory", expecting_another_kernel,
-         "--limit", HOST, "--limit", "lab-deb13", "-q", "-p", "no:cacheprovider"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/compliance/test_updates.py",
+            "--inventory",
+            expecting_another_kernel,
+            "--limit",
+            HOST,
+            "--limit",
+            "lab-deb13",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert suite.returncode == 1, suite.stdout + suite.stderr
     # One line per failed control under the per-host table: host, control, what it found.
@@ -137,7 +164,10 @@ def test_an_unexpected_kernel_fails_compliance_and_stops_the_deploy_on_that_host
     assert stopped.returncode != 0
     assert set(stopped.errors()) == {HOST}, stopped.errors()
     # The refusal is the host's first error (operations planned after it never ran, and count as failed).
-    assert stopped.errors()[HOST][0] == "Updates | The box runs the expected kernel and driver (updates_stop_on_unexpected)"
+    assert (
+        stopped.errors()[HOST][0]
+        == "Updates | The box runs the expected kernel and driver (updates_stop_on_unexpected)"
+    )
     assert both in stopped.log, stopped.log[-3000:]
     assert HOST not in stopped.changed()
     assert lab.run_ssh(HOST, f"test -e {APT_CONF}", check=False).returncode == 1
@@ -150,11 +180,17 @@ def test_systemd_oomd_is_masked_beside_earlyoom(first_converge):
     one masks it and its socket (earlyoom is the watchdog), the one after changes nothing."""
     assert first_converge.returncode == 0, first_converge.log
     other = "lab-deb13-b"
-    lab.run_ssh(other, "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-                       "systemd-oomd >/dev/null", timeout=600)
+    lab.run_ssh(
+        other,
+        "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-oomd >/dev/null",
+        timeout=600,
+    )
     # As the package leaves it (a rerun of this test finds it masked).
-    lab.run_ssh(other, "sudo systemctl unmask -q systemd-oomd.service systemd-oomd.socket && "
-                       "sudo systemctl enable -q systemd-oomd.service systemd-oomd.socket")
+    lab.run_ssh(
+        other,
+        "sudo systemctl unmask -q systemd-oomd.service systemd-oomd.socket && "
+        "sudo systemctl enable -q systemd-oomd.service systemd-oomd.socket",
+    )
     assert lab.run_ssh(other, "systemctl is-enabled systemd-oomd.service").stdout.strip() == "enabled"
     masked = run_deploy(LAB_INVENTORY, "--limit", other)
     assert masked.returncode == 0, masked.log

@@ -76,8 +76,12 @@ def _deployed(name: str) -> dict:
     argv = _run(name, f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
     version = re.search(r"v(\d+)\.(\d+)", _run(name, "/usr/bin/earlyoom -v 2>&1"))
     digest = _run(name, "sha256sum /etc/default/earlyoom /etc/systemd/system/earlyoom.service.d/*.conf")
-    return {"pid": pid, "options": dict(zip(argv[1::2], argv[2::2])),
-            "version": (int(version[1]), int(version[2])), "digest": digest}
+    return {
+        "pid": pid,
+        "options": dict(zip(argv[1::2], argv[2::2])),
+        "version": (int(version[1]), int(version[2])),
+        "digest": digest,
+    }
 
 
 def threshold_kib(target_kib: int, version: tuple[int, int], meminfo: dict[str, int]) -> int:
@@ -102,11 +106,14 @@ def _wait_for(name: str, check: str, timeout_s: float, what: str) -> None:
 
 def _start_hog(name: str, workdir: str) -> None:
     encoded = base64.b64encode(HOG).decode()
-    _run(name, (
-        f"cd {workdir} && echo {encoded} | base64 -d > hog.py && "
-        f"{{ (python3 hog.py {STEP_MIB} {MAX_MIB} {workdir}/log; echo $? > {workdir}/status) "
-        "</dev/null >/dev/null 2>&1 & }"
-    ))
+    _run(
+        name,
+        (
+            f"cd {workdir} && echo {encoded} | base64 -d > hog.py && "
+            f"{{ (python3 hog.py {STEP_MIB} {MAX_MIB} {workdir}/log; echo $? > {workdir}/status) "
+            "</dev/null >/dev/null 2>&1 & }"
+        ),
+    )
     _wait_for(name, f"[ $(wc -l < {workdir}/log) -ge 2 ]", 30, "the hog did not start")
 
 
@@ -118,21 +125,42 @@ def _journal(name: str, since: str) -> str:
 
 def _start_watchdog(name: str, minimum_kib: int, options: dict[str, str], since: str) -> None:
     command = [
-        "sudo", "systemd-run", f"--unit={UNIT}", "--collect", "--quiet", "/usr/bin/earlyoom",
-        "-M", str(minimum_kib), "-s", "100", "-r", "1",
-        "--prefer", options["--prefer"], "--avoid", options["--avoid"],
+        "sudo",
+        "systemd-run",
+        f"--unit={UNIT}",
+        "--collect",
+        "--quiet",
+        "/usr/bin/earlyoom",
+        "-M",
+        str(minimum_kib),
+        "-s",
+        "100",
+        "-r",
+        "1",
+        "--prefer",
+        options["--prefer"],
+        "--avoid",
+        options["--avoid"],
     ]
     _run(name, shlex.join(command))
-    _wait_for(name, f"{_journal(name, since)} | grep -q 'sending SIGTERM when'", 30,
-              "the transient earlyoom did not report its thresholds")
+    _wait_for(
+        name,
+        f"{_journal(name, since)} | grep -q 'sending SIGTERM when'",
+        30,
+        "the transient earlyoom did not report its thresholds",
+    )
 
 
 def _clean_up(name: str, workdir: str) -> None:
-    lab.run_ssh(name, (
-        f"sudo systemctl stop {UNIT}; sudo systemctl reset-failed {UNIT}; "
-        f"pid=$(sed -n 's/^pid //p' {workdir}/log 2>/dev/null); "
-        f'[ -z "$pid" ] || kill -KILL "$pid"; rm -rf {workdir}'
-    ), check=False)
+    lab.run_ssh(
+        name,
+        (
+            f"sudo systemctl stop {UNIT}; sudo systemctl reset-failed {UNIT}; "
+            f"pid=$(sed -n 's/^pid //p' {workdir}/log 2>/dev/null); "
+            f'[ -z "$pid" ] || kill -KILL "$pid"; rm -rf {workdir}'
+        ),
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("name", [name for name, _flavour in lab.DEFAULT_FLEET])

@@ -45,13 +45,23 @@ def user_project(tmp_path_factory, first_converge):
     if uv is None:
         pytest.fail("uv is not on PATH (the README's install puts it there)")
     root = tmp_path_factory.mktemp("user-deploy")
-    subprocess.run([uv, "build", "--wheel", "--out-dir", str(root / "dist"), str(REPO)],
-                   check=True, capture_output=True, text=True, timeout=600)
+    subprocess.run(
+        [uv, "build", "--wheel", "--out-dir", str(root / "dist"), str(REPO)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wheel = next((root / "dist").glob("sparkrig-*.whl"))
     venv = root / "venv"
     subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120)
-    subprocess.run([uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=600)
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     data = inventory_host_data(LAB_INVENTORY, [HOST])[HOST]
     connection = {k: v for k, v in data.items() if k.startswith("ssh_") or k.startswith("_")}
     project = root / "project"
@@ -64,16 +74,25 @@ def user_project(tmp_path_factory, first_converge):
 
 def run(project, *args: str) -> subprocess.CompletedProcess:
     pyinfra, cwd = project
-    return subprocess.run([str(pyinfra), "-y", *args, "inventory.py", "deploy.py"], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [str(pyinfra), "-y", *args, "inventory.py", "deploy.py"], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_the_wheel_has_no_checkout_on_its_path(user_project):
     pyinfra, cwd = user_project
     python = pyinfra.parent / "python"
-    found = subprocess.run([str(python), "-c", "import sparkrig, sparkrig.operations.swap as s; "
-                            "print(s.__file__); print(*sparkrig.__path__)"],
-                           cwd=cwd, capture_output=True, text=True, check=True).stdout
+    found = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import sparkrig, sparkrig.operations.swap as s; print(s.__file__); print(*sparkrig.__path__)",
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert str(REPO) not in found and "site-packages/sparkrig" in found, found
 
 

@@ -25,7 +25,11 @@ def test_a_fixtures_phase_shows_under_pytests_default_capture(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(tmp_path)],
-        cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()

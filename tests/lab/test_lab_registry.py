@@ -58,7 +58,8 @@ def test_the_repository_server_speaks_enough_of_the_registry_api(tmp_path):
     described = registry.build(tmp_path, busybox)
     server = subprocess.Popen(
         [sys.executable, "-I", reposerver.__file__, "--root", str(tmp_path), "--port", "18799", "127.0.0.1"],
-        stderr=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert reposerver.READY in server.stderr.readline()

@@ -115,9 +115,7 @@ def test_release_lists_sha256_and_size_of_every_index():
 
 def test_release_date_is_rfc2822_in_utc():
     paris = datetime.timezone(datetime.timedelta(hours=2))
-    assert release_date(datetime.datetime(2024, 6, 1, 14, 0, 5, tzinfo=paris)) == (
-        "Sat, 01 Jun 2024 12:00:05 UTC"
-    )
+    assert release_date(datetime.datetime(2024, 6, 1, 14, 0, 5, tzinfo=paris)) == ("Sat, 01 Jun 2024 12:00:05 UTC")
 
 
 # --- the stand-in packages -----------------------------------------------------------
@@ -131,9 +129,7 @@ def test_docker_standin_control():
     assert control["Description"].splitlines()[0] == (
         "sparkrig lab stand-in for Docker's docker-ce (installs Debian's docker.io)"
     )
-    assert [file.path for file in repo.DOCKER_STANDIN.files] == [
-        "/usr/share/doc/sparkrig-lab-standin-docker-ce/README"
-    ]
+    assert [file.path for file in repo.DOCKER_STANDIN.files] == ["/usr/share/doc/sparkrig-lab-standin-docker-ce/README"]
     assert "stand-in" in repo.DOCKER_STANDIN.files[0].content
 
 
@@ -212,8 +208,9 @@ def test_docker_release_and_packages(suite):
     assert (fields["Components"], fields["Architectures"]) == ("stable", "amd64 arm64")
     assert fields["Date"] == DATE
     sums = _release_sums(release)
-    assert set(sums) == {f"stable/binary-{arch}/{name}" for arch in ("amd64", "arm64")
-                         for name in ("Packages", "Packages.gz")}
+    assert set(sums) == {
+        f"stable/binary-{arch}/{name}" for arch in ("amd64", "arm64") for name in ("Packages", "Packages.gz")
+    }
     for path, (digest, size) in sums.items():
         data = files[f"{DOCKER}/dists/{suite}/{path}"]
         assert (digest, size) == (_sha256(data), len(data))
@@ -288,8 +285,16 @@ def test_gpg_fingerprints_by_user_id():
     "argv, ours",
     [
         (
-            ["/usr/bin/python3", "-I", "/src/lab/reposerver.py",
-             "--root", f"{REPO_CACHE}/site-1", "--port", "8765", "10.213.1.1"],
+            [
+                "/usr/bin/python3",
+                "-I",
+                "/src/lab/reposerver.py",
+                "--root",
+                f"{REPO_CACHE}/site-1",
+                "--port",
+                "8765",
+                "10.213.1.1",
+            ],
             True,
         ),
         (["python3", "/x/reposerver.py", "--root", f"{REPO_CACHE}/site-1", "10.213.1.1"], True),
@@ -317,9 +322,7 @@ def test_apt_repo_round_trips_through_state_json():
 def served(tmp_path):
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "file").write_bytes(b"content")
-    server = ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_ReadOnlyFiles, directory=str(tmp_path))
-    )
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_ReadOnlyFiles, directory=str(tmp_path)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server.server_address[1]
@@ -351,9 +354,7 @@ def test_server_serves_files_read_only_without_listings(served):
 
 def test_nft_lets_hosts_reach_only_the_repo_port_at_their_own_gateway_before_the_drop():
     rules = [line.strip() for line in render_nft_ruleset(["10.255.255.53"], 0, 9999).splitlines()]
-    allow = (
-        'iifname "srlab*" ip daddr 10.213.0.0/16 tcp dport 9999 fib daddr . iif type local accept'
-    )
+    allow = 'iifname "srlab*" ip daddr 10.213.0.0/16 tcp dport 9999 fib daddr . iif type local accept'
     start, end = rules.index("chain input {"), len(rules)
     assert rules.index(allow) > start
     assert rules.index(allow) < rules.index('iifname "srlab*" drop', start) < end
@@ -408,9 +409,7 @@ def _build_signs_each_repository_with_its_own_key(cache: Path, tmp_path: Path):
         keyrings[name] = tmp_path / f"{name}.gpg"
         armored = (site / public_key).read_bytes()
         assert armored.startswith(b"-----BEGIN PGP PUBLIC KEY BLOCK-----")
-        dearmor = subprocess.run(
-            ["gpg", "--dearmor"], input=armored, capture_output=True, check=True
-        )
+        dearmor = subprocess.run(["gpg", "--dearmor"], input=armored, capture_output=True, check=True)
         keyrings[name].write_bytes(dearmor.stdout)
 
     def verifies(keyring: Path, *signed: Path) -> bool:

@@ -32,7 +32,9 @@ def test_the_description_names_every_tag_with_its_commit(site):
     for tag, ref in description["refs"].items():
         commit = subprocess.run(
             ["git", "-C", str(site / sourcebuild.REPOSITORY), "rev-parse", f"refs/tags/{tag}^{{commit}}"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         assert ref["commit"] == commit
 

@@ -199,14 +199,20 @@ def test_inventory_json_has_the_documented_fields(fleet):
         "registry": registry,
         "sources": sources,
         # lab-deb12 and lab-deb13 are cabled by the ConnectX-7 stand-in.
-        "clusters": [{"name": "lab", "interface": "cx7-standin",
-                      "addresses": {"lab-deb12": "192.168.100.11/24", "lab-deb13": "192.168.100.12/24"}}],
+        "clusters": [
+            {
+                "name": "lab",
+                "interface": "cx7-standin",
+                "addresses": {"lab-deb12": "192.168.100.11/24", "lab-deb13": "192.168.100.12/24"},
+            }
+        ],
     }
 
 
 def test_the_cluster_link_needs_both_of_its_hosts():
-
-    assert [link.hosts for link in cluster_links(["lab-deb12", "lab-deb13", "lab-gb10"])] == [("lab-deb12", "lab-deb13")]
+    assert [link.hosts for link in cluster_links(["lab-deb12", "lab-deb13", "lab-gb10"])] == [
+        ("lab-deb12", "lab-deb13")
+    ]
     assert cluster_links(["lab-deb12", "lab-deb13-b"]) == []
 
 
@@ -249,8 +255,7 @@ def test_nft_forward_isolates_hosts_but_lets_dns_through_first():
     dns_udp = 'iifname "srlab*" ip daddr { 10.255.255.53, 192.168.1.1 } udp dport 53 accept'
     dns_tcp = dns_udp.replace("udp", "tcp")
     private = (
-        'iifname "srlab*" ip daddr { 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, '
-        "169.254.0.0/16, 100.64.0.0/10 } drop"
+        'iifname "srlab*" ip daddr { 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 169.254.0.0/16, 100.64.0.0/10 } drop'
     )
     order = [
         "ct state established,related accept",
@@ -268,8 +273,10 @@ def test_nft_lets_hosts_reach_each_other_on_the_node_exporters_port_alone():
     """The fleet's Prometheus on one lab host scrapes the others (inventory/lab.py)."""
     rules = _rules(render_nft_ruleset(["10.255.255.53"], 0))
     between = [rule for rule in rules if 'oifname "srlab*"' in rule and "!=" not in rule]
-    assert between == ['iifname "srlab*" oifname "srlab*" tcp dport 9100 accept',
-                       'iifname "srlab*" oifname "srlab*" drop']
+    assert between == [
+        'iifname "srlab*" oifname "srlab*" tcp dport 9100 accept',
+        'iifname "srlab*" oifname "srlab*" drop',
+    ]
 
 
 def test_nft_input_only_lets_replies_and_the_apt_repository_in_from_the_hosts():
@@ -306,8 +313,13 @@ def test_lab_netns_names(name, ours):
 
 @pytest.mark.parametrize(
     "name, other",
-    [("sparkrig7-lab-a", True), ("sparkrig-lab-deb12", False), ("sparkrig7-", False), ("sparkrigx-a", False),
-     ("docker", False)],
+    [
+        ("sparkrig7-lab-a", True),
+        ("sparkrig-lab-deb12", False),
+        ("sparkrig7-", False),
+        ("sparkrigx-a", False),
+        ("docker", False),
+    ],
 )
 def test_other_labs_netns_names(name, other):
     """This module's lab is the default one (no SPARKRIG_LAB_ID in the unit run)."""
@@ -356,10 +368,10 @@ def test_a_boot_loop_is_known_by_its_marker_and_its_lab_nspawn():
     nspawn = _nspawn(["-D", "/var/lib/sparkrig-lab/hosts/a/rootfs"])
     assert is_lab_boot(["sh", "-c", "LOOP", BOOT_MARKER, "/cg/cgroup.procs", "--", *nspawn], HOSTS_DIR)
     assert not is_lab_boot(["sh", "-c", "LOOP", "other", "--", *nspawn], HOSTS_DIR)
-    assert not is_lab_boot(["sh", "-c", "LOOP", BOOT_MARKER, "--", *_nspawn(["-D", "/var/lib/machines/x"])],
-                           HOSTS_DIR)
-    assert not is_lab_boot(nspawn, HOSTS_DIR) and not is_lab_nspawn(["sh", "-c", "LOOP", BOOT_MARKER, "--", *nspawn],
-                                                                     HOSTS_DIR)
+    assert not is_lab_boot(["sh", "-c", "LOOP", BOOT_MARKER, "--", *_nspawn(["-D", "/var/lib/machines/x"])], HOSTS_DIR)
+    assert not is_lab_boot(nspawn, HOSTS_DIR) and not is_lab_nspawn(
+        ["sh", "-c", "LOOP", BOOT_MARKER, "--", *nspawn], HOSTS_DIR
+    )
 
 
 def _boot_loop(tmp_path: Path, statuses: list[int]) -> subprocess.CompletedProcess:
@@ -367,11 +379,18 @@ def _boot_loop(tmp_path: Path, statuses: list[int]) -> subprocess.CompletedProce
     ``statuses`` in turn (a real nspawn exits 133 when its container asks for a reboot)."""
     procs = tmp_path / "cgroup.procs"
     stand_in = tmp_path / "nspawn-stand-in"
-    stand_in.write_text("#!/bin/sh\nset -- " + " ".join(map(str, statuses))
-                        + '\nn=$(wc -l < "$0.runs" 2>/dev/null || echo 0); shift "$n"; echo run >> "$0.runs"; exit "$1"\n')
+    stand_in.write_text(
+        "#!/bin/sh\nset -- "
+        + " ".join(map(str, statuses))
+        + '\nn=$(wc -l < "$0.runs" 2>/dev/null || echo 0); shift "$n"; echo run >> "$0.runs"; exit "$1"\n'
+    )
     stand_in.chmod(0o755)
-    return subprocess.run(["sh", "-c", BOOT_LOOP, BOOT_MARKER, str(procs), "--", str(stand_in)],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["sh", "-c", BOOT_LOOP, BOOT_MARKER, str(procs), "--", str(stand_in)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_the_boot_loop_boots_again_after_a_reboot_and_ends_on_any_other_exit(tmp_path):
@@ -411,9 +430,7 @@ def test_mounts_below_a_tree_deepest_first():
         "/var/cache/sparkrig-lab/tmp/x/rootfs/sys",
         "/var/cache/sparkrig-lab/tmp/x/rootfs/proc",
     ]
-    assert mounts_below(MOUNTINFO, Path("/var/cache/sparkrig-lab/tmp/x y")) == [
-        "/var/cache/sparkrig-lab/tmp/x y"
-    ]
+    assert mounts_below(MOUNTINFO, Path("/var/cache/sparkrig-lab/tmp/x y")) == ["/var/cache/sparkrig-lab/tmp/x y"]
     assert mounts_below(MOUNTINFO, Path("/var/lib/sparkrig-lab")) == []
 
 
@@ -458,7 +475,6 @@ def test_image_key_changes_with_any_recipe_step():
 
 
 def test_image_key_changes_with_recipe_version_and_packages(monkeypatch):
-
     base = _key()
     monkeypatch.setattr(image, "RECIPE_VERSION", image.RECIPE_VERSION + 1)
     assert _key() != base
@@ -478,9 +494,7 @@ def test_recipe_steps_per_flavour():
     assert not any(isinstance(s, WriteFile) and "ca-certificates" in s.path for s in bookworm)
     sudoers = next(s for s in bookworm if isinstance(s, WriteFile) and "sudoers" in s.path)
     assert (sudoers.path, sudoers.mode) == ("/etc/sudoers.d/spark", 0o440)
-    sources = next(
-        s for s in trixie if isinstance(s, WriteFile) and s.path == "/etc/apt/sources.list"
-    )
+    sources = next(s for s in trixie if isinstance(s, WriteFile) and s.path == "/etc/apt/sources.list")
     assert f"deb {MIRROR} trixie main" in sources.content
 
 
@@ -492,8 +506,10 @@ def test_the_dgx_os_network_stack_flavour_never_runs_udev_and_keeps_networkd_off
     assert {"systemd-udevd.service", "systemd-udev-trigger.service"} <= set(image.UDEV_UNITS)
     assert Systemctl(("disable", *image.NETWORKD_UNITS)) in steps
     assert {"netplan.io", "network-manager"} <= set(FLAVOURS["debian13-nm"].extra_packages)
-    assert not any(isinstance(s, Systemctl) and "systemd-udevd.service" in s.argv
-                   for s in recipe_steps(FLAVOURS["debian13"], MIRROR))
+    assert not any(
+        isinstance(s, Systemctl) and "systemd-udevd.service" in s.argv
+        for s in recipe_steps(FLAVOURS["debian13"], MIRROR)
+    )
 
 
 def test_the_dgx_os_network_stack_puts_eth0_on_networkmanager_through_netplan():
@@ -509,11 +525,18 @@ def test_the_dgx_os_network_stack_puts_eth0_on_networkmanager_through_netplan():
 
 
 def _lab_names(lab_id: str) -> subprocess.CompletedProcess[str]:
-    code = ("from lab import config as c; print(c.LAB_DIR, c.REPO_CACHE.name, c.NETNS_PREFIX, "
-            "c.VETH_PREFIX, c.NFT_TABLE, c.SUBNET_PREFIX, c.CGROUP_PARENT)")
+    code = (
+        "from lab import config as c; print(c.LAB_DIR, c.REPO_CACHE.name, c.NETNS_PREFIX, "
+        "c.VETH_PREFIX, c.NFT_TABLE, c.SUBNET_PREFIX, c.CGROUP_PARENT)"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKRIG_LAB")}
-    return subprocess.run([sys.executable, "-c", code], env={**env, "SPARKRIG_LAB_ID": lab_id},
-                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "SPARKRIG_LAB_ID": lab_id},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_default_lab_keeps_its_names():
@@ -523,7 +546,15 @@ def test_default_lab_keeps_its_names():
 
 def test_a_lab_id_gives_names_no_default_lab_pattern_matches():
     out = _lab_names("3").stdout.split()
-    assert out == ["/var/lib/sparkrig-lab-3", "repo-3", "sparkrig3-", "sr3lab", "sparkrig_lab3", "10.216", "sparkrig-lab3"]
+    assert out == [
+        "/var/lib/sparkrig-lab-3",
+        "repo-3",
+        "sparkrig3-",
+        "sr3lab",
+        "sparkrig_lab3",
+        "10.216",
+        "sparkrig-lab3",
+    ]
     default_link, default_netns = re.compile(r"^srlab\d+c?$"), "sparkrig-"
     assert not default_link.match("sr3lab1") and not default_link.match("sr3lab1c")
     assert not "sparkrig3-lab-deb12".startswith(default_netns)
@@ -543,15 +574,15 @@ def test_every_lab_host_starts_trusting_the_labs_registry_at_its_own_gateway():
 
 
 def test_the_command_lines_help_is_plain_text():
-    result = subprocess.run([sys.executable, "-m", "lab", "--help"], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "lab", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert "``" not in result.stdout and ":mod:" not in result.stdout and ":data:" not in result.stdout
     assert result.stdout.startswith("usage: python -m lab ") and "systemd-nspawn" in result.stdout
 
 
 def test_the_lab_raises_roots_inotify_limit_only_where_its_hosts_would_run_out():
-
     assert inotify_limit_for(128, 40, 5) is None  # 40 + 80 fit in 128
     assert inotify_limit_for(128, 120, 5) == 256  # 200 do not
     assert inotify_limit_for(1024, 800, 8) is None
@@ -566,17 +597,29 @@ def test_a_second_lab_never_removes_an_image_build_in_progress(tmp_path):
     leftover = tmp_path / "tmp" / "debian12-arm64-0123.abcd"
     leftover.mkdir(parents=True)
     holder = subprocess.Popen(
-        [sys.executable, "-I", "-c",
-         "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
-         "print('held', flush=True); sys.stdin.read()", str(tmp_path / "build.lock")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('held', flush=True); sys.stdin.read()",
+            str(tmp_path / "build.lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline() == "held\n"
         starting = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from pathlib import Path; from lab import image; "
-             "image.ensure_images([], Path(sys.argv[1]), 'http://mirror.invalid', Path(sys.argv[1]) / 'hosts')",
-             str(tmp_path)], cwd=Path(__file__).resolve().parents[2],
+            [
+                sys.executable,
+                "-c",
+                "import sys; from pathlib import Path; from lab import image; "
+                "image.ensure_images([], Path(sys.argv[1]), 'http://mirror.invalid', Path(sys.argv[1]) / 'hosts')",
+                str(tmp_path),
+            ],
+            cwd=Path(__file__).resolve().parents[2],
         )
         with pytest.raises(subprocess.TimeoutExpired):
             starting.wait(timeout=2)

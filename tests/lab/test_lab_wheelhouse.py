@@ -39,19 +39,24 @@ def test_the_standin_wheel_is_a_valid_wheel_named_as_a_standin():
 def test_the_standin_wheel_installs_and_imports(tmp_path):
     name, data = wheelhouse.standin_vllm_wheel()
     (tmp_path / name).write_bytes(data)
-    subprocess.run(
-        [sys.executable, "-m", "zipfile", "-e", str(tmp_path / name), str(tmp_path / "site")], check=True
-    )
+    subprocess.run([sys.executable, "-m", "zipfile", "-e", str(tmp_path / name), str(tmp_path / "site")], check=True)
     out = subprocess.run(
         [sys.executable, "-c", "import sparkrig_lab_standin_vllm as m; print(m.__version__)"],
-        cwd=tmp_path / "site", capture_output=True, text=True, check=True,
+        cwd=tmp_path / "site",
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert out.strip() == "0.20.2"
 
 
 def test_the_index_links_every_wheel_with_its_sha256():
     files = wheelhouse.index_files({TORCH: "a" * 64, "six-1.17.0-py2.py3-none-any.whl": "b" * 64})
-    assert sorted(files) == ["wheels/simple/index.html", "wheels/simple/six/index.html", "wheels/simple/torch/index.html"]
+    assert sorted(files) == [
+        "wheels/simple/index.html",
+        "wheels/simple/six/index.html",
+        "wheels/simple/torch/index.html",
+    ]
     assert f'href="../../{TORCH}#sha256={"a" * 64}"' in files["wheels/simple/torch/index.html"].decode()
     assert 'href="torch/"' in files["wheels/simple/index.html"].decode()
 
@@ -61,8 +66,10 @@ def test_the_description_names_torch_by_python_tag_and_the_standin_by_path():
     described = wheelhouse.description({TORCH: "a" * 64, standin: "c" * 64}, standin)
     assert described["torch"] == [{"version": "2.13.0+cpu", "python": "cp311", "file": TORCH}]
     assert described["vllm_standin"] == {
-        "name": "sparkrig-lab-standin-vllm", "version": "0.20.2",
-        "path": f"/wheels/{standin}", "sha256": "c" * 64,
+        "name": "sparkrig-lab-standin-vllm",
+        "version": "0.20.2",
+        "path": f"/wheels/{standin}",
+        "sha256": "c" * 64,
     }
     json.dumps(described)
 

@@ -19,7 +19,11 @@ def concern_imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         names = []
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("sparkrig.operations"):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").startswith("sparkrig.operations")
+        ):
             parts = node.module.split(".")[2:]
             names = [".".join(parts + [alias.name]) for alias in node.names] if len(parts) == 1 else [".".join(parts)]
             if not parts:  # from sparkrig.operations import x, y
@@ -27,7 +31,11 @@ def concern_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 2 and node.module:  # from ..other import x
             names = [node.module + "." + alias.name for alias in node.names]
         elif isinstance(node, ast.Import):
-            names = [a.name.removeprefix("sparkrig.operations.") for a in node.names if a.name.startswith("sparkrig.operations.")]
+            names = [
+                a.name.removeprefix("sparkrig.operations.")
+                for a in node.names
+                if a.name.startswith("sparkrig.operations.")
+            ]
         found |= set(names)
     return found
 
@@ -52,7 +60,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
     def visit(node: str, path: list[str]) -> None:
         if node in path:
-            found.append(path[path.index(node):] + [node])
+            found.append(path[path.index(node) :] + [node])
             return
         if node in done:
             return
@@ -133,14 +141,18 @@ def test_the_cycle_finder_finds_a_loop():
 
 
 def test_the_import_finder_sees_imports_inside_functions(tmp_path):
-    (tmp_path / "m.py").write_text("def f():\n    from sparkrig.operations.jobs import deploy\n"
-                                   "from sparkrig.operations.cuda_env import settings\n")
+    (tmp_path / "m.py").write_text(
+        "def f():\n    from sparkrig.operations.jobs import deploy\nfrom sparkrig.operations.cuda_env import settings\n"
+    )
     assert concern_imports(tmp_path / "m.py") == {"jobs.deploy", "cuda_env.settings"}
 
 
 def test_no_module_under_operations_is_over_450_lines():
-    long = {str(p.relative_to(OPERATIONS)): n for p in OPERATIONS.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(OPERATIONS)): n
+        for p in OPERATIONS.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 
@@ -211,12 +223,16 @@ def command_texts() -> list[tuple[str, str]]:
         for path in sorted((REPO / folder).rglob("*.py")):
             tree = ast.parse(path.read_text())
             docstrings = {
-                id(node.body[0].value) for node in ast.walk(tree)
+                id(node.body[0].value)
+                for node in ast.walk(tree)
                 if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-                and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+                and node.body
+                and isinstance(node.body[0], ast.Expr)
+                and isinstance(node.body[0].value, ast.Constant)
             }
             found += [
-                (f"{path.relative_to(REPO)}:{node.lineno}", node.value) for node in ast.walk(tree)
+                (f"{path.relative_to(REPO)}:{node.lineno}", node.value)
+                for node in ast.walk(tree)
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
             ]
     for path in sorted((REPO / "templates").rglob("*")):
@@ -234,7 +250,9 @@ def _text_of(node, names: dict, depth: int = 0) -> str:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(_text_of(v.value if isinstance(v, ast.FormattedValue) else v, names, depth + 1) for v in node.values)
+        return "".join(
+            _text_of(v.value if isinstance(v, ast.FormattedValue) else v, names, depth + 1) for v in node.values
+        )
     if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "QuoteString" and node.args:
         return _text_of(node.args[0], names, depth + 1)
     if isinstance(node, ast.Name) and node.id in names:
@@ -251,11 +269,18 @@ def joined_commands() -> list[tuple[str, str]]:
         for path in sorted((REPO / folder).rglob("*.py")):
             tree = ast.parse(path.read_text())
             for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
-                names = {target.id: node.value for node in ast.walk(scope) if isinstance(node, ast.Assign)
-                         for target in node.targets if isinstance(target, ast.Name)}
+                names = {
+                    target.id: node.value
+                    for node in ast.walk(scope)
+                    if isinstance(node, ast.Assign)
+                    for target in node.targets
+                    if isinstance(target, ast.Name)
+                }
                 for node in ast.walk(scope):
                     if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "StringCommand":
-                        separator = next((_text_of(k.value, names) for k in node.keywords if k.arg == "_separator"), " ")
+                        separator = next(
+                            (_text_of(k.value, names) for k in node.keywords if k.arg == "_separator"), " "
+                        )
                         text = separator.join(_text_of(arg, names) for arg in node.args)
                         found.append((f"{path.relative_to(REPO)}:{node.lineno}", text))
     return found
@@ -267,8 +292,10 @@ def pythons_without_isolation(texts: list[tuple[str, str]]) -> list[str]:
         if text in _MESSAGES:
             continue
         text = _CONTROLLER_TEXT.sub("", text)
-        found += [f"{where}: {m.group(1)!r} in {text[max(0, m.start() - 40):m.end() + 20]!r}"
-                  for m in _PYTHON_RUN.finditer(text)]
+        found += [
+            f"{where}: {m.group(1)!r} in {text[max(0, m.start() - 40) : m.end() + 20]!r}"
+            for m in _PYTHON_RUN.finditer(text)
+        ]
         if _PYTHON_PATH.fullmatch(text.strip()) and text.strip() not in _INTERPRETER_PATHS:
             found.append(f"{where}: the interpreter path {text!r} (list it with its use, or run it with -I)")
     return found
@@ -283,8 +310,13 @@ def test_every_python_a_host_runs_is_isolated():
 
 
 def test_the_isolation_scan_finds_a_python_without_dash_i():
-    texts = [("a", "python3 -c 'import ensurepip'"), ("b", "&& /opt/x/bin/pip install y"),
-             ("c", "python3 -I -m venv d"), ("d", "uv venv --python 3.12 x"), ("e", "/var/lib/python-wheels x")]
+    texts = [
+        ("a", "python3 -c 'import ensurepip'"),
+        ("b", "&& /opt/x/bin/pip install y"),
+        ("c", "python3 -I -m venv d"),
+        ("d", "uv venv --python 3.12 x"),
+        ("e", "/var/lib/python-wheels x"),
+    ]
     assert [line.split(":")[0] for line in pythons_without_isolation(texts)] == ["a", "b"]
 
 
@@ -293,7 +325,8 @@ def test_no_operation_moves_a_command_out_of_slash():
     host): an operation or fact passing its own `_chdir` would undo that."""
     found = [
         f"{path.relative_to(REPO)}:{node.lineno}"
-        for folder in ("operations", "sparkrig", "tools") for path in sorted((REPO / folder).rglob("*.py"))
+        for folder in ("operations", "sparkrig", "tools")
+        for path in sorted((REPO / folder).rglob("*.py"))
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.keyword) and node.arg == "_chdir"
     ]
@@ -305,11 +338,16 @@ def test_every_upload_goes_through_a_private_directory():
     name anyone can create first): every upload is sparkrig.atomic.Upload instead."""
     found = [
         f"{path.relative_to(REPO)}:{node.lineno}: {node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id}"
-        for folder in ("operations", "sparkrig", "tools") for path in sorted((REPO / folder).rglob("*.py"))
+        for folder in ("operations", "sparkrig", "tools")
+        for path in sorted((REPO / folder).rglob("*.py"))
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
         and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) in ("FileUploadCommand", "put")
-        and not (isinstance(node.func, ast.Attribute) and node.func.attr == "put" and getattr(node.func.value, "id", "") != "files")
+        and not (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr == "put"
+            and getattr(node.func.value, "id", "") != "files"
+        )
     ]
     assert found == []
 
@@ -322,8 +360,11 @@ def test_every_read_of_a_users_file_as_that_user_goes_through_the_one_reader():
     """`runuser -u OWNER -- cat FILE` blocks on a FIFO and copies a sparse file or /dev/zero
     without end: a user's file is read through user_files.user_read or copy_out (no link
     on its way, no blocking, size and time caps), whoever reads it."""
-    found = [f"{where}: {m.group(0)!r}" for where, text in command_texts() + joined_commands()
-             for m in _READ_AS_USER.finditer(text)]
+    found = [
+        f"{where}: {m.group(0)!r}"
+        for where, text in command_texts() + joined_commands()
+        for m in _READ_AS_USER.finditer(text)
+    ]
     assert found == []
 
 

@@ -11,8 +11,21 @@ from collections import defaultdict
 from pathlib import Path
 
 COMPLIANCE = Path(__file__).resolve().parents[2] / "tests" / "compliance"
-READING_CALLS = {"run", "check_output", "run_test", "run_expect", "file", "path", "user_file", "service",
-                 "package", "user", "group", "sudo", "check_output"}
+READING_CALLS = {
+    "run",
+    "check_output",
+    "run_test",
+    "run_expect",
+    "file",
+    "path",
+    "user_file",
+    "service",
+    "package",
+    "user",
+    "group",
+    "sudo",
+    "check_output",
+}
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -46,8 +59,12 @@ def _command_argument(call: ast.Call) -> str | None:
 
 def test_no_module_declares_its_reads_a_second_time():
     """The old shape: each module's ``reads(plan, settings)`` wrote every command again."""
-    twice = [f"{module}::reads" for module, tree in _modules().items()
-             for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "reads"]
+    twice = [
+        f"{module}::reads"
+        for module, tree in _modules().items()
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name == "reads"
+    ]
     assert twice == []
 
 
@@ -86,8 +103,12 @@ def _reaches_the_host(node: ast.FunctionDef, hosts: set[str]) -> list[str]:
     ``backend``, or a host handed to a function other than the layer's name of it)."""
     found = []
     for n in ast.walk(node):
-        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in hosts \
-                and n.attr != "backend":
+        if (
+            isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id in hosts
+            and n.attr != "backend"
+        ):
             found.append(f"{node.name}:{n.lineno}: {ast.unparse(n)}")
         if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id == "inventory_name"):
             for arg in n.args:
@@ -128,9 +149,17 @@ def test_no_read_only_control_reads_a_host_outside_the_layer():
 def test_every_need_a_control_reads_is_registered():
     """``read(NEED)`` answers only functions decorated with ``reads.need`` (it refuses the
     others at run time); here: every name a control or fixture passes to ``read`` is one."""
-    needs = {node.name for tree in _modules().values() for node in ast.walk(tree)
-             if isinstance(node, ast.FunctionDef) and any(ast.unparse(d) in ("need", "reads.need")
-                                                          for d in node.decorator_list)}
-    asked = {ast.unparse(n.args[0]) for tree in _modules().values() for n in ast.walk(tree)
-             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "read" and n.args}
+    needs = {
+        node.name
+        for tree in _modules().values()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and any(ast.unparse(d) in ("need", "reads.need") for d in node.decorator_list)
+    }
+    asked = {
+        ast.unparse(n.args[0])
+        for tree in _modules().values()
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "read" and n.args
+    }
     assert asked and asked <= needs, asked - needs

@@ -56,7 +56,8 @@ def test_every_module_file_the_repository_names_exists():
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     missing = sorted(
         f"{name}: {path}"
-        for name in files if (REPO / name).is_file() and not (REPO / name).is_symlink()
+        for name in files
+        if (REPO / name).is_file() and not (REPO / name).is_symlink()
         for path in named.findall((REPO / name).read_text(errors="replace"))
         if not (REPO / path).is_file()
     )

@@ -9,6 +9,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_ruff_finds_nothing():
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(REPO)], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", str(REPO)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-4000:]

@@ -44,7 +44,7 @@ def test_the_install_script_brings_what_the_lab_needs():
     present = {"coreutils", "mount", "dpkg", "systemd"}
     assert set(REQUIRED_PROGRAMS.values()) - present <= _install_packages()
     text = (REPO / ".ci" / "install").read_text()
-    assert "pipx install --force \"uv==$UV_VERSION\"" in text and re.search(r"^UV_VERSION=[0-9.]+$", text, re.M)
+    assert 'pipx install --force "uv==$UV_VERSION"' in text and re.search(r"^UV_VERSION=[0-9.]+$", text, re.M)
     assert "uv sync --locked" in text
 
 

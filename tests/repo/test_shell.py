@@ -30,83 +30,168 @@ FLAGS = ("--severity=style", "--exclude=SC1091")
 INCLUDED = {"source_builds/fetch.sh.j2": "source_builds/build.sh.j2, build-prefix.sh.j2"}
 _FETCH = {"url": "https://github.com/example/project.git", "ref": "v1.0", "commit_ref": False, "submodules": True}
 _BUILD = {
-    **_FETCH, "name": "xformers", "key": "0123456789abcdef", "stamp": '{"name": "xformers"}',
+    **_FETCH,
+    "name": "xformers",
+    "key": "0123456789abcdef",
+    "stamp": '{"name": "xformers"}',
     "steps": ["python use_existing_torch.py", "pip install -r requirements/build.txt"],
-    "subdirectory": ".", "unit": "sparkrig-build-xformers", "build_dir": "/var/lib/sparkrig/source-builds/xformers",
+    "subdirectory": ".",
+    "unit": "sparkrig-build-xformers",
+    "build_dir": "/var/lib/sparkrig/source-builds/xformers",
     "wheelhouse_dir": "/var/lib/sparkrig/wheelhouse/xformers/0123456789abcdef",
 }
 SAMPLES: dict[str, dict] = {
-    "cluster/link-apply.sh.j2": {"dir": "/var/lib/sparkrig/cluster-link", "loaded": "/var/lib/sparkrig/cluster-link.loaded",
-                                 "interfaces": ["enp1s0f1np1"], "netplan": True, "networkmanager": True,
-                                 "nm_file": "/etc/NetworkManager/conf.d/90-sparkrig-cluster.conf"},
-    "cluster/link-rollback.sh.j2": {"dir": "/var/lib/sparkrig/cluster-link", "unit": "sparkrig-cluster-rollback",
-                                    "paths": ["/etc/systemd/network/40-sparkrig-cluster-enp1s0f1np1.network"],
-                                    "added": [("enp1s0f1np1", "192.168.100.11/24")], "networkd": "systemd-networkd.service",
-                                    "started_networkd": True, "netplan": True, "boot_unit": "b",
-                                    "boot_files": ["/etc/systemd/system/b.service", "/etc/systemd/system/w/b.service"]},
+    "cluster/link-apply.sh.j2": {
+        "dir": "/var/lib/sparkrig/cluster-link",
+        "loaded": "/var/lib/sparkrig/cluster-link.loaded",
+        "interfaces": ["enp1s0f1np1"],
+        "netplan": True,
+        "networkmanager": True,
+        "nm_file": "/etc/NetworkManager/conf.d/90-sparkrig-cluster.conf",
+    },
+    "cluster/link-rollback.sh.j2": {
+        "dir": "/var/lib/sparkrig/cluster-link",
+        "unit": "sparkrig-cluster-rollback",
+        "paths": ["/etc/systemd/network/40-sparkrig-cluster-enp1s0f1np1.network"],
+        "added": [("enp1s0f1np1", "192.168.100.11/24")],
+        "networkd": "systemd-networkd.service",
+        "started_networkd": True,
+        "netplan": True,
+        "boot_unit": "b",
+        "boot_files": ["/etc/systemd/system/b.service", "/etc/systemd/system/w/b.service"],
+    },
     "cluster/profile.sh.j2": {"env_file": "/etc/sparkrig/cluster.env"},
     "cluster/spark-cluster-check.sh.j2": {
-        "name": "duo", "user": "spark", "mtu": 9000, "interfaces": ["enp1s0f1np1"], "env_file": "/etc/sparkrig/cluster.env",
-        "hostfile": "/etc/sparkrig/cluster/hostfile", "nccl_tests_bin": "/opt/sparkrig/builds/nccl-tests/current/bin",
-        "peers": [{"name": "spark-02", "interface": "enp1s0f1np1", "address": "192.168.100.12",
-                   "device": "rocep1s0f1", "peer_device": "rocep1s0f1"}],
-        "rail_floor": 80, "nccl_floor": 12,
+        "name": "duo",
+        "user": "spark",
+        "mtu": 9000,
+        "interfaces": ["enp1s0f1np1"],
+        "env_file": "/etc/sparkrig/cluster.env",
+        "hostfile": "/etc/sparkrig/cluster/hostfile",
+        "nccl_tests_bin": "/opt/sparkrig/builds/nccl-tests/current/bin",
+        "peers": [
+            {
+                "name": "spark-02",
+                "interface": "enp1s0f1np1",
+                "address": "192.168.100.12",
+                "device": "rocep1s0f1",
+                "peer_device": "rocep1s0f1",
+            }
+        ],
+        "rail_floor": 80,
+        "nccl_floor": 12,
     },
     "cuda_env/profile.sh.j2": {"env_file": "/etc/sparkrig/cuda.env"},
-    "sparkrig/gpu-state.sh.j2": {"reason_fields": "clocks_event_reasons.active clocks_throttle_reasons.active",
-                                 "timeout_s": 20, "fields": "index,name", "applied": "/run/sparkrig/gpu-policy.applied"},
+    "sparkrig/gpu-state.sh.j2": {
+        "reason_fields": "clocks_event_reasons.active clocks_throttle_reasons.active",
+        "timeout_s": 20,
+        "fields": "index,name",
+        "applied": "/run/sparkrig/gpu-policy.applied",
+    },
     "jobs/spark-drop-caches.sh.j2": {},
-    "jobs/spark-jobs.sh.j2": {"unit_prefix": "spark-job-", "records": "/var/lib/sparkrig/jobs",
-                              "drain": "/var/lib/sparkrig/drain"},
+    "jobs/spark-jobs.sh.j2": {
+        "unit_prefix": "spark-job-",
+        "records": "/var/lib/sparkrig/jobs",
+        "drain": "/var/lib/sparkrig/drain",
+    },
     "jobs/spark-preflight.sh.j2": {"min_available_kib": 8388608, "watchdog_service": "earlyoom.service"},
-    "jobs/spark-run.sh.j2": {"slice": "training.slice", "memory_max": "90%", "oom_score_adj": 500, "drop_caches": "yes",
-                             "unit_prefix": "spark-job-", "jobs_command": "/usr/local/bin/spark-jobs",
-                             "self_path": "/usr/local/bin/spark-run", "env": [("HF_HOME", "'/srv/models'")],
-                             "drain": "/var/lib/sparkrig/drain"},
+    "jobs/spark-run.sh.j2": {
+        "slice": "training.slice",
+        "memory_max": "90%",
+        "oom_score_adj": 500,
+        "drop_caches": "yes",
+        "unit_prefix": "spark-job-",
+        "jobs_command": "/usr/local/bin/spark-jobs",
+        "self_path": "/usr/local/bin/spark-run",
+        "env": [("HF_HOME", "'/srv/models'")],
+        "drain": "/var/lib/sparkrig/drain",
+    },
     "ngc/spark-container.sh.j2": {
-        "image": "'nvcr.io/nvidia/pytorch:25.10-py3'", "memlock": "'--ulimit' 'memlock=-1'", "project_mount": "/workspace",
-        "hf_cache": "/srv/models", "outputs": "/workspace/outputs", "cuda_env_file": "/etc/sparkrig/cuda.env",
-        "home_mounts": "'.aws' '.wandb'", "job_env": "'HF_HOME=/srv/models'", "spark_run": "/usr/local/bin/spark-run",
-        "launcher": "/usr/local/bin/spark-container", "job_prefix": "spark-job-", "users": "'alice'",
-        "secrets": "'/etc/sparkrig/ngc/secrets.env'", "drain": "/var/lib/sparkrig/drain",
+        "image": "'nvcr.io/nvidia/pytorch:25.10-py3'",
+        "memlock": "'--ulimit' 'memlock=-1'",
+        "project_mount": "/workspace",
+        "hf_cache": "/srv/models",
+        "outputs": "/workspace/outputs",
+        "cuda_env_file": "/etc/sparkrig/cuda.env",
+        "home_mounts": "'.aws' '.wandb'",
+        "job_env": "'HF_HOME=/srv/models'",
+        "spark_run": "/usr/local/bin/spark-run",
+        "launcher": "/usr/local/bin/spark-container",
+        "job_prefix": "spark-job-",
+        "users": "'alice'",
+        "secrets": "'/etc/sparkrig/ngc/secrets.env'",
+        "drain": "/var/lib/sparkrig/drain",
     },
     "source_builds/build-prefix.sh.j2": {
-        **_BUILD, "archive": "prefix.tar", "install_dir": "/opt/sparkrig/builds/nccl/0123456789abcdef",
-        "needs": [("SPARKRIG_NEED_NCCL", "/opt/sparkrig/builds/nccl/current", "/opt/sparkrig/builds/nccl/current/stamp.json")],
+        **_BUILD,
+        "archive": "prefix.tar",
+        "install_dir": "/opt/sparkrig/builds/nccl/0123456789abcdef",
+        "needs": [
+            ("SPARKRIG_NEED_NCCL", "/opt/sparkrig/builds/nccl/current", "/opt/sparkrig/builds/nccl/current/stamp.json")
+        ],
     },
     "source_builds/build.sh.j2": {
-        **_BUILD, "build_requirements": ["setuptools>=64", "wheel", "ninja"], "index_url": "https://pypi.org/simple",
-        "uv": "/opt/sparkrig/uv/bin/uv", "venv": "/opt/sparkrig/venv", "venv_python": "/opt/sparkrig/venv/bin/python",
+        **_BUILD,
+        "build_requirements": ["setuptools>=64", "wheel", "ninja"],
+        "index_url": "https://pypi.org/simple",
+        "uv": "/opt/sparkrig/uv/bin/uv",
+        "venv": "/opt/sparkrig/venv",
+        "venv_python": "/opt/sparkrig/venv/bin/python",
     },
-    "updates/python-versions.sh.j2": {"limit": 1048576, "user_read": 'sh -c "$READ" sparkrig-read "$dir/METADATA" 1048576',
-                                      "field": "base64 -w0"},
+    "updates/python-versions.sh.j2": {
+        "limit": 1048576,
+        "user_read": 'sh -c "$READ" sparkrig-read "$dir/METADATA" 1048576',
+        "field": "base64 -w0",
+    },
 }
 # A user_read() call as the deploy splices it in (sparkrig.user_files).
 _READ = 'sh -c "$SPARKRIG_READ" sparkrig-read "$f" 1048576'
-SAMPLES.update({
-    "cluster/confirm-link.sh.j2": {"dir": "/var/lib/sparkrig/cluster-link", "unit": "sparkrig-cluster-rollback",
-                                   "boot_files": ["/etc/systemd/system/b.service", "/etc/systemd/system/w/b.service"],
-                                   "ports": [{"interface": "enp1s0f1np1", "address": "192.168.100.11/24", "mtu": 9000,
-                                              "peers": ["192.168.100.12"]}]},
-    "cluster/drop-authorized.sh.j2": {"marker": "sparkrig-cluster"},
-    "cluster/put-authorized.sh.j2": {"marker": "sparkrig-cluster"},
-    "cluster/read-authorized.sh.j2": {"marker": "sparkrig-cluster", "limit": 1048576, "user_read": _READ},
-    "python_stack/stack.sh.j2": {
-        "uv": "/opt/sparkrig/uv/bin/uv", "link": "/usr/local/bin/uv", "cache": "/var/cache/sparkrig/uv",
-        "env": "UV_SYSTEM_CERTS=1 UV_NO_CONFIG=1", "offline": "/var/lib/sparkrig/python-wheels",
-        "read_cfg": _READ, "read_lock": _READ, "plan_timeout": 300,
-    },
-    "metrics/sparkrig-metrics.sh.j2": {
-        "name": "sparkrig.prom", "path": "/usr/local/sbin:/usr/bin", "textfile_dir": "/var/lib/prometheus/node-exporter", "timeout_s": 5,
-        "throttle_field": "clocks_throttle_reasons.active", "watchdog_service": "earlyoom.service",
-        "unit_prefix": "spark-job-", "records": "/var/lib/sparkrig/jobs", "reboot_file": "/run/reboot-required",
-        "compliance_file": "/var/lib/sparkrig/compliance-last", "venv": "/opt/sparkrig/venv", "user_read_root": _READ,
-        "user_read_owner": 'runuser -u "$OWNER" -- ' + _READ,
-    },
-    "source_builds/build-result.sh.j2": {"result": _READ.replace('"$f"', '"$d/work/result"'), "tail_lines": 40},
-    "source_builds/build-wait.sh.j2": {"result": _READ.replace('"$f"', '"$d/work/result"'), "tail_lines": 40,
-                                       "progress_every_s": 60},
-})
+SAMPLES.update(
+    {
+        "cluster/confirm-link.sh.j2": {
+            "dir": "/var/lib/sparkrig/cluster-link",
+            "unit": "sparkrig-cluster-rollback",
+            "boot_files": ["/etc/systemd/system/b.service", "/etc/systemd/system/w/b.service"],
+            "ports": [
+                {"interface": "enp1s0f1np1", "address": "192.168.100.11/24", "mtu": 9000, "peers": ["192.168.100.12"]}
+            ],
+        },
+        "cluster/drop-authorized.sh.j2": {"marker": "sparkrig-cluster"},
+        "cluster/put-authorized.sh.j2": {"marker": "sparkrig-cluster"},
+        "cluster/read-authorized.sh.j2": {"marker": "sparkrig-cluster", "limit": 1048576, "user_read": _READ},
+        "python_stack/stack.sh.j2": {
+            "uv": "/opt/sparkrig/uv/bin/uv",
+            "link": "/usr/local/bin/uv",
+            "cache": "/var/cache/sparkrig/uv",
+            "env": "UV_SYSTEM_CERTS=1 UV_NO_CONFIG=1",
+            "offline": "/var/lib/sparkrig/python-wheels",
+            "read_cfg": _READ,
+            "read_lock": _READ,
+            "plan_timeout": 300,
+        },
+        "metrics/sparkrig-metrics.sh.j2": {
+            "name": "sparkrig.prom",
+            "path": "/usr/local/sbin:/usr/bin",
+            "textfile_dir": "/var/lib/prometheus/node-exporter",
+            "timeout_s": 5,
+            "throttle_field": "clocks_throttle_reasons.active",
+            "watchdog_service": "earlyoom.service",
+            "unit_prefix": "spark-job-",
+            "records": "/var/lib/sparkrig/jobs",
+            "reboot_file": "/run/reboot-required",
+            "compliance_file": "/var/lib/sparkrig/compliance-last",
+            "venv": "/opt/sparkrig/venv",
+            "user_read_root": _READ,
+            "user_read_owner": 'runuser -u "$OWNER" -- ' + _READ,
+        },
+        "source_builds/build-result.sh.j2": {"result": _READ.replace('"$f"', '"$d/work/result"'), "tail_lines": 40},
+        "source_builds/build-wait.sh.j2": {
+            "result": _READ.replace('"$f"', '"$d/work/result"'),
+            "tail_lines": 40,
+            "progress_every_s": 60,
+        },
+    }
+)
 OWN_SCRIPTS = ("try", "test", ".ci/install", "lab/nvidia-smi-standin.sh")
 
 
@@ -160,9 +245,11 @@ def test_no_host_script_lives_in_a_python_string():
         for path in sorted((REPO / folder).rglob("*.py")):
             tree = ast.parse(path.read_text())
             docstrings = {
-                id(node.body[0].value) for node in ast.walk(tree)
+                id(node.body[0].value)
+                for node in ast.walk(tree)
                 if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-                and node.body and isinstance(node.body[0], ast.Expr)
+                and node.body
+                and isinstance(node.body[0], ast.Expr)
             }
             for node in ast.walk(tree):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:

@@ -46,16 +46,28 @@ def data_writes(source: str) -> list[int]:
         elif isinstance(node, ast.Call):
             func = node.func
             target = node.args[0] if node.args else None
-            if isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and target is not None \
-                    and (_is_data(target) or isinstance(target, ast.Attribute) and target.attr == "data"):
+            if (
+                isinstance(func, ast.Name)
+                and func.id in ("setattr", "delattr")
+                and target is not None
+                and (_is_data(target) or isinstance(target, ast.Attribute) and target.attr == "data")
+            ):
                 found.append(node.lineno)
-            elif isinstance(func, ast.Attribute) and func.attr in ("set", "update", "__setattr__", "setdefault") \
-                    and _is_data(func.value):
+            elif (
+                isinstance(func, ast.Attribute)
+                and func.attr in ("set", "update", "__setattr__", "setdefault")
+                and _is_data(func.value)
+            ):
                 found.append(node.lineno)
             continue
-        found += [node.lineno for target in targets
-                  if isinstance(target, (ast.Attribute, ast.Subscript)) and _is_data(target.value)
-                  or isinstance(target, ast.Attribute) and target.attr == "data"]
+        found += [
+            node.lineno
+            for target in targets
+            if isinstance(target, (ast.Attribute, ast.Subscript))
+            and _is_data(target.value)
+            or isinstance(target, ast.Attribute)
+            and target.attr == "data"
+        ]
     return found
 
 
@@ -64,9 +76,13 @@ def private_attributes(source: str) -> list[str]:
     the name is not sparkrig's own (``_sparkrig_*``, kept on pyinfra's Host)."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
-                and not node.attr.startswith("_sparkrig") \
-                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not node.attr.startswith("_sparkrig")
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
             found.append(f"{node.lineno}: .{node.attr}")
     return found
 
@@ -77,26 +93,24 @@ def test_no_module_writes_into_host_data():
 
 
 def test_the_data_scan_finds_every_kind_of_write():
-    source = "\n".join([
-        "host.data.hardware_profile = 'gb10'",          # 1
-        "host.data._chdir = '/'",                        # 2
-        "setattr(host.data, 'x', 1)",                    # 3
-        "other.data['x'] = 1",                           # 4
-        "inventory.get_override_data()",                 # 5: a read
-        "host.data.override_datas['x'] = 1",             # 6
-        "host.data.x += 1",                              # 7
-        "x = host.data.x",                               # 8: a read
-        "host.data = {}",                                # 9
-    ])
+    source = "\n".join(
+        [
+            "host.data.hardware_profile = 'gb10'",  # 1
+            "host.data._chdir = '/'",  # 2
+            "setattr(host.data, 'x', 1)",  # 3
+            "other.data['x'] = 1",  # 4
+            "inventory.get_override_data()",  # 5: a read
+            "host.data.override_datas['x'] = 1",  # 6
+            "host.data.x += 1",  # 7
+            "x = host.data.x",  # 8: a read
+            "host.data = {}",  # 9
+        ]
+    )
     assert sorted(data_writes(source)) == [1, 2, 3, 4, 6, 7, 9]
 
 
 def test_no_shipped_module_uses_a_private_attribute_of_pyinfras():
-    found = [
-        f"{path.relative_to(REPO)}:{hit}"
-        for path in _modules()
-        for hit in private_attributes(path.read_text())
-    ]
+    found = [f"{path.relative_to(REPO)}:{hit}" for path in _modules() for hit in private_attributes(path.read_text())]
     assert found == []
 
 
@@ -110,8 +124,11 @@ def test_deploy_py_is_one_plain_call_per_concern_in_order():
     (python_stack and source_builds share the wheelhouse through sparkrig/wheelhouse.py)."""
     from sparkrig.operations import CONCERNS  # noqa: PLC0415
 
-    calls = [node.value for node in ast.parse((REPO / "deploy.py").read_text()).body
-             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)]
+    calls = [
+        node.value
+        for node in ast.parse((REPO / "deploy.py").read_text()).body
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+    ]
     assert [call.func.id for call in calls] == list(CONCERNS)
     assert [call for call in calls if call.args or call.keywords] == []
 
@@ -123,6 +140,7 @@ def test_python_stack_imports_nothing_of_source_builds():
     found = {
         f"{path.relative_to(REPO)}: {name}"
         for path in sorted((REPO / "operations" / "python_stack").glob("*.py"))
-        for name in concern_imports(path) if name.startswith("source_builds")
+        for name in concern_imports(path)
+        if name.startswith("source_builds")
     }
     assert found == set()

@@ -47,8 +47,13 @@ def wheel(tmp_path_factory) -> Path:
     if uv is None:
         pytest.fail("uv is not on PATH (.ci/install puts it there)")
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([uv, "build", "--wheel", "--out-dir", str(out), str(REPO)], check=True, capture_output=True,
-                   text=True, timeout=600)
+    subprocess.run(
+        [uv, "build", "--wheel", "--out-dir", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return next(out.glob("sparkrig-*.whl"))
 
 
@@ -69,17 +74,53 @@ def installed(wheel, tmp_path_factory) -> Path:
     the wheel alone. Its bin/ directory."""
     uv = shutil.which("uv")
     venv = tmp_path_factory.mktemp("wheel-venv") / "venv"
-    subprocess.run([uv, "sync", "--locked", "--offline", "--no-dev", "--no-install-project", "--quiet", "--python",
-                    sys.executable], cwd=REPO, env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)},
-                   check=True, capture_output=True, text=True, timeout=600)
-    subprocess.run([uv, "pip", "install", "--offline", "--no-deps", "--quiet", "--python",
-                    str(venv / "bin" / "python"), str(wheel)], check=True, capture_output=True, text=True, timeout=600)
+    subprocess.run(
+        [
+            uv,
+            "sync",
+            "--locked",
+            "--offline",
+            "--no-dev",
+            "--no-install-project",
+            "--quiet",
+            "--python",
+            sys.executable,
+        ],
+        cwd=REPO,
+        env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)},
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    subprocess.run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--offline",
+            "--no-deps",
+            "--quiet",
+            "--python",
+            str(venv / "bin" / "python"),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return venv / "bin"
 
 
 def test_the_wheel_installs_and_every_concern_imports_outside_the_checkout(installed, tmp_path):
-    result = subprocess.run([str(installed / "python"), "-I", "-c", CHECK, str(REPO)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(installed / "python"), "-I", "-c", CHECK, str(REPO)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0 and result.stdout.startswith("ok"), result.stderr
 
 
@@ -116,7 +157,7 @@ def test_every_name_under_sparkrig_in_the_checkout_is_in_the_wheel(installed, tm
     among them."""
     checkout = importable(Path(sys.executable), REPO)
     wheel = importable(installed / "python", tmp_path)
-    assert checkout - wheel == set() and wheel - checkout == set(), (checkout ^ wheel)
+    assert checkout - wheel == set() and wheel - checkout == set(), checkout ^ wheel
     assert {"sparkrig.operations.swap.deploy", "sparkrig.tools.python_lock", "sparkrig.templates.swap"} <= checkout
 
 
@@ -124,8 +165,9 @@ def test_the_checkouts_own_files_are_no_module_of_sparkrig():
     """config.py, lab/ and tests/ sit beside sparkrig/ and are not in the wheel: no name of
     sparkrig reaches them (importing sparkrig.config once ran the checkout's config.py)."""
     for name in ("sparkrig.config", "sparkrig.lab", "sparkrig.tests", "sparkrig.deploy", "sparkrig.inventory"):
-        result = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=REPO, capture_output=True, text=True,
-                                timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", f"import {name}"], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
         assert result.returncode == 1 and f"No module named '{name}'" in result.stderr, (name, result.stderr)
 
 
@@ -133,42 +175,55 @@ def test_a_folder_linked_into_sparkrig_is_one_module():
     """The repository's root is on the path (the editable install, pytest's rootdir), so each
     folder sparkrig/ links to could be imported by its own name too, one file two modules
     (``sparkrig.tools is tools`` False): importing it so fails, naming the one name."""
-    linked = sorted(p.name for p in (REPO / "sparkrig").iterdir()
-                    if p.is_symlink() and (p.resolve() / "__init__.py").is_file())
+    linked = sorted(
+        p.name for p in (REPO / "sparkrig").iterdir() if p.is_symlink() and (p.resolve() / "__init__.py").is_file()
+    )
     assert linked == ["operations", "tools"], linked
     for name in linked:
-        result = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=REPO, capture_output=True, text=True,
-                                timeout=120)
-        assert result.returncode == 1 and f"{name!r} is sparkrig.{name}: import it by that name" in result.stderr, \
+        result = subprocess.run(
+            [sys.executable, "-c", f"import {name}"], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 1 and f"{name!r} is sparkrig.{name}: import it by that name" in result.stderr, (
             result.stderr
+        )
 
 
 def test_sparkrig_lock_checks_the_locks_from_the_checkout_and_from_the_wheel(installed, tmp_path):
     """`uv run sparkrig lock --check` in the checkout, and the wheel's console script on the
     locks it ships (resolving each pin against PyPI, as hosts would install it)."""
     uv = shutil.which("uv")
-    checkout = subprocess.run([uv, "run", "--locked", "sparkrig", "lock", "--check"], cwd=REPO,
-                              capture_output=True, text=True, timeout=600)
-    wheel = subprocess.run([str(installed / "sparkrig"), "lock", "--check"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "PATH": f"{installed}{os.pathsep}{os.environ['PATH']}"})
+    checkout = subprocess.run(
+        [uv, "run", "--locked", "sparkrig", "lock", "--check"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    wheel = subprocess.run(
+        [str(installed / "sparkrig"), "lock", "--check"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PATH": f"{installed}{os.pathsep}{os.environ['PATH']}"},
+    )
     for result in (checkout, wheel):
         assert result.returncode == 0 and "every lock is fresh" in result.stderr, result.stderr[-3000:]
 
 
 def test_the_wheels_rollout_and_reference_say_they_need_a_checkout(installed, tmp_path):
     for command in ("rollout", "reference"):
-        result = subprocess.run([str(installed / "sparkrig"), command, "--check"], cwd=tmp_path,
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 2 and f"run `uv run sparkrig {command}` in a clone" in result.stderr, \
-            result.stderr
+        result = subprocess.run(
+            [str(installed / "sparkrig"), command, "--check"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 2 and f"run `uv run sparkrig {command}` in a clone" in result.stderr, result.stderr
 
 
 def test_every_command_the_packages_messages_name_is_the_wheels():
     """A message of the package (the wheel's files) that tells the user to run a Python module
     of the checkout would send a wheel's user to nothing: each names a `sparkrig` command."""
-    found = [f"{path.relative_to(REPO)}:{n}" for folder in ("sparkrig", "operations", "tools", "templates")
-             for path in sorted((REPO / folder).rglob("*")) if path.is_file() and path.suffix != ".pyc"
-             for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
-             if "python -m tools" in line]
+    found = [
+        f"{path.relative_to(REPO)}:{n}"
+        for folder in ("sparkrig", "operations", "tools", "templates")
+        for path in sorted((REPO / folder).rglob("*"))
+        if path.is_file() and path.suffix != ".pyc"
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if "python -m tools" in line
+    ]
     assert found == []

@@ -46,8 +46,7 @@ def _lookup_encoded(self, command_str: str):
     pipes that through base64 and adds its end line, as the real host's shell does. A
     response ``{"as_sent": LINES}`` is what pyinfra receives, unchanged (forged output)."""
     for matcher, response in (self.data.get("fake_responses") or {}).items():
-        if isinstance(matcher, str) and matcher in command_str and isinstance(response, dict) \
-                and "as_sent" in response:
+        if isinstance(matcher, str) and matcher in command_str and isinstance(response, dict) and "as_sent" in response:
             return True, CommandOutput([OutputLine("stdout", line) for line in response["as_sent"]])
     success, output = _lookup_response(self, command_str)
     if f"echo {host_output.END}" not in command_str:

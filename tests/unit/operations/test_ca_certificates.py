@@ -45,8 +45,9 @@ def test_fact_reads_files_links_and_the_tool():
     found = ca_facts.SparkrigCaCertificates().process(["tool", _line(linked="no")])
     assert found == {
         "tool": True,
-        "files": {PATH: {"sha256": hashlib.sha256(PEM.encode()).hexdigest(), "mode": 0o644,
-                         "user": "root", "linked": False}},
+        "files": {
+            PATH: {"sha256": hashlib.sha256(PEM.encode()).hexdigest(), "mode": 0o644, "user": "root", "linked": False}
+        },
     }
 
 

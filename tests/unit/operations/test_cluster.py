@@ -51,7 +51,10 @@ def test_off_by_default_and_the_defaults_are_valid():
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        ({**A, "cluster_name": "Lab A"}, "cluster_name = 'Lab A': allowed is None (not in a cluster) or a cluster name"),
+        (
+            {**A, "cluster_name": "Lab A"},
+            "cluster_name = 'Lab A': allowed is None (not in a cluster) or a cluster name",
+        ),
         ({**LINK, "cluster_interfaces": {}}, "cluster_interfaces = {}: allowed is a mapping of interface names"),
         ({**LINK, "cluster_interfaces": {"cx7": "192.168.100.11"}}, "not an IPv4 address with its prefix"),
         ({**LINK, "cluster_interfaces": {"cx7": "192.168.100.011/24"}}, "'192.168.100.011/24'"),
@@ -59,10 +62,14 @@ def test_off_by_default_and_the_defaults_are_valid():
         ({**LINK, "cluster_interfaces": {"cx7": "169.254.3.4/16"}}, "link-local addresses are not"),
         ({**LINK, "cluster_interfaces": {"lo": "192.168.100.11/24"}}, "'lo' is no interface name"),
         ({**LINK, "cluster_interfaces": {"a-very-long-name-0": "192.168.100.11/24"}}, "is no interface name"),
-        ({**LINK, "cluster_interfaces": {"a": "192.168.100.11/24", "b": "192.168.100.12/25"}},
-         "two interfaces of one host in 192.168.100.0/24"),
-        ({"cluster_name": "lab", "cluster_interfaces": {"cx7": "192.168.100.11/24"}},
-         "cluster_user = None: allowed is the user (not root)"),
+        (
+            {**LINK, "cluster_interfaces": {"a": "192.168.100.11/24", "b": "192.168.100.12/25"}},
+            "two interfaces of one host in 192.168.100.0/24",
+        ),
+        (
+            {"cluster_name": "lab", "cluster_interfaces": {"cx7": "192.168.100.11/24"}},
+            "cluster_user = None: allowed is the user (not root)",
+        ),
         ({**A, "cluster_user": "root"}, "cluster_user = 'root'"),
         ({**A, "cluster_mtu": 65000}, "cluster_mtu = 65000: allowed is an integer from 1280 to 9216"),
         ({**A, "cluster_env_extra": {"MASTER_ADDR": "x"}}, "MASTER_ADDR is managed"),
@@ -122,8 +129,10 @@ def test_the_head_must_be_a_node():
 def test_validation_reports_cluster_problems_before_any_host_is_contacted():
     with pytest.raises(SettingsError) as error:
         validate_hosts([("a", A)], [("a", A), ("b", {**B, "cluster_interfaces": {"cx7": "192.168.100.11/24"}})])
-    assert ("  host 'b': cluster_interfaces = {'cx7': '192.168.100.11/24'}: allowed is addresses unique in "
-            "cluster 'lab' (192.168.100.11 is also a's)") in str(error.value)
+    assert (
+        "  host 'b': cluster_interfaces = {'cx7': '192.168.100.11/24'}: allowed is addresses unique in "
+        "cluster 'lab' (192.168.100.11 is also a's)"
+    ) in str(error.value)
     validate_hosts([("a", A), ("b", B)])  # the whole cluster: fine
 
 
@@ -141,29 +150,49 @@ def test_the_networkd_file_passes_its_own_validation(tmp_path):
 
 
 def test_the_env_file_names_the_link_for_every_library(tmp_path):
-    variables = cl_env.env_variables(["cx7a", "cx7b"], "192.168.100.12", "192.168.100.11", "lab", {"NCCL_DEBUG": "INFO"})
+    variables = cl_env.env_variables(
+        ["cx7a", "cx7b"], "192.168.100.12", "192.168.100.11", "lab", {"NCCL_DEBUG": "INFO"}
+    )
     path = tmp_path / "cluster.env"
     path.write_text(cl_env.render_env_file(variables))
     shown = subprocess.run(["sh", "-c", f"set -a; . {path}; env"], capture_output=True, text=True, check=True).stdout
-    for line in ("NCCL_SOCKET_IFNAME=cx7a,cx7b", "GLOO_SOCKET_IFNAME=cx7a", "UCX_NET_DEVICES=cx7a,cx7b",
-                 "OMPI_MCA_btl_tcp_if_include=cx7a,cx7b", "MASTER_ADDR=192.168.100.11",
-                 "VLLM_HOST_IP=192.168.100.12", "NCCL_DEBUG=INFO"):
+    for line in (
+        "NCCL_SOCKET_IFNAME=cx7a,cx7b",
+        "GLOO_SOCKET_IFNAME=cx7a",
+        "UCX_NET_DEVICES=cx7a,cx7b",
+        "OMPI_MCA_btl_tcp_if_include=cx7a,cx7b",
+        "MASTER_ADDR=192.168.100.11",
+        "VLLM_HOST_IP=192.168.100.12",
+        "NCCL_DEBUG=INFO",
+    ):
         assert line in shown.splitlines()
 
 
 NODES = [
-    {"name": "a", "addresses": ["192.168.100.11"], "first": "192.168.100.11", "host_keys": ["ssh-ed25519 AAAAa"],
-     "public": "ssh-ed25519 AAAAkeya sparkrig-cluster:lab:a"},
-    {"name": "b", "addresses": ["192.168.100.12"], "first": "192.168.100.12", "host_keys": ["ssh-ed25519 AAAAb",
-                                                                                              "ssh-rsa AAAAB"],
-     "public": "ssh-ed25519 AAAAkeyb sparkrig-cluster:lab:b"},
+    {
+        "name": "a",
+        "addresses": ["192.168.100.11"],
+        "first": "192.168.100.11",
+        "host_keys": ["ssh-ed25519 AAAAa"],
+        "public": "ssh-ed25519 AAAAkeya sparkrig-cluster:lab:a",
+    },
+    {
+        "name": "b",
+        "addresses": ["192.168.100.12"],
+        "first": "192.168.100.12",
+        "host_keys": ["ssh-ed25519 AAAAb", "ssh-rsa AAAAB"],
+        "public": "ssh-ed25519 AAAAkeyb sparkrig-cluster:lab:b",
+    },
 ]
 
 
 def test_trust_is_pinned_and_restricted_to_the_cluster_addresses(tmp_path):
     known = cl_trust.render_known_hosts(NODES)
     assert [line for line in known.splitlines() if not line.startswith("#")] == [
-        "192.168.100.11 ssh-ed25519 AAAAa", "192.168.100.12 ssh-ed25519 AAAAb", "192.168.100.12 ssh-rsa AAAAB"]
+        "192.168.100.11 ssh-ed25519 AAAAa",
+        "192.168.100.12 ssh-ed25519 AAAAb",
+        "192.168.100.12 ssh-rsa AAAAB",
+    ]
     # Each node's own key, from that node's addresses only.
     assert cl_trust.authorized_lines(NODES, "lab") == [
         'from="192.168.100.11",restrict,pty ssh-ed25519 AAAAkeya sparkrig-cluster:lab:a',
@@ -179,7 +208,9 @@ def test_trust_is_pinned_and_restricted_to_the_cluster_addresses(tmp_path):
 
 
 def test_the_check_script_is_valid_sh_and_names_each_peer_link():
-    script = cl_env.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env")
+    script = cl_env.render_check(
+        "lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env"
+    )
     assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
     assert "check_ping b 192.168.100.12 cx7\n" in script and "check_link cx7" in script
 
@@ -188,13 +219,16 @@ def test_each_node_key_is_made_once_kept_private_and_its_own(tmp_path):
     key, public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "a", ["ssh-ed25519 AAAAa"])
     again, public_again = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "a", ["ssh-ed25519 AAAAa"])
     assert (key, public) == (again, public_again) and public.startswith("ssh-ed25519 ")
-    assert cl_trust.controller_key(str(tmp_path / "keys"), "lab", "b", ["ssh-ed25519 AAAAb"])[1] != public  # one pair per node
+    assert (
+        cl_trust.controller_key(str(tmp_path / "keys"), "lab", "b", ["ssh-ed25519 AAAAb"])[1] != public
+    )  # one pair per node
     assert (tmp_path / "keys" / "lab" / "a" / "id_ed25519").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "keys" / "lab" / "a").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "keys" / "lab").stat().st_mode & 0o777 == 0o700
-    assert cl_trust.node_label("@fake/a").startswith("_fake_a-") and cl_trust.node_label("spark-01.lan") == "spark-01.lan"
+    assert (
+        cl_trust.node_label("@fake/a").startswith("_fake_a-") and cl_trust.node_label("spark-01.lan") == "spark-01.lan"
+    )
     assert repr(cl_trust.Secret(key)) == "<secret>"
-
 
 
 def test_a_node_whose_host_keys_changed_gets_a_new_pair_which_replaces_the_old(tmp_path):
@@ -222,8 +256,9 @@ def test_two_runs_deciding_a_nodes_pair_take_turns(tmp_path):
     got = []
     with open(tmp_path / "keys" / "lab" / "b" / "lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another run, deciding
-        waiting = threading.Thread(target=lambda: got.append(
-            cl_trust.controller_key(keys, "lab", "b", ["ssh-ed25519 AAAAnew"])))
+        waiting = threading.Thread(
+            target=lambda: got.append(cl_trust.controller_key(keys, "lab", "b", ["ssh-ed25519 AAAAnew"]))
+        )
         waiting.start()
         waiting.join(0.5)
         assert got == [] and waiting.is_alive()
@@ -242,19 +277,41 @@ def test_a_runs_hosts_deciding_pairs_at_once_do_not_wait_on_each_other_forever(t
         "gevent.joinall(jobs, timeout=30)\n"
         "sys.exit(0 if all(j.successful() for j in jobs) and jobs[0].value == jobs[2].value else 1)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "keys")], cwd=Path(__file__).parents[3],
-                          capture_output=True, text=True, timeout=40)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "keys")],
+        cwd=Path(__file__).parents[3],
+        capture_output=True,
+        text=True,
+        timeout=40,
+    )
     assert done.returncode == 0, done.stderr
+
 
 # The plan, on two fake hosts --------------------------------------------------------------
 
 
 def _node_fact(links: dict, user=True, authorized=(), host_key="ssh-ed25519 AAAAhost", files=()) -> list[str]:
-    lines = ["links " + json.dumps([
-        {"ifname": name, "flags": ["BROADCAST", "UP"] if up else ["BROADCAST"], "mtu": mtu,
-         "addr_info": [{"family": "inet", "local": a.split("/")[0], "prefixlen": int(a.split("/")[1])} for a in addrs]}
-        for name, (up, mtu, addrs) in links.items()
-    ]), "netplan no", "networkmanager no", "ssh_config_d yes", f"hostkey {host_key}", *[f"linkfile {f}" for f in files]]
+    lines = [
+        "links "
+        + json.dumps(
+            [
+                {
+                    "ifname": name,
+                    "flags": ["BROADCAST", "UP"] if up else ["BROADCAST"],
+                    "mtu": mtu,
+                    "addr_info": [
+                        {"family": "inet", "local": a.split("/")[0], "prefixlen": int(a.split("/")[1])} for a in addrs
+                    ],
+                }
+                for name, (up, mtu, addrs) in links.items()
+            ]
+        ),
+        "netplan no",
+        "networkmanager no",
+        "ssh_config_d yes",
+        f"hostkey {host_key}",
+        *[f"linkfile {f}" for f in files],
+    ]
     if user:
         lines += ["user 1000 spark /home/spark", *[f"authorized {a}" for a in authorized]]
     else:
@@ -309,19 +366,26 @@ CONVERGED = {"cx7": (True, 9000, ["192.168.100.11/24"]), "eth0": (True, 1500, ["
 
 
 def test_a_fresh_node_gets_link_trust_and_environment(tmp_path):
-    ops = _plan(tmp_path, {HOST_STATE: host_state(packages={"iputils-ping": None}),
-                           "ip -j addr": _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})},
-                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    ops = _plan(
+        tmp_path,
+        {
+            HOST_STATE: host_state(packages={"iputils-ping": None}),
+            "ip -j addr": _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])}),
+        },
+        {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")},
+    )
     names = [op.name for op in ops]
     apply = next(op for op in ops if LINK_OP in op.name)
     # Armed before anything is written; applied detached; confirmed through a new connection.
     assert apply.commands[0] == "python: _not_after_a_failure"
     assert "systemd-run --quiet --unit=sparkrig-cluster-rollback --on-active=60s" in apply.commands[1]
     assert list(apply.uploads) == [atomic.temp_path("/etc/systemd/network/40-sparkrig-cluster-cx7.network")]
-    assert apply.commands[-4:] == ["systemctl enable --now systemd-networkd.service",
-                                   "systemctl disable systemd-networkd-wait-online.service",
-                                   "systemd-run --quiet --collect --unit=sparkrig-cluster-apply /bin/sh "
-                                   "/var/lib/sparkrig/cluster-link/apply.sh", "python: _confirm_link"]
+    assert apply.commands[-4:] == [
+        "systemctl enable --now systemd-networkd.service",
+        "systemctl disable systemd-networkd-wait-online.service",
+        "systemd-run --quiet --collect --unit=sparkrig-cluster-apply /bin/sh /var/lib/sparkrig/cluster-link/apply.sh",
+        "python: _confirm_link",
+    ]
     key = next(op for op in ops if "| Cluster key of spark" in op.name)
     assert key.commands[0] == "python: _stage_secret" and "install -m 600 -o spark -g spark" in key.commands[1]
     assert not key.uploads  # the private key never goes through pyinfra's world-readable temp file
@@ -336,33 +400,45 @@ def test_a_converged_node_plans_nothing(tmp_path):
     keys = {"cluster_key_dir": str(tmp_path / "keys")}
     key, _public = cl_trust.controller_key(str(tmp_path / "keys"), "lab", "@fake/a", ["ssh-ed25519 AAAAhost"])
     settings_a = resolve(cl.SETTINGS, {**A, **keys})
-    nodes = [cl_deploy._node("@fake/a", settings_a, ["ssh-ed25519 AAAAhost"]),
-             cl_deploy._node("@fake/b", resolve(cl.SETTINGS, {**B, **keys}), ["ssh-ed25519 AAAApeer"])]
+    nodes = [
+        cl_deploy._node("@fake/a", settings_a, ["ssh-ed25519 AAAAhost"]),
+        cl_deploy._node("@fake/b", resolve(cl.SETTINGS, {**B, **keys}), ["ssh-ed25519 AAAApeer"]),
+    ]
     files = {
         cl_facts.link_files(["cx7"], False)[0]: cl_link.render_networkd("cx7", "192.168.100.11/24", 9000),
         cl_facts.KNOWN_HOSTS: cl_trust.render_known_hosts(nodes),
         cl_facts.SSH_CONFIG: cl_trust.render_ssh_config(nodes, "spark"),
         cl_facts.HOSTFILE: cl_env.render_hostfile(nodes, 1),
         "/etc/sparkrig/cluster.env": cl_env.render_env_file(
-            cl_env.env_variables(["cx7"], "192.168.100.11", "192.168.100.11", "lab", {}), cl_env.no_rdma_note(["cx7"])),
+            cl_env.env_variables(["cx7"], "192.168.100.11", "192.168.100.11", "lab", {}), cl_env.no_rdma_note(["cx7"])
+        ),
         cl_facts.PROFILE_SCRIPT: cl_env.render_profile_script("/etc/sparkrig/cluster.env"),
-        cl_facts.CHECK: (cl_env.render_check("lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, nodes[1:],
-                                   "/etc/sparkrig/cluster.env"), 0o755),
+        cl_facts.CHECK: (
+            cl_env.render_check(
+                "lab", "spark", 9000, {"cx7": "192.168.100.11/24"}, nodes[1:], "/etc/sparkrig/cluster.env"
+            ),
+            0o755,
+        ),
     }
     state = host_state(files=files, units={cl_facts.NETWORKD: (True, True)}, packages={"iputils-ping": "1"})
     # The key is the cluster user's: HostState reports its owner.
     state.append(f"file 600 spark spark {hashlib.sha256(key).hexdigest()} {cl_facts.KEY_FILE}")
     lines = cl_trust.authorized_lines(nodes, "lab")
-    ops = _plan(tmp_path, {HOST_STATE: state, "ip -j addr": _node_fact(CONVERGED, authorized=lines,
-                                                                        files=list(files)[:1])},
-                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    ops = _plan(
+        tmp_path,
+        {HOST_STATE: state, "ip -j addr": _node_fact(CONVERGED, authorized=lines, files=list(files)[:1])},
+        {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")},
+    )
     assert ops == []
 
 
 def test_a_link_that_is_down_is_brought_up_again(tmp_path):
     down = {**CONVERGED, "cx7": (False, 9000, ["192.168.100.11/24"])}
-    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(down)},
-                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    ops = _plan(
+        tmp_path,
+        {HOST_STATE: host_state(), "ip -j addr": _node_fact(down)},
+        {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")},
+    )
     assert any(LINK_OP in op.name for op in ops)
 
 
@@ -374,18 +450,23 @@ def test_a_link_that_is_down_is_brought_up_again(tmp_path):
     ],
 )
 def test_what_cannot_be_done_fails_the_host_saying_why(tmp_path, fact, expected):
-    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": fact},
-                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    ops = _plan(
+        tmp_path,
+        {HOST_STATE: host_state(), "ip -j addr": fact},
+        {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")},
+    )
     assert len(ops) == 1 and expected in ops[0].commands[0], ops
 
 
 def test_a_peer_without_a_host_key_is_not_trusted_blindly(tmp_path):
     fact = _node_fact({})
     fact = [line for line in fact if not line.startswith("hostkey")]
-    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(CONVERGED)},
-                {HOST_STATE: host_state(), "ip -j addr": fact})
+    ops = _plan(
+        tmp_path,
+        {HOST_STATE: host_state(), "ip -j addr": _node_fact(CONVERGED)},
+        {HOST_STATE: host_state(), "ip -j addr": fact},
+    )
     assert len(ops) == 1 and "cluster node @fake/b could not be read" in ops[0].commands[0]
-
 
 
 def test_a_reinstalled_peer_is_pinned_anew_and_its_new_key_replaces_the_old_one_everywhere(tmp_path):
@@ -394,12 +475,19 @@ def test_a_reinstalled_peer_is_pinned_anew_and_its_new_key_replaces_the_old_one_
     keys = str(tmp_path / "keys")
     cl_trust.controller_key(keys, "lab", "@fake/a", ["ssh-ed25519 AAAAhost"])
     old_b = cl_trust.controller_key(keys, "lab", "@fake/b", ["ssh-ed25519 AAAAold"])[1]  # the run before
-    nodes = [cl_deploy._node("@fake/a", resolve(cl.SETTINGS, {**A, "cluster_key_dir": keys}), ["ssh-ed25519 AAAAhost"]),
-             cl_deploy._node("@fake/b", resolve(cl.SETTINGS, {**B, "cluster_key_dir": keys}), ["ssh-ed25519 AAAAold"])]
+    nodes = [
+        cl_deploy._node("@fake/a", resolve(cl.SETTINGS, {**A, "cluster_key_dir": keys}), ["ssh-ed25519 AAAAhost"]),
+        cl_deploy._node("@fake/b", resolve(cl.SETTINGS, {**B, "cluster_key_dir": keys}), ["ssh-ed25519 AAAAold"]),
+    ]
     assert nodes[1]["public"] == old_b
-    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(
-                    CONVERGED, authorized=cl_trust.authorized_lines(nodes, "lab"))},
-                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAAnew")})
+    ops = _plan(
+        tmp_path,
+        {
+            HOST_STATE: host_state(),
+            "ip -j addr": _node_fact(CONVERGED, authorized=cl_trust.authorized_lines(nodes, "lab")),
+        },
+        {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAAnew")},
+    )
     new_b = cl_trust.controller_key(keys, "lab", "@fake/b", ["ssh-ed25519 AAAAnew"])[1]
     assert new_b != old_b
     known = next(op for op in ops if "| Every node's pinned host keys" in op.name)
@@ -409,14 +497,15 @@ def test_a_reinstalled_peer_is_pinned_anew_and_its_new_key_replaces_the_old_one_
     lines = next(iter(auth.uploads.values())).decode().splitlines()
     b_key, b_label = " ".join(new_b.split()[:2]), cl_trust.node_label("@fake/b")
     assert [line for line in lines if line.endswith(f"sparkrig-cluster:lab:{b_label}")] == [
-        f'from="192.168.100.12",restrict,pty {b_key} sparkrig-cluster:lab:{b_label}']
+        f'from="192.168.100.12",restrict,pty {b_key} sparkrig-cluster:lab:{b_label}'
+    ]
     assert " ".join(old_b.split()[:2]) not in "\n".join(lines)  # never both
     assert len(lines) == 2
+
 
 def test_a_host_key_line_that_is_no_key_fails_the_host():
     with pytest.raises(Exception, match="not an SSH host key"):
         cl_facts.ClusterHost().process(["hostkey ssh-ed25519 AAAA; rm -rf /"])
-
 
 
 def _fake_tools(bin_dir: Path, link: str, route: str, ping_rc: int, ssh_rc: int) -> None:
@@ -426,9 +515,11 @@ def _fake_tools(bin_dir: Path, link: str, route: str, ping_rc: int, ssh_rc: int)
         "ip": f'case "$*" in *"route get"*) echo {shlex.quote(route)} ;; *) echo {shlex.quote(link)} ;; esac',
         # Like iputils' ping, it answers only when asked what the check means to ask: one
         # unfragmented (-M do) packet of MTU - 28 bytes; a ping that may fragment proves nothing.
-        "ping": ('case " $* " in *" -M do "*) ;; *) echo "ping STAND-IN: fragmentation allowed: $*"; exit 3 ;; esac; '
-                 'case " $* " in *" -s 8972 "*) ;; *) echo "ping STAND-IN: not 8972 bytes: $*"; exit 3 ;; esac; '
-                 f"echo 'ping: local error: message too long, mtu=1500'; exit {ping_rc}"),
+        "ping": (
+            'case " $* " in *" -M do "*) ;; *) echo "ping STAND-IN: fragmentation allowed: $*"; exit 3 ;; esac; '
+            'case " $* " in *" -s 8972 "*) ;; *) echo "ping STAND-IN: not 8972 bytes: $*"; exit 3 ;; esac; '
+            f"echo 'ping: local error: message too long, mtu=1500'; exit {ping_rc}"
+        ),
         "ssh": f"echo 'Permission denied (publickey).' >&2; exit {ssh_rc}",
     }
     for name, body in tools.items():
@@ -439,20 +530,47 @@ def _fake_tools(bin_dir: Path, link: str, route: str, ping_rc: int, ssh_rc: int)
 @pytest.mark.parametrize(
     ("link", "ping_rc", "ssh_rc", "status", "wanted"),
     [
-        ("2: cx7: <BROADCAST,UP,LOWER_UP> mtu 9000 qdisc mq state UP mode DEFAULT", 0, 0, 0,
-         ["OK link cx7: up", "OK mtu cx7: 9000", "OK ping b: 8972 bytes to 192.168.100.12 through cx7, not fragmented",
-          "OK ssh b: "]),
-        ("2: cx7: <NO-CARRIER,BROADCAST,UP> mtu 9000 qdisc mq state DOWN mode DEFAULT", 1, 255, 4 | 16 | 32,
-         ["FAIL link cx7: cx7 is DOWN, not up", "FAIL ping b: no answer", "FAIL ssh b: "]),
-        ("2: cx7: <BROADCAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP mode DEFAULT", 1, 0, 8 | 16,
-         ["FAIL mtu cx7: 1500, not 9000", "FAIL ping b: no answer to 8972 unfragmented bytes from 192.168.100.12 "
-                                          "through cx7: ping: local error: message too long, mtu=1500"]),
+        (
+            "2: cx7: <BROADCAST,UP,LOWER_UP> mtu 9000 qdisc mq state UP mode DEFAULT",
+            0,
+            0,
+            0,
+            [
+                "OK link cx7: up",
+                "OK mtu cx7: 9000",
+                "OK ping b: 8972 bytes to 192.168.100.12 through cx7, not fragmented",
+                "OK ssh b: ",
+            ],
+        ),
+        (
+            "2: cx7: <NO-CARRIER,BROADCAST,UP> mtu 9000 qdisc mq state DOWN mode DEFAULT",
+            1,
+            255,
+            4 | 16 | 32,
+            ["FAIL link cx7: cx7 is DOWN, not up", "FAIL ping b: no answer", "FAIL ssh b: "],
+        ),
+        (
+            "2: cx7: <BROADCAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP mode DEFAULT",
+            1,
+            0,
+            8 | 16,
+            [
+                "FAIL mtu cx7: 1500, not 9000",
+                "FAIL ping b: no answer to 8972 unfragmented bytes from 192.168.100.12 "
+                "through cx7: ping: local error: message too long, mtu=1500",
+            ],
+        ),
     ],
 )
-def test_spark_cluster_check_says_which_check_failed_and_sums_the_codes(tmp_path, link, ping_rc, ssh_rc, status, wanted):
+def test_spark_cluster_check_says_which_check_failed_and_sums_the_codes(
+    tmp_path, link, ping_rc, ssh_rc, status, wanted
+):
     script = tmp_path / "spark-cluster-check"
-    script.write_text(cl_env.render_check("lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:],
-                                      "/etc/sparkrig/cluster.env"))
+    script.write_text(
+        cl_env.render_check(
+            "lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env"
+        )
+    )
     _fake_tools(tmp_path / "bin", link, "192.168.100.12 dev cx7 src 192.168.100.11 uid 0", ping_rc, ssh_rc)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     result = subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env)
@@ -464,8 +582,11 @@ def test_spark_cluster_check_says_which_check_failed_and_sums_the_codes(tmp_path
 
 def test_spark_cluster_check_fails_a_peer_reached_through_another_interface(tmp_path):
     script = tmp_path / "spark-cluster-check"
-    script.write_text(cl_env.render_check("lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:],
-                                      "/etc/sparkrig/cluster.env"))
+    script.write_text(
+        cl_env.render_check(
+            "lab", getpass.getuser(), 9000, {"cx7": "192.168.100.11/24"}, NODES[1:], "/etc/sparkrig/cluster.env"
+        )
+    )
     _fake_tools(tmp_path / "bin", "2: cx7: <UP> mtu 9000 state UP mode", "192.168.100.12 via 10.0.0.1 dev eth0", 0, 0)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     result = subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env)
@@ -481,8 +602,16 @@ def test_a_host_in_no_cluster_with_nothing_left_plans_nothing():
 
 
 def test_a_node_taken_out_of_its_cluster_loses_the_clusters_files_and_key_line():
-    ops = _plan_one({}, {"keyowner": [f"file {cl_facts.KEY_FILE}", "file /etc/systemd/network/40-sparkrig-cluster-cx7.network",
-                                      "keyowner spark"]})
+    ops = _plan_one(
+        {},
+        {
+            "keyowner": [
+                f"file {cl_facts.KEY_FILE}",
+                "file /etc/systemd/network/40-sparkrig-cluster-cx7.network",
+                "keyowner spark",
+            ]
+        },
+    )
     (op,) = ops
     assert "runuser -u spark -- sh -c" in op.commands[0] and "sparkrig-cluster:" in op.commands[0]
     assert f"rm -f {cl_facts.KEY_FILE} /etc/systemd/network/40-sparkrig-cluster-cx7.network;" in op.commands[1]
@@ -493,14 +622,20 @@ def test_a_node_taken_out_of_its_cluster_loses_the_clusters_files_and_key_line()
 def test_the_deploys_own_connection_is_never_reconfigured(tmp_path):
     peer = {HOST_STATE: host_state(), "ip -j addr": _node_fact({**CONVERGED}, host_key="ssh-ed25519 AAAApeer")}
     # Connected through eth0: the cluster goes ahead.
-    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(FRESH | {"eth0": CONVERGED["eth0"]})},
-                peer, connected_to="10.0.0.1")
+    ops = _plan(
+        tmp_path,
+        {HOST_STATE: host_state(), "ip -j addr": _node_fact(FRESH | {"eth0": CONVERGED["eth0"]})},
+        peer,
+        connected_to="10.0.0.1",
+    )
     assert any(LINK_OP in op.name for op in ops)
     # Connected to an address the cluster interface holds: refused before any change.
-    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(CONVERGED)}, peer,
-                connected_to="192.168.100.11")
-    assert len(ops) == 1 and "cx7 carries this deploy's SSH connection (192.168.100.11): sparkrig never" \
-        in ops[0].commands[0].replace("'\"'\"'", "'")
+    ops = _plan(
+        tmp_path, {HOST_STATE: host_state(), "ip -j addr": _node_fact(CONVERGED)}, peer, connected_to="192.168.100.11"
+    )
+    assert len(ops) == 1 and "cx7 carries this deploy's SSH connection (192.168.100.11): sparkrig never" in ops[
+        0
+    ].commands[0].replace("'\"'\"'", "'")
 
 
 def test_networkmanager_lets_go_of_the_cluster_ports(tmp_path):
@@ -509,10 +644,15 @@ def test_networkmanager_lets_go_of_the_cluster_ports(tmp_path):
     path.write_text(text)
     assert subprocess.run([*cl_link.NM_VALIDATOR, str(path)]).returncode == 0
     assert "match-device=interface-name:cx7a,interface-name:cx7b\nmanaged=0\n" in text
-    fact = [line.replace("networkmanager no", "networkmanager yes") for line in
-            _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})]
-    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": fact},
-                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    fact = [
+        line.replace("networkmanager no", "networkmanager yes")
+        for line in _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})
+    ]
+    ops = _plan(
+        tmp_path,
+        {HOST_STATE: host_state(), "ip -j addr": fact},
+        {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")},
+    )
     apply = next(op for op in ops if LINK_OP in op.name)
     assert atomic.temp_path(cl_facts.NM_FILE) in apply.uploads
     script = cl_link.render_link_apply(["cx7"], False, True)
@@ -522,19 +662,23 @@ def test_networkmanager_lets_go_of_the_cluster_ports(tmp_path):
 def test_on_dgx_os_netplan_renders_the_ports_with_networkd_and_networkmanager_lets_go_of_them(tmp_path):
     """DGX OS: netplan and NetworkManager both. The netplan file and NetworkManager's setting
     are written, and the apply hands the ports over (the lab runs it: test_cluster_lab.py)."""
-    fact = [line.replace("networkmanager no", "networkmanager yes").replace("netplan no", "netplan yes")
-            for line in _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})]
-    ops = _plan(tmp_path, {HOST_STATE: host_state(), "ip -j addr": fact},
-                {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")})
+    fact = [
+        line.replace("networkmanager no", "networkmanager yes").replace("netplan no", "netplan yes")
+        for line in _node_fact({**FRESH, "eth0": (True, 1500, ["10.0.0.1/24"])})
+    ]
+    ops = _plan(
+        tmp_path,
+        {HOST_STATE: host_state(), "ip -j addr": fact},
+        {HOST_STATE: host_state(), "ip -j addr": _node_fact({}, host_key="ssh-ed25519 AAAApeer")},
+    )
     apply = next(op for op in ops if LINK_OP in op.name)
     assert set(apply.uploads) == {atomic.temp_path(cl_facts.NETPLAN_FILE), atomic.temp_path(cl_facts.NM_FILE)}
-    found = cl_facts.ClusterHost().process([*fact, "nmdevice cx7:connected (externally)", "nmdevice eth0:connected",
-                                             "nmdevice eth1:unmanaged"])
+    found = cl_facts.ClusterHost().process(
+        [*fact, "nmdevice cx7:connected (externally)", "nmdevice eth0:connected", "nmdevice eth1:unmanaged"]
+    )
     assert found["nm_managed"] == ["cx7", "eth0"]
     armed = apply.commands[1]
     assert "nmcli device set" in armed and "g=/usr/libexec/netplan/generate" in armed
-
-
 
 
 RECORDED = Path(__file__).parent / "data" / "cluster"
@@ -542,11 +686,14 @@ RECORDED = Path(__file__).parent / "data" / "cluster"
 
 def recorded(name: str) -> str:
     """A recorded real output (tests/unit/operations/data/cluster), without its '## ' header."""
-    return "".join(line for line in (RECORDED / name).read_text().splitlines(keepends=True) if not line.startswith("## "))
+    return "".join(
+        line for line in (RECORDED / name).read_text().splitlines(keepends=True) if not line.startswith("## ")
+    )
 
 
-def _nccl_tools(tmp_path, gpu: bool, build: bool, mpirun: str | None,
-                output: str = "all_gather_perf-dgx-spark-issue25.txt") -> tuple[str, str]:
+def _nccl_tools(
+    tmp_path, gpu: bool, build: bool, mpirun: str | None, output: str = "all_gather_perf-dgx-spark-issue25.txt"
+) -> tuple[str, str]:
     """STAND-INS for nvidia-smi, the nccl-tests build and mpirun (no GPU, no MPI here); the
     check's own sh decides from what they answer. The build's all_reduce_perf prints a
     RECORDED REAL output of nccl-tests (``output``). Returns the check's PATH and the build's bin."""
@@ -573,30 +720,57 @@ def _nccl_tools(tmp_path, gpu: bool, build: bool, mpirun: str | None,
     ("gpu", "build", "mpirun", "status", "line"),
     [
         (False, True, '"$@"', 0, "SKIP nccl: no GPU on this node (nvidia-smi lists none)"),
-        (True, False, '"$@"', 0, "SKIP nccl: nccl-tests are not built here (no all_reduce_perf in {bin} nor on PATH:"
-                                 ' a prefix source build named nccl-tests puts it there)'),
-        (True, True, None, 0, "SKIP nccl: no mpirun on PATH (openmpi-bin; a prefix build installs it with runtime_packages)"),
-        (True, True, '"$@"', 0,
-         "OK nccl: all_reduce_perf on 2 nodes: bus bandwidth 18.94 GB/s at 17179869184 bytes (floor 12)"),
-        (True, True, "echo 'ORTE was unable to reliably start one or more daemons.'; exit 1", 64,
-         "FAIL nccl: all_reduce_perf on 2 nodes failed: ORTE was unable to reliably start one or more daemons."),
+        (
+            True,
+            False,
+            '"$@"',
+            0,
+            "SKIP nccl: nccl-tests are not built here (no all_reduce_perf in {bin} nor on PATH:"
+            " a prefix source build named nccl-tests puts it there)",
+        ),
+        (
+            True,
+            True,
+            None,
+            0,
+            "SKIP nccl: no mpirun on PATH (openmpi-bin; a prefix build installs it with runtime_packages)",
+        ),
+        (
+            True,
+            True,
+            '"$@"',
+            0,
+            "OK nccl: all_reduce_perf on 2 nodes: bus bandwidth 18.94 GB/s at 17179869184 bytes (floor 12)",
+        ),
+        (
+            True,
+            True,
+            "echo 'ORTE was unable to reliably start one or more daemons.'; exit 1",
+            64,
+            "FAIL nccl: all_reduce_perf on 2 nodes failed: ORTE was unable to reliably start one or more daemons.",
+        ),
     ],
 )
-def test_spark_cluster_check_nccl_runs_the_built_all_reduce_perf_or_says_why_not(tmp_path, gpu, build, mpirun,
-                                                                                  status, line):
+def test_spark_cluster_check_nccl_runs_the_built_all_reduce_perf_or_says_why_not(
+    tmp_path, gpu, build, mpirun, status, line
+):
     hostfile, env_file = tmp_path / "hostfile", tmp_path / "cluster.env"
     hostfile.write_text("192.168.100.11 slots=1\n192.168.100.12 slots=1\n")
     env_file.write_text("NCCL_SOCKET_IFNAME='cx7'\n")
     path, built = _nccl_tools(tmp_path, gpu, build, mpirun)
     script = tmp_path / "spark-cluster-check"
     # No interface and no peer: only the nccl check runs.
-    script.write_text(cl_env.render_check("lab", getpass.getuser(), 9000, {}, [], str(env_file), hostfile=str(hostfile),
-                                      nccl_tests_bin=built))
+    script.write_text(
+        cl_env.render_check(
+            "lab", getpass.getuser(), 9000, {}, [], str(env_file), hostfile=str(hostfile), nccl_tests_bin=built
+        )
+    )
     result = subprocess.run(["sh", str(script), "--nccl"], capture_output=True, text=True, env={"PATH": path})
     assert result.returncode == status, result.stdout
     assert result.stdout.splitlines() == [
         "SKIP bandwidth: not asked for (--bandwidth runs ib_write_bw on each rail to each peer)",
-        line.format(bin=built)], result.stdout
+        line.format(bin=built),
+    ], result.stdout
 
 
 def test_spark_cluster_check_nccl_fails_under_its_floor_on_a_recorded_real_run(tmp_path):
@@ -606,13 +780,25 @@ def test_spark_cluster_check_nccl_fails_under_its_floor_on_a_recorded_real_run(t
     env_file.write_text("NCCL_SOCKET_IFNAME='cx7'\n")
     path, built = _nccl_tools(tmp_path, True, True, '"$@"', output="all_reduce_perf-dgx-spark-pr103.txt")
     script = tmp_path / "spark-cluster-check"
-    script.write_text(cl_env.render_check("lab", getpass.getuser(), 9000, {}, [], str(env_file), hostfile=str(hostfile),
-                                          nccl_tests_bin=built, nccl_floor=12))
+    script.write_text(
+        cl_env.render_check(
+            "lab",
+            getpass.getuser(),
+            9000,
+            {},
+            [],
+            str(env_file),
+            hostfile=str(hostfile),
+            nccl_tests_bin=built,
+            nccl_floor=12,
+        )
+    )
     result = subprocess.run(["sh", str(script), "--nccl"], capture_output=True, text=True, env={"PATH": path})
     assert result.returncode == 64, result.stdout
     assert result.stdout.splitlines()[-1] == (
         "FAIL nccl: all_reduce_perf on 2 nodes: bus bandwidth 0.96 GB/s at 65536 bytes, under the floor of 12 GB/s "
-        "(NCCL fallen back to TCP gives ~3: is NCCL_IB_HCA set?)")
+        "(NCCL fallen back to TCP gives ~3: is NCCL_IB_HCA set?)"
+    )
 
 
 def test_spark_cluster_check_looks_for_the_source_build_where_source_builds_installs_it():
@@ -642,8 +828,10 @@ def _two_beside(subnet: ipaddress.IPv4Network, *avoid: ipaddress.IPv4Address) ->
 
 
 def _pair(first: str, second: str, addresses: list[str]) -> tuple[tuple, tuple]:
-    return (("a", {**A, "ssh_hostname": first, "cluster_interfaces": {"cx7": addresses[0]}}),
-            ("b", {**B, "ssh_hostname": second, "cluster_interfaces": {"cx7": addresses[1]}}))
+    return (
+        ("a", {**A, "ssh_hostname": first, "cluster_interfaces": {"cx7": addresses[0]}}),
+        ("b", {**B, "ssh_hostname": second, "cluster_interfaces": {"cx7": addresses[1]}}),
+    )
 
 
 def test_a_subnet_holding_the_controllers_source_address_is_refused():
@@ -651,15 +839,23 @@ def test_a_subnet_holding_the_controllers_source_address_is_refused():
     subnet = ipaddress.IPv4Interface(f"{source}/24").network
     found = _fleet(*_pair(*UNREACHABLE, _two_beside(subnet, source)))
     assert {host for host, _ in found} == {"a", "b"}, found
-    assert f"the controller's own address towards this host ({source}, the source of its route to 203.0.113.10, " \
-           f"is in {subnet}: the node would answer the controller through the link)" in found[0][1], found
+    assert (
+        f"the controller's own address towards this host ({source}, the source of its route to 203.0.113.10, "
+        f"is in {subnet}: the node would answer the controller through the link)" in found[0][1]
+    ), found
 
 
 def test_a_subnet_overlapping_the_controllers_route_to_a_node_is_refused():
-    routes = json.loads(subprocess.run(["ip", "-j", "route"], capture_output=True, text=True).stdout or "[]") \
-        if shutil.which("ip") else []
-    connected = [ipaddress.IPv4Network(r["dst"]) for r in routes
-                 if "/" in r.get("dst", "default") and int(r["dst"].split("/")[1]) <= 28]
+    routes = (
+        json.loads(subprocess.run(["ip", "-j", "route"], capture_output=True, text=True).stdout or "[]")
+        if shutil.which("ip")
+        else []
+    )
+    connected = [
+        ipaddress.IPv4Network(r["dst"])
+        for r in routes
+        if "/" in r.get("dst", "default") and int(r["dst"].split("/")[1]) <= 28
+    ]
     if not connected:
         pytest.skip("this machine has no directly connected IPv4 route of /28 or wider to put a node in")
     route = connected[0]
@@ -668,8 +864,12 @@ def test_a_subnet_overlapping_the_controllers_route_to_a_node_is_refused():
     # A /30 of that route holding neither the node nor the controller's address.
     piece = next(s for s in route.subnets(new_prefix=30) if node not in s and source not in s)
     found = _fleet(*_pair(str(node), UNREACHABLE[1], _two_beside(piece)))
-    assert any(host == "a" and f"the controller's route to this host ({node} is reached through {route}, "
-               f"which {piece} overlaps)" in problem for host, problem in found), found
+    assert any(
+        host == "a"
+        and f"the controller's route to this host ({node} is reached through {route}, which {piece} overlaps)"
+        in problem
+        for host, problem in found
+    ), found
 
 
 def test_a_host_name_is_resolved_before_its_path_is_compared(monkeypatch):
@@ -682,11 +882,16 @@ def test_a_host_name_is_resolved_before_its_path_is_compared(monkeypatch):
 
     monkeypatch.setattr(socket, "getaddrinfo", dns_standin)
     found = _fleet(*_pair("spark-01.lan", UNREACHABLE[1], ["192.168.100.11/24", "192.168.100.12/24"]))
-    assert [(h, "the address the deploy connects to (192.168.100.50 is in 192.168.100.0/24)" in p)
-            for h, p in found] == [("a", True)], found
+    assert [
+        (h, "the address the deploy connects to (192.168.100.50 is in 192.168.100.0/24)" in p) for h, p in found
+    ] == [("a", True)], found
     found = _fleet(*_pair("nowhere.invalid", UNREACHABLE[1], ["192.168.100.11/24", "192.168.100.12/24"]))
-    assert found and found[0][0] == "a" and "ssh_hostname = 'nowhere.invalid': allowed is a host name the " \
-                                            "controller resolves, or an IPv4 address" in found[0][1], found
+    assert (
+        found
+        and found[0][0] == "a"
+        and "ssh_hostname = 'nowhere.invalid': allowed is a host name the controller resolves, or an IPv4 address"
+        in found[0][1]
+    ), found
 
 
 def test_pyinfra_refuses_a_cluster_holding_the_controllers_address_before_contacting_any_host(tmp_path):
@@ -703,13 +908,18 @@ def test_pyinfra_refuses_a_cluster_holding_the_controllers_address_before_contac
     )
     result = subprocess.run(
         [str(Path(sys.executable).parent / "pyinfra"), "-y", str(inventory), "deploy.py"],
-        cwd=Path(__file__).parents[3], capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).parents[3],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "invalid sparkrig settings, nothing was changed on any host" in output, output
-    assert f"host 'spark-01': cluster_interfaces = {{'cx7': '{first}'}}: allowed is subnets apart from the " \
-           f"controller's own address towards this host ({source}" in output, output
+    assert (
+        f"host 'spark-01': cluster_interfaces = {{'cx7': '{first}'}}: allowed is subnets apart from the "
+        f"controller's own address towards this host ({source}" in output
+    ), output
     assert "Connecting" not in output and "Connected" not in output, output
     assert not (tmp_path / "keys").exists()  # nothing made, not even the cluster's key pair
 
@@ -726,7 +936,8 @@ def test_a_pending_change_of_another_interface_stops_the_link_change_run_here(tm
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "systemctl").write_text(
-        '#!/bin/sh\ncase "$*" in "is-active -q"*) exit 0 ;; *ActiveEnterTimestamp*) echo "Mon 2026-11-23 10:00:00 UTC" ;; esac\n')
+        '#!/bin/sh\ncase "$*" in "is-active -q"*) exit 0 ;; *ActiveEnterTimestamp*) echo "Mon 2026-11-23 10:00:00 UTC" ;; esac\n'
+    )
     (bin_dir / "systemctl").chmod(0o755)
     monkeypatch.setattr(cl_link, "NETWORKD_DIRS", (str(network), str(tmp_path / "run" / "systemd" / "network")))
     monkeypatch.setattr(cl_link, "LINK_LOADED", str(tmp_path / "loaded"))
@@ -743,6 +954,10 @@ def test_a_pending_change_of_another_interface_stops_the_link_change_run_here(tm
 
     assert run("2026-11-22 09:00").returncode == 0  # loaded at networkd's start
     refused = run("2026-11-24 09:00")  # edited since, not loaded
-    assert refused.returncode == 1 and f"changed since systemd-networkd loaded its files: {theirs}; networkctl " \
-                                      "reload would apply them to their interfaces too" in refused.stderr, refused.stderr
+    assert (
+        refused.returncode == 1
+        and f"changed since systemd-networkd loaded its files: {theirs}; networkctl "
+        "reload would apply them to their interfaces too"
+        in refused.stderr
+    ), refused.stderr
     assert run("2026-11-24 09:00", loaded="2026-11-24 10:00").returncode == 0  # sparkrig's reload loaded it later

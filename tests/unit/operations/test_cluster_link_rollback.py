@@ -38,9 +38,15 @@ def _host(tmp_path: Path) -> dict:
 
 def _rollback(host: dict, *args: str, started_networkd: bool = False, netplan: bool = False):
     script = rendering.render(
-        "cluster/link-rollback.sh.j2", dir=host["d"], unit=cl_link.ROLLBACK_UNIT, boot_unit=cl_link.BOOT_UNIT,
-        boot_files=[str(p) for p in host["boot_files"]], paths=[str(host["network"])],
-        added=[("cx7", "192.168.77.11/24")], started_networkd=started_networkd, netplan=netplan,
+        "cluster/link-rollback.sh.j2",
+        dir=host["d"],
+        unit=cl_link.ROLLBACK_UNIT,
+        boot_unit=cl_link.BOOT_UNIT,
+        boot_files=[str(p) for p in host["boot_files"]],
+        paths=[str(host["network"])],
+        added=[("cx7", "192.168.77.11/24")],
+        started_networkd=started_networkd,
+        netplan=netplan,
         networkd=cl_link.NETWORKD,
     )
     (host["d"] / "apply.sh").write_text(f"echo applied >>{host['called']}\n")
@@ -51,7 +57,8 @@ def _rollback(host: dict, *args: str, started_networkd: bool = False, netplan: b
 
 @pytest.mark.parametrize(("started_networkd", "netplan"), [(False, False), (True, True)])
 def test_at_boot_the_old_files_come_back_before_the_network_starts_and_the_boot_unit_goes(
-        tmp_path, started_networkd, netplan):
+    tmp_path, started_networkd, netplan
+):
     host = _host(tmp_path)
     called = _rollback(host, "boot", started_networkd=started_networkd, netplan=netplan)
     assert host["network"].read_text() == "old\n"
@@ -82,8 +89,14 @@ def test_arming_leaves_the_boot_unit_enabled():
     armed = cl_link.arm_rollback(["/etc/systemd/network/" + NETWORK], ["40-sparkrig-cluster-*.network"], "A", "R", 60)
     # The unit, then the mark its condition reads, then the timer: a reboot at any point of
     # the change finds the old files kept and a rollback armed.
-    unit, mark, timer = (armed.index(s) for s in (f"mv -f \"$t\" {cl_link.BOOT_FILES[0]}", 'touch "$d/armed"',
-                                                    "systemd-run --quiet --unit=sparkrig-cluster-rollback "))
+    unit, mark, timer = (
+        armed.index(s)
+        for s in (
+            f'mv -f "$t" {cl_link.BOOT_FILES[0]}',
+            'touch "$d/armed"',
+            "systemd-run --quiet --unit=sparkrig-cluster-rollback ",
+        )
+    )
     assert armed.index("cp -a") < unit < mark < timer
     assert f"ln -sfn {cl_link.BOOT_FILES[0]} {cl_link.BOOT_FILES[1]}" in armed
     assert cl_link.BOOT_FILES[1].startswith("/etc/systemd/system/sysinit.target.wants/")
@@ -107,12 +120,16 @@ class _Host:
     print_prefix = "[node] "
 
 
-@pytest.mark.parametrize(("answers", "slept_to_the_end"), [
-    (["rolled-back", "Tue Nov 24"], False),  # the host rolled back already (a reboot, a fast timer)
-    ([None, None, None, "ok"], True),  # no new connection: the timer is waited out, then checked
-])
+@pytest.mark.parametrize(
+    ("answers", "slept_to_the_end"),
+    [
+        (["rolled-back", "Tue Nov 24"], False),  # the host rolled back already (a reboot, a fast timer)
+        ([None, None, None, "ok"], True),  # no new connection: the timer is waited out, then checked
+    ],
+)
 def test_the_controller_waits_out_the_timer_only_when_it_has_not_seen_the_rollback(
-        monkeypatch, answers, slept_to_the_end):
+    monkeypatch, answers, slept_to_the_end
+):
     """When a new connection already sees the rollback done, the deploy says so at once;
     without one, it waits until the host's timer has fired before it checks again."""
     clock = {"now": 0.0}
@@ -163,7 +180,9 @@ def test_a_link_that_is_not_up_as_configured_is_not_kept_and_the_run_says_why(mo
     assert "the link is not up as configured: cx7: no address 192.168.100.11/24" in said[0], said
     assert "192.168.100.12" not in asked[0]  # the first node: its peer waits for its own change
     cl_link._confirmed.add("lab")
-    assert "ping" in cl_link.render_confirm(PORTS, peers=True) and "192.168.100.12" in cl_link.render_confirm(PORTS, True)
+    assert "ping" in cl_link.render_confirm(PORTS, peers=True) and "192.168.100.12" in cl_link.render_confirm(
+        PORTS, True
+    )
 
 
 def test_a_node_cut_off_after_it_was_seen_applying_is_reported_as_unreachable(monkeypatch):

@@ -80,10 +80,16 @@ def test_bad_values_say_key_and_what_is_allowed(data, expected):
     assert len(found) == 1 and expected in found[0], found
 
 
-@pytest.mark.parametrize("image", [
-    "ubuntu:24.04", "nvcr.io/nvidia/pytorch:25.11-py3", "registry.lab:5000/team/cuda", "busybox",
-    "ubuntu@sha256:" + "a" * 64,
-])
+@pytest.mark.parametrize(
+    "image",
+    [
+        "ubuntu:24.04",
+        "nvcr.io/nvidia/pytorch:25.11-py3",
+        "registry.lab:5000/team/cuda",
+        "busybox",
+        "ubuntu@sha256:" + "a" * 64,
+    ],
+)
 def test_image_references_are_allowed(image):
     assert ct_settings.image_check(image, {}) is None
 
@@ -94,24 +100,35 @@ def test_image_references_are_allowed(image):
 def test_default_repositories_are_the_vendors_with_host_values_filled_in():
     docker, toolkit = ct_repos.repositories(VENDOR, NOBLE_ARM)
     assert docker == ct_repos.AptRepository(
-        "docker", "https://download.docker.com/linux/ubuntu", "noble", ("stable",),
-        "https://download.docker.com/linux/ubuntu/gpg", "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+        "docker",
+        "https://download.docker.com/linux/ubuntu",
+        "noble",
+        ("stable",),
+        "https://download.docker.com/linux/ubuntu/gpg",
+        "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
         "download.docker.com/linux",
     )
     assert toolkit == ct_repos.AptRepository(
-        "nvidia-container-toolkit", "https://nvidia.github.io/libnvidia-container/stable/deb/arm64",
-        "/", (), "https://nvidia.github.io/libnvidia-container/gpgkey",
-        "C95B321B61E88C1809C4F759DDCAE044F796ECB0", "nvidia.github.io/libnvidia-container/stable/deb",
+        "nvidia-container-toolkit",
+        "https://nvidia.github.io/libnvidia-container/stable/deb/arm64",
+        "/",
+        (),
+        "https://nvidia.github.io/libnvidia-container/gpgkey",
+        "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+        "nvidia.github.io/libnvidia-container/stable/deb",
     )
     assert docker.keyring == "/etc/apt/keyrings/sparkrig-docker.gpg"
     assert toolkit.sources_file == "/etc/apt/sources.list.d/sparkrig-nvidia-container-toolkit.sources"
 
 
-@pytest.mark.parametrize(("docker", "toolkit", "names"), [
-    ("distro", "nvidia", ["nvidia-container-toolkit"]),
-    ("preinstalled", "preinstalled", []),
-    ("docker-ce", "preinstalled", ["docker"]),
-])
+@pytest.mark.parametrize(
+    ("docker", "toolkit", "names"),
+    [
+        ("distro", "nvidia", ["nvidia-container-toolkit"]),
+        ("preinstalled", "preinstalled", []),
+        ("docker-ce", "preinstalled", ["docker"]),
+    ],
+)
 def test_only_the_repositories_the_sources_need(docker, toolkit, names):
     data = {**DEFAULTS, "containers_docker_source": docker, "containers_toolkit_source": toolkit}
     assert [repo.name for repo in ct_repos.repositories(data, NOBLE_ARM)] == names
@@ -140,11 +157,24 @@ def test_apt_reads_both_sources_files_as_intended(tmp_path):
     for repo in ct_repos.repositories(VENDOR, NOBLE_ARM):
         (parts / Path(repo.sources_file).name).write_text(ct_repos.render_sources(repo, "arm64"))
     result = subprocess.run(
-        ["apt-get", "indextargets", "--no-release-info", "--format", "$(URI)",
-         "-o", "Dir::Etc::SourceList=/dev/null", "-o", f"Dir::Etc::SourceParts={parts}",
-         "-o", "APT::Architecture=arm64", "-o", f"Dir::State::Lists={tmp_path}",
-         "Identifier: Packages"],
-        capture_output=True, text=True,
+        [
+            "apt-get",
+            "indextargets",
+            "--no-release-info",
+            "--format",
+            "$(URI)",
+            "-o",
+            "Dir::Etc::SourceList=/dev/null",
+            "-o",
+            f"Dir::Etc::SourceParts={parts}",
+            "-o",
+            "APT::Architecture=arm64",
+            "-o",
+            f"Dir::State::Lists={tmp_path}",
+            "Identifier: Packages",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.split()) == [
@@ -154,14 +184,21 @@ def test_apt_reads_both_sources_files_as_intended(tmp_path):
     ]
 
 
-@pytest.mark.parametrize(("line", "uris"), [
-    ("deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu noble stable",
-     ["https://download.docker.com/linux/ubuntu"]),
-    ("  deb https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /",
-     ["https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"]),
-    ("URIs: http://a/ http://b", ["http://a/", "http://b"]),
-    ("deb-src http://deb.debian.org/debian bookworm main", ["http://deb.debian.org/debian"]),
-])
+@pytest.mark.parametrize(
+    ("line", "uris"),
+    [
+        (
+            "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu noble stable",
+            ["https://download.docker.com/linux/ubuntu"],
+        ),
+        (
+            "  deb https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /",
+            ["https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"],
+        ),
+        ("URIs: http://a/ http://b", ["http://a/", "http://b"]),
+        ("deb-src http://deb.debian.org/debian bookworm main", ["http://deb.debian.org/debian"]),
+    ],
+)
 def test_source_uris_in_both_formats(line, uris):
     assert ct_repos.source_uris(line) == uris
 
@@ -170,8 +207,10 @@ def test_a_repository_configured_by_another_file_is_found_and_our_own_file_is_no
     docker, _ = ct_repos.repositories(VENDOR, NOBLE_ARM)
     entries = [
         (docker.sources_file, "URIs: https://download.docker.com/linux/ubuntu"),
-        ("/etc/apt/sources.list.d/docker.list",
-         "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu/ noble stable"),
+        (
+            "/etc/apt/sources.list.d/docker.list",
+            "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu/ noble stable",
+        ),
         ("/etc/apt/sources.list.d/ubuntu.sources", "URIs: http://ports.ubuntu.com/ubuntu-ports/"),
     ]
     assert ct_repos.foreign_sources(entries, docker) == ["/etc/apt/sources.list.d/docker.list"]
@@ -187,13 +226,29 @@ needs_gpg = pytest.mark.skipif(
 
 def _make_key(home: Path, uid: str) -> str:
     subprocess.run(
-        ["gpg", "--homedir", str(home), "--batch", "--pinentry-mode", "loopback", "--passphrase", "",
-         "--quick-gen-key", uid, "ed25519", "sign", "never"],
-        check=True, capture_output=True,
+        [
+            "gpg",
+            "--homedir",
+            str(home),
+            "--batch",
+            "--pinentry-mode",
+            "loopback",
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            uid,
+            "ed25519",
+            "sign",
+            "never",
+        ],
+        check=True,
+        capture_output=True,
     )
     listing = subprocess.run(
         ["gpg", "--homedir", str(home), "--with-colons", "--list-keys", uid],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     return next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr"))
 
@@ -207,14 +262,33 @@ def two_keys(tmp_path_factory):
     first = _make_key(home, "sparkrig test one <one@example.invalid>")
     second = _make_key(home, "sparkrig test two <two@example.invalid>")
     for fpr in (first, second):
-        subprocess.run(["gpg", "--homedir", str(home), "--batch", "--pinentry-mode", "loopback",
-                        "--passphrase", "", "--quick-add-key", fpr, "cv25519", "encr", "never"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "gpg",
+                "--homedir",
+                str(home),
+                "--batch",
+                "--pinentry-mode",
+                "loopback",
+                "--passphrase",
+                "",
+                "--quick-add-key",
+                fpr,
+                "cv25519",
+                "encr",
+                "never",
+            ],
+            check=True,
+            capture_output=True,
+        )
 
     def export(*fprs: str) -> Path:
         path = base / ("-".join(f[-8:] for f in fprs) + ".asc")
-        path.write_bytes(subprocess.run(["gpg", "--homedir", str(home), "--armor", "--export", *fprs],
-                                        check=True, capture_output=True).stdout)
+        path.write_bytes(
+            subprocess.run(
+                ["gpg", "--homedir", str(home), "--armor", "--export", *fprs], check=True, capture_output=True
+            ).stdout
+        )
         return path
 
     yield {"first": first, "second": second, "first_file": export(first), "both_file": export(first, second)}
@@ -227,8 +301,9 @@ def test_the_key_script_reads_the_primary_fingerprints_as_the_fact_does():
 
 
 def _fetch(url: str, fingerprint: str, keyring: Path):
-    return subprocess.run(["sh", "-c", ct_repos.FETCH_KEY, "fetch-key", url, fingerprint, str(keyring)],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        ["sh", "-c", ct_repos.FETCH_KEY, "fetch-key", url, fingerprint, str(keyring)], capture_output=True, text=True
+    )
 
 
 def _fingerprints(keyring: Path, tmp_path: Path) -> list[str]:
@@ -291,8 +366,12 @@ def test_merge_keeps_every_user_key_and_adds_the_runtime():
 
 
 def test_merge_keeps_an_existing_registration_and_other_runtimes():
-    current = {"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime", "args": []},
-                            "crun": {"path": "/usr/bin/crun"}}}
+    current = {
+        "runtimes": {
+            "nvidia": {"path": "/usr/bin/nvidia-container-runtime", "args": []},
+            "crun": {"path": "/usr/bin/crun"},
+        }
+    }
     assert ct_ops.merged_daemon_config(current, default_runtime=False) == current
 
 
@@ -311,10 +390,13 @@ def test_nvidia_ctk_output_is_already_merged():
     assert ct_ops.merged_daemon_config(ctk, default_runtime=False) == ctk
 
 
-@pytest.mark.parametrize(("text", "why"), [
-    ('{"log-driver": "json-file",}', "it is not valid JSON (Expecting property name"),
-    ('["a"]', "it is not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"log-driver": "json-file",}', "it is not valid JSON (Expecting property name"),
+        ('["a"]', "it is not a JSON object"),
+    ],
+)
 def test_unusable_daemon_json_says_why(text, why):
     with pytest.raises(ValueError, match=rf"^{why.replace('(', '[(]')}"):
         ct_ops.parse_daemon_json(text)
@@ -325,7 +407,9 @@ def test_runtimes_that_is_not_an_object_is_refused():
         ct_ops.merged_daemon_config({"runtimes": []}, default_runtime=False)
 
 
-@pytest.mark.skipif(shutil.which("dockerd") is not None, reason="tests the fallback for hosts without dockerd --validate")
+@pytest.mark.skipif(
+    shutil.which("dockerd") is not None, reason="tests the fallback for hosts without dockerd --validate"
+)
 def test_daemon_json_check_falls_back_to_a_json_parse(tmp_path):
     good, bad = tmp_path / "good.json", tmp_path / "bad.json"
     good.write_text(ct_ops.daemon_json_change(json.dumps(USER_CONFIG), False))
@@ -339,15 +423,19 @@ def test_daemon_json_check_falls_back_to_a_json_parse(tmp_path):
 
 
 def test_container_host_fact_command_runs_and_parses_here():
-    command = ct_facts.ContainerHost().command(
-        packages=("dpkg", "no-such-package-x"), users=("root", "no-such-user-x")).get_raw_value()
+    command = (
+        ct_facts.ContainerHost()
+        .command(packages=("dpkg", "no-such-package-x"), users=("root", "no-such-user-x"))
+        .get_raw_value()
+    )
     result = subprocess.run(["dash", "-c", command], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     found = ct_facts.ContainerHost().process(result.stdout.splitlines())
     release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().split() if "=" in line)
     assert found["os"] == release["ID"].strip('"')
-    assert found["arch"] == subprocess.run(["dpkg", "--print-architecture"], capture_output=True,
-                                           text=True).stdout.strip()
+    assert (
+        found["arch"] == subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True).stdout.strip()
+    )
     assert found["users"] == ["root"]
     assert found["installed"] == ["dpkg"]
     # Whatever this machine has: a newcomer's may run Docker (a lab host has a daemon.json).
@@ -359,21 +447,40 @@ def test_container_host_fact_command_runs_and_parses_here():
 def test_container_host_fact_reads_a_dgx_os_like_host():
     daemon_json = '{\n  "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}\n}\n'
     output = [
-        "os=ubuntu", "codename=noble", "arch=arm64",
-        "pkg=docker-ce ii ", "pkg=nvidia-container-toolkit ii ", "pkg=curl rc ",
+        "os=ubuntu",
+        "codename=noble",
+        "arch=arm64",
+        "pkg=docker-ce ii ",
+        "pkg=nvidia-container-toolkit ii ",
+        "pkg=curl rc ",
         "daemon_json=" + base64.b64encode(daemon_json.encode()).decode(),
-        "docker=enabled active", "group=docker:x:988:alice,bob", "user=alice",
-        "dockerd=/usr/bin/dockerd", "nvidia_runtime=/usr/bin/nvidia-container-runtime",
-        "nvidia_ctk=/usr/bin/nvidia-ctk", "gpu=1", "cdi_refresh=enabled active",
+        "docker=enabled active",
+        "group=docker:x:988:alice,bob",
+        "user=alice",
+        "dockerd=/usr/bin/dockerd",
+        "nvidia_runtime=/usr/bin/nvidia-container-runtime",
+        "nvidia_ctk=/usr/bin/nvidia-ctk",
+        "gpu=1",
+        "cdi_refresh=enabled active",
     ]
     assert ct_facts.ContainerHost().process(output) == {
-        "os": "ubuntu", "codename": "noble", "arch": "arm64",
+        "os": "ubuntu",
+        "codename": "noble",
+        "arch": "arm64",
         "installed": ["docker-ce", "nvidia-container-toolkit"],  # curl: removed, config left
-        "available": [], "own_sources": [],
-        "daemon_json": daemon_json, "docker_enabled": True, "docker_active": True,
-        "group_members": ["alice", "bob"], "users": ["alice"], "dockerd": "/usr/bin/dockerd",
-        "nvidia_runtime": "/usr/bin/nvidia-container-runtime", "nvidia_ctk": "/usr/bin/nvidia-ctk",
-        "gpu": True, "cdi_refresh": "enabled active", "cdi_static_spec": False,
+        "available": [],
+        "own_sources": [],
+        "daemon_json": daemon_json,
+        "docker_enabled": True,
+        "docker_active": True,
+        "group_members": ["alice", "bob"],
+        "users": ["alice"],
+        "dockerd": "/usr/bin/dockerd",
+        "nvidia_runtime": "/usr/bin/nvidia-container-runtime",
+        "nvidia_ctk": "/usr/bin/nvidia-ctk",
+        "gpu": True,
+        "cdi_refresh": "enabled active",
+        "cdi_static_spec": False,
     }
 
 
@@ -383,29 +490,37 @@ def test_daemon_json_and_group_facts():
     assert ct_facts.DockerDaemonJson().process([f"daemon_json={encoded}"]) == text
     assert ct_facts.DockerDaemonJson().process([]) is None
     assert ct_facts.GroupMembers().process(["group=docker:x:990:spark", "user=spark"]) == {
-        "members": ["spark"], "users": ["spark"]}
+        "members": ["spark"],
+        "users": ["spark"],
+    }
     assert ct_facts.GroupMembers().process(["group="]) == {"members": None, "users": []}
 
 
 def test_container_host_fact_reads_a_bare_host():
-    found = ct_facts.ContainerHost().process([
-        "os=debian", "codename=bookworm", "arch=amd64", "group=", "dockerd=", "nvidia_runtime=", "nvidia_ctk="])
+    found = ct_facts.ContainerHost().process(
+        ["os=debian", "codename=bookworm", "arch=amd64", "group=", "dockerd=", "nvidia_runtime=", "nvidia_ctk="]
+    )
     assert found["daemon_json"] is None and found["group_members"] is None
     assert found["dockerd"] is None and found["nvidia_runtime"] is None and not found["gpu"]
 
 
 def test_repositories_fact_reads_keys_sources_and_entries():
-    found = ct_facts.SparkrigAptRepositories().process([
-        "key docker 9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
-        "src docker " + "ab" * 32 + " 644",
-        "key nvidia-container-toolkit",
-        "entry /etc/apt/sources.list.d/docker.list:deb https://download.docker.com/linux/ubuntu noble stable",
-    ])
-    assert found["docker"] == {"fingerprints": ["9DC858229FC7DD38854AE2D88D81803C0EBFCD88"],
-                               "sources": ["ab" * 32, 0o644]}
+    found = ct_facts.SparkrigAptRepositories().process(
+        [
+            "key docker 9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+            "src docker " + "ab" * 32 + " 644",
+            "key nvidia-container-toolkit",
+            "entry /etc/apt/sources.list.d/docker.list:deb https://download.docker.com/linux/ubuntu noble stable",
+        ]
+    )
+    assert found["docker"] == {
+        "fingerprints": ["9DC858229FC7DD38854AE2D88D81803C0EBFCD88"],
+        "sources": ["ab" * 32, 0o644],
+    }
     assert found["nvidia-container-toolkit"] == {"fingerprints": [], "sources": None}
-    assert found["entries"] == [("/etc/apt/sources.list.d/docker.list",
-                                 "deb https://download.docker.com/linux/ubuntu noble stable")]
+    assert found["entries"] == [
+        ("/etc/apt/sources.list.d/docker.list", "deb https://download.docker.com/linux/ubuntu noble stable")
+    ]
 
 
 # Plans -----------------------------------------------------------------------
@@ -416,23 +531,50 @@ DAEMON_JSON_FACT = "daemon.json); true"
 GROUP_FACT = "getent group docker );"
 STATUS = "--property SubState"
 ENABLED = "--property UnitFileState"
-PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin",
-            "docker-compose-plugin", "nvidia-container-toolkit", "ca-certificates", "curl", "gnupg"]
+PACKAGES = [
+    "docker-ce",
+    "docker-ce-cli",
+    "containerd.io",
+    "docker-buildx-plugin",
+    "docker-compose-plugin",
+    "nvidia-container-toolkit",
+    "ca-certificates",
+    "curl",
+    "gnupg",
+]
 MERGED = ct_ops.daemon_json_change(json.dumps(USER_CONFIG), False)
 
 
 def _host(
-    installed=(), daemon_json=None, keys=True, sources=True, running=True, users=(), group="docker:x:990:",
-    dockerd=True, runtime=True, extra_entries=(), arch="arm64", extra_state=(),
+    installed=(),
+    daemon_json=None,
+    keys=True,
+    sources=True,
+    running=True,
+    users=(),
+    group="docker:x:990:",
+    dockerd=True,
+    runtime=True,
+    extra_entries=(),
+    arch="arm64",
+    extra_state=(),
 ) -> dict:
-    state = ["os=ubuntu", "codename=noble", f"arch={arch}", f"group={group}",
-             *[f"pkg={name} ii " for name in installed],
-             f"docker={'enabled active' if running else 'disabled inactive'}",
-             *[f"user={u}" for u in users]]
+    state = [
+        "os=ubuntu",
+        "codename=noble",
+        f"arch={arch}",
+        f"group={group}",
+        *[f"pkg={name} ii " for name in installed],
+        f"docker={'enabled active' if running else 'disabled inactive'}",
+        *[f"user={u}" for u in users],
+    ]
     encoded = [] if daemon_json is None else ["daemon_json=" + base64.b64encode(daemon_json.encode()).decode()]
     state += encoded
-    state += [f"dockerd={'/usr/bin/dockerd' if dockerd else ''}",
-              f"nvidia_runtime={'/usr/bin/nvidia-container-runtime' if runtime else ''}", *extra_state]
+    state += [
+        f"dockerd={'/usr/bin/dockerd' if dockerd else ''}",
+        f"nvidia_runtime={'/usr/bin/nvidia-container-runtime' if runtime else ''}",
+        *extra_state,
+    ]
     if sources:  # sparkrig's own sources files: "auto" keeps using its repositories
         state += [f"own={name}" for name in ct_facts.REPOSITORY_NAMES]
     repos = []
@@ -468,8 +610,9 @@ def test_converged_host_gets_no_operations_at_all():
 
 def test_fresh_ubuntu_host_gets_keys_sources_packages_runtime_and_a_restart():
     # "auto" on a host without Docker or the toolkit, whose sources know neither: the vendors'.
-    ops = execute(ct.containers, responses=_host(keys=False, sources=False, running=False,
-                                                 dockerd=False, runtime=False))
+    ops = execute(
+        ct.containers, responses=_host(keys=False, sources=False, running=False, dockerd=False, runtime=False)
+    )
     commands = _commands(ops)
     assert list(commands) == [
         "Install what fetches and checks repository keys",
@@ -477,8 +620,7 @@ def test_fresh_ubuntu_host_gets_keys_sources_packages_runtime_and_a_restart():
         "Signing key of the nvidia-container-toolkit repository "
         "(/etc/apt/keyrings/sparkrig-nvidia-container-toolkit.gpg)",
         "The docker repository (/etc/apt/sources.list.d/sparkrig-docker.sources)",
-        "The nvidia-container-toolkit repository "
-        "(/etc/apt/sources.list.d/sparkrig-nvidia-container-toolkit.sources)",
+        "The nvidia-container-toolkit repository (/etc/apt/sources.list.d/sparkrig-nvidia-container-toolkit.sources)",
         "Install Docker and the NVIDIA container toolkit",
         "Register the nvidia runtime in /etc/docker/daemon.json (other keys kept)",
         "Docker is enabled and running",
@@ -489,15 +631,20 @@ def test_fresh_ubuntu_host_gets_keys_sources_packages_runtime_and_a_restart():
     assert tools[0].endswith("install --no-install-recommends ca-certificates curl gnupg")
     key = commands["Signing key of the docker repository (/etc/apt/keyrings/sparkrig-docker.gpg)"]
     assert len(key) == 1 and key[0].startswith("sh -c ")
-    assert key[0].endswith(" fetch-key https://download.docker.com/linux/ubuntu/gpg "
-                           "9DC858229FC7DD38854AE2D88D81803C0EBFCD88 /etc/apt/keyrings/sparkrig-docker.gpg")
+    assert key[0].endswith(
+        " fetch-key https://download.docker.com/linux/ubuntu/gpg "
+        "9DC858229FC7DD38854AE2D88D81803C0EBFCD88 /etc/apt/keyrings/sparkrig-docker.gpg"
+    )
     install = commands["Install Docker and the NVIDIA container toolkit"]
     assert " update && " in install[0]
-    assert install[0].endswith("install --no-install-recommends docker-ce docker-ce-cli containerd.io "
-                               "docker-buildx-plugin docker-compose-plugin nvidia-container-toolkit")
+    assert install[0].endswith(
+        "install --no-install-recommends docker-ce docker-ce-cli containerd.io "
+        "docker-buildx-plugin docker-compose-plugin nvidia-container-toolkit"
+    )
     upload = next(op.uploads for op in ops if "/etc/docker/.daemon.json.sparkrig-new" in op.uploads)
     assert json.loads(upload["/etc/docker/.daemon.json.sparkrig-new"]) == {
-        "runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}
+        "runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}
+    }
     write = commands["Register the nvidia runtime in /etc/docker/daemon.json (other keys kept)"]
     assert "daemon-json-check /etc/docker/.daemon.json.sparkrig-new" in write[-1]
     # Facts are read again when an operation runs: Docker, started by its package, is then
@@ -538,8 +685,9 @@ def test_default_runtime_setting_changes_daemon_json_only():
 
 def test_a_changed_key_fingerprint_fetches_the_key_and_refreshes_package_lists():
     responses = dict(CONVERGED)
-    responses[REPO_STATE] = [line.replace("9DC858229FC7DD38854AE2D88D81803C0EBFCD88", "0" * 40)
-                             for line in CONVERGED[REPO_STATE]]
+    responses[REPO_STATE] = [
+        line.replace("9DC858229FC7DD38854AE2D88D81803C0EBFCD88", "0" * 40) for line in CONVERGED[REPO_STATE]
+    ]
     commands = _commands(execute(ct.containers, responses=responses))
     assert list(commands) == [
         "Signing key of the docker repository (/etc/apt/keyrings/sparkrig-docker.gpg)",
@@ -550,21 +698,25 @@ def test_a_changed_key_fingerprint_fetches_the_key_and_refreshes_package_lists()
 
 
 def test_a_repository_configured_elsewhere_is_refused_before_any_change():
-    entry = ("/etc/apt/sources.list.d/docker.list",
-             "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu noble stable")
-    ops = execute(ct.containers, data=VENDOR,
-                  responses=_host(keys=False, sources=False, extra_entries=[entry]))
-    assert [(op.name, op.commands) for op in ops] == [(
-        "Docker and the NVIDIA container toolkit | Docker's and NVIDIA's repositories are configured once",
-        ["echo 'sparkrig: https://download.docker.com/linux/ubuntu is already configured in "
-         "/etc/apt/sources.list.d/docker.list; apt refuses one repository with two keyrings: remove that "
-         "file, or set the source to '\"'\"'preinstalled'\"'\"' to keep it' >&2; exit 1"],
-    )]
+    entry = (
+        "/etc/apt/sources.list.d/docker.list",
+        "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu noble stable",
+    )
+    ops = execute(ct.containers, data=VENDOR, responses=_host(keys=False, sources=False, extra_entries=[entry]))
+    assert [(op.name, op.commands) for op in ops] == [
+        (
+            "Docker and the NVIDIA container toolkit | Docker's and NVIDIA's repositories are configured once",
+            [
+                "echo 'sparkrig: https://download.docker.com/linux/ubuntu is already configured in "
+                "/etc/apt/sources.list.d/docker.list; apt refuses one repository with two keyrings: remove that "
+                "file, or set the source to '\"'\"'preinstalled'\"'\"' to keep it' >&2; exit 1"
+            ],
+        )
+    ]
 
 
 def test_preinstalled_without_dockerd_is_refused():
-    ops = execute(ct.containers, data={"containers_docker_source": "preinstalled"},
-                  responses=_host(dockerd=False))
+    ops = execute(ct.containers, data={"containers_docker_source": "preinstalled"}, responses=_host(dockerd=False))
     assert [op.name for op in ops] == ["Docker and the NVIDIA container toolkit | Docker is preinstalled"]
     assert "but this host has no dockerd" in ops[0].commands[0]
 
@@ -572,8 +724,11 @@ def test_preinstalled_without_dockerd_is_refused():
 def test_preinstalled_dgx_os_host_is_only_wired_up():
     ops = execute(
         ct.containers,
-        data={"containers_docker_source": "preinstalled", "containers_toolkit_source": "preinstalled",
-              "containers_docker_users": ["spark"]},
+        data={
+            "containers_docker_source": "preinstalled",
+            "containers_toolkit_source": "preinstalled",
+            "containers_docker_users": ["spark"],
+        },
         responses=_host(daemon_json="{}", users=["spark"], keys=False, sources=False),
     )
     commands = _commands(ops)
@@ -592,48 +747,70 @@ def test_distro_source_installs_docker_io_and_needs_no_docker_repository():
     assert list(commands) == ["Install Docker and the NVIDIA container toolkit", "Docker is enabled and running"]
     # Only what is missing is installed.
     assert commands["Install Docker and the NVIDIA container toolkit"][0].endswith(
-        "install --no-install-recommends docker.io")
+        "install --no-install-recommends docker.io"
+    )
 
 
 def test_distro_source_adds_the_separate_docker_client_where_the_distribution_has_one():
     # Debian 13: docker.io leaves the client to docker-cli (a recommendation, not installed).
-    responses = _host(installed=["nvidia-container-toolkit"], daemon_json=MERGED,
-                      extra_state=["available=docker-cli"])
+    responses = _host(installed=["nvidia-container-toolkit"], daemon_json=MERGED, extra_state=["available=docker-cli"])
     commands = _commands(execute(ct.containers, data={"containers_docker_source": "distro"}, responses=responses))
     assert commands["Install Docker and the NVIDIA container toolkit"][0].endswith(
-        "install --no-install-recommends docker.io docker-cli")
+        "install --no-install-recommends docker.io docker-cli"
+    )
 
 
-@pytest.mark.parametrize(("users", "group", "expected"), [
-    (["spark", "alice"], "docker:x:990:spark", ["gpasswd -a alice docker"]),
-    (["spark"], "", ["groupadd --system docker", "gpasswd -a spark docker"]),
-])
+@pytest.mark.parametrize(
+    ("users", "group", "expected"),
+    [
+        (["spark", "alice"], "docker:x:990:spark", ["gpasswd -a alice docker"]),
+        (["spark"], "", ["groupadd --system docker", "gpasswd -a spark docker"]),
+    ],
+)
 def test_docker_group_membership(users, group, expected):
-    ops = execute(ct.containers, data={"containers_docker_users": users},
-                  responses=_host(installed=PACKAGES, daemon_json=MERGED, users=users, group=group))
+    ops = execute(
+        ct.containers,
+        data={"containers_docker_users": users},
+        responses=_host(installed=PACKAGES, daemon_json=MERGED, users=users, group=group),
+    )
     assert [op.commands for op in ops] == [expected]
 
 
 def test_members_already_in_the_group_cost_nothing():
-    assert execute(ct.containers, data={"containers_docker_users": ["spark"]}, responses=_host(
-        installed=PACKAGES, daemon_json=MERGED, users=["spark"], group="docker:x:990:spark")) == []
+    assert (
+        execute(
+            ct.containers,
+            data={"containers_docker_users": ["spark"]},
+            responses=_host(installed=PACKAGES, daemon_json=MERGED, users=["spark"], group="docker:x:990:spark"),
+        )
+        == []
+    )
 
 
 def test_a_missing_user_is_refused_not_created():
-    ops = execute(ct.containers, data={"containers_docker_users": ["ghost"]},
-                  responses=_host(installed=PACKAGES, daemon_json=MERGED))
+    ops = execute(
+        ct.containers,
+        data={"containers_docker_users": ["ghost"]},
+        responses=_host(installed=PACKAGES, daemon_json=MERGED),
+    )
     assert [op.commands for op in ops] == [
-        ["echo 'sparkrig: no such user on this host: ghost (containers_docker_users)' >&2; exit 1"]]
+        ["echo 'sparkrig: no such user on this host: ghost (containers_docker_users)' >&2; exit 1"]
+    ]
 
 
-@pytest.mark.parametrize(("lines", "expected"), [
-    (["cdi_refresh=disabled inactive", "nvidia_ctk=/usr/bin/nvidia-ctk", "gpu=1"],
-     ["systemctl start nvidia-cdi-refresh.path", "systemctl enable nvidia-cdi-refresh.path"]),
-    (["cdi_refresh=enabled active", "nvidia_ctk=/usr/bin/nvidia-ctk", "gpu=1"], None),
-    (["nvidia_ctk=/usr/bin/nvidia-ctk", "gpu=1"], ["nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"]),
-    (["nvidia_ctk=/usr/bin/nvidia-ctk", "gpu=1", "cdi_static_spec=1"], None),
-    (["nvidia_ctk=/usr/bin/nvidia-ctk"], None),  # no GPU: nothing to describe
-])
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (
+            ["cdi_refresh=disabled inactive", "nvidia_ctk=/usr/bin/nvidia-ctk", "gpu=1"],
+            ["systemctl start nvidia-cdi-refresh.path", "systemctl enable nvidia-cdi-refresh.path"],
+        ),
+        (["cdi_refresh=enabled active", "nvidia_ctk=/usr/bin/nvidia-ctk", "gpu=1"], None),
+        (["nvidia_ctk=/usr/bin/nvidia-ctk", "gpu=1"], ["nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"]),
+        (["nvidia_ctk=/usr/bin/nvidia-ctk", "gpu=1", "cdi_static_spec=1"], None),
+        (["nvidia_ctk=/usr/bin/nvidia-ctk"], None),  # no GPU: nothing to describe
+    ],
+)
 def test_cdi(lines, expected):
     responses = _host(installed=PACKAGES, daemon_json=MERGED, extra_state=lines)
     responses[STATUS] = CONVERGED[STATUS] + ["Id=nvidia-cdi-refresh.path", "SubState=dead"]
@@ -648,8 +825,7 @@ def test_cdi(lines, expected):
 def test_auto_keeps_dgx_os_docker_and_toolkit_and_only_wires_them_up():
     """DGX OS: both installed from sources sparkrig did not write; nobody in the group, no
     runtime registered. Nothing is installed, no repository read or written."""
-    responses = _host(installed=["docker-ce", "nvidia-container-toolkit"], daemon_json="{}",
-                      keys=False, sources=False)
+    responses = _host(installed=["docker-ce", "nvidia-container-toolkit"], daemon_json="{}", keys=False, sources=False)
     del responses[REPO_STATE]  # reading sparkrig's repositories would fail the test
     commands = _commands(execute(ct.containers, responses=responses))
     assert list(commands) == [
@@ -660,71 +836,109 @@ def test_auto_keeps_dgx_os_docker_and_toolkit_and_only_wires_them_up():
 
 def test_auto_installs_from_a_source_the_host_already_has():
     # The toolkit is in NVIDIA's CUDA repository the host has: no repository added for it.
-    responses = _host(installed=PACKAGES[:5], daemon_json=MERGED, runtime=False, keys=False, sources=False,
-                      extra_state=["available=nvidia-container-toolkit"])
+    responses = _host(
+        installed=PACKAGES[:5],
+        daemon_json=MERGED,
+        runtime=False,
+        keys=False,
+        sources=False,
+        extra_state=["available=nvidia-container-toolkit"],
+    )
     commands = _commands(execute(ct.containers, responses=responses))
     # Docker is checked again after any install (a package may stop or start it).
     assert list(commands) == ["Install Docker and the NVIDIA container toolkit", "Docker is enabled and running"]
     assert commands["Install Docker and the NVIDIA container toolkit"][0].endswith(
-        "install --no-install-recommends nvidia-container-toolkit")
+        "install --no-install-recommends nvidia-container-toolkit"
+    )
 
 
-@pytest.mark.parametrize("uri", [
-    "https://download.docker.com/linux/ubuntu",
-    "http://download.docker.com/linux/ubuntu/",  # another scheme, a final slash
-    "https://download.docker.com/linux/debian",  # the same vendor's other tree
-])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "https://download.docker.com/linux/ubuntu",
+        "http://download.docker.com/linux/ubuntu/",  # another scheme, a final slash
+        "https://download.docker.com/linux/debian",  # the same vendor's other tree
+    ],
+)
 def test_auto_never_adds_a_repository_of_an_origin_the_host_has(uri):
     entry = ("/etc/apt/sources.list.d/docker.list", f"deb [arch=arm64] {uri} noble stable")
-    responses = _host(daemon_json=MERGED, dockerd=False, keys=False, sources=False, extra_entries=[entry],
-                      installed=["nvidia-container-toolkit"])
+    responses = _host(
+        daemon_json=MERGED,
+        dockerd=False,
+        keys=False,
+        sources=False,
+        extra_entries=[entry],
+        installed=["nvidia-container-toolkit"],
+    )
     commands = _commands(execute(ct.containers, responses=responses))
     assert not any("repository" in name for name in commands), list(commands)
     assert commands["Install Docker and the NVIDIA container toolkit"][0].endswith(
         "install --no-install-recommends docker-ce docker-ce-cli containerd.io docker-buildx-plugin "
-        "docker-compose-plugin")
+        "docker-compose-plugin"
+    )
 
 
 def test_auto_keeps_the_repository_sparkrig_added_itself():
     # Docker came from sparkrig's repository on an earlier run: its key is still checked.
     responses = dict(CONVERGED)
-    responses[REPO_STATE] = [line.replace("9DC858229FC7DD38854AE2D88D81803C0EBFCD88", "0" * 40)
-                             for line in CONVERGED[REPO_STATE]]
+    responses[REPO_STATE] = [
+        line.replace("9DC858229FC7DD38854AE2D88D81803C0EBFCD88", "0" * 40) for line in CONVERGED[REPO_STATE]
+    ]
     commands = _commands(execute(ct.containers, responses=responses))
     assert "Signing key of the docker repository (/etc/apt/keyrings/sparkrig-docker.gpg)" in commands
 
 
-@pytest.mark.parametrize(("found", "expected"), [
-    ({"own_sources": [], "dockerd": "/usr/bin/dockerd", "nvidia_runtime": "/usr/bin/x", "available": []},
-     ("preinstalled", "preinstalled")),
-    ({"own_sources": ["docker"], "dockerd": "/usr/bin/dockerd", "nvidia_runtime": None, "available": []},
-     ("docker-ce", "nvidia")),
-    ({"own_sources": [], "dockerd": None, "nvidia_runtime": None,
-      "available": ["docker-ce", "nvidia-container-toolkit"]}, (ct_repos.HOST_SOURCE, ct_repos.HOST_SOURCE)),
-])
+@pytest.mark.parametrize(
+    ("found", "expected"),
+    [
+        (
+            {"own_sources": [], "dockerd": "/usr/bin/dockerd", "nvidia_runtime": "/usr/bin/x", "available": []},
+            ("preinstalled", "preinstalled"),
+        ),
+        (
+            {"own_sources": ["docker"], "dockerd": "/usr/bin/dockerd", "nvidia_runtime": None, "available": []},
+            ("docker-ce", "nvidia"),
+        ),
+        (
+            {
+                "own_sources": [],
+                "dockerd": None,
+                "nvidia_runtime": None,
+                "available": ["docker-ce", "nvidia-container-toolkit"],
+            },
+            (ct_repos.HOST_SOURCE, ct_repos.HOST_SOURCE),
+        ),
+    ],
+)
 def test_auto_resolves_from_the_host(found, expected):
     resolved = ct_repos.resolve_sources(DEFAULTS, found)
     assert (resolved["containers_docker_source"], resolved["containers_toolkit_source"]) == expected
     # A source named outright is taken as it is.
     assert ct_repos.resolve_sources(VENDOR, found) == {
-        "containers_docker_source": "docker-ce", "containers_toolkit_source": "nvidia"}
+        "containers_docker_source": "docker-ce",
+        "containers_toolkit_source": "nvidia",
+    }
 
 
-@pytest.mark.parametrize(("uri", "same"), [
-    ("https://download.docker.com/linux/ubuntu", True),
-    ("download.docker.com/linux", True),
-    ("https://download.docker.com/linuxextra/ubuntu", False),  # not below the origin
-    ("https://download.docker.com.evil.example/linux/ubuntu", False),
-    ("https://mirror.example/docker/linux/ubuntu", False),
-])
+@pytest.mark.parametrize(
+    ("uri", "same"),
+    [
+        ("https://download.docker.com/linux/ubuntu", True),
+        ("download.docker.com/linux", True),
+        ("https://download.docker.com/linuxextra/ubuntu", False),  # not below the origin
+        ("https://download.docker.com.evil.example/linux/ubuntu", False),
+        ("https://mirror.example/docker/linux/ubuntu", False),
+    ],
+)
 def test_same_origin(uri, same):
     docker, _ = ct_repos.repositories(VENDOR, NOBLE_ARM)
     assert ct_repos.same_origin(uri, docker) is same
 
 
 def test_container_host_fact_probes_candidates_only_where_the_program_is_missing():
-    command = ct_facts.ContainerHost().command(
-        candidates=(("sh", "dpkg"), ("no-such-program-x", "dpkg"))).get_raw_value()
+    command = (
+        ct_facts.ContainerHost().command(candidates=(("sh", "dpkg"), ("no-such-program-x", "dpkg"))).get_raw_value()
+    )
     result = subprocess.run(["dash", "-c", command], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     found = ct_facts.ContainerHost().process(result.stdout.splitlines())
@@ -735,19 +949,26 @@ def test_container_host_fact_probes_candidates_only_where_the_program_is_missing
 
 @pytest.mark.skipif(not shutil.which("apt-cache"), reason="needs apt-cache (a Debian controller)")
 def test_container_host_fact_finds_available_packages_in_one_apt_cache_call():
-    command = ct_facts.ContainerHost().command(
-        available=("dpkg", "no-such-package-x"), candidates=(("no-such-program-x", "apt"),)).get_raw_value()
+    command = (
+        ct_facts.ContainerHost()
+        .command(available=("dpkg", "no-such-package-x"), candidates=(("no-such-program-x", "apt"),))
+        .get_raw_value()
+    )
     assert command.count("apt-cache") == 1
     result = subprocess.run(["dash", "-c", command], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert ct_facts.ContainerHost().process(result.stdout.splitlines())["available"] == ["dpkg", "apt"]
 
+
 # A hostile or broken daemon.json --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("content", "why"), [
-    ('{"log-driver": "json-file", "labels": ["caf\xe9"]}\n'.encode("latin-1"), "UnicodeDecodeError"),
-])
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ('{"log-driver": "json-file", "labels": ["caf\xe9"]}\n'.encode("latin-1"), "UnicodeDecodeError"),
+    ],
+)
 def test_a_daemon_json_that_is_not_utf8_fails_that_host_not_the_run(content, why):
     output = [f"daemon_json={base64.b64encode(content).decode()}"]
     with pytest.raises(FactProcessError, match=f"DockerDaemonJson: cannot read the host's output \\({why}"):
@@ -760,8 +981,11 @@ def test_a_daemon_json_5000_deep_is_refused_with_a_message():
     text = "[" * 5000 + "]" * 5000
     with pytest.raises(ValueError, match="nests deeper"):
         ct_ops.daemon_json_change(text, True)
-    ops = plan(lambda: ct_ops.daemon_config(name="daemon.json", default_runtime=True), None,
-               {"daemon_json": [f"daemon_json={base64.b64encode(text.encode()).decode()}"]})
+    ops = plan(
+        lambda: ct_ops.daemon_config(name="daemon.json", default_runtime=True),
+        None,
+        {"daemon_json": [f"daemon_json={base64.b64encode(text.encode()).decode()}"]},
+    )
     (op,) = ops
     assert not op.uploads and "nests deeper" in op.commands[0] and op.commands[0].endswith("exit 1")
 
@@ -776,14 +1000,41 @@ def _with_facts_module(module):
 def test_every_fact_turns_unparseable_output_into_a_host_failure():
     """Forged output for every fact of operations/: FactProcessError (that host fails, with
     the reason), never another exception."""
-    forged = ["file x y", "## swaps", "\udcff\udcfe", "unit", "token=a b c", "stamp lab {", "src x 9z",
-              "user=a:b:c", "key", "CudaToolkits", "gpu 1 2"]
+    forged = [
+        "file x y",
+        "## swaps",
+        "\udcff\udcfe",
+        "unit",
+        "token=a b c",
+        "stamp lab {",
+        "src x 9z",
+        "user=a:b:c",
+        "key",
+        "CudaToolkits",
+        "gpu 1 2",
+    ]
     checked = set()
-    for concern in (atomic, ca_certificates, containers, cuda_env, hardware, jobs, ngc, python_stack,
-                    source_builds, sshd_guard, swap):
+    for concern in (
+        atomic,
+        ca_certificates,
+        containers,
+        cuda_env,
+        hardware,
+        jobs,
+        ngc,
+        python_stack,
+        source_builds,
+        sshd_guard,
+        swap,
+    ):
         for module in _with_facts_module(concern):
-            for fact in [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, FactBase)
-                         and c.__module__.startswith(("operations", "sparkrig"))]:
+            for fact in [
+                c
+                for c in vars(module).values()
+                if inspect.isclass(c)
+                and issubclass(c, FactBase)
+                and c.__module__.startswith(("operations", "sparkrig"))
+            ]:
                 checked.add(fact.__name__)
                 for said in (forged, pyinfra_fake.encode(forged), ["", host_output.END]):
                     try:

@@ -28,12 +28,12 @@ NO_CUDA: list[str] = []
 @pytest.mark.parametrize(
     ("output", "expected"),
     [
-        (DEVICE_H200, {"link": "/usr/local/cuda-13.0",
-                       "toolkits": ["/usr/local/cuda-13", "/usr/local/cuda-13.0"]}),
-        (UPDATED_SPARK, {"link": "/usr/local/cuda-13.1",
-                         "toolkits": ["/usr/local/cuda-13.0", "/usr/local/cuda-13.1"]}),
-        (NO_LINK, {"link": None, "toolkits": [
-            "/usr/local/cuda-12.9", "/usr/local/cuda-12.10", "/usr/local/cuda-13.0"]}),
+        (DEVICE_H200, {"link": "/usr/local/cuda-13.0", "toolkits": ["/usr/local/cuda-13", "/usr/local/cuda-13.0"]}),
+        (UPDATED_SPARK, {"link": "/usr/local/cuda-13.1", "toolkits": ["/usr/local/cuda-13.0", "/usr/local/cuda-13.1"]}),
+        (
+            NO_LINK,
+            {"link": None, "toolkits": ["/usr/local/cuda-12.9", "/usr/local/cuda-12.10", "/usr/local/cuda-13.0"]},
+        ),
         (NO_CUDA, {"link": None, "toolkits": []}),
     ],
 )
@@ -87,8 +87,14 @@ def test_env_variables_in_fixed_order_with_extras_sorted_after():
 
 @pytest.mark.parametrize(
     ("value", "quoted"),
-    [("/usr/local/cuda", "/usr/local/cuda"), ("9.0;12.0+PTX", "'9.0;12.0+PTX'"),
-     ("a b", "'a b'"), ("$HOME", "'$HOME'"), ("~/x", "'~/x'"), ("", "")],
+    [
+        ("/usr/local/cuda", "/usr/local/cuda"),
+        ("9.0;12.0+PTX", "'9.0;12.0+PTX'"),
+        ("a b", "'a b'"),
+        ("$HOME", "'$HOME'"),
+        ("~/x", "'~/x'"),
+        ("", ""),
+    ],
 )
 def test_env_quote(value, quoted):
     assert rendering.quote_literal(value) == quoted
@@ -96,8 +102,9 @@ def test_env_quote(value, quoted):
 
 def _sourced(env_file, *names, shell="sh", env=None):
     script = f"set -a; . '{env_file}'; " + "; ".join(f'printf "%s\\n" "${n}"' for n in names)
-    return subprocess.run([shell, "-c", script], capture_output=True, text=True, check=True,
-                          env=env or {}).stdout.splitlines()
+    return subprocess.run(
+        [shell, "-c", script], capture_output=True, text=True, check=True, env=env or {}
+    ).stdout.splitlines()
 
 
 def test_env_file_values_read_back_literally_by_sh(tmp_path):
@@ -115,7 +122,7 @@ def _login(tmp_path, shell, before: dict[str, str], *names):
     profile = tmp_path / "profile.sh"
     profile.write_text(ce_ops.render_profile_script(str(env_file)))
     script = f". '{profile}'; " + "; ".join(f'printf "%s\\n" "${{{n}-<unset>}}"' for n in names)
-    script += '; case $- in *a*) echo allexport-on;; *) echo allexport-off;; esac'
+    script += "; case $- in *a*) echo allexport-on;; *) echo allexport-off;; esac"
     script += '; printf "[%s]\\n" "$IFS"; type _sparkrig_merge >/dev/null 2>&1 && echo leaked || echo clean'
     result = subprocess.run([shell, "-c", script], capture_output=True, text=True, env=before)
     assert result.returncode == 0, result.stderr
@@ -126,8 +133,7 @@ def _login(tmp_path, shell, before: dict[str, str], *names):
 def test_login_shell_gets_the_file_with_its_own_path_kept(tmp_path, shell):
     if not shutil.which(shell):
         pytest.skip(f"{shell} is not installed on this machine")
-    before = {"PATH": "/home/me/.local/bin:/usr/bin:/bin:/usr/local/cuda-13.0/bin",
-              "LD_LIBRARY_PATH": "/opt/lib"}
+    before = {"PATH": "/home/me/.local/bin:/usr/bin:/bin:/usr/local/cuda-13.0/bin", "LD_LIBRARY_PATH": "/opt/lib"}
     out = _login(tmp_path, shell, before, "CUDA_HOME", "PATH", "LD_LIBRARY_PATH", "UV_NO_SYNC")
     assert out[0] == "/usr/local/cuda-13.0"
     assert out[1] == "/usr/local/cuda-13.0/bin:" + ce_ops.BASE_PATH + ":/home/me/.local/bin"
@@ -144,8 +150,12 @@ def test_login_shell_without_ld_library_path_gets_only_cuda_lib64(tmp_path):
 def test_profile_script_does_nothing_without_the_env_file(tmp_path):
     profile = tmp_path / "profile.sh"
     profile.write_text(ce_ops.render_profile_script(str(tmp_path / "missing.env")))
-    result = subprocess.run(["sh", "-c", f". '{profile}'; echo \"$PATH|${{CUDA_HOME-unset}}\""],
-                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        ["sh", "-c", f". '{profile}'; echo \"$PATH|${{CUDA_HOME-unset}}\""],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert result.stdout.strip() == "/usr/bin:/bin|unset"
 
 
@@ -156,8 +166,10 @@ def _digest(text: str, mode=0o644) -> list[str]:
 def _files(env=None, profile=None, env_mode=0o644) -> dict:
     """The concern's one HostState read of both files, and each file's FileDigest (read by
     the file operations it adds)."""
-    files = {"/etc/sparkrig/cuda.env": None if env is None else (env, env_mode),
-             "/etc/profile.d/sparkrig-cuda.sh": profile}
+    files = {
+        "/etc/sparkrig/cuda.env": None if env is None else (env, env_mode),
+        "/etc/profile.d/sparkrig-cuda.sh": profile,
+    }
     responses = {HOST_STATE: host_state(files=files)}
     if env is not None:
         responses["sha256sum /etc/sparkrig/cuda.env"] = _digest(env, mode=env_mode)
@@ -167,8 +179,7 @@ def _files(env=None, profile=None, env_mode=0o644) -> dict:
 
 
 def test_first_run_uploads_both_files_beside_their_destination_and_validates_them():
-    ops = plan(ce.cuda_env, data={"hardware_profile": "rtx50"},
-               responses={"readlink -f /usr/local/cuda": DEVICE_H200})
+    ops = plan(ce.cuda_env, data={"hardware_profile": "rtx50"}, responses={"readlink -f /usr/local/cuda": DEVICE_H200})
     assert [op.name for op in ops] == [
         "CUDA environment | CUDA env file (cuda_env_file)",
         "CUDA environment | Login shells read the CUDA env file (/etc/profile.d/sparkrig-cuda.sh)",
@@ -189,8 +200,11 @@ def test_first_run_uploads_both_files_beside_their_destination_and_validates_the
 def test_auto_alone_walks_the_boxs_profile_into_the_env_file():
     """cuda_env() from a user's deploy, no hardware() first: "auto" is resolved from the box's
     reading (sparkrig.host_settings) and its arch list reaches /etc/sparkrig/cuda.env."""
-    ops = plan(ce.cuda_env, data={"hardware_profile": "auto"},
-               responses={"readlink -f /usr/local/cuda": DEVICE_H200, "uname -m": ["x86_64", "9.0, NVIDIA H200"]})
+    ops = plan(
+        ce.cuda_env,
+        data={"hardware_profile": "auto"},
+        responses={"readlink -f /usr/local/cuda": DEVICE_H200, "uname -m": ["x86_64", "9.0, NVIDIA H200"]},
+    )
     env_file = ops[0].uploads["/etc/sparkrig/.cuda.env.sparkrig-new"].decode()
     assert "TORCH_CUDA_ARCH_LIST=9.0\n" in env_file  # hopper, the one profile of an x86_64 sm_90 box
 
@@ -198,18 +212,26 @@ def test_auto_alone_walks_the_boxs_profile_into_the_env_file():
 def test_converged_host_gets_no_operation():
     env_text = ce_ops.render_env_file(ce_ops.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
     profile_text = ce_ops.render_profile_script("/etc/sparkrig/cuda.env")
-    ops = plan(ce.cuda_env, responses={
-        "readlink -f /usr/local/cuda": DEVICE_H200, **_files(env_text, profile_text),
-    })
+    ops = plan(
+        ce.cuda_env,
+        responses={
+            "readlink -f /usr/local/cuda": DEVICE_H200,
+            **_files(env_text, profile_text),
+        },
+    )
     assert ops == []
 
 
 def test_cuda_update_rewrites_the_env_file_only():
     old_text = ce_ops.render_env_file(ce_ops.env_variables("/usr/local/cuda-13.0", "12.1a", {}))
     profile_text = ce_ops.render_profile_script("/etc/sparkrig/cuda.env")
-    ops = plan(ce.cuda_env, responses={
-        "readlink -f /usr/local/cuda": UPDATED_SPARK, **_files(old_text, profile_text),
-    })
+    ops = plan(
+        ce.cuda_env,
+        responses={
+            "readlink -f /usr/local/cuda": UPDATED_SPARK,
+            **_files(old_text, profile_text),
+        },
+    )
     assert [op.name for op in ops] == ["CUDA environment | CUDA env file (cuda_env_file)"]
     new_text = ops[0].uploads["/etc/sparkrig/.cuda.env.sparkrig-new"].decode()
     assert "CUDA_HOME=/usr/local/cuda-13.1\n" in new_text
@@ -249,4 +271,6 @@ def test_the_link_wins_over_a_newer_toolkit_beside_it_run_here(tmp_path, monkeyp
     (tmp_path / "alternatives" / "cuda").unlink()
     (tmp_path / "alternatives" / "cuda").symlink_to(local / "cuda-gone")
     result = subprocess.run(["sh", "-c", ce_facts.CudaToolkits().command()], capture_output=True, text=True)
-    assert ce_ops.resolve_cuda_home(ce_facts.CudaToolkits().process(result.stdout.splitlines()), "/x") == str(local / "cuda-13.1")
+    assert ce_ops.resolve_cuda_home(ce_facts.CudaToolkits().process(result.stdout.splitlines()), "/x") == str(
+        local / "cuda-13.1"
+    )

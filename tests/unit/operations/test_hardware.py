@@ -56,8 +56,10 @@ def test_a_spark_matches_gb10_and_an_rtx_box_rtx50():
 
 def test_a_contradiction_names_the_profile_what_it_says_and_what_the_box_is():
     problem = profile.contradiction("gb10", PROFILES["gb10"], RTX)
-    assert problem.startswith("hardware_profile 'gb10' says architecture aarch64 and compute capability 12.1, "
-                              "but the box is x86_64, GPU NVIDIA GeForce RTX 5070 Ti (12.0)")
+    assert problem.startswith(
+        "hardware_profile 'gb10' says architecture aarch64 and compute capability 12.1, "
+        "but the box is x86_64, GPU NVIDIA GeForce RTX 5070 Ti (12.0)"
+    )
     assert problem.endswith("nothing was changed on it")
     assert "compute capability 9.0" in profile.contradiction("hopper", PROFILES["hopper"], RTX)
 
@@ -98,8 +100,8 @@ def test_auto_on_an_undecidable_box_fails_it():
 def test_auto_is_a_valid_setting_and_a_typo_is_not():
     assert problems(hw.SETTINGS, {"hardware_profile": "auto"}) == []
     assert problems(hw.SETTINGS, {"hardware_profile": "Auto"}) == [
-        "hardware_profile = 'Auto': allowed is 'auto' or one of the profiles in hardware_profiles: "
-        "gb10, hopper, rtx50"]
+        "hardware_profile = 'Auto': allowed is 'auto' or one of the profiles in hardware_profiles: gb10, hopper, rtx50"
+    ]
 
 
 # HardwareIdentity's output as read on the lent H100 (Ubuntu 24.04, driver 580.159.04, 2026-11-23).
@@ -111,8 +113,10 @@ def test_a_real_h100_is_hopper_and_contradicts_gb10_and_rtx50():
     assert box == {"arch": "x86_64", "gpus": [{"compute_capability": "9.0", "name": "NVIDIA H100 80GB HBM3"}]}
     assert profile.choose_profile(PROFILES, box) == ("hopper", None)
     assert "architecture aarch64 and compute capability 12.1" in profile.contradiction("gb10", PROFILES["gb10"], box)
-    assert "says compute capability 12.0, but the box is x86_64, GPU NVIDIA H100 80GB HBM3 (9.0)" in \
-        profile.contradiction("rtx50", PROFILES["rtx50"], box)
+    assert (
+        "says compute capability 12.0, but the box is x86_64, GPU NVIDIA H100 80GB HBM3 (9.0)"
+        in profile.contradiction("rtx50", PROFILES["rtx50"], box)
+    )
 
 
 def test_a_box_that_prints_nothing_fails_its_profile_check_instead_of_the_run():

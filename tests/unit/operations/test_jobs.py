@@ -45,8 +45,24 @@ def test_defaults_are_valid():
 
 
 GOOD_SIZES = ["85%", "1%", "100%", "100G", "1024", "512M", "64K", "3T", "4194304T", "infinity"]
-BAD_SIZES = ["0", "0G", "01G", "1.5G", "1g", "100 G", "-1G", "G", "0%", "101%", "50.5%", "",
-             "4194305T", "1000000000000000", "infinity ", "unlimited"]
+BAD_SIZES = [
+    "0",
+    "0G",
+    "01G",
+    "1.5G",
+    "1g",
+    "100 G",
+    "-1G",
+    "G",
+    "0%",
+    "101%",
+    "50.5%",
+    "",
+    "4194305T",
+    "1000000000000000",
+    "infinity ",
+    "unlimited",
+]
 
 
 @pytest.mark.parametrize("size", GOOD_SIZES)
@@ -96,10 +112,19 @@ def test_new_settings_refuse_bad_values(data, expected):
 
 
 def test_new_settings_take_good_values():
-    assert problems(jobs.SETTINGS, {
-        "jobs_env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "jobs_drop_caches": True,
-        "jobs_model_cache": "/srv/models/huggingface", "jobs_model_cache_group": "models",
-        "jobs_model_cache_users": ["spark", "ada"]}) == []
+    assert (
+        problems(
+            jobs.SETTINGS,
+            {
+                "jobs_env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+                "jobs_drop_caches": True,
+                "jobs_model_cache": "/srv/models/huggingface",
+                "jobs_model_cache_group": "models",
+                "jobs_model_cache_users": ["spark", "ada"],
+            },
+        )
+        == []
+    )
 
 
 # training.slice ----------------------------------------------------------------
@@ -120,8 +145,12 @@ def test_slice_caps_memory_forbids_swap_and_passes_its_validation(tmp_path, size
 
 @pytest.mark.parametrize(
     "bad",
-    ["[Slice]\nMemoryMax=85%\nMemorySwapMax=1G\n", "[Slice]\nMemoryMax=lots\n",
-     "[Slice]\nCPUQuota=50%\n", "[Service]\nMemoryMax=1G\n"],
+    [
+        "[Slice]\nMemoryMax=85%\nMemorySwapMax=1G\n",
+        "[Slice]\nMemoryMax=lots\n",
+        "[Slice]\nCPUQuota=50%\n",
+        "[Service]\nMemoryMax=1G\n",
+    ],
 )
 def test_slice_validation_refuses_anything_else(tmp_path, bad):
     assert _validate_slice(tmp_path, bad).returncode != 0
@@ -208,41 +237,77 @@ def test_a_detached_job_gets_the_callers_environment_and_command_literally(tmp_p
         pytest.skip(f"{shell} is not installed on this machine")
     env_file = tmp_path / "job.env"
     writer = _function(SCRIPTS["spark-run"], "quote") + (
-        'export -p > "$F"; { printf "set -- "; for arg in "$@"; do quote "$arg"; done; echo; } >> "$F"')
+        'export -p > "$F"; { printf "set -- "; for arg in "$@"; do quote "$arg"; done; echo; } >> "$F"'
+    )
     odd = ["it's", "$HOME and ${X}", "a\nb\n", "", "-x", "%n"]
     env = {"PATH": os.environ["PATH"], "F": str(env_file), "ODD_VALUE": "x'y $z\nw", "INVOCATION_ID": "stale"}
-    assert _run(["/bin/sh", "-c", writer, "sh", "python3", "-c",
-                 "import os, sys; print(repr((sys.argv[1:], os.environ['ODD_VALUE'], os.environ.get('INVOCATION_ID'))))",
-                 *odd], env=env).returncode == 0
-    result = _run([shell, _script(tmp_path, "spark-run"), "--job-env", env_file],
-                  env={"PATH": os.environ["PATH"], "INVOCATION_ID": "fresh"})
+    assert (
+        _run(
+            [
+                "/bin/sh",
+                "-c",
+                writer,
+                "sh",
+                "python3",
+                "-c",
+                "import os, sys; print(repr((sys.argv[1:], os.environ['ODD_VALUE'], os.environ.get('INVOCATION_ID'))))",
+                *odd,
+            ],
+            env=env,
+        ).returncode
+        == 0
+    )
+    result = _run(
+        [shell, _script(tmp_path, "spark-run"), "--job-env", env_file],
+        env={"PATH": os.environ["PATH"], "INVOCATION_ID": "fresh"},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == repr((odd, "x'y $z\nw", "fresh"))
     assert not env_file.exists()
 
 
 def test_spark_run_help_lists_jobs_env_and_the_drop_caches_default(tmp_path):
-    scripts = jobs_ops.render_commands("85%", 500, 1, True, True, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    scripts = jobs_ops.render_commands(
+        "85%", 500, 1, True, True, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    )
     text = _run([_script(tmp_path, "spark-run", scripts["spark-run"]), "--help"]).stdout
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text
     assert "(the default here)" in text and "--no-drop-caches" in text
     assert "(the default here)" not in _run([_script(tmp_path, "spark-run"), "--help"]).stdout
-    assert "[ -n \"${PYTORCH_CUDA_ALLOC_CONF+set}\" ] || PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True'" in (
-        scripts["spark-run"])
+    assert (
+        "[ -n \"${PYTORCH_CUDA_ALLOC_CONF+set}\" ] || PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True'"
+        in (scripts["spark-run"])
+    )
 
 
 # spark-jobs ------------------------------------------------------------------
 
 
 def _spark_jobs(tmp_path: Path, records: Path, drain: Path | None = None) -> Path:
-    return _script(tmp_path, "spark-jobs", rendering.render("jobs/spark-jobs.sh.j2", unit_prefix=jobs_ops.UNIT_PREFIX,
-                                                          records=str(records), drain=str(drain or tmp_path / "drain")))
+    return _script(
+        tmp_path,
+        "spark-jobs",
+        rendering.render(
+            "jobs/spark-jobs.sh.j2",
+            unit_prefix=jobs_ops.UNIT_PREFIX,
+            records=str(records),
+            drain=str(drain or tmp_path / "drain"),
+        ),
+    )
 
 
 def _record(records: Path, user: str, name: str, **fields) -> None:
     (records / user).mkdir(parents=True, exist_ok=True)
-    values = {"name": name, "user": user, "invocation": "ab12", "started": "2026-11-23 15:00:00 UTC",
-              "result": "failed", "exit": "3", "peak": str(512 << 20), **fields}
+    values = {
+        "name": name,
+        "user": user,
+        "invocation": "ab12",
+        "started": "2026-11-23 15:00:00 UTC",
+        "result": "failed",
+        "exit": "3",
+        "peak": str(512 << 20),
+        **fields,
+    }
     (records / user / name).write_text("".join(f"{k}={v}\n" for k, v in values.items()))
 
 
@@ -296,20 +361,38 @@ def test_spark_jobs_acts_on_the_callers_own_jobs_only(open_dir):
     env = _no_units(open_dir)
     (open_dir / "bin").chmod(0o755)
     for command in (["forget", "train"], ["logs", "train"]):
-        result = subprocess.run([*_as_other_user(), "sh", "-s", "--", *command], input=script, env=env,
-                                capture_output=True, text=True, cwd="/", timeout=60)
+        result = subprocess.run(
+            [*_as_other_user(), "sh", "-s", "--", *command],
+            input=script,
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd="/",
+            timeout=60,
+        )
         me = subprocess.run([*_as_other_user(), "id", "-un"], capture_output=True, text=True).stdout.strip()
         assert me != "someone-else"
         assert (result.returncode, result.stderr) == (
-            1, "spark-jobs: train is someone-else's job: only someone-else or root may act on it\n")
-    listed = subprocess.run([*_as_other_user(), "sh", "-s", "--", "list"], input=script, env=env,
-                            capture_output=True, text=True, cwd="/", timeout=60)
+            1,
+            "spark-jobs: train is someone-else's job: only someone-else or root may act on it\n",
+        )
+    listed = subprocess.run(
+        [*_as_other_user(), "sh", "-s", "--", "list"],
+        input=script,
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=60,
+    )
     assert "train" in listed.stdout and "someone-else" in listed.stdout
     assert (records / "someone-else" / "train").exists()
 
 
 @pytest.mark.parametrize(
-    "args", [["logs"], ["logs", "../x"], ["stop", "a b"], ["forget"], ["bogus"], ["list", "x"], ["logs", "-n", "x", "a"]])
+    "args",
+    [["logs"], ["logs", "../x"], ["stop", "a b"], ["forget"], ["bogus"], ["list", "x"], ["logs", "-n", "x", "a"]],
+)
 def test_spark_jobs_usage_errors_exit_2(tmp_path, args):
     result = _run([_spark_jobs(tmp_path, tmp_path / "records"), *args], env=_no_units(tmp_path))
     assert result.returncode == 2, result.stderr
@@ -317,8 +400,14 @@ def test_spark_jobs_usage_errors_exit_2(tmp_path, args):
 
 def test_spark_jobs_record_is_roots_alone(open_dir):
     script = _spark_jobs(open_dir, open_dir / "records").read_text()
-    result = subprocess.run([*_as_other_user(), "sh", "-s", "--", "record", "train"], input=script,
-                            capture_output=True, text=True, cwd="/", timeout=60)
+    result = subprocess.run(
+        [*_as_other_user(), "sh", "-s", "--", "record", "train"],
+        input=script,
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=60,
+    )
     assert result.returncode == 1 and "record runs as root" in result.stderr
 
 
@@ -356,7 +445,9 @@ def test_spark_run_without_systemd_says_so(tmp_path):
         pytest.skip("systemd runs here: spark-run would make a real scope (the lab's compliance suite does)")
     result = _run([_script(tmp_path, "spark-run"), "--", "true"])
     assert (result.returncode, result.stderr) == (
-        1, "spark-run: systemd is not running on this host: no scope can be made\n")
+        1,
+        "spark-run: systemd is not running on this host: no scope can be made\n",
+    )
 
 
 # draining ------------------------------------------------------------------------
@@ -380,9 +471,12 @@ def test_spark_run_refuses_a_new_job_while_the_host_is_draining_saying_since_whe
     assert drained.stdout.startswith("spark-jobs: draining since 20") and drained.stdout.endswith("running: none\n")
     result = _run([spark_run, *args])
     assert result.returncode == 75
-    assert re.fullmatch(r"spark-run: this host is draining since 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC "
-                        r"\(rollout: reboot \(/run/reboot-required exists\)\): it starts no new job until root runs "
-                        r"spark-jobs undrain\n", result.stderr), result.stderr
+    assert re.fullmatch(
+        r"spark-run: this host is draining since 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC "
+        r"\(rollout: reboot \(/run/reboot-required exists\)\): it starts no new job until root runs "
+        r"spark-jobs undrain\n",
+        result.stderr,
+    ), result.stderr
     assert _run([spark_jobs, "undrain"], env=env).stdout.startswith("spark-jobs: undrained (draining since 20")
     assert not (tmp_path / "lib" / "drain").exists()
     if not os.path.isdir("/run/systemd/system"):  # undrained, it goes on to make its scope
@@ -405,9 +499,18 @@ def test_a_second_drain_keeps_the_first_start_and_a_reason_cannot_forge_a_line(t
 def test_drain_and_undrain_are_roots_alone(open_dir):
     scripts = jobs_ops.render_commands("85%", 500, 1, True, drain=str(open_dir / "drain"))
     for command in ("drain", "undrain"):
-        result = subprocess.run([*_as_other_user(), "sh", "-s", "--", command], input=scripts["spark-jobs"],
-                                capture_output=True, text=True, cwd="/", timeout=60)
-        assert (result.returncode, result.stderr) == (1, f"spark-jobs: {command} is root's: sudo spark-jobs {command}\n")
+        result = subprocess.run(
+            [*_as_other_user(), "sh", "-s", "--", command],
+            input=scripts["spark-jobs"],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            timeout=60,
+        )
+        assert (result.returncode, result.stderr) == (
+            1,
+            f"spark-jobs: {command} is root's: sudo spark-jobs {command}\n",
+        )
     assert not (open_dir / "drain").exists()
 
 
@@ -418,21 +521,29 @@ SWAPS_HEADER = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
 TOOLS = ("awk", "grep", "sed", "sort", "cut", "paste", "cat", "sleep", "head", "tr", "id", "stat")
 
 
-def _fake_system(tmp_path: Path, available_kib: int = 100 * GIB, swaps: str = "",
-                 earlyoom_active: bool = True, nvidia_smi: str | None = None) -> dict[str, str]:
+def _fake_system(
+    tmp_path: Path,
+    available_kib: int = 100 * GIB,
+    swaps: str = "",
+    earlyoom_active: bool = True,
+    nvidia_smi: str | None = None,
+) -> dict[str, str]:
     """A fake /proc (meminfo, swaps) and a PATH with only the tools spark-preflight uses,
     a fake systemctl, and a fake nvidia-smi (a script body) when given."""
     proc = tmp_path / "proc"
     proc.mkdir()
     (proc / "meminfo").write_text(
         f"MemTotal:       {128 * GIB} kB\nMemFree:        {available_kib} kB\n"
-        f"MemAvailable:   {available_kib} kB\nCached:          1024 kB\n")
+        f"MemAvailable:   {available_kib} kB\nCached:          1024 kB\n"
+    )
     (proc / "swaps").write_text(SWAPS_HEADER + swaps)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
         (bin_dir / tool).symlink_to(shutil.which(tool))
-    fakes = {"systemctl": f'[ "$*" = "is-active --quiet earlyoom.service" ] && exit {0 if earlyoom_active else 3}; exit 4'}
+    fakes = {
+        "systemctl": f'[ "$*" = "is-active --quiet earlyoom.service" ] && exit {0 if earlyoom_active else 3}; exit 4'
+    }
     if nvidia_smi is not None:
         fakes["nvidia-smi"] = nvidia_smi
     for name, body in fakes.items():
@@ -466,7 +577,9 @@ def test_preflight_on_a_ready_host(tmp_path):
 
 def test_preflight_on_a_host_where_everything_is_wrong(tmp_path):
     env = _fake_system(
-        tmp_path, available_kib=10 * GIB, swaps="/swap.img  file  16777212  0  -2\n",
+        tmp_path,
+        available_kib=10 * GIB,
+        swaps="/swap.img  file  16777212  0  -2\n",
         earlyoom_active=False,
         nvidia_smi='echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9',
     )
@@ -521,8 +634,7 @@ def test_preflight_skips_the_watchdog_when_it_is_disabled(tmp_path):
     assert result.returncode == 0
 
 
-@pytest.mark.parametrize(
-    "args", [["--min-available-kib"], ["--min-available-kib", "lots"], ["--kill"], ["extra"]])
+@pytest.mark.parametrize("args", [["--min-available-kib"], ["--min-available-kib", "lots"], ["--kill"], ["extra"]])
 def test_preflight_usage_errors_exit_2(tmp_path, args):
     result = _preflight(tmp_path, _fake_system(tmp_path), *args)
     assert result.returncode == 2 and result.stdout == ""
@@ -561,8 +673,10 @@ def test_preflight_kill_strays_ends_a_real_stray_process(tmp_path):
         env = _fake_system(tmp_path)
         (Path(env["SPARK_PREFLIGHT_PROC"]) / str(stray.pid)).symlink_to(f"/proc/{stray.pid}")
         listed = _preflight(tmp_path, env)
-        assert f"FAIL strays: running: {stray.pid} vllm (spark-preflight --kill-strays ends them)" \
+        assert (
+            f"FAIL strays: running: {stray.pid} vllm (spark-preflight --kill-strays ends them)"
             in listed.stdout.splitlines()
+        )
         assert listed.returncode == 32
         killed = _preflight(tmp_path, env, "--kill-strays")
         assert stray.wait(timeout=15) == -signal.SIGTERM
@@ -593,8 +707,15 @@ def test_drop_caches_as_root_syncs_and_writes_3(tmp_path):
     stand_in = tmp_path / "drop_caches"
     stand_in.write_text("")
     script = _script(tmp_path, "spark-drop-caches")
-    result = _run(["unshare", "--mount", "sh", "-c",
-                   f'mount --bind "{stand_in}" /proc/sys/vm/drop_caches && exec /bin/sh "{script}"'])
+    result = _run(
+        [
+            "unshare",
+            "--mount",
+            "sh",
+            "-c",
+            f'mount --bind "{stand_in}" /proc/sys/vm/drop_caches && exec /bin/sh "{script}"',
+        ]
+    )
     if "mount" in result.stderr and result.returncode != 0 and not stand_in.read_text():
         pytest.skip(f"this machine does not allow the bind mount: {result.stderr.strip()}")
     assert result.returncode == 0, result.stderr
@@ -640,12 +761,15 @@ def test_first_run_writes_the_slice_reloads_systemd_and_installs_four_commands()
         "Job records older than jobs_records_max_age are removed (/etc/tmpfiles.d/sparkrig-jobs.conf)",
     ]
     slice_op = ops["Memory cap of every job (/etc/systemd/system/training.slice)"]
-    assert slice_op.uploads == {"/etc/systemd/system/.training.slice.sparkrig-new": jobs_ops.render_slice("85%").encode()}
+    assert slice_op.uploads == {
+        "/etc/systemd/system/.training.slice.sparkrig-new": jobs_ops.render_slice("85%").encode()
+    }
     assert ops["Reload systemd: training.slice changed"].commands == ["systemctl daemon-reload"]
     run_op = ops["spark-run command (/usr/local/bin/spark-run)"]
     assert run_op.commands[-1].startswith(
         "chown root:root /usr/local/bin/.spark-run.sparkrig-new && chmod 755 /usr/local/bin/.spark-run.sparkrig-new"
-        " && { sh -n /usr/local/bin/.spark-run.sparkrig-new ||")
+        " && { sh -n /usr/local/bin/.spark-run.sparkrig-new ||"
+    )
 
 
 def test_converged_host_gets_no_operation():
@@ -661,14 +785,19 @@ def test_new_memory_cap_rewrites_slice_and_spark_run_only_and_reloads_systemd():
         "Reload systemd: training.slice changed",
         "spark-run command (/usr/local/bin/spark-run)",
     ]
-    assert b"MemoryMax=100G\n" in ops["Memory cap of every job (/etc/systemd/system/training.slice)"].uploads[
-        "/etc/systemd/system/.training.slice.sparkrig-new"]
+    assert (
+        b"MemoryMax=100G\n"
+        in ops["Memory cap of every job (/etc/systemd/system/training.slice)"].uploads[
+            "/etc/systemd/system/.training.slice.sparkrig-new"
+        ]
+    )
 
 
 def test_disabling_the_watchdog_rewrites_spark_preflight_only():
     ops = _by_name(execute(jobs.jobs, data={"watchdog_enabled": False}, responses=_converged()))
     assert [name for name, op in ops.items() if op.commands] == [
-        "spark-preflight command (/usr/local/bin/spark-preflight)"]
+        "spark-preflight command (/usr/local/bin/spark-preflight)"
+    ]
 
 
 def test_a_new_records_age_rewrites_the_tmpfiles_line_only():
@@ -695,8 +824,11 @@ def test_records_clean_validator_takes_sparkrigs_line_alone(tmp_path):
     path.write_text(jobs_ops.render_records_clean("30d"))
     assert _run([*jobs_ops.RECORDS_CLEAN_VALIDATOR, path]).returncode == 0
     # Another line (here: remove /etc at boot) or another path must never take effect.
-    for bad in ("R /etc - - - -\n", "d /var/lib/sparkrig 0755 root root mM:30d\n",
-                "d /var/lib/sparkrig/jobs 0777 root root mM:30d\n"):
+    for bad in (
+        "R /etc - - - -\n",
+        "d /var/lib/sparkrig 0755 root root mM:30d\n",
+        "d /var/lib/sparkrig/jobs 0777 root root mM:30d\n",
+    ):
         path.write_text(jobs_ops.render_records_clean("30d") + bad)
         assert _run([*jobs_ops.RECORDS_CLEAN_VALIDATOR, path]).returncode != 0, bad
 
@@ -714,12 +846,16 @@ def test_model_cache_made_with_its_group_and_members_on_a_fresh_host():
         "Model cache directory (jobs_model_cache, root and the group's, 2775)",
     ]
     assert ops["Model cache group members (jobs_model_cache_users)"].commands == [
-        "usermod --append --groups sparkrig-models spark", "usermod --append --groups sparkrig-models ada"]
+        "usermod --append --groups sparkrig-models spark",
+        "usermod --append --groups sparkrig-models ada",
+    ]
 
 
 def test_model_cache_converged_gets_no_operation():
-    responses = {**_converged(), "getent group": [
-        "dir 2775 root sparkrig-models", "group sparkrig-models:x:998:spark,ada"]}
+    responses = {
+        **_converged(),
+        "getent group": ["dir 2775 root sparkrig-models", "group sparkrig-models:x:998:spark,ada"],
+    }
     assert execute(jobs.jobs, data=_cache_data(), responses=responses) == []
 
 
@@ -738,7 +874,8 @@ def test_model_cache_unparsable_output_fails():
 def test_wrong_mode_is_fixed_without_rewriting():
     ops = _by_name(execute(jobs.jobs, responses=_converged(modes={"spark-run": 0o777})))
     assert ops["spark-run command (/usr/local/bin/spark-run)"].commands == [
-        "chown root:root /usr/local/bin/spark-run && chmod 755 /usr/local/bin/spark-run"]
+        "chown root:root /usr/local/bin/spark-run && chmod 755 /usr/local/bin/spark-run"
+    ]
 
 
 def test_spark_run_is_where_spark_container_looks_for_it():
@@ -757,7 +894,7 @@ case "$*" in
     "stop --no-block "*) touch {stopped}; exit 0 ;;
     stop*) sleep 600 ;;
     *"ActiveState,SubState"*)
-        if [ -e {stopped} ] && {'false' if stops else 'true'}; then printf 'deactivating\\nstop-sigterm\\n'
+        if [ -e {stopped} ] && {"false" if stops else "true"}; then printf 'deactivating\\nstop-sigterm\\n'
         elif [ -e {stopped} ]; then printf 'inactive\\ndead\\n'; else printf 'active\\nrunning\\n'; fi ;;
     *"--property ActiveState "*) if [ -e {stopped} ]; then echo deactivating; else echo active; fi ;;
     *"--property User "*) id -un ;;
@@ -774,23 +911,32 @@ def test_spark_jobs_stop_waits_a_bounded_time_and_says_what_for(tmp_path):
     result = _run([script, "stop", "--wait", "2", "train"], env=_slow_systemd(tmp_path, stops=False))
     assert time.monotonic() - started < 15, "spark-jobs stop waited longer than asked"
     assert result.returncode == 1, (result.stdout, result.stderr)
-    assert ("spark-jobs: stopping train: systemd sends SIGTERM, and SIGKILL after 1min 30s; waiting up to 2 s for "
-            "spark-job-train.service to end") in result.stderr
+    assert (
+        "spark-jobs: stopping train: systemd sends SIGTERM, and SIGKILL after 1min 30s; waiting up to 2 s for "
+        "spark-job-train.service to end"
+    ) in result.stderr
     assert "spark-job-train.service is deactivating/stop-sigterm" in result.stderr
-    assert "train did not stop within 2 s: spark-job-train.service is deactivating/stop-sigterm; systemd goes on " \
-           "stopping it" in result.stderr, result.stderr
+    assert (
+        "train did not stop within 2 s: spark-job-train.service is deactivating/stop-sigterm; systemd goes on "
+        "stopping it" in result.stderr
+    ), result.stderr
 
 
 def test_spark_jobs_stop_never_blocks_on_systemctl_stop(tmp_path):
-    result = _run([_spark_jobs(tmp_path, tmp_path / "records"), "stop", "train"], env=_slow_systemd(tmp_path, stops=True))
+    result = _run(
+        [_spark_jobs(tmp_path, tmp_path / "records"), "stop", "train"], env=_slow_systemd(tmp_path, stops=True)
+    )
     assert (result.returncode, result.stdout) == (0, "spark-jobs: stopped train\n"), result.stderr
     assert "waiting up to 120 s for spark-job-train.service" in result.stderr  # the default wait
 
 
-@pytest.mark.parametrize(("answer_s", "wait_s", "seen"), [
-    (2, 4, "spark-job-train.service is deactivating/stop-sigterm"),  # slow answers come, then time is up
-    (6, 1, "spark-job-train.service is unknown (systemd did not answer within 1 s)"),  # a question cut short
-])
+@pytest.mark.parametrize(
+    ("answer_s", "wait_s", "seen"),
+    [
+        (2, 4, "spark-job-train.service is deactivating/stop-sigterm"),  # slow answers come, then time is up
+        (6, 1, "spark-job-train.service is unknown (systemd did not answer within 1 s)"),  # a question cut short
+    ],
+)
 def test_spark_jobs_stop_bounds_its_wait_on_the_clock_when_systemd_answers_slowly(tmp_path, answer_s, wait_s, seen):
     """The emulated aarch64 host's systemd takes seconds to answer: a STAND-IN systemctl (no
     systemd here) whose state question sleeps ANSWER_S before it answers, for a job that
@@ -799,7 +945,9 @@ def test_spark_jobs_stop_bounds_its_wait_on_the_clock_when_systemd_answers_slowl
     question gets the time left, 5 s at most."""
     env = _slow_systemd(tmp_path, stops=False)
     standin = tmp_path / "bin" / "systemctl"
-    standin.write_text(standin.read_text().replace('*"ActiveState,SubState"*)', f'*"ActiveState,SubState"*) sleep {answer_s}', 1))
+    standin.write_text(
+        standin.read_text().replace('*"ActiveState,SubState"*)', f'*"ActiveState,SubState"*) sleep {answer_s}', 1)
+    )
     started = time.monotonic()
     result = _run([_spark_jobs(tmp_path, tmp_path / "records"), "stop", "--wait", wait_s, "train"], env=env)
     took = time.monotonic() - started

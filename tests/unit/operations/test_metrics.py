@@ -40,30 +40,36 @@ def test_defaults_are_valid():
     assert DEFAULTS["metrics_listen"] == "127.0.0.1:9100" and DEFAULTS["metrics_enabled"] is True
 
 
-@pytest.mark.parametrize("data", [
-    {"metrics_listen": "[::1]:9100"},
-    {"metrics_listen": "10.0.0.5:9100", "metrics_allow": ["10.0.0.1"]},
-    {"metrics_listen": "[::]:9100", "metrics_allow": ["fd00::/64", "192.168.1.0/24"]},
-    {"metrics_interval_s": 5},
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"metrics_listen": "[::1]:9100"},
+        {"metrics_listen": "10.0.0.5:9100", "metrics_allow": ["10.0.0.1"]},
+        {"metrics_listen": "[::]:9100", "metrics_allow": ["fd00::/64", "192.168.1.0/24"]},
+        {"metrics_interval_s": 5},
+    ],
+)
 def test_good_values(data):
     assert problems(m.SETTINGS, data) == []
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    ({"metrics_listen": "0.0.0.0:9100"}, "a loopback address while metrics_allow is empty"),
-    ({"metrics_listen": "localhost:9100"}, "ADDRESS:PORT, an IPv4 address"),
-    ({"metrics_listen": "127.0.0.1:99999"}, "ADDRESS:PORT"),
-    ({"metrics_listen": "127.0.0.1:9100 --web.config.file=/tmp/x"}, "ADDRESS:PORT"),
-    ({"metrics_listen": "::1:9100"}, "ADDRESS:PORT"),
-    ({"metrics_allow": "10.0.0.1"}, "a list of IP addresses or networks"),
-    ({"metrics_allow": ["10.0.0.300"]}, "a list of IP addresses or networks"),
-    ({"metrics_allow": ["10.0.0.0/24 any"]}, "a list of IP addresses or networks"),
-    ({"metrics_allow": ["any"]}, "a list of IP addresses or networks"),
-    ({"metrics_interval_s": 1}, "an integer from 5 to 3600"),
-    ({"metrics_enabled": "yes"}, "True or False"),
-    ({"metrics_listn": "x"}, "did you mean metrics_listen?"),
-])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"metrics_listen": "0.0.0.0:9100"}, "a loopback address while metrics_allow is empty"),
+        ({"metrics_listen": "localhost:9100"}, "ADDRESS:PORT, an IPv4 address"),
+        ({"metrics_listen": "127.0.0.1:99999"}, "ADDRESS:PORT"),
+        ({"metrics_listen": "127.0.0.1:9100 --web.config.file=/tmp/x"}, "ADDRESS:PORT"),
+        ({"metrics_listen": "::1:9100"}, "ADDRESS:PORT"),
+        ({"metrics_allow": "10.0.0.1"}, "a list of IP addresses or networks"),
+        ({"metrics_allow": ["10.0.0.300"]}, "a list of IP addresses or networks"),
+        ({"metrics_allow": ["10.0.0.0/24 any"]}, "a list of IP addresses or networks"),
+        ({"metrics_allow": ["any"]}, "a list of IP addresses or networks"),
+        ({"metrics_interval_s": 1}, "an integer from 5 to 3600"),
+        ({"metrics_enabled": "yes"}, "True or False"),
+        ({"metrics_listn": "x"}, "did you mean metrics_listen?"),
+    ],
+)
 def test_bad_values_say_key_and_what_is_allowed(data, expected):
     found = problems(m.SETTINGS, data)
     assert len(found) == 1 and expected in found[0], found
@@ -99,10 +105,13 @@ def _replaying(bin_dir: Path, calls: Path) -> Path:
     bin_dir.mkdir(exist_ok=True)
     gpu.write_text(RECORDED_GPU)
     apps.write_text(RECORDED_APPS)
-    return _standin(bin_dir, (
-        f'echo "$*" >> {calls}\n'
-        f'case "$1" in --query-gpu=*) cat {gpu} ;; --query-compute-apps=*) cat {apps} ;; *) exit 9 ;; esac\n'
-    ))
+    return _standin(
+        bin_dir,
+        (
+            f'echo "$*" >> {calls}\n'
+            f'case "$1" in --query-gpu=*) cat {gpu} ;; --query-compute-apps=*) cat {apps} ;; *) exit 9 ;; esac\n'
+        ),
+    )
 
 
 class Collector:
@@ -118,15 +127,22 @@ class Collector:
         self.reboot = root / "reboot-required"
         self.venv = root / "venv"
         self.script = root / "sparkrig-metrics"
-        self.script.write_text(md.render_collector(
-            str(self.venv), path=f"{self.bin}:/usr/bin:/bin", records=str(self.records),
-            reboot_file=str(self.reboot), compliance_file=str(self.compliance), textfile_dir=str(self.out),
-            timeout_s=timeout_s,
-        ))
+        self.script.write_text(
+            md.render_collector(
+                str(self.venv),
+                path=f"{self.bin}:/usr/bin:/bin",
+                records=str(self.records),
+                reboot_file=str(self.reboot),
+                compliance_file=str(self.compliance),
+                textfile_dir=str(self.out),
+                timeout_s=timeout_s,
+            )
+        )
 
     def start(self) -> subprocess.Popen:
-        return subprocess.Popen(["sh", str(self.script)], cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        return subprocess.Popen(
+            ["sh", str(self.script)], cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
     def run(self, timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run(["sh", str(self.script)], cwd="/", capture_output=True, text=True, timeout=timeout)
@@ -292,7 +308,7 @@ def test_an_nvidia_smi_not_roots_alone_is_never_run(collector, unsafe):
 def test_compliance_lines_are_reported_and_anything_else_skipped(collector):
     collector.compliance.write_text(
         "swap 6 0 1795700000\n"
-        'watchdog 3 1 1795700001\n'
+        "watchdog 3 1 1795700001\n"
         'evil"} 1\nsparkrig_reboot_required 1\n'
         "jobs 1 2\nswap 6 0 1795700000 more\nSwap 1 1 1\ncuda_env 1234567 0 1\n"
     )
@@ -313,7 +329,9 @@ def test_versions_come_from_the_venvs_metadata_never_through_a_link(collector):
     a METADATA that is a link (to a file root may read and the venv's owner may not) is not read."""
     site = collector.venv / "lib" / "python3.12" / "site-packages"
     (site / "torch-2.11.0.dist-info").mkdir(parents=True)
-    (site / "torch-2.11.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\n\nVersion: 9\n")
+    (site / "torch-2.11.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\n\nVersion: 9\n"
+    )
     (site / "vllm-0.20.2.dist-info").mkdir()
     secret = collector.root / "secret"
     secret.write_text("Version: 6.6.6\n")
@@ -325,17 +343,23 @@ def test_versions_come_from_the_venvs_metadata_never_through_a_link(collector):
 
 def test_label_values_cannot_break_a_line(collector):
     """What nvidia-smi prints becomes a label value of safe characters only."""
-    _standin(collector.bin, """case "$1" in --query-gpu=*) printf '%s\\n' '0, GPU-x"} 1
+    _standin(
+        collector.bin,
+        """case "$1" in --query-gpu=*) printf '%s\\n' '0, GPU-x"} 1
 sparkrig_reboot_required 1, Evil\\" GPU, 580.1, 40, [N/A], 2100, 50, Not Supported' ;; *) exit 9 ;; esac
-""")
+""",
+    )
     assert collector.run().returncode == 0
     text = collector.prom()
     found = samples(text)
     assert found["sparkrig_reboot_required"] == "0", text
-    assert all(re.fullmatch(r'[a-z_]+(\{([a-z_]+="[^"\\\n]*",?)*\})? [0-9.e+-]+', s + " " + v) for s, v in found.items()), text
+    assert all(
+        re.fullmatch(r'[a-z_]+(\{([a-z_]+="[^"\\\n]*",?)*\})? [0-9.e+-]+', s + " " + v) for s, v in found.items()
+    ), text
 
 
 # Plans -------------------------------------------------------------------------
+
 
 def _host(installed=True, running=True, files=None) -> dict:
     """The host as the concern's one HostState command reads it, and as systemd's status facts
@@ -344,7 +368,8 @@ def _host(installed=True, running=True, files=None) -> dict:
         md.DROP_IN: md.render_drop_in(DEFAULTS["metrics_listen"], DEFAULTS["metrics_allow"]),
         # The venv whose versions it reads: python_stack's, where that concern is imported.
         md.COLLECTOR: (md.render_collector(resolved({}).get("python_venv_path", "")), 0o755),
-        md.SERVICE_FILE: _service_text(), md.TIMER_FILE: _timer_text(DEFAULTS["metrics_interval_s"]),
+        md.SERVICE_FILE: _service_text(),
+        md.TIMER_FILE: _timer_text(DEFAULTS["metrics_interval_s"]),
     }
     return {
         HOST_STATE: host_state(
@@ -358,8 +383,12 @@ def _host(installed=True, running=True, files=None) -> dict:
 
 
 def _service_text() -> str:
-    return rendering.render("metrics/sparkrig-metrics.service.j2", description=md.DESCRIPTION,
-                            collector=md.COLLECTOR, timeout_s=md.RUN_TIMEOUT_S)
+    return rendering.render(
+        "metrics/sparkrig-metrics.service.j2",
+        description=md.DESCRIPTION,
+        collector=md.COLLECTOR,
+        timeout_s=md.RUN_TIMEOUT_S,
+    )
 
 
 def _timer_text(interval: int) -> str:
@@ -380,8 +409,12 @@ def test_a_fresh_host_gets_node_exporter_the_collector_and_its_timer():
     names = _names(ops)
     assert names[0] == "Install prometheus-node-exporter"
     assert ops[0].commands[-1].endswith("install --no-install-recommends prometheus-node-exporter")
-    for expected in (f"{md.EXPORTER} is enabled and running", f"{md.TIMER} is enabled and running",
-                     f"Restart {md.EXPORTER}: its files changed", f"Restart {md.TIMER}: its files changed"):
+    for expected in (
+        f"{md.EXPORTER} is enabled and running",
+        f"{md.TIMER} is enabled and running",
+        f"Restart {md.EXPORTER}: its files changed",
+        f"Restart {md.TIMER}: its files changed",
+    ):
         assert expected in names, names
 
 
@@ -408,6 +441,8 @@ def test_a_new_interval_rewrites_the_timer_and_restarts_it():
 
 def test_disabled_metrics_stop_both_units_and_write_nothing():
     ops = execute(md.metrics, data={"metrics_enabled": False}, responses=_host())
-    assert _names(ops) == [f"{md.TIMER} is stopped and disabled (metrics_enabled is False)",
-                           f"{md.EXPORTER} is stopped and disabled (metrics_enabled is False)"]
+    assert _names(ops) == [
+        f"{md.TIMER} is stopped and disabled (metrics_enabled is False)",
+        f"{md.EXPORTER} is stopped and disabled (metrics_enabled is False)",
+    ]
     assert execute(md.metrics, data={"metrics_enabled": False}, responses=_host(installed=False, running=False)) == []

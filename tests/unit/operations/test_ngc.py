@@ -79,8 +79,13 @@ def test_bad_values_say_key_and_what_is_allowed(data, expected):
 
 
 def test_a_complete_configuration_is_valid():
-    data = {**JUPYTER, "ngc_build": "unsloth", "ngc_pip_packages": ["datasets==4.0.0", "peft[torch]==0.17.1"],
-            "ngc_outputs": "/data/outputs", "ngc_hf_cache": "~/hf"}
+    data = {
+        **JUPYTER,
+        "ngc_build": "unsloth",
+        "ngc_pip_packages": ["datasets==4.0.0", "peft[torch]==0.17.1"],
+        "ngc_outputs": "/data/outputs",
+        "ngc_hf_cache": "~/hf",
+    }
     assert problems(ngc.SETTINGS + containers.SETTINGS, data) == []
 
 
@@ -109,7 +114,9 @@ def test_every_pip_install_of_a_recipe_is_pinned_and_the_label_follows_the_pins(
         text = ngc_ops.render_dockerfile(_data(ngc_build=build, ngc_pip_packages=["peft==0.17.1"]), "12.1")
         for words in re.findall(r"pip install --no-cache-dir ([^\n&\\]+)", text):
             for word in words.split():
-                assert word.startswith(("-", "/")) or re.fullmatch(r"[A-Za-z0-9_.\[\],-]+==[A-Za-z0-9.+!_-]+", word), word
+                assert word.startswith(("-", "/")) or re.fullmatch(r"[A-Za-z0-9_.\[\],-]+==[A-Za-z0-9.+!_-]+", word), (
+                    word
+                )
     one = ngc_ops.render_dockerfile(_data(ngc_build="unsloth"), "12.1")
     pins = [p.replace("unsloth==2025.10.1", "unsloth==2025.11.1") for p in ngc_settings.UNSLOTH_PACKAGES]
     other = ngc_ops.render_dockerfile(_data(ngc_build="unsloth", ngc_unsloth_packages=pins), "12.1")
@@ -152,13 +159,16 @@ def test_jupyter_unit_binds_loopback_and_passes_its_validation(tmp_path, command
     assert _validate(tmp_path, text) == 0
 
 
-@pytest.mark.parametrize("bad", [
-    ("127.0.0.1", "0.0.0.0"),
-    ("--no-browser", "--no-browser $(id)"),
-    ("User=spark", "User=spark; rm"),
-    ("Restart=always", "Restart=no"),
-    ("[Install]", "[Install]\nExecStartPost=/bin/sh"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("127.0.0.1", "0.0.0.0"),
+        ("--no-browser", "--no-browser $(id)"),
+        ("User=spark", "User=spark; rm"),
+        ("Restart=always", "Restart=no"),
+        ("[Install]", "[Install]\nExecStartPost=/bin/sh"),
+    ],
+)
 def test_jupyter_unit_validation_refuses_anything_else(tmp_path, bad):
     text = ngc_ops.render_jupyter_unit(_data(**JUPYTER), "/home/spark")
     assert bad[0] in text
@@ -176,18 +186,33 @@ def test_a_project_mount_with_a_blank_never_reaches_the_unit():
 
 
 def test_ngc_host_parses_present_images_user_and_token():
-    out = ["docker=1", "pinned=sha256:f93e", "built=sha256:1c2d 9f86", "user=1000:1000:/home/spark",
-           "directory=1", "token=spark 600 64"]
+    out = [
+        "docker=1",
+        "pinned=sha256:f93e",
+        "built=sha256:1c2d 9f86",
+        "user=1000:1000:/home/spark",
+        "directory=1",
+        "token=spark 600 64",
+    ]
     assert ngc_facts.NgcHost().process(out) == {
-        "docker": True, "pinned": "sha256:f93e", "built": {"id": "sha256:1c2d", "recipe": "9f86"},
-        "user": {"uid": 1000, "gid": 1000, "home": "/home/spark"}, "directory": True,
+        "docker": True,
+        "pinned": "sha256:f93e",
+        "built": {"id": "sha256:1c2d", "recipe": "9f86"},
+        "user": {"uid": 1000, "gid": 1000, "home": "/home/spark"},
+        "directory": True,
         "token": {"user": "spark", "mode": 0o600, "size": 64},
     }
 
 
 def test_ngc_host_parses_a_bare_host():
     assert ngc_facts.NgcHost().process(["user="]) == {
-        "docker": False, "pinned": None, "built": None, "user": None, "directory": False, "token": None}
+        "docker": False,
+        "pinned": None,
+        "built": None,
+        "user": None,
+        "directory": False,
+        "token": None,
+    }
     assert ngc_facts.NgcHost().process(["built=sha256:1c2d "])["built"] == {"id": "sha256:1c2d", "recipe": ""}
 
 
@@ -213,17 +238,24 @@ def launcher(tmp_path):
     bindir.mkdir()
     fake = bindir / "docker"
     fake.write_text(
-        "#!/bin/bash\nprintf '%s\\n' \"$@\" > \"$RECORD\"\n"
-        "for a in \"$@\"; do case $a in *:/run/secrets/*:ro) f=${a%%:/run/secrets/*}; "
-        "stat -c '%a' \"$f\" >> \"$RECORD.secrets\"; cat \"$f\" >> \"$RECORD.secrets\"; echo >> \"$RECORD.secrets\";; "
+        '#!/bin/bash\nprintf \'%s\\n\' "$@" > "$RECORD"\n'
+        'for a in "$@"; do case $a in *:/run/secrets/*:ro) f=${a%%:/run/secrets/*}; '
+        'stat -c \'%a\' "$f" >> "$RECORD.secrets"; cat "$f" >> "$RECORD.secrets"; echo >> "$RECORD.secrets";; '
         "esac; done\n"
     )
     fake.chmod(0o755)
     env_file = tmp_path / "cuda.env"
-    env_file.write_text("CUDA_HOME=/usr/local/cuda-13.0\nPATH=/usr/local/cuda-13.0/bin:/usr/bin:/bin\n"
-                        "TORCH_CUDA_ARCH_LIST=12.1a\nHF_HUB_ENABLE_HF_TRANSFER='1 2'\n")
-    data = _data(ngc_users=[me, "spark"], cuda_env_file=str(env_file), ngc_outputs="~/outputs",
-                 ngc_home_mounts=["~/.aws", "~/.wandb"], jobs_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    env_file.write_text(
+        "CUDA_HOME=/usr/local/cuda-13.0\nPATH=/usr/local/cuda-13.0/bin:/usr/bin:/bin\n"
+        "TORCH_CUDA_ARCH_LIST=12.1a\nHF_HUB_ENABLE_HF_TRANSFER='1 2'\n"
+    )
+    data = _data(
+        ngc_users=[me, "spark"],
+        cuda_env_file=str(env_file),
+        ngc_outputs="~/outputs",
+        ngc_home_mounts=["~/.aws", "~/.wandb"],
+        jobs_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    )
     script = tmp_path / "spark-container"
     script.write_text(ngc_ops.render_launcher(data))
     script.chmod(0o755)
@@ -233,12 +265,24 @@ def launcher(tmp_path):
 
     def run(*args, env=None, user_list=None):
         record = tmp_path / "record"
-        environment = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(home), "RECORD": str(record),
-                       "XDG_RUNTIME_DIR": str(tmp_path), **(env or {})}
-        result = subprocess.run([str(script), *args], cwd=project, env=environment, capture_output=True,
-                                text=True, timeout=30, stdin=subprocess.DEVNULL)
+        environment = {
+            "PATH": f"{bindir}:/usr/bin:/bin",
+            "HOME": str(home),
+            "RECORD": str(record),
+            "XDG_RUNTIME_DIR": str(tmp_path),
+            **(env or {}),
+        }
+        result = subprocess.run(
+            [str(script), *args],
+            cwd=project,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
         argv = record.read_text().splitlines() if record.exists() else []
-        secrets = (tmp_path / "record.secrets")
+        secrets = tmp_path / "record.secrets"
         seen = secrets.read_text() if secrets.exists() else ""
         if secrets.exists():
             secrets.unlink()
@@ -268,7 +312,9 @@ def test_launcher_without_a_command_starts_bash_and_can_drop_memlock(launcher, t
     _, argv, _ = launcher.run()
     assert argv[-2:] == [BASE, "bash"]
     script = tmp_path / "no-memlock"
-    script.write_text(ngc_ops.render_launcher(SimpleNamespace(**{**vars(launcher.data), "ngc_memlock_unlimited": False})))
+    script.write_text(
+        ngc_ops.render_launcher(SimpleNamespace(**{**vars(launcher.data), "ngc_memlock_unlimited": False}))
+    )
     script.chmod(0o755)
     assert "memlock" not in script.read_text().split("MEMLOCK=(")[1].split(")")[0]
 
@@ -284,8 +330,12 @@ def test_secrets_are_files_never_env_values(launcher):
     assert any(a.endswith(":/run/secrets/HF_TOKEN:ro") for a in argv)
     assert f"{secrets_dir}/WANDB_API_KEY:/run/secrets/WANDB_API_KEY:ro" in argv
     assert seen.split() == ["600", "hf-secret", "600", "wandb-secret"] or seen.split() == [
-        "600", "wandb-secret", "600", "hf-secret"]
-    assert argv[argv.index(BASE) + 1:argv.index(BASE) + 3] == ["sh", "-c"]
+        "600",
+        "wandb-secret",
+        "600",
+        "hf-secret",
+    ]
+    assert argv[argv.index(BASE) + 1 : argv.index(BASE) + 3] == ["sh", "-c"]
     assert argv[-2:] == ["spark-container", "true"]
     assert not list(launcher.tmp.glob("spark-container.*")), "the private directory was left behind"
 
@@ -296,15 +346,36 @@ def test_no_new_container_starts_while_the_host_is_draining_but_one_systemd_star
     script.write_text(ngc_ops.render_launcher(launcher.data, drain=str(drain)))
     script.chmod(0o755)
     drain.write_text("since=2026-11-26 16:30:05 UTC\nwhy=rollout: reboot\n")
-    environment = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(launcher.home), "RECORD": str(tmp_path / "r"),
-                   "XDG_RUNTIME_DIR": str(tmp_path)}
-    result = subprocess.run([str(script), "--", "true"], cwd=launcher.project, env=environment, capture_output=True,
-                            text=True, timeout=30, stdin=subprocess.DEVNULL)
-    assert (result.returncode, result.stderr) == (75, "spark-container: this host is draining since 2026-11-26 16:30:05 "
-                                                      "UTC: it starts no new container until root runs spark-jobs undrain\n")
+    environment = {
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+        "HOME": str(launcher.home),
+        "RECORD": str(tmp_path / "r"),
+        "XDG_RUNTIME_DIR": str(tmp_path),
+    }
+    result = subprocess.run(
+        [str(script), "--", "true"],
+        cwd=launcher.project,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert (result.returncode, result.stderr) == (
+        75,
+        "spark-container: this host is draining since 2026-11-26 16:30:05 "
+        "UTC: it starts no new container until root runs spark-jobs undrain\n",
+    )
     assert not (tmp_path / "r").exists()  # docker never ran
-    in_unit = subprocess.run([str(script), "--", "true"], cwd=launcher.project, capture_output=True, text=True,
-                             env={**environment, "INVOCATION_ID": "0123abcd"}, timeout=30, stdin=subprocess.DEVNULL)
+    in_unit = subprocess.run(
+        [str(script), "--", "true"],
+        cwd=launcher.project,
+        capture_output=True,
+        text=True,
+        env={**environment, "INVOCATION_ID": "0123abcd"},
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
     assert in_unit.returncode == 0, in_unit.stderr
     assert (tmp_path / "r").exists()
 
@@ -338,8 +409,11 @@ def test_home_mounts_are_read_only_where_present_and_jobs_env_is_passed_unless_s
 
 def test_the_shared_model_cache_replaces_the_users_own(launcher, tmp_path):
     script = tmp_path / "cached"
-    script.write_text(ngc_ops.render_launcher(SimpleNamespace(**{**vars(launcher.data),
-                                                             "jobs_model_cache": str(tmp_path / "models")})))
+    script.write_text(
+        ngc_ops.render_launcher(
+            SimpleNamespace(**{**vars(launcher.data), "jobs_model_cache": str(tmp_path / "models")})
+        )
+    )
     assert f"HF_CACHE={tmp_path}/models\n" in script.read_text()
 
 
@@ -347,33 +421,55 @@ def test_detach_hands_the_same_launch_to_spark_run(launcher, tmp_path, monkeypat
     """--detach runs spark-run --detach NAME with this launcher, the options kept (the
     project made absolute, the container named for the job), the command last."""
     fake = tmp_path / "spark-run"
-    fake.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$RECORD.detach\"\n")
+    fake.write_text('#!/bin/sh\nprintf \'%s\\n\' "$@" > "$RECORD.detach"\n')
     fake.chmod(0o755)
     monkeypatch.setattr(ngc_ops, "SPARK_RUN", str(fake))
     script = tmp_path / "detaching"
     script.write_text(ngc_ops.render_launcher(launcher.data))
     script.chmod(0o755)
     environment = {"PATH": "/usr/bin:/bin", "HOME": str(launcher.home), "RECORD": str(tmp_path / "r")}
-    result = subprocess.run([str(script), "--detach", "serve", "--publish", "8000", "--", "vllm", "serve", "m"],
-                            cwd=launcher.project, env=environment, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [str(script), "--detach", "serve", "--publish", "8000", "--", "vllm", "serve", "m"],
+        cwd=launcher.project,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "r.detach").read_text().splitlines() == [
-        "--detach", "serve", "--", ngc_ops.LAUNCHER, "--project", str(launcher.project), "--publish", "8000",
-        "--name", "spark-job-serve", "--", "vllm", "serve", "m"]
+        "--detach",
+        "serve",
+        "--",
+        ngc_ops.LAUNCHER,
+        "--project",
+        str(launcher.project),
+        "--publish",
+        "8000",
+        "--name",
+        "spark-job-serve",
+        "--",
+        "vllm",
+        "serve",
+        "m",
+    ]
 
 
-@pytest.mark.parametrize(("args", "code", "message"), [
-    (["--publish", "0"], 2, "a TCP port"),
-    (["--publish", "65536"], 2, "a TCP port"),
-    (["--publish", "80", "--network", "host"], 2, "needs --network bridge"),
-    (["--publish-all-interfaces"], 2, "goes with --publish"),
-    (["--detach", "../x", "--", "true"], 2, "--detach needs a NAME"),
-    (["--detach", "x"], 2, "--detach needs a COMMAND"),
-    (["--network", "macvlan"], 2, "bridge, host or none"),
-    (["--project", "/nonexistent/x"], 2, "no such project directory"),
-    (["--secret", "HF_TOKEN"], 2, "NAME=/absolute/file"),
-    (["--bogus"], 2, "unknown option"),
-])
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--publish", "0"], 2, "a TCP port"),
+        (["--publish", "65536"], 2, "a TCP port"),
+        (["--publish", "80", "--network", "host"], 2, "needs --network bridge"),
+        (["--publish-all-interfaces"], 2, "goes with --publish"),
+        (["--detach", "../x", "--", "true"], 2, "--detach needs a NAME"),
+        (["--detach", "x"], 2, "--detach needs a COMMAND"),
+        (["--network", "macvlan"], 2, "bridge, host or none"),
+        (["--project", "/nonexistent/x"], 2, "no such project directory"),
+        (["--secret", "HF_TOKEN"], 2, "NAME=/absolute/file"),
+        (["--bogus"], 2, "unknown option"),
+    ],
+)
 def test_launcher_usage_errors(launcher, args, code, message):
     result, argv, _ = launcher.run(*args)
     assert result.returncode == code and message in result.stderr and argv == []
@@ -395,8 +491,9 @@ def test_only_the_allowed_users_may_launch(tmp_path):
     prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.getuid() == 0 else []
     if prefix and not shutil.which("setpriv"):
         pytest.skip("runs as root without setpriv: cannot ask as another user")
-    result = subprocess.run([*prefix, "bash", "-s", "--", "true"], input=script.read_text(),
-                            capture_output=True, text=True, cwd="/")
+    result = subprocess.run(
+        [*prefix, "bash", "-s", "--", "true"], input=script.read_text(), capture_output=True, text=True, cwd="/"
+    )
     assert result.returncode == 77 and "may not launch" in result.stderr
 
 
@@ -406,8 +503,9 @@ def test_only_the_allowed_users_may_launch(tmp_path):
 NGC_HOST = "command -v docker"
 
 
-def _responses(data: dict | None = None, *, docker=True, pinned=True, built=None, token=True,
-               unit=None, files: dict | None = None) -> dict:
+def _responses(
+    data: dict | None = None, *, docker=True, pinned=True, built=None, token=True, unit=None, files: dict | None = None
+) -> dict:
     ns = _data(**(data or {}))
     unit = unit or ((True, True) if ns.ngc_jupyter else (False, False))
     out = ["docker=1"] if docker else []
@@ -452,8 +550,13 @@ def test_converged_host_gets_no_operation():
 
 
 def test_a_fresh_host_pulls_by_digest_installs_the_launcher_and_starts_jupyter():
-    responses = _responses(LAB_LIKE, pinned=False, token=False, unit=(False, False),
-                           files={ngc_ops.LAUNCHER: None, ngc_ops.JUPYTER_UNIT_FILE: None})
+    responses = _responses(
+        LAB_LIKE,
+        pinned=False,
+        token=False,
+        unit=(False, False),
+        files={ngc_ops.LAUNCHER: None, ngc_ops.JUPYTER_UNIT_FILE: None},
+    )
     ops = execute(ngc.ngc, data=LAB_LIKE, responses=responses)
     assert _names(ops) == [
         "Pull the pinned base image (ngc_base_image)",
@@ -541,8 +644,11 @@ def test_the_token_script_never_follows_the_users_link():
         directory.mkdir(mode=0o700)
         os.chown(directory, 65534, 65534)
         (directory / "token").symlink_to(shadow)
-        run = subprocess.run(["sh", "-c", ngc_ops.TOKEN_SCRIPT, "jupyter-token", str(directory),
-                              str(directory / "token"), "nobody"], capture_output=True, text=True)
+        run = subprocess.run(
+            ["sh", "-c", ngc_ops.TOKEN_SCRIPT, "jupyter-token", str(directory), str(directory / "token"), "nobody"],
+            capture_output=True,
+            text=True,
+        )
         assert run.returncode == 0, run.stderr
         assert shadow.read_text() == "root:secret\n"
         assert (shadow.stat().st_uid, stat.S_IMODE(shadow.stat().st_mode)) == (0, 0o640)

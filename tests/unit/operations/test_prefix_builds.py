@@ -32,16 +32,33 @@ from tests.unit.pyinfra_fake import execute, user_field
 SETTINGS = all_settings()
 # Two prefix builds of the tests' own (the shipped catalogue holds none): a library, and
 # programs compiled against it that need an MPI launcher where they run.
-_PREFIX = {"kind": "prefix", "url": "https://example.org/libcoll.git", "ref": "v1.0", "env": {"MAX_JOBS": "4"},
-           "build_packages": ["git", "build-essential"], "submodules": False, "subdirectory": ".",
-           "memory_max": "8G"}
+_PREFIX = {
+    "kind": "prefix",
+    "url": "https://example.org/libcoll.git",
+    "ref": "v1.0",
+    "env": {"MAX_JOBS": "4"},
+    "build_packages": ["git", "build-essential"],
+    "submodules": False,
+    "subdirectory": ".",
+    "memory_max": "8G",
+}
 PREFIXES = {
-    "libcoll": {**_PREFIX, "steps": ['make -j"$MAX_JOBS"', 'make install PREFIX="$SPARKRIG_PREFIX"'],
-                "needs": [], "runtime_packages": []},
-    "libcoll-tests": {**_PREFIX, "url": "https://example.org/libcoll-tests.git",
-                      "steps": ['make LIBCOLL_HOME="$SPARKRIG_NEED_LIBCOLL"',
-                                'mkdir -p "$SPARKRIG_PREFIX/bin" && cp build/*_perf "$SPARKRIG_PREFIX/bin/"'],
-                      "needs": ["libcoll"], "runtime_packages": ["openmpi-bin"]},
+    "libcoll": {
+        **_PREFIX,
+        "steps": ['make -j"$MAX_JOBS"', 'make install PREFIX="$SPARKRIG_PREFIX"'],
+        "needs": [],
+        "runtime_packages": [],
+    },
+    "libcoll-tests": {
+        **_PREFIX,
+        "url": "https://example.org/libcoll-tests.git",
+        "steps": [
+            'make LIBCOLL_HOME="$SPARKRIG_NEED_LIBCOLL"',
+            'mkdir -p "$SPARKRIG_PREFIX/bin" && cp build/*_perf "$SPARKRIG_PREFIX/bin/"',
+        ],
+        "needs": ["libcoll"],
+        "runtime_packages": ["openmpi-bin"],
+    },
 }
 CATALOGUE = {**sb_settings.load_catalogue(), **PREFIXES}
 FACT = 'echo "unit $n'  # SourceBuilds' command holds this
@@ -50,8 +67,9 @@ BOTH = ["libcoll", "libcoll-tests"]
 
 
 def _data(**data) -> dict:
-    return resolve(SETTINGS, {"source_builds": CATALOGUE, "source_builds_enabled": BOTH, "hardware_profile": "gb10",
-                              **data})
+    return resolve(
+        SETTINGS, {"source_builds": CATALOGUE, "source_builds_enabled": BOTH, "hardware_profile": "gb10", **data}
+    )
 
 
 def _catalogue(name: str, **changes) -> dict:
@@ -76,21 +94,40 @@ def test_the_shipped_catalogue_holds_no_prefix_build_and_the_tests_pair_is_valid
     ("data", "expected"),
     [
         ({"source_builds": _catalogue("libcoll", kind="deb")}, "libcoll.kind must be one of: prefix, wheel"),
-        ({"source_builds": _catalogue("libcoll", abi3=True)}, "libcoll (kind prefix) must hold exactly: build_packages, env,"
-                                                              " kind, memory_max, needs, ref, runtime_packages, steps,"),
-        ({"source_builds": _catalogue("libcoll", steps=[])}, "libcoll.steps must install the build into $SPARKRIG_PREFIX"),
-        ({"source_builds": _catalogue("libcoll-tests", needs=["libcoll", "libcoll"])}, "libcoll-tests.needs must be a list"),
+        (
+            {"source_builds": _catalogue("libcoll", abi3=True)},
+            "libcoll (kind prefix) must hold exactly: build_packages, env,"
+            " kind, memory_max, needs, ref, runtime_packages, steps,",
+        ),
+        (
+            {"source_builds": _catalogue("libcoll", steps=[])},
+            "libcoll.steps must install the build into $SPARKRIG_PREFIX",
+        ),
+        (
+            {"source_builds": _catalogue("libcoll-tests", needs=["libcoll", "libcoll"])},
+            "libcoll-tests.needs must be a list",
+        ),
         ({"source_builds": _catalogue("libcoll-tests", needs=["libcoll-tests"])}, "libcoll-tests.needs must be a list"),
-        ({"source_builds": _catalogue("libcoll-tests", needs=["triton"])},
-         "libcoll-tests.needs names triton, which is no prefix build of the catalogue"),
-        ({"source_builds": _catalogue("libcoll-tests", needs=["libfoo"])},
-         "libcoll-tests.needs names libfoo, which is no prefix build of the catalogue"),
-        ({"source_builds": _catalogue("libcoll", needs=["libcoll-tests"])},
-         "libcoll needs libcoll-tests needs libcoll: builds cannot need each other in a loop"),
-        ({"source_builds": _catalogue("libcoll-tests", runtime_packages=["Open MPI"])},
-         "libcoll-tests.runtime_packages must be a list of apt package names"),
-        ({"source_builds": CATALOGUE, "source_builds_enabled": ["libcoll-tests"]},
-         "with every build each one needs (libcoll-tests needs libcoll: enable it too)"),
+        (
+            {"source_builds": _catalogue("libcoll-tests", needs=["triton"])},
+            "libcoll-tests.needs names triton, which is no prefix build of the catalogue",
+        ),
+        (
+            {"source_builds": _catalogue("libcoll-tests", needs=["libfoo"])},
+            "libcoll-tests.needs names libfoo, which is no prefix build of the catalogue",
+        ),
+        (
+            {"source_builds": _catalogue("libcoll", needs=["libcoll-tests"])},
+            "libcoll needs libcoll-tests needs libcoll: builds cannot need each other in a loop",
+        ),
+        (
+            {"source_builds": _catalogue("libcoll-tests", runtime_packages=["Open MPI"])},
+            "libcoll-tests.runtime_packages must be a list of apt package names",
+        ),
+        (
+            {"source_builds": CATALOGUE, "source_builds_enabled": ["libcoll-tests"]},
+            "with every build each one needs (libcoll-tests needs libcoll: enable it too)",
+        ),
     ],
 )
 def test_bad_prefix_entries_are_refused_with_what_is_allowed(data, expected):
@@ -101,8 +138,10 @@ def test_bad_prefix_entries_are_refused_with_what_is_allowed(data, expected):
 def test_one_error_names_the_host_the_key_and_what_is_allowed():
     with pytest.raises(SettingsError) as error:
         validate_hosts([("spark-02", {"source_builds": CATALOGUE, "source_builds_enabled": ["libcoll-tests"]})])
-    assert ("host 'spark-02': source_builds_enabled = ['libcoll-tests']: allowed is a list of builds of "
-            "source_builds: libcoll, libcoll-tests, triton, vllm, xformers, with every build each one needs") in str(error.value)
+    assert (
+        "host 'spark-02': source_builds_enabled = ['libcoll-tests']: allowed is a list of builds of "
+        "source_builds: libcoll, libcoll-tests, triton, vllm, xformers, with every build each one needs"
+    ) in str(error.value)
 
 
 # Stamps, order and the script --------------------------------------------------------------
@@ -142,17 +181,31 @@ def test_the_prefix_script_builds_a_real_prefix_and_a_valid_stamp(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "README").write_text("stand-in\n")
-    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        **os.environ,
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"], ["tag", "v1"]):
         subprocess.run(["git", *args], cwd=repo, env=env, check=True)
-    spec = {**CATALOGUE["libcoll"], "url": str(repo), "ref": "v1",
-            "steps": ['mkdir -p "$SPARKRIG_PREFIX/lib" && cp README "$SPARKRIG_PREFIX/lib/" && ln -s README "$SPARKRIG_PREFIX/lib/link"']}
+    spec = {
+        **CATALOGUE["libcoll"],
+        "url": str(repo),
+        "ref": "v1",
+        "steps": [
+            'mkdir -p "$SPARKRIG_PREFIX/lib" && cp README "$SPARKRIG_PREFIX/lib/" && ln -s README "$SPARKRIG_PREFIX/lib/link"'
+        ],
+    }
     data = _data(source_builds={**CATALOGUE, "libcoll": spec}, source_builds_enabled=["libcoll"])
     key = sb_catalogue.wanted(data)["libcoll"]
     script = sb_ops.render_build_script("libcoll", key, data)
     work, wheelhouse = tmp_path / "work", tmp_path / "wh" / key
-    script = script.replace(sb_catalogue.work_dir("libcoll", key), str(work)).replace(sb_catalogue.wheelhouse_dir("libcoll", key), str(wheelhouse))
+    script = script.replace(sb_catalogue.work_dir("libcoll", key), str(work)).replace(
+        sb_catalogue.wheelhouse_dir("libcoll", key), str(wheelhouse)
+    )
     work.mkdir()
     (tmp_path / "wh").mkdir()
     run = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
@@ -187,8 +240,7 @@ def _fact(states: dict[str, str], data: dict) -> list[str]:
 
 def _ops(states: dict[str, str], packages: str = "ii ", **data):
     data = {"source_builds": CATALOGUE, "source_builds_enabled": BOTH, "hardware_profile": "gb10", **data}
-    responses = {FACT: _fact(states, resolve(SETTINGS, data)),
-                 PACKAGES: [f"package {packages} 4.1.6 openmpi-bin"]}
+    responses = {FACT: _fact(states, resolve(SETTINGS, data)), PACKAGES: [f"package {packages} 4.1.6 openmpi-bin"]}
     return execute(sb_deploy.source_builds, data=data, responses=responses)
 
 
@@ -198,7 +250,9 @@ def test_fact_reads_the_installed_key_and_the_link():
     key = sb_catalogue.wanted(data)["libcoll"]
     assert found["libcoll"]["installed"] == key and found["libcoll"]["link"] == key
     assert "installed" not in found["libcoll-tests"] and found["libcoll-tests"]["state"] == "built"
-    command = sb_facts.SourceBuilds().command((("libcoll", key, ""),), "/opt/sparkrig/venv", installs=(("libcoll", key),))
+    command = sb_facts.SourceBuilds().command(
+        (("libcoll", key, ""),), "/opt/sparkrig/venv", installs=(("libcoll", key),)
+    )
     raw = command.get_raw_value()
     assert f"[ -d {px.installed_dir('libcoll', key)} ] && [ -f {px.installed_stamp('libcoll', key)} ]" in raw
     assert "readlink /opt/sparkrig/builds/libcoll/current" in raw and '"$w"/prefix.tar.gz' in raw
@@ -243,8 +297,17 @@ def test_installing_copies_checks_and_unpacks_as_root_then_links():
     command = "\n".join(install.commands)
     incoming = f"/var/lib/sparkrig/incoming/libcoll-{key}.prefix.tar.gz"
     assert f"install -m 600 -o root -g root /dev/null {incoming}" in command
-    assert user_files.copy_out(f"/var/lib/sparkrig/wheelhouse/libcoll/{key}/prefix.tar.gz", incoming, 32 << 30, "spark",
-                               1800, "source build libcoll") in command
+    assert (
+        user_files.copy_out(
+            f"/var/lib/sparkrig/wheelhouse/libcoll/{key}/prefix.tar.gz",
+            incoming,
+            32 << 30,
+            "spark",
+            1800,
+            "source build libcoll",
+        )
+        in command
+    )
     assert "python3 -I -c" in command and f"{incoming} {'d' * 64} {px.installed_dir('libcoll', key)}.new" in command
     assert f"ln -sfn {key} /opt/sparkrig/builds/libcoll/current.new && mv -T" in command
     record = json.loads(install.uploads[f"/opt/sparkrig/builds/libcoll/.{key}.json.new"])
@@ -302,18 +365,29 @@ def _unpack(tmp_path, members, sha=None):
     archive, digest = _archive(tmp_path, members)
     dest = tmp_path / "opt" / "key.new"
     dest.parent.mkdir(exist_ok=True)
-    run = subprocess.run([sys.executable, "-I", str(px.UNPACKER), archive, sha or digest, str(dest), "source build x"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-I", str(px.UNPACKER), archive, sha or digest, str(dest), "source build x"],
+        capture_output=True,
+        text=True,
+    )
     return run, dest
 
 
 def test_a_plain_prefix_is_unpacked_with_normalised_modes(tmp_path):
-    run, dest = _unpack(tmp_path, [
-        (".", "dir", None), ("./bin", "dir", None), ("./bin/all_reduce_perf", "file", 0o775),
-        ("./lib", "dir", None), ("./lib/libcoll.so.1.0.0", "file", 0o664), ("./lib/libcoll.so.2", "sym", "libcoll.so.1.0.0"),
-        ("./lib/libcoll.so", "sym", "libcoll.so.2"), ("./include/libcoll.h", "file", None),
-        ("./lib/pkgconfig/up", "sym", "../../include/libcoll.h"),
-    ])
+    run, dest = _unpack(
+        tmp_path,
+        [
+            (".", "dir", None),
+            ("./bin", "dir", None),
+            ("./bin/all_reduce_perf", "file", 0o775),
+            ("./lib", "dir", None),
+            ("./lib/libcoll.so.1.0.0", "file", 0o664),
+            ("./lib/libcoll.so.2", "sym", "libcoll.so.1.0.0"),
+            ("./lib/libcoll.so", "sym", "libcoll.so.2"),
+            ("./include/libcoll.h", "file", None),
+            ("./lib/pkgconfig/up", "sym", "../../include/libcoll.h"),
+        ],
+    )
     assert run.returncode == 0, run.stderr
     assert "unpacked 3 files, 2 directories, 3 symlinks" in run.stdout
     assert os.stat(dest / "bin" / "all_reduce_perf").st_mode & 0o7777 == 0o755
@@ -405,8 +479,9 @@ def test_the_link_check_is_linear_in_the_members():
         "    l = tarfile.TarInfo(f'l{i}'); l.type, l.linkname = tarfile.SYMTYPE, f'd{i % 100}/f{i}'; members.append(l)\n"
         "print(len(u.check(members)))\n"
     )
-    run = subprocess.run([sys.executable, "-I", "-c", script, str(px.UNPACKER)], capture_output=True, text=True,
-                         timeout=30)
+    run = subprocess.run(
+        [sys.executable, "-I", "-c", script, str(px.UNPACKER)], capture_output=True, text=True, timeout=30
+    )
     assert run.stdout.strip() == "40000", run.stderr
 
 

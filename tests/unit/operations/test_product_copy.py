@@ -22,8 +22,10 @@ from sparkrig.operations.source_builds import catalogue as sb_catalogue
 from sparkrig.operations.source_builds import prefixes as sb_prefixes
 from tests.unit import pyinfra_fake
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"),
-                                reason="needs root and runuser (root copies as the owner, here nobody)")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("runuser"),
+    reason="needs root and runuser (root copies as the owner, here nobody)",
+)
 
 KEY = "0123456789abcdef"
 FACT = 'echo "unit $n'  # SourceBuilds' command holds this
@@ -56,8 +58,9 @@ def _first_command(operation, cache: Path) -> tuple[str, str]:
     root-owned file it copies into."""
     stamp = {"kind": "prefix", "name": "lib", "key": KEY, "archive": px.ARCHIVE, "sha256": "d" * 64}
     lines = ["unit lib inactive", f"stamp lib {json.dumps(stamp)}", f"wheel lib {pyinfra_fake.user_field(px.ARCHIVE)}"]
-    ops = pyinfra_fake.plan(lambda: operation(name="copy", build_name="lib", key=KEY, cache=str(cache), owner="nobody"),
-                            {}, {FACT: lines})
+    ops = pyinfra_fake.plan(
+        lambda: operation(name="copy", build_name="lib", key=KEY, cache=str(cache), owner="nobody"), {}, {FACT: lines}
+    )
     if operation is sb_prefixes.install_prefix:
         dest = f"{sb_prefixes.INCOMING}/lib-{KEY}.{px.ARCHIVE}"
     else:
@@ -90,12 +93,18 @@ def test_a_regular_product_is_copied_whole(operation, tree, tmp_path):
 
 
 @pytest.mark.parametrize("operation", OPERATIONS, ids=["install_prefix", "fetch"])
-@pytest.mark.parametrize("planted", [
-    'mkfifo "$1"',  # no writer ever comes: an open would block for ever
-    'truncate -s 1T "$1"',  # sparse: no space taken, 1 TiB to copy
-    'ln -s /dev/zero "$1"',  # endless
-], ids=["fifo", "sparse-1TiB", "link-to-dev-zero"])
-def test_a_product_that_would_hang_or_fill_the_disk_fails_the_host_and_copies_nothing(operation, planted, tree, tmp_path):
+@pytest.mark.parametrize(
+    "planted",
+    [
+        'mkfifo "$1"',  # no writer ever comes: an open would block for ever
+        'truncate -s 1T "$1"',  # sparse: no space taken, 1 TiB to copy
+        'ln -s /dev/zero "$1"',  # endless
+    ],
+    ids=["fifo", "sparse-1TiB", "link-to-dev-zero"],
+)
+def test_a_product_that_would_hang_or_fill_the_disk_fails_the_host_and_copies_nothing(
+    operation, planted, tree, tmp_path
+):
     root, entry = tree
     _plant(entry, planted)
     command, dest = _first_command(operation, tmp_path)

@@ -84,7 +84,9 @@ def _fleet(**per_host):
 
 def test_every_host_is_scraped_where_its_node_exporter_listens_and_named_by_its_inventory_name():
     assert scrape_targets(_fleet(), "spark-01") == [
-        ("spark-01", "127.0.0.1:9100"), ("spark-02", "192.168.1.2:9100"), ("spark-03", "s3.lan:9200"),
+        ("spark-01", "127.0.0.1:9100"),
+        ("spark-02", "192.168.1.2:9100"),
+        ("spark-03", "s3.lan:9200"),
     ]
     assert fleet_problems(_fleet(), _fleet()) == []
 
@@ -95,8 +97,12 @@ def test_a_host_without_metrics_listen_is_scraped_at_the_metrics_concerns_defaul
 
 
 def test_ipv6_addresses_and_hosts_without_metrics():
-    everyone = _fleet(**{"spark-02": {"metrics_listen": "[fd00::2]:9100"},
-                         "spark-03": {"metrics_listen": "127.0.0.1:9100", "metrics_enabled": False}})
+    everyone = _fleet(
+        **{
+            "spark-02": {"metrics_listen": "[fd00::2]:9100"},
+            "spark-03": {"metrics_listen": "127.0.0.1:9100", "metrics_enabled": False},
+        }
+    )
     assert scrape_targets(everyone, "spark-01") == [("spark-01", "127.0.0.1:9100"), ("spark-02", "[fd00::2]:9100")]
     assert fleet_problems(everyone, everyone) == []
 
@@ -110,8 +116,10 @@ def test_hosts_that_disagree_on_the_server_are_each_named():
     everyone = _fleet(**{"spark-02": {"prometheus_server": "spark-02"}})
     found = fleet_problems(everyone, everyone)
     assert [host for host, _ in found] == ["spark-01", "spark-02", "spark-03"]
-    assert ("prometheus_server = 'spark-02': allowed is the same host on every host of the inventory "
-            "(spark-01 has 'spark-01')") in found[1][1]
+    assert (
+        "prometheus_server = 'spark-02': allowed is the same host on every host of the inventory "
+        "(spark-01 has 'spark-01')"
+    ) in found[1][1]
 
 
 def test_a_server_outside_the_inventory_is_refused():
@@ -123,9 +131,15 @@ def test_a_server_outside_the_inventory_is_refused():
 
 def test_metrics_on_loopback_on_another_host_than_the_server_is_refused_naming_that_host():
     everyone = _fleet(**{"spark-02": {"metrics_listen": "127.0.0.1:9100"}})
-    assert fleet_problems(everyone, everyone) == [("spark-02", (
-        "metrics_listen = '127.0.0.1:9100': allowed is an address spark-01 (prometheus_server) can reach: "
-        "not loopback on a host other than it"))]
+    assert fleet_problems(everyone, everyone) == [
+        (
+            "spark-02",
+            (
+                "metrics_listen = '127.0.0.1:9100': allowed is an address spark-01 (prometheus_server) can reach: "
+                "not loopback on a host other than it"
+            ),
+        )
+    ]
     # A run that leaves the server out writes no scrape configuration: nothing to refuse.
     assert fleet_problems(everyone[1:], everyone) == []
 
@@ -146,8 +160,9 @@ def test_every_alert_rule_passes_its_promtool_test(tmp_path):
     and the alert's labels and summary at each evaluation."""
     promtool = _promtool()
     folder = _rules_dir(tmp_path)
-    result = subprocess.run([promtool, "test", "rules", "sparkrig.rules.test.yml"], cwd=folder,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [promtool, "test", "rules", "sparkrig.rules.test.yml"], cwd=folder, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
@@ -155,8 +170,14 @@ def test_every_alert_rule_passes_its_promtool_test(tmp_path):
 def test_every_alert_rule_has_a_promtool_test_that_expects_it_to_fire():
     rules = yaml.safe_load(pm_deploy.render_rules(TEST_THRESHOLD))
     alerts = [rule["alert"] for group in rules["groups"] for rule in group["rules"]]
-    assert alerts == ["SparkMemoryLow", "SparkEarlyoomKill", "SparkGpuThrottled", "SparkComplianceFailed",
-                      "SparkRebootPending", "SparkHostDown"]
+    assert alerts == [
+        "SparkMemoryLow",
+        "SparkEarlyoomKill",
+        "SparkGpuThrottled",
+        "SparkComplianceFailed",
+        "SparkRebootPending",
+        "SparkHostDown",
+    ]
     tests = yaml.safe_load((DATA / "sparkrig.rules.test.yml").read_text())["tests"]
     firing = {case["alertname"] for test in tests for case in test["alert_rule_test"] if case["exp_alerts"]}
     quiet = {case["alertname"] for test in tests for case in test["alert_rule_test"] if not case["exp_alerts"]}
@@ -169,8 +190,9 @@ def test_the_memory_threshold_setting_is_the_rules_threshold(tmp_path):
     promtool = _promtool()
     folder = _rules_dir(tmp_path)
     (folder / "sparkrig.rules.yml").write_text(pm_deploy.render_rules(7_000_000_000))
-    result = subprocess.run([promtool, "test", "rules", "sparkrig.rules.test.yml"], cwd=folder,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [promtool, "test", "rules", "sparkrig.rules.test.yml"], cwd=folder, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0 and "SparkMemoryLow" in result.stdout + result.stderr, result.stdout
 
 
@@ -180,14 +202,16 @@ def test_the_rendered_configuration_passes_promtool_and_names_every_host(tmp_pat
     targets = scrape_targets(_fleet(), "spark-01")
     text = pm_deploy.render_config(targets, 2, 1).replace(pm_deploy.RULES, str(tmp_path / "sparkrig.rules.yml"))
     (tmp_path / "prometheus.yml").write_text(text)
-    result = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     config = yaml.safe_load(text)
     assert config["global"] == {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "1s"}
     (job,) = config["scrape_configs"]
     assert [(c["labels"]["instance"], c["targets"]) for c in job["static_configs"]] == [
-        (name, [address]) for name, address in targets]
+        (name, [address]) for name, address in targets
+    ]
 
 
 # The deploy ---------------------------------------------------------------------
@@ -215,8 +239,11 @@ def _commands(ops) -> dict[str, list[str]]:
 
 def test_a_fresh_server_installs_masked_writes_checked_files_then_starts():
     debian = "# Debian's own\n"
-    ops = execute(pm.prometheus, data=ON, responses=_host(
-        installed=False, running=False, enabled=False, rules=None, config=debian, default='ARGS=""\n'))
+    ops = execute(
+        pm.prometheus,
+        data=ON,
+        responses=_host(installed=False, running=False, enabled=False, rules=None, config=debian, default='ARGS=""\n'),
+    )
     commands = _commands(ops)
     assert list(commands) == [
         "Prometheus waits for its configuration (masked while installed)",
@@ -228,17 +255,25 @@ def test_a_fresh_server_installs_masked_writes_checked_files_then_starts():
         "Prometheus is enabled and running",
     ]
     assert commands["Prometheus waits for its configuration (masked while installed)"] == [
-        "systemctl mask prometheus.service"]
+        "systemctl mask prometheus.service"
+    ]
     assert commands["Install Prometheus"][0].endswith("install --no-install-recommends prometheus")
     assert commands[f"Alert rules ({pm_deploy.RULES}), checked by promtool"][-1] == (
         "chown root:root /etc/prometheus/.sparkrig.rules.yml.sparkrig-new && chmod 644 "
         "/etc/prometheus/.sparkrig.rules.yml.sparkrig-new && { promtool check rules "
         "/etc/prometheus/.sparkrig.rules.yml.sparkrig-new || { rm -f /etc/prometheus/.sparkrig.rules.yml.sparkrig-new"
-        " ; false; }; } && mv -f /etc/prometheus/.sparkrig.rules.yml.sparkrig-new /etc/prometheus/sparkrig.rules.yml")
-    assert "{ promtool check config /etc/prometheus/.prometheus.yml.sparkrig-new ||" in \
-        commands[f"Scrape configuration ({pm_deploy.CONFIG}), checked by promtool"][-1]
-    assert ops[4].uploads["/etc/default/.prometheus.sparkrig-new"].decode().endswith(
-        'ARGS="--web.listen-address=127.0.0.1:9090 --storage.tsdb.retention.time=15d"\n')
+        " ; false; }; } && mv -f /etc/prometheus/.sparkrig.rules.yml.sparkrig-new /etc/prometheus/sparkrig.rules.yml"
+    )
+    assert (
+        "{ promtool check config /etc/prometheus/.prometheus.yml.sparkrig-new ||"
+        in commands[f"Scrape configuration ({pm_deploy.CONFIG}), checked by promtool"][-1]
+    )
+    assert (
+        ops[4]
+        .uploads["/etc/default/.prometheus.sparkrig-new"]
+        .decode()
+        .endswith('ARGS="--web.listen-address=127.0.0.1:9090 --storage.tsdb.retention.time=15d"\n')
+    )
     assert ops[3].uploads["/etc/prometheus/.prometheus.yml.sparkrig-new"].decode() == CONFIG_TEXT
 
 
@@ -256,30 +291,38 @@ def test_other_hosts_and_a_fleet_without_prometheus_read_and_do_nothing():
 def test_a_new_threshold_rewrites_the_rules_and_reloads_without_a_restart():
     ops = execute(pm.prometheus, data={**ON, "prometheus_memory_available_min_bytes": 1 << 30}, responses=_host())
     commands = _commands(ops)
-    assert list(commands) == [f"Alert rules ({pm_deploy.RULES}), checked by promtool",
-                              "Reload Prometheus: its configuration or rules changed"]
+    assert list(commands) == [
+        f"Alert rules ({pm_deploy.RULES}), checked by promtool",
+        "Reload Prometheus: its configuration or rules changed",
+    ]
     assert "< 1073741824\n" in ops[0].uploads["/etc/prometheus/.sparkrig.rules.yml.sparkrig-new"].decode()
     assert commands["Reload Prometheus: its configuration or rules changed"] == ["systemctl reload prometheus.service"]
 
 
 def test_a_new_listen_address_restarts():
     ops = execute(pm.prometheus, data={**ON, "prometheus_listen": "10.0.0.1:9090"}, responses=_host())
-    assert list(_commands(ops)) == [f"Prometheus' arguments ({pm_deploy.DEFAULT_FILE})",
-                                    "Restart Prometheus: its arguments changed"]
+    assert list(_commands(ops)) == [
+        f"Prometheus' arguments ({pm_deploy.DEFAULT_FILE})",
+        "Restart Prometheus: its arguments changed",
+    ]
 
 
 def test_a_run_cut_off_after_the_mask_is_finished_by_the_next():
     """Installed and masked (the last run stopped at a file promtool refused): unmasked, started."""
     responses = _host()
-    responses[HOST_STATE] = [line.replace("unit active enabled", "unit inactive masked")
-                             for line in responses[HOST_STATE]]
+    responses[HOST_STATE] = [
+        line.replace("unit active enabled", "unit inactive masked") for line in responses[HOST_STATE]
+    ]
     assert list(_commands(execute(pm.prometheus, data=ON, responses=responses))) == [
-        "Prometheus may start (unmasked)", "Prometheus is enabled and running"]
+        "Prometheus may start (unmasked)",
+        "Prometheus is enabled and running",
+    ]
 
 
 def test_a_stopped_prometheus_is_started():
     assert _commands(execute(pm.prometheus, data=ON, responses=_host(running=False))) == {
-        "Prometheus is enabled and running": ["systemctl start prometheus.service"]}
+        "Prometheus is enabled and running": ["systemctl start prometheus.service"]
+    }
 
 
 # promtool's check, before a file takes effect: the deploy's own command, run here --------
@@ -292,8 +335,11 @@ def _write_command(tmp_path: Path, dest: str, responses: dict, data: dict) -> tu
         for uploaded, content in op.uploads.items():
             if uploaded == pm_deploy.atomic.temp_path(dest):
                 command = op.commands[-1].replace("/etc/prometheus", str(tmp_path))
-                return str(tmp_path / Path(uploaded).name), command, content.replace(
-                    b"/etc/prometheus", str(tmp_path).encode())
+                return (
+                    str(tmp_path / Path(uploaded).name),
+                    command,
+                    content.replace(b"/etc/prometheus", str(tmp_path).encode()),
+                )
     raise AssertionError(f"no write of {dest}")
 
 
@@ -323,7 +369,8 @@ def test_rules_promtool_refuses_never_replace_the_live_ones(tmp_path, root):
     live = tmp_path / "sparkrig.rules.yml"
     live.write_text(RULES_TEXT)
     temp, command, content = _write_command(
-        tmp_path, pm_deploy.RULES, _host(), {**ON, "prometheus_memory_available_min_bytes": 1 << 30})
+        tmp_path, pm_deploy.RULES, _host(), {**ON, "prometheus_memory_available_min_bytes": 1 << 30}
+    )
     Path(temp).write_bytes(content.replace(b"increase(", b"increase(("))
     refused = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
     assert refused.returncode != 0, refused.stdout

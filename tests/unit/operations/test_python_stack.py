@@ -57,8 +57,11 @@ def test_the_shipped_manifest_pins_a_matching_cu130_stack_from_pypi():
     assert MANIFEST["torch"]["packages"] == {"torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0"}
     assert set(MANIFEST["vllm"]["wheels"]) == {"aarch64", "x86_64"}
     assert MANIFEST["profiles"]["unsloth"] == {
-        "bitsandbytes": "0.48.0", "transformers": "4.56.2", "trl": "0.22.2",
-        "unsloth": "2025.10.1", "unsloth_zoo": "2025.11.2",
+        "bitsandbytes": "0.48.0",
+        "transformers": "4.56.2",
+        "trl": "0.22.2",
+        "unsloth": "2025.10.1",
+        "unsloth_zoo": "2025.11.2",
     }
     assert MANIFEST["locks"] == {"architectures": ["aarch64", "x86_64"], "profiles": [[], ["unsloth"]]}
 
@@ -73,24 +76,44 @@ def test_the_shipped_manifest_pins_a_matching_cu130_stack_from_pypi():
         ({"python_stack": _manifest(colour="red")}, "unknown manifest keys: colour"),
         ({"python_stack": _manifest(torch={"index_url": "auto", "packages": {}})}, "never uv's 'auto'"),
         (
-            {"python_stack": _manifest(torch={"index_url": "https://download.pytorch.org/whl/cu130",
-                                              "packages": {"torch": "2.11.0", "numpy": "2.3.5"}})},
+            {
+                "python_stack": _manifest(
+                    torch={
+                        "index_url": "https://download.pytorch.org/whl/cu130",
+                        "packages": {"torch": "2.11.0", "numpy": "2.3.5"},
+                    }
+                )
+            },
             "torch.index_url would send numpy to the torch index",
         ),
         ({"python_stack": _manifest(locks={"architectures": ["arm64"], "profiles": [[]]})}, "locks.architectures"),
-        ({"python_stack": _manifest(locks={"architectures": ["x86_64"], "profiles": [["nightly"]]})},
-         "locks.profiles names 'nightly'"),
-        ({"python_stack_locks": "/nonexistent/locks"}, "aarch64-py3.12.txt is missing: run `uv run sparkrig lock"),
-        ({"python_stack": _manifest(packages={"six": "1.17.0"})},
-         "group_data/python_stack.locks/aarch64-py3.12.txt is stale for its manifest: run `uv run sparkrig lock`"),
-        ({"python_stack": _manifest(locks={"architectures": ["x86_64"], "profiles": [[]]})},
-         "the manifest's locks list no lock for aarch64 with profiles []"),
         (
-            {"python_stack": _manifest(vllm={**MANIFEST["vllm"], "wheels": {"x86_64": MANIFEST["vllm"]["wheels"]["x86_64"]}})},
+            {"python_stack": _manifest(locks={"architectures": ["x86_64"], "profiles": [["nightly"]]})},
+            "locks.profiles names 'nightly'",
+        ),
+        ({"python_stack_locks": "/nonexistent/locks"}, "aarch64-py3.12.txt is missing: run `uv run sparkrig lock"),
+        (
+            {"python_stack": _manifest(packages={"six": "1.17.0"})},
+            "group_data/python_stack.locks/aarch64-py3.12.txt is stale for its manifest: run `uv run sparkrig lock`",
+        ),
+        (
+            {"python_stack": _manifest(locks={"architectures": ["x86_64"], "profiles": [[]]})},
+            "the manifest's locks list no lock for aarch64 with profiles []",
+        ),
+        (
+            {
+                "python_stack": _manifest(
+                    vllm={**MANIFEST["vllm"], "wheels": {"x86_64": MANIFEST["vllm"]["wheels"]["x86_64"]}}
+                )
+            },
             "no {url, sha256} entry for this host's architecture aarch64",
         ),
         (
-            {"python_stack": _manifest(vllm={**MANIFEST["vllm"], "wheels": {"aarch64": {"url": "https://x/v.whl", "sha256": "ABC"}}})},
+            {
+                "python_stack": _manifest(
+                    vllm={**MANIFEST["vllm"], "wheels": {"aarch64": {"url": "https://x/v.whl", "sha256": "ABC"}}}
+                )
+            },
             "sha256 must be 64 lower-case hex digits",
         ),
         (
@@ -134,8 +157,11 @@ def test_an_auto_host_whose_lock_leaves_a_package_to_no_enabled_build_is_refused
 
     said = wheelhouse.Builds(lines=lambda _s: {}, missing=lambda _s, arch: f"xformers has no {arch} wheel")
     monkeypatch.setattr(wheelhouse, "_BUILDS", [said])
-    (op,) = plan(ps_deploy.python_stack, data={"hardware_profile": "auto"},
-                 responses={"uname -m": ["aarch64", "12.1, NVIDIA GB10"]})
+    (op,) = plan(
+        ps_deploy.python_stack,
+        data={"hardware_profile": "auto"},
+        responses={"uname -m": ["aarch64", "12.1, NVIDIA GB10"]},
+    )
     assert "python_stack: xformers has no aarch64 wheel" in op.commands[0]
 
 
@@ -201,9 +227,18 @@ def test_uv_requirements_carry_every_hash():
 def _fact_output(lock: str | None = None, **changes) -> list[str]:
     wanted = hashlib.sha256((lock or _wanted()).encode()).hexdigest()
     state = {
-        "uv": "0.13.9", "link": UV, "link_exists": "yes", "venv_module": "yes",
-        "cache_owner": "root", "owner_exists": "yes", "occupied": "yes", "python": "3.12.3", "owner": "root",
-        "usable": "yes", "lock": wanted, "plan": ps_facts.NO_CHANGES,
+        "uv": "0.13.9",
+        "link": UV,
+        "link_exists": "yes",
+        "venv_module": "yes",
+        "cache_owner": "root",
+        "owner_exists": "yes",
+        "occupied": "yes",
+        "python": "3.12.3",
+        "owner": "root",
+        "usable": "yes",
+        "lock": wanted,
+        "plan": ps_facts.NO_CHANGES,
     }
     state.update(changes)
     return [f"{key} {value}" for key, value in state.items() if value is not None]
@@ -263,8 +298,6 @@ def test_the_fact_reads_the_venvs_files_without_blocking_or_following_links(tmp_
     assert found["python"] is None and found["lock"] != hashlib.sha256(secret.read_bytes()).hexdigest(), found
 
 
-
-
 def test_a_pyvenv_cfg_that_is_not_utf8_is_read_not_fatal():
     lines = ["python 3.12\udcff", "owner spark", "usable yes"]
     found = ps_facts.PythonStack().process(pyinfra_fake.encode(lines))
@@ -305,8 +338,12 @@ def test_a_fresh_host_gets_venv_support_uv_and_the_venv():
 
 def test_a_changed_lock_is_uploaded_and_synced_without_a_new_venv():
     old = _wanted()
-    ops = _ops(_fact_output(lock=old), hardware_profile="gb10", python_stack_profiles=["unsloth"],
-               source_builds_enabled=["xformers"])
+    ops = _ops(
+        _fact_output(lock=old),
+        hardware_profile="gb10",
+        python_stack_profiles=["unsloth"],
+        source_builds_enabled=["xformers"],
+    )
     (venv,) = ops
     assert venv.name.startswith("Python stack | Virtualenv python_venv_path")
     joined = "\n".join(venv.commands)
@@ -331,7 +368,10 @@ def test_turning_python_offline_off_removes_the_controllers_wheels_once():
 def test_the_fact_says_whether_the_offline_wheels_are_there():
     assert ps_facts.PythonStack().parse(_fact_output(offline_dir="yes"))["offline_dir"] is True
     assert ps_facts.PythonStack().parse(_fact_output())["offline_dir"] is False
-    assert f"[ -d {ps_facts.OFFLINE_DIR} ]" in ps_facts.PythonStack().command("/opt/sparkrig/venv", "spark").get_raw_value()
+    assert (
+        f"[ -d {ps_facts.OFFLINE_DIR} ]"
+        in ps_facts.PythonStack().command("/opt/sparkrig/venv", "spark").get_raw_value()
+    )
 
 
 def test_a_venv_of_another_python_is_made_anew():
@@ -364,16 +404,33 @@ def test_a_stale_lock_refuses_the_host_before_any_change():
 
 def test_a_lock_needing_a_source_build_wants_it_enabled_before_any_host_is_contacted():
     # The committed aarch64 Unsloth lock leaves xformers (no aarch64 wheel) to a source build.
-    assert ps_locks.lock_from_source(ps_locks.read_lock(ps_locks.locks_dir(ps_locks.LOCKS) / "aarch64-py3.12-unsloth.txt")) == ["xformers"]
-    assert ps_locks.lock_from_source(ps_locks.read_lock(ps_locks.locks_dir(ps_locks.LOCKS) / "x86_64-py3.12-unsloth.txt")) == []
+    assert ps_locks.lock_from_source(
+        ps_locks.read_lock(ps_locks.locks_dir(ps_locks.LOCKS) / "aarch64-py3.12-unsloth.txt")
+    ) == ["xformers"]
+    assert (
+        ps_locks.lock_from_source(ps_locks.read_lock(ps_locks.locks_dir(ps_locks.LOCKS) / "x86_64-py3.12-unsloth.txt"))
+        == []
+    )
     with pytest.raises(SettingsError) as error:
         validate_hosts([("spark-02", {"hardware_profile": "gb10", "python_stack_profiles": ["unsloth"]})])
     (line,) = [line for line in str(error.value).splitlines() if line.startswith("  host")]
     assert line.startswith("  host 'spark-02': source_builds_enabled = []: allowed is a list of builds")
-    assert "aarch64-py3.12-unsloth.txt leaves xformers to a source build (xformers has no aarch64 wheel: " \
-           "enable xformers)" in line
-    validate_hosts([("spark-02", {"hardware_profile": "gb10", "python_stack_profiles": ["unsloth"],
-                                  "source_builds_enabled": ["xformers"]})])
+    assert (
+        "aarch64-py3.12-unsloth.txt leaves xformers to a source build (xformers has no aarch64 wheel: "
+        "enable xformers)" in line
+    )
+    validate_hosts(
+        [
+            (
+                "spark-02",
+                {
+                    "hardware_profile": "gb10",
+                    "python_stack_profiles": ["unsloth"],
+                    "source_builds_enabled": ["xformers"],
+                },
+            )
+        ]
+    )
     # x86_64 has PyPI's wheel; the base stack does not need xformers at all.
     validate_hosts([("ws", {"hardware_profile": "rtx50", "python_stack_profiles": ["unsloth"]})])
     validate_hosts([("spark-03", {"hardware_profile": "gb10"})])
@@ -403,10 +460,15 @@ def test_venv_module_needs_python3_venv_fully_installed(tmp_path, status, usable
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     line = next(i for i, text in enumerate(ps_facts.STACK_SCRIPT.splitlines()) if "ensurepip" in text)
-    script = "\n".join(ps_facts.STACK_SCRIPT.splitlines()[line:line + 2])
-    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
-                            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    script = "\n".join(ps_facts.STACK_SCRIPT.splitlines()[line : line + 2])
+    result = subprocess.run(
+        ["sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )
     assert ("venv_module yes" in result.stdout) is usable
+
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser")
 def test_requirements_reach_the_venv_as_its_owner_not_through_a_planted_link():
@@ -424,12 +486,40 @@ def test_requirements_reach_the_venv_as_its_owner_not_through_a_planted_link():
         staged = scratch / "staged.in"
         staged.write_text("torch==2.11.0\n")
         staged.chmod(0o644)
-        run = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", ps_ops.PUT_AS_OWNER, "put",
-                              str(venv / "sparkrig"), str(staged), "requirements.in"], capture_output=True)
+        run = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                "nobody",
+                "--",
+                "sh",
+                "-c",
+                ps_ops.PUT_AS_OWNER,
+                "put",
+                str(venv / "sparkrig"),
+                str(staged),
+                "requirements.in",
+            ],
+            capture_output=True,
+        )
         assert run.returncode != 0 and list(roots.iterdir()) == []
         (venv / "sparkrig").unlink()
-        run = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", ps_ops.PUT_AS_OWNER, "put",
-                              str(venv / "sparkrig"), str(staged), "requirements.in"], capture_output=True)
+        run = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                "nobody",
+                "--",
+                "sh",
+                "-c",
+                ps_ops.PUT_AS_OWNER,
+                "put",
+                str(venv / "sparkrig"),
+                str(staged),
+                "requirements.in",
+            ],
+            capture_output=True,
+        )
         assert run.returncode == 0 and (venv / "sparkrig" / "requirements.in").stat().st_uid == 65534
     finally:
         shutil.rmtree(scratch)
@@ -442,12 +532,16 @@ def test_a_fresh_venv_command_runs_its_link_check_and_goes_on(tmp_path):
     guard = make.split(" && mkdir -p", 1)[0]
     target = tmp_path / "v"
     target.mkdir()
-    ok = subprocess.run(["sh", "-c", guard.replace("/opt/sparkrig/venv", str(target)) + " && echo on"],
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        ["sh", "-c", guard.replace("/opt/sparkrig/venv", str(target)) + " && echo on"], capture_output=True, text=True
+    )
     assert ok.stdout == "on\n"
     (tmp_path / "link").symlink_to(target)
-    bad = subprocess.run(["sh", "-c", guard.replace("/opt/sparkrig/venv", str(tmp_path / "link")) + " && echo on"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        ["sh", "-c", guard.replace("/opt/sparkrig/venv", str(tmp_path / "link")) + " && echo on"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 1 and "is a symbolic link" in bad.stderr and bad.stdout == ""
 
 
@@ -458,22 +552,30 @@ def test_offline_the_wheel_locked_by_url_is_named_by_its_uploaded_copy():
     offline = ps_ops.offline_lock(text)
     (line,) = [line for line in offline.splitlines() if line.startswith("vllm @ ")]
     assert line == f"vllm @ file://{ps_facts.OFFLINE_DIR}/vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl \\"
-    assert offline.count("--hash=") == text.count("--hash=") and "https://" not in offline.split("vllm @ ", 1)[1].split("\n")[0]
+    assert (
+        offline.count("--hash=") == text.count("--hash=")
+        and "https://" not in offline.split("vllm @ ", 1)[1].split("\n")[0]
+    )
     assert ps_ops.offline_lock(offline) == offline
 
 
 # What uv's dry run says on an aarch64 host whose venv holds its lock: NVIDIA's cuSPARSELt
 # wheel (file name manylinux2014_aarch64) says `Tag: py3-none-manylinux2014_sbsa` in its WHEEL
 # file, so uv reinstalls it at every sync, and uv pip check says it was built for another platform.
-_SBSA = dict(plan=" ~ nvidia-cusparselt-cu13==0.8.0", planned="~nvidia-cusparselt-cu13==0.8.0",
-             other_platform="nvidia-cusparselt-cu13")
+_SBSA = dict(
+    plan=" ~ nvidia-cusparselt-cu13==0.8.0",
+    planned="~nvidia-cusparselt-cu13==0.8.0",
+    other_platform="nvidia-cusparselt-cu13",
+)
 
 
 def test_a_reinstall_uv_repeats_for_a_wheel_tagged_for_another_platform_is_no_drift():
     """Found converging the real stack on the emulated aarch64 host: every converge synced
     the venv again (a change at every run) for NVIDIA's mis-tagged wheel."""
     found = ps_facts.PythonStack().parse(_fact_output(**_SBSA))
-    assert found["planned"] == ["~nvidia-cusparselt-cu13==0.8.0"] and found["other_platform"] == ["nvidia-cusparselt-cu13"]
+    assert found["planned"] == ["~nvidia-cusparselt-cu13==0.8.0"] and found["other_platform"] == [
+        "nvidia-cusparselt-cu13"
+    ]
     assert ps_facts.plan_clean(found) and _ops(_fact_output(**_SBSA)) == []
 
 

@@ -102,14 +102,19 @@ def test_the_shipped_builds_are_the_checked_recipes():
         ({"source_builds": _catalogue(subdirectory="../up")}, "lab.subdirectory"),
         ({"source_builds": _catalogue(memory_max="lots")}, "lab.memory_max must be null or"),
         ({"source_builds": _catalogue(abi3="yes")}, "lab.abi3 must be true or false"),
-        ({"source_builds": _catalogue(env={"TORCH_CUDA_ARCH_LIST": "12.1"})}, "lab.env must not set TORCH_CUDA_ARCH_LIST"),
+        (
+            {"source_builds": _catalogue(env={"TORCH_CUDA_ARCH_LIST": "12.1"})},
+            "lab.env must not set TORCH_CUDA_ARCH_LIST",
+        ),
         ({"source_builds": _catalogue(torch_cuda_arch_list={"gb10": "sm_121"})}, "lab.torch_cuda_arch_list must map"),
         ({"source_builds": {"Bad_Name": LAB}}, "'Bad_Name' is not a build name"),
         ({"source_builds": {"lab": {**LAB, "colour": "red"}}}, "lab (kind wheel) must hold exactly"),
         ({"source_builds_enabled": ["tritonn"]}, "a list of builds of source_builds: triton, vllm, xformers"),
         ({"source_builds_enabled": ["triton", "triton"]}, "a list of builds of source_builds"),
-        ({"source_builds_enabled": ["vllm"], "python_stack": {**ps_locks.load_manifest(), "torch": None}},
-         "vllm compiles against torch, but python_stack installs no torch"),
+        (
+            {"source_builds_enabled": ["vllm"], "python_stack": {**ps_locks.load_manifest(), "torch": None}},
+            "vllm compiles against torch, but python_stack installs no torch",
+        ),
         ({"source_builds_wait": "yes"}, "True (wait for builds) or False"),
         ({"source_builds_controller_cache": "cache/wheels"}, "a normalised absolute path on the controller"),
     ],
@@ -130,8 +135,10 @@ def test_one_error_names_the_host_the_key_and_what_is_allowed():
 
 
 def _key(**changes) -> str:
-    data = _data(source_builds=_catalogue(**{k: v for k, v in changes.items() if k in LAB}),
-                 **{k: v for k, v in changes.items() if k not in LAB})
+    data = _data(
+        source_builds=_catalogue(**{k: v for k, v in changes.items() if k in LAB}),
+        **{k: v for k, v in changes.items() if k not in LAB},
+    )
     return sb_catalogue.wanted(data)["lab"]
 
 
@@ -139,9 +146,15 @@ def test_the_stamp_key_follows_what_makes_the_wheel():
     base = _key()
     assert len(base) == sb_catalogue.KEY_LENGTH
     for change in (
-        {"ref": "b" * 40}, {"env": {"MAX_JOBS": "4"}}, {"steps": []}, {"build_requirements": []},
-        {"submodules": True}, {"subdirectory": "python"}, {"package": "other"},
-        {"hardware_profile": "hopper"}, {"abi3": False},
+        {"ref": "b" * 40},
+        {"env": {"MAX_JOBS": "4"}},
+        {"steps": []},
+        {"build_requirements": []},
+        {"submodules": True},
+        {"subdirectory": "python"},
+        {"package": "other"},
+        {"hardware_profile": "hopper"},
+        {"abi3": False},
     ):
         assert _key(**change) != base, change
     assert sb_catalogue.wanted(_data(source_builds=_catalogue(torch_cuda_arch_list={"gb10": "12.1"})))["lab"] != base
@@ -277,8 +290,12 @@ def test_fact_a_killed_build_is_failed_and_a_stamp_without_its_wheel_is_not_buil
 
 
 def test_fact_command_quotes_its_paths_and_reads_the_venvs_line():
-    command = sb_facts.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), "/opt/my venv").get_raw_value()
-    assert command.startswith("{ r='/opt/my venv/sparkrig/requirements.lock';n=lab; d=/var/lib/sparkrig/source-builds/lab/0123")
+    command = (
+        sb_facts.SourceBuilds().command((("lab", "0123", "lab-ext @ file:///w/lab/"),), "/opt/my venv").get_raw_value()
+    )
+    assert command.startswith(
+        "{ r='/opt/my venv/sparkrig/requirements.lock';n=lab; d=/var/lib/sparkrig/source-builds/lab/0123"
+    )
     assert "| grep -F -- 'lab-ext @ file:///w/lab/'" in command
     assert "systemctl is-active" in command and command.endswith("true \n} | base64 -w0; echo; echo sparkrig-end")
 
@@ -290,7 +307,9 @@ def test_requirements_take_the_built_wheel_else_keep_the_venvs_earlier_one():
     data = _data()
     key = sb_catalogue.wanted(data)["lab"]
     built = sb_facts.requirement_lines(data, sb_facts.SourceBuilds().parse(_fact_output("built", CURRENT)))
-    assert built == {"lab-ext": f"lab-ext @ file:///var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL} --hash=sha256:{'d' * 64}"}
+    assert built == {
+        "lab-ext": f"lab-ext @ file:///var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL} --hash=sha256:{'d' * 64}"
+    }
     pending = sb_facts.requirement_lines(data, sb_facts.SourceBuilds().parse(_fact_output("running", CURRENT)))
     assert pending == {"lab-ext": CURRENT}
     assert sb_facts.requirement_lines(data, sb_facts.SourceBuilds().parse(_fact_output("failed"))) == {}
@@ -314,8 +333,16 @@ def test_a_built_package_replaces_the_locked_entry_of_the_same_name():
 def _stack_output(lock: str) -> list[str]:
     wanted = hashlib.sha256(lock.encode()).hexdigest()
     return [
-        "uv 0.13.9", "link_exists yes", "venv_module yes", "cache_owner root", "owner_exists yes",
-        "occupied yes", "python 3.12.3", "owner root", "usable yes", f"lock {wanted}",
+        "uv 0.13.9",
+        "link_exists yes",
+        "venv_module yes",
+        "cache_owner root",
+        "owner_exists yes",
+        "occupied yes",
+        "python 3.12.3",
+        "owner root",
+        "usable yes",
+        f"lock {wanted}",
         f"plan {ps_facts.NO_CHANGES}",
     ]
 
@@ -336,8 +363,14 @@ def test_nothing_enabled_costs_nothing():
 
 def test_a_converged_host_gets_no_operation():
     assert _ops("built") == []
-    assert plan(DEPLOY, data={"source_builds": _catalogue(), "source_builds_enabled": ["lab"]},
-                responses={FACT: _fact_output("built")}) == []
+    assert (
+        plan(
+            DEPLOY,
+            data={"source_builds": _catalogue(), "source_builds_enabled": ["lab"]},
+            responses={FACT: _fact_output("built")},
+        )
+        == []
+    )
 
 
 def test_without_the_venv_owners_operation_nothing_is_written_into_the_venv(monkeypatch):
@@ -361,8 +394,14 @@ def test_a_fresh_host_builds_detached_in_training_slice_waits_and_installs():
     assert f"if systemctl is-active --quiet {unit} ; then" in build
     assert f"systemd-run --quiet --collect --unit {unit}" in build
     assert "--slice training.slice --uid spark" in build
-    for prop in ("Nice=10", "OOMScoreAdjust=600", "MemorySwapMax=0", "MemoryMax=2G",
-                 "EnvironmentFile=-/etc/sparkrig/cuda.env", "RuntimeMaxSec=6h"):
+    for prop in (
+        "Nice=10",
+        "OOMScoreAdjust=600",
+        "MemorySwapMax=0",
+        "MemoryMax=2G",
+        "EnvironmentFile=-/etc/sparkrig/cuda.env",
+        "RuntimeMaxSec=6h",
+    ):
         assert f"--property {prop}" in build, prop
     # The build's own environment from a root-owned 0600 file, never on the command line.
     assert "MAX_JOBS" not in build and "--setenv UV_SYSTEM_CERTS=1" in build
@@ -393,7 +432,7 @@ def test_a_failed_build_fails_the_host_with_the_journal_tail_and_changes_nothing
     (op,) = _ops("failed", CURRENT)
     assert op.name == "Source builds | Source build lab failed"
     (command,) = op.commands
-    assert "journalctl -u \"$u\" -n 30" in command and 'rm -f "$d/attempt" "$d/work/result"; exit 1' in command
+    assert 'journalctl -u "$u" -n 30' in command and 'rm -f "$d/attempt" "$d/work/result"; exit 1' in command
 
 
 def test_a_wheel_in_the_controllers_cache_is_uploaded_not_built(tmp_path):
@@ -426,8 +465,6 @@ def test_the_cache_keeps_a_fetched_wheel_only_when_its_sha256_matches(tmp_path):
     assert sb_cache.cached(tmp_path.parent, tmp_path.name, "k") == stamp
 
 
-
-
 def test_a_peer_whose_profile_is_still_auto_has_no_known_key():
     """Another host of the run whose box hardware() has not read yet must not break the
     current host's plan (its key is unknown, so it is not counted as a peer)."""
@@ -438,8 +475,14 @@ def test_a_peer_whose_profile_is_still_auto_has_no_known_key():
 
 # A hostile builder: the venv's owner writes the stamp and the wheelhouse ----------------------
 
-HOSTILE_WHEELS = ["../../../../../.bashrc", "x.whl; touch /tmp/pwned", "a/b-1.0-py3-none-any.whl",
-                  "lab_ext-1.0.0-cp38-abi3-linux_x86_64.whl\n", "-rf-1-py3-none-any.whl", ".."]
+HOSTILE_WHEELS = [
+    "../../../../../.bashrc",
+    "x.whl; touch /tmp/pwned",
+    "a/b-1.0-py3-none-any.whl",
+    "lab_ext-1.0.0-cp38-abi3-linux_x86_64.whl\n",
+    "-rf-1-py3-none-any.whl",
+    "..",
+]
 
 
 @pytest.mark.parametrize("wheel", HOSTILE_WHEELS)
@@ -447,7 +490,9 @@ def test_a_stamp_naming_a_path_fails_that_host(wheel):
     """A wheel name from the host never becomes a path on the controller nor a word of a
     root command: the fact refuses it (that host fails, with the reason)."""
     stamp = json.dumps({"wheel": wheel, "sha256": "d" * 64})
-    output = pyinfra_fake.encode(["unit lab inactive", f"stamp lab {stamp}", f"wheel lab {pyinfra_fake.user_field(wheel)}"])
+    output = pyinfra_fake.encode(
+        ["unit lab inactive", f"stamp lab {stamp}", f"wheel lab {pyinfra_fake.user_field(wheel)}"]
+    )
     with pytest.raises(FactProcessError, match="is not a wheel file name"):
         sb_facts.SourceBuilds().process(output)
 
@@ -458,7 +503,9 @@ def test_the_controller_never_keeps_or_hands_on_a_hostile_name(tmp_path, wheel):
     staging.mkdir()
     (staging / sb_catalogue.CACHED_WHEEL).write_bytes(b"wheel")
     with pytest.raises(ValueError, match="not a wheel file name"):
-        sb_cache._keep_in_cache(str(staging), str(tmp_path / "k"), {"wheel": wheel, "sha256": hashlib.sha256(b"wheel").hexdigest()})
+        sb_cache._keep_in_cache(
+            str(staging), str(tmp_path / "k"), {"wheel": wheel, "sha256": hashlib.sha256(b"wheel").hexdigest()}
+        )
     assert not (tmp_path / "k").exists()
     # A cache entry planted by hand with such a name is not used either.
     entry = tmp_path / "lab" / "k"
@@ -477,14 +524,18 @@ def test_fetch_names_every_local_and_remote_path_itself(tmp_path):
     responses = {"n=lab": _fact_output("built")}
     ops = pyinfra_fake.plan(
         lambda: sb_cache.fetch(name="fetch", build_name="lab", key=key, cache=str(tmp_path), owner="spark"),
-        data, responses)
+        data,
+        responses,
+    )
     (op,) = ops
     outgoing = f"/var/lib/sparkrig/outgoing/lab-{key}.whl"
     assert op.commands[0] == (
         f"install -d -m 755 -o root -g root /var/lib/sparkrig/outgoing && rm -f {outgoing} && "
-        + user_files.copy_out(f"/var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL}", outgoing, 32 << 30, "spark", 1800,
-                              "source build lab")
-        + f" && chmod 644 {outgoing}")
+        + user_files.copy_out(
+            f"/var/lib/sparkrig/wheelhouse/lab/{key}/{WHEEL}", outgoing, 32 << 30, "spark", 1800, "source build lab"
+        )
+        + f" && chmod 644 {outgoing}"
+    )
     assert op.commands[2] == f"download: {outgoing} -> {tmp_path}/lab/.{key}.@fake/spark.new/wheel.whl"
 
 
@@ -502,8 +553,10 @@ def test_receive_as_the_owner_in_a_scratch_tree(tmp_path):
     run = subprocess.run(["sh", "-c", sb_cache.RECEIVE_SCRIPT, "receive", str(incoming), str(entry), WHEEL, sha])
     assert run.returncode == 0
     assert (entry / WHEEL).read_bytes() == b"wheel" and list(elsewhere.iterdir()) == []
-    bad = subprocess.run(["sh", "-c", sb_cache.RECEIVE_SCRIPT, "receive", str(incoming), str(entry), WHEEL, "0" * 64],
-                         capture_output=True)
+    bad = subprocess.run(
+        ["sh", "-c", sb_cache.RECEIVE_SCRIPT, "receive", str(incoming), str(entry), WHEEL, "0" * 64],
+        capture_output=True,
+    )
     assert bad.returncode != 0 and (entry / WHEEL).read_bytes() == b"wheel"
 
 
@@ -521,8 +574,12 @@ def test_the_end_of_an_attempt_in_a_scratch_tree(tmp_path, result, stamp, ends):
         (w / "stamp.json").write_text("{}")
     for script in (sb_ops.RESULT_SCRIPT, sb_ops.WAIT_SCRIPT):
         (d / "attempt").touch()
-        run = subprocess.run(["dash", "-c", script, "build", "sparkrig-build-lab-0123.service", str(d), str(w), "lab"],
-                             capture_output=True, text=True, timeout=60)
+        run = subprocess.run(
+            ["dash", "-c", script, "build", "sparkrig-build-lab-0123.service", str(d), str(w), "lab"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert run.returncode == ends, run.stderr
         assert not (d / "attempt").exists()
         if ends:
@@ -532,8 +589,6 @@ def test_the_end_of_an_attempt_in_a_scratch_tree(tmp_path, result, stamp, ends):
                 (d / "work" / "result").write_text(result + "\n")
         else:
             assert run.stdout == "sparkrig: source build lab finished\n"
-
-
 
 
 @pytest.mark.parametrize("url", ["https://user:ghp_secret@github.com/x/y.git", "https://token@example.com/r.git"])
@@ -591,6 +646,7 @@ def test_fact_a_fifo_where_root_reads_a_builds_files_never_hangs_the_deploy(tmp_
     """The owner (of the build's work directory and the wheelhouse entry) puts FIFOs where
     root reads the stamp, the result and the venv's lock: no writer ever comes, and the
     reading still ends, the FIFOs read as missing."""
+
     def fifos(build, work, wheelhouse):
         (build / "attempt").write_text("")
         for path in (work / "result", wheelhouse / "stamp.json"):

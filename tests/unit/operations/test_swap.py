@@ -156,8 +156,7 @@ def test_fact_parses_a_seeded_container():
         "libmount_swap_sources": ["/swap.img", "UUID=5b1c7c43-64e4-4d2a-9f6e-0b7c2d1e9a10"],
         "container": "systemd-nspawn",
         "systemd": True,
-        "unit_files": {"systemd-zram-setup@.service": "static", "zramswap.service": "enabled",
-                       "hand.swap": "disabled"},
+        "unit_files": {"systemd-zram-setup@.service": "static", "zramswap.service": "enabled", "hand.swap": "disabled"},
         "units": {"systemd-zram-setup@zram0.service": "active", "zramswap.service": "active"},
         "admin_unit_files": ["hand.swap"],
         "zram_generator_configs": ["/usr/lib/systemd/zram-generator.conf"],
@@ -174,7 +173,8 @@ def test_fact_parses_a_host_without_systemd():
 def test_fact_parses_active_swap_in_the_kernels_format():
     found = sw_facts.SwapSources().parse(SPARK_ACTIVE)
     assert found["active"] == [
-        {"filename": "/swap.img", "type": "file", "size_kib": 16777212, "used_kib": 0, "priority": -2}]
+        {"filename": "/swap.img", "type": "file", "size_kib": 16777212, "used_kib": 0, "priority": -2}
+    ]
     assert found["container"] is None
     line = r"/mnt/my\040swap\040file" + "          file\t\t1048572\t\t0\t\t-3"
     (area,) = sw_facts.SwapSources().parse(["## swaps", SWAPS_HEADER, line])["active"]
@@ -197,7 +197,9 @@ def test_fact_without_fstab():
 
 def test_fact_command_run_here_reads_this_machine():
     """The real command here (as whoever runs the tests): the exact fstab bytes come back."""
-    result = subprocess.run(["sh", "-c", sw_facts.SwapSources().command().get_raw_value()], capture_output=True, text=True)
+    result = subprocess.run(
+        ["sh", "-c", sw_facts.SwapSources().command().get_raw_value()], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     found = sw_facts.SwapSources().process(result.stdout.splitlines())
     with open("/etc/fstab", "rb") as fstab:
@@ -222,14 +224,19 @@ def test_zram_units_and_configs_are_found_in_a_real_tree_run_here(tmp_path, monk
     (dropins / "50-size.conf").write_text("[zram0]\nzram-size = ram / 2\n")
     (tmp_path / "etc" / "zram-generator.conf").write_text("[zram0]\n")  # not a place systemd reads
     monkeypatch.setattr(sw_facts, "UNIT_DIR", str(system))
-    monkeypatch.setattr(sw_facts, "ZRAM_GENERATOR_CONFIGS",
-                        tuple(str(tmp_path) + path for path in sw_facts.ZRAM_GENERATOR_CONFIGS))
-    result = subprocess.run(["sh", "-c", sw_facts.SwapSources().command().get_raw_value()], capture_output=True, text=True)
+    monkeypatch.setattr(
+        sw_facts, "ZRAM_GENERATOR_CONFIGS", tuple(str(tmp_path) + path for path in sw_facts.ZRAM_GENERATOR_CONFIGS)
+    )
+    result = subprocess.run(
+        ["sh", "-c", sw_facts.SwapSources().command().get_raw_value()], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     found = sw_facts.SwapSources().process(result.stdout.splitlines())
     assert found["admin_unit_files"] == ["zramswap.service"]
-    assert found["zram_generator_configs"] == [str(dropins / "50-size.conf"),
-                                               str(tmp_path / "usr" / "lib" / "systemd" / "zram-generator.conf")]
+    assert found["zram_generator_configs"] == [
+        str(dropins / "50-size.conf"),
+        str(tmp_path / "usr" / "lib" / "systemd" / "zram-generator.conf"),
+    ]
     assert sw_operations.ZRAM_SETUP in sw_operations.units_to_mask(found)
 
 
@@ -258,13 +265,19 @@ SHAPES = {
     "spaces and options": (
         b"UUID=5b1c7c43-64e4-4d2a-9f6e-0b7c2d1e9a10   none  swap   sw,nofail   0 0\n"
         b"/dev/nvme0n1p3 none swap defaults,pri=5 0 0\n",
-        D + b"UUID=5b1c7c43-64e4-4d2a-9f6e-0b7c2d1e9a10   none  swap   sw,nofail   0 0\n"
-        + D + b"/dev/nvme0n1p3 none swap defaults,pri=5 0 0\n",
+        D
+        + b"UUID=5b1c7c43-64e4-4d2a-9f6e-0b7c2d1e9a10   none  swap   sw,nofail   0 0\n"
+        + D
+        + b"/dev/nvme0n1p3 none swap defaults,pri=5 0 0\n",
     ),
     "tags": (
         b"LABEL=swap none swap sw 0 0\nPARTUUID=0a1b2c3d-03 none swap sw 0 0\nPARTLABEL=sw none swap sw\n",
-        D + b"LABEL=swap none swap sw 0 0\n" + D + b"PARTUUID=0a1b2c3d-03 none swap sw 0 0\n"
-        + D + b"PARTLABEL=sw none swap sw\n",
+        D
+        + b"LABEL=swap none swap sw 0 0\n"
+        + D
+        + b"PARTUUID=0a1b2c3d-03 none swap sw 0 0\n"
+        + D
+        + b"PARTLABEL=sw none swap sw\n",
     ),
     "comments, blank lines, already commented entries": (
         b"# <file system> <mount point> <type> <options> <dump> <pass>\n\n   \n"
@@ -278,8 +291,7 @@ SHAPES = {
         None,
     ),
     "CRLF line ends": (
-        b"UUID=0a34 / ext4 defaults 0 1\r\n/swap.img none swap sw 0 0\r\n"
-        b"/boot/efi /efi vfat umask=0077 0 1\r\n",
+        b"UUID=0a34 / ext4 defaults 0 1\r\n/swap.img none swap sw 0 0\r\n/boot/efi /efi vfat umask=0077 0 1\r\n",
         b"UUID=0a34 / ext4 defaults 0 1\r\n" + D + b"/swap.img none swap sw 0 0\r\n"
         b"/boot/efi /efi vfat umask=0077 0 1\r\n",
     ),
@@ -296,10 +308,8 @@ SHAPES = {
         b"/var/swap\\040file none swap sw 0 0\n/mnt/my\\040disk /mnt/my\\040swap ext4 defaults 0 2\n",
         D + b"/var/swap\\040file none swap sw 0 0\n/mnt/my\\040disk /mnt/my\\040swap ext4 defaults 0 2\n",
     ),
-    "leading and trailing blanks": (
-        b"  \t/swap.img none swap sw 0 0 \t\n", D + b"  \t/swap.img none swap sw 0 0 \t\n"),
-    "type written with an octal escape": (
-        b"/swapfile none sw\\141p sw 0 0\n", D + b"/swapfile none sw\\141p sw 0 0\n"),
+    "leading and trailing blanks": (b"  \t/swap.img none swap sw 0 0 \t\n", D + b"  \t/swap.img none swap sw 0 0 \t\n"),
+    "type written with an octal escape": (b"/swapfile none sw\\141p sw 0 0\n", D + b"/swapfile none sw\\141p sw 0 0\n"),
     # libmount ignores it (a parse error), systemd 252 (glibc) turns it into a swap unit.
     "pass field not a number": (b"/bad none swap sw 0 x\n", D + b"/bad none swap sw 0 x\n"),
     "empty": (b"", None),
@@ -322,9 +332,14 @@ def test_a_converged_fstab_is_left_as_it_is(shape):
 
 
 def test_active_and_disabled_sources():
-    fstab = SHAPES["escaped spaces"][0] + SHAPES["tags"][0] + b"UUID=\"q\" none swap sw 0 0\n"
+    fstab = SHAPES["escaped spaces"][0] + SHAPES["tags"][0] + b'UUID="q" none swap sw 0 0\n'
     assert sw_facts.active_swap_sources(fstab) == [
-        "/var/swap file", "LABEL=swap", "PARTUUID=0a1b2c3d-03", "PARTLABEL=sw", 'UUID="q"']
+        "/var/swap file",
+        "LABEL=swap",
+        "PARTUUID=0a1b2c3d-03",
+        "PARTLABEL=sw",
+        'UUID="q"',
+    ]
     assert sw_facts.disabled_swap_sources(fstab) == []
     converged = sw_operations.disable_swap_entries(fstab) + b"#/old none swap sw 0 0\n"
     assert sw_facts.active_swap_sources(converged) == []
@@ -359,8 +374,7 @@ def test_libmount_agrees(tmp_path, shape):
 # sources, in a chroot of the lab's Debian 12 image): source as libmount unmangles it
 # -> the swap unit it made.
 GENERATED = {
-    "UUID=0a3407de-014b-458b-b5c1-848e92a327a3":
-        r"dev-disk-by\x2duuid-0a3407de\x2d014b\x2d458b\x2db5c1\x2d848e92a327a3.swap",
+    "UUID=0a3407de-014b-458b-b5c1-848e92a327a3": r"dev-disk-by\x2duuid-0a3407de\x2d014b\x2d458b\x2db5c1\x2d848e92a327a3.swap",
     'UUID="quoted-uuid"': r"dev-disk-by\x2duuid-quoted\x2duuid.swap",
     "LABEL=my swap": r"dev-disk-by\x2dlabel-my\x5cx20swap.swap",
     "PARTUUID=1234-05": r"dev-disk-by\x2dpartuuid-1234\x2d05.swap",
@@ -379,15 +393,27 @@ def test_swap_unit_names_match_systemds_fstab_generator(source, unit):
     assert sw_operations.swap_unit_name(source) == unit
 
 
-PATHS = ["/swap.img", "/", "/var//swap/./file/", "/.hidden/swap", "/a-b_c:d.e", "/with space",
-         "/back\\slash", "/ünïcödé", "/dev/disk/by-label/my\\x20swap", "/a@b+c=d#e", "/-dash"]
+PATHS = [
+    "/swap.img",
+    "/",
+    "/var//swap/./file/",
+    "/.hidden/swap",
+    "/a-b_c:d.e",
+    "/with space",
+    "/back\\slash",
+    "/ünïcödé",
+    "/dev/disk/by-label/my\\x20swap",
+    "/a@b+c=d#e",
+    "/-dash",
+]
 
 
 def test_unit_names_match_systemd_escape_run_here():
     if not shutil.which("systemd-escape"):
         pytest.skip("systemd-escape is not installed on this machine")
-    expected = subprocess.run(["systemd-escape", "--path", "--suffix=swap", *PATHS],
-                              capture_output=True, text=True, check=True).stdout.split()
+    expected = subprocess.run(
+        ["systemd-escape", "--path", "--suffix=swap", *PATHS], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert [sw_operations.unit_name_from_path(path, "swap") for path in PATHS] == expected
 
 
@@ -405,8 +431,12 @@ def _check(tmp_path, old: bytes, new: bytes | None, env: dict | None = None) -> 
     (tmp_path / "old").write_bytes(old)
     if new is not None:
         (tmp_path / "new").write_bytes(new)
-    return subprocess.run(["sh", "-c", sw_operations.fstab_check_script(), "fstab-check", str(tmp_path / "old"),
-                           str(tmp_path / "new")], capture_output=True, text=True, env=env)
+    return subprocess.run(
+        ["sh", "-c", sw_operations.fstab_check_script(), "fstab-check", str(tmp_path / "old"), str(tmp_path / "new")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 # A Spark's fstab in a container: the root and swap UUIDs are absent here.
@@ -425,14 +455,29 @@ BROKEN = b"/dev/sda1 /boot\n"  # two fields: a parse error, libmount ignores the
         (b"proc /proc proc defaults 0 0\n", b"proc /proc proc defaults 0 0\n#x\n", True),  # nothing to report
         (BROKEN + ABSENT, BROKEN + sw_operations.disable_swap_entries(ABSENT), True),  # a parse error was there before
         (ABSENT, sw_operations.disable_swap_entries(ABSENT) + BROKEN, False),  # a new parse error
-        (ABSENT, sw_operations.disable_swap_entries(ABSENT) + b"UUID=feed none swap sw 0 0\n"
-         + b"UUID=beef none swap sw 0 0\n" + b"UUID=cafe none swap sw 0 0\n", False),  # more errors
+        (
+            ABSENT,
+            sw_operations.disable_swap_entries(ABSENT)
+            + b"UUID=feed none swap sw 0 0\n"
+            + b"UUID=beef none swap sw 0 0\n"
+            + b"UUID=cafe none swap sw 0 0\n",
+            False,
+        ),  # more errors
         (ABSENT, DISABLED_ABSENT.replace(b"defaults 0 1", b"ro 0 1"), False),  # an entry changed
         (ABSENT, DISABLED_ABSENT.replace(b"UUID=0a34", b"#UUID=0a34"), False),  # an entry lost
         (ABSENT, None, False),  # the new file cannot be read
     ],
-    ids=["disabled", "unchanged", "clean", "old parse error", "new parse error", "more errors",
-         "entry changed", "entry lost", "unreadable"],
+    ids=[
+        "disabled",
+        "unchanged",
+        "clean",
+        "old parse error",
+        "new parse error",
+        "more errors",
+        "entry changed",
+        "entry lost",
+        "unreadable",
+    ],
 )
 def test_fstab_check_refuses_what_the_edit_broke_not_what_the_host_lacks(tmp_path, old, new, passes):
     if not shutil.which("findmnt"):
@@ -463,8 +508,12 @@ def test_findmnt_verify_counts_an_absent_uuid_as_an_error_here(tmp_path):
     if not shutil.which("findmnt"):
         pytest.skip("findmnt (util-linux) is not installed on this machine")
     (tmp_path / "fstab").write_bytes(sw_operations.disable_swap_entries(ABSENT))
-    result = subprocess.run(["findmnt", "--verify", "--tab-file", str(tmp_path / "fstab")],
-                            capture_output=True, text=True, env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        ["findmnt", "--verify", "--tab-file", str(tmp_path / "fstab")],
+        capture_output=True,
+        text=True,
+        env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 1
     assert "[E] unreachable on boot required source: UUID=0a3407de" in result.stdout
 
@@ -504,16 +553,17 @@ def remote_commands(monkeypatch):
 
 def test_a_spark_with_active_swap(remote_commands):
     ops = plan(sw.swap, responses=_responses(SPARK_ACTIVE))
-    assert [op.name for op in ops] == [
-        "Swap off | Swap off now and at every boot (fstab entries, swap and zram units)"]
+    assert [op.name for op in ops] == ["Swap off | Swap off now and at every boot (fstab entries, swap and zram units)"]
     (op,) = ops
     assert op.uploads == {"/etc/.fstab.sparkrig-new": sw_operations.disable_swap_entries(SPARK_FSTAB)}
     write, reload, units, swapoff = op.commands
     assert write.startswith(
-        "chown root:root /etc/.fstab.sparkrig-new && chmod 644 /etc/.fstab.sparkrig-new && { sh -c ")
+        "chown root:root /etc/.fstab.sparkrig-new && chmod 644 /etc/.fstab.sparkrig-new && { sh -c "
+    )
     assert write.endswith(
         " fstab-check /etc/fstab /etc/.fstab.sparkrig-new || { rm -f /etc/.fstab.sparkrig-new ; false; }; }"
-        " && cp -p /etc/fstab /etc/fstab.sparkrig.bak && mv -f /etc/.fstab.sparkrig-new /etc/fstab")
+        " && cp -p /etc/fstab /etc/fstab.sparkrig.bak && mv -f /etc/.fstab.sparkrig-new /etc/fstab"
+    )
     assert (reload, units, swapoff) == (
         "systemctl daemon-reload",
         "systemctl mask -- swap.img.swap && systemctl stop -- swap.img.swap",
@@ -566,13 +616,14 @@ def test_a_newly_added_entry_is_disabled_and_its_unit_masked():
     content = converged + b"LABEL=spare\tnone swap sw 0 0\r\n"
     (op,) = plan(sw.swap, responses=_responses(with_fstab(NSPAWN_CONVERGED, content)))
     assert op.uploads["/etc/.fstab.sparkrig-new"] == content.replace(b"LABEL=", D + b"LABEL=")
-    assert op.commands[1:] == [
-        "systemctl daemon-reload", r"systemctl mask -- 'dev-disk-by\x2dlabel-spare.swap'"]
+    assert op.commands[1:] == ["systemctl daemon-reload", r"systemctl mask -- 'dev-disk-by\x2dlabel-spare.swap'"]
 
 
 def test_swap_files_are_removed_only_when_asked_and_only_swap_files():
-    output = with_fstab(NSPAWN_CONVERGED, SEEDED_FSTAB.replace(b"/swap.img\t", D + b"/swap.img\t")
-                        + b"/swap\\040file none swap sw 0 0\n")
+    output = with_fstab(
+        NSPAWN_CONVERGED,
+        SEEDED_FSTAB.replace(b"/swap.img\t", D + b"/swap.img\t") + b"/swap\\040file none swap sw 0 0\n",
+    )
     responses = {**_responses(output), "blkid -p": ["/swap.img"]}
     (op,) = plan(sw.swap, data={"swap_remove_files": True}, responses=responses)
     assert op.commands[-1] == "rm -f -- /swap.img"
@@ -604,8 +655,15 @@ def test_a_swap_file_name_that_is_not_utf8_is_still_turned_off():
     """/proc/swaps naming /swap\\xff.img: pyinfra would stop reading at that byte and see
     no swap; the fact's output travels base64-encoded, so swapoff is planned."""
     name = "/swap\udcff.img"  # the byte 0xff, as os.fsdecode keeps it
-    output = ["## swaps", SWAPS_HEADER, f"{name}  file  16777212  0  -2", "## fstab", "## libmount",
-              "## container", "none"]
+    output = [
+        "## swaps",
+        SWAPS_HEADER,
+        f"{name}  file  16777212  0  -2",
+        "## fstab",
+        "## libmount",
+        "## container",
+        "none",
+    ]
     (op,) = plan(sw.swap, responses={"## swaps": output})
     assert op.commands == ["swapoff -a"]
     encoded = pyinfra_fake.encode(output)
@@ -618,21 +676,33 @@ def test_a_fstab_only_entry_that_is_not_utf8_is_disabled(tmp_path):
     byte; it is read, the entry disabled, not a JSONDecodeError for the whole fleet."""
     fstab = b"/swap\xff.img none swap sw 0 0\n"
     libmount = '{"filesystems": [{"source": "/swap\udcff.img", "fstype": "swap"}]}'
-    output = ["## swaps", SWAPS_HEADER, "## fstab", "644 root root", base64.b64encode(fstab).decode(),
-              "## libmount", libmount, "## container", "none"]
+    output = [
+        "## swaps",
+        SWAPS_HEADER,
+        "## fstab",
+        "644 root root",
+        base64.b64encode(fstab).decode(),
+        "## libmount",
+        libmount,
+        "## container",
+        "none",
+    ]
     found = sw_facts.SwapSources().process(pyinfra_fake.encode(output))
     assert found["libmount_swap_sources"] == ["/swap\udcff.img"] == sw_facts.active_swap_sources(fstab)
     assert sw_operations.disable_swap_entries(fstab) == sw_facts.DISABLED + fstab
 
 
-@pytest.mark.parametrize("output", [
-    [],  # nothing at all
-    ["IyMgc3dhcHMK"],  # cut short: no end line (as when pyinfra stopped reading)
-    ["not base64!", "sparkrig-end"],
-    [base64.b64encode(b"## libmount\n" + b"[" * 5000 + b"\n").decode(), "sparkrig-end"],  # 5000 deep
-    [base64.b64encode(b"## swaps\nFilename\n/x file many 0 -2\n").decode(), "sparkrig-end"],
-    [base64.b64encode(b"## fstab\n644 root\nAAAA\n").decode(), "sparkrig-end"],
-])
+@pytest.mark.parametrize(
+    "output",
+    [
+        [],  # nothing at all
+        ["IyMgc3dhcHMK"],  # cut short: no end line (as when pyinfra stopped reading)
+        ["not base64!", "sparkrig-end"],
+        [base64.b64encode(b"## libmount\n" + b"[" * 5000 + b"\n").decode(), "sparkrig-end"],  # 5000 deep
+        [base64.b64encode(b"## swaps\nFilename\n/x file many 0 -2\n").decode(), "sparkrig-end"],
+        [base64.b64encode(b"## fstab\n644 root\nAAAA\n").decode(), "sparkrig-end"],
+    ],
+)
 def test_output_the_fact_cannot_read_fails_that_host_with_a_message(output):
     """Forged or truncated output: pyinfra's FactProcessError (this host fails, with the
     reason), never another exception that would stop the run for every host."""
@@ -671,7 +741,12 @@ def test_the_fstab_mode_is_read_through_a_link(tmp_path):
 
 def test_units_to_mask():
     assert sw_operations.units_to_mask(sw_facts.SwapSources().parse(NSPAWN_SEEDED)) == [
-        UUID_UNIT, "hand.swap", "swap.img.swap", "systemd-zram-setup@.service", "zramswap.service"]
+        UUID_UNIT,
+        "hand.swap",
+        "swap.img.swap",
+        "systemd-zram-setup@.service",
+        "zramswap.service",
+    ]
     assert sw_operations.units_to_mask(sw_facts.SwapSources().parse(DOCKER_NO_SYSTEMD)) == []
 
 
@@ -686,5 +761,6 @@ def test_swap_settings_defaults_and_checks():
         "swap_remove_files = 1: allowed is True or False",
     ]
     assert problems(sw.SETTINGS, {"swap_remove_file": True}) == [
-        "swap_remove_file: not a sparkrig setting (did you mean swap_remove_files?)"]
+        "swap_remove_file: not a sparkrig setting (did you mean swap_remove_files?)"
+    ]
     assert sw.swap._inner.deploy_data["swap_disable"] is True

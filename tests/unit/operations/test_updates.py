@@ -55,8 +55,8 @@ def test_holds_and_expectations_accept_what_a_fleet_writes():
         ({"updates_hold": ["a", "a=1"]}, "(a name given twice)"),
         ({"updates_unattended": "yes"}, "allowed is one of 'off', 'security', 'on'"),
         ({"updates_unattended": False}, "allowed is one of 'off', 'security', 'on'"),
-        ({"updates_expected_kernel": "6.17 x"}, "allowed is \"\" (no expectation) or a kernel release"),
-        ({"updates_expected_driver": "580"}, "allowed is \"\" (no expectation) or a driver version"),
+        ({"updates_expected_kernel": "6.17 x"}, 'allowed is "" (no expectation) or a kernel release'),
+        ({"updates_expected_driver": "580"}, 'allowed is "" (no expectation) or a driver version'),
         ({"updates_stop_on_unexpected": "yes"}, "allowed is True or False"),
         ({"updates_systemd_oomd": "on"}, "allowed is one of 'auto', 'off', 'keep'"),
         ({"updates_packages": {"kernel": ["linux-image-*"]}}, "a mapping of each of kernel, driver"),
@@ -74,6 +74,7 @@ def test_bad_values_say_key_and_what_is_allowed(data, expected):
 
 
 # The fact ----------------------------------------------------------------------
+
 
 # As a DGX Spark after DGX OS 7.4.0's over-the-air update prints it (versions as reported
 # on NVIDIA's forum; the lines are the fact's own tags).
@@ -111,13 +112,13 @@ SPARK = [
     "nvproc NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release Build  "
     "(dvs-builder@U16-I3-B03-4-3)  Tue Sep 23 09:45:29 UTC 2025",
     "cudadir /usr/local/cuda-13.0",
-    'cudajson {',
+    "cudajson {",
     'cudajson    "cuda" : {',
     'cudajson       "name" : "CUDA SDK",',
     'cudajson       "version" : "13.0.2"',
-    'cudajson    },',
+    "cudajson    },",
     'cudajson    "cuda_cccl" : { "name" : "CUDA C++ Core Compute Libraries", "version" : "13.0.85" }',
-    'cudajson }',
+    "cudajson }",
     python_line("torch", "2.11.0"),
     python_line("vllm", "0.20.2"),
 ]
@@ -129,7 +130,8 @@ def test_a_spark_reads_as_its_versions():
     assert facts["dgx"] == {"DGX_SWBUILD_VERSION": "7.2.3", "DGX_OTA_VERSION": "7.4.0"}
     assert facts["kernel"] == "6.17.0-1007-nvidia"
     assert facts["packages"]["kernel"] == {
-        "linux-image-6.17.0-1007-nvidia": "6.17.0-1007.7", "linux-image-6.17.0-1008-nvidia": "6.17.0-1008.8",
+        "linux-image-6.17.0-1007-nvidia": "6.17.0-1007.7",
+        "linux-image-6.17.0-1008-nvidia": "6.17.0-1008.8",
     }
     assert facts["packages"]["driver"]["nvidia-driver-580-open"] == "580.95.05-0ubuntu1"
     assert facts["hold_matches"] == {"nvidia-driver-580-open": "580.95.05-0ubuntu1"}
@@ -248,13 +250,18 @@ def test_apt_conf_is_what_apt_reads(mode, tmp_path):
 
 @pytest.mark.skipif(not shutil.which("apt-cache"), reason="needs apt-cache (a Debian controller)")
 def test_pin_file_is_what_apt_reads(tmp_path):
-    text = up_operations.render_pins(["linux-image-*", "nvidia-driver-580-open=580.95.05-0ubuntu1", "libnvidia-*=580.95.*"])
+    text = up_operations.render_pins(
+        ["linux-image-*", "nvidia-driver-580-open=580.95.05-0ubuntu1", "libnvidia-*=580.95.*"]
+    )
     assert "Package: nvidia-driver-580-open\nPin: version 580.95.05-0ubuntu1\nPin-Priority: 1000\n" in text
     assert "linux-image" not in text
     assert _validate(up_operations.PIN_VALIDATOR, text, tmp_path) == 0
     assert _validate(up_operations.PIN_VALIDATOR, text + "Pin-Priority: 2000\n", tmp_path) != 0
     assert _validate(up_operations.PIN_VALIDATOR, text + "\nPackage: x\nPin-Priority: 1000\n", tmp_path) != 0  # no pin
-    assert _validate(up_operations.PIN_VALIDATOR, text + "\nPackage: x\nPin: release o=x\nPin-Priority: 1000\n", tmp_path) != 0
+    assert (
+        _validate(up_operations.PIN_VALIDATOR, text + "\nPackage: x\nPin: release o=x\nPin-Priority: 1000\n", tmp_path)
+        != 0
+    )
     assert up_operations.render_pins(["linux-image-*"]) is None
 
 
@@ -281,7 +288,12 @@ def _host(versions=(), files=None, timers=(False, False), oomd=None, unattended=
     return {
         VERSIONS: ["os ID=debian", "kernel 6.1.0-26-amd64", *versions],
         HOST_STATE: host_state(
-            files={up_settings.PIN_FILE: None, up_operations.APT_CONF: up_operations.render_apt_conf("off", []), up_facts.RECORD: None, **(files or {})},
+            files={
+                up_settings.PIN_FILE: None,
+                up_operations.APT_CONF: up_operations.render_apt_conf("off", []),
+                up_facts.RECORD: None,
+                **(files or {}),
+            },
             units=units,
             packages={up_operations.UNATTENDED_PACKAGE: unattended, up_operations.FWUPD_PACKAGE: "2.0.20-1"},
         ),
@@ -307,7 +319,9 @@ def test_a_fresh_host_turns_unattended_upgrades_and_their_timers_off():
         "apt-daily-upgrade.timer runs as updates_unattended says",
     ]
     assert ops["apt-daily.timer runs as updates_unattended says"] == [
-        "systemctl stop apt-daily.timer", "systemctl disable apt-daily.timer"]
+        "systemctl stop apt-daily.timer",
+        "systemctl disable apt-daily.timer",
+    ]
 
 
 def test_holds_are_made_recorded_and_pinned():
@@ -323,17 +337,27 @@ def test_holds_are_made_recorded_and_pinned():
         "Packages held as updates_hold says (apt-mark)",
         f"What sparkrig holds ({up_facts.RECORD})",
     ]
-    assert commands["Packages held as updates_hold says (apt-mark)"][0].endswith("&& apt-mark hold sparkrig-lab-standin-kernel")
+    assert commands["Packages held as updates_hold says (apt-mark)"][0].endswith(
+        "&& apt-mark hold sparkrig-lab-standin-kernel"
+    )
     uploads = {path: data for op in ops for path, data in op.uploads.items()}
-    assert uploads[atomic.temp_path(up_facts.RECORD)] == b"sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n"
+    assert (
+        uploads[atomic.temp_path(up_facts.RECORD)]
+        == b"sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n"
+    )
     assert uploads[atomic.temp_path(up_settings.PIN_FILE)].decode() == up_operations.render_pins(holds)
 
     # Held and recorded: nothing more to do.
     converged = _host(
-        versions=["pkg hold hi  sparkrig-lab-standin-kernel 1.0", "held sparkrig-lab-standin-kernel",
-                  "record sparkrig-lab-standin-kernel", "record sparkrig-lab-standin-nvidia-driver"],
+        versions=[
+            "pkg hold hi  sparkrig-lab-standin-kernel 1.0",
+            "held sparkrig-lab-standin-kernel",
+            "record sparkrig-lab-standin-kernel",
+            "record sparkrig-lab-standin-nvidia-driver",
+        ],
         files={
-            up_operations.APT_CONF: up_operations.render_apt_conf("off", holds), up_settings.PIN_FILE: up_operations.render_pins(holds),
+            up_operations.APT_CONF: up_operations.render_apt_conf("off", holds),
+            up_settings.PIN_FILE: up_operations.render_pins(holds),
             up_facts.RECORD: "sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n",
         },
     )
@@ -347,10 +371,15 @@ def test_a_hold_made_by_hand_is_never_released():
 
 def test_releasing_holds_unholds_unpins_upgrades_then_forgets():
     responses = _host(
-        versions=["held sparkrig-lab-standin-kernel", "record sparkrig-lab-standin-kernel",
-                  "record sparkrig-lab-standin-nvidia-driver"],
-        files={up_settings.PIN_FILE: up_operations.render_pins(["sparkrig-lab-standin-nvidia-driver=1.0"]),
-               up_facts.RECORD: "sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n"},
+        versions=[
+            "held sparkrig-lab-standin-kernel",
+            "record sparkrig-lab-standin-kernel",
+            "record sparkrig-lab-standin-nvidia-driver",
+        ],
+        files={
+            up_settings.PIN_FILE: up_operations.render_pins(["sparkrig-lab-standin-nvidia-driver=1.0"]),
+            up_facts.RECORD: "sparkrig-lab-standin-kernel\nsparkrig-lab-standin-nvidia-driver\n",
+        },
     )
     commands = _commands(execute(up.updates, responses=responses))
     assert list(commands) == [
@@ -360,18 +389,23 @@ def test_releasing_holds_unholds_unpins_upgrades_then_forgets():
         f"What sparkrig holds ({up_facts.RECORD})",
     ]
     assert commands["Packages held as updates_hold says (apt-mark)"][0].endswith(
-        "&& apt-mark unhold sparkrig-lab-standin-kernel")
+        "&& apt-mark unhold sparkrig-lab-standin-kernel"
+    )
     upgrade = commands["Upgrade what a released hold kept back"][0]
-    assert upgrade.endswith("install --no-install-recommends --only-upgrade "
-                            "sparkrig-lab-standin-kernel sparkrig-lab-standin-nvidia-driver")
+    assert upgrade.endswith(
+        "install --no-install-recommends --only-upgrade sparkrig-lab-standin-kernel sparkrig-lab-standin-nvidia-driver"
+    )
 
 
 def test_an_upgrade_that_failed_is_tried_again():
     """Unheld but still in the record (the upgrade did not go through): upgrade again."""
-    responses = _host(versions=["record sparkrig-lab-standin-kernel"],
-                      files={up_facts.RECORD: "sparkrig-lab-standin-kernel\n"})
+    responses = _host(
+        versions=["record sparkrig-lab-standin-kernel"], files={up_facts.RECORD: "sparkrig-lab-standin-kernel\n"}
+    )
     assert list(_commands(execute(up.updates, responses=responses))) == [
-        "Upgrade what a released hold kept back", f"What sparkrig holds ({up_facts.RECORD})"]
+        "Upgrade what a released hold kept back",
+        f"What sparkrig holds ({up_facts.RECORD})",
+    ]
 
 
 def test_an_unexpected_kernel_refuses_the_host_before_any_change():
@@ -386,10 +420,15 @@ def test_an_unexpected_kernel_refuses_the_host_before_any_change():
     assert execute(up.updates, data=data, responses=_host()) == []
 
 
-@pytest.mark.parametrize(("data", "masked"), [
-    ({}, True), ({"watchdog_enabled": False}, False), ({"updates_systemd_oomd": "keep"}, False),
-    ({"watchdog_enabled": False, "updates_systemd_oomd": "off"}, True),
-])
+@pytest.mark.parametrize(
+    ("data", "masked"),
+    [
+        ({}, True),
+        ({"watchdog_enabled": False}, False),
+        ({"updates_systemd_oomd": "keep"}, False),
+        ({"watchdog_enabled": False, "updates_systemd_oomd": "off"}, True),
+    ],
+)
 def test_systemd_oomd_is_masked_where_earlyoom_is_the_watchdog(data, masked):
     ops = _commands(execute(up.updates, data=data, responses=_host(oomd=(True, True))))
     expected = {"systemd-oomd is masked (earlyoom is the watchdog)": ["systemctl mask --now systemd-oomd.service"]}
@@ -404,7 +443,9 @@ def test_the_deploy_has_the_default_of_watchdog_enabled_which_it_reads():
 
 def test_security_upgrades_install_unattended_upgrades_and_run_the_timers():
     data = {"updates_unattended": "security"}
-    responses = _host(files={up_operations.APT_CONF: up_operations.render_apt_conf("security", [])}, timers=(False, False))
+    responses = _host(
+        files={up_operations.APT_CONF: up_operations.render_apt_conf("security", [])}, timers=(False, False)
+    )
     ops = _commands(execute(up.updates, data=data, responses=responses))
     assert list(ops) == [
         "Install unattended-upgrades",
@@ -426,12 +467,24 @@ def _row(**changes):
 def test_a_report_row_holds_one_cell_per_column():
     row = _row()
     assert list(row) == [*report.COLUMNS, *report.GPU_COLUMNS]
-    assert row == {**dict.fromkeys(report.GPU_COLUMNS, "-"), **{
-        "os": "ubuntu 24.04", "dgx_os": "7.4.0", "kernel": "6.17.0-1007-nvidia",
-        "kernel_pkgs": "6.17.0-1007.7 6.17.0-1008.8", "driver": "580.95.05", "driver_pkgs": "580.95.05-0ubuntu1",
-        "cuda": "13.0.2", "docker": "5:28.5.1-1~ubuntu.24.04~noble", "toolkit": "1.18.0-1", "torch": "2.11.0",
-        "vllm": "0.20.2", "reboot": "pending", "firmware": "-",
-    }}
+    assert row == {
+        **dict.fromkeys(report.GPU_COLUMNS, "-"),
+        **{
+            "os": "ubuntu 24.04",
+            "dgx_os": "7.4.0",
+            "kernel": "6.17.0-1007-nvidia",
+            "kernel_pkgs": "6.17.0-1007.7 6.17.0-1008.8",
+            "driver": "580.95.05",
+            "driver_pkgs": "580.95.05-0ubuntu1",
+            "cuda": "13.0.2",
+            "docker": "5:28.5.1-1~ubuntu.24.04~noble",
+            "toolkit": "1.18.0-1",
+            "torch": "2.11.0",
+            "vllm": "0.20.2",
+            "reboot": "pending",
+            "firmware": "-",
+        },
+    }
 
 
 def test_the_odd_host_is_marked():
@@ -466,7 +519,10 @@ def test_the_report_names_a_host_it_cannot_reach_and_fails(tmp_path):
     inventory.write_text('hosts = [("nobody-home", {"ssh_hostname": "127.0.0.1", "ssh_port": 1})]\n')
     result = subprocess.run(
         [sys.executable, "-m", "sparkrig.tools", "report", str(inventory)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "nobody-home: not read: could not connect" in result.stdout, result.stdout + result.stderr
@@ -483,8 +539,12 @@ def _venv_lines(tmp_path, metadata: str) -> tuple[list[str], str]:
     info = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "torch-2.11.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(metadata)
-    run = subprocess.run(["dash", "-c", up_facts._PYTHON_VERSIONS, "sparkrig-python-versions", str(tmp_path / "venv"),
-                          "torch"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        ["dash", "-c", up_facts._PYTHON_VERSIONS, "sparkrig-python-versions", str(tmp_path / "venv"), "torch"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr
     return run.stdout.splitlines(), str(info / "METADATA")
 
@@ -504,7 +564,9 @@ def test_a_forged_record_line_in_a_venvs_metadata_never_releases_a_hold_made_by_
     being a package an admin held by hand: before, it became a line of the fact of its own,
     and the plan unheld and upgraded PKG. Now the field is refused and that host stops,
     naming the file."""
-    lines, metadata = _venv_lines(tmp_path, "Name: torch\nVersion: 2.11.0\nVersion: record linux-image-6.1.0-26-amd64\n\n")
+    lines, metadata = _venv_lines(
+        tmp_path, "Name: torch\nVersion: 2.11.0\nVersion: record linux-image-6.1.0-26-amd64\n\n"
+    )
     responses = _host(versions=["held linux-image-6.1.0-26-amd64", *lines])
     changes = _changes({"python_venv_path": str(tmp_path / "venv")}, responses)
     commands = "\n".join(c for op in changes.values() for c in op)
@@ -517,8 +579,11 @@ def test_a_forged_kernel_line_in_a_venvs_metadata_never_bypasses_updates_stop_on
     """The owner's METADATA says `Version: kernel EXPECTED`: before, that line replaced the
     running kernel's and the host was changed although it runs another kernel."""
     lines, metadata = _venv_lines(tmp_path, "Version: 2.11.0\nVersion: kernel 6.17.0-1007-nvidia\n\n")
-    data = {"updates_expected_kernel": "6.17.0-1007-nvidia", "updates_stop_on_unexpected": True,
-            "python_venv_path": str(tmp_path / "venv")}
+    data = {
+        "updates_expected_kernel": "6.17.0-1007-nvidia",
+        "updates_stop_on_unexpected": True,
+        "python_venv_path": str(tmp_path / "venv"),
+    }
     responses = _host(versions=lines, files={up_operations.APT_CONF: None}, timers=(True, True))
     assert set(_changes(data, responses)) <= {REFUSAL}
     with pytest.raises(FactProcessError, match=f"{metadata} holds a newline"):
@@ -527,7 +592,9 @@ def test_a_forged_kernel_line_in_a_venvs_metadata_never_bypasses_updates_stop_on
 
 @pytest.mark.parametrize("version", ["2.9.0 x", "2.9.0\udcff", "$(reboot)"])
 def test_a_version_that_is_no_version_fails_that_host_naming_the_file(tmp_path, version):
-    lines, metadata = _venv_lines(tmp_path, f"Version: {version}\n\n".encode("utf-8", "surrogateescape").decode("latin-1"))
+    lines, metadata = _venv_lines(
+        tmp_path, f"Version: {version}\n\n".encode("utf-8", "surrogateescape").decode("latin-1")
+    )
     with pytest.raises(FactProcessError, match=f"{metadata}: its Version .* is not a version"):
         up_facts.Versions().process(["kernel 6.1.0-26-amd64", *lines])
 

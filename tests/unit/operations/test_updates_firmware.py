@@ -55,8 +55,10 @@ def test_a_sparks_devices_read_as_name_id_guids_version_vendor():
     found = firmware(line(SPARK))
     assert found["fwupd"] == "read"
     assert [(d["name"], d["version"], d["vendor"]) for d in found["devices"]] == [
-        ("System Firmware", "2.91", "NVIDIA"), ("Embedded Controller", "1.4.2", "NVIDIA"),
-        ("ConnectX-7", "28.45.1200", "Mellanox Technologies"), ("Samsung SSD 990 PRO 4TB", "4B2QJXD7", "Samsung"),
+        ("System Firmware", "2.91", "NVIDIA"),
+        ("Embedded Controller", "1.4.2", "NVIDIA"),
+        ("ConnectX-7", "28.45.1200", "Mellanox Technologies"),
+        ("Samsung SSD 990 PRO 4TB", "4B2QJXD7", "Samsung"),
     ]  # the CPU (no version) is no firmware to keep alike
     system = found["devices"][0]
     assert system["id"] == "a45df35ac0e948ee180fe216a5f703f32dda163f"
@@ -65,7 +67,9 @@ def test_a_sparks_devices_read_as_name_id_guids_version_vendor():
     assert found["reboot"] == "fwupd: firmware awaits a reboot: Embedded Controller (needs-reboot)"
 
 
-@pytest.mark.parametrize(("state", "name"), [(1, "pending"), (4, "needs-reboot"), (2, "success"), ("pending", "pending")])
+@pytest.mark.parametrize(
+    ("state", "name"), [(1, "pending"), (4, "needs-reboot"), (2, "success"), ("pending", "pending")]
+)
 def test_update_state_as_a_number_or_a_name(state, name):
     text = SPARK.replace('"UpdateState" : "needs-reboot"', f'"UpdateState" : {state!r}'.replace("'", '"'))
     found = firmware(line(text))
@@ -76,8 +80,18 @@ def test_update_state_as_a_number_or_a_name(state, name):
 def test_updates_on_offer_are_read_with_the_newest_release():
     found = firmware(line(SPARK), line(SPARK_UPDATES, "get-updates"))
     assert found["updates"] == [
-        {"name": "System Firmware", "id": "a45df35ac0e948ee180fe216a5f703f32dda163f", "version": "2.91", "available": "2.92"},
-        {"name": "Embedded Controller", "id": "0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c", "version": "1.4.2", "available": "1.4.3"},
+        {
+            "name": "System Firmware",
+            "id": "a45df35ac0e948ee180fe216a5f703f32dda163f",
+            "version": "2.91",
+            "available": "2.92",
+        },
+        {
+            "name": "Embedded Controller",
+            "id": "0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c",
+            "version": "1.4.2",
+            "available": "1.4.3",
+        },
     ]
     recorded = (DATA / "get-updates-lab-container-fwupd-2.0.20.json").read_text()  # recorded, real fwupd
     assert firmware(line(LAB), line(recorded, "get-updates"))["updates"] == []
@@ -89,8 +103,10 @@ def test_fwupd_that_cannot_answer_is_said_in_its_words_and_fails_no_host():
     """Recorded: the daemon cannot start (a container without the lab's drop-in)."""
     found = firmware(line(NO_DAEMON, status=1))
     assert found["fwupd"] == "error" and found["devices"] == []
-    assert found["error"] == ("fwupdmgr get-devices exited 1: Failed to connect to daemon: Error calling "
-                              "StartServiceByName for org.freedesktop.fwupd: Timeout was reached")
+    assert found["error"] == (
+        "fwupdmgr get-devices exited 1: Failed to connect to daemon: Error calling "
+        "StartServiceByName for org.freedesktop.fwupd: Timeout was reached"
+    )
     assert firmware(line("", status=124, limit=45))["error"] == "fwupdmgr get-devices did not answer in 45 s: stopped"
     assert firmware("absent") == up_facts.Firmware.default()
 
@@ -127,8 +143,21 @@ def _run_script(tmp_path, stand_in: str, limit: int = 45, *whats: str) -> subpro
     fake.write_text(f"#!/bin/sh\n{stand_in}\n")
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    return subprocess.run(["sh", "-c", rendering.script("updates/firmware.sh"), "sparkrig-firmware", str(limit),
-                           *(whats or ("get-devices",))], env=env, capture_output=True, text=True, timeout=30, cwd="/")
+    return subprocess.run(
+        [
+            "sh",
+            "-c",
+            rendering.script("updates/firmware.sh"),
+            "sparkrig-firmware",
+            str(limit),
+            *(whats or ("get-devices",)),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
+    )
 
 
 def test_the_script_sends_fwupdmgrs_json_which_the_fact_reads(tmp_path):
@@ -147,8 +176,13 @@ def test_a_fwupdmgr_that_hangs_is_stopped_at_the_limit(tmp_path):
 
 def test_no_fwupdmgr_reads_as_absent(tmp_path):
     script = rendering.script("updates/firmware.sh")
-    result = subprocess.run(["/bin/sh", "-c", script, "sparkrig-firmware", "45", "get-devices"],
-                            env={"PATH": str(tmp_path)}, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        ["/bin/sh", "-c", script, "sparkrig-firmware", "45", "get-devices"],
+        env={"PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.stdout == "absent\n"
 
 
@@ -156,8 +190,10 @@ def test_no_fwupdmgr_reads_as_absent(tmp_path):
 
 
 def test_firmware_settings_accept_names_and_guids():
-    data = {"updates_firmware": "apply",
-            "updates_expected_firmware": {"System Firmware": "2.91", "6f2e8b9a-1c3d-4e5f-8a7b-9c0d1e2f3a4b": "1.4.2"}}
+    data = {
+        "updates_firmware": "apply",
+        "updates_expected_firmware": {"System Firmware": "2.91", "6f2e8b9a-1c3d-4e5f-8a7b-9c0d1e2f3a4b": "1.4.2"},
+    }
     assert problems(up.SETTINGS, data) == []
     assert up_settings.SETTINGS  # declared once, in the updates concern
 
@@ -187,13 +223,18 @@ def _ops(data: dict, fwupd: str | None = "2.0.20-1", *lines: str) -> dict[str, l
     """The plan for a converged host with fwupd installed (or not) and fwupdmgr printing ``lines``."""
     responses = _host()
     responses[HOST_STATE] = host_state(
-        files={up_settings.PIN_FILE: None, up_operations.APT_CONF: up_operations.render_apt_conf("off", []),
-               up_facts.RECORD: None},
+        files={
+            up_settings.PIN_FILE: None,
+            up_operations.APT_CONF: up_operations.render_apt_conf("off", []),
+            up_facts.RECORD: None,
+        },
         units={timer: (False, False) for timer in up_operations.TIMERS},
         packages={up_operations.UNATTENDED_PACKAGE: None, up_operations.FWUPD_PACKAGE: fwupd},
     )
     responses[FIRMWARE] = list(lines)
-    return {op.name.removeprefix("Updates | "): op.commands for op in execute(up.updates, data=data, responses=responses)}
+    return {
+        op.name.removeprefix("Updates | "): op.commands for op in execute(up.updates, data=data, responses=responses)
+    }
 
 
 def test_report_installs_fwupd_where_missing_and_asks_it_nothing():
@@ -214,7 +255,10 @@ def test_apply_installs_what_fwupd_offers_and_marks_the_reboot():
 
 
 def test_apply_with_nothing_on_offer_changes_nothing():
-    assert _ops({"updates_firmware": "apply"}, "2.0.20-1", line(SPARK.replace('"UpdateState" : "needs-reboot",', ''))) == {}
+    assert (
+        _ops({"updates_firmware": "apply"}, "2.0.20-1", line(SPARK.replace('"UpdateState" : "needs-reboot",', "")))
+        == {}
+    )
     assert _ops({"updates_firmware": "apply"}, "2.0.20-1", line(NO_DAEMON, status=1)) == {}
 
 
@@ -224,9 +268,10 @@ def test_apply_with_nothing_on_offer_changes_nothing():
 def _fleet(**hosts) -> dict:
     """tools.report's JSON report of hosts given as name=(profile, get-devices JSON or None)."""
     versions = up_facts.Versions().process(SPARK_VERSIONS)
-    facts = {name: {"versions": versions, "profile": profile,
-                    "firmware": firmware(line(text)) if text is not None else None}
-             for name, (profile, text) in hosts.items()}
+    facts = {
+        name: {"versions": versions, "profile": profile, "firmware": firmware(line(text)) if text is not None else None}
+        for name, (profile, text) in hosts.items()
+    }
     return report.build(facts, {}, "2026-11-26T16:00:00+00:00")
 
 
@@ -235,9 +280,15 @@ SYSTEM = "System Firmware {6f2e8b9a-1c3d-4e5f-8a7b-9c0d1e2f3a4b}"
 
 def test_drift_is_the_same_device_at_another_version_on_boxes_of_one_profile():
     older = SPARK.replace('"Version" : "2.91"', '"Version" : "2.90"')
-    found = _fleet(**{"spark-1": ("gb10", SPARK), "spark-2": ("gb10", SPARK), "spark-3": ("gb10", older),
-                      # another kind of box: its older system firmware is no drift of the Sparks'
-                      "ws-1": ("rtx50", older)})
+    found = _fleet(
+        **{
+            "spark-1": ("gb10", SPARK),
+            "spark-2": ("gb10", SPARK),
+            "spark-3": ("gb10", older),
+            # another kind of box: its older system firmware is no drift of the Sparks'
+            "ws-1": ("rtx50", older),
+        }
+    )
     hosts = found["hosts"]
     assert hosts["spark-3"]["firmware"]["drift"] == [SYSTEM]
     assert hosts["spark-3"]["firmware"]["devices"][SYSTEM] == "2.90"
@@ -248,21 +299,31 @@ def test_drift_is_the_same_device_at_another_version_on_boxes_of_one_profile():
 
 def test_the_report_says_fwupd_reports_no_devices_and_marks_drift(tmp_path):
     older = SPARK.replace('"Version" : "2.91"', '"Version" : "2.90"')
-    found = _fleet(**{"lab-deb12": ("unmatched", LAB), "spark-1": ("gb10", SPARK), "spark-2": ("gb10", older),
-                      "spark-3": ("gb10", SPARK)})
+    found = _fleet(
+        **{
+            "lab-deb12": ("unmatched", LAB),
+            "spark-1": ("gb10", SPARK),
+            "spark-2": ("gb10", older),
+            "spark-3": ("gb10", SPARK),
+        }
+    )
     assert found["hosts"]["lab-deb12"]["versions"]["firmware"] == "fwupd reports no devices"
-    text = report.table({n: v["versions"] for n, v in found["hosts"].items()}, {},
-                        {n: v["firmware"] for n, v in found["hosts"].items()})
+    text = report.table(
+        {n: v["versions"] for n, v in found["hosts"].items()}, {}, {n: v["firmware"] for n, v in found["hosts"].items()}
+    )
     lines = text.splitlines()
     assert any(re.fullmatch(r"lab-deb12\s+unmatched\s+fwupd reports no devices", x) for x in lines), text
     assert any(re.fullmatch(rf"spark-2\s+gb10\s+{re.escape(SYSTEM)}\s+2\.90 \*", x) for x in lines), text
     assert not any(x.startswith("spark-1") and x.endswith("*") for x in lines), text
     assert lines[-1] == "*: firmware differs from most hosts of its hardware profile"
     page = fleet_page.render(report.page_hosts(found), columns=report.COLUMNS)
-    section = page[page.index("<h2>Firmware</h2>"):]
+    section = page[page.index("<h2>Firmware</h2>") :]
     assert "fwupd reports no devices" in section
-    assert re.search(r'<tr data-host="spark-2" data-status="drift">.*<td class="differs" title="differs from most '
-                     r'gb10 hosts \(others: 2\.91\)">2\.90</td></tr>', section), section[:3000]
+    assert re.search(
+        r'<tr data-host="spark-2" data-status="drift">.*<td class="differs" title="differs from most '
+        r'gb10 hosts \(others: 2\.91\)">2\.90</td></tr>',
+        section,
+    ), section[:3000]
     assert '<tr data-host="spark-1" data-status="ok">' in section
 
 
@@ -271,8 +332,9 @@ def test_a_hosts_device_name_is_escaped_on_the_page_and_in_the_terminal():
     found = _fleet(**{"a": ("gb10", evil)})
     page = fleet_page.render(report.page_hosts(found), columns=report.COLUMNS)
     assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
-    text = report.table({n: v["versions"] for n, v in found["hosts"].items()}, {},
-                        {n: v["firmware"] for n, v in found["hosts"].items()})
+    text = report.table(
+        {n: v["versions"] for n, v in found["hosts"].items()}, {}, {n: v["firmware"] for n, v in found["hosts"].items()}
+    )
     assert "\x1b" not in text and "\\x1b[2J" in text
 
 
@@ -306,21 +368,25 @@ def test_the_control_passes_when_each_device_has_its_expected_version():
 
 def test_the_control_fails_naming_device_expected_and_actual():
     assert _control({"System Firmware": "2.92"}, SPARK) == (
-        "firmware of System Firmware is 2.91, updates_expected_firmware says 2.92")
+        "firmware of System Firmware is 2.91, updates_expected_firmware says 2.92"
+    )
 
 
 def test_the_control_fails_naming_a_device_that_is_not_present():
     assert _control({"ConnectX-8": "1.0"}, SPARK) == (
         "firmware device 'ConnectX-8' is not present (fwupd reports: ConnectX-7, Embedded Controller, "
-        "Samsung SSD 990 PRO 4TB, System Firmware)")
+        "Samsung SSD 990 PRO 4TB, System Firmware)"
+    )
     # Recorded: the lab's real fwupd, which lists the container's CPU without a version.
     assert _control({"System Firmware": "2.91"}, LAB) == (
-        "firmware device 'System Firmware' is not present (fwupd reports no devices)")
+        "firmware device 'System Firmware' is not present (fwupd reports no devices)"
+    )
 
 
 def test_the_control_fails_where_fwupd_does_not_answer():
     assert _control({"System Firmware": "2.91"}, NO_DAEMON, 1).startswith(
-        "fwupdmgr get-devices exited 1: Failed to connect to daemon")
+        "fwupdmgr get-devices exited 1: Failed to connect to daemon"
+    )
     assert _control({"System Firmware": "2.91"}, "", 124) == "fwupdmgr get-devices did not answer in 45 s"
 
 
@@ -339,7 +405,11 @@ def test_the_controls_fwupdmgr_is_stopped_at_its_limit(tmp_path, monkeypatch):
     asked = reads.Reader("spark", {"updates_expected_firmware": {"System Firmware": "2.91"}}, {})
     test_updates.firmware(asked)
     (command,) = asked.wanted
-    result = subprocess.run(["sh", "-c", command], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
-                            capture_output=True, timeout=30)
+    result = subprocess.run(
+        ["sh", "-c", command],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True,
+        timeout=30,
+    )
     assert result.returncode == 124
     assert _control({"System Firmware": "2.91"}, "", result.returncode) == "fwupdmgr get-devices did not answer in 1 s"

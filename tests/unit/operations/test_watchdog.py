@@ -54,23 +54,36 @@ def test_bad_values_say_key_and_what_is_allowed(data, expected):
 
 # Process names read on real machines: /proc/PID/comm, at most 15 characters.
 PREFERRED = [
-    "python", "python3", "python3.12",
+    "python",
+    "python3",
+    "python3.12",
     "pt_main_thread",  # PyTorch renames its main thread; vllm serve shows up like this
     "vllm",  # the vllm console script
-    "VLLM::EngineCor", "VLLM::Worker_TP",  # vLLM's setproctitle("VLLM::EngineCore"), truncated
-    "ray::IDLE", "ray::RayWorkerW",
+    "VLLM::EngineCor",
+    "VLLM::Worker_TP",  # vLLM's setproctitle("VLLM::EngineCore"), truncated
+    "ray::IDLE",
+    "ray::RayWorkerW",
 ]
 OTHERS = ["bash", "earlyoom", "Xorg", "pythonista", "my-python3", "raylet", "vllm-wrapper"]
 AVOIDED = [
-    "init", "systemd", "systemd-journal", "systemd-logind", "systemd-udevd", "sshd",
-    "sshd-session", "sshd-auth", "dockerd", "containerd", "containerd-shim", "dbus-daemon",
+    "init",
+    "systemd",
+    "systemd-journal",
+    "systemd-logind",
+    "systemd-udevd",
+    "sshd",
+    "sshd-session",
+    "sshd-auth",
+    "dockerd",
+    "containerd",
+    "containerd-shim",
+    "dbus-daemon",
 ]
 
 
 def _grep_e(regex: str, names: list[str]) -> list[str]:
     """The names a POSIX extended regex matches, as glibc's regexec (earlyoom's) sees them."""
-    result = subprocess.run(["grep", "-E", "-e", regex], input="\n".join(names) + "\n",
-                            capture_output=True, text=True)
+    result = subprocess.run(["grep", "-E", "-e", regex], input="\n".join(names) + "\n", capture_output=True, text=True)
     assert result.returncode in (0, 1), result.stderr
     return result.stdout.splitlines()
 
@@ -88,8 +101,16 @@ def test_default_avoid_regex_matches_system_processes_only():
 
 def test_arguments_are_absolute_threshold_swap_ignored_and_regexes():
     assert DEFAULT_ARGS == [
-        "-M", "4194304", "-s", "100", "-r", "3600",
-        "--prefer", DEFAULTS["watchdog_prefer"], "--avoid", DEFAULTS["watchdog_avoid"],
+        "-M",
+        "4194304",
+        "-s",
+        "100",
+        "-r",
+        "3600",
+        "--prefer",
+        DEFAULTS["watchdog_prefer"],
+        "--avoid",
+        DEFAULTS["watchdog_avoid"],
     ]
 
 
@@ -125,11 +146,12 @@ def test_every_reader_gets_back_the_exact_words(tmp_path, shell, regex):
     path, args = _write_default_file(tmp_path, regex)
     assert subprocess.run([shell, "-n", str(path)]).returncode == 0
     split = f'. "{path}"; eval "set -- $EARLYOOM_ARGS"; printf "%s\\n" "$@"'
-    assert subprocess.run([shell, "-c", split], capture_output=True, text=True,
-                          check=True).stdout.splitlines() == args
+    assert subprocess.run([shell, "-c", split], capture_output=True, text=True, check=True).stdout.splitlines() == args
     init_script = f'. "{path}"; bash -c "exec printf \'%s\\n\' $EARLYOOM_ARGS"'
-    assert subprocess.run([shell, "-c", init_script], capture_output=True, text=True,
-                          check=True).stdout.splitlines() == args
+    assert (
+        subprocess.run([shell, "-c", init_script], capture_output=True, text=True, check=True).stdout.splitlines()
+        == args
+    )
 
 
 def test_default_file_is_one_double_quoted_assignment_systemd_reads_literally(tmp_path):
@@ -139,7 +161,7 @@ def test_default_file_is_one_double_quoted_assignment_systemd_reads_literally(tm
     path, args = _write_default_file(tmp_path, DEFAULTS["watchdog_prefer"])
     (line,) = [line for line in path.read_text().splitlines() if not line.startswith("#")]
     assert line.startswith('EARLYOOM_ARGS="') and line.endswith('"')
-    value = line[len('EARLYOOM_ARGS="'):-1]
+    value = line[len('EARLYOOM_ARGS="') : -1]
     assert not any(c in value for c in '\\"`')
     # systemd's split of $EARLYOOM_ARGS: at whitespace, each word's single quotes removed.
     assert [word.strip("'") for word in value.split()] == args
@@ -226,7 +248,9 @@ def test_fresh_host_gets_earlyoom_installed_with_fresh_package_lists():
     assert install[0].endswith("install --no-install-recommends earlyoom")
     assert commands["Reload systemd: the earlyoom drop-in changed"] == ["systemctl daemon-reload"]
     assert commands["earlyoom is enabled and running"] == [
-        "systemctl start earlyoom.service", "systemctl enable earlyoom.service"]
+        "systemctl start earlyoom.service",
+        "systemctl enable earlyoom.service",
+    ]
     upload = ops[3].uploads["/etc/default/.earlyoom.sparkrig-new"].decode()
     assert upload == wd_deploy.render_default_file(DEFAULT_ARGS)
 
@@ -236,12 +260,14 @@ def test_package_default_config_is_replaced_and_earlyoom_restarted():
     commands = _commands(ops)
     # Installed and running: no apt-get, not even an update; no start.
     assert list(commands) == [
-        f"earlyoom arguments ({wd_deploy.DEFAULT_FILE})", "Restart earlyoom: its arguments or drop-in changed"]
+        f"earlyoom arguments ({wd_deploy.DEFAULT_FILE})",
+        "Restart earlyoom: its arguments or drop-in changed",
+    ]
     assert commands[f"earlyoom arguments ({wd_deploy.DEFAULT_FILE})"][-1].endswith(
         "sh -n /etc/default/.earlyoom.sparkrig-new || { rm -f /etc/default/.earlyoom.sparkrig-new "
-        "; false; }; } && mv -f /etc/default/.earlyoom.sparkrig-new /etc/default/earlyoom")
-    assert commands["Restart earlyoom: its arguments or drop-in changed"] == [
-        "systemctl restart earlyoom.service"]
+        "; false; }; } && mv -f /etc/default/.earlyoom.sparkrig-new /etc/default/earlyoom"
+    )
+    assert commands["Restart earlyoom: its arguments or drop-in changed"] == ["systemctl restart earlyoom.service"]
 
 
 def test_converged_host_gets_no_operation():
@@ -255,16 +281,14 @@ def test_new_threshold_rewrites_arguments_and_restarts_without_daemon_reload():
     upload = ops[0].uploads["/etc/default/.earlyoom.sparkrig-new"].decode()
     assert 'EARLYOOM_ARGS="-M 8388608 -s 100 ' in upload
     assert "Reload systemd: the earlyoom drop-in changed" not in commands
-    assert commands["Restart earlyoom: its arguments or drop-in changed"] == [
-        "systemctl restart earlyoom.service"]
+    assert commands["Restart earlyoom: its arguments or drop-in changed"] == ["systemctl restart earlyoom.service"]
 
 
 def test_changed_drop_in_reloads_systemd_then_restarts():
     responses = _host(args_text=wd_deploy.render_default_file(DEFAULT_ARGS), drop_in_text="[Service]\n")
     commands = _commands(execute(wd.watchdog, responses=responses))
     assert commands["Reload systemd: the earlyoom drop-in changed"] == ["systemctl daemon-reload"]
-    assert commands["Restart earlyoom: its arguments or drop-in changed"] == [
-        "systemctl restart earlyoom.service"]
+    assert commands["Restart earlyoom: its arguments or drop-in changed"] == ["systemctl restart earlyoom.service"]
 
 
 def test_stopped_earlyoom_is_started_and_not_restarted_when_nothing_changed():
@@ -280,15 +304,13 @@ def test_restart_is_decided_at_execution_not_at_plan_time():
     cannot know it, so a plan lists it; a converged host plans nothing at all."""
     responses = _host(args_text=DEBIAN_DEFAULT_FILE, drop_in_text=wd_deploy.render_drop_in())
     planned = _commands(plan(wd.watchdog, responses=responses))
-    assert planned["Restart earlyoom: its arguments or drop-in changed"] == [
-        "systemctl restart earlyoom.service"]
+    assert planned["Restart earlyoom: its arguments or drop-in changed"] == ["systemctl restart earlyoom.service"]
     assert plan(wd.watchdog, responses=CONVERGED) == []
 
 
 def test_disabled_watchdog_is_stopped_and_disabled_and_nothing_is_written():
     ops = execute(wd.watchdog, data={"watchdog_enabled": False}, responses=CONVERGED)
-    assert [op.name for op in ops] == [
-        "Memory watchdog | earlyoom is stopped and disabled (watchdog_enabled is False)"]
+    assert [op.name for op in ops] == ["Memory watchdog | earlyoom is stopped and disabled (watchdog_enabled is False)"]
     assert ops[0].commands == ["systemctl stop earlyoom.service", "systemctl disable earlyoom.service"]
 
 

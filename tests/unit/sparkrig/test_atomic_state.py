@@ -15,14 +15,16 @@ SHA = hashlib.sha256(b"x\n").hexdigest()
 
 
 def test_process_reads_files_units_and_packages_as_printed():
-    found = atomic.HostState().process([
-        f"file 644 root root {SHA} /etc/default/earlyoom",
-        "nofile /etc/a b",
-        "unit active enabled earlyoom.service",
-        "unit unknown unknown nosuch.service",
-        "package ii  1.7-1+b1 earlyoom",  # dpkg's Status-Abbrev ends in a space
-        "package rc  2.0 docker.io",  # removed, configuration left: not installed
-    ])
+    found = atomic.HostState().process(
+        [
+            f"file 644 root root {SHA} /etc/default/earlyoom",
+            "nofile /etc/a b",
+            "unit active enabled earlyoom.service",
+            "unit unknown unknown nosuch.service",
+            "package ii  1.7-1+b1 earlyoom",  # dpkg's Status-Abbrev ends in a space
+            "package rc  2.0 docker.io",  # removed, configuration left: not installed
+        ]
+    )
     assert found == {
         "files": {
             "/etc/default/earlyoom": {"sha256": SHA, "mode": 0o644, "user": "root", "group": "root"},
@@ -60,8 +62,11 @@ def test_up_to_date_compares_content_mode_and_owner():
 
 
 def _user_read(path, limit: int = 1024) -> subprocess.CompletedProcess:
-    return subprocess.run(["dash", "-c", user_files.user_read(shlex.quote(str(path)), limit)],
-                          capture_output=True, timeout=user_files.READ_TIMEOUT_S + 30)
+    return subprocess.run(
+        ["dash", "-c", user_files.user_read(shlex.quote(str(path)), limit)],
+        capture_output=True,
+        timeout=user_files.READ_TIMEOUT_S + 30,
+    )
 
 
 def test_a_users_file_is_read_whole_when_regular_and_small(tmp_path):
@@ -85,6 +90,10 @@ def test_a_users_fifo_link_or_large_file_is_never_read(tmp_path):
 def test_the_cluster_users_authorized_keys_is_read_as_a_users_file(tmp_path):
     (tmp_path / ".ssh").mkdir()
     os.mkfifo(tmp_path / ".ssh" / "authorized_keys")
-    run = subprocess.run(["dash", "-c", cluster_facts.READ_AUTHORIZED, "sparkrig", str(tmp_path)],
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        ["dash", "-c", cluster_facts.READ_AUTHORIZED, "sparkrig", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (run.returncode, run.stdout) == (0, "")

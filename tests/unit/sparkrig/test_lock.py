@@ -48,9 +48,15 @@ class Session:
             shutil.copy("/bin/sh", standin)
         self.process = subprocess.Popen(
             [str(standin), "-c", 'sh -c "$TAKE" sh "$LOCK" "$WAIT"; echo "rc=$?" >&2; exec sleep 600'],
-            env={"TAKE": lock.TAKE, "LOCK": str(lock_file), "WAIT": str(wait_s),
-                 "SSH_CONNECTION": f"{client} 22", "PATH": os.environ["PATH"]},
-            stderr=subprocess.PIPE, text=True,
+            env={
+                "TAKE": lock.TAKE,
+                "LOCK": str(lock_file),
+                "WAIT": str(wait_s),
+                "SSH_CONNECTION": f"{client} 22",
+                "PATH": os.environ["PATH"],
+            },
+            stderr=subprocess.PIPE,
+            text=True,
         )
         lines = []
         while not (lines and lines[-1].startswith("rc=")):

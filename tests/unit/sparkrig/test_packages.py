@@ -24,8 +24,12 @@ time.sleep(60)
 
 def _wait(lock, timeout_s: int) -> subprocess.CompletedProcess[str]:
     """Run the lock-wait script in a real sh against one lock file."""
-    return subprocess.run(["sh", "-c", packages.WAIT_FOR_LOCKS, "wait", str(timeout_s), str(lock)],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["sh", "-c", packages.WAIT_FOR_LOCKS, "wait", str(timeout_s), str(lock)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 @pytest.fixture
@@ -63,8 +67,9 @@ def test_a_held_lock_fails_after_the_timeout_naming_its_holder(held_lock):
 
 def test_a_lock_released_while_waiting_lets_the_install_go_on(held_lock):
     lock, holder = held_lock
-    waiting = subprocess.Popen(["sh", "-c", packages.WAIT_FOR_LOCKS, "wait", "20", str(lock)],
-                               stderr=subprocess.PIPE, text=True)
+    waiting = subprocess.Popen(
+        ["sh", "-c", packages.WAIT_FOR_LOCKS, "wait", "20", str(lock)], stderr=subprocess.PIPE, text=True
+    )
     time.sleep(1.5)
     holder.kill()
     holder.wait()
@@ -79,7 +84,8 @@ def test_the_command_waits_completes_dpkg_updates_then_installs():
     steps = rest.split(" && DEBIAN_FRONTEND=")[1:]
     complete = f"noninteractive sh -c {shlex.quote(packages.COMPLETE_DPKG)} sparkrig-complete-dpkg "
     assert steps[0].startswith(complete) and steps[0].endswith(
-        "apt-get -q -y -o DPkg::Lock::Timeout=300 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
+        "apt-get -q -y -o DPkg::Lock::Timeout=300 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
+    )
     assert ["DEBIAN_FRONTEND=" + step for step in steps[1:]] == [
         "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 update",
         "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 "
@@ -113,11 +119,11 @@ def _complete_dpkg(tmp_path, first_configure: int, statuses: str, journal: bool 
     bin_dir.mkdir()
     scripts = {
         "dpkg": f'echo "dpkg $*" >> {log}; [ -e {tmp_path}/configured ] && exit 0; '
-                f'touch {tmp_path}/configured; exit {first_configure}',
+        f"touch {tmp_path}/configured; exit {first_configure}",
         "dpkg-query": f"printf '{statuses}'",
         "apt-get": f'echo "apt-get $*" >> {log}; '
-                   f'if [ -e {tmp_path}/journal ] && [ ! -e {tmp_path}/configured ]; then '
-                   'echo "E: dpkg was interrupted, you must manually run dpkg --configure -a" >&2; exit 100; fi',
+        f"if [ -e {tmp_path}/journal ] && [ ! -e {tmp_path}/configured ]; then "
+        'echo "E: dpkg was interrupted, you must manually run dpkg --configure -a" >&2; exit 100; fi',
     }
     if journal:
         (tmp_path / "journal").touch()
@@ -126,14 +132,18 @@ def _complete_dpkg(tmp_path, first_configure: int, statuses: str, journal: bool 
         (bin_dir / name).chmod(0o755)
     result = subprocess.run(
         ["sh", "-c", packages.COMPLETE_DPKG, "sparkrig-complete-dpkg", "apt-get", "-y"],
-        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, capture_output=True, text=True,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
     )
     return result.returncode, log.read_text().splitlines() if log.exists() else []
 
 
 def test_a_clean_dpkg_costs_one_configure(tmp_path):
     assert _complete_dpkg(tmp_path, 0, "ii  earlyoom\\niU  half-configured-is-dpkgs-job\\n") == (
-        0, ["dpkg --configure -a"])
+        0,
+        ["dpkg --configure -a"],
+    )
 
 
 def test_a_package_half_unpacked_by_a_power_cut_is_reinstalled_then_configured(tmp_path):
@@ -141,8 +151,12 @@ def test_a_package_half_unpacked_by_a_power_cut_is_reinstalled_then_configured(t
     ("package is in a very bad inconsistent state"): apt reinstalls it first."""
     status, calls = _complete_dpkg(tmp_path, 0, "ii  python3\\niHR python3.11-venv\\nrU  x\\n")
     assert status == 0
-    assert calls == ["dpkg --configure -a", "apt-get -y update", "apt-get -y install --reinstall python3.11-venv",
-                     "dpkg --configure -a"]
+    assert calls == [
+        "dpkg --configure -a",
+        "apt-get -y update",
+        "apt-get -y install --reinstall python3.11-venv",
+        "dpkg --configure -a",
+    ]
 
 
 @pytest.mark.parametrize("first_configure", [0, 1])
@@ -151,5 +165,9 @@ def test_a_half_unpacked_package_and_a_pending_journal_are_both_settled(tmp_path
     has replayed it (which may fail on what depends on the broken package), then reinstalls."""
     status, calls = _complete_dpkg(tmp_path, first_configure, "iHR python3.11-venv\\n", journal=True)
     assert status == 0
-    assert calls == ["dpkg --configure -a", "apt-get -y update", "apt-get -y install --reinstall python3.11-venv",
-                     "dpkg --configure -a"]
+    assert calls == [
+        "dpkg --configure -a",
+        "apt-get -y update",
+        "apt-get -y install --reinstall python3.11-venv",
+        "dpkg --configure -a",
+    ]

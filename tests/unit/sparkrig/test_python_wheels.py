@@ -65,8 +65,12 @@ class Index:
 
     def project(self, name: str, files: dict[str, str], urls: dict[str, str] | None = None) -> None:
         """Project ``name``'s PEP 691 page: each file with its sha256, at ``/files/NAME`` (or ``urls[NAME]``)."""
-        answer = {"files": [{"filename": f, "url": (urls or {}).get(f, f"{self.url}/files/{f}"),
-                             "hashes": {"sha256": h}} for f, h in files.items()]}
+        answer = {
+            "files": [
+                {"filename": f, "url": (urls or {}).get(f, f"{self.url}/files/{f}"), "hashes": {"sha256": h}}
+                for f, h in files.items()
+            ]
+        }
         self.pages[f"/simple/{name}/"] = (python_wheels._SIMPLE_JSON, json.dumps(answer).encode())
 
     def wheel(self, filename: str, body) -> None:
@@ -91,7 +95,9 @@ def lock(index_url: str, *hashes: str, name: str = "torchao", version: str = "0.
 
 def leftovers(cache) -> list[str]:
     """Files of the cache that are neither a wheel nor its records (a download's remains)."""
-    return sorted(p.name for p in cache.iterdir() if p.name not in ("sha256.json", "files.json") and not p.name.endswith(".whl"))
+    return sorted(
+        p.name for p in cache.iterdir() if p.name not in ("sha256.json", "files.json") and not p.name.endswith(".whl")
+    )
 
 
 def test_each_host_gets_the_wheel_its_tags_prefer_whatever_the_cache_holds(tmp_path, index):
@@ -182,15 +188,18 @@ def test_an_index_page_larger_than_the_cap_is_refused(tmp_path, index, monkeypat
         python_wheels.offline_wheels(lock(index.simple, SHA[ANY]), "aarch64", "3.11", tmp_path)
 
 
-@pytest.mark.parametrize("answer", [
-    b'{"meta": {}}',  # no files
-    b'{"files": [{"filename": "torchao-0.18.0-py3-none-any.whl"}]}',  # no url, no hashes
-    b'{"files": {"filename": 1}}',
-    b'{"files": [{"filename": 5, "url": "x", "hashes": {"sha256": "%s"}}]}' % SHA[ANY].encode(),
-    b'{"files": [{"filename": "torchao-0.18.0-py3-none-any.whl", "url": "x", "hashes": ["sha256"]}]}',
-    b'[]',
-    b'not JSON \xff',
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b'{"meta": {}}',  # no files
+        b'{"files": [{"filename": "torchao-0.18.0-py3-none-any.whl"}]}',  # no url, no hashes
+        b'{"files": {"filename": 1}}',
+        b'{"files": [{"filename": 5, "url": "x", "hashes": {"sha256": "%s"}}]}' % SHA[ANY].encode(),
+        b'{"files": [{"filename": "torchao-0.18.0-py3-none-any.whl", "url": "x", "hashes": ["sha256"]}]}',
+        b"[]",
+        b"not JSON \xff",
+    ],
+)
 def test_a_malformed_index_answer_fails_that_host_not_the_run(tmp_path, index, answer):
     """Issue 35, finding 7: a KeyError (or TypeError...) out of the index's answer escaped the
     deploy's per-host refusal (it catches OSError, RuntimeError and ValueError) and aborted

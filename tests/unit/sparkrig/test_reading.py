@@ -107,7 +107,6 @@ def test_parts_are_hashable_whatever_their_arguments():
 
 
 def test_planned_joins_every_concern_once_in_order():
-
     declaring()
     load()  # every concern's deploy imported: each registered its reads
 
@@ -116,8 +115,17 @@ def test_planned_joins_every_concern_once_in_order():
     assert len(seen) == len(set(seen))
     facts = [each.fact.__name__ for each in seen]
     # Every concern that reads the host has its facts in the one reading.
-    for name in ("HardwareIdentity", "SparkrigCaCertificates", "CudaToolkits", "SwapSources", "SshdUnit",
-                 "ContainerHost", "SparkrigAptRepositories", "NgcHost", "PythonStack"):
+    for name in (
+        "HardwareIdentity",
+        "SparkrigCaCertificates",
+        "CudaToolkits",
+        "SwapSources",
+        "SshdUnit",
+        "ContainerHost",
+        "SparkrigAptRepositories",
+        "NgcHost",
+        "PythonStack",
+    ):
         assert name in facts, name
     assert facts.index("HardwareIdentity") < facts.index("PythonStack")
 
@@ -125,7 +133,6 @@ def test_planned_joins_every_concern_once_in_order():
 def test_a_reading_under_way_is_waited_for_not_made_twice(monkeypatch):
     """pyinfra runs each host's deploy code in its own greenlet, and a cluster node reads its
     peers: a second asker waits for the reading under way instead of making another."""
-
 
     made = []
 

@@ -36,7 +36,8 @@ ALL_PY = REPO / "group_data" / "all.py"
 
 def test_the_settings_reference_is_generated_from_the_declarations_and_current():
     assert (REPO / REFERENCE).read_text() == reference(declaring()), (
-        f"{REFERENCE} is stale: run `uv run sparkrig reference`")
+        f"{REFERENCE} is stale: run `uv run sparkrig reference`"
+    )
     for setting in all_settings():
         assert f"### `{setting.key}`\n" in reference(declaring())
 
@@ -47,8 +48,9 @@ def test_every_setting_says_what_it_allows_from_its_own_check():
         said = allowed(setting, data)
         assert said != "any value", f"{setting.key}: its check accepts anything"
         # ... and that is what a bad value is told.
-        told = [line for line in problems(all_settings(), {setting.key: object()})
-                if line.startswith(f"{setting.key} = ")]
+        told = [
+            line for line in problems(all_settings(), {setting.key: object()}) if line.startswith(f"{setting.key} = ")
+        ]
         assert told and told[0].endswith(f"allowed is {said}"), told
 
 
@@ -76,7 +78,10 @@ def test_defaults_are_valid():
         ({"cuda_env_file": "etc/cuda.env"}, "cuda_env_file = 'etc/cuda.env': allowed is a normalised absolute path"),
         ({"cuda_env_default_home": "/usr/local/../cuda"}, "cuda_env_default_home = '/usr/local/../cuda'"),
         ({"cuda_env_file": "/etc/it's.env"}, "without quotes"),
-        ({"hardware_profile": "gb20"}, "allowed is 'auto' or one of the profiles in hardware_profiles: gb10, hopper, rtx50"),
+        (
+            {"hardware_profile": "gb20"},
+            "allowed is 'auto' or one of the profiles in hardware_profiles: gb10, hopper, rtx50",
+        ),
         ({"hardware_profiles": {"gb10": {"arch": "arm"}}}, "bad profile: 'gb10'"),
         ({"cuda_env_extra": {"HF HOME": "/x"}}, "bad entry: 'HF HOME'"),
         ({"cuda_env_extra": {"HF_HOME": "it's"}}, "bad entry: 'HF_HOME'"),
@@ -95,8 +100,10 @@ def test_other_keys_are_not_ours_to_judge():
 
 
 def test_a_custom_profile_is_accepted_and_selectable():
-    profiles = {**profile.DEFAULT_PROFILES, "b200": {
-        "arch": "x86_64", "compute_capability": "10.0", "torch_cuda_arch_list": "10.0;12.0+PTX"}}
+    profiles = {
+        **profile.DEFAULT_PROFILES,
+        "b200": {"arch": "x86_64", "compute_capability": "10.0", "torch_cuda_arch_list": "10.0;12.0+PTX"},
+    }
     data = {"hardware_profiles": profiles, "hardware_profile": "b200"}
     assert problems(all_settings(), data) == []
     assert resolve(all_settings(), data)["hardware_profile"] == "b200"
@@ -104,11 +111,13 @@ def test_a_custom_profile_is_accepted_and_selectable():
 
 def test_validate_hosts_names_every_bad_host_in_one_error():
     with pytest.raises(SettingsError) as raised:
-        validate_hosts([
-            ("good", {}),
-            ("spark-1", {"hardware_profile": "nope"}),
-            ("spark-2", {"cuda_env_file": "relative"}),
-        ])
+        validate_hosts(
+            [
+                ("good", {}),
+                ("spark-1", {"hardware_profile": "nope"}),
+                ("spark-2", {"cuda_env_file": "relative"}),
+            ]
+        )
     message = str(raised.value)
     assert "nothing was changed on any host" in message
     assert "host 'spark-1': hardware_profile = 'nope'" in message
@@ -203,17 +212,22 @@ def test_pyinfra_stops_on_a_bad_setting_before_contacting_any_host(tmp_path):
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     inventory = tmp_path / "inventory.py"
-    inventory.write_text(textwrap.dedent(f"""
+    inventory.write_text(
+        textwrap.dedent(f"""
         sparks = [
             ("spark-ok", {{"ssh_hostname": "127.0.0.1", "ssh_port": {port}}}),
             ("spark-bad", {{"ssh_hostname": "127.0.0.1", "ssh_port": {port},
                             "hardware_profile": "gb11"}}),
         ]
-    """))
+    """)
+    )
     try:
         result = subprocess.run(
             [str(Path(sys.executable).parent / "pyinfra"), "-y", str(inventory), "deploy.py"],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     finally:
         stop.set()
@@ -241,16 +255,21 @@ def _with_newline(value):
     elif isinstance(value, list):
         for index, item in enumerate(value):
             for bad in _with_newline(item):
-                yield [*value[:index], bad, *value[index + 1:]]
+                yield [*value[:index], bad, *value[index + 1 :]]
 
 
 def _valid() -> dict:
     """Every setting, each string in use: NGC on, an extra env entry, a source build on."""
     data = {s.key: s.default for s in all_settings()}
     data.update(
-        ngc_enabled=True, ngc_base_image="nvcr.io/nvidia/pytorch:25.09-py3@sha256:" + "a" * 64,
-        ngc_pip_packages=["peft==0.17.1"], ngc_users=["spark"], containers_docker_users=["spark"],
-        cuda_env_extra={"HF_HOME": "/data/hf"}, source_builds_enabled=["lab", "xformers"], python_stack_profiles=["unsloth"],
+        ngc_enabled=True,
+        ngc_base_image="nvcr.io/nvidia/pytorch:25.09-py3@sha256:" + "a" * 64,
+        ngc_pip_packages=["peft==0.17.1"],
+        ngc_users=["spark"],
+        containers_docker_users=["spark"],
+        cuda_env_extra={"HF_HOME": "/data/hf"},
+        source_builds_enabled=["lab", "xformers"],
+        python_stack_profiles=["unsloth"],
         source_builds={**data["source_builds"], "lab": {**data["source_builds"]["triton"], "url": "/srv/lab.git"}},
     )
     return data
@@ -281,11 +300,14 @@ def test_operations_match_whole_values():
                 assert not line.rstrip().rstrip(")").endswith('$"'), f"{path.name}: {line.strip()}"
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("python_index_url", "https://alice:s3cret-token@pypi.example.com/simple"),
-    ("python_index_url", "https://s3cret-token@pypi.example.com/simple"),
-    ("containers_docker_repo_url", "https://bob:s3cret-token@mirror.example.com/docker/linux/{os}"),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("python_index_url", "https://alice:s3cret-token@pypi.example.com/simple"),
+        ("python_index_url", "https://s3cret-token@pypi.example.com/simple"),
+        ("containers_docker_repo_url", "https://bob:s3cret-token@mirror.example.com/docker/linux/{os}"),
+    ],
+)
 def test_a_url_holding_credentials_is_refused_for_every_setting(key, value):
     """A URL's user:token@ would reach files and command lines other local users can read
     (build.sh, uv's arguments): every setting refuses it, naming the host and the key,
@@ -298,9 +320,6 @@ def test_a_url_holding_credentials_is_refused_for_every_setting(key, value):
 
 
 def test_a_yaml_file_is_parsed_once_each_caller_gets_its_own_copy_and_a_change_is_read(tmp_path, monkeypatch):
-
-
-
     path = tmp_path / "manifest.yml"
     path.write_text("python: '3.12'\npins: {torch: '2.9.0'}\n")
     parses = []

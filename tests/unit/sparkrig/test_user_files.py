@@ -38,8 +38,9 @@ def _as_owner(owner_dir: Path, *argv: str) -> None:
 
 
 def _read(path, limit: int = 1 << 20, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["dash", "-c", user_files.user_read(shlex.quote(str(path)), limit)],
-                          capture_output=True, timeout=30, env=env)
+    return subprocess.run(
+        ["dash", "-c", user_files.user_read(shlex.quote(str(path)), limit)], capture_output=True, timeout=30, env=env
+    )
 
 
 def test_a_link_in_a_middle_directory_the_owner_controls_reads_as_missing(shared_dir):
@@ -59,13 +60,19 @@ def test_a_link_in_a_middle_directory_the_owner_controls_reads_as_missing(shared
     assert b"has a link on its way" in run.stderr
     # Higher up too: a link as the first directory of the path.
     (shared_dir / "top").symlink_to(owner / "old")
-    assert (_read(shared_dir / "top" / "stamp.json").returncode, _read(shared_dir / "top" / "stamp.json").stdout) == (1, b"")
+    assert (_read(shared_dir / "top" / "stamp.json").returncode, _read(shared_dir / "top" / "stamp.json").stdout) == (
+        1,
+        b"",
+    )
 
 
 def test_a_relative_path_is_never_read(tmp_path):
     (tmp_path / "f").write_text("x\n")
-    run = subprocess.run(["dash", "-c", f"cd {shlex.quote(str(tmp_path))} && " + user_files.user_read("f", 100)],
-                         capture_output=True, timeout=60)
+    run = subprocess.run(
+        ["dash", "-c", f"cd {shlex.quote(str(tmp_path))} && " + user_files.user_read("f", 100)],
+        capture_output=True,
+        timeout=60,
+    )
     assert (run.returncode, run.stdout) == (1, b""), run
     assert b"f is not an absolute path" in run.stderr
 

@@ -32,7 +32,9 @@ def test_relay_adds_the_round_trip_time_and_keeps_every_byte():
     server, port = _echo_server()
     relay = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.relay", "--rtt-ms", "200", f"127.0.0.1:0=127.0.0.1:{port}"],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         ready = relay.stdout.readline().split()

@@ -43,6 +43,7 @@ def paths(tmp_path):
 
 def counting_host(ran: list):
     """A fresh host whose backend records each command in ``ran`` and runs it."""
+
     def counting(self, command, *args, **kwargs):
         ran.append(command)
         return PLAIN_RUN(self, command, *args, **kwargs)
@@ -68,8 +69,14 @@ def seeded_host(found: dict):
     host, backend_class = counting_host(ran)
     reads.install(backend_class)
     name = reads.backend_name(host.backend)
-    reads.seed({name: {c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
-                       for c, (rc, out, err) in found.items()}})
+    reads.seed(
+        {
+            name: {
+                c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
+                for c, (rc, out, err) in found.items()
+            }
+        }
+    )
     try:
         yield host, ran
     finally:
@@ -112,13 +119,16 @@ def test_prefetched_constants_are_what_the_host_answers_and_cost_no_command():
         assert ran == []
 
 
-@pytest.mark.parametrize("output", [
-    "",  # nothing came back
-    "n0nce:0:aWQ=:\n",  # fewer lines than commands
-    "other:0::\n" * len(reads.EVERY_HOST),  # another run's nonce (or a host printing look-alikes)
-    "n0nce:x::\n" * len(reads.EVERY_HOST),  # no exit status
-    "n0nce:0:not base64!:\n" * len(reads.EVERY_HOST),
-])
+@pytest.mark.parametrize(
+    "output",
+    [
+        "",  # nothing came back
+        "n0nce:0:aWQ=:\n",  # fewer lines than commands
+        "other:0::\n" * len(reads.EVERY_HOST),  # another run's nonce (or a host printing look-alikes)
+        "n0nce:x::\n" * len(reads.EVERY_HOST),  # no exit status
+        "n0nce:0:not base64!:\n" * len(reads.EVERY_HOST),
+    ],
+)
 def test_a_prefetch_that_does_not_parse_answers_nothing(output):
     """Output that is not whole is never half-used: the controls then ask for themselves."""
     assert reads.parse_prefetch(output, reads.EVERY_HOST, "n0nce") == {}
@@ -196,8 +206,12 @@ def test_the_prefetch_of_local_reads_every_need_in_two_rounds(tmp_path):
 
     reads._read = counted
     try:
-        found = reads.prefetch("", ["@local"], ["id -nu"],
-                               {"@local": lambda answers: reads.Reader("@local", {"dir": str(tmp_path)}, answers)})
+        found = reads.prefetch(
+            "",
+            ["@local"],
+            ["id -nu"],
+            {"@local": lambda answers: reads.Reader("@local", {"dir": str(tmp_path)}, answers)},
+        )
     finally:
         reads._read = read
     assert calls == ["@local", "@local"]

@@ -14,7 +14,9 @@ from tests.compliance.test_source_builds import target_problem
 
 def _item(action: bool):
     marker = object()
-    return SimpleNamespace(name="test_x", get_closest_marker=lambda name: marker if action and name == "action" else None)
+    return SimpleNamespace(
+        name="test_x", get_closest_marker=lambda name: marker if action and name == "action" else None
+    )
 
 
 @pytest.mark.parametrize("action", [True, False])
@@ -61,8 +63,7 @@ def test_an_action_control_is_not_guarded_and_has_its_own_limit(monkeypatch):
         hook.close()
 
 
-PROFILES = {"hardware_profiles": {"gb10": {"torch_cuda_arch_list": "12.1a"},
-                                  "hopper": {"torch_cuda_arch_list": "9.0"}}}
+PROFILES = {"hardware_profiles": {"gb10": {"torch_cuda_arch_list": "12.1a"}, "hopper": {"torch_cuda_arch_list": "9.0"}}}
 
 
 def test_a_build_target_honours_the_per_profile_override():
@@ -76,10 +77,18 @@ def test_a_build_target_honours_the_per_profile_override():
     assert target_problem({"target": "12.1a", "profile": "hopper"}, {}, PROFILES, "hopper") is not None
 
 
-@pytest.mark.parametrize(("markexpr", "read_only"), [
-    ("not action", True), ("read", True), ("read and not lab", True),
-    ("", False), ("action", False), ("not lab", False), ("read or action", False),
-])
+@pytest.mark.parametrize(
+    ("markexpr", "read_only"),
+    [
+        ("not action", True),
+        ("read", True),
+        ("read and not lab", True),
+        ("", False),
+        ("action", False),
+        ("not lab", False),
+        ("read or action", False),
+    ],
+)
 def test_a_read_only_selection_runs_without_workers(markexpr, read_only):
     """Only when -m leaves out every action control does the suite skip xdist's workers."""
     assert conftest.read_only_selection(markexpr) is read_only
@@ -88,8 +97,11 @@ def test_a_read_only_selection_runs_without_workers(markexpr, read_only):
 def test_the_read_only_controls_run_without_workers_and_the_whole_suite_with_them(monkeypatch):
     def config(markexpr):
         option = SimpleNamespace(numprocesses=None, dist="no", markexpr=markexpr)
-        return SimpleNamespace(option=option, pluginmanager=SimpleNamespace(hasplugin=lambda name: True),
-                               getoption=lambda name: {"--inventory": "inv.py", "--limit": []}[name])
+        return SimpleNamespace(
+            option=option,
+            pluginmanager=SimpleNamespace(hasplugin=lambda name: True),
+            getoption=lambda name: {"--inventory": "inv.py", "--limit": []}[name],
+        )
 
     monkeypatch.setattr(conftest, "inventory_host_data", lambda inv, limit: {"a": {}})
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)

@@ -54,12 +54,18 @@ def _read(root: Path):
 def test_distributions_and_the_python_are_read_as_files(fake_venv):
     root, site = fake_venv
     (root / "pyvenv.cfg").write_text("home = /usr/bin\nimplementation = CPython\nversion_info = 3.11.2\n")
-    _dist(site, "torch-2.9.0", "Metadata-Version: 2.1\nName: torch\nVersion: 2.9.0+cu130\n\nVersion: 6.6.6\n",
-          '{"url": "file:///w/torch.whl"}')
+    _dist(
+        site,
+        "torch-2.9.0",
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.9.0+cu130\n\nVersion: 6.6.6\n",
+        '{"url": "file:///w/torch.whl"}',
+    )
     _dist(site, "six-1.16.0", "Name: six\nVersion: 1.16.0\nSummary: a\n  folded line\n")
     found, python = _read(root)
-    assert found == {"torch": {"version": "2.9.0+cu130", "direct": {"url": "file:///w/torch.whl"}},
-                     "six": {"version": "1.16.0", "direct": None}}
+    assert found == {
+        "torch": {"version": "2.9.0+cu130", "direct": {"url": "file:///w/torch.whl"}},
+        "six": {"version": "1.16.0", "direct": None},
+    }
     assert python() == "3.11"
 
 
@@ -97,8 +103,12 @@ def test_the_venvs_python_runs_as_its_owner_and_a_root_venvs_as_nobody(fake_venv
     root, _site = fake_venv
     _python(root, 'echo "$(id -u) $*"')
     for owner, uid in (("root", "65534"), ("nobody", "65534")):
-        out = subprocess.run(["sh", "-c", venv.interpreter({"python_venv_owner": owner, "python_venv_path": str(root)},
-                                                           "print(1)")], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["sh", "-c", venv.interpreter({"python_venv_owner": owner, "python_venv_path": str(root)}, "print(1)")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert out.stdout.split() == [uid, "-I", "-c", "print(1)"]
 
 
@@ -107,6 +117,9 @@ def test_the_venvs_python_is_killed_at_its_time_limit(fake_venv, monkeypatch):
     _python(root, "sleep 30")
     monkeypatch.setattr(venv, "INTERPRETER_TIMEOUT_S", 1)
     started = time.monotonic()
-    out = subprocess.run(["sh", "-c", venv.interpreter({"python_venv_owner": "nobody", "python_venv_path": str(root)},
-                                                       "pass")], capture_output=True, text=True)
+    out = subprocess.run(
+        ["sh", "-c", venv.interpreter({"python_venv_owner": "nobody", "python_venv_path": str(root)}, "pass")],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 124 and time.monotonic() - started < 10

@@ -20,13 +20,16 @@ from tests.support import REPO, inventory_host_data
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
 
 
-@pytest.mark.parametrize(("limit", "chosen"), [
-    ([], ["spark-01", "spark-02", "ws-01", "spark-03"]),
-    (["workstations"], ["ws-01"]),
-    (["spark-0[12]"], ["spark-01", "spark-02"]),
-    (["ws-01,spark-03"], ["ws-01", "spark-03"]),
-    (["ws-01", "sparks"], ["spark-01", "spark-02", "ws-01", "spark-03"]),
-])
+@pytest.mark.parametrize(
+    ("limit", "chosen"),
+    [
+        ([], ["spark-01", "spark-02", "ws-01", "spark-03"]),
+        (["workstations"], ["ws-01"]),
+        (["spark-0[12]"], ["spark-01", "spark-02"]),
+        (["ws-01,spark-03"], ["ws-01", "spark-03"]),
+        (["ws-01", "sparks"], ["spark-01", "spark-02", "ws-01", "spark-03"]),
+    ],
+)
 def test_limit_picks_groups_and_host_globs_in_inventory_order(limit, chosen):
     assert limit_hosts(GROUPS, limit) == chosen
 
@@ -37,10 +40,15 @@ def test_a_limit_that_matches_nothing_is_an_error():
 
 
 def test_a_batch_fails_on_an_operation_error_or_an_unreached_host():
-    report = {"results": {"operations": [
-        {"name": "x", "success": ["a"], "no_change": ["b"], "error": []},
-        {"name": "y", "success": [], "no_change": ["a"], "error": ["b"]},
-    ], "failed_hosts": ["b", "c"]}}
+    report = {
+        "results": {
+            "operations": [
+                {"name": "x", "success": ["a"], "no_change": ["b"], "error": []},
+                {"name": "y", "success": [], "no_change": ["a"], "error": ["b"]},
+            ],
+            "failed_hosts": ["b", "c"],
+        }
+    }
     assert failed_hosts(["a", "b", "c"], report) == ["b", "c"]  # c: failed, never reached
     assert failed_hosts(["a"], report) == []
     assert failed_hosts(["a"], {"results": None}) == ["a"]  # pyinfra stopped before running
@@ -50,11 +58,16 @@ def test_a_host_with_nothing_to_do_converged_and_an_unreachable_one_failed(tmp_p
     """pyinfra's own --json report of a host that gets no operation (as with swap_disable
     False and nothing else to do) and of a host whose SSH port is closed."""
     (tmp_path / "inventory.py").write_text(
-        'here = [("@local", {})]\n'
-        'gone = [("127.0.0.1", {"ssh_port": 1, "ssh_connect_retries": 0})]\n')
+        'here = [("@local", {})]\ngone = [("127.0.0.1", {"ssh_port": 1, "ssh_connect_retries": 0})]\n'
+    )
     (tmp_path / "deploy.py").write_text('from pyinfra import host\nhost.noop("nothing to do")\n')
-    result = subprocess.run([PYINFRA, "-y", "--json", "inventory.py", "deploy.py"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [PYINFRA, "-y", "--json", "inventory.py", "deploy.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     report = json.loads(result.stdout)
     assert report["results"]["operations"] == []
     assert failed_hosts(["@local", "127.0.0.1"], report) == ["127.0.0.1"]
@@ -75,8 +88,14 @@ def test_host_ids_are_read_from_testinfra_ids():
 
 def _report(nodeid, when, outcome, message=""):
     crash = SimpleNamespace(reprcrash=SimpleNamespace(message=message)) if message else None
-    return SimpleNamespace(nodeid=nodeid, when=when, failed=outcome == "failed",
-                           skipped=outcome == "skipped", passed=outcome == "passed", longrepr=crash)
+    return SimpleNamespace(
+        nodeid=nodeid,
+        when=when,
+        failed=outcome == "failed",
+        skipped=outcome == "skipped",
+        passed=outcome == "passed",
+        longrepr=crash,
+    )
 
 
 def test_the_table_counts_each_control_once_by_its_worst_phase():
@@ -84,8 +103,14 @@ def test_the_table_counts_each_control_once_by_its_worst_phase():
     a, b = "tests/compliance/test_swap.py::test_off[ssh://{}]", "tests/compliance/test_jobs.py::test_gpu[ssh://{}]"
     for host in ("h1", "h2"):
         table.add(_report(a.format(host), "setup", "passed"))
-        table.add(_report(a.format(host), "call", "passed" if host == "h1" else "failed",
-                          "AssertionError: /proc/swaps lists /swap.img\nassert 1 == 0"))
+        table.add(
+            _report(
+                a.format(host),
+                "call",
+                "passed" if host == "h1" else "failed",
+                "AssertionError: /proc/swaps lists /swap.img\nassert 1 == 0",
+            )
+        )
         table.add(_report(a.format(host), "teardown", "passed"))
         table.add(_report(b.format(host) + f"@{host}", "setup", "skipped"))  # as xdist's loadgroup ids
     lines = table.lines()
@@ -103,7 +128,7 @@ DOCKER_PULL_FAILED = (
     "AssertionError: docker run --runtime=nvidia ubuntu:24.04 true failed: "
     "sudo: unable to resolve host deb: Name or service not known\n"
     "  Unable to find image 'ubuntu:24.04' locally\n"
-    "  docker: Error response from daemon: Get \"https://registry-1.docker.io/v2/\": dial tcp: "
+    '  docker: Error response from daemon: Get "https://registry-1.docker.io/v2/": dial tcp: '
     "lookup registry-1.docker.io on 10.255.255.53:53: no such host.\n"
     "  See 'docker run --help'.\n"
     "  \n"
@@ -114,30 +139,43 @@ DOCKER_PULL_FAILED = (
 )
 
 
-@pytest.mark.parametrize(("message", "line"), [
-    (DOCKER_PULL_FAILED,
-     "docker run --runtime=nvidia ubuntu:24.04 true failed: docker: Error response from daemon: Get "
-     "\"https://registry-1.docker.io/v2/\": dial tcp: lookup registry-1.docker.io on 10.255.255.53:53: no such host."),
-    # sudo's warning alone: nothing else said why, so it stays.
-    ("AssertionError: docker run --runtime=nvidia ubuntu:24.04 true failed: sudo: unable to resolve host "
-     "deb: Name or service not known\n  \nassert 1 == 0",
-     "docker run --runtime=nvidia ubuntu:24.04 true failed: sudo: unable to resolve host deb: Name or service not known"),
-    # Newer Docker (25+) ends with "Run '... --help' for more information".
-    ("AssertionError: docker run --gpus all ubuntu:24.04 nvidia-smi -L failed: docker: Error response from "
-     "daemon: could not select device driver \"\" with capabilities: [[gpu]]\n  \n"
-     "  Run 'docker run --help' for more information\nassert 125 == 0",
-     "docker run --gpus all ubuntu:24.04 nvidia-smi -L failed: docker: Error response from daemon: could not "
-     "select device driver \"\" with capabilities: [[gpu]]"),
-    # A one-line finding stays as it was, and so does pytest.fail's.
-    ("AssertionError: swap is active: /swap.img\nassert ['/swap.img'] == []", "swap is active: /swap.img"),
-    ("Failed: the lab converge failed, so no control can be checked:\nE: Unable to locate package x",
-     "the lab converge failed, so no control can be checked: E: Unable to locate package x"),
-    # testinfra's check_output: sudo's warning left out of the command's stderr.
-    ("AssertionError: Unexpected exit code 1 for CommandResult(backend=<x>, exit_status=1, "
-     "command=b'sudo cat /etc/x', _stdout=b'', _stderr=b'sudo: unable to resolve host deb: Name or service "
-     "not known\\ncat: /etc/x: No such file or directory\\n')",
-     "a command exited 1: cat: /etc/x: No such file or directory"),
-])
+@pytest.mark.parametrize(
+    ("message", "line"),
+    [
+        (
+            DOCKER_PULL_FAILED,
+            "docker run --runtime=nvidia ubuntu:24.04 true failed: docker: Error response from daemon: Get "
+            '"https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io on 10.255.255.53:53: no such host.',
+        ),
+        # sudo's warning alone: nothing else said why, so it stays.
+        (
+            "AssertionError: docker run --runtime=nvidia ubuntu:24.04 true failed: sudo: unable to resolve host "
+            "deb: Name or service not known\n  \nassert 1 == 0",
+            "docker run --runtime=nvidia ubuntu:24.04 true failed: sudo: unable to resolve host deb: Name or service not known",
+        ),
+        # Newer Docker (25+) ends with "Run '... --help' for more information".
+        (
+            "AssertionError: docker run --gpus all ubuntu:24.04 nvidia-smi -L failed: docker: Error response from "
+            'daemon: could not select device driver "" with capabilities: [[gpu]]\n  \n'
+            "  Run 'docker run --help' for more information\nassert 125 == 0",
+            "docker run --gpus all ubuntu:24.04 nvidia-smi -L failed: docker: Error response from daemon: could not "
+            'select device driver "" with capabilities: [[gpu]]',
+        ),
+        # A one-line finding stays as it was, and so does pytest.fail's.
+        ("AssertionError: swap is active: /swap.img\nassert ['/swap.img'] == []", "swap is active: /swap.img"),
+        (
+            "Failed: the lab converge failed, so no control can be checked:\nE: Unable to locate package x",
+            "the lab converge failed, so no control can be checked: E: Unable to locate package x",
+        ),
+        # testinfra's check_output: sudo's warning left out of the command's stderr.
+        (
+            "AssertionError: Unexpected exit code 1 for CommandResult(backend=<x>, exit_status=1, "
+            "command=b'sudo cat /etc/x', _stdout=b'', _stderr=b'sudo: unable to resolve host deb: Name or service "
+            "not known\\ncat: /etc/x: No such file or directory\\n')",
+            "a command exited 1: cat: /etc/x: No such file or directory",
+        ),
+    ],
+)
 def test_a_failed_controls_line_says_why_not_what_sudo_warned(message, line):
     report = SimpleNamespace(longrepr=SimpleNamespace(reprcrash=SimpleNamespace(message=message)), when="call")
     assert found(report) == line
@@ -149,9 +187,22 @@ def _compliance(tmp_path, *options):
     inventory.write_text('boxes = [("nobox", {"ssh_hostname": "127.0.0.1", "ssh_port": 9, "ssh_user": "nobody"})]\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/compliance/test_swap.py", "--inventory", str(inventory),
-         "-p", "no:cacheprovider", *options],
-        cwd=REPO, capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/compliance/test_swap.py",
+            "--inventory",
+            str(inventory),
+            "-p",
+            "no:cacheprovider",
+            *options,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
 
 
@@ -160,13 +211,14 @@ def test_a_failed_control_is_one_line_under_the_table_that_ends_the_run(tmp_path
     assert result.returncode == 1, result.stdout
     lines = result.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if "sparkrig compliance, per host" in line)
-    failed = lines[start + 4:-1]
+    failed = lines[start + 4 : -1]
     assert lines[start + 1].split() == ["host", "passed", "failed", "skipped"]
     assert lines[start + 2].split() == ["nobox", "0", "5", "0"]
     assert lines[start + 3] == "failed controls:"
     assert len(failed) == 5 and all(line.startswith("  nobox: test_swap.py::test_") for line in failed), failed
-    assert all(": ssh: connect to host 127.0.0.1 port 9: Connection refused (running: " in line
-               for line in failed), failed
+    assert all(": ssh: connect to host 127.0.0.1 port 9: Connection refused (running: " in line for line in failed), (
+        failed
+    )
     assert " failed, " in lines[-1] and " errors in " in lines[-1]
     # No traceback, and no second list of the same failures in pytest's short summary.
     assert "Traceback" not in result.stdout and "_ test_" not in result.stdout
@@ -196,8 +248,12 @@ def test_the_suite_starts_workers_in_the_controller_only(monkeypatch):
     def config(**extra):
         option = SimpleNamespace(numprocesses=None, dist="no")
         plugins = SimpleNamespace(hasplugin=lambda name: True)
-        return SimpleNamespace(option=option, pluginmanager=plugins,
-                               getoption=lambda name: {"--inventory": "inv.py", "--limit": []}[name], **extra)
+        return SimpleNamespace(
+            option=option,
+            pluginmanager=plugins,
+            getoption=lambda name: {"--inventory": "inv.py", "--limit": []}[name],
+            **extra,
+        )
 
     monkeypatch.setattr(conftest, "inventory_host_data", lambda inv, limit: {"a": {}, "b": {}, "c": {}})
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
@@ -217,7 +273,7 @@ def test_the_suite_starts_workers_in_the_controller_only(monkeypatch):
     assert other.option.numprocesses is None
 
 
-GROUPED = '''
+GROUPED = """
 import os, pytest
 
 @pytest.mark.parametrize("i", range(6))
@@ -225,16 +281,16 @@ import os, pytest
 def test_control(request, host, i):
     with open(os.environ["GROUPED_LOG"], "a") as log:
         log.write(f"{host} {os.environ['PYTEST_XDIST_WORKER']}\\n")
-'''
+"""
 
-GROUPING_CONFTEST = '''
+GROUPING_CONFTEST = """
 import pytest
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group(item.callspec.params["host"]))
-'''
+"""
 
 
 def test_xdist_keeps_each_group_on_one_worker(tmp_path):
@@ -244,9 +300,25 @@ def test_xdist_keeps_each_group_on_one_worker(tmp_path):
     (tmp_path / "test_grouped.py").write_text(GROUPED)
     (tmp_path / "conftest.py").write_text(GROUPING_CONFTEST)
     log = tmp_path / "ran.log"
-    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q",
-                             "-p", "no:cacheprovider", str(tmp_path)], capture_output=True, text=True,
-                            cwd=tmp_path, env={**os.environ, "GROUPED_LOG": str(log)})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "GROUPED_LOG": str(log)},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     ran = [line.split() for line in log.read_text().splitlines()]
     assert len(ran) == 12

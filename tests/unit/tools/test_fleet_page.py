@@ -25,39 +25,67 @@ from tests.unit.tools.test_fleet import _compliance
 ARTIFACTS = Path(os.environ.get("SPARKRIG_ARTIFACTS", REPO / "artifacts"))
 CHROMIUM = "/usr/bin/chromium"
 # Markup a hostile host could print: were it not escaped, the browser would mark the page's body.
-HOSTILE = ('<script>document.body.dataset.pwned="script"</script>'
-           '<img src=x onerror="document.body.dataset.pwned=\'img\'">"\'&')
+HOSTILE = (
+    '<script>document.body.dataset.pwned="script"</script><img src=x onerror="document.body.dataset.pwned=\'img\'">"\'&'
+)
 
 
 def _versions(**changed) -> dict[str, str]:
-    cells = {"os": "debian 12", "dgx_os": "-", "kernel": "6.8.0-1015-nvidia", "kernel_pkgs": "6.8.0-1015.16",
-             "driver": "580.95.05", "driver_pkgs": "580.95.05-0ubuntu1", "cuda": "13.0", "docker": "28.3.3",
-             "toolkit": "1.17.8-1", "torch": "2.9.0+cu130", "vllm": "0.11.0", "reboot": "-"}
+    cells = {
+        "os": "debian 12",
+        "dgx_os": "-",
+        "kernel": "6.8.0-1015-nvidia",
+        "kernel_pkgs": "6.8.0-1015.16",
+        "driver": "580.95.05",
+        "driver_pkgs": "580.95.05-0ubuntu1",
+        "cuda": "13.0",
+        "docker": "28.3.3",
+        "toolkit": "1.17.8-1",
+        "torch": "2.9.0+cu130",
+        "vllm": "0.11.0",
+        "reboot": "-",
+    }
     return {**cells, **changed}
 
 
 def fleet() -> dict[str, Host]:
     """Three hosts: one drifted (another kernel) with a failed control, one whose versions
     could not be read, and one whose every string is hostile markup."""
-    rows = {"spark-01": _versions(), "spark-02": _versions(kernel="6.17.0-1008-nvidia"),
-            HOSTILE: _versions(torch=HOSTILE)}
-    report = {"hosts": {name: {"versions": cells, "differs": marks}
-                        for (name, cells), marks in zip(rows.items(), differing(rows).values())},
-              "errors": {"spark-03": "could not connect (ssh: connect to host spark-03 port 22: No route to host)"},
-              "read": "2026-11-25T10:00:00+00:00"}
+    rows = {
+        "spark-01": _versions(),
+        "spark-02": _versions(kernel="6.17.0-1008-nvidia"),
+        HOSTILE: _versions(torch=HOSTILE),
+    }
+    report = {
+        "hosts": {
+            name: {"versions": cells, "differs": marks}
+            for (name, cells), marks in zip(rows.items(), differing(rows).values())
+        },
+        "errors": {"spark-03": "could not connect (ssh: connect to host spark-03 port 22: No route to host)"},
+        "read": "2026-11-25T10:00:00+00:00",
+    }
     hosts = page_hosts(report)
     swap = "Protects against the freeze itself: while a swap area is active, memory pressure hangs the box."
-    hosts["spark-01"] = hosts["spark-01"]._replace(controls=[
-        Control("swap", "test_no_swap_is_active", "passed", "", swap),
-        Control("containers", "test_a_container_runs_with_the_nvidia_runtime", "skipped",
-                "containerd's shim cannot start under qemu-user", "Protects against a broken runtime."),
-    ], controls_read="2026-11-25T10:00:01+00:00 to 2026-11-25T10:00:09+00:00")
-    hosts["spark-02"] = hosts["spark-02"]._replace(controls=[
-        Control("swap", "test_no_swap_is_active", "failed", "swap is active: /swap.img", swap),
-        Control("updates", "test_the_running_kernel_is_the_expected_one", "passed", "", "Protects against drift."),
-    ])
-    hosts[HOSTILE] = hosts[HOSTILE]._replace(controls=[
-        Control(HOSTILE, HOSTILE, "failed", HOSTILE, HOSTILE)])
+    hosts["spark-01"] = hosts["spark-01"]._replace(
+        controls=[
+            Control("swap", "test_no_swap_is_active", "passed", "", swap),
+            Control(
+                "containers",
+                "test_a_container_runs_with_the_nvidia_runtime",
+                "skipped",
+                "containerd's shim cannot start under qemu-user",
+                "Protects against a broken runtime.",
+            ),
+        ],
+        controls_read="2026-11-25T10:00:01+00:00 to 2026-11-25T10:00:09+00:00",
+    )
+    hosts["spark-02"] = hosts["spark-02"]._replace(
+        controls=[
+            Control("swap", "test_no_swap_is_active", "failed", "swap is active: /swap.img", swap),
+            Control("updates", "test_the_running_kernel_is_the_expected_one", "passed", "", "Protects against drift."),
+        ]
+    )
+    hosts[HOSTILE] = hosts[HOSTILE]._replace(controls=[Control(HOSTILE, HOSTILE, "failed", HOSTILE, HOSTILE)])
     return hosts
 
 
@@ -124,13 +152,20 @@ def test_the_page_has_a_row_per_host_and_per_control_with_its_outcome_reason_and
     assert versions["spark-01"]["cells"][-2]["attrs"]["title"] == "2026-11-25T10:00:00+00:00"
     assert versions["spark-01"]["cells"][-1]["text"] == "2026-11-25 10:00:01 to 2026-11-25 10:00:09"
     assert versions["spark-03"]["cells"][-2]["text"] == (
-        "versions not read: could not connect (ssh: connect to host spark-03 port 22: No route to host)")
+        "versions not read: could not connect (ssh: connect to host spark-03 port 22: No route to host)"
+    )
     controls = parsed.rows["controls"][1:]
     failed = [r for r in controls if r["attrs"]["data-status"] == "failed" and r["attrs"]["data-host"] == "spark-02"]
     assert len(failed) == 1
     cells = [c["text"] for c in failed[0]["cells"]]
-    assert cells == ["spark-02", "failed", "swap", "test_no_swap_is_active", "swap is active: /swap.img",
-                     "Protects against the freeze itself: while a swap area is active, memory pressure hangs the box."]
+    assert cells == [
+        "spark-02",
+        "failed",
+        "swap",
+        "test_no_swap_is_active",
+        "swap is active: /swap.img",
+        "Protects against the freeze itself: while a swap area is active, memory pressure hangs the box.",
+    ]
     skipped = next(r for r in controls if r["attrs"]["data-status"] == "skipped")
     assert skipped["cells"][4]["text"] == "containerd's shim cannot start under qemu-user"
     # A failed control comes first, and the page says which hosts need a look.
@@ -143,8 +178,10 @@ def test_a_version_that_differs_from_most_hosts_is_marked_with_what_they_have():
     versions = {row["cells"][0]["text"]: row for row in parsed.rows["versions"][1:]}
     heads = [cell["text"] for cell in parsed.rows["versions"][0]["cells"]]
     kernel, torch = heads.index("kernel"), heads.index("torch")
-    marked = {name: [heads[i] for i, c in enumerate(row["cells"]) if c["attrs"].get("class") == "differs"]
-              for name, row in versions.items()}
+    marked = {
+        name: [heads[i] for i, c in enumerate(row["cells"]) if c["attrs"].get("class") == "differs"]
+        for name, row in versions.items()
+    }
     assert marked == {"spark-01": [], "spark-02": ["kernel"], HOSTILE: ["torch"], "spark-03": []}
     assert versions["spark-02"]["cells"][kernel]["attrs"]["title"] == "differs from most hosts (6.8.0-1015-nvidia)"
     assert versions["spark-02"]["cells"][kernel]["text"] == "6.17.0-1008-nvidia"
@@ -183,13 +220,16 @@ def test_every_control_has_its_protects_against_line():
     assert known["test_no_swap_is_active"].startswith("Protects against the freeze itself: ")
 
 
-@pytest.mark.parametrize(("key", "host", "name"), [
-    ("test_swap.py::test_no_swap_is_active[ssh://lab-deb12]", "lab-deb12", "test_no_swap_is_active"),
-    ("test_jobs.py::test_y[ssh://lab-deb12-spark-run]", "lab-deb12", "test_y[spark-run]"),
-    ("test_jobs.py::test_y[ssh://lab-deb12-b-spark-run]", "lab-deb12-b", "test_y[spark-run]"),
-    ("test_swap.py::test_no_swap_is_active[local]", "@local", "test_no_swap_is_active"),
-    ("test_jobs.py::test_y[local-spark-run]", "@local", "test_y[spark-run]"),
-])
+@pytest.mark.parametrize(
+    ("key", "host", "name"),
+    [
+        ("test_swap.py::test_no_swap_is_active[ssh://lab-deb12]", "lab-deb12", "test_no_swap_is_active"),
+        ("test_jobs.py::test_y[ssh://lab-deb12-spark-run]", "lab-deb12", "test_y[spark-run]"),
+        ("test_jobs.py::test_y[ssh://lab-deb12-b-spark-run]", "lab-deb12-b", "test_y[spark-run]"),
+        ("test_swap.py::test_no_swap_is_active[local]", "@local", "test_no_swap_is_active"),
+        ("test_jobs.py::test_y[local-spark-run]", "@local", "test_y[spark-run]"),
+    ],
+)
 def test_a_control_is_named_without_its_host(key, host, name):
     control = fleet_page.control_of(key, host, "passed", "", {"test_no_swap_is_active": "Protects against x."})
     assert (control.name, control.concern) == (name, key.split("::")[0][5:-3])
@@ -197,34 +237,69 @@ def test_a_control_is_named_without_its_host(key, host, name):
 
 
 def test_the_suites_table_keeps_why_a_control_was_skipped_and_when_it_ran():
-
     table = HostTable(["h1"])
-    table.add(SimpleNamespace(nodeid="tests/compliance/test_swap.py::test_x[ssh://h1]", when="setup",
-                              failed=False, skipped=True, passed=False, start=100.0, stop=101.0,
-                              longrepr=("tests/compliance/test_swap.py", 30, "Skipped: swap_disable is False")))
-    table.add(SimpleNamespace(nodeid="tests/compliance/test_swap.py::test_y[ssh://h1]", when="call",
-                              failed=False, skipped=False, passed=True, start=99.0, stop=105.0, longrepr=None))
+    table.add(
+        SimpleNamespace(
+            nodeid="tests/compliance/test_swap.py::test_x[ssh://h1]",
+            when="setup",
+            failed=False,
+            skipped=True,
+            passed=False,
+            start=100.0,
+            stop=101.0,
+            longrepr=("tests/compliance/test_swap.py", 30, "Skipped: swap_disable is False"),
+        )
+    )
+    table.add(
+        SimpleNamespace(
+            nodeid="tests/compliance/test_swap.py::test_y[ssh://h1]",
+            when="call",
+            failed=False,
+            skipped=False,
+            passed=True,
+            start=99.0,
+            stop=105.0,
+            longrepr=None,
+        )
+    )
     assert table.skips == {("h1", "test_swap.py::test_x[ssh://h1]"): "swap_disable is False"}
     assert table.spans == {"h1": [99.0, 105.0]}
 
 
 # --- the page in a browser -----------------------------------------------------------
 
+
 def _chromium() -> str:
     """The browser, or a skip naming what is missing; in CI (CI=true) a missing browser fails."""
     if Path(CHROMIUM).is_file():
         return CHROMIUM
-    unavailable(f"{CHROMIUM} is missing (apt-get install chromium; .ci/install does): the page is not opened in a browser")
+    unavailable(
+        f"{CHROMIUM} is missing (apt-get install chromium; .ci/install does): the page is not opened in a browser"
+    )
 
 
 def _browse(browser: str, url: str, *action: str) -> subprocess.CompletedProcess:
     """Headless Chromium on ``url`` with a fresh profile, nothing fetched beside the page."""
     with tempfile.TemporaryDirectory(prefix="sparkrig-chromium-") as profile:
         return subprocess.run(
-            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-             f"--user-data-dir={profile}", "--window-size=1600,1000", *action, url],
-            capture_output=True, text=True, timeout=120,
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-dev-shm-usage",
+                f"--user-data-dir={profile}",
+                "--window-size=1600,1000",
+                *action,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
 
@@ -290,15 +365,23 @@ def test_the_suite_writes_the_page_of_a_host_it_cannot_reach(tmp_path):
 
 # --- bytes that are not UTF-8 (issue 35, finding 6) -------------------------------------
 
+
 def test_a_byte_that_is_not_utf8_is_shown_and_the_page_still_written(tmp_path):
     """A host's byte that was not UTF-8 arrives as a lone surrogate ('\\udcff'); writing the
     page raised on it, and no page came (sparkrig report --html, the suite's --fleet-page)."""
-    hosts = {"spark-01": Host(versions=_versions(torch="2.11.0\udcff"), differs=["torch"]),
-             "spark-02": Host(versions_error="FactProcessError: \udcfe",
-                              controls=[Control("swap", "test_x", "failed", "found \udcfd")])}
+    hosts = {
+        "spark-01": Host(versions=_versions(torch="2.11.0\udcff"), differs=["torch"]),
+        "spark-02": Host(
+            versions_error="FactProcessError: \udcfe", controls=[Control("swap", "test_x", "failed", "found \udcfd")]
+        ),
+    }
     fleet_page.write(tmp_path / "fleet.html", fleet_page.render(hosts, columns=COLUMNS))
-    cells = [c["text"] for rows in Parsed((tmp_path / "fleet.html").read_text()).rows.values()
-             for row in rows for c in row["cells"]]
+    cells = [
+        c["text"]
+        for rows in Parsed((tmp_path / "fleet.html").read_text()).rows.values()
+        for row in rows
+        for c in row["cells"]
+    ]
     assert "2.11.0\\udcff" in cells and "found \\udcfd" in cells
     assert "versions not read: FactProcessError: \\udcfe" in cells
 
@@ -312,9 +395,14 @@ def test_tools_report_writes_the_page_of_a_venv_whose_metadata_is_not_utf8(tmp_p
     info.mkdir(parents=True)
     (info / "METADATA").write_bytes(b"Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\xff\n")
     (tmp_path / "inv.py").write_text(f'hosts = [("@local", {{"python_venv_path": {str(tmp_path / "venv")!r}}})]\n')
-    result = subprocess.run([sys.executable, "-m", "sparkrig.tools", "report", "inv.py", "--html", "fleet.html"],
-                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "sparkrig.tools", "report", "inv.py", "--html", "fleet.html"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     (row,) = Parsed((tmp_path / "fleet.html").read_text()).rows["versions"][1:]
     (why,) = [c["text"] for c in row["cells"] if c["text"].startswith("versions not read")]
@@ -323,6 +411,7 @@ def test_tools_report_writes_the_page_of_a_venv_whose_metadata_is_not_utf8(tmp_p
 
 
 # --- @local, as a user logged into the box runs the suite (issue 35, deliverable 4) ------
+
 
 def test_at_local_has_its_row_in_the_table_and_its_controls_and_versions_on_the_page(tmp_path):
     """The real suite's swap controls on @local (testinfra's local backend: this machine, read
@@ -333,9 +422,25 @@ def test_at_local_has_its_row_in_the_table_and_its_controls_and_versions_on_the_
     (tmp_path / "inv.py").write_text('here = [("@local", {})]\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", str(REPO / "tests/compliance/test_swap.py"), "--inventory", "inv.py",
-         "--fleet-page", "fleet.html", "-n", "0", "-p", "no:cacheprovider"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": str(REPO)},
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(REPO / "tests/compliance/test_swap.py"),
+            "--inventory",
+            "inv.py",
+            "--fleet-page",
+            "fleet.html",
+            "-n",
+            "0",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "PYTHONPATH": str(REPO)},
     )
     lines = result.stdout.splitlines()
     start = next((i for i, line in enumerate(lines) if "sparkrig compliance, per host" in line), None)
@@ -354,6 +459,7 @@ def test_at_local_has_its_row_in_the_table_and_its_controls_and_versions_on_the_
 
 # --- each cell's rule, one host at a time -------------------------------------------------
 
+
 def test_why_a_hosts_versions_were_not_read_is_escaped_too():
     """The error cell spans the version columns and is written apart from the other cells."""
     text = fleet_page.render({"spark-01": Host(versions_error=f"FactProcessError: {HOSTILE}")}, columns=COLUMNS)
@@ -366,9 +472,14 @@ def test_why_a_hosts_versions_were_not_read_is_escaped_too():
 
 def test_a_host_that_drifted_and_failed_nothing_is_drift_not_ok():
     rows = {"spark-01": _versions(), "spark-02": _versions(), "spark-03": _versions(driver="575.57.08")}
-    report = {"hosts": {name: {"versions": cells, "differs": marks}
-                        for (name, cells), marks in zip(rows.items(), differing(rows).values())},
-              "errors": {}, "read": ""}
+    report = {
+        "hosts": {
+            name: {"versions": cells, "differs": marks}
+            for (name, cells), marks in zip(rows.items(), differing(rows).values())
+        },
+        "errors": {},
+        "read": "",
+    }
     parsed = Parsed(fleet_page.render(page_hosts(report), columns=COLUMNS))
     status = {row["cells"][0]["text"]: row["attrs"]["data-status"] for row in parsed.rows["versions"][1:]}
     assert status == {"spark-01": "ok", "spark-02": "ok", "spark-03": "drift"}
@@ -377,11 +488,18 @@ def test_a_host_that_drifted_and_failed_nothing_is_drift_not_ok():
 def test_with_no_majority_every_host_of_a_tie_is_marked_on_the_page():
     """Two kernels, one host each: neither is "what most hosts have", so both are marked."""
     rows = {"spark-01": _versions(), "spark-02": _versions(kernel="6.17.0-1008-nvidia")}
-    report = {"hosts": {name: {"versions": cells, "differs": marks}
-                        for (name, cells), marks in zip(rows.items(), differing(rows).values())},
-              "errors": {}, "read": ""}
+    report = {
+        "hosts": {
+            name: {"versions": cells, "differs": marks}
+            for (name, cells), marks in zip(rows.items(), differing(rows).values())
+        },
+        "errors": {},
+        "read": "",
+    }
     parsed = Parsed(fleet_page.render(page_hosts(report), columns=COLUMNS))
     heads = [cell["text"] for cell in parsed.rows["versions"][0]["cells"]]
-    marked = {row["cells"][0]["text"]: [heads[i] for i, c in enumerate(row["cells"]) if c["attrs"].get("class") == "differs"]
-              for row in parsed.rows["versions"][1:]}
+    marked = {
+        row["cells"][0]["text"]: [heads[i] for i, c in enumerate(row["cells"]) if c["attrs"].get("class") == "differs"]
+        for row in parsed.rows["versions"][1:]
+    }
     assert marked == {"spark-01": ["kernel"], "spark-02": ["kernel"]}

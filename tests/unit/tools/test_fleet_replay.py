@@ -34,9 +34,22 @@ def replayed_deploy(tmp_path, recording: dict, deploy: str = "deploy.py") -> sub
     (tmp_path / "inventory.py").write_text('boxes = ["box~0", "box~1"]\n')
     (tmp_path / "recording.json").write_text(json.dumps(recording))
     return subprocess.run(
-        [sys.executable, "-m", "benchmarks.replay", "replay", "recording.json", "--",
-         "-y", "--json", "inventory.py", deploy],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.replay",
+            "replay",
+            "recording.json",
+            "--",
+            "-y",
+            "--json",
+            "inventory.py",
+            deploy,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
 
@@ -53,8 +66,9 @@ def test_a_replayed_deploy_answers_every_alias_from_its_recorded_host(tmp_path):
 
 
 def test_the_deploy_decides_from_the_recorded_answer(tmp_path):
-    result = replayed_deploy(tmp_path, {"pyinfra": {"box": {SENT: [0, ["bye"], [], None],
-                                                             "sh -c true": [0, [], [], None]}}})
+    result = replayed_deploy(
+        tmp_path, {"pyinfra": {"box": {SENT: [0, ["bye"], [], None], "sh -c true": [0, [], [], None]}}}
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert changed(result) == 2  # both aliases of box heard "bye"
 
@@ -62,8 +76,10 @@ def test_the_deploy_decides_from_the_recorded_answer(tmp_path):
 def test_a_command_the_recording_lacks_fails_the_deploy_loudly(tmp_path):
     result = replayed_deploy(tmp_path, {"pyinfra": {"other": {SENT: [0, ["hi"], [], None]}}})
     assert result.returncode != 0
-    assert re.search(rf"replay: box~[01] \(box\) has no recorded answer in recording.json \[pyinfra\] for: {re.escape(SENT)}",
-                     result.stderr)
+    assert re.search(
+        rf"replay: box~[01] \(box\) has no recorded answer in recording.json \[pyinfra\] for: {re.escape(SENT)}",
+        result.stderr,
+    )
 
 
 NONCED = """\
@@ -82,9 +98,18 @@ def test_a_replayed_reading_echoes_this_runs_nonce(tmp_path):
     recorded = "0123456789abcdef"
     answer = base64.b64encode(f"@@{recorded}".encode()).decode()
     (tmp_path / "nonced.py").write_text(NONCED)
-    result = replayed_deploy(tmp_path, {"pyinfra": {"box": {
-        "sh -c 'printf %s @@NONCE | base64 -w0'": [0, [answer], [], recorded],
-        "sh -c true": [0, [], [], None]}}}, deploy="nonced.py")
+    result = replayed_deploy(
+        tmp_path,
+        {
+            "pyinfra": {
+                "box": {
+                    "sh -c 'printf %s @@NONCE | base64 -w0'": [0, [answer], [], recorded],
+                    "sh -c true": [0, [], [], None],
+                }
+            }
+        },
+        deploy="nonced.py",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert changed(result) == 0
 
@@ -123,12 +148,17 @@ print(json.dumps(out))
 def test_the_suites_transport_is_replayed_and_refuses_the_unrecorded(tmp_path):
     b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
     recording = tmp_path / "recording.json"
-    recording.write_text(json.dumps({
-        "testinfra": {"box": {"echo hi": [0, b64("hi\n"), ""]}},
-        "prefetch": {"box": {"id -nu": [0, b64("spark\n"), ""]}},
-    }))
-    result = subprocess.run([sys.executable, "-c", SUITE_SIDE, str(recording)], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    recording.write_text(
+        json.dumps(
+            {
+                "testinfra": {"box": {"echo hi": [0, b64("hi\n"), ""]}},
+                "prefetch": {"box": {"id -nu": [0, b64("spark\n"), ""]}},
+            }
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", SUITE_SIDE, str(recording)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     out = json.loads(result.stdout)
     assert out["run"] == "hi\n"
@@ -138,8 +168,12 @@ def test_the_suites_transport_is_replayed_and_refuses_the_unrecorded(tmp_path):
 
 def test_a_replayed_control_that_differs_from_the_recorded_host_is_named():
     recorded = {("h~0", "m::c[x]"): "passed", ("g~0", "m::c[x]"): "skipped"}
-    replayed = {("h~0", "m::c[x]"): "passed", ("g~0", "m::c[x]"): "skipped",
-                ("h~1", "m::c[x]"): "failed", ("g~1", "m::c[x]"): "skipped"}
+    replayed = {
+        ("h~0", "m::c[x]"): "passed",
+        ("g~0", "m::c[x]"): "skipped",
+        ("h~1", "m::c[x]"): "failed",
+        ("g~1", "m::c[x]"): "skipped",
+    }
     wrong = disagreements(recorded, replayed, fleet_names(["h", "g"], 4))
     assert wrong == ["h~1: 1 controls differ, e.g. m::c[x]: passed -> failed"]
     assert fleet_names(["h", "g"], 3) == ["h~0", "g~0", "h~1"]
@@ -149,11 +183,24 @@ def test_the_fleet_inventory_aliases_the_lab_hosts_out_of_any_cluster(tmp_path):
     (tmp_path / "inventory").mkdir()
     (tmp_path / "inventory" / "__init__.py").write_text("")
     (tmp_path / "inventory" / "lab.py").write_text(
-        "lab = [('a', {'ssh_user': 'x', 'cluster_name': 'c'}), ('b', {'ssh_user': 'y'})]\n")
+        "lab = [('a', {'ssh_user': 'x', 'cluster_name': 'c'}), ('b', {'ssh_user': 'y'})]\n"
+    )
     path = write_inventory(tmp_path, ["a", "b"], 3)
-    found = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import runpy, json
-        print(json.dumps(runpy.run_path({str(path)!r})["lab"]))""")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert json.loads(found.stdout) == [["a~0", {"ssh_user": "x"}], ["b~0", {"ssh_user": "y"}],
-                                        ["a~1", {"ssh_user": "x"}]]
+        print(json.dumps(runpy.run_path({str(path)!r})["lab"]))"""),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(found.stdout) == [
+        ["a~0", {"ssh_user": "x"}],
+        ["b~0", {"ssh_user": "y"}],
+        ["a~1", {"ssh_user": "x"}],
+    ]

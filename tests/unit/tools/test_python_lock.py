@@ -60,7 +60,9 @@ needs_pypi = pytest.mark.usefixtures("pypi")
 
 @needs_pypi
 def test_the_real_manifest_and_every_profile_resolve_for_both_architectures():
-    combos = [(arch, profiles) for arch in ("aarch64", "x86_64") for profiles in ([], *[[p] for p in MANIFEST["profiles"]])]
+    combos = [
+        (arch, profiles) for arch in ("aarch64", "x86_64") for profiles in ([], *[[p] for p in MANIFEST["profiles"]])
+    ]
     with ThreadPoolExecutor(4) as pool:
         texts = list(pool.map(lambda c: python_lock.compile_lock(MANIFEST, c[1], c[0]), combos))
     for (arch, profiles), text in zip(combos, texts):
@@ -85,17 +87,21 @@ def _committed(arch: str, profiles: list[str]) -> str:
 def test_every_committed_lock_is_installable_by_its_hosts():
     """Each pin of each committed lock, resolved as its hosts install it: wheels only, for
     that architecture, the manifest's Python and the lock's glibc floor."""
-    combos = [(arch, profiles) for arch in MANIFEST["locks"]["architectures"] for profiles in MANIFEST["locks"]["profiles"]]
+    combos = [
+        (arch, profiles) for arch in MANIFEST["locks"]["architectures"] for profiles in MANIFEST["locks"]["profiles"]
+    ]
     with ThreadPoolExecutor(len(combos)) as pool:
-        found = list(pool.map(
-            lambda c: python_lock.installable_problem(_committed(*c), c[0], MANIFEST["python"]), combos
-        ))
+        found = list(
+            pool.map(lambda c: python_lock.installable_problem(_committed(*c), c[0], MANIFEST["python"]), combos)
+        )
     assert found == [None] * len(combos), found
 
 
 @needs_pypi
 def test_a_lock_a_host_could_not_install_is_refused_naming_package_architecture_and_reason():
-    lock = "six==1.17.0 \\\n    --hash=sha256:" + "0" * 64 + "\nxformers==0.0.35 \\\n    --hash=sha256:" + "1" * 64 + "\n"
+    lock = (
+        "six==1.17.0 \\\n    --hash=sha256:" + "0" * 64 + "\nxformers==0.0.35 \\\n    --hash=sha256:" + "1" * 64 + "\n"
+    )
     problem = python_lock.installable_problem(lock, "aarch64", "3.12")
     assert "xformers has no wheel for aarch64 (CPython 3.12, manylinux_2_35)" in problem
     assert "hosts install wheels only" in problem
@@ -111,7 +117,9 @@ def test_check_reports_a_committed_lock_a_host_could_not_install(tmp_path, capsy
     locks = tmp_path / "locks"
     locks.mkdir()
     name = ps_locks.lock_name(manifest, ["unsloth"], "aarch64")
-    (locks / name).write_text(_committed("aarch64", ["unsloth"]) + "xformers==0.0.35 \\\n    --hash=sha256:" + "1" * 64 + "\n")
+    (locks / name).write_text(
+        _committed("aarch64", ["unsloth"]) + "xformers==0.0.35 \\\n    --hash=sha256:" + "1" * 64 + "\n"
+    )
     assert python_lock.main(["--manifest", str(tmp_path / "stack.yml"), "--locks", str(locks), "--check"]) == 1
     said = capsys.readouterr().err
     assert f"{name}: a host could not install it: xformers has no wheel for aarch64" in said
@@ -120,7 +128,11 @@ def test_check_reports_a_committed_lock_a_host_could_not_install(tmp_path, capsy
 @needs_pypi
 def test_a_package_without_a_wheel_is_refused_unless_left_to_a_source_build():
     manifest = {
-        "python": "3.12", "torch": None, "vllm": None, "packages": {"xformers": "0.0.33"}, "profiles": {},
+        "python": "3.12",
+        "torch": None,
+        "vllm": None,
+        "packages": {"xformers": "0.0.33"},
+        "profiles": {},
         "locks": {"architectures": ["aarch64", "x86_64"], "profiles": [[]]},
     }
     with pytest.raises(RuntimeError) as error:
@@ -132,7 +144,10 @@ def test_a_package_without_a_wheel_is_refused_unless_left_to_a_source_build():
     # Left out with what it alone needs: a built wheel's requirements come from the rest of the lock.
     assert python_wheels.lock_entries(text) == []
     x86 = python_lock.compile_lock(manifest, [], "x86_64")  # x86_64 has PyPI's wheel
-    assert dict(python_wheels.lock_entries(x86))["xformers"][0] == "xformers==0.0.33 \\" and ps_locks.lock_from_source(x86) == []
+    assert (
+        dict(python_wheels.lock_entries(x86))["xformers"][0] == "xformers==0.0.33 \\"
+        and ps_locks.lock_from_source(x86) == []
+    )
 
 
 def test_a_development_snapshot_the_manifest_does_not_pin_is_found():
@@ -148,7 +163,9 @@ def _decoy_wheel(name: str, version: str) -> tuple[str, bytes]:
     with zipfile.ZipFile(buffer, "w") as wheel:
         info = f"{name}-{version}.dist-info"
         wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         wheel.writestr(f"{info}/RECORD", "")
     return f"{name}-{version}-py3-none-any.whl", buffer.getvalue()
 
@@ -176,9 +193,11 @@ def local_index(tmp_path):
 @needs_pypi
 def test_a_named_index_serves_only_the_packages_named_for_it(local_index):
     manifest = {
-        "python": "3.12", "torch": None,
+        "python": "3.12",
+        "torch": None,
         "vllm": {"name": wheelhouse.STANDIN_NAME, "version": wheelhouse.STANDIN_VERSION, "index_url": local_index},
-        "packages": {"six": "1.17.0"}, "profiles": {},
+        "packages": {"six": "1.17.0"},
+        "profiles": {},
         "locks": {"architectures": ["x86_64"], "profiles": [[]]},
     }
     entries = dict(python_wheels.lock_entries(python_lock.compile_lock(manifest, [], "x86_64")))
@@ -199,7 +218,9 @@ def test_offline_tags_accept_the_hosts_wheels_only():
     # torch's CUDA 13 runtime wheels carry the older manylinux names (found installing the real stack).
     x86 = python_wheels.target_tags("x86_64", "3.11")
     assert python_wheels._fits("nvidia_cuda_nvrtc-13.0.88-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl", x86)
-    assert python_wheels._fits("nvidia_cuda_nvrtc-13.0.88-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl", tags)
+    assert python_wheels._fits(
+        "nvidia_cuda_nvrtc-13.0.88-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl", tags
+    )
     assert python_wheels._fits("x-1.0-py3-none-manylinux1_x86_64.whl", x86)
     assert not python_wheels._fits("torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl", tags)
     assert not python_wheels._fits("torch-2.11.0-cp311-cp311-manylinux_2_28_aarch64.whl", tags)
@@ -215,8 +236,14 @@ def test_under_ci_a_test_that_needs_pypi_fails_instead_of_skipping(tmp_path):
     env.update(https_proxy="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9", no_proxy="", NO_PROXY="")
     said = {}
     for ci in ("true", ""):
-        result = subprocess.run([sys.executable, "-m", "pytest", test, "-p", "no:cacheprovider", "-p", "no:xdist", "-rsf"],
-                                cwd=REPO, capture_output=True, text=True, timeout=120, env={**env, "CI": ci})
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", test, "-p", "no:cacheprovider", "-p", "no:xdist", "-rsf"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "CI": ci},
+        )
         said[ci] = (result.returncode, result.stdout)
     assert said["true"][0] == 1 and "CI provides it, yet PyPI is out of reach from here" in said["true"][1], said
     assert said[""][0] == 0 and "1 skipped" in said[""][1] and "PyPI is out of reach from here" in said[""][1], said
@@ -224,13 +251,19 @@ def test_under_ci_a_test_that_needs_pypi_fails_instead_of_skipping(tmp_path):
 
 # --- uv's refusals, against a local index (no PyPI needed) -----------------------------------
 
+
 def _wheel(name: str, version: str, requires: tuple[str, ...] = ()) -> tuple[str, bytes]:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as wheel:
         info = f"{name}-{version}.dist-info"
-        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                       + "".join(f"Requires-Dist: {r}\n" for r in requires))
-        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(
+            f"{info}/METADATA",
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        )
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         wheel.writestr(f"{info}/RECORD", "")
     return f"{name}-{version}-py3-none-any.whl", buffer.getvalue()
 
@@ -244,8 +277,11 @@ def snapshot_index(tmp_path, monkeypatch):
     monkeypatch.setenv("no_proxy", "127.0.0.1")
     monkeypatch.setenv("UV_PYTHON_DOWNLOADS", "never")
     root = tmp_path / "index"
-    projects = {"parent": [_wheel("parent", "1.0", ("child",))], "child": [_wheel("child", "0.1.dev1")],
-                "srconly": [("srconly-1.0.tar.gz", b"an sdist: never built, wheels only")]}
+    projects = {
+        "parent": [_wheel("parent", "1.0", ("child",))],
+        "child": [_wheel("child", "0.1.dev1")],
+        "srconly": [("srconly-1.0.tar.gz", b"an sdist: never built, wheels only")],
+    }
     for project, files in projects.items():
         (root / "simple" / project).mkdir(parents=True)
         links = ""
@@ -270,10 +306,16 @@ def test_a_refusal_keeps_uvs_own_reason(uv, snapshot_index):
 def test_a_development_snapshot_the_manifest_does_not_pin_is_refused(uv, snapshot_index):
     """uv takes a .devN when no release has a wheel: the lock is refused, naming it."""
     manifest = {
-        "python": "3.12", "torch": None, "vllm": None, "packages": {"parent": "1.0"}, "profiles": {},
+        "python": "3.12",
+        "torch": None,
+        "vllm": None,
+        "packages": {"parent": "1.0"},
+        "profiles": {},
         "locks": {"architectures": ["aarch64"], "profiles": [[]]},
     }
-    with pytest.raises(RuntimeError, match=r"child has no usable wheels but the development snapshot child==0\.1\.dev1"):
+    with pytest.raises(
+        RuntimeError, match=r"child has no usable wheels but the development snapshot child==0\.1\.dev1"
+    ):
         python_lock.compile_lock(manifest, [], "aarch64", snapshot_index)
     manifest["packages"]["child"] = "0.1.dev1"  # pinned in the manifest: meant
     entries = dict(python_wheels.lock_entries(python_lock.compile_lock(manifest, [], "aarch64", snapshot_index)))

@@ -64,18 +64,37 @@ def test_its_fixture_may_fail(host, broken):
 FAULT = "test_stand_in.py::test_a_flag_file_is_there"
 
 
-def _suite(tmp_path: Path, *options: str, workers: str = "0", inventory: str = 'here = [("@local", {})]\n',
-           **env_vars: str) -> subprocess.CompletedProcess:
+def _suite(
+    tmp_path: Path, *options: str, workers: str = "0", inventory: str = 'here = [("@local", {})]\n', **env_vars: str
+) -> subprocess.CompletedProcess:
     """pytest on the stand-in controls with the compliance conftest, @local as the inventory."""
     (tmp_path / "test_stand_in.py").write_text(STAND_IN)
     (tmp_path / "inv.py").write_text(inventory)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(PYTHONPATH=str(REPO), SPARKRIG_STAND_IN_FLAG=str(tmp_path / "flag"), **env_vars)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "test_stand_in.py", "-p", "tests.compliance.conftest",
-         "--inventory", "inv.py", "-n", workers, "-p", "no:cacheprovider",
-         "-o", "markers=action: a stand-in control that asks the host itself", *options],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "test_stand_in.py",
+            "-p",
+            "tests.compliance.conftest",
+            "--inventory",
+            "inv.py",
+            "-n",
+            workers,
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "markers=action: a stand-in control that asks the host itself",
+            *options,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
 
 
@@ -91,7 +110,7 @@ def _controls(doc: dict) -> dict[str, dict]:
 def _table(stdout: str) -> list[str]:
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if "sparkrig compliance, per host" in line)
-    return lines[start + 1:]
+    return lines[start + 1 :]
 
 
 def _waivers(tmp_path: Path, text: str) -> str:
@@ -117,19 +136,33 @@ def test_a_run_writes_one_json_document_with_each_controls_outcome_reason_protec
     controls = _controls(doc)
     assert {k: {f: c[f] for f in ("host", "outcome", "reason", "protects")} for k, c in controls.items()} == {
         "test_stand_in.py::test_the_kernel_is_read": {
-            "host": "@local", "outcome": "passed", "reason": "",
-            "protects": "Protects against a host that cannot say its kernel."},
+            "host": "@local",
+            "outcome": "passed",
+            "reason": "",
+            "protects": "Protects against a host that cannot say its kernel.",
+        },
         FAULT: {
-            "host": "@local", "outcome": "failed", "reason": f"{tmp_path / 'flag'} is missing",
-            "protects": "Protects against a missing flag file (a stand-in fault the test switches on and off)."},
+            "host": "@local",
+            "outcome": "failed",
+            "reason": f"{tmp_path / 'flag'} is missing",
+            "protects": "Protects against a missing flag file (a stand-in fault the test switches on and off).",
+        },
         "test_stand_in.py::test_skipped_here": {
-            "host": "@local", "outcome": "skipped", "reason": "a stand-in skip",
-            "protects": "Protects against nothing here: it skips."},
+            "host": "@local",
+            "outcome": "skipped",
+            "reason": "a stand-in skip",
+            "protects": "Protects against nothing here: it skips.",
+        },
         "test_stand_in.py::test_its_fixture_may_fail": {
-            "host": "@local", "outcome": "error", "reason": "RuntimeError: a stand-in setup failure (at setup)",
-            "protects": "Protects against a fixture that fails (with SPARKRIG_STAND_IN_BROKEN set)."},
+            "host": "@local",
+            "outcome": "error",
+            "reason": "RuntimeError: a stand-in setup failure (at setup)",
+            "protects": "Protects against a fixture that fails (with SPARKRIG_STAND_IN_BROKEN set).",
+        },
     }
-    assert all(0 < controls[k]["duration_s"] < 60 for k in ("test_stand_in.py::test_the_kernel_is_read", FAULT)), controls
+    assert all(0 < controls[k]["duration_s"] < 60 for k in ("test_stand_in.py::test_the_kernel_is_read", FAULT)), (
+        controls
+    )
     # The versions, as sparkrig report reads them (this machine's, read).
     (host,) = doc["hosts"].values()
     assert set(host["versions"]) == {*COLUMNS, *GPU_COLUMNS} and host["versions"]["os"] not in ("", "-"), host
@@ -139,26 +172,37 @@ def test_a_run_writes_one_json_document_with_each_controls_outcome_reason_protec
 
 
 def test_a_waiver_accepts_a_failure_which_then_fails_nothing_and_shows_as_waived(tmp_path):
-    waivers = _waivers(tmp_path, f"""# accepted failures
+    waivers = _waivers(
+        tmp_path,
+        f"""# accepted failures
 - control: {FAULT}
   hosts: "@loc*"
   justification: the flag file comes with the next image (OPS-1)
   expires: {_today(1)}
-""")
-    result = _suite(tmp_path, "--results", "out", "--waivers", waivers, "--fleet-page", "page.html",
-                    "--junitxml", "junit.xml")
+""",
+    )
+    result = _suite(
+        tmp_path, "--results", "out", "--waivers", waivers, "--fleet-page", "page.html", "--junitxml", "junit.xml"
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     table = _table(result.stdout)
     assert table[1].split() == ["@local", "2", "0", "1"], table
-    assert table[2:4] == ["waived controls (failed, accepted by --waivers):",
-                          f"  @local: {FAULT}[local]: {tmp_path / 'flag'} is missing (waived until "
-                          f"{_today(1)}: the flag file comes with the next image (OPS-1))"], table
+    assert table[2:4] == [
+        "waived controls (failed, accepted by --waivers):",
+        f"  @local: {FAULT}[local]: {tmp_path / 'flag'} is missing (waived until "
+        f"{_today(1)}: the flag file comes with the next image (OPS-1))",
+    ], table
     (doc,) = _documents(tmp_path / "out")
     control = _controls(doc)[FAULT]
-    assert control["outcome"] == "waived" and control["reason"].endswith(f"(waived until {_today(1)}: "
-                                                                         "the flag file comes with the next image (OPS-1))")
-    assert control["waiver"] == {"justification": "the flag file comes with the next image (OPS-1)",
-                                 "expires": _today(1), "line": 2, "expired": False}
+    assert control["outcome"] == "waived" and control["reason"].endswith(
+        f"(waived until {_today(1)}: the flag file comes with the next image (OPS-1))"
+    )
+    assert control["waiver"] == {
+        "justification": "the flag file comes with the next image (OPS-1)",
+        "expires": _today(1),
+        "line": 2,
+        "expired": False,
+    }
     page = Parsed((tmp_path / "page.html").read_text())
     # The versions, read once, on the page and in the document alike.
     heads = [c["text"] for c in page.rows["versions"][0]["cells"]]
@@ -171,7 +215,9 @@ def test_a_waiver_accepts_a_failure_which_then_fails_nothing_and_shows_as_waived
 
 
 def test_a_waiver_for_other_hosts_or_another_control_accepts_nothing(tmp_path):
-    waivers = _waivers(tmp_path, f"""- control: {FAULT}
+    waivers = _waivers(
+        tmp_path,
+        f"""- control: {FAULT}
   hosts: "spark-*"
   justification: not this box
   expires: {_today(30)}
@@ -179,7 +225,8 @@ def test_a_waiver_for_other_hosts_or_another_control_accepts_nothing(tmp_path):
   hosts: "*"
   justification: another control
   expires: {_today(30)}
-""")
+""",
+    )
     result = _suite(tmp_path, "--waivers", waivers)
     assert result.returncode == 1, result.stdout[-3000:]
     assert "waived" not in result.stdout
@@ -188,42 +235,63 @@ def test_a_waiver_for_other_hosts_or_another_control_accepts_nothing(tmp_path):
 def test_an_expired_waiver_fails_again_saying_when_it_expired(tmp_path):
     """Expired on its date (the first day it no longer applies); with xdist's workers, whose
     reports carry the waiver to the controller."""
-    waivers = _waivers(tmp_path, f"""- control: {FAULT}
+    waivers = _waivers(
+        tmp_path,
+        f"""- control: {FAULT}
   hosts: "*"
   justification: the flag file comes with the next image (OPS-1)
   expires: {_today()}
-""")
+""",
+    )
     result = _suite(tmp_path, "--results", "out", "--waivers", waivers, workers="2")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
-    assert f"  @local: {FAULT}[local]: {tmp_path / 'flag'} is missing (its waiver expired on {_today()})" \
-        in _table(result.stdout), result.stdout[-3000:]
+    assert f"  @local: {FAULT}[local]: {tmp_path / 'flag'} is missing (its waiver expired on {_today()})" in _table(
+        result.stdout
+    ), result.stdout[-3000:]
     (doc,) = _documents(tmp_path / "out")
     control = _controls(doc)[FAULT]
     assert control["outcome"] == "failed" and control["reason"].endswith(f"(its waiver expired on {_today()})")
     assert control["waiver"]["expired"] is True
 
 
-@pytest.mark.parametrize(("text", "why"), [
-    ("- control: x\n  hosts: '*'\n  expires: 2026-12-01\n",
-     "line 1: missing 'justification' (say why this failure is accepted)"),
-    ("- control: x\n  hosts: '*'\n  justification: ''\n  expires: 2026-12-01\n",
-     "line 3: 'justification' must be a non-empty text"),
-    ("- control: x\n  hosts: '*'\n  justification: j\n  expires: 2026-12-01\n"
-     "- control: y\n  hosts: '*'\n  justification: j\n  expires: 2026-13-01\n",
-     "line 8: expires '2026-13-01' is not a date YYYY-MM-DD"),
-    ("- control: x\n  hosts: '*'\n  justification: j\n  expires: next friday\n",
-     "line 4: expires 'next friday' is not a date YYYY-MM-DD"),
-    ("- control: x\n  hosts: '*'\n  justification: j\n  expires: 20261201\n",
-     "line 4: expires '20261201' is not a date YYYY-MM-DD"),
-    ("- control: x\n  hosts: '*'\n  justification: j\n  expiry: 2026-12-01\n",
-     "line 4: unknown key 'expiry' (did you mean 'expires'?): a waiver has control, hosts, justification, expires"),
-    ("- control: x\n  control: y\n  hosts: '*'\n  justification: j\n  expires: 2026-12-01\n",
-     "line 2: 'control' given twice in one waiver"),
-    ("- control: x\n  justification: j\n  expires: 2026-12-01\n", "line 1: missing 'hosts'"),
-    ("control: x\n", 'line 1: expected a list of waivers (each "- control: ...")'),
-    ("- just a line\n", "line 1: a waiver is a mapping of control, hosts, justification, expires"),
-    ("- control: x\n  hosts: [\n", "line 3: not YAML: expected the node content, but found '<stream end>'"),
-])
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (
+            "- control: x\n  hosts: '*'\n  expires: 2026-12-01\n",
+            "line 1: missing 'justification' (say why this failure is accepted)",
+        ),
+        (
+            "- control: x\n  hosts: '*'\n  justification: ''\n  expires: 2026-12-01\n",
+            "line 3: 'justification' must be a non-empty text",
+        ),
+        (
+            "- control: x\n  hosts: '*'\n  justification: j\n  expires: 2026-12-01\n"
+            "- control: y\n  hosts: '*'\n  justification: j\n  expires: 2026-13-01\n",
+            "line 8: expires '2026-13-01' is not a date YYYY-MM-DD",
+        ),
+        (
+            "- control: x\n  hosts: '*'\n  justification: j\n  expires: next friday\n",
+            "line 4: expires 'next friday' is not a date YYYY-MM-DD",
+        ),
+        (
+            "- control: x\n  hosts: '*'\n  justification: j\n  expires: 20261201\n",
+            "line 4: expires '20261201' is not a date YYYY-MM-DD",
+        ),
+        (
+            "- control: x\n  hosts: '*'\n  justification: j\n  expiry: 2026-12-01\n",
+            "line 4: unknown key 'expiry' (did you mean 'expires'?): a waiver has control, hosts, justification, expires",
+        ),
+        (
+            "- control: x\n  control: y\n  hosts: '*'\n  justification: j\n  expires: 2026-12-01\n",
+            "line 2: 'control' given twice in one waiver",
+        ),
+        ("- control: x\n  justification: j\n  expires: 2026-12-01\n", "line 1: missing 'hosts'"),
+        ("control: x\n", 'line 1: expected a list of waivers (each "- control: ...")'),
+        ("- just a line\n", "line 1: a waiver is a mapping of control, hosts, justification, expires"),
+        ("- control: x\n  hosts: [\n", "line 3: not YAML: expected the node content, but found '<stream end>'"),
+    ],
+)
 def test_a_malformed_waiver_file_stops_the_run_before_any_control_naming_the_line(tmp_path, text, why):
     """The inventory's host is a listening socket of this test's: nothing connects to it."""
     waivers = _waivers(tmp_path, text)
@@ -255,22 +323,36 @@ def test_the_page_shows_what_changed_since_the_previous_run_in_the_directory(tmp
     rows = [[c["text"] for c in row["cells"]] for row in parsed.rows["changes"][1:]]
     since = f"{two['started'][:10]} {two['started'][11:19]}"
     assert rows == [["newly failing", "@local", FAULT, f"{tmp_path / 'flag'} is missing", since]]
-    assert f"<h2>Changes since the previous run ({one['started'][:10]} {one['started'][11:19]})</h2>" \
+    assert (
+        f"<h2>Changes since the previous run ({one['started'][:10]} {one['started'][11:19]})</h2>"
         in (tmp_path / "page.html").read_text()
+    )
     (tmp_path / "flag").touch()
     _suite(tmp_path, "--results", "out", "--fleet-page", "page.html")
-    rows = [[c["text"] for c in row["cells"]] for row in Parsed((tmp_path / "page.html").read_text()).rows["changes"][1:]]
+    rows = [
+        [c["text"] for c in row["cells"]] for row in Parsed((tmp_path / "page.html").read_text()).rows["changes"][1:]
+    ]
     assert rows == [["fixed", "@local", FAULT, "now passed", ""]]
     assert two["started"] > one["started"]
 
 
 # --- the pieces, each alone -------------------------------------------------------------
 
+
 def _doc(started: str, outcomes: dict[str, str], **versions) -> dict:
-    return {"schema": results.SCHEMA, "started": started, "hosts": {
-        "spark-01": {"versions": {"kernel": "6.8", "driver": "580", **versions},
-                     "controls": [{"id": control, "outcome": outcome, "reason": f"{control} said so"}
-                                  for control, outcome in outcomes.items()]}}}
+    return {
+        "schema": results.SCHEMA,
+        "started": started,
+        "hosts": {
+            "spark-01": {
+                "versions": {"kernel": "6.8", "driver": "580", **versions},
+                "controls": [
+                    {"id": control, "outcome": outcome, "reason": f"{control} said so"}
+                    for control, outcome in outcomes.items()
+                ],
+            }
+        },
+    }
 
 
 def test_changes_say_newly_failing_still_failing_since_when_fixed_and_versions_changed():
@@ -280,13 +362,18 @@ def test_changes_say_newly_failing_still_failing_since_when_fixed_and_versions_c
         _doc("2026-11-23T10:00:00+00:00", {"a": "passed", "c": "failed", "e": "passed"}),
         _doc("2026-11-22T10:00:00+00:00", {"a": "failed", "c": "waived"}),
     ]
-    now = _doc("2026-11-26T10:00:00+00:00", {"a": "failed", "b": "failed", "c": "passed", "d": "skipped", "e": "failed"},
-               kernel="6.17")
+    now = _doc(
+        "2026-11-26T10:00:00+00:00",
+        {"a": "failed", "b": "failed", "c": "passed", "d": "skipped", "e": "failed"},
+        kernel="6.17",
+    )
     found = fleet_page.changes(now, runs)
     assert found.previous == "2026-11-25T10:00:00+00:00"
     # e's waiver expired: newly failing the run, failing since its failure began (waived in between).
-    assert found.newly_failing == [("spark-01", "b", "b said so", "2026-11-26T10:00:00+00:00"),
-                                   ("spark-01", "e", "e said so", "2026-11-24T10:00:00+00:00")]
+    assert found.newly_failing == [
+        ("spark-01", "b", "b said so", "2026-11-26T10:00:00+00:00"),
+        ("spark-01", "e", "e said so", "2026-11-24T10:00:00+00:00"),
+    ]
     assert found.still_failing == [("spark-01", "a", "a said so", "2026-11-24T10:00:00+00:00")]
     assert found.fixed == [("spark-01", "c", "passed")]
     assert found.versions == [("spark-01", "kernel", "6.8", "6.17")]
@@ -312,8 +399,11 @@ def test_a_document_is_written_whole_and_never_over_an_earlier_one(tmp_path):
 
 
 def test_earlier_runs_are_read_newest_first_passing_over_links_and_other_files(tmp_path):
-    for name, doc in [("20261124T000000Z.json", _doc("24", {})), ("20261125T000000Z.json", _doc("25", {})),
-                      ("20261123T000000Z.json", {"schema": "other/1", "hosts": {}})]:
+    for name, doc in [
+        ("20261124T000000Z.json", _doc("24", {})),
+        ("20261125T000000Z.json", _doc("25", {})),
+        ("20261123T000000Z.json", {"schema": "other/1", "hosts": {}}),
+    ]:
         (tmp_path / name).write_text(json.dumps(doc))
     (tmp_path / "20261125T120000Z.json").write_text("{not json")
     (tmp_path / "20261125T130000Z.json").symlink_to(tmp_path / "20261125T000000Z.json")

@@ -35,19 +35,39 @@ HOSTS = ["s1", "s2", "s3", "s4", "s5"]
 # --- options, batches, budget ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "budget", "amount"), [
-    ("2", False, Amount(count=2)), ("25%", False, Amount(percent=25)), ("100%", False, Amount(percent=100)),
-    ("0", True, Amount(count=0)), ("0%", True, Amount(percent=0)), ("10%", True, Amount(percent=10)),
-    ("1", True, Amount(count=1)),
-])
+@pytest.mark.parametrize(
+    ("text", "budget", "amount"),
+    [
+        ("2", False, Amount(count=2)),
+        ("25%", False, Amount(percent=25)),
+        ("100%", False, Amount(percent=100)),
+        ("0", True, Amount(count=0)),
+        ("0%", True, Amount(percent=0)),
+        ("10%", True, Amount(percent=10)),
+        ("1", True, Amount(count=1)),
+    ],
+)
 def test_sizes_and_budgets_parse(text, budget, amount):
     assert parse_amount(text, "--x", budget) == amount
 
 
-@pytest.mark.parametrize(("text", "budget"), [
-    ("0", False), ("0%", False), ("101%", False), ("-1", False), ("1.5", False), ("25 %", False), ("", False),
-    ("150%", True), ("-1", True), ("10%%", True), ("one", True), ("01", True),
-])
+@pytest.mark.parametrize(
+    ("text", "budget"),
+    [
+        ("0", False),
+        ("0%", False),
+        ("101%", False),
+        ("-1", False),
+        ("1.5", False),
+        ("25 %", False),
+        ("", False),
+        ("150%", True),
+        ("-1", True),
+        ("10%%", True),
+        ("one", True),
+        ("01", True),
+    ],
+)
 def test_bad_sizes_and_budgets_are_one_error_naming_the_option(text, budget):
     with pytest.raises(ValueError, match=r"^--x '.*': expected a number of hosts \((0|1) or more\) or a share"):
         parse_amount(text, "--x", budget)
@@ -69,13 +89,26 @@ def test_the_canary_goes_alone_first_and_shares_are_of_all_hosts():
     assert plan([], Amount(count=1), Amount(count=1)) == []
 
 
-@pytest.mark.parametrize(("failed", "size", "budget", "stops"), [
-    (0, 1, "0", False), (1, 1, "5", True),  # every host of a batch failed: stops whatever the budget
-    (1, 2, "1", False), (2, 3, "1", True), (2, 3, "2", False), (1, 3, "0", True),
-    (1, 4, "25%", False), (1, 4, "24%", True),  # a share is compared exactly: more than it stops
-    (2, 4, "50%", False), (2, 4, "49%", True), (1, 3, "33%", True), (1, 3, "34%", False),
-    (1, 10, "0%", True), (9, 10, "100%", False), (10, 10, "100%", True),
-])
+@pytest.mark.parametrize(
+    ("failed", "size", "budget", "stops"),
+    [
+        (0, 1, "0", False),
+        (1, 1, "5", True),  # every host of a batch failed: stops whatever the budget
+        (1, 2, "1", False),
+        (2, 3, "1", True),
+        (2, 3, "2", False),
+        (1, 3, "0", True),
+        (1, 4, "25%", False),
+        (1, 4, "24%", True),  # a share is compared exactly: more than it stops
+        (2, 4, "50%", False),
+        (2, 4, "49%", True),
+        (1, 3, "33%", True),
+        (1, 3, "34%", False),
+        (1, 10, "0%", True),
+        (9, 10, "100%", False),
+        (10, 10, "100%", True),
+    ],
+)
 def test_a_batch_stops_the_rollout_when_its_failures_are_over_the_budget(failed, size, budget, stops):
     assert over_budget(failed, size, parse_amount(budget, "--max-fail", budget=True)) is stops
 
@@ -83,23 +116,47 @@ def test_a_batch_stops_the_rollout_when_its_failures_are_over_the_budget(failed,
 def _not_loaded_inventory(tmp_path: Path) -> tuple[Path, Path]:
     loads = tmp_path / "loads"
     inventory = tmp_path / "fleet.py"
-    inventory.write_text(f"open({str(loads)!r}, 'a').write('loaded\\n')\n"
-                         'hosts = [("sparkrig-rollout-test.invalid", {"ssh_connect_timeout": 2})]\n')
+    inventory.write_text(
+        f"open({str(loads)!r}, 'a').write('loaded\\n')\n"
+        'hosts = [("sparkrig-rollout-test.invalid", {"ssh_connect_timeout": 2})]\n'
+    )
     return inventory, loads
 
 
-@pytest.mark.parametrize(("args", "error"), [
-    (["--batch", "0"], "rollout: --batch '0': expected a number of hosts (1 or more) or a share of the hosts "
-                       "(1% to 100%), e.g. 2 or 25%\n"),
-    (["--max-fail", "150%"], "rollout: --max-fail '150%': expected a number of hosts (0 or more) or a share of a "
-                             "batch (0% to 100%), e.g. 1 or 10%\n"),
-    (["--canary", "x"], None),
-])
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ["--batch", "0"],
+            "rollout: --batch '0': expected a number of hosts (1 or more) or a share of the hosts "
+            "(1% to 100%), e.g. 2 or 25%\n",
+        ),
+        (
+            ["--max-fail", "150%"],
+            "rollout: --max-fail '150%': expected a number of hosts (0 or more) or a share of a "
+            "batch (0% to 100%), e.g. 1 or 10%\n",
+        ),
+        (["--canary", "x"], None),
+    ],
+)
 def test_bad_options_stop_before_the_inventory_is_even_loaded(tmp_path, args, error):
     inventory, loads = _not_loaded_inventory(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "sparkrig.tools", "rollout", str(inventory), *args,
-                             "--state", str(tmp_path / "state" / "r.json")],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparkrig.tools",
+            "rollout",
+            str(inventory),
+            *args,
+            "--state",
+            str(tmp_path / "state" / "r.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr == (error or result.stderr) and result.stderr.count("\n") == 1, result.stderr
     assert not loads.exists()  # no host contacted: pyinfra never even read the inventory
@@ -123,10 +180,32 @@ def test_a_relative_inventory_is_the_callers_for_the_hosts_and_the_batches(tmp_p
 def test_rollout_options_go_anywhere_and_pyinfra_options_after_a_double_dash(monkeypatch):
     seen = []
     monkeypatch.setattr(rollout, "rollout", lambda options: seen.append(options) or 0)
-    assert rollout.main(["inventory/lab.py", "--batch", "25%", "--limit", "debian12", "--canary", "1",
-                         "--max-fail", "10%", "--resume", "--", "--data", "a=1"]) == 0
+    assert (
+        rollout.main(
+            [
+                "inventory/lab.py",
+                "--batch",
+                "25%",
+                "--limit",
+                "debian12",
+                "--canary",
+                "1",
+                "--max-fail",
+                "10%",
+                "--resume",
+                "--",
+                "--data",
+                "a=1",
+            ]
+        )
+        == 0
+    )
     assert seen == [Options("inventory/lab.py", "25%", "1", "10%", ["debian12"], True, None, ["--data", "a=1"])]
-    assert Options("i", " 2 ", None, "10%", [], True, None, []).given() == {"batch": "2", "canary": None, "max_fail": "10%"}
+    assert Options("i", " 2 ", None, "10%", [], True, None, []).given() == {
+        "batch": "2",
+        "canary": None,
+        "max_fail": "10%",
+    }
 
 
 # --- the loop ---------------------------------------------------------------------------
@@ -157,8 +236,12 @@ class Fleet:
 
 
 def _state(batches, max_fail="0", canary="1") -> State:
-    return State.new("/inv.py", {"batch": "2", "canary": canary, "max_fail": max_fail}, batches,
-                     {h: f"d-{h}" for b in batches for h in b})
+    return State.new(
+        "/inv.py",
+        {"batch": "2", "canary": canary, "max_fail": max_fail},
+        batches,
+        {h: f"d-{h}" for b in batches for h in b},
+    )
 
 
 BATCHES = [["s1"], ["s2", "s3"], ["s4", "s5"]]
@@ -175,13 +258,17 @@ def test_each_batch_is_proven_before_the_next_and_a_budget_lets_one_failure_pass
 
 
 def test_over_the_budget_the_rollout_stops_and_says_so(tmp_path, capsys):
-    fleet = Fleet(deploy_fails={"s2": "deploy: Swap off: sparkrig: boom"},
-                  control_fails={"s3": "control test_x.py::test_y[ssh://s3]: wrong"})
+    fleet = Fleet(
+        deploy_fails={"s2": "deploy: Swap off: sparkrig: boom"},
+        control_fails={"s3": "control test_x.py::test_y[ssh://s3]: wrong"},
+    )
     state = _state(BATCHES, max_fail="1")
     assert run_batches(state, tmp_path / "r.json", fleet.steps()) == 1
     assert fleet.converged == BATCHES[:2] and fleet.proved == [["s1"], ["s3"]]  # s2 never reached the suite
-    assert state.stopped == "stopped after batch 2: 2 of its 2 hosts failed, over --max-fail 1 " \
-                            "(every host of the batch failed)"
+    assert (
+        state.stopped == "stopped after batch 2: 2 of its 2 hosts failed, over --max-fail 1 "
+        "(every host of the batch failed)"
+    )
     assert (state.hosts["s2"].converged, state.hosts["s3"].converged) == (False, True)
     assert [state.hosts[h].status for h in ("s4", "s5")] == [PENDING, PENDING]
     assert load(tmp_path / "r.json").stopped == state.stopped  # saved
@@ -217,7 +304,9 @@ def test_ctrl_c_saves_where_it_was_and_resume_goes_on_from_there(tmp_path, capsy
     assert saved.stopped == "interrupted (Ctrl+C)"
     assert [saved.hosts[h].status for h in HOSTS] == [PROVEN, PROVEN, PROVEN, PENDING, PENDING]
     assert saved.hosts["s4"].why == "interrupted while converging"
-    assert "not started: s4 (interrupted while converging), s5 (interrupted while converging)" in capsys.readouterr().err
+    assert (
+        "not started: s4 (interrupted while converging), s5 (interrupted while converging)" in capsys.readouterr().err
+    )
     fleet = Fleet()
     assert run_batches(saved, path, fleet.steps()) == 0
     assert fleet.converged == [["s4", "s5"]]
@@ -236,6 +325,7 @@ def test_the_state_is_written_atomically_in_a_private_directory(tmp_path, monkey
 
     def lost_controller(src, dst):
         raise OSError("the controller died before the rename")
+
     monkeypatch.setattr(rollout_plan.os, "replace", lost_controller)
     with pytest.raises(OSError):
         save(changed, path)
@@ -259,18 +349,25 @@ def test_the_default_state_is_the_callers_own_one_per_inventory(tmp_path, monkey
     assert rollout_plan.default_state_path("/a/fleet.py").is_relative_to(Path.home())
 
 
-@pytest.mark.parametrize(("change", "error"), [
-    ({"inventory": "/other.py"}, "the saved rollout is of /inv.py, not /other.py: start afresh without --resume"),
-    ({"hosts": ["s1", "s2", "s3", "s4"]}, "the saved rollout has other hosts (left out now: s5): start afresh"),
-    ({"hosts": [*HOSTS, "s6"]}, "the saved rollout has other hosts (new: s6): start afresh"),
-    ({"options": {"batch": "3"}}, "the saved rollout ran with --batch 2, not 3: resume with the same options"),
-    ({"digests": {"s1": "new"}}, "the settings of proven hosts changed since the saved rollout (s1): start afresh"),
-])
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"inventory": "/other.py"}, "the saved rollout is of /inv.py, not /other.py: start afresh without --resume"),
+        ({"hosts": ["s1", "s2", "s3", "s4"]}, "the saved rollout has other hosts (left out now: s5): start afresh"),
+        ({"hosts": [*HOSTS, "s6"]}, "the saved rollout has other hosts (new: s6): start afresh"),
+        ({"options": {"batch": "3"}}, "the saved rollout ran with --batch 2, not 3: resume with the same options"),
+        ({"digests": {"s1": "new"}}, "the settings of proven hosts changed since the saved rollout (s1): start afresh"),
+    ],
+)
 def test_a_state_of_another_rollout_is_refused_with_one_line(change, error):
     state = _state(BATCHES)
     state.hosts["s1"] = HostState(PROVEN, True)
-    args = {"inventory": "/inv.py", "hosts": HOSTS, "digests": dict(state.digests),
-            "options": {"batch": None, "canary": "1", "max_fail": None}}
+    args = {
+        "inventory": "/inv.py",
+        "hosts": HOSTS,
+        "digests": dict(state.digests),
+        "options": {"batch": None, "canary": "1", "max_fail": None},
+    }
     for key, value in change.items():
         args[key] = {**args[key], **value} if isinstance(value, dict) else value
     with pytest.raises(ValueError) as raised:
@@ -299,18 +396,23 @@ def test_a_state_file_that_is_not_one_is_refused(tmp_path):
 
 def test_the_table_counts_each_batch_and_says_why_hosts_failed():
     state = _state(BATCHES)
-    state.hosts.update(s1=HostState(PROVEN, True), s2=HostState(FAILED, True, "control t.py::t[ssh://s2]: x"),
-                       s3=HostState(FAILED, False, "deploy: Swap off: sparkrig: boom"))
-    assert table(state) == "\n".join([
-        "batch       hosts  converged  rebooted  drained-out  proven  failed  not started",
-        "1 (canary)  1      1          0         0            1       0       0",
-        "2           2      1          0         0            0       2       0",
-        "3           2      0          0         0            0       0       2",
-        "failed:",
-        "  s2 (batch 2): control t.py::t[ssh://s2]: x",
-        "  s3 (batch 2): deploy: Swap off: sparkrig: boom",
-        "not started: s4, s5",
-    ])
+    state.hosts.update(
+        s1=HostState(PROVEN, True),
+        s2=HostState(FAILED, True, "control t.py::t[ssh://s2]: x"),
+        s3=HostState(FAILED, False, "deploy: Swap off: sparkrig: boom"),
+    )
+    assert table(state) == "\n".join(
+        [
+            "batch       hosts  converged  rebooted  drained-out  proven  failed  not started",
+            "1 (canary)  1      1          0         0            1       0       0",
+            "2           2      1          0         0            0       2       0",
+            "3           2      0          0         0            0       0       2",
+            "failed:",
+            "  s2 (batch 2): control t.py::t[ssh://s2]: x",
+            "  s3 (batch 2): deploy: Swap off: sparkrig: boom",
+            "not started: s4, s5",
+        ]
+    )
 
 
 # --- the outcome of the real steps --------------------------------------------------------
@@ -326,19 +428,36 @@ def test_a_failed_control_fails_its_host_read_from_a_real_junit(tmp_path):
         "@pytest.mark.parametrize('h', ['ssh://h1', 'ssh://h1-b', 'ssh://h2'])\n"
         "@pytest.mark.parametrize('unit', ['cuda_env'])\n"
         "def test_env(unit, h):\n"
-        "    pass\n")
+        "    pass\n"
+    )
     junit = tmp_path / "j.xml"
-    subprocess.run([sys.executable, "-m", "pytest", str(tmp_path / "test_fake_controls.py"), f"--junitxml={junit}",
-                    "-q", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, timeout=120)
-    output = ("failed controls:\n  h1-b: test_fake_controls.py::test_swap_is_off[ssh://h1-b]: /swap.img is in fstab\n"
-              "============= 1 failed, 5 passed in 0.05s =============\n")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(tmp_path / "test_fake_controls.py"),
+            f"--junitxml={junit}",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=120,
+    )
+    output = (
+        "failed controls:\n  h1-b: test_fake_controls.py::test_swap_is_off[ssh://h1-b]: /swap.img is in fstab\n"
+        "============= 1 failed, 5 passed in 0.05s =============\n"
+    )
     assert proof_outcomes(junit, ["h1", "h1-b", "h2", "h3"], output) == {
         "h1-b": "control test_fake_controls.py::test_swap_is_off[ssh://h1-b]: /swap.img is in fstab",
         "h3": "the compliance suite checked nothing on it (pytest: 1 failed, 5 passed in 0.05s)",
     }
     # Without the suite's own line, JUnit's message says it.
     assert proof_outcomes(junit, ["h1-b"], "")["h1-b"].startswith(
-        "control test_fake_controls.py::test_swap_is_off[ssh://h1-b]: AssertionError: /swap.img is in /etc/fstab")
+        "control test_fake_controls.py::test_swap_is_off[ssh://h1-b]: AssertionError: /swap.img is in /etc/fstab"
+    )
 
 
 def test_an_unreachable_host_fails_the_converge_with_pyinfras_line(tmp_path):

@@ -59,7 +59,9 @@ class Fleet:
             raise HostError("Could not connect")
         rebooted = self.boots[host] > 1
         reasons = ["/run/reboot-required exists"] if host in self.needs and not rebooted else []
-        return Reading(f"boot-{host}-{self.boots[host]}", reasons, self.after.get(host, VERSIONS) if rebooted else VERSIONS)
+        return Reading(
+            f"boot-{host}-{self.boots[host]}", reasons, self.after.get(host, VERSIONS) if rebooted else VERSIONS
+        )
 
     def drain(self, host, why):
         self.log.append(("drain", host, why))
@@ -81,14 +83,31 @@ class Fleet:
 
 
 def _settings(hosts, reboot="when-required", timeout=600, cluster=None, **more):
-    return {h: host_settings({"updates_reboot": reboot, "updates_drain_timeout": timeout,
-                              "cluster_name": (cluster or {}).get(h, ""), **more}) for h in hosts}
+    return {
+        h: host_settings(
+            {
+                "updates_reboot": reboot,
+                "updates_drain_timeout": timeout,
+                "cluster_name": (cluster or {}).get(h, ""),
+                **more,
+            }
+        )
+        for h in hosts
+    }
 
 
 def _run(hosts, fleet, settings, force=False):
     notes, said = [], []
-    outcome = reboot_batch(hosts, settings, fleet, force, lambda *n: notes.append(n), said.append,
-                           clock=fleet.clock, sleep=fleet.clock.sleep)
+    outcome = reboot_batch(
+        hosts,
+        settings,
+        fleet,
+        force,
+        lambda *n: notes.append(n),
+        said.append,
+        clock=fleet.clock,
+        sleep=fleet.clock.sleep,
+    )
     return outcome, notes, said
 
 
@@ -116,8 +135,10 @@ def test_a_drain_past_its_timeout_leaves_the_host_out_undrained_and_says_why():
     fleet = Fleet(clock, needs={"a"}, jobs={"a": {"train": 10_000.0}})
     outcome, _, _ = _run(["a"], fleet, _settings(["a"], timeout=120))
     assert outcome["a"][0] == DRAINED_OUT
-    assert outcome["a"][1] == ("reboot: drain timed out: 1 job(s) still running after updates_drain_timeout 120 s "
-                               "(train); left out, not rebooted, undrained (--force stops them; --resume tries again)")
+    assert outcome["a"][1] == (
+        "reboot: drain timed out: 1 job(s) still running after updates_drain_timeout 120 s "
+        "(train); left out, not rebooted, undrained (--force stops them; --resume tries again)"
+    )
     assert [e[:2] for e in fleet.log] == [("drain", "a"), ("undrain", "a")]
     assert 120 <= fleet.log[1][2] < 130  # wall clock, polled every few seconds
 
@@ -159,7 +180,10 @@ def test_a_host_back_with_another_kernel_than_expected_fails_and_stays_drained()
     fleet = Fleet(clock, needs={"a"}, after={"a": {"kernel": "6.17.0-1007-nvidia", "driver": "580.95.05"}})
     outcome, _, _ = _run(["a"], fleet, _settings(["a"], updates_expected_kernel="6.17.0-1008-nvidia"))
     assert outcome["a"][0] == REBOOT_FAILED
-    assert "kernel 6.17.0-1007-nvidia is running, updates_expected_kernel is 6.17.0-1008-nvidia; left drained" in outcome["a"][1]
+    assert (
+        "kernel 6.17.0-1007-nvidia is running, updates_expected_kernel is 6.17.0-1008-nvidia; left drained"
+        in outcome["a"][1]
+    )
     assert ("undrain", "a") not in [e[:2] for e in fleet.log]
 
 
@@ -169,7 +193,10 @@ def test_the_boot_is_known_by_a_new_boot_id_not_by_an_answer():
     fleet = Fleet(clock, needs={"a"})
     fleet.reboot = lambda host: fleet.log.append(("asked", host, clock()))  # asked, never happens
     outcome, _, _ = _run(["a"], fleet, _settings(["a"]))
-    assert outcome["a"] == (REBOOT_FAILED, f"reboot: not back within {BOOT_TIMEOUT_S} s (still the old boot); left drained")
+    assert outcome["a"] == (
+        REBOOT_FAILED,
+        f"reboot: not back within {BOOT_TIMEOUT_S} s (still the old boot); left drained",
+    )
 
 
 def test_the_rollout_fails_a_drained_out_host_proves_a_rebooted_one_and_the_table_says_which(tmp_path):
@@ -250,7 +277,10 @@ def test_a_firmware_update_staged_for_the_next_boot_is_a_reason_to_reboot():
             facts = {
                 "sparkrig.operations.updates.facts.BootId": "b1",
                 "sparkrig.operations.updates.facts.Versions": {
-                    "boot_kernels": ["6.1.0"], "kernel": "6.1.0", "reboot_required": False},
+                    "boot_kernels": ["6.1.0"],
+                    "kernel": "6.1.0",
+                    "reboot_required": False,
+                },
                 "sparkrig.operations.updates.facts.Firmware": self.firmware,
             }
             assert list(args[1:]) == list(facts), args
