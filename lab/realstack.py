@@ -65,7 +65,9 @@ STANDIN_VERSION = "0.0.33+sparkrig.labstandin"
 _DATE = "2026-01-01T12:00:00+00:00"
 
 _STANDIN_FILES = {
-    "pyproject.toml": '[build-system]\nrequires = ["setuptools>=64", "wheel"]\nbuild-backend = "setuptools.build_meta"\n',
+    "pyproject.toml": (
+        '[build-system]\nrequires = ["setuptools>=64", "wheel"]\nbuild-backend = "setuptools.build_meta"\n'
+    ),
     "setup.py": (
         '"""STAND-IN for xformers in the sparkrig lab (lab/realstack.py): not xformers."""\n'
         "from setuptools import Extension, setup\n\n"
@@ -82,7 +84,8 @@ _STANDIN_FILES = {
     "src/standin.c": (
         "#include <Python.h>\n"
         "static PyObject *answer(PyObject *self, PyObject *unused) { return PyLong_FromLong(33); }\n"
-        'static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, "The stand-in\'s answer."}, {NULL, NULL, 0, NULL}};\n'
+        'static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, "The stand-in\'s answer."}, '
+        "{NULL, NULL, 0, NULL}};\n"
         'static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_standin", NULL, -1, methods};\n'
         "PyMODINIT_FUNC PyInit__standin(void) { return PyModule_Create(&module); }\n"
     ),

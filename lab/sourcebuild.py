@@ -99,7 +99,9 @@ PyMODINIT_FUNC PyInit__native(void)
 """
 
 _FILES = {
-    "pyproject.toml": '[build-system]\nrequires = ["setuptools>=61", "wheel"]\nbuild-backend = "setuptools.build_meta"\n',
+    "pyproject.toml": (
+        '[build-system]\nrequires = ["setuptools>=61", "wheel"]\nbuild-backend = "setuptools.build_meta"\n'
+    ),
     "sparkrig_lab_ext/__init__.py": (
         '"""sparkrig lab project (not a real package): answer() tells which commit was built."""\n'
         "from ._native import answer\n"

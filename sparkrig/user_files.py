@@ -25,7 +25,10 @@ def user_read(path: str, limit: int, as_user: str | None = None, timeout_s: int 
     after ``timeout_s`` seconds (:data:`READ_TIMEOUT_S` unless given); run as ``as_user``
     (shell syntax too, through ``runuser``) when given."""
     prefix = f"runuser -u {as_user} -- " if as_user else ""
-    return f"{prefix}timeout -k 1 {int(timeout_s or READ_TIMEOUT_S)} sh -c {shlex.quote(USER_READ)} sparkrig-read {path} {int(limit)}"
+    return (
+        f"{prefix}timeout -k 1 {int(timeout_s or READ_TIMEOUT_S)} "
+        f"sh -c {shlex.quote(USER_READ)} sparkrig-read {path} {int(limit)}"
+    )
 
 
 def copy_out(path: str, dest: str, limit: int, as_user: str, timeout_s: int, what: str) -> str:

@@ -203,7 +203,9 @@ def _changes_section(found: Changes | None) -> str:
     return f"""<h2>Changes since the previous run ({escape(_short(found.previous))})</h2>
 <p class="note">{counts}</p>
 <div class="scroll"><table id="changes" class="sortable">
-<thead><tr><th>change</th><th>host</th><th>control / version</th><th>found / before → now</th><th>failing since</th></tr></thead>
+<thead><tr>
+<th>change</th><th>host</th><th>control / version</th><th>found / before → now</th><th>failing since</th>
+</tr></thead>
 <tbody>
 {body}
 </tbody>
@@ -249,8 +251,12 @@ def _firmware_section(hosts: Mapping[str, Host]) -> str:
                 + "</tr>"
             )
     drifting = sum(bool(found.get("drift")) for found in read.values())
+    note = (
+        'fwupd\'s devices per host; <span class="differs">marked</span>: a version that differs from most hosts '
+        f"of the same hardware profile ({drifting} host{'s' * (drifting != 1)} with drift)."
+    )
     return f"""<h2>Firmware</h2>
-<p class="note">fwupd's devices per host; <span class="differs">marked</span>: a version that differs from most hosts of the same hardware profile ({drifting} host{"s" * (drifting != 1)} with drift).</p>
+<p class="note">{note}</p>
 <div class="scroll"><table id="firmware" class="sortable">
 <thead><tr><th>host</th><th>profile</th><th>device</th><th>version</th></tr></thead>
 <tbody>
@@ -377,7 +383,9 @@ def render(
         controls = f"""
 <h2>Controls</h2>
 <div class="scroll"><table id="controls" class="sortable">
-<thead><tr><th>host</th><th>outcome</th><th>concern</th><th>control</th><th>found / why skipped</th><th>protects against</th></tr></thead>
+<thead><tr>
+<th>host</th><th>outcome</th><th>concern</th><th>control</th><th>found / why skipped</th><th>protects against</th>
+</tr></thead>
 <tbody>
 {chr(10).join(control_rows)}
 </tbody>
@@ -392,7 +400,8 @@ def render(
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<meta http-equiv="Content-Security-Policy"
+  content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 <title>{escape(title)}</title>
 <style>{STYLE}</style>
 </head>
@@ -440,9 +449,11 @@ STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 24px 40px; color: #1d2127; }
 h1 { font-size: 22px; margin: 20px 0 4px; } h2 { font-size: 17px; margin: 26px 0 8px; }
 .meta, .note { color: var(--muted); margin: 4px 0; }
-.alert { background: var(--fail-bg); color: var(--fail); border-left: 4px solid var(--fail); padding: 8px 12px; margin: 10px 0; }
+.alert { background: var(--fail-bg); color: var(--fail); border-left: 4px solid var(--fail);
+         padding: 8px 12px; margin: 10px 0; }
 .alert a { color: var(--fail); font-weight: 600; }
-#filter { position: sticky; top: 0; background: #fff; padding: 10px 0; border-bottom: 1px solid var(--line); z-index: 1; }
+#filter { position: sticky; top: 0; background: #fff; padding: 10px 0; border-bottom: 1px solid var(--line);
+          z-index: 1; }
 #filter label { margin-right: 16px; color: var(--muted); }
 select, input { font: inherit; padding: 3px 6px; }
 #shown { color: var(--muted); }
@@ -506,11 +517,14 @@ SCRIPT = """
     }
   }
   function sortBy(th) {
-    var table = th.closest('table'), body = table.tBodies[0], i = Array.prototype.indexOf.call(th.parentNode.children, th);
+    var table = th.closest('table'), body = table.tBodies[0],
+        i = Array.prototype.indexOf.call(th.parentNode.children, th);
     var dir = th.classList.contains('asc') ? -1 : 1;
     th.parentNode.querySelectorAll('th').forEach(function (x) { x.classList.remove('asc', 'desc'); });
     th.classList.add(dir > 0 ? 'asc' : 'desc');
-    var key = function (tr) { var td = tr.children[i]; return td.dataset.sort !== undefined ? td.dataset.sort : td.textContent; };
+    var key = function (tr) {
+      var td = tr.children[i]; return td.dataset.sort !== undefined ? td.dataset.sort : td.textContent;
+    };
     Array.prototype.slice.call(body.rows).sort(function (a, b) {
       return dir * key(a).localeCompare(key(b), undefined, {numeric: true});
     }).forEach(function (tr) { body.appendChild(tr); });

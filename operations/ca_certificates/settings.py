@@ -1,4 +1,5 @@
-"""Extra CA certificates: the roots a fleet behind a TLS-intercepting proxy must trust: the settings, declared once, and their checks."""
+"""Extra CA certificates: the roots a fleet behind a TLS-intercepting proxy must trust:
+the settings, declared once, and their checks."""
 
 from __future__ import annotations
 

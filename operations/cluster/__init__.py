@@ -6,13 +6,13 @@ host with the same ``cluster_name``. Per host:
 
 - **The link.** Each rail (each interface of ``cluster_interfaces`` and, with
   ``cluster_rails`` 'twins', the twin of each that the host has: a Spark's QSFP port is two
-  interfaces) gets its static address and ``cluster_mtu``: a systemd-networkd ``.network`` file, or ``/etc/netplan/40-sparkrig-
-  cluster.yaml`` (mode 600, rendered by networkd) where the host has netplan. The file is
-  validated before it takes effect. A change is applied node after node, to those interfaces
-  alone, and kept only when a NEW SSH connection confirms it; else the node puts the old
-  files back by itself (:func:`link`). The interface the deploy's own SSH connection arrives
-  on is never one of them, and settings validation keeps every cluster subnet clear of the
-  controller's path to each node.
+  interfaces) gets its static address and ``cluster_mtu``: a systemd-networkd ``.network``
+  file, or ``/etc/netplan/40-sparkrig-cluster.yaml`` (mode 600, rendered by networkd) where
+  the host has netplan. The file is validated before it takes effect. A change is applied
+  node after node, to those interfaces alone, and kept only when a NEW SSH connection
+  confirms it; else the node puts the old files back by itself (:func:`link`). The interface
+  the deploy's own SSH connection arrives on is never one of them, and settings validation
+  keeps every cluster subnet clear of the controller's path to each node.
 - **Trust.** One key pair per node, made on the controller once per install of the node
   (``cluster_key_dir/NAME/NODE/id_ed25519``, 0600; a node whose SSH host keys changed,
   reinstalled, gets a new one). A node's private half is its cluster

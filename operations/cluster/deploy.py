@@ -169,8 +169,9 @@ def cluster():
     Link this host to the other nodes of its cluster, trust them, and give jobs NCCL's environment.
 
     Settings: ``cluster_name`` (None: nothing is done), ``cluster_interfaces``, ``cluster_rails``,
-    ``cluster_topology``, ``cluster_rail_floor_gbits``, ``cluster_nccl_floor_gbytes``, ``cluster_mtu``, ``cluster_head``, ``cluster_user``, ``cluster_slots``, ``cluster_key_dir``,
-    ``cluster_env_file``, ``cluster_env_extra``; see docs/settings.md and docs/cluster.md.
+    ``cluster_topology``, ``cluster_rail_floor_gbits``, ``cluster_nccl_floor_gbytes``, ``cluster_mtu``,
+    ``cluster_head``, ``cluster_user``, ``cluster_slots``, ``cluster_key_dir``, ``cluster_env_file``,
+    ``cluster_env_extra``; see docs/settings.md and docs/cluster.md.
     """
     settings = host_settings.current()
     wanted = parts(settings)

@@ -118,7 +118,8 @@ class ClusterHost(FactBase):
             "if grep -Eqs '^[[:space:]]*Include[[:space:]]+/etc/ssh/ssh_config\\.d/\\*\\.conf' /etc/ssh/ssh_config;",
             "then echo ssh_config_d yes; else echo ssh_config_d no; fi;",
             'for k in /etc/ssh/ssh_host_*_key.pub; do [ -f "$k" ] && echo hostkey $(cut -d\' \' -f1,2 "$k"); done;',
-            f'for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network {NETPLAN_FILE} {NM_FILE}; do [ -f "$f" ] && echo linkfile "$f"; done;',
+            f"for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network {NETPLAN_FILE} {NM_FILE}; "
+            'do [ -f "$f" ] && echo linkfile "$f"; done;',
             # Each networkd link file's state too: a twin's file, whose name the settings
             # alone cannot give to the host state's reading, is compared all the same.
             f'for f in {NETWORKD_DIR}/{NETWORKD_PREFIX}*.network; do [ -f "$f" ] &&',

@@ -143,8 +143,8 @@ def _address_problems(
                             "twins",
                             (
                                 f"'listed' where a port's twin cannot take its address {TWIN_STEP} subnets further on "
-                                f"({name} is at {address}: its twin's would leave its /8 or private range); list the twin "
-                                "in cluster_interfaces yourself"
+                                f"({name} is at {address}: its twin's would leave its /8 or private range); "
+                                "list the twin in cluster_interfaces yourself"
                             ),
                         ),
                     )
@@ -161,7 +161,8 @@ def _address_problems(
                         _said(
                             key,
                             value,
-                            f"addresses unique in cluster {cluster!r} ({interface.ip} is also {owner[interface.ip]}'s){where}",
+                            f"addresses unique in cluster {cluster!r} "
+                            f"({interface.ip} is also {owner[interface.ip]}'s){where}",
                         ),
                     )
                 )
@@ -223,8 +224,8 @@ def _topology_problems(
                             "cluster_topology",
                             "direct",
                             (
-                                f"'switch' for a subnet of more than two nodes: {network} holds {', '.join(holders)}, and a "
-                                "direct cable joins two (through a switch, every node is on every rail's subnet)"
+                                f"'switch' for a subnet of more than two nodes: {network} holds {', '.join(holders)}, "
+                                "and a direct cable joins two (through a switch, every node is on every rail's subnet)"
                             ),
                         ),
                     )
@@ -238,8 +239,8 @@ def _topology_problems(
                             "cluster_interfaces",
                             data[node]["cluster_interfaces"],
                             (
-                                f"an address in every rail's subnet of cluster {cluster!r} (cluster_topology 'switch': every "
-                                f"node reaches every node on each rail); {node} has none in {network}"
+                                f"an address in every rail's subnet of cluster {cluster!r} (cluster_topology 'switch': "
+                                f"every node reaches every node on each rail); {node} has none in {network}"
                             ),
                         ),
                     )

@@ -137,9 +137,11 @@ def arm_rollback(
     return (
         f"set -e; d={LINK_DIR}; install -d -m 755 -o root -g root /var/lib/sparkrig; "
         f"systemctl stop {ROLLBACK_UNIT}.timer {APPLY_UNIT}.service 2>/dev/null || true; "
-        f"systemctl reset-failed {ROLLBACK_UNIT}.timer {ROLLBACK_UNIT}.service {APPLY_UNIT}.service 2>/dev/null || true; "
+        f"systemctl reset-failed {ROLLBACK_UNIT}.timer {ROLLBACK_UNIT}.service {APPLY_UNIT}.service "
+        "2>/dev/null || true; "
         f'rm -rf "$d"; mkdir -m 700 "$d"; {pending_check(own)}; '
-        f'printf %s {shlex.quote(apply_script)} >"$d/apply.sh"; printf %s {shlex.quote(rollback_script)} >"$d/rollback.sh"; '
+        f'printf %s {shlex.quote(apply_script)} >"$d/apply.sh"; '
+        f'printf %s {shlex.quote(rollback_script)} >"$d/rollback.sh"; '
         f'for f in {keep}; do if [ -f "$f" ]; then mkdir -p "$d/old${{f%/*}}"; cp -a "$f" "$d/old$f"; fi; done; '
         f't=$(mktemp /etc/systemd/system/.{BOOT_UNIT}.XXXXXX); printf %s {shlex.quote(BOOT_SERVICE)} >"$t"; '
         f'chmod 644 "$t"; mv -f "$t" {BOOT_FILES[0]}; mkdir -p {BOOT_FILES[1].rsplit("/", 1)[0]}; '

@@ -1,4 +1,5 @@
-"""Clusters: two or more boxes linked through their ConnectX-7 ports, as one cluster: the settings, declared once, and their checks (those across a cluster's nodes are in :mod:`.fleet`)."""
+"""Clusters: two or more boxes linked through their ConnectX-7 ports, as one cluster: the
+settings, declared once, and their checks (those across a cluster's nodes are in :mod:`.fleet`)."""
 
 from __future__ import annotations
 
@@ -217,8 +218,8 @@ SETTINGS = (
         "The KEY=VALUE file of NCCL's environment: NCCL_IB_HCA (the rails' RoCE devices, read from "
         "the host; left out, and the file says so, where there is none), NCCL_SOCKET_IFNAME, "
         "GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME, UCX_NET_DEVICES, OMPI_MCA_btl_tcp_if_include and "
-        "OMPI_MCA_oob_tcp_if_include (the rails' interfaces), MASTER_ADDR (the head's first address), VLLM_HOST_IP (this "
-        "node's), SPARKRIG_CLUSTER and SPARKRIG_CLUSTER_HOSTFILE. Login shells read it through "
+        "OMPI_MCA_oob_tcp_if_include (the rails' interfaces), MASTER_ADDR (the head's first address), "
+        "VLLM_HOST_IP (this node's), SPARKRIG_CLUSTER and SPARKRIG_CLUSTER_HOSTFILE. Login shells read it through "
         "/etc/profile.d/sparkrig-cluster.sh; systemd units read it with EnvironmentFile=.",
         absolute_path,
     ),

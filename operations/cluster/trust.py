@@ -1,5 +1,6 @@
 """Clusters: SSH trust between the nodes. One key pair per node, made on the controller once
-per install of the node (reinstalled, new host keys: a new pair replaces the old); a node's private half goes to its cluster user, every node's public half to every node's
+per install of the node (reinstalled, new host keys: a new pair replaces the old); a node's
+private half goes to its cluster user, every node's public half to every node's
 authorized_keys (written as that user, from that node's addresses only), and every node's
 host keys are pinned."""
 

@@ -1,4 +1,5 @@
-"""Containers: the Docker engine and the NVIDIA container toolkit, wired together: the settings, declared once, and their checks."""
+"""Containers: the Docker engine and the NVIDIA container toolkit, wired together:
+the settings, declared once, and their checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""CUDA environment: one KEY=VALUE file that login shells and systemd units both read: the settings, declared once, and their checks."""
+"""CUDA environment: one KEY=VALUE file that login shells and systemd units both read:
+the settings, declared once, and their checks."""
 
 from __future__ import annotations
 

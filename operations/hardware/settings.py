@@ -1,4 +1,5 @@
-"""Hardware profiles: what each kind of box is, as data, checked against the box: the settings, declared once, and their checks."""
+"""Hardware profiles: what each kind of box is, as data, checked against the box:
+the settings, declared once, and their checks."""
 
 from __future__ import annotations
 

@@ -50,7 +50,10 @@ def server_check(value: Any, _data: Mapping[str, Any]) -> str | None:
 def listen_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     if split_listen(value) is not None:
         return None
-    return "ADDRESS:PORT with an IPv4 address (127.0.0.1:9090, the default, keeps it on loopback) or ':PORT' for every address"
+    return (
+        "ADDRESS:PORT with an IPv4 address (127.0.0.1:9090, the default, keeps it on loopback) "
+        "or ':PORT' for every address"
+    )
 
 
 def bytes_check(value: Any, _data: Mapping[str, Any]) -> str | None:

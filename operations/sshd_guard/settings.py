@@ -1,4 +1,5 @@
-"""SSH guard: sshd keeps running under memory pressure, and SSH sessions stay killable: the settings, declared once, and their checks."""
+"""SSH guard: sshd keeps running under memory pressure, and SSH sessions stay killable:
+the settings, declared once, and their checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Updates: kernel and NVIDIA driver held alike, upgrades on the owner's terms, versions read: the settings, declared once, and their checks."""
+"""Updates: kernel and NVIDIA driver held alike, upgrades on the owner's terms, versions read:
+the settings, declared once, and their checks."""
 
 from __future__ import annotations
 

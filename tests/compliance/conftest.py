@@ -1,7 +1,8 @@
 """
 Targets of the compliance suite: every host of a pyinfra inventory, over SSH.
 
-    pytest tests/compliance --inventory inventory/spark.py [--limit GROUP_OR_HOST] [--junitxml report.xml] [--fleet-page fleet.html]
+    pytest tests/compliance --inventory inventory/spark.py [--limit GROUP_OR_HOST]
+           [--junitxml report.xml] [--fleet-page fleet.html]
 
 reaches each host with the inventory's own SSH settings (ssh_hostname, ssh_user,
 ssh_port, ssh_key, known hosts) through testinfra's ``ssh://`` backend, and checks

@@ -77,7 +77,8 @@ def test_a_python_planted_in_the_venv_never_runs_as_root_nor_as_the_suites_sudo_
     try:
         lab.run_ssh(
             HOST,
-            f"sudo runuser -u {PLANTER} -- sh -c {shlex.quote(f'rm {VENV}/bin/python && cat > {VENV}/bin/python && chmod 755 {VENV}/bin/python')}",
+            f"sudo runuser -u {PLANTER} -- sh -c "
+            f"{shlex.quote(f'rm {VENV}/bin/python && cat > {VENV}/bin/python && chmod 755 {VENV}/bin/python')}",
             input=planted,
         )
         # The plant works: the venv's Python, run, leaves its mark.
@@ -109,7 +110,8 @@ def _as_cluster_user(tmp_path: Path) -> str:
     inventory.write_text(
         "import runpy\n"
         f"_lab = runpy.run_path({str(REPO / LAB_INVENTORY)!r})\n"
-        f"lab = [(n, {{**d, 'cluster_user': {CLUSTER_USER!r}}} if d.get('cluster_name') else d) for n, d in _lab['lab']]\n"
+        f"lab = [(n, {{**d, 'cluster_user': {CLUSTER_USER!r}}} if d.get('cluster_name') else d) "
+        "for n, d in _lab['lab']]\n"
     )
     return str(inventory)
 

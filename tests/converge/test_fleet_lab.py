@@ -391,6 +391,7 @@ def test_drift_fails_exactly_its_controls_and_one_converge_fixes_exactly_those(f
 DRIFT_FIXES = [
     "Swap off | Swap off now and at every boot (fstab entries, swap and zram units)",
     "SSH guard | Reserve memory for sshd, keep its sessions killable",
-    "Docker and the NVIDIA container toolkit | Register the nvidia runtime in /etc/docker/daemon.json (other keys kept)",
+    "Docker and the NVIDIA container toolkit | "
+    "Register the nvidia runtime in /etc/docker/daemon.json (other keys kept)",
     "Docker and the NVIDIA container toolkit | Restart Docker: /etc/docker/daemon.json changed",
 ]

@@ -337,7 +337,8 @@ def test_every_upload_goes_through_a_private_directory():
     """pyinfra's own uploads pass through /tmp/pyinfra-<sha1 of the destination> (0644, a
     name anyone can create first): every upload is sparkrig.atomic.Upload instead."""
     found = [
-        f"{path.relative_to(REPO)}:{node.lineno}: {node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id}"
+        f"{path.relative_to(REPO)}:{node.lineno}: "
+        f"{node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id}"
         for folder in ("operations", "sparkrig", "tools")
         for path in sorted((REPO / folder).rglob("*.py"))
         for node in ast.walk(ast.parse(path.read_text()))

@@ -707,8 +707,8 @@ def _nccl_tools(
     if mpirun is not None:
         # Drops mpirun's options, then runs the program it was given, as mpirun would on each node.
         scripts[tools / "mpirun"] = (
-            'echo "mpirun $*" >&2; while [ $# -gt 0 ]; do case $1 in --hostfile|-np|-x) shift 2;; *) break;; esac; done; '
-            + mpirun
+            'echo "mpirun $*" >&2; '
+            "while [ $# -gt 0 ]; do case $1 in --hostfile|-np|-x) shift 2;; *) break;; esac; done; " + mpirun
         )
     for path, body in scripts.items():
         path.write_text(f"#!/bin/sh\n{body}\n")
@@ -936,7 +936,8 @@ def test_a_pending_change_of_another_interface_stops_the_link_change_run_here(tm
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "systemctl").write_text(
-        '#!/bin/sh\ncase "$*" in "is-active -q"*) exit 0 ;; *ActiveEnterTimestamp*) echo "Mon 2026-11-23 10:00:00 UTC" ;; esac\n'
+        '#!/bin/sh\ncase "$*" in "is-active -q"*) exit 0 ;; '
+        '*ActiveEnterTimestamp*) echo "Mon 2026-11-23 10:00:00 UTC" ;; esac\n'
     )
     (bin_dir / "systemctl").chmod(0o755)
     monkeypatch.setattr(cl_link, "NETWORKD_DIRS", (str(network), str(tmp_path / "run" / "systemd" / "network")))

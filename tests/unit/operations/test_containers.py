@@ -188,7 +188,8 @@ def test_apt_reads_both_sources_files_as_intended(tmp_path):
     ("line", "uris"),
     [
         (
-            "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu noble stable",
+            "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] "
+            "https://download.docker.com/linux/ubuntu noble stable",
             ["https://download.docker.com/linux/ubuntu"],
         ),
         (
@@ -209,7 +210,8 @@ def test_a_repository_configured_by_another_file_is_found_and_our_own_file_is_no
         (docker.sources_file, "URIs: https://download.docker.com/linux/ubuntu"),
         (
             "/etc/apt/sources.list.d/docker.list",
-            "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu/ noble stable",
+            "deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] "
+            "https://download.docker.com/linux/ubuntu/ noble stable",
         ),
         ("/etc/apt/sources.list.d/ubuntu.sources", "URIs: http://ports.ubuntu.com/ubuntu-ports/"),
     ]

@@ -163,11 +163,13 @@ def test_controls_name_expected_and_actual():
     ]
     # No unit ran on the lent machine: its cap is not this boot's.
     assert controls.clock_problems(1500, REAL_H100, "b1") == [
-        "SM clock cap expected 1500 MHz applied this boot, but the unit's record is missing (/run/sparkrig/gpu-policy.applied)"
+        "SM clock cap expected 1500 MHz applied this boot, "
+        "but the unit's record is missing (/run/sparkrig/gpu-policy.applied)"
     ]
     hot = gpu.parse(fact_output(REAL_H100_LINE.replace("0x0000000000000001", "0x0000000000000040")))
     assert controls.thermal_problems(hot) == [
-        "GPU 0 (NVIDIA H100 80GB HBM3): expected no heat or power-brake slowdown, active: hw_thermal_slowdown at 40.0 °C"
+        "GPU 0 (NVIDIA H100 80GB HBM3): expected no heat or power-brake slowdown, "
+        "active: hw_thermal_slowdown at 40.0 °C"
     ]
     capped = gpu.parse(fact_output(applied="boot b1\nclock_max_mhz 300 ok"))
     assert controls.clock_problems(300, capped, "b1") == [

@@ -196,7 +196,8 @@ def test_the_prefix_script_builds_a_real_prefix_and_a_valid_stamp(tmp_path):
         "url": str(repo),
         "ref": "v1",
         "steps": [
-            'mkdir -p "$SPARKRIG_PREFIX/lib" && cp README "$SPARKRIG_PREFIX/lib/" && ln -s README "$SPARKRIG_PREFIX/lib/link"'
+            'mkdir -p "$SPARKRIG_PREFIX/lib" && cp README "$SPARKRIG_PREFIX/lib/" '
+            '&& ln -s README "$SPARKRIG_PREFIX/lib/link"'
         ],
     }
     data = _data(source_builds={**CATALOGUE, "libcoll": spec}, source_builds_enabled=["libcoll"])
@@ -278,7 +279,8 @@ def test_a_fresh_host_builds_fetches_installs_each_in_order_and_the_venv_is_unto
         "Source build libcoll, on its builder",
         "Source build libcoll: the prefix from its builder into the controller's cache",
         "Source build libcoll: the prefix from the controller's cache",
-        f"Source build libcoll: root checks its archive and installs it into {px.installed_dir('libcoll', sb_catalogue.wanted(_data())['libcoll'])}",
+        "Source build libcoll: root checks its archive and installs it into "
+        f"{px.installed_dir('libcoll', sb_catalogue.wanted(_data())['libcoll'])}",
         "Source build libcoll-tests, on its builder",
         "Source build libcoll-tests: the prefix from its builder into the controller's cache",
         "Source build libcoll-tests: the prefix from the controller's cache",
@@ -476,7 +478,8 @@ def test_the_link_check_is_linear_in_the_members():
         "members = []\n"
         "for i in range(20000):\n"
         "    f = tarfile.TarInfo(f'd{i % 100}/f{i}'); f.size = 1; members.append(f)\n"
-        "    l = tarfile.TarInfo(f'l{i}'); l.type, l.linkname = tarfile.SYMTYPE, f'd{i % 100}/f{i}'; members.append(l)\n"
+        "    l = tarfile.TarInfo(f'l{i}'); l.type, l.linkname = tarfile.SYMTYPE, f'd{i % 100}/f{i}'; "
+        "members.append(l)\n"
         "print(len(u.check(members)))\n"
     )
     run = subprocess.run(

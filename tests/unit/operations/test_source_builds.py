@@ -317,7 +317,10 @@ def test_requirements_take_the_built_wheel_else_keep_the_venvs_earlier_one():
 
 def test_a_built_package_replaces_the_locked_entry_of_the_same_name():
     lock = (ps_locks.locks_dir(ps_locks.LOCKS) / "aarch64-py3.12.txt").read_text()
-    line = f"vllm @ file:///var/lib/sparkrig/wheelhouse/vllm/0123/vllm-0.20.2-cp38-abi3-linux_aarch64.whl --hash=sha256:{'e' * 64}"
+    line = (
+        "vllm @ file:///var/lib/sparkrig/wheelhouse/vllm/0123/vllm-0.20.2-cp38-abi3-linux_aarch64.whl "
+        f"--hash=sha256:{'e' * 64}"
+    )
     text = ps_locks.host_lock(lock, {"vllm": line})
     assert line in text.splitlines()
     assert "files.pythonhosted.org" not in text

@@ -374,7 +374,9 @@ def test_libmount_agrees(tmp_path, shape):
 # sources, in a chroot of the lab's Debian 12 image): source as libmount unmangles it
 # -> the swap unit it made.
 GENERATED = {
-    "UUID=0a3407de-014b-458b-b5c1-848e92a327a3": r"dev-disk-by\x2duuid-0a3407de\x2d014b\x2d458b\x2db5c1\x2d848e92a327a3.swap",
+    "UUID=0a3407de-014b-458b-b5c1-848e92a327a3": (
+        r"dev-disk-by\x2duuid-0a3407de\x2d014b\x2d458b\x2db5c1\x2d848e92a327a3.swap"
+    ),
     'UUID="quoted-uuid"': r"dev-disk-by\x2duuid-quoted\x2duuid.swap",
     "LABEL=my swap": r"dev-disk-by\x2dlabel-my\x5cx20swap.swap",
     "PARTUUID=1234-05": r"dev-disk-by\x2dpartuuid-1234\x2d05.swap",

@@ -145,13 +145,15 @@ DOCKER_PULL_FAILED = (
         (
             DOCKER_PULL_FAILED,
             "docker run --runtime=nvidia ubuntu:24.04 true failed: docker: Error response from daemon: Get "
-            '"https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io on 10.255.255.53:53: no such host.',
+            '"https://registry-1.docker.io/v2/": dial tcp: '
+            "lookup registry-1.docker.io on 10.255.255.53:53: no such host.",
         ),
         # sudo's warning alone: nothing else said why, so it stays.
         (
             "AssertionError: docker run --runtime=nvidia ubuntu:24.04 true failed: sudo: unable to resolve host "
             "deb: Name or service not known\n  \nassert 1 == 0",
-            "docker run --runtime=nvidia ubuntu:24.04 true failed: sudo: unable to resolve host deb: Name or service not known",
+            "docker run --runtime=nvidia ubuntu:24.04 true failed: sudo: unable to resolve host deb: "
+            "Name or service not known",
         ),
         # Newer Docker (25+) ends with "Run '... --help' for more information".
         (

@@ -231,7 +231,10 @@ def test_under_ci_a_test_that_needs_pypi_fails_instead_of_skipping(tmp_path):
     """The lock tests skipped entirely without PyPI, even under CI=true (issue 35). One of
     them, run as CI runs it with PyPI out of reach (every HTTPS request sent to a closed
     port), fails naming why; outside CI it is skipped, naming why."""
-    test = "tests/unit/tools/test_python_lock.py::test_a_lock_a_host_could_not_install_is_refused_naming_package_architecture_and_reason"
+    test = (
+        "tests/unit/tools/test_python_lock.py::"
+        "test_a_lock_a_host_could_not_install_is_refused_naming_package_architecture_and_reason"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CI"))}
     env.update(https_proxy="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9", no_proxy="", NO_PROXY="")
     said = {}

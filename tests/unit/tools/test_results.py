@@ -280,7 +280,8 @@ def test_an_expired_waiver_fails_again_saying_when_it_expired(tmp_path):
         ),
         (
             "- control: x\n  hosts: '*'\n  justification: j\n  expiry: 2026-12-01\n",
-            "line 4: unknown key 'expiry' (did you mean 'expires'?): a waiver has control, hosts, justification, expires",
+            "line 4: unknown key 'expiry' (did you mean 'expires'?): "
+            "a waiver has control, hosts, justification, expires",
         ),
         (
             "- control: x\n  control: y\n  hosts: '*'\n  justification: j\n  expires: 2026-12-01\n",
