@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sparkrig.operations.python_stack import settings as python_stack_settings
+from sparkrig import stack_locks
 from sparkrig.settings import Setting, boolean, declare, defaults, int_range
 
 # HOST:PORT, HOST an IPv4 address or a bracketed IPv6 one (node exporter's --web.listen-address).
@@ -93,4 +93,4 @@ declare(__name__, SETTINGS)
 
 # The deploy's data_defaults: its own settings, and python_venv_path (the venv whose torch and
 # vLLM versions the collector reports).
-DEFAULTS = defaults((*SETTINGS, *(s for s in python_stack_settings.SETTINGS if s.key == "python_venv_path")))
+DEFAULTS = defaults((*SETTINGS, *(s for s in stack_locks.SETTINGS if s.key == "python_venv_path")))
