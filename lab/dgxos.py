@@ -50,6 +50,8 @@ KEYRING = "/usr/share/keyrings/sparkrig-lab-dgx-standin.asc"
 NVIDIA_SMI = "/usr/local/bin/nvidia-smi"
 PACKAGES = (DOCKER_STANDIN_PACKAGE, TOOLKIT_STANDIN_PACKAGE)
 
+# The query operations/hardware/ sends to tell what the box is (the stand-in answers it).
+HARDWARE_QUERY = "--query-gpu=compute_cap,name --format=csv,noheader"
 STANDIN_SCRIPT = Path(__file__).with_name("nvidia-smi-standin.sh")
 # The stand-in's figures per GPU name: made up for the stand-in (near the cards' published
 # ones), never read from a real card. GB10's power limits are [N/A] here: whether a Spark's
