@@ -14,6 +14,7 @@ allowed), is not; the lab's own settings are converged back afterwards.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 
 import lab
 from tests.conftest import LAB_INVENTORY, lab_says
-from tests.support import run_deploy, unavailable
+from tests.support import inventory_host_data, run_deploy, unavailable
 
 pytestmark = pytest.mark.lab
 
@@ -68,8 +69,21 @@ def _ssh(name: str, command: str, **kwargs) -> subprocess.CompletedProcess:
     return lab.run_ssh(name, command, **kwargs)
 
 
-def _scrape(name: str, url: str = "http://127.0.0.1:9100/metrics", timeout: float = 5) -> subprocess.CompletedProcess:
-    return _ssh(name, f"python3 -c {_quote(SCRAPE)} {url} {timeout}", check=False)
+@functools.cache
+def _where(name: str) -> tuple[str, str]:
+    """Who scrapes ``name``, and at which URL: the host itself on its loopback where node exporter
+    listens there; else the inventory's Prometheus host, the scraper its metrics_allow lets in
+    (the lab's inventory puts every host's node exporter on its lab address for lab-deb12)."""
+    data = inventory_host_data(LAB_INVENTORY)[name]
+    listen = data.get("metrics_listen", "127.0.0.1:9100")
+    scraper = name if listen.startswith(("127.", "[::1]")) else data["prometheus_server"]
+    return scraper, f"http://{listen}/metrics"
+
+
+def _scrape(name: str, url: str | None = None, timeout: float = 5) -> subprocess.CompletedProcess:
+    """node exporter's page of ``name``, as its scraper gets it; with ``url``, as ``name`` itself asks."""
+    scraper, where = (name, url) if url else _where(name)
+    return _ssh(scraper, f"python3 -c {_quote(SCRAPE)} {where} {timeout}", check=False)
 
 
 def _quote(text: str) -> str:
@@ -126,7 +140,7 @@ def standins(hosts, converged):
 
 
 def _collect(name: str) -> dict[str, str]:
-    """A fresh run of the collector, then one scrape of node exporter on the host's loopback."""
+    """A fresh run of the collector, then one scrape of node exporter, where its scraper asks."""
     _ssh(name, "sudo systemctl start sparkrig-metrics.service")
     scraped = _scrape(name)
     assert scraped.returncode == 0, scraped.stdout
