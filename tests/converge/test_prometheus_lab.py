@@ -106,6 +106,17 @@ def hosts(lab_hosts, first_converge) -> list[str]:
 
 def test_prometheus_scrapes_every_lab_host_and_holds_each_hosts_own_numbers(hosts):
     wait_for("every lab host up in Prometheus", lambda: query('up{job="sparkrig"}') == dict.fromkeys(hosts, 1.0), 60)
+    # A collector run of now on every host, seen by Prometheus: its file is up to one timer
+    # interval old, and a test before this one may have changed what it reports (a pending reboot).
+    started = time.time() - 1
+    for name in hosts:
+        lab.run_ssh(name, "sudo systemctl start sparkrig-metrics.service")
+    runs = "sparkrig_metrics_last_run_timestamp_seconds"
+    wait_for(
+        "a collector run of every host since the test began, in Prometheus",
+        lambda: (seen := query(runs)).keys() == set(hosts) and min(seen.values()) >= started,
+        60,
+    )
     for name in hosts:
         own = meminfo(name)
         assert query(f'node_memory_MemTotal_bytes{{instance="{name}"}}') == {name: own["MemTotal"]}
