@@ -143,17 +143,7 @@ class ClusterHost(FactBase):
 
     @host_output.parses
     def process(self, output: list[str]) -> dict:
-        found: dict = {
-            "links": {},
-            "netplan": False,
-            "networkmanager": False,
-            "nm_managed": [],
-            "ssh_config_d": False,
-            "host_keys": [],
-            "link_files": [],
-            "link_state": {},
-            "user": None,
-        }
+        found: dict = self.default()
         pci: dict[str, str] = {}
         rdma: dict[str, str] = {}
         for line in output:

@@ -115,26 +115,20 @@ def prometheus():
     default_text = render_default_file(prometheus_args(settings.prometheus_listen, settings.prometheus_retention_days))
     reload_on = []
     # Rules first: `promtool check config` of a new configuration checks the rules it names.
-    if not atomic.up_to_date(files.get(RULES), rules_text):
-        reload_on.append(
-            atomic.file(
-                name=f"Alert rules ({RULES}), checked by promtool",
-                dest=RULES,
-                content=rules_text,
-                current=files.get(RULES),
-                validate=CHECK_RULES,
+    for what, dest, text, check in (
+        ("Alert rules", RULES, rules_text, CHECK_RULES),
+        ("Scrape configuration", CONFIG, config_text, CHECK_CONFIG),
+    ):
+        if not atomic.up_to_date(files.get(dest), text):
+            reload_on.append(
+                atomic.file(
+                    name=f"{what} ({dest}), checked by promtool",
+                    dest=dest,
+                    content=text,
+                    current=files.get(dest),
+                    validate=check,
+                )
             )
-        )
-    if not atomic.up_to_date(files.get(CONFIG), config_text):
-        reload_on.append(
-            atomic.file(
-                name=f"Scrape configuration ({CONFIG}), checked by promtool",
-                dest=CONFIG,
-                content=config_text,
-                current=files.get(CONFIG),
-                validate=CHECK_CONFIG,
-            )
-        )
     arguments = None
     if not atomic.up_to_date(files.get(DEFAULT_FILE), default_text):
         arguments = atomic.file(
