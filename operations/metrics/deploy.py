@@ -17,8 +17,10 @@ from .settings import DEFAULTS
 
 PACKAGE = "prometheus-node-exporter"
 EXPORTER = "prometheus-node-exporter.service"
-# Debian's textfile directory (its package makes it, root's; node exporter reads *.prom there).
-TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+# The textfile directory node exporter is pointed at (the drop-in): root's, below root's
+# /var/lib/sparkrig, made by the collector. Not Debian's /var/lib/prometheus/node-exporter,
+# whose parent is the prometheus user's (who could swap it for a link).
+TEXTFILE_DIR = "/var/lib/sparkrig/metrics"
 TEXTFILE = "sparkrig.prom"
 DROP_IN = f"/etc/systemd/system/{EXPORTER}.d/50-sparkrig.conf"
 COLLECTOR = "/usr/local/sbin/sparkrig-metrics"

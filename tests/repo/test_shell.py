@@ -172,7 +172,7 @@ SAMPLES.update(
         "metrics/sparkrig-metrics.sh.j2": {
             "name": "sparkrig.prom",
             "path": "/usr/local/sbin:/usr/bin",
-            "textfile_dir": "/var/lib/prometheus/node-exporter",
+            "textfile_dir": "/var/lib/sparkrig/metrics",
             "timeout_s": 5,
             "throttle_field": "clocks_throttle_reasons.active",
             "watchdog_service": "earlyoom.service",

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -152,11 +153,20 @@ class Collector:
 
 
 @pytest.fixture
-def collector(tmp_path):
+def scratch():
+    """A scratch root the collector accepts: every component of its path root's alone (a
+    directory below /run; pytest's own below /tmp, which everyone may write, is refused)."""
     if os.geteuid() != 0:
         pytest.skip("the collector writes only into a directory root owns: run as root (the lab's controllers do)")
-    tmp_path.chmod(0o755)
-    return Collector(tmp_path)
+    root = Path(tempfile.mkdtemp(prefix="sparkrig-test-metrics-", dir="/run"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def collector(scratch):
+    return Collector(scratch)
 
 
 def samples(text: str) -> dict[str, str]:
@@ -240,13 +250,10 @@ def test_promtool_accepts_the_collectors_output_and_the_recorded_one(collector):
     assert samples(collector.prom())["sparkrig_reboot_required"] == "1"
 
 
-def test_a_gpu_that_does_not_answer_never_blocks_the_collector(tmp_path):
+def test_a_gpu_that_does_not_answer_never_blocks_the_collector(scratch):
     """Every nvidia-smi call is under timeout: a driver that hangs costs the GPU lines, never
     the file (the rest is written, sparkrig_gpu_query_ok says 0)."""
-    if os.geteuid() != 0:
-        pytest.skip("the collector writes only into a directory root owns")
-    tmp_path.chmod(0o755)
-    slow = Collector(tmp_path, timeout_s=2)
+    slow = Collector(scratch, timeout_s=2)
     _standin(slow.bin, "sleep 60\n")
     started = time.monotonic()
     result = slow.run(timeout=25)
@@ -281,14 +288,68 @@ def test_a_scrape_never_sees_a_half_written_file(collector):
     assert sorted(p.name for p in collector.out.iterdir()) == [md.TEXTFILE]
 
 
-@pytest.mark.parametrize("unsafe", ["others may write", "another user's"])
-def test_a_directory_not_roots_alone_is_never_written(collector, unsafe):
+@pytest.mark.parametrize("unsafe", ["others may write", "its group may write", "another user's"])
+@pytest.mark.parametrize("where", ["last", "middle"])
+def test_a_directory_not_roots_alone_is_never_written(scratch, unsafe, where):
+    """Any component of the path, not the last one alone: Debian's /var/lib/prometheus is the
+    prometheus user's, who could rename node-exporter/ and put a link there."""
+    middle = scratch / "var-lib"
+    middle.mkdir(mode=0o755)
+    collector = Collector(scratch)
+    collector.out = middle / "textfile"
+    collector.out.mkdir(mode=0o755)
+    collector.script.write_text(collector.script.read_text().replace(str(scratch / "textfile"), str(collector.out)))
+    weak = collector.out if where == "last" else middle
     if unsafe == "others may write":
-        collector.out.chmod(0o777)
+        weak.chmod(0o757)
+    elif unsafe == "its group may write":
+        weak.chmod(0o775)
     else:
-        os.chown(collector.out, 65534, 65534)
+        os.chown(weak, 65534, 65534)
     result = collector.run()
     assert result.returncode == 1 and "is not root's alone" in result.stderr
+    assert list(collector.out.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["last", "middle"])
+def test_a_link_in_the_path_is_never_followed(scratch, where):
+    """A link where the textfile directory (or a directory above it) was, to a directory that is
+    root's alone (/etc, say): the collector refuses it, naming it, and writes nothing there."""
+    target = scratch / "etc"
+    target.mkdir(mode=0o755)
+    collector = Collector(scratch)
+    middle = scratch / "var-lib"
+    if where == "last":
+        middle.mkdir(mode=0o755)
+        (middle / "textfile").symlink_to(target)
+    else:
+        (target / "textfile").mkdir(mode=0o755)
+        middle.symlink_to(target)
+    script = collector.script.read_text().replace(str(scratch / "textfile"), str(middle / "textfile"))
+    collector.script.write_text(script)
+    result = collector.run()
+    assert result.returncode == 1, result.stderr
+    assert "is a link: nothing written" in result.stderr, result.stderr
+    assert sorted(p.name for p in target.rglob("*")) == ([] if where == "last" else ["textfile"])
+
+
+def test_a_missing_textfile_directory_is_made_roots_alone(scratch):
+    """A fresh host: the drop-in points node exporter at a directory the collector makes."""
+    collector = Collector(scratch)
+    collector.out.rmdir()
+    assert collector.run().returncode == 0
+    assert oct(collector.out.stat().st_mode & 0o7777) == "0o755" and collector.out.stat().st_uid == 0
+    assert "sparkrig_memory_total_bytes" in collector.prom()
+
+
+def test_a_directory_below_a_sticky_one_everyone_may_write_is_refused(tmp_path):
+    """/tmp is root's but everyone may make (and then swap) entries in it."""
+    if os.geteuid() != 0:
+        pytest.skip("the collector writes only into a directory root owns: run as root")
+    tmp_path.chmod(0o755)
+    collector = Collector(tmp_path)
+    result = collector.run()
+    assert result.returncode == 1 and "is not root's alone" in result.stderr, result.stderr
     assert list(collector.out.iterdir()) == []
 
 
