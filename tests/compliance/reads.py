@@ -40,9 +40,11 @@ import base64
 import json
 import os
 import re
+import selectors
 import shlex
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -83,6 +85,9 @@ EVERY_HOST = (
     "awk '$1 == \"MemTotal:\" { print $2 }' /proc/meminfo",
 )
 PREFETCH_TIMEOUT_S = 120
+# What the controller holds of one host's round at most (its standard output; stderr is not
+# kept): past it the round is dropped, and that host's controls fail on their own reads.
+PREFETCH_OUTPUT_LIMIT = 64 * 1024 * 1024
 READ_TIMEOUT_S = 90  # each read on the host is killed after this long (a hung command fails its control)
 ROUNDS = 3  # rounds of a host's needs at most (a converged host needs two)
 CONNECT_TIMEOUT_S = 10  # an unreachable host delays the suite's start by this much at most
@@ -362,22 +367,45 @@ def _read(ssh_config: str, name: str, commands: list[str]) -> dict[str, tuple[in
         if name == "@local"
         else ["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", name, script]
     )
-    output = _ssh_output(argv)
+    output = _ssh_output(argv, name)
     return {} if output is None else parse_prefetch(output, commands, nonce)
 
 
-def _ssh_output(argv: list[str]) -> str | None:
-    """The standard output of one prefetch's ssh (or @local's sh), or None when it failed or
-    ran out of time. Taken as bytes: a host may print bytes that are not UTF-8 (a Latin-1
-    banner in its .bashrc), which must fail no other host's reading; this run's own lines
-    are ASCII."""
+def _ssh_output(argv: list[str], name: str = "") -> str | None:
+    """The standard output of one prefetch's ssh (or @local's sh), or None when it failed, ran
+    out of time or printed more than :data:`PREFETCH_OUTPUT_LIMIT` bytes (the controller's
+    memory for one host's answer is bounded). Taken as bytes: a host may print bytes that are
+    not UTF-8 (a Latin-1 banner in its .bashrc), which must fail no other host's reading; this
+    run's own lines are ASCII."""
     try:
-        result = subprocess.run(
-            argv, capture_output=True, timeout=PREFETCH_TIMEOUT_S, stdin=subprocess.DEVNULL, cwd="/"
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd="/"
         )
-    except (OSError, subprocess.TimeoutExpired):
+    except OSError:
         return None
-    return result.stdout.decode("ascii", errors="replace") if result.returncode == 0 else None
+    deadline = time.monotonic() + PREFETCH_TIMEOUT_S
+    chunks, size = [], 0
+    with process, selectors.DefaultSelector() as pick:
+        pick.register(process.stdout, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0 and size <= PREFETCH_OUTPUT_LIMIT:
+            if not pick.select(min(left, 1.0)):
+                continue
+            chunk = os.read(process.stdout.fileno(), 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        else:
+            process.kill()
+            why = "time" if size <= PREFETCH_OUTPUT_LIMIT else f"more than {PREFETCH_OUTPUT_LIMIT} bytes"
+            print(f"sparkrig compliance: {name}: the reading stopped ({why})", file=sys.stderr)
+            return None
+        try:
+            returncode = process.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return None
+    return b"".join(chunks).decode("ascii", errors="replace") if returncode == 0 else None
 
 
 def plan(reader: Reader) -> None:

@@ -123,3 +123,95 @@ def test_the_venvs_python_is_killed_at_its_time_limit(fake_venv, monkeypatch):
         text=True,
     )
     assert out.returncode == 124 and time.monotonic() - started < 10
+
+
+def _hard_links(site: Path, count: int, size: int) -> None:
+    """``count`` dist-infos whose METADATA are hard links to one file of ``size`` bytes of headers
+    (no blank line): no disk to their owner, ``count`` times ``size`` to whoever reads them."""
+    big = site / ".big-metadata"
+    big.write_bytes(b"Metadata-Version: 2.1\nName: hostile\nVersion: 1\nSummary: " + b"A" * size)
+    for i in range(count):
+        d = site / f"zz_hostile_{i}-1.dist-info"
+        d.mkdir()
+        os.link(big, d / "METADATA")
+
+
+def test_a_large_metadata_costs_its_headers_cap_not_its_size(fake_venv):
+    root, site = fake_venv
+    _hard_links(site, 20, venv.METADATA_LIMIT - 100)
+    answer = subprocess.run(
+        ["sh", "-c", venv._DISTRIBUTIONS, "sparkrig-venv", str(root)], capture_output=True, check=True, timeout=60
+    ).stdout
+    assert len(answer) < 20 * (venv.HEADERS_LIMIT * 4 // 3 + 1024), len(answer)
+    found, _python = _read(root)
+    assert found == {"hostile": {"version": "1", "direct": None}}
+
+
+def test_a_venv_past_its_caps_fails_its_controls_naming_the_cap(fake_venv):
+    root, site = fake_venv
+    _hard_links(site, venv.DIST_INFO_LIMIT + 1, 100)
+    with pytest.raises(AssertionError, match=f"more than {venv.DIST_INFO_LIMIT} \\*.dist-info folders"):
+        _read(root)
+    shutil.rmtree(site)
+    site.mkdir()
+    # Under the count, over the whole answer's bytes: headers of the cap's size each.
+    _hard_links(site, venv.VENV_ANSWER_LIMIT // venv.HEADERS_LIMIT, venv.HEADERS_LIMIT)
+    with pytest.raises(AssertionError, match=f"not read whole: more than {venv.VENV_ANSWER_LIMIT} bytes"):
+        _read(root)
+
+
+def _interpreter(root: Path, **pass_fds) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["sh", "-c", venv.interpreter({"python_venv_owner": "nobody", "python_venv_path": str(root)}, "pass")],
+        capture_output=True,
+        timeout=60,
+        **pass_fds,
+    )
+
+
+def test_the_venvs_python_gets_no_descriptor_of_the_reading_and_leaves_nothing_running(fake_venv):
+    """The owner's program writes to every descriptor it inherited and leaves a child writing
+    forever: it sees none of the suite's descriptors but its own pipes, and its child is dead
+    when the run returns (it would otherwise write into the prefetch's deleted output file)."""
+    root, _site = fake_venv
+    beats = root / "beats"
+    beats.touch()
+    beats.chmod(0o666)
+    _python(
+        root,
+        f"for fd in 3 4 5 6 7 8 9; do (echo LEAK >&$fd) 2>/dev/null; done\n"
+        f"setsid sh -c 'trap \"\" PIPE; while :; do echo FOREVER; echo beat >> {beats}; sleep 0.1; done' &\n"
+        "echo started; sleep 0.5",
+    )
+    read_end, write_end = os.pipe()
+    try:
+        started = time.monotonic()
+        out = _interpreter(root, pass_fds=(write_end,))
+        assert time.monotonic() - started < 20
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as leaked:
+        assert leaked.read() == b""
+    assert out.returncode == 0 and out.stdout.startswith(b"started\n"), out
+    time.sleep(0.5)
+    before = beats.stat().st_size
+    time.sleep(1)
+    assert before > 0 and beats.stat().st_size == before, "the child the venv's python left still runs"
+
+
+def test_the_venvs_python_output_is_capped(fake_venv):
+    root, _site = fake_venv
+    _python(root, "head -c 5000000 /dev/zero")
+    out = _interpreter(root)
+    assert out.returncode == 125 and len(out.stdout) <= venv.INTERPRETER_OUTPUT_LIMIT
+    assert b"printed more than" in out.stderr
+
+
+def test_the_controller_holds_a_bounded_part_of_one_hosts_answer(monkeypatch):
+    """A host that prints without end (or past the cap) costs the controller the cap, not its
+    output: the round is dropped, the host named."""
+    monkeypatch.setattr(reads, "PREFETCH_OUTPUT_LIMIT", 1 << 20)
+    started = time.monotonic()
+    assert reads._ssh_output(["sh", "-c", "exec cat /dev/zero"], "noisy") is None
+    assert time.monotonic() - started < 30
+    assert reads._ssh_output(["sh", "-c", "head -c 1000 /dev/zero | tr '\\0' a"], "quiet") == "a" * 1000
