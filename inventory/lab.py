@@ -313,40 +313,44 @@ def _monitoring(host: dict) -> dict:
 
 _REAL_STACK = _realstack.choice()
 
-lab = [
-    (
-        _host["name"],
-        {
-            "ssh_hostname": _host["address"],
-            "ssh_user": _host["ssh_user"],
-            "ssh_key": _host["ssh_key"],
-            "ssh_known_hosts_file": _host["known_hosts"],
-            "ssh_strict_host_key_checking": "yes",
-            "_sudo": True,
-            # The x86_64 lab hosts have no GPU: they stand in for RTX 50xx boxes. The
-            # gb10 flavour keeps the default profile (gb10): its STAND-IN nvidia-smi
-            # reports a GB10.
-            **({} if _FLAVOURS[_host["flavour"]].gpu_standin else {"hardware_profile": "rtx50"}),
-            "lab_flavour": _host["flavour"],
-            # Runs under qemu-user (lab/binfmt.py): the controls say what it cannot show.
-            **({"lab_emulated": "qemu-user"} if _FLAVOURS[_host["flavour"]].emulated else {}),
-            "ca_certificates_extra": _ca_certificates,
-            **_containers(_host),
-            **_jobs(_host),
-            **_ngc(_host),
-            # The real stack (lab/realstack.py), when a real_stack test asks for it; else the stand-ins.
-            **(
-                _realstack.host_data(_host, _REAL_STACK)
-                if _REAL_STACK is not None
-                else {**_python_stack(_host), **_source_builds(_host)}
-            ),
-            **_cluster(_host),
-            **_updates(_host),
-            **_monitoring(_host),
-        },
-    )
-    for _host in _inventory["hosts"]
-]
+
+def host_data(_host: dict) -> dict:
+    """A lab host's pyinfra data (inventory/lab_hostile.py takes its host's from here too)."""
+    return {
+        "ssh_hostname": _host["address"],
+        "ssh_user": _host["ssh_user"],
+        "ssh_key": _host["ssh_key"],
+        "ssh_known_hosts_file": _host["known_hosts"],
+        "ssh_strict_host_key_checking": "yes",
+        "_sudo": True,
+        # The x86_64 lab hosts have no GPU: they stand in for RTX 50xx boxes. The
+        # gb10 flavour keeps the default profile (gb10): its STAND-IN nvidia-smi
+        # reports a GB10.
+        **({} if _FLAVOURS[_host["flavour"]].gpu_standin else {"hardware_profile": "rtx50"}),
+        "lab_flavour": _host["flavour"],
+        # Runs under qemu-user (lab/binfmt.py): the controls say what it cannot show.
+        **({"lab_emulated": "qemu-user"} if _FLAVOURS[_host["flavour"]].emulated else {}),
+        "ca_certificates_extra": _ca_certificates,
+        **_containers(_host),
+        **_jobs(_host),
+        **_ngc(_host),
+        # The real stack (lab/realstack.py), when a real_stack test asks for it; else the stand-ins.
+        **(
+            _realstack.host_data(_host, _REAL_STACK)
+            if _REAL_STACK is not None
+            else {**_python_stack(_host), **_source_builds(_host)}
+        ),
+        **_cluster(_host),
+        **_updates(_host),
+        **_monitoring(_host),
+    }
+
+
+# The fleet: every lab host but the hostile one (lab/hostile.py), which inventory/lab_hostile.py
+# plays alone, so that its attacks leave the fleet's results untouched.
+_FLEET = [_host for _host in _inventory["hosts"] if not _FLAVOURS[_host["flavour"]].hostile]
+
+lab = [(_host["name"], host_data(_host)) for _host in _FLEET]
 
 
 # Groups, for --limit (pyinfra's and the compliance suite's): e.g. `--limit debian13`
@@ -355,7 +359,7 @@ lab = [
 def _group(suite: str, arch: str) -> list[str]:
     return [
         _host["name"]
-        for _host in _inventory["hosts"]
+        for _host in _FLEET
         if (_FLAVOURS[_host["flavour"]].suite, _FLAVOURS[_host["flavour"]].arch) == (suite, arch)
     ]
 

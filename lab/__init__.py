@@ -40,12 +40,14 @@ from .fleet import (
     unlink,
     up,
 )
-from .model import DEFAULT_FLEET, FLAVOURS, LabHost
+from .model import BOOTED_FLEET, DEFAULT_FLEET, FLAVOURS, HOSTILE_FLEET, LabHost
 from .system import LabCommandError, LabError, missing_requirements
 
 __all__ = [
     "appear_as",
+    "BOOTED_FLEET",
     "DEFAULT_FLEET",
+    "HOSTILE_FLEET",
     "FLAVOURS",
     "LAB_DIR",
     "LabCommandError",

@@ -58,7 +58,7 @@ from .config import (
     WHEEL_CACHE,
 )
 from .image import copy_image, ensure_images, missing_images
-from .model import BOOT_MARKER, DEFAULT_FLEET, FLAVOURS, AptRepo, LabHost, cluster_links, plan_fleet, repo_url
+from .model import BOOT_MARKER, BOOTED_FLEET, FLAVOURS, AptRepo, LabHost, cluster_links, plan_fleet, repo_url
 from .render import (
     parse_nameservers,
     parse_public_key,
@@ -140,7 +140,7 @@ def up(hosts: Sequence[tuple[str, str]] | None = None, keep_on_failure: bool = F
     torn down again unless ``keep_on_failure`` (to look at it).
     """
     _require_runnable()
-    planned = plan_fleet(hosts or DEFAULT_FLEET, HOSTS_DIR)
+    planned = plan_fleet(hosts or BOOTED_FLEET, HOSTS_DIR)
     with locked(LOCK):
         _teardown()
         try:
@@ -375,7 +375,7 @@ def _install_starting_stack(host: LabHost) -> None:
 def images_to_build(hosts: Sequence[tuple[str, str]] | None = None) -> list[str]:
     """The images ``up`` would build before it boots ``hosts`` (default: the
     default fleet): none once they are cached."""
-    return missing_images([flavour for _name, flavour in hosts or DEFAULT_FLEET], CACHE_DIR, MIRROR)
+    return missing_images([flavour for _name, flavour in hosts or BOOTED_FLEET], CACHE_DIR, MIRROR)
 
 
 def _images(flavours: Sequence[str]) -> dict[str, Path]:

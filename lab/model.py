@@ -54,6 +54,9 @@ class Flavour:
     # eth0 on NetworkManager through netplan, systemd-networkd installed but off, and
     # NetworkManager's own DHCP "Wired connection" profiles on the other ports.
     netplan_nm: bool = False
+    # Local users attack the deploy, the suite and the rollout on purpose (lab/hostile.py);
+    # kept out of inventory/lab.py's fleet, played by inventory/lab_hostile.py alone.
+    hostile: bool = False
 
     @property
     def emulated(self) -> bool:
@@ -96,6 +99,8 @@ FLAVOURS: dict[str, Flavour] = {
         dgx_os=True,
         gpu_standin="12.1, NVIDIA GB10",
     ),
+    # Debian 12 amd64 (the same image as debian12) where local users attack (lab/hostile.py).
+    "hostile": Flavour("hostile", "bookworm", "ssh.service", image="debian12", hostile=True),
 }
 
 # Five hosts. The fleet tests kill, recreate and drift the "-b" hosts while the first
@@ -110,6 +115,12 @@ DEFAULT_FLEET: tuple[tuple[str, str], ...] = (
     ("lab-deb13-b", "debian13"),
     ("lab-gb10", "gb10"),
 )
+
+# The hostile host (lab/hostile.py): booted with the default fleet on every run, but no
+# member of it (inventory/lab.py leaves it out), so its attacks touch no other host's results.
+HOSTILE_FLEET: tuple[tuple[str, str], ...] = (("lab-hostile", "hostile"),)
+# What `lab up` boots when no fleet is named.
+BOOTED_FLEET: tuple[tuple[str, str], ...] = DEFAULT_FLEET + HOSTILE_FLEET
 
 
 @dataclass(frozen=True)

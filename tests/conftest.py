@@ -134,18 +134,18 @@ def lab_hosts(request):
         # the tests of those hosts.
         if (
             not running
-            or not set(running) <= {name for name, _ in lab.DEFAULT_FLEET}
+            or not set(running) <= {name for name, _ in lab.BOOTED_FLEET}
             or not all(h["ssh_ok"] for h in running.values())
         ):
             pytest.fail(f"--reuse-lab: the lab is not up with default hosts, each reachable: {running}")
-        yield [SimpleNamespace(**h) for h in running.values()]
+        yield [SimpleNamespace(**h) for h in running.values() if not lab.FLAVOURS[h["flavour"]].hostile]
         return
     started = time.monotonic()
     images = lab.images_to_build()
     lab_says(
         request.config,
-        f"booting {len(lab.DEFAULT_FLEET)} hosts ("
-        + ", ".join(name for name, _ in lab.DEFAULT_FLEET)
+        f"booting {len(lab.BOOTED_FLEET)} hosts ("
+        + ", ".join(name for name, _ in lab.BOOTED_FLEET)
         + ")"
         + (f", building the {' and '.join(images)} images first (once; a few minutes)" if images else ""),
     )
@@ -153,7 +153,9 @@ def lab_hosts(request):
     lab_says(request.config, f"{len(hosts)} hosts up in {time.monotonic() - started:.0f} s")
     for host in hosts:
         write_stock_files(host.name)
-    yield hosts
+    # The hostile host boots with the fleet but is no member of it: its own tests play it
+    # (tests/converge/test_hostile_lab.py, the ``hostile_host`` fixture).
+    yield [host for host in hosts if not lab.FLAVOURS[host.flavour].hostile]
     if request.config.getoption("--keep-lab"):
         lab_says(request.config, "--keep-lab: the hosts stay up (python -m lab down removes them)")
         return
@@ -161,6 +163,17 @@ def lab_hosts(request):
     lab_says(request.config, "tearing the lab down")
     lab.down()
     lab_says(request.config, f"lab down in {time.monotonic() - started:.0f} s")
+
+
+@pytest.fixture(scope="session")
+def hostile_host(lab_hosts) -> str:
+    """The name of the lab's hostile host (lab/hostile.py), up and reachable; the tests that
+    play it skip, saying so, when the lab was brought up without it."""
+    running = {h["name"]: h for h in lab.status()}
+    names = [name for name, _ in lab.HOSTILE_FLEET if running.get(name, {}).get("ssh_ok")]
+    if not names:
+        pytest.skip(f"the lab is up without its hostile host ({lab.HOSTILE_FLEET[0][0]}): `lab up` boots it by default")
+    return names[0]
 
 
 @pytest.fixture(scope="session")

@@ -53,6 +53,7 @@ from typing import Any
 import pytest
 from testinfra.backend.base import BaseBackend, CommandResult
 
+from sparkrig.tools.report import printable
 from sparkrig.user_files import user_read
 
 # testinfra's questions about one path (modules/file.py), its path shell-quoted as it quotes it.
@@ -161,9 +162,11 @@ class Answer:
 
     def check(self) -> str:
         """Its stdout without the last line end, as testinfra's ``check_output``; a failure
-        names the command and what it said."""
+        names the command and what it said (its control characters escaped: a host's bytes
+        never drive the terminal that shows the failure)."""
         if self.rc != 0:
-            raise AssertionError(f"{self.shown} failed (exit {self.rc}): {self.stderr.strip()}")
+            said = "\n".join(printable(line) for line in self.stderr.strip().splitlines())
+            raise AssertionError(f"{self.shown} failed (exit {self.rc}): {said}")
         return self.stdout.rstrip("\r\n")
 
 

@@ -300,3 +300,15 @@ def test_a_host_printing_bytes_that_are_not_utf8_is_read_and_stops_no_other_host
     for name in found:
         rc, out, _err = found[name]["id -nu"]
         assert (rc, base64.b64decode(out)) == (0, expected), name
+
+
+def test_a_failed_reads_message_escapes_what_the_host_printed():
+    """A host's program prints terminal escapes on stderr: the control's failure names them
+    escaped, never raw (pytest shows the message on the operator's terminal)."""
+    command = "venv-python"
+    answers = {command: (1, b"", b"forged\n\x1b]0;pwned\x07\x1b[31mred\x1b[0m\n\xff")}
+    with pytest.raises(AssertionError) as failed:
+        reads.Answer(answers, command, command).check()
+    message = str(failed.value)
+    assert "\x1b" not in message and "\x07" not in message
+    assert "\\x1b]0;pwned\\x07" in message and message.startswith("venv-python failed (exit 1): forged\n")
