@@ -11,19 +11,24 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
+import subprocess
+import tempfile
 import time
 from types import SimpleNamespace
 
 import pytest
 
 import lab
+from lab import hostile
 from lab.stack import make_locks
 from sparkrig.operations import declaring
-from tests.support import DeployResult, run_deploy
+from tests.support import PYINFRA, REPO, DeployResult, run_deploy
 
 declaring()  # every concern imported: the tests know every setting, as deploy.py's run does
 
 LAB_INVENTORY = "inventory/lab.py"
+HOSTILE_INVENTORY = "inventory/lab_hostile.py"
 
 # The lab hosts start like a stock Spark: swap in /etc/fstab (Sparks ship with swap),
 # beside a line that merely names "swap" and must stay byte for byte. lab-deb12's file
@@ -176,6 +181,28 @@ def hostile_host(lab_hosts) -> str:
     return names[0]
 
 
+def start_hostile_converge() -> subprocess.Popen | None:
+    """The hostile host's users and canaries made (lab/hostile.py, from a venv no attacker
+    touched), then its clean converge started in the background; None without the host."""
+    running = {h["name"]: h for h in lab.status()}
+    names = [name for name, _ in lab.HOSTILE_FLEET if running.get(name, {}).get("ssh_ok")]
+    if not names:
+        return None
+    prepare = hostile.DISARM + f"\nrm -rf {hostile.VENV} {hostile.RAN_AS}*\n" + hostile.PREPARE
+    lab.run_ssh(names[0], f"sudo sh -c {shlex.quote(prepare)}", timeout=300)
+    # Its output into a file (read once it ended): a pipe nobody reads would stop it.
+    output = tempfile.TemporaryFile()
+    process = subprocess.Popen(
+        [PYINFRA, "-y", HOSTILE_INVENTORY, "deploy.py"],
+        cwd=REPO,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    process.output = output  # type: ignore[attr-defined]
+    return process
+
+
 @pytest.fixture(scope="session")
 def lab_locks(lab_hosts) -> list[str]:
     """The lab's locks (``up`` made them; --reuse-lab finds them fresh, or makes them)."""
@@ -186,6 +213,9 @@ def lab_locks(lab_hosts) -> list[str]:
 def first_converge(request, lab_hosts, lab_locks) -> DeployResult:
     """The deploy, run once against the fresh lab fleet (its locks made first)."""
     started = time.monotonic()
+    # The hostile host's clean converge runs beside the fleet's (its own inventory): its tests
+    # (tests/converge/test_hostile_lab.py) take it from there, having waited for it.
+    request.config.sparkrig_hostile_converge = start_hostile_converge()
     lab_says(request.config, f"converge 1/2: deploy.py on {len(lab_hosts)} fresh hosts")
     result = run_deploy(LAB_INVENTORY)
     lab_says(request.config, f"converge 1/2: {deploy_summary(result)}, in {time.monotonic() - started:.0f} s")
