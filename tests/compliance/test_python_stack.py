@@ -17,7 +17,7 @@ import urllib.parse
 import pytest
 
 from tests.compliance.reads import need
-from tests.compliance.venv import distributions, interpreter, pyvenv_version
+from tests.compliance.venv import bounded, distributions, interpreter, pyvenv_version
 
 UV = "/opt/sparkrig/uv/bin/uv"
 UV_TOOL = "/opt/sparkrig/uv"
@@ -83,11 +83,12 @@ def installed(r) -> dict[str, str]:
 @need
 def uv_checks(r) -> dict:
     """uv's dry run of the lock, its pip check, and UV_NO_SYNC in the owner's login shell."""
-    owner = shlex.quote(r.settings["python_venv_owner"])
+    owner = r.settings["python_venv_owner"]
     return {
         "dry_run": r.run(_dry_run(r.settings), sudo=True),
         "check": r.run(_as_owner_uv(r.settings, "pip check --no-config"), sudo=True),
-        "no_sync": r.run(f"runuser -l {owner} -c 'echo UV_NO_SYNC=$UV_NO_SYNC'", sudo=True),
+        # The owner's login shell runs the owner's own profile: as any program of theirs, bounded.
+        "no_sync": r.run(bounded(["runuser", "-l", owner, "-c", "echo UV_NO_SYNC=$UV_NO_SYNC"]), sudo=True),
     }
 
 
@@ -147,10 +148,12 @@ def test_flash_attn_is_not_installed(read):
 
 
 def _as_owner_uv(settings, arguments: str) -> str:
-    return (
-        f"runuser -u {shlex.quote(settings['python_venv_owner'])} -- env UV_CACHE_DIR=/var/cache/sparkrig/uv "
-        f"{UV} {arguments} --python {shlex.quote(settings['python_venv_path'] + '/bin/python')}"
+    """uv as the venv's owner: it runs the venv's python (the owner's program), so as a bounded,
+    separate command (venv.bounded: no descriptor of the reading, leftovers killed)."""
+    uv = f"env UV_CACHE_DIR=/var/cache/sparkrig/uv {UV} {arguments} --python " + shlex.quote(
+        settings["python_venv_path"] + "/bin/python"
     )
+    return bounded(["runuser", "-u", settings["python_venv_owner"], "--", "sh", "-c", uv])
 
 
 def _dry_run(settings) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from sparkrig.tools import compliance_metrics
 from tests.compliance import results
-from tests.unit.operations.test_metrics import Collector, samples
+from tests.unit.operations.test_metrics import Collector, samples, scratch  # noqa: F401 (scratch: a fixture)
 
 DOCUMENT = {
     "schema": results.SCHEMA,
@@ -51,11 +51,10 @@ def test_a_wrong_document_or_host_is_refused(document, host, said):
         compliance_metrics.lines(document, host)
 
 
-def test_the_collector_serves_what_the_tool_wrote(tmp_path):
+def test_the_collector_serves_what_the_tool_wrote(tmp_path, scratch):  # noqa: F811
     if os.geteuid() != 0:
         pytest.skip("the collector writes only into a directory root owns")
-    tmp_path.chmod(0o755)
-    collector = Collector(tmp_path)
+    collector = Collector(scratch)
     path = tmp_path / "results.json"
     path.write_text(json.dumps(DOCUMENT))
     written = subprocess.run(
