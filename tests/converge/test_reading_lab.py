@@ -3,8 +3,10 @@ The deploy's one reading against a hostile venv owner, on a real lab host: the o
 ``bin/python`` reads its parents' command lines and environment, writes forged fact lines
 (a ClusterLeftovers path to remove, an unhold, another running kernel) to every descriptor
 it inherited and to its output, and leaves a child holding its output open for ever. The
-reading never runs it; the venv sync that does (as the owner, after the owner made the venv
-drift) is contained. Canaries: a root-only file, a package held by hand, the kernel record.
+reading never runs it: the deploy ends, with no change, and every canary (a root-only file, a
+package held by hand, the kernel record) is as it was. (uv's venv sync, which the owner can
+cause by making their venv drift, runs their python as them, contained: see docs/security.md
+for what that bounds.)
 """
 
 from __future__ import annotations
@@ -78,23 +80,13 @@ def test_a_hostile_venv_owner_never_runs_in_the_reading_and_cannot_forge_or_bloc
         assert again.returncode == 0, again.log[-3000:]
         assert again.changed() == {}, again.log[-3000:]  # nothing forged reached a decision
         assert _root(f"cat {LOG} 2>/dev/null; true") == ""  # it never ran, as anyone
-        # The owner makes the venv drift: the sync runs their python as them, contained.
-        _root(f"runuser -u {OWNER} -- mkdir {VENV}/lib/python3.11/site-packages/six-1.0.0.dist-info")
-        drifted = run_deploy(LAB_INVENTORY, *owner, timeout=900)
-        took = time.monotonic() - started
-        ran = _root(f"cat {LOG} 2>/dev/null; true")
-        assert ran and all(line.startswith(f"ran uid={_root(f'id -u {OWNER}').strip()} ") for line in ran.splitlines())
         assert _canaries() == before
-        assert took < 600, took  # neither deploy waited on the child holding its output
-        children = _root(f"cat {LOG}.children 2>/dev/null; true").split()
-        alive = _root(" ".join(f"kill -0 {pid} 2>/dev/null && echo {pid};" for pid in children) + " true")
-        assert alive.strip() == "", alive  # the sync's leftovers were killed with it
-        assert drifted.returncode != 0 or drifted.changed(), drifted.log[-3000:]
+        assert time.monotonic() - started < 300  # nothing held the deploy
     finally:
         for pid in _root(f"cat {LOG}.children 2>/dev/null; true").split():
             _root(f"kill -KILL {int(pid)} 2>/dev/null; true")
         _root(
-            f"rm -rf {VENV}/lib/python3.11/site-packages/six-1.0.0.dist-info; rm -f {python}; "
+            f"rm -f {python}; "
             f"ln -s /usr/bin/python3.11 {python}; apt-mark unhold {HELD} >/dev/null; "
             f"rm -f {CANARY} {LOG} {LOG}.seen {LOG}.children",
             check=False,

@@ -330,3 +330,19 @@ def test_a_host_printing_bytes_that_are_not_utf8_is_read_and_stops_no_other_host
     for name in found:
         rc, out, _err = found[name]["id -nu"]
         assert (rc, base64.b64decode(out)) == (0, expected), name
+
+
+def test_a_login_shell_of_the_suite_reads_the_systems_profile_and_nothing_of_the_users(tmp_path):
+    """A user's start-up files can run anything and take any time (a pyenv hook): the
+    suite's login shells read /etc/profile alone, run here by the real bash."""
+    for name in (".profile", ".bash_profile", ".bash_login", ".bashrc"):
+        (tmp_path / name).write_text(f"touch {tmp_path}/ran{name}\nexport FROM_USER=1\n")
+    result = subprocess.run(
+        ["/bin/sh", "-c", "PATH=/usr/bin:/bin " + reads.system_login('echo "PATH=$PATH FROM_USER=$FROM_USER"')],
+        capture_output=True,
+        text=True,
+        env={"HOME": str(tmp_path), "PATH": "/nowhere"},
+        check=True,
+    )
+    assert result.stdout.endswith(" FROM_USER=\n") and "/usr/local/bin" in result.stdout  # /etc/profile's PATH
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ran")) == []
