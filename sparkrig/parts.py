@@ -30,7 +30,10 @@ DRIVER = rendering.script("sparkrig/run-parts.sh")
 LANES = 4  # commands run at once: most parts wait on a disk or a program's start, few on a CPU
 PART_TIMEOUT_S = 60  # each command is killed (TERM, then KILL 2 s later) after this long
 READING_TIMEOUT_S = 120  # no command starts after this long: a reading lasts this + one command's limit
-PART_BYTES = 16 << 20  # each command's stdout, and its stderr, at most (a file size limit)
+PART_BYTES = 16 << 20  # each command's stdout, and its stderr, at most (a larger one is not sent)
+# The most a command may write to any file (RLIMIT_FSIZE: killed beyond it): a bound on the
+# host's disk, above what a reading's programs write themselves (apt-cache its caches).
+FILE_BYTES = 256 << 20
 READING_BYTES = 64 << 20  # every command's output together at most (the controller holds it)
 START = "sparkrig-parts"
 END = "sparkrig-parts-end"
@@ -43,8 +46,9 @@ _B64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 
 class Answer(NamedTuple):
     """What one command did: its exit status (an int), or ``"late"`` (not started: the
-    reading's time was spent), ``"over"`` (the reading's bytes were spent), ``"lost"`` (no
-    status came back); its stdout and stderr as bytes."""
+    reading's time was spent), ``"over"`` (the reading's bytes were spent), ``"big"`` (an
+    output over its cap, not sent), ``"lost"`` (no status came back); its stdout and stderr
+    as bytes."""
 
     status: int | str
     stdout: bytes
@@ -60,6 +64,7 @@ def script(
     reading_timeout_s: int = READING_TIMEOUT_S,
     part_bytes: int = PART_BYTES,
     reading_bytes: int = READING_BYTES,
+    file_bytes: int = FILE_BYTES,
 ) -> str:
     """The shell text running ``commands`` (each ``shell -c COMMAND``; ``shell`` is shell
     syntax: ``"${SHELL:-/bin/sh}"`` for the login shell), each killed after its entry of
@@ -70,7 +75,8 @@ def script(
     head = [
         f"n={len(commands)}",
         f"lanes={max(1, int(lanes))}",
-        f"blocks={max(1, int(part_bytes) // 512)}",
+        f"blocks={max(1, int(max(file_bytes, part_bytes)) // 512)}",
+        f"cap={int(part_bytes)}",
         f"reading_s={int(reading_timeout_s)}",
         # Base64's characters for reading_bytes of output.
         f"total={(int(reading_bytes) + 2) // 3 * 4}",
@@ -101,7 +107,7 @@ def parse(lines: Sequence[str], count: int, *, preamble: bool = False, part_byte
         if len(fields) != 7 or fields[0] != "part" or fields[1] != str(index):
             raise ValueError(f"line {index + 1} of the reading is not part {index}'s")
         status_text, out_len, err_len, out, err = fields[2:]
-        if status_text in ("late", "over", "lost"):
+        if status_text in ("late", "over", "lost", "big"):
             status: int | str = status_text
         elif status_text.isdigit() and len(status_text) <= 3:
             status = int(status_text)
@@ -115,8 +121,8 @@ def parse(lines: Sequence[str], count: int, *, preamble: bool = False, part_byte
             if len(text) != int(length) or not _B64.fullmatch(text):
                 raise ValueError(f"part {index}: an output that is not {length} base64 characters")
             data = base64.b64decode(text, validate=True)
-            if len(data) >= part_bytes:
-                status = "big"
+            if len(data) > part_bytes:
+                raise ValueError(f"part {index}: an output over {part_bytes} bytes")
             streams.append(data)
         answers.append(Answer(status, streams[0], streams[1]))
     return answers
@@ -132,8 +138,10 @@ def failure(answer: Answer, timeout_s: int = PART_TIMEOUT_S, part_bytes: int = P
         return f"not read: the reading's {READING_BYTES} bytes were spent"
     if status == "lost":
         return "its status never came back"
-    if status == "big" or status == OVER_SIZE:
-        return f"printed {part_bytes} bytes or more: killed"
+    if status == "big":
+        return f"printed more than {part_bytes} bytes"
+    if status == OVER_SIZE:
+        return f"wrote more than {FILE_BYTES} bytes to a file: killed"
     if status in TIMED_OUT:
         return f"still running after {timeout_s} s: killed"
     return None

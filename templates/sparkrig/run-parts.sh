@@ -3,9 +3,11 @@
 # Runs the parts of one reading side by side and prints what each did, once all have ended
 # (sparkrig/parts.py writes the variables before it and reads what it prints).
 # Set before: n parts; c0.. their commands and t0.. their time limits (seconds); lanes (how
-# many run at once); blocks (each part's bytes, in 512-byte blocks); reading_s (no part
-# starts after this many seconds); total (the reading's base64 characters at most); sh (the
-# shell that runs a part).
+# many run at once); blocks (the most a part may write to any file, in 512-byte blocks: a
+# bound on the disk, above what apt writes to its cache); cap (each output's bytes at most:
+# a larger one is not sent, its status says "big"); reading_s (no part starts after this
+# many seconds); total (the reading's base64 characters at most); sh (the shell that runs a
+# part).
 # No part can forge or block another's answer: each runs with stdin from /dev/null, its
 # stdout and stderr into files of a fresh directory only this user may enter, descriptors
 # 3 to 9 closed (sparkrig's shell opens none above 2, and refuses to start with one open
@@ -70,6 +72,7 @@ while [ "$r" -lt 10 ] && [ "$z" -lt 2 ]; do
   fi
   r=$((r + 1))
 done
+big=" $(find "$d" -name '*.[oe]' -size +"$cap"c -printf '%f ' 2>/dev/null)"
 echo "sparkrig-parts $n"
 i=0
 a=0
@@ -78,8 +81,13 @@ while [ "$i" -lt "$n" ]; do
   [ -f "$d/$i.s" ] && read -r s <"$d/$i.s"
   o=
   e=
-  [ -f "$d/$i.o" ] && o=$(base64 -w0 <"$d/$i.o")
-  [ -f "$d/$i.e" ] && e=$(base64 -w0 <"$d/$i.e")
+  case $big in
+    *" $i.o "* | *" $i.e "*) s=big ;;
+    *)
+      [ -f "$d/$i.o" ] && o=$(base64 -w0 <"$d/$i.o")
+      [ -f "$d/$i.e" ] && e=$(base64 -w0 <"$d/$i.e")
+      ;;
+  esac
   a=$((a + ${#o} + ${#e}))
   if [ "$a" -gt "$total" ]; then s=over; o=; e=; fi
   printf 'part %s %s %s %s %s %s\n' "$i" "$s" "${#o}" "${#e}" "${o:--}" "${e:--}"
