@@ -213,8 +213,12 @@ class Service:
         self.name = name
         self._active = reader.run("systemctl is-active %s", name)
         self._enabled = reader.run("systemctl is-enabled %s", name)
-        # Listing every unit file takes a second on a busy host: read only where asked.
-        self._listed = reader.run('systemctl list-unit-files | grep -q "^%s"', name) if exists else None
+        # Listing every unit file takes a second or two on a busy host (1.9 s on a lab host,
+        # against 0.07 s for this one's name as systemctl's own pattern): read only where
+        # asked, and only the names that begin as this one does.
+        self._listed = (
+            reader.run('systemctl list-unit-files --no-legend %s | grep -q "^%s"', name + "*", name) if exists else None
+        )
 
     @property
     def exists(self) -> bool:
