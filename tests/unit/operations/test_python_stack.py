@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -666,3 +667,26 @@ def test_plan_clean_compares_names_versions_and_urls():
     assert not ps_facts.plan_clean({**good, "urls": {**good["urls"], "six": "file:///x.whl"}}, lock)
     assert not ps_facts.plan_clean({**good, "dists": {**good["dists"], "six": "1.16.0"}}, lock)
     assert not ps_facts.plan_clean({**good, "bad_dists": ["x"]}, lock)
+
+
+def test_the_sync_that_runs_the_owners_python_is_contained(tmp_path):
+    """uv's sync starts the venv's python, a program of the owner's: the operation's real
+    command, uv replaced by a stand-in that leaves a child holding the command's output open
+    for ever (as that python could), still ends, with uv's status and output."""
+    (venv,) = _ops(_fact_output(installed=records(_wanted(), drop="torch")))
+    (sync,) = [command for command in venv.commands if "pip sync" in command]
+    stand_in = tmp_path / "uv"
+    stand_in.write_text(
+        "#!/bin/sh\nsetsid sh -c 'while :; do echo still; sleep 1; done' &\n"
+        f"echo $! >{tmp_path}/child\necho synced; exit 3\n"
+    )
+    stand_in.chmod(0o755)
+    started = time.monotonic()
+    result = subprocess.run(
+        ["sh", "-c", sync.replace(UV, str(stand_in))], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+    assert time.monotonic() - started < 30
+    assert result.returncode == 3 and result.stdout.startswith("synced\n"), result.stderr
+    child = Path(f"/proc/{(tmp_path / 'child').read_text().strip()}/stat")
+    time.sleep(0.2)
+    assert not child.exists() or child.read_text().rsplit(")", 1)[1].split()[0] == "Z"
