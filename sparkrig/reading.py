@@ -9,12 +9,13 @@ a list of :func:`part`); the first :func:`get` on a host runs all of them in one
 part nobody planned is still read (with every planned part not read yet), so a missing
 declaration costs one command, never a wrong answer.
 
-Each part keeps its fact's own command and parser: the reading runs the parts one after
-another, each in a subshell whose output and standard error are tagged with the part's
-index, and sends the whole base64-encoded (so no byte a host prints can cut the output
-short, see :mod:`sparkrig.atomic`). A part that exits non-zero, or whose output its parser
-refuses, fails that host with the part's name and what it printed, as pyinfra fails a
-host whose fact cannot be read; other hosts go on.
+Each part keeps its fact's own command and parser: :mod:`sparkrig.parts` runs the parts
+side by side, each alone with its own output files, time and byte limits, and only once
+all have ended prints each part's status, output and standard error, length-delimited and
+base64-encoded: no part can write into another's answer, end the reading early or hold it
+open, and no byte a host prints can cut the output short. A part that exits non-zero, runs
+out of time or bytes, or whose output its parser refuses, fails that host with the part's
+name and the reason, as pyinfra fails a host whose fact cannot be read; other hosts go on.
 
 .. code:: python
 
@@ -29,7 +30,6 @@ host whose fact cannot be read; other hosts go on.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -39,6 +39,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from . import host_output
+from . import parts as sparkrig_parts
 from .settings import all_settings, resolve
 
 
@@ -77,64 +78,49 @@ class Reading(FactBase):
         {Part(HostState, (("paths", ("/etc/default/earlyoom",)),)): {"files": {...}, ...}}
     """
 
-    def command(self, parts: Sequence[Part], nonce: str) -> StringCommand:
-        bits: list = []
-        for index, each in enumerate(parts):
-            command = each.fact().command(**dict(each.kwargs))
-            if isinstance(command, str):
-                command = StringCommand(command)
-            tag = f"@@{nonce}"
-            # stdout to fd 3 untouched; stderr tagged, merged into stdout.
-            bits += [
-                "{ { (",
-                command,
-                f"); echo {tag} end {index} $?; }} 2>&1 1>&3 | sed 's/^/{tag} err {index} /';",
-                "} 3>&1;",
-            ]
-        return host_output.encoded(*bits)
+    def command(self, parts: Sequence[Part]) -> StringCommand:
+        commands = [each.fact().command(**dict(each.kwargs)) for each in parts]
+        return StringCommand(sparkrig_parts.script(commands, [timeout_of(each) for each in parts]))
 
     def process(self, output: list[str]) -> dict[Part, Any]:
         raise NotImplementedError("a Reading is made for its parts by reading_of()")
 
 
-def split(parts: Sequence[Part], nonce: str, output: Sequence[str]) -> dict[Part, Any]:
+def timeout_of(each: Part) -> int:
+    """How long the part's command may run: its fact's ``reading_timeout_s``, else
+    :data:`sparkrig.parts.PART_TIMEOUT_S`."""
+    return int(getattr(each.fact, "reading_timeout_s", sparkrig_parts.PART_TIMEOUT_S))
+
+
+def split(parts: Sequence[Part], output: Sequence[str]) -> dict[Part, Any]:
     """Each part's value from the reading's output; FactProcessError naming the part when
-    one failed, printed what its parser refuses, or is missing."""
-    tag = f"@@{nonce} "
-    lines = host_output.decoded(output)
-    stdout: dict[int, list[str]] = {i: [] for i in range(len(parts))}
-    stderr: dict[int, list[str]] = {i: [] for i in range(len(parts))}
-    status: dict[int, int] = {}
-    current = 0
-    for line in lines:
-        if line.startswith(tag):
-            kind, index, rest = (line[len(tag) :].split(" ", 2) + [""])[:3]
-            index = int(index)
-            if index not in stdout:
-                raise ValueError(f"a part index out of range: {index}")
-            if kind == "end":
-                status[index] = int(rest)
-                current = index + 1
-            elif kind == "err":
-                stderr[index].append(rest)
-            else:
-                raise ValueError(f"unknown tag {kind!r}")
-        else:
-            if current >= len(parts):
-                raise ValueError("output after the last part")
-            stdout[current].append(line)
+    one failed, ran out of time or bytes, printed what its parser refuses, or is missing;
+    ValueError when the output is not the reading's structure (sparkrig.parts.parse)."""
+    answers = sparkrig_parts.parse(output, len(parts))
     values: dict[Part, Any] = {}
-    for index, each in enumerate(parts):
+    for each, answer in zip(parts, answers):
         name = each.describe()
-        if index not in status:
-            raise FactProcessError(f"sparkrig: the reading of {name} never ended; this host stops here")
-        if status[index] != 0:
-            said = "; ".join(stderr[index])[:500] or "nothing on stderr"
+        said = answer.stderr.decode("utf-8", "replace").replace("\n", "; ").strip("; ")[:500] or "nothing on stderr"
+        why = sparkrig_parts.failure(answer, timeout_of(each))
+        if why:
+            raise FactProcessError(f"sparkrig: reading {name}: {why} ({said}); this host stops here")
+        if answer.status != 0:
             raise FactProcessError(
-                f"sparkrig: reading {name} failed (exit {status[index]}: {said}); this host stops here"
+                f"sparkrig: reading {name} failed (exit {answer.status}: {said}); this host stops here"
             )
+        text = answer.stdout.decode("utf-8", "surrogateescape")
+        lines = text.split("\n")
+        lines = lines[:-1] if lines[-1] == "" else lines
         fact = each.fact()
-        values[each] = fact.process(stdout[index]) if stdout[index] else fact.default()
+        try:
+            values[each] = fact.process(lines) if lines else fact.default()
+        except FactProcessError as error:
+            raise FactProcessError(f"sparkrig: reading {name}: {error}") from error
+        except (ValueError, LookupError, TypeError, AttributeError, RecursionError) as error:
+            raise FactProcessError(
+                f"sparkrig: reading {name}: its output is refused ({type(error).__name__}: {str(error)[:200]});"
+                " this host stops here"
+            ) from error
     return values
 
 
@@ -195,24 +181,19 @@ def _memo() -> dict[Part, Any]:
 
 def read(parts: Sequence[Part]) -> dict[Part, Any]:
     """Read ``parts`` on the current host now, in one command (no memo)."""
-    fact_class = reading_of(parts)
-    value = host.get_fact(fact_class, parts=tuple(parts), nonce=fact_class.nonce)
+    value = host.get_fact(reading_of(parts), parts=tuple(parts))
     if host_output.fact_failed() or not value:
         return {each: each.fact().default() for each in parts}
     return value
 
 
-def reading_of(parts: Sequence[Part], nonce: str | None = None) -> type[Reading]:
-    """The :class:`Reading` of these parts: its parser knows them and this run's nonce
-    (the tag that separates them, which no host can know in advance)."""
-    chosen = nonce or secrets.token_hex(8)
+def reading_of(parts: Sequence[Part]) -> type[Reading]:
+    """The :class:`Reading` of these parts: its parser knows them."""
 
     class ThisReading(Reading):
-        nonce = chosen
-
         @host_output.parses
         def process(self, output):
-            return split(parts, chosen, output)
+            return split(parts, output)
 
     ThisReading.__name__ = ThisReading.__qualname__ = "Reading"
     ThisReading.name = f"{__name__}.Reading"  # how pyinfra names it in its messages

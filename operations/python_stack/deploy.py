@@ -25,7 +25,7 @@ def venv_stale(found: Mapping[str, Any], python: str, owner: str, lock: str, whe
         or major_minor(found["python"]) != python
         or (found["owner"], found["cache_owner"]) != (owner, owner)
         or found["lock"] != digest(lock)
-        or not plan_clean(found)
+        or not plan_clean(found, lock)
         or sorted(found["wheels"]) != sorted(wheels)
         or (found["offline_dir"] and not wheels)
     )

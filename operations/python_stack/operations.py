@@ -15,6 +15,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from sparkrig import atomic, host_output, messages, rendering, wheelhouse
+from sparkrig import parts as sparkrig_parts
 from sparkrig.python_wheels import offline_wheels
 from sparkrig.stack_locks import REFRESH, digest, host_lock, indexes, lock_name, locks_dir, read_lock
 from sparkrig.venv import STATE_DIR, UV, UV_CACHE, UV_ENV, UV_TOOL
@@ -25,6 +26,7 @@ UV_REQUIREMENTS = "/opt/sparkrig/uv-requirements.txt"
 STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory of another user
 PUT_AS_OWNER = rendering.script("python_stack/put-as-owner.sh")
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+SYNC_TIMEOUT_S = 3600  # a venv sync downloads the stack (torch alone is over a GB) at most this long
 
 
 def as_owner(owner: str, *argv: Any) -> list[Any]:
@@ -280,7 +282,7 @@ def virtualenv_commands(
             "; exit $s",
         )
 
-    if stale_lock or missing or not plan_clean(found):
+    if stale_lock or missing or not plan_clean(found, lock):
         changed = True
         if wheels:
             source = ["--offline --no-index --find-links", QuoteString(OFFLINE_DIR)]
@@ -292,7 +294,9 @@ def virtualenv_commands(
                 # Resolved on the controller with each named index explicit; here every
                 # file is pinned by sha256, so any index may only hand over those files.
                 source.append("--index-strategy unsafe-best-match")
-        yield StringCommand(
+        # uv starts the venv's python, the owner's program: contained, so that it can
+        # neither hold this command's output open nor leave a process behind.
+        sync = StringCommand(
             *as_owner(
                 owner,
                 QuoteString(UV),
@@ -303,6 +307,7 @@ def virtualenv_commands(
                 QuoteString(lock_path),
             )
         )
+        yield StringCommand(sparkrig_parts.contained(sync, SYNC_TIMEOUT_S))
 
     if not changed:
         host.noop(f"virtualenv {path} holds its lock")

@@ -18,7 +18,7 @@ import pytest
 from sparkrig.user_files import user_read
 from tests.compliance.conftest import inventory_hosts as _inventory_hosts
 from tests.compliance.conftest import inventory_name
-from tests.compliance.reads import need
+from tests.compliance.reads import need, system_login
 from tests.conftest import LAB_INVENTORY
 from tests.support import REPO, inventory_host_data
 
@@ -97,7 +97,7 @@ def _unpinned_probe(peer) -> str:
 
 
 _NCCL_NAMES = ["NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "VLLM_HOST_IP"]
-_LOGIN_ENV = "bash -lc " + shlex.quote("printf '%s\\n' " + " ".join(f'"${n}"' for n in _NCCL_NAMES))
+_LOGIN_ENV = "printf '%s\\n' " + " ".join(f'"${n}"' for n in _NCCL_NAMES)
 
 
 def _unit_env(settings) -> str:
@@ -143,7 +143,7 @@ def cluster(r) -> dict | None:
         "key": r.path("/etc/sparkrig/cluster/id_ed25519"),
         "key_dir": r.path("/etc/sparkrig/cluster"),
         "authorized_keys": r.run(keys, sudo=True),
-        "login_env": r.run(as_user(user, _LOGIN_ENV)),
+        "login_env": r.run(system_login(_LOGIN_ENV, user), sudo=True),
         "unit_env": r.run(_unit_env(settings), sudo=True),
         "hostfile": r.file("/etc/sparkrig/cluster/hostfile"),
         "check": r.run("spark-cluster-check", sudo=True),

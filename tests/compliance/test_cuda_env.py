@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from tests.compliance.reads import need
+from tests.compliance.reads import need, system_login
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 
@@ -72,7 +72,7 @@ def environments(r) -> dict:
     return {
         "files": {path: r.path(path) for path in (env_file, PROFILE_SCRIPT)},
         "sourced": r.run(f"sh -c {shlex.quote(command)}"),
-        "login": r.run("bash -lc env"),
+        "login": r.run(system_login("env")),
         "systemd": r.path("/run/systemd/system"),
         "unit": r.run(
             "systemd-run --quiet --wait --pipe --collect -p EnvironmentFile=%s /usr/bin/env", env_file, sudo=True
@@ -85,8 +85,8 @@ def toolkit(r) -> dict:
     """nvcc where CUDA_HOME says, and what a login shell's nvcc and Triton's ptxas say."""
     return {
         "nvcc": r.path(f"{cuda_home(r)}/bin/nvcc"),
-        "version": r.run("bash -lc 'nvcc --version'"),
-        "ptxas": r.run("bash -lc '\"$TRITON_PTXAS_PATH\" --version'"),
+        "version": r.run(system_login("nvcc --version")),
+        "ptxas": r.run(system_login('"$TRITON_PTXAS_PATH" --version')),
     }
 
 

@@ -16,12 +16,11 @@ import urllib.parse
 
 import pytest
 
-from tests.compliance.reads import need
-from tests.compliance.venv import bounded, distributions, interpreter, pyvenv_version
+from tests.compliance.reads import need, system_login
+from tests.compliance.venv import distributions, interpreter, pyvenv_version
 
 UV = "/opt/sparkrig/uv/bin/uv"
 UV_TOOL = "/opt/sparkrig/uv"
-NO_CHANGES = "Would make no changes"
 OFFLINE_WHEELS = "/var/lib/sparkrig/python-wheels"  # python_offline's wheels on the host
 
 
@@ -80,15 +79,19 @@ def installed(r) -> dict[str, str]:
     return _installed(distributions(r, r.settings["python_venv_path"]))
 
 
+LOCK_LIMIT = 16 << 20  # the venv's lock (about 0.4 MB for the default stack)
+
+
 @need
 def uv_checks(r) -> dict:
-    """uv's dry run of the lock, its pip check, and UV_NO_SYNC in the owner's login shell."""
-    owner = r.settings["python_venv_owner"]
+    """The lock the deploy put in the venv (as a file: its owner may replace it), and
+    UV_NO_SYNC as a login shell of the owner gets it from the system's profile. Nothing of
+    the owner's runs: neither their python (which uv's dry run starts) nor their own
+    start-up files."""
+    lock = f"{r.settings['python_venv_path']}/sparkrig/requirements.lock"
     return {
-        "dry_run": r.run(_dry_run(r.settings), sudo=True),
-        "check": r.run(_as_owner_uv(r.settings, "pip check --no-config"), sudo=True),
-        # The owner's login shell runs the owner's own profile: as any program of theirs, bounded.
-        "no_sync": r.run(bounded(["runuser", "-l", owner, "-c", "echo UV_NO_SYNC=$UV_NO_SYNC"]), sudo=True),
+        "lock": r.user_file(shlex.quote(lock), LOCK_LIMIT),
+        "no_sync": r.run(system_login("echo UV_NO_SYNC=$UV_NO_SYNC", r.settings["python_venv_owner"]), sudo=True),
     }
 
 
@@ -147,49 +150,53 @@ def test_flash_attn_is_not_installed(read):
     assert "flash-attn" not in read(installed)
 
 
-def _as_owner_uv(settings, arguments: str) -> str:
-    """uv as the venv's owner: it runs the venv's python (the owner's program), so as a bounded,
-    separate command (venv.bounded: no descriptor of the reading, leftovers killed)."""
-    uv = f"env UV_CACHE_DIR=/var/cache/sparkrig/uv {UV} {arguments} --python " + shlex.quote(
-        settings["python_venv_path"] + "/bin/python"
-    )
-    return bounded(["runuser", "-u", settings["python_venv_owner"], "--", "sh", "-c", uv])
+def _locked(text: str) -> dict[str, tuple[str | None, str | None]]:
+    """What a lock installs: {normalised name: (version, URL or None)} (a URL's version from
+    its wheel file's name)."""
+    wanted = {}
+    for line in text.splitlines():
+        if not line or line[0].isspace() or line.startswith("#"):
+            continue
+        first = line.rstrip("\\").split(";")[0].strip()
+        if " @ " in first:
+            name, rest = first.split(" @ ", 1)
+            name, url = name.strip(), rest.split()[0]  # a built wheel's line holds its --hash too
+            fields = urllib.parse.unquote(url.rsplit("/", 1)[-1]).split("-")
+            wanted[_normal(name)] = (fields[1] if len(fields) >= 5 else None, url)
+        else:
+            name, _, version = first.partition("==")
+            wanted[_normal(name)] = (version.strip() or None, None)
+    return wanted
 
 
-def _dry_run(settings) -> str:
-    """uv's offline dry run of the lock the deploy made (finding python_offline's uploaded
-    wheels, without which it could not resolve a reinstall)."""
-    wheels = f"--find-links {OFFLINE_WHEELS} " if settings["python_offline"] else ""
-    lock = f"{settings['python_venv_path']}/sparkrig/requirements.lock"
-    return _as_owner_uv(
-        settings, f"pip sync --no-config --offline --dry-run --require-hashes {wheels}{shlex.quote(lock)}"
-    )
+def _unquoted(url: str | None) -> str:
+    return urllib.parse.unquote(url or "")
 
 
 def test_venv_holds_exactly_its_lock(read):
-    """Protects against drift (a hand-installed or upgraded package): uv's own dry run of
-    the lock the deploy made says nothing would change, or only that it would reinstall, at
-    the version installed, wheels `uv pip check` says were built for another platform: uv
-    does that at every sync (NVIDIA's aarch64 cuSPARSELt wheel names manylinux2014_sbsa in its
-    WHEEL file), and the same pinned file keeps the same tags."""
-    found = read(uv_checks)
-    result, check = found["dry_run"], found["check"]
-    if result.rc == 0 and NO_CHANGES in result.stderr:
-        return
-    planned = re.findall(r"^ ([-+~]) ([^=\s]+)==", result.stderr, re.MULTILINE)
-    other = set(
-        re.findall(
-            r"^The package `([^`]+)` was built for a different platform$", check.stdout + check.stderr, re.MULTILINE
-        )
-    )
-    assert result.rc == 0 and planned and all(sign == "~" and name in other for sign, name in planned), (
-        result.stderr + check.stderr
-    )
+    """Protects against drift (a hand-installed, removed or upgraded package): the venv's
+    records (its .dist-info directories, read as files) name exactly the lock the deploy
+    made, each at its locked version, one locked by URL installed from that URL (NVIDIA's
+    aarch64 cuSPARSELt wheel, whose WHEEL file names another platform, is no drift: uv's dry
+    run, which said so, ran the owner's python and is no longer asked)."""
+    wanted = _locked(read(uv_checks)["lock"].check())
+    have = read(venv_distributions)
+    problems = [f"{name} is not locked" for name in sorted(set(have) - set(wanted))]
+    for name, (version, url) in sorted(wanted.items()):
+        found = have.get(name)
+        if not found:
+            problems.append(f"{name} is missing")
+        elif version is not None and found["version"] != version:
+            problems.append(f"{name} {found['version']}, locked {version}")
+        elif url is not None and _unquoted((found["direct"] or {}).get("url")) != _unquoted(url):
+            problems.append(f"{name} not from {url}")
+    assert not problems, "; ".join(problems[:20])
 
 
 def test_uv_run_never_resyncs_for_the_owner(read):
     """Protects against `uv run` silently replacing hand-built packages by re-syncing a
-    project (seeds 001 to 003): UV_NO_SYNC=1 in the owner's login shell."""
+    project (seeds 001 to 003): UV_NO_SYNC=1 in the owner's login shell, as the system's
+    profile sets it (the owner's own start-up files are theirs, and are not run here)."""
     value = read(uv_checks)["no_sync"].check()
     assert value.splitlines()[-1] == "UV_NO_SYNC=1"
 

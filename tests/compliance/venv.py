@@ -179,16 +179,6 @@ def pyvenv_version(r, venv: str):
     return version
 
 
-def bounded(argv: list[str], timeout_s: int = INTERPRETER_TIMEOUT_S) -> str:
-    """Shell text running ``argv`` (a command that starts a program a user controls: ``runuser
-    -u OWNER -- ...``) through :data:`_RUNNER`, as root: from ``/``, none of the reading's
-    descriptors, its output capped, killed after ``timeout_s`` seconds, and every process it
-    left killed when it returns."""
-    return f"cd / && python3 -I -c {shlex.quote(_RUNNER)} {int(INTERPRETER_OUTPUT_LIMIT)} {int(timeout_s)} " + " ".join(
-        shlex.quote(arg) for arg in argv
-    )
-
-
 def interpreter(settings, code: str) -> str:
     """Shell text running ``code`` with the venv's interpreter as its owner (run it as root)."""
     return (

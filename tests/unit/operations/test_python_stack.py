@@ -3,12 +3,15 @@ fresh, converged, bumped, drifted and refused hosts."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +33,7 @@ from tests.unit.pyinfra_fake import execute, plan
 
 SETTINGS = ps_settings.SETTINGS + ps_locks.SETTINGS + hardware.SETTINGS
 MANIFEST = ps_locks.load_manifest()
-FACT = "pip sync --no-config --offline --dry-run"
+FACT = "sparkrig-dists"  # PythonStack's command
 
 
 def _problems(**data):
@@ -224,7 +227,24 @@ def test_uv_requirements_carry_every_hash():
 # The fact ------------------------------------------------------------------------------
 
 
-def _fact_output(lock: str | None = None, **changes) -> list[str]:
+def records(lock: str, drop: str = "", extra: tuple[str, ...] = ()) -> list[str]:
+    """The PythonStack fact's lines for a venv holding ``lock`` as uv installs it: a
+    ``.dist-info`` per distribution, a ``direct_url.json`` for one locked by URL (less
+    ``drop``, plus the entries ``extra``)."""
+    names, urls = [], []
+    for name, (version, url) in ps_facts.locked(lock).items():
+        if name == drop:
+            continue
+        entry = f"{name.replace('-', '_')}-{version}.dist-info"
+        names.append(entry)
+        if url:
+            record = base64.b64encode(json.dumps({"url": url, "archive_info": {}}).encode()).decode()
+            urls.append(f"url {base64.b64encode(entry.encode()).decode()} {record}")
+    listing = "".join(f"{entry}\0" for entry in [*names, *extra])
+    return [f"dists {base64.b64encode(listing.encode('utf-8', 'surrogateescape')).decode()}", *urls]
+
+
+def _fact_output(lock: str | None = None, installed: list[str] | None = None, **changes) -> list[str]:
     wanted = hashlib.sha256((lock or _wanted()).encode()).hexdigest()
     state = {
         "uv": "0.13.9",
@@ -238,10 +258,10 @@ def _fact_output(lock: str | None = None, **changes) -> list[str]:
         "owner": "root",
         "usable": "yes",
         "lock": wanted,
-        "plan": ps_facts.NO_CHANGES,
     }
     state.update(changes)
-    return [f"{key} {value}" for key, value in state.items() if value is not None]
+    lines = [f"{key} {value}" for key, value in state.items() if value is not None]
+    return lines + (records(lock or _wanted()) if installed is None else installed)
 
 
 def _wanted(profiles=(), arch="aarch64") -> str:
@@ -249,16 +269,16 @@ def _wanted(profiles=(), arch="aarch64") -> str:
 
 
 def test_fact_reads_every_field():
-    found = ps_facts.PythonStack().parse(_fact_output(plan="Would install 2 packages"))
+    found = ps_facts.PythonStack().parse(_fact_output())
     assert found["uv"] == "0.13.9" and found["link_exists"] is True and found["usable"] is True
-    assert found["python"] == "3.12.3" and found["plan"] == "Would install 2 packages"
+    assert found["python"] == "3.12.3" and found["dists"]["torch"] and found["urls"]["vllm"].startswith("https://")
     assert ps_facts.PythonStack().parse([]) == ps_facts.PythonStack.default()
 
 
 def test_fact_command_quotes_the_venv_and_owner():
     command = ps_facts.PythonStack().command("/opt/my venv", "spark").get_raw_value()
     assert command.startswith("{ v='/opt/my venv'; o=spark;")
-    assert 'runuser -u "$o" -- timeout -k 5 300 env UV_SYSTEM_CERTS=1' in command
+    assert "runuser" not in command and "--dry-run" not in command
 
 
 def test_the_fact_never_runs_the_venvs_python_as_root(tmp_path):
@@ -352,9 +372,19 @@ def test_a_changed_lock_is_uploaded_and_synced_without_a_new_venv():
     assert list(venv.uploads.values())[0].decode() == _wanted(["unsloth"])
 
 
-def test_drift_found_by_the_dry_run_only_syncs():
-    (venv,) = _ops(_fact_output(plan="Would uninstall 1 package"))
-    assert len(venv.commands) == 1 and "pip sync" in venv.commands[0] and not venv.uploads
+def test_drift_found_in_the_venvs_records_only_syncs():
+    lock = _wanted()
+    torch = ps_facts.locked(lock)["torch"][0]
+    for installed in (
+        records(lock, extra=("six-1.16.0.dist-info",)),  # one the lock does not name
+        records(lock, drop="torch"),  # one missing
+        records(lock.replace(f"torch=={torch} ", "torch==0.1 ")),  # another version
+        [line for line in records(lock) if not line.startswith("url ")],  # vLLM not from its URL
+        records(lock, extra=("not a\nname.dist-info",)),
+        ["dists unreadable"],  # a link on the way
+    ):
+        (venv,) = _ops(_fact_output(installed=installed))
+        assert len(venv.commands) == 1 and "pip sync" in venv.commands[0] and not venv.uploads, installed
 
 
 def test_turning_python_offline_off_removes_the_controllers_wheels_once():
@@ -380,7 +410,7 @@ def test_a_venv_of_another_python_is_made_anew():
 
 
 def test_a_non_venv_directory_is_refused_not_cleared():
-    (venv,) = _ops(_fact_output(python=None, owner=None, usable=None, lock=None, plan=None))
+    (venv,) = _ops(_fact_output(python=None, owner=None, usable=None, lock=None, installed=[]))
     assert len(venv.commands) == 1
     assert "is a non-empty directory but no virtualenv" in venv.commands[0]
     assert venv.commands[0].endswith("exit 1")
@@ -559,42 +589,14 @@ def test_offline_the_wheel_locked_by_url_is_named_by_its_uploaded_copy():
     assert ps_ops.offline_lock(offline) == offline
 
 
-# What uv's dry run says on an aarch64 host whose venv holds its lock: NVIDIA's cuSPARSELt
-# wheel (file name manylinux2014_aarch64) says `Tag: py3-none-manylinux2014_sbsa` in its WHEEL
-# file, so uv reinstalls it at every sync, and uv pip check says it was built for another platform.
-_SBSA = dict(
-    plan=" ~ nvidia-cusparselt-cu13==0.8.0",
-    planned="~nvidia-cusparselt-cu13==0.8.0",
-    other_platform="nvidia-cusparselt-cu13",
-)
-
-
-def test_a_reinstall_uv_repeats_for_a_wheel_tagged_for_another_platform_is_no_drift():
-    """Found converging the real stack on the emulated aarch64 host: every converge synced
-    the venv again (a change at every run) for NVIDIA's mis-tagged wheel."""
-    found = ps_facts.PythonStack().parse(_fact_output(**_SBSA))
-    assert found["planned"] == ["~nvidia-cusparselt-cu13==0.8.0"] and found["other_platform"] == [
-        "nvidia-cusparselt-cu13"
-    ]
-    assert ps_facts.plan_clean(found) and _ops(_fact_output(**_SBSA)) == []
-
-
-def test_any_other_planned_change_beside_such_a_reinstall_syncs():
-    for output in (
-        _fact_output(**{**_SBSA, "other_platform": None}),  # uv pip check names no such wheel
-        _fact_output(**{**_SBSA, "plan": " ~ torch==2.11.0", "planned": "~torch==2.11.0"}),
-        _fact_output(**{**_SBSA, "plan": " + six==1.17.0"}) + ["planned -six==1.16.0", "planned +six==1.17.0"],
-        _fact_output(**{**_SBSA, "plan": "error: No solution found when resolving dependencies"}),
-    ):
-        assert not ps_facts.plan_clean(ps_facts.PythonStack().parse(output)), output
-        (venv,) = _ops(output)
-        assert len(venv.commands) == 1 and "pip sync" in venv.commands[0], output
-
-
-def test_the_dry_run_finds_the_offline_wheels_and_asks_uv_pip_check_only_about_reinstalls():
-    command = ps_facts.PythonStack().command("/opt/sparkrig/venv", "spark", ps_facts.OFFLINE_DIR).get_raw_value()
-    assert '--dry-run --require-hashes ${w:+--find-links "$w"} --python' in command
-    assert 'case "$p" in *" ~ "*)' in command and "pip check --no-config" in command
+def test_a_wheel_tagged_for_another_platform_is_no_drift():
+    """Found converging the real stack on the emulated aarch64 host: NVIDIA's cuSPARSELt wheel
+    (file name manylinux2014_aarch64) says `Tag: py3-none-manylinux2014_sbsa` in its WHEEL
+    file, and uv's dry run reinstalled it at every sync. The records name its version: no change."""
+    lock = _wanted()
+    assert "nvidia-cusparselt-cu13" in ps_facts.locked(lock)
+    assert ps_facts.plan_clean(ps_facts.PythonStack().parse(records(lock)), lock)
+    assert _ops(_fact_output()) == []
 
 
 def test_every_python_uvs_installation_starts_is_isolated():
@@ -604,3 +606,87 @@ def test_every_python_uvs_installation_starts_is_isolated():
     (command,) = [c for c in op.commands if "pip install" in c]
     assert "bin/python -I -m pip install" in command
     assert pythons_without_isolation([("uv_tool", command)]) == []
+
+
+def _scratch_venv(tmp_path):
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.12.3\n")
+    (venv / "bin").mkdir()
+    marker = tmp_path / "ran"
+    (venv / "bin" / "python").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    (venv / "bin" / "python").chmod(0o755)
+    return venv, site, marker
+
+
+def test_the_fact_tells_what_the_venv_holds_from_its_records_alone(tmp_path):
+    """The fact's real command (sh, as root runs it) lists the venv's .dist-info records and
+    reads each direct_url.json through the one reader: a record that is a link is skipped, a
+    direct_url.json that is a FIFO reads as no URL, and the venv's python never runs."""
+    venv, site, marker = _scratch_venv(tmp_path)
+    (site / "torch-2.11.0+cu130.dist-info").mkdir()
+    (site / "vllm-0.20.2.dist-info").mkdir()
+    (site / "vllm-0.20.2.dist-info" / "direct_url.json").write_text('{"url": "https://example.org/vllm.whl"}')
+    (site / "six-1.17.0.dist-info").mkdir()
+    os.mkfifo(site / "six-1.17.0.dist-info" / "direct_url.json")
+    (site / "numpy-2.0.0.dist-info").symlink_to(tmp_path)
+    (site / "evil\nurl x-1.dist-info").mkdir()
+    command = ps_facts.PythonStack().command(str(venv), "nobody").get_raw_value()
+    run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60, check=True)
+    found = ps_facts.PythonStack().process(run.stdout.splitlines())
+    assert found["dists"] == {"torch": "2.11.0+cu130", "vllm": "0.20.2", "six": "1.17.0"}
+    assert found["urls"] == {"vllm": "https://example.org/vllm.whl"}
+    assert found["bad_dists"] == ["evil\nurl x-1.dist-info"] and not marker.exists()
+
+
+def test_a_link_on_the_way_to_the_venvs_records_reads_as_unreadable(tmp_path):
+    venv, site, _ = _scratch_venv(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    site.rename(elsewhere)
+    site.symlink_to(elsewhere)
+    (elsewhere / "torch-2.11.0.dist-info").mkdir()
+    command = ps_facts.PythonStack().command(str(venv), "nobody").get_raw_value()
+    run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60, check=True)
+    found = ps_facts.PythonStack().process(run.stdout.splitlines())
+    assert found["dists_unreadable"] and found["dists"] == {}
+    assert not ps_facts.plan_clean(found, "torch==2.11.0\n")
+
+
+def test_plan_clean_compares_names_versions_and_urls():
+    lock = (
+        "# header\nsix==1.17.0 \\\n    --hash=sha256:aa\n"
+        "vllm @ https://example.org/p/vllm-0.20.2-cp38-abi3-x.whl \\\n    --hash=sha256:bb\n"
+        "built @ file:///w/built-1.0-cp38-abi3-linux_x86_64.whl --hash=sha256:cc\n"
+    )
+    base = {**ps_facts.PythonStack.default(), "dists": {"six": "1.17.0", "vllm": "0.20.2", "built": "1.0"}}
+    built = "file:///w/built-1.0-cp38-abi3-linux_x86_64.whl"
+    good = {**base, "urls": {"vllm": "https://example.org/p/vllm-0.20.2-cp38-abi3-x.whl", "built": built}}
+    assert ps_facts.plan_clean(good, lock)
+    assert not ps_facts.plan_clean(base, lock)  # vLLM from an index, not its URL
+    assert not ps_facts.plan_clean({**good, "urls": {**good["urls"], "six": "file:///x.whl"}}, lock)
+    assert not ps_facts.plan_clean({**good, "dists": {**good["dists"], "six": "1.16.0"}}, lock)
+    assert not ps_facts.plan_clean({**good, "bad_dists": ["x"]}, lock)
+
+
+def test_the_sync_that_runs_the_owners_python_is_contained(tmp_path):
+    """uv's sync starts the venv's python, a program of the owner's: the operation's real
+    command, uv replaced by a stand-in that leaves a child holding the command's output open
+    for ever (as that python could), still ends, with uv's status and output."""
+    (venv,) = _ops(_fact_output(installed=records(_wanted(), drop="torch")))
+    (sync,) = [command for command in venv.commands if "pip sync" in command]
+    stand_in = tmp_path / "uv"
+    stand_in.write_text(
+        "#!/bin/sh\nsetsid sh -c 'while :; do echo still; sleep 1; done' &\n"
+        f"echo $! >{tmp_path}/child\necho synced; exit 3\n"
+    )
+    stand_in.chmod(0o755)
+    started = time.monotonic()
+    result = subprocess.run(
+        ["sh", "-c", sync.replace(UV, str(stand_in))], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+    assert time.monotonic() - started < 30
+    assert result.returncode == 3 and result.stdout.startswith("synced\n"), result.stderr
+    child = Path(f"/proc/{(tmp_path / 'child').read_text().strip()}/stat")
+    time.sleep(0.2)
+    assert not child.exists() or child.read_text().rsplit(")", 1)[1].split()[0] == "Z"

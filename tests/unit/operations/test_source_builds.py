@@ -18,7 +18,6 @@ from pyinfra.api.exceptions import FactProcessError
 from sparkrig import host_output, python_wheels, reading, user_files, wheelhouse
 from sparkrig import stack_locks as ps_locks
 from sparkrig.operations.python_stack import deploy as ps_deploy  # noqa: F401 (registers the venv sync)
-from sparkrig.operations.python_stack import facts as ps_facts
 from sparkrig.operations.python_stack import operations as ps_ops
 from sparkrig.operations.source_builds import cache as sb_cache
 from sparkrig.operations.source_builds import catalogue as sb_catalogue
@@ -29,6 +28,7 @@ from sparkrig.operations.source_builds import settings as sb_settings
 from sparkrig.packages import install_command
 from sparkrig.settings import SettingsError, all_settings, problems, resolve, validate_hosts
 from tests.unit import pyinfra_fake
+from tests.unit.operations.test_python_stack import records
 from tests.unit.pyinfra_fake import execute, plan
 
 SETTINGS = all_settings()
@@ -36,7 +36,7 @@ SETTINGS = all_settings()
 DEPLOY = sb_deploy.source_builds  # python_stack's deploy, imported, syncs the venv (sparkrig/wheelhouse.py)
 CATALOGUE = sb_settings.load_catalogue()
 FACT = 'echo "unit $n'  # SourceBuilds' command holds this
-STACK = "pip sync --no-config --offline --dry-run"  # PythonStack's
+STACK = "sparkrig-dists"  # PythonStack's
 LAB = {
     "kind": "wheel",
     "url": "http://10.0.0.1:8765/sources/lab.git",
@@ -346,7 +346,7 @@ def _stack_output(lock: str) -> list[str]:
         "owner root",
         "usable yes",
         f"lock {wanted}",
-        f"plan {ps_facts.NO_CHANGES}",
+        *records(lock),
     ]
 
 

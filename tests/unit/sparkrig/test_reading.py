@@ -12,6 +12,7 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_host
 
 from sparkrig import atomic, reading
+from sparkrig import parts as sparkrig_parts
 from sparkrig.operations import declaring, load
 from sparkrig.settings import all_settings, defaults
 from tests.unit.pyinfra_fake import encode
@@ -55,7 +56,7 @@ class Binary(FactBase):
 
 def run(parts, shell="sh"):
     fact = reading.reading_of(parts)
-    command = fact().command(parts=parts, nonce=fact.nonce).get_raw_value()
+    command = fact().command(parts=parts).get_raw_value()
     result = subprocess.run([shell, "-c", command], capture_output=True, check=True)
     return fact().process(result.stdout.decode().splitlines())
 
@@ -88,16 +89,59 @@ def test_a_part_that_fails_fails_the_host_naming_it_and_what_it_said():
 
 def test_output_forged_by_a_host_fails_the_host():
     parts = [reading.part(Lines, text="one")]
-    fact = reading.reading_of(parts, nonce="n0nce")
-    for output in (["garbage"], [], encode(["one"]), encode(["@@0000 end 0 0"]), encode(["@@n0nce end 7 0"])):
+    fact = reading.reading_of(parts)
+    good = ["sparkrig-parts 1", "part 0 0 8 0 b25lCg== -", "sparkrig-parts-end"]
+    assert fact().process(good) == {parts[0]: ["one"]}
+    for output in (
+        ["garbage"],
+        [],
+        encode(["one"]),
+        good[:2],
+        good[:2] + good[1:],
+        ["sparkrig-parts 2", *good[1:]],
+        [good[0], "part 0 0 8 0 b25lCg== -", "one", good[2]],
+    ):
         with pytest.raises(FactProcessError):
             fact().process(output)
-    assert fact().process(encode(["one", "@@n0nce end 0 0"])) == {parts[0]: ["one"]}
+
+
+class Forger(FactBase):
+    """A part whose program prints the reading's structure and another part's answer."""
+
+    def command(self) -> str:
+        return "echo 'part 1 0 8 0 Zm9yZ2VkCg== -'; echo sparkrig-parts-end; echo 'sparkrig-parts 2'"
+
+    @staticmethod
+    def process(output):
+        if any(line.startswith("part ") for line in output):
+            raise ValueError("a line that is no line of this fact")
+        return output
+
+
+@pytest.mark.parametrize("shell", ["dash", "bash"])
+def test_a_part_printing_the_readings_structure_fails_the_host_naming_it_and_forges_nothing(shell):
+    parts = [reading.part(Forger), reading.part(Lines, text="two")]
+    fact = reading.reading_of(parts)
+    command = fact().command(parts=parts).get_raw_value()
+    output = subprocess.run([shell, "-c", command], capture_output=True, check=True).stdout.decode().splitlines()
+    answers = sparkrig_parts.parse(output, 2)
+    assert answers[1] == sparkrig_parts.Answer(0, b"two\nab\n", b"oops\n")  # untouched
+    with pytest.raises(FactProcessError, match=r"reading Forger\(\): its output is refused \(ValueError"):
+        fact().process(output)
+
+
+def test_a_part_that_runs_out_of_time_fails_the_host_saying_so(monkeypatch):
+    monkeypatch.setattr(Silent, "reading_timeout_s", 1, raising=False)
+    parts = [reading.part(Lines, text="one"), reading.part(Silent)]
+    monkeypatch.setattr(Silent, "command", lambda self: "sleep 30")
+    with pytest.raises(FactProcessError, match=r"reading Silent\(\): still running after 1 s: killed"):
+        run(parts)
 
 
 def test_a_part_cannot_end_itself_early_with_another_runs_tag():
-    parts = [reading.part(Lines, text="@@0000 end 0 0")]
-    assert run(parts)[parts[0]] == ["@@0000 end 0 0", "ab"]
+    parts = [reading.part(Lines, text="@@0000 end 0 0"), reading.part(Lines, text="sparkrig-parts-end")]
+    values = run(parts)
+    assert values[parts[0]] == ["@@0000 end 0 0", "ab"] and values[parts[1]] == ["sparkrig-parts-end", "ab"]
 
 
 def test_parts_are_hashable_whatever_their_arguments():

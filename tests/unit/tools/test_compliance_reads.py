@@ -7,6 +7,7 @@ import contextlib
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from testinfra.backend.local import LocalBackend
@@ -119,26 +120,55 @@ def test_prefetched_constants_are_what_the_host_answers_and_cost_no_command():
         assert ran == []
 
 
+_N = len(reads.EVERY_HOST)
+_PART = "part {i} 0 4 0 aWQ= -\n"
+
+
 @pytest.mark.parametrize(
     "output",
     [
         "",  # nothing came back
-        "n0nce:0:aWQ=:\n",  # fewer lines than commands
-        "other:0::\n" * len(reads.EVERY_HOST),  # another run's nonce (or a host printing look-alikes)
-        "n0nce:x::\n" * len(reads.EVERY_HOST),  # no exit status
-        "n0nce:0:not base64!:\n" * len(reads.EVERY_HOST),
+        f"sparkrig-parts {_N}\n" + _PART.format(i=0) + "sparkrig-parts-end\n",  # fewer lines than commands
+        f"sparkrig-parts {_N}\n" + "".join(_PART.format(i=i) for i in range(_N)),  # no end
+        f"sparkrig-parts {_N}\n" + "".join(f"part {i} x 0 0 - -\n" for i in range(_N)) + "sparkrig-parts-end\n",
+        f"sparkrig-parts {_N}\n"
+        + "".join(f"part {i} 0 12 0 not base64!! -\n" for i in range(_N))
+        + "sparkrig-parts-end\n",
+        f"sparkrig-parts {_N}\n" + "".join(_PART.format(i=i) for i in range(_N)) + "more\nsparkrig-parts-end\n",
     ],
 )
 def test_a_prefetch_that_does_not_parse_answers_nothing(output):
     """Output that is not whole is never half-used: the controls then ask for themselves."""
-    assert reads.parse_prefetch(output, reads.EVERY_HOST, "n0nce") == {}
+    assert reads.parse_prefetch(output, reads.EVERY_HOST) == {}
+
+
+def test_a_read_that_prints_the_prefetchs_structure_or_writes_to_inherited_descriptors_forges_nothing(tmp_path):
+    """A read whose program prints lines of the answer's structure, writes to every
+    descriptor it has, and leaves a child holding its output open: its own answer holds
+    those bytes, the others are what the host answers, and the prefetch ends."""
+    hostile = (
+        "echo 'part 0 0 4 0 aWQ= -'; echo sparkrig-parts-end;"
+        " for fd in 3 4 5 6 7 8 9; do (echo 'part 1 0 4 0 aWQ= -' >&$fd) 2>/dev/null; done;"
+        " setsid sh -c 'while :; do echo still; sleep 0.1; done' & echo $! >" + str(tmp_path / "child")
+    )
+    commands = ["echo one", hostile, "echo two"]
+    script = reads.prefetch_script(commands)
+    started = time.monotonic()
+    output = subprocess.run(["bash", "-c", "exec 5>&1; " + script], capture_output=True, text=True, timeout=60).stdout
+    found = reads.parse_prefetch(output, commands)
+    assert time.monotonic() - started < 20
+    assert found["echo one"] == (0, b"one\n", b"") and found["echo two"] == (0, b"two\n", b"")
+    assert found[hostile][1].startswith(b"part 0 0 4 0 aWQ= -\nsparkrig-parts-end\n")
+    time.sleep(0.2)
+    stat = Path(f"/proc/{(tmp_path / 'child').read_text().strip()}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _prefetched(commands: list[str]) -> dict:
     """What the controller would hand a worker for these commands, read by a real shell here."""
-    script = reads.prefetch_script(commands, "n0nce")
+    script = reads.prefetch_script(commands)
     output = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
-    found = reads.parse_prefetch(output, commands, "n0nce")
+    found = reads.parse_prefetch(output, commands)
     assert list(found) == commands
     return found
 
@@ -312,3 +342,19 @@ def test_a_failed_reads_message_escapes_what_the_host_printed():
     message = str(failed.value)
     assert "\x1b" not in message and "\x07" not in message
     assert "\\x1b]0;pwned\\x07" in message and message.startswith("venv-python failed (exit 1): forged\n")
+
+
+def test_a_login_shell_of_the_suite_reads_the_systems_profile_and_nothing_of_the_users(tmp_path):
+    """A user's start-up files can run anything and take any time (a pyenv hook): the
+    suite's login shells read /etc/profile alone, run here by the real bash."""
+    for name in (".profile", ".bash_profile", ".bash_login", ".bashrc"):
+        (tmp_path / name).write_text(f"touch {tmp_path}/ran{name}\nexport FROM_USER=1\n")
+    result = subprocess.run(
+        ["/bin/sh", "-c", "PATH=/usr/bin:/bin " + reads.system_login('echo "PATH=$PATH FROM_USER=$FROM_USER"')],
+        capture_output=True,
+        text=True,
+        env={"HOME": str(tmp_path), "PATH": "/nowhere"},
+        check=True,
+    )
+    assert result.stdout.endswith(" FROM_USER=\n") and "/usr/local/bin" in result.stdout  # /etc/profile's PATH
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ran")) == []

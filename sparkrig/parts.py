@@ -1,0 +1,163 @@
+"""
+Many reads in one remote command, none able to forge or block another's answer: the
+executor of the deploy's one reading (:mod:`sparkrig.reading`) and of the compliance
+suite's prefetch (tests/compliance/reads.py).
+
+:func:`script` runs the commands side by side (:data:`LANES` at once), each from ``/``
+with stdin from ``/dev/null``, its stdout and stderr into files of a fresh ``mktemp -d``
+(0700) and no other descriptor (3 to 9 closed; the script refuses to start with one above 9
+open), in a process group of its own killed when it ended, under ``timeout -k`` and a file
+size limit; any process still holding one of its files is killed before the files are read.
+Only then does the shell print, for each command in order, its exit status and its output
+and standard error, length-delimited and base64-encoded (templates/sparkrig/run-parts.sh).
+No nonce, no tag: nothing a command prints can reach the answer's structure, and there is
+no secret to find on any command line. :func:`parse` refuses anything but that structure.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shlex
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from pyinfra.api import StringCommand
+
+from . import rendering
+
+DRIVER = rendering.script("sparkrig/run-parts.sh")
+LANES = 4  # commands run at once: most parts wait on a disk or a program's start, few on a CPU
+PART_TIMEOUT_S = 60  # each command is killed (TERM, then KILL 2 s later) after this long
+READING_TIMEOUT_S = 120  # no command starts after this long: a reading lasts this + one command's limit
+PART_BYTES = 16 << 20  # each command's stdout, and its stderr, at most (a larger one is not sent)
+# The most a command may write to any file (RLIMIT_FSIZE: killed beyond it): a bound on the
+# host's disk, above what a reading's programs write themselves (apt-cache its caches).
+FILE_BYTES = 256 << 20
+READING_BYTES = 64 << 20  # every command's output together at most (the controller holds it)
+START = "sparkrig-parts"
+END = "sparkrig-parts-end"
+# Exit status of timeout when it killed the command (TERM: 124; KILL after -k: 137), of a
+# command killed by its file size limit (SIGXFSZ: 128 + 25).
+TIMED_OUT = (124, 137)
+OVER_SIZE = 153
+_B64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+
+
+class Answer(NamedTuple):
+    """What one command did: its exit status (an int), or ``"late"`` (not started: the
+    reading's time was spent), ``"over"`` (the reading's bytes were spent), ``"big"`` (an
+    output over its cap, not sent), ``"lost"`` (no status came back); its stdout and stderr
+    as bytes."""
+
+    status: int | str
+    stdout: bytes
+    stderr: bytes
+
+
+def script(
+    commands: Sequence[str | StringCommand],
+    timeouts: Sequence[int] | None = None,
+    *,
+    shell: str = "sh",
+    lanes: int = LANES,
+    reading_timeout_s: int = READING_TIMEOUT_S,
+    part_bytes: int = PART_BYTES,
+    reading_bytes: int = READING_BYTES,
+    file_bytes: int = FILE_BYTES,
+) -> str:
+    """The shell text running ``commands`` (each ``shell -c COMMAND``; ``shell`` is shell
+    syntax: ``"${SHELL:-/bin/sh}"`` for the login shell), each killed after its entry of
+    ``timeouts`` (:data:`PART_TIMEOUT_S` each unless given)."""
+    timeouts = list(timeouts) if timeouts is not None else [PART_TIMEOUT_S] * len(commands)
+    if len(timeouts) != len(commands):
+        raise ValueError("one time limit per command")
+    head = [
+        f"n={len(commands)}",
+        f"lanes={max(1, int(lanes))}",
+        f"blocks={max(1, int(max(file_bytes, part_bytes)) // 512)}",
+        f"cap={int(part_bytes)}",
+        f"reading_s={int(reading_timeout_s)}",
+        # Base64's characters for reading_bytes of output.
+        f"total={(int(reading_bytes) + 2) // 3 * 4}",
+        f"sh={shell}",
+    ]
+    for index, (command, limit) in enumerate(zip(commands, timeouts)):
+        text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        head += [f"c{index}={shlex.quote(text)}", f"t{index}={int(limit)}"]
+    return "\n".join(head) + "\n" + DRIVER
+
+
+def parse(lines: Sequence[str], count: int, *, preamble: bool = False, part_bytes: int = PART_BYTES) -> list[Answer]:
+    """The ``count`` answers :func:`script` printed, in order; ValueError for anything else
+    (a missing or extra line, a field that is not what it must be, an output over
+    ``part_bytes``). With ``preamble``, lines before the start are skipped (a login shell's
+    start-up files print there, before the script runs; nothing a command prints can)."""
+    lines = list(lines)
+    header = f"{START} {count}"
+    if preamble and header in lines:
+        lines = lines[lines.index(header) :]
+    if not lines or lines[0] != header:
+        raise ValueError(f"the reading did not start with {header!r}")
+    if len(lines) != count + 2 or lines[-1] != END:
+        raise ValueError(f"the reading has {len(lines)} lines, not {count + 2} ending in {END!r}")
+    answers = []
+    for index, line in enumerate(lines[1:-1]):
+        fields = line.split(" ")
+        if len(fields) != 7 or fields[0] != "part" or fields[1] != str(index):
+            raise ValueError(f"line {index + 1} of the reading is not part {index}'s")
+        status_text, out_len, err_len, out, err = fields[2:]
+        if status_text in ("late", "over", "lost", "big"):
+            status: int | str = status_text
+        elif status_text.isdigit() and len(status_text) <= 3:
+            status = int(status_text)
+        else:
+            raise ValueError(f"part {index}: status {status_text[:20]!r}")
+        streams = []
+        for length, text in ((out_len, out), (err_len, err)):
+            if not length.isdigit() or len(length) > 12:
+                raise ValueError(f"part {index}: length {length[:20]!r}")
+            text = "" if text == "-" and length == "0" else text
+            if len(text) != int(length) or not _B64.fullmatch(text):
+                raise ValueError(f"part {index}: an output that is not {length} base64 characters")
+            data = base64.b64decode(text, validate=True)
+            if len(data) > part_bytes:
+                raise ValueError(f"part {index}: an output over {part_bytes} bytes")
+            streams.append(data)
+        answers.append(Answer(status, streams[0], streams[1]))
+    return answers
+
+
+def failure(answer: Answer, timeout_s: int = PART_TIMEOUT_S, part_bytes: int = PART_BYTES) -> str | None:
+    """Why ``answer`` is no answer (a command that ran out of time or bytes, or never
+    ran), in words; None for an exit status the command itself chose."""
+    status = answer.status
+    if status == "late":
+        return f"not started: the reading's {READING_TIMEOUT_S} s were spent"
+    if status == "over":
+        return f"not read: the reading's {READING_BYTES} bytes were spent"
+    if status == "lost":
+        return "its status never came back"
+    if status == "big":
+        return f"printed more than {part_bytes} bytes"
+    if status == OVER_SIZE:
+        return f"wrote more than {FILE_BYTES} bytes to a file: killed"
+    if status in TIMED_OUT:
+        return f"still running after {timeout_s} s: killed"
+    return None
+
+
+def contained(command: str | StringCommand, timeout_s: int, part_bytes: int = PART_BYTES) -> str:
+    """Shell text running ``command`` alone as :func:`script` runs a part (stdin from
+    ``/dev/null``, its output into a private file, no other descriptor, killed after
+    ``timeout_s``, whatever it leaves killed when it ends), then printing its stdout and
+    stderr (at most ``part_bytes`` each) and exiting with its status: for a command that
+    must run a program a user controls (as that user), outside any reading, so that the
+    program can neither hold the caller's output open nor outlive the command."""
+    relay = (
+        'read -r h && read -r _ _ s _ _ o e && read -r end && [ "$end" = sparkrig-parts-end ] || exit 1; '
+        '[ "$o" = - ] || printf %s "$o" | base64 -d; [ "$e" = - ] || printf %s "$e" | base64 -d >&2; '
+        'case $s in ""|*[!0-9]*) echo "sparkrig: the command did not end ($s)" >&2; exit 1;; esac; exit "$s"'
+    )
+    driver = script([command], [timeout_s], lanes=1, reading_timeout_s=max(60, timeout_s), part_bytes=part_bytes)
+    return f"sh -c {shlex.quote(driver)} | {{ {relay}; }}"

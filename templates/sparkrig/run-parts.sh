@@ -1,0 +1,97 @@
+# shellcheck shell=sh
+# {% raw %} (this is jinja's: the script holds ${#...}, which jinja would take for a comment)
+# Runs the parts of one reading side by side and prints what each did, once all have ended
+# (sparkrig/parts.py writes the variables before it and reads what it prints).
+# Set before: n parts; c0.. their commands and t0.. their time limits (seconds); lanes (how
+# many run at once); blocks (the most a part may write to any file, in 512-byte blocks: a
+# bound on the disk, above what apt writes to its cache); cap (each output's bytes at most:
+# a larger one is not sent, its status says "big"); reading_s (no part starts after this
+# many seconds); total (the reading's base64 characters at most); sh (the shell that runs a
+# part).
+# No part can forge or block another's answer: each runs with stdin from /dev/null, its
+# stdout and stderr into files of a fresh directory only this user may enter, descriptors
+# 3 to 9 closed (sparkrig's shell opens none above 2, and refuses to start with one open
+# above 9, which sh cannot close), in a process group of its own (timeout's) that is killed
+# once it ended, under timeout and a file-size limit. This shell alone prints, after every
+# part ended: each answer length-delimited and base64-encoded, so no tag or secret is needed.
+# shellcheck disable=SC2154
+umask 077
+cd / || exit 1
+for f in "/proc/$$/fd"/*; do
+  case ${f##*/} in
+    [0-9]) ;;
+    *) [ -e "$f" ] && { echo "sparkrig: the reading inherited descriptor ${f##*/}: refused" >&2; exit 3; } ;;
+  esac
+done
+d=$(mktemp -d) || exit 1
+trap 'rm -rf "$d"' EXIT
+read -r u _ </proc/uptime
+end=$((${u%.*} + reading_s))
+run() {
+  eval "c=\$c$1; t=\$t$1"
+  # The reading's time is spent: this part does not start (its answer says so).
+  read -r u _ </proc/uptime
+  if [ "${u%.*}" -ge "$end" ]; then echo late >"$d/$1.s"; return; fi
+  timeout -k 2 "$t" "$sh" -c "$c" </dev/null >"$d/$1.o" 2>"$d/$1.e" 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
+  p=$!
+  wait "$p"
+  echo "$?" >"$d/$1.s"
+  # What the part left in its process group (timeout's, which set it up) ends with it.
+  kill -s KILL -- "-$p" 2>/dev/null
+}
+k=0
+l=
+while [ "$k" -lt "$lanes" ] && [ "$k" -lt "$n" ]; do
+  (
+    ulimit -f "$blocks"
+    i=$k
+    while [ "$i" -lt "$n" ]; do
+      run "$i"
+      i=$((i + lanes))
+    done
+  ) </dev/null >/dev/null 2>&1 &
+  l="$l $!"
+  k=$((k + 1))
+done
+# shellcheck disable=SC2086
+wait $l
+# A process that left its group (setsid, a double fork) still holding a part's file is
+# killed too, before the files are read: nothing writes them after this point. The list of
+# processes is taken before find looks, so one forked meanwhile is caught by a later round:
+# the rounds end after two in a row found nobody.
+r=0
+z=0
+while [ "$r" -lt 10 ] && [ "$z" -lt 2 ]; do
+  q=$(find /proc/[0-9]*/fd -maxdepth 1 -lname "$d/*" 2>/dev/null | cut -d/ -f3 | sort -u)
+  if [ -n "$q" ]; then
+    z=0
+    # shellcheck disable=SC2086
+    kill -s KILL $q 2>/dev/null
+  else
+    z=$((z + 1))
+  fi
+  r=$((r + 1))
+done
+big=" $(find "$d" -name '*.[oe]' -size +"$cap"c -printf '%f ' 2>/dev/null)"
+echo "sparkrig-parts $n"
+i=0
+a=0
+while [ "$i" -lt "$n" ]; do
+  s=lost
+  [ -f "$d/$i.s" ] && read -r s <"$d/$i.s"
+  o=
+  e=
+  case $big in
+    *" $i.o "* | *" $i.e "*) s=big ;;
+    *)
+      [ -f "$d/$i.o" ] && o=$(base64 -w0 <"$d/$i.o")
+      [ -f "$d/$i.e" ] && e=$(base64 -w0 <"$d/$i.e")
+      ;;
+  esac
+  a=$((a + ${#o} + ${#e}))
+  if [ "$a" -gt "$total" ]; then s=over; o=; e=; fi
+  printf 'part %s %s %s %s %s %s\n' "$i" "$s" "${#o}" "${#e}" "${o:--}" "${e:--}"
+  i=$((i + 1))
+done
+echo sparkrig-parts-end
+# {% endraw %}
