@@ -81,6 +81,8 @@ class PythonStack(FactBase):
                 found[key] = value == "yes"
             elif key in ("wheel", "planned", "other_platform"):
                 found[key if key != "wheel" else "wheels"].append(value)
+            elif key == "python":  # pyvenv.cfg's, the venv owner's: escaped, then no version we want
+                found[key] = host_output.printable(value) or None
             elif key in found:
                 found[key] = value or None
         return found

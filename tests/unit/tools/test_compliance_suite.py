@@ -110,3 +110,43 @@ def test_the_read_only_controls_run_without_workers_and_the_whole_suite_with_the
     conftest.pytest_cmdline_main(whole)
     assert read_only.option.numprocesses == 0
     assert whole.option.numprocesses == conftest.MIN_WORKERS
+
+
+# --- a host's strings in the suite's table --------------------------------------------------
+
+
+def _report(nodeid: str, message: str, outcome: str = "failed"):
+    crash = SimpleNamespace(message=message)
+    return SimpleNamespace(
+        nodeid=nodeid,
+        when="call",
+        failed=outcome == "failed",
+        skipped=outcome == "skipped",
+        passed=outcome == "passed",
+        longrepr=SimpleNamespace(reprcrash=crash) if outcome == "failed" else ("f", 1, f"Skipped: {message}"),
+        keywords={},
+        user_properties=[],
+        start=0,
+        stop=0,
+    )
+
+
+def test_the_per_host_table_escapes_what_a_host_wrote_and_keeps_one_line_per_finding():
+    """A control's finding quotes the host (here a fwupd device's name, as lab/fwupd.py's
+    STAND-IN names it): the table, which the rollout reads line by line, escapes it."""
+    table = conftest.HostTable(["spark-a", "spark-b"])
+    table.add(
+        _report(
+            "tests/compliance/test_updates.py::test_fw[ssh://spark-a]",
+            "AssertionError: device 'NIC \x1b]0;pwned\x07\x1b[31mred\r  spark-b: test_updates.py::test_fw"
+            "[ssh://spark-b]: forged\u2028x\x9b' is not at 2.91",
+        )
+    )
+    table.add(_report("tests/compliance/test_updates.py::test_skip[ssh://spark-b]", "no GPU\x1b[2J", "skipped"))
+    table.add(_report("tests/compliance/test_updates.py::test_fw[ssh://spark-b]", "", "passed"))
+    lines = table.lines()
+    text = "\n".join(lines)
+    assert not any(ch in text for ch in "\x1b\x07\r\u2028\x9b"), repr(text)
+    assert [line for line in lines if "spark-b: test_updates.py" in line] == []
+    assert "device 'NIC \\x1b]0;pwned\\x07\\x1b[31mred" in text
+    assert table.skips[("spark-b", "test_updates.py::test_skip[ssh://spark-b]")] == "no GPU\\x1b[2J"
