@@ -3,6 +3,7 @@ pure rules: each mechanism's test fails when its line is removed."""
 
 from __future__ import annotations
 
+import os
 import time
 from types import SimpleNamespace
 
@@ -150,3 +151,26 @@ def test_the_per_host_table_escapes_what_a_host_wrote_and_keeps_one_line_per_fin
     assert [line for line in lines if "spark-b: test_updates.py" in line] == []
     assert "device 'NIC \\x1b]0;pwned\\x07\\x1b[31mred" in text
     assert table.skips[("spark-b", "test_updates.py::test_skip[ssh://spark-b]")] == "no GPU\\x1b[2J"
+
+
+# --- host.sudo() as root, where sudo is not installed ---------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the path under test is a root login's")
+def test_an_action_controls_sudo_path_runs_as_root_without_sudo(tmp_path, monkeypatch):
+    """testinfra's local backend, as root, with a STAND-IN sudo that is not there (it says
+    "sudo: not found" and fails, as on the lent GPU machine): ``host.sudo()`` and
+    ``host.sudo(user)``, as the action controls use them, run without it."""
+    import testinfra  # noqa: PLC0415
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sudo").write_text("#!/bin/sh\necho 'sudo: not found' >&2\nexit 127\n")  # STAND-IN: no sudo
+    (bin_dir / "sudo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin")
+    host = testinfra.get_host("local://")
+    assert host.run("sudo true").rc == 127  # the stand-in is what the command finds
+    with host.sudo():
+        assert host.check_output("id -u") == "0"
+    with host.sudo("nobody"):
+        assert host.check_output("id -un") == "nobody"
