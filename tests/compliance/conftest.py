@@ -511,6 +511,7 @@ def found(report) -> str:
             line = f"{stderr} (running: {result['command']})"
         else:
             line = f"a command exited {result['rc']}: {stderr or result['command']}"
+    line = printable(line)  # it quotes the host: the table, results.json and the page get it escaped
     if len(line) > FINDING_MAX:
         line = line[: FINDING_MAX - 1] + "…"
     return f"{line} (at setup)" if report.when == "setup" else line
@@ -520,8 +521,8 @@ def skipped(report) -> str:
     """Why a control was skipped (pytest's "Skipped: " taken off)."""
     longrepr = report.longrepr
     if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3:
-        return str(longrepr[2]).removeprefix("Skipped: ")
-    return str(longrepr or "")
+        return printable(str(longrepr[2]).removeprefix("Skipped: "))
+    return printable(str(longrepr or ""))
 
 
 class HostTable:

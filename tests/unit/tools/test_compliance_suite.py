@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.compliance import conftest, reads
+from tests.compliance import conftest, reads, results
 from tests.compliance.test_source_builds import target_problem
 
 
@@ -151,6 +151,12 @@ def test_the_per_host_table_escapes_what_a_host_wrote_and_keeps_one_line_per_fin
     assert [line for line in lines if "spark-b: test_updates.py" in line] == []
     assert "device 'NIC \\x1b]0;pwned\\x07\\x1b[31mred" in text
     assert table.skips[("spark-b", "test_updates.py::test_skip[ssh://spark-b]")] == "no GPU\\x1b[2J"
+    # The same words in results.json (tests/compliance/results.py), from the same helpers.
+    record = results.Record()
+    record.add(
+        _report("tests/compliance/test_updates.py::test_fw[ssh://spark-a]", "AssertionError: NIC \x1b]0;pwned\x07")
+    )
+    assert record.reason == "NIC \\x1b]0;pwned\\x07", record.reason
 
 
 # --- host.sudo() as root, where sudo is not installed ---------------------------------------
