@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import rendering
+from . import host_output, rendering
 
 APPLIED = "/run/sparkrig/gpu-policy.applied"  # the GPU policy unit's record of this boot (templates/gpu_policy)
 QUERY_TIMEOUT_S = 20
@@ -137,9 +137,9 @@ def parse(output: Sequence[str]) -> dict[str, Any]:
             if section == "none":
                 found["problem"] = "no nvidia-smi on the host (no NVIDIA driver)"
             elif section == "untrusted":
+                where = host_output.printable(" ".join(words[1:])[:200])
                 found["problem"] = (
-                    f"{' '.join(words[1:])[:200]} is not root's alone (another user owns it or may "
-                    "change it): not run as root"
+                    f"{where} is not root's alone (another user owns it or may change it): not run as root"
                 )
             elif section == "query":
                 status, field = int(words[1]), words[2] if len(words) > 2 else None
@@ -150,7 +150,8 @@ def parse(output: Sequence[str]) -> dict[str, Any]:
         if section in body:
             body[section].append(line)
     if found["problem"]:
-        said = " ".join(line.strip() for line in body["query"] if line.strip())[:300]
+        # nvidia-smi's own words, only shown: escaped (host_output.printable), not refused.
+        said = host_output.printable(" ".join(line.strip() for line in body["query"] if line.strip())[:300])
         found["problem"] += f": {said}" if said and found["reasons_field"] else ""
     else:
         found["gpus"] = [gpu_line(line) for line in body["query"] if line.strip()]

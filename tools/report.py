@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from sparkrig import host_output, reading
 from sparkrig import profile as profiles
 from sparkrig.connection import from_slash
+from sparkrig.host_output import printable
 from sparkrig.operations import declaring
 from sparkrig.operations.gpu_policy.deploy import GPU
 from sparkrig.operations.updates.deploy import firmware_part, versions_part
@@ -187,17 +187,6 @@ def differing(
             if tie or cells[column] != top:
                 found[name].append(column)
     return found
-
-
-def printable(text: str) -> str:
-    """``text`` with every control, format and separator character escaped (``\\x1b``): a
-    host's strings are data, and an escape sequence in them would drive the terminal."""
-    return "".join(
-        (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
-        if unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp")
-        else ch
-        for ch in text
-    )
 
 
 def table(

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
+from sparkrig.host_output import printable
 from sparkrig.tools.rollout_plan import (
     CONVERGED,
     FAILED,
@@ -147,11 +148,14 @@ def failed_hosts(hosts: Sequence[str], report: dict | None) -> list[str]:
 
 def deploy_error(host: str, report: dict | None, log: str) -> str:
     """Why the deploy failed on ``host``: the operation that failed and the host's last error
-    line in pyinfra's log (a sparkrig script's own message, or pyinfra's "Could not connect")."""
+    line in pyinfra's log (a sparkrig script's own message, or pyinfra's "Could not connect").
+    A line is the host's only when pyinfra's prefix for it starts the line: another host's
+    output may hold ``[HOST]`` anywhere (lines are split at newlines alone, as pyinfra ends
+    them; what one host printed never becomes a line of another's)."""
     operations = ((report or {}).get("results") or {}).get("operations") or []
     failed_op = next((op.get("name", "") for op in operations if host in op.get("error", [])), "")
-    lines = [_ANSI.sub("", line).strip() for line in log.splitlines()]
-    ours = [line.split(f"[{host}]", 1)[1].strip() for line in lines if f"[{host}]" in line]
+    prefix = re.compile(rf"\s*\[{re.escape(host)}\](?: nested)?\s+(?P<said>.*)")
+    ours = [m["said"].strip() for line in log.split("\n") if (m := prefix.fullmatch(_ANSI.sub("", line)))]
     said = [
         line
         for line in ours
@@ -162,40 +166,47 @@ def deploy_error(host: str, report: dict | None, log: str) -> str:
     parts = [part for part in ("deploy", failed_op, said[-1] if said else "") if part]
     if len(parts) == 1:
         parts.append("pyinfra failed (its log is above)")
-    return ": ".join(parts)[:WHY_MAX]
+    return printable(": ".join(parts))[:WHY_MAX]
+
+
+def passed_on(line: str) -> str:
+    """A line of pyinfra's log as the operator's terminal gets it: pyinfra's colours kept,
+    every other control character (a host's own, in its output) escaped."""
+    kept = _ANSI.findall(line)
+    return "".join(printable(part) + (kept[i] if i < len(kept) else "") for i, part in enumerate(_ANSI.split(line)))
 
 
 def converge(inventory: str, hosts: Sequence[str], extra: Sequence[str]) -> dict[str, str]:
-    """``pyinfra -y --json --limit HOSTS INVENTORY deploy.py``, its log passed on to our stderr;
-    the hosts that failed, each with why."""
+    """``pyinfra -y --json --limit HOSTS INVENTORY deploy.py``, its log passed on to our stderr
+    (escaped: :func:`passed_on`); the hosts that failed, each with why."""
     process = subprocess.Popen(
         [PYINFRA, "-y", "--json", *[arg for h in hosts for arg in ("--limit", h)], *extra, inventory, "deploy.py"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
     assert process.stderr is not None and process.stdout is not None
     # The report is read beside the log: a report larger than a pipe's buffer would otherwise
     # hold pyinfra (and so its log) for good.
-    report_text: list[str] = []
-    reader = threading.Thread(target=lambda: report_text.append(process.stdout.read()), daemon=True)
+    report_bytes: list[bytes] = []
+    reader = threading.Thread(target=lambda: report_bytes.append(process.stdout.read()), daemon=True)
     reader.start()
     log = []
-    for line in process.stderr:
-        sys.stderr.write(line)
+    # Bytes, split at b"\n" alone: text mode would also end a line at a host's "\r".
+    for raw in process.stderr:
+        line = raw.decode("utf-8", "replace").removesuffix("\n")
+        sys.stderr.write(passed_on(line) + "\n")
         log.append(line)
     reader.join()
     process.wait()
-    out = "".join(report_text)
     try:
-        report = json.loads(out)
-    except json.JSONDecodeError:
+        report = json.loads(b"".join(report_bytes))
+    except ValueError:
         report = None
     failed = failed_hosts(hosts, report)
     if process.returncode != 0 and not failed:  # pyinfra failed, its report says nothing of whom
         failed = list(hosts)
-    return {h: deploy_error(h, report, "".join(log)) for h in failed}
+    return {h: deploy_error(h, report, "\n".join(log)) for h in failed}
 
 
 def control_host(name: str, hosts: Sequence[str]) -> str | None:
@@ -212,10 +223,18 @@ def proof_outcomes(junit: Path, hosts: Sequence[str], output: str) -> dict[str, 
     failed: dict[str, str] = {}
     ran: set[str] = set()
     findings = {}
-    for line in output.splitlines():  # "  HOST: test_x.py::test_y[ssh://HOST]: what it found"
-        match = re.match(r"  (?P<host>\S+): (?P<control>\S+?\.py::\S+?\])(?:: (?P<found>.*))?$", line)
-        if match:
-            findings.setdefault(match["control"], match["found"] or "")
+    # The suite's table ends its output: its last "failed controls:" block, one line each
+    # ("  HOST: test_x.py::test_y[ssh://HOST]: what it found"); a host's output printed
+    # earlier (a control's traceback) may hold lines of that form, and is not read.
+    lines = output.split("\n")
+    start = max((i + 1 for i, line in enumerate(lines) if line == "failed controls:"), default=len(lines))
+    block = lines[start : next((i for i in range(start, len(lines)) if not lines[i].startswith("  ")), len(lines))]
+    for line in block:
+        match = re.fullmatch(r"  (?P<host>\S+): (?P<control>\S+?\.py::\S+?\])(?:: (?P<found>.*))?", line)
+        # A finding is its host's only when the control is that host's: what one host's
+        # control found never writes another host's reason.
+        if match and control_host(match["control"], [match["host"]]) == match["host"]:
+            findings.setdefault(match["control"], printable(match["found"] or ""))
     for case in ET.parse(junit).getroot().iter("testcase"):
         name = case.get("name", "")
         host = control_host(name, hosts)
@@ -227,13 +246,12 @@ def proof_outcomes(junit: Path, hosts: Sequence[str], output: str) -> dict[str, 
         if problem is None or host in failed:
             continue
         control = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{name}"
-        found = findings.get(control) or (problem.get("message") or "").strip().splitlines()[:1]
-        found = found if isinstance(found, str) else (found[0] if found else "")
+        found = findings.get(control) or printable((problem.get("message") or "").strip().split("\n")[0])
         failed[host] = f"control {control}" + (f": {found}" if found else "")
     for host in hosts:
         if host not in ran:
             failed[host] = "the compliance suite checked nothing on it" + (
-                f" (pytest: {output.strip().splitlines()[-1].strip('= ')})" if output.strip() else ""
+                f" (pytest: {printable(output.strip().split(chr(10))[-1].strip('= '))})" if output.strip() else ""
             )
     return {h: why[:WHY_MAX] for h, why in failed.items()}
 
@@ -260,12 +278,12 @@ def prove(inventory: str, hosts: Sequence[str]) -> dict[str, str]:
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
         )
-        sys.stderr.write(result.stdout)
+        output = result.stdout.decode("utf-8", "replace")  # lines end at "\n" alone, not a host's "\r"
+        sys.stderr.write("\n".join(passed_on(line) for line in output.split("\n")))
         if not junit.exists():
             return {h: f"the compliance suite did not run (pytest exit {result.returncode})" for h in hosts}
-        return proof_outcomes(junit, hosts, result.stdout)
+        return proof_outcomes(junit, hosts, output)
 
 
 @dataclass
@@ -311,7 +329,7 @@ def _reboots(state: State, path: Path, steps: Steps, converged: list[str]) -> li
 
 
 def say(message: str) -> None:
-    print(f"rollout: {message}", file=sys.stderr, flush=True)
+    print(f"rollout: {printable(message)}", file=sys.stderr, flush=True)
 
 
 def run_batches(state: State, path: Path, steps: Steps) -> int:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sparkrig import host_output
+from sparkrig.host_output import printable
 from sparkrig.operations.jobs.operations import PATHS as JOB_COMMANDS
 from sparkrig.operations.updates.facts import reboot_reasons, unexpected
 from sparkrig.operations.updates.settings import DEFAULTS as UPDATES_DEFAULTS
@@ -265,19 +267,25 @@ class PyinfraHosts:
     def _run(self, host: str, *args: str) -> tuple[int, list[str], str]:
         argv = [self.pyinfra, "-y", "--limit", host, *self.data_args, self.inventory, *args]
         try:
-            result = subprocess.run(argv, cwd=self.repo, capture_output=True, text=True, timeout=self.timeout)
+            result = subprocess.run(argv, cwd=self.repo, capture_output=True, timeout=self.timeout)
         except subprocess.TimeoutExpired:
             raise HostError(f"pyinfra took more than {self.timeout:.0f} s") from None
-        text = _ANSI.sub("", result.stderr + result.stdout)
-        return result.returncode, text.splitlines(), text
+        # Lines end at "\n" alone (text mode would also end one at a host's "\r").
+        text = _ANSI.sub("", (result.stderr + result.stdout).decode("utf-8", "surrogateescape"))
+        return result.returncode, text.split("\n"), text
 
     def _exec(self, host: str, command: str) -> list[str]:
+        """What the command printed, one line each (lines that are not text fail the host:
+        host_output.text); HostError, saying why in words escaped, when it failed."""
         code, lines, _ = self._run(host, "--sudo", "exec", "--", command)
         said = [line[len(host) + 3 :] for line in lines if line.startswith(f"[{host}] ")]
         if code != 0:
             problem = [line.strip() for line in lines if "Could not connect" in line or "rror" in line]
-            raise HostError("; ".join((said[-2:] or problem[-1:]) or [f"pyinfra exit {code}"])[:240])
-        return said
+            raise HostError(printable("; ".join((said[-2:] or problem[-1:]) or [f"pyinfra exit {code}"]))[:240])
+        try:
+            return [host_output.text(line, f"a line of {printable(command[:80])}'s output", 1024) for line in said]
+        except ValueError as error:
+            raise HostError(str(error)[:240]) from None
 
     def read(self, host: str) -> Reading:
         facts = [BOOT_ID_FACT, *dict.fromkeys(name for name, _ in REBOOT_READINGS)]
@@ -291,7 +299,12 @@ class PyinfraHosts:
                 pass
         if code != 0 or any(values.get(name) is None for name in facts):
             problem = [line.strip() for line in lines if "Could not connect" in line or "rror" in line]
-            raise HostError((problem[-1] if problem else f"pyinfra fact exit {code}")[:240])
+            raise HostError(printable(problem[-1] if problem else f"pyinfra fact exit {code}")[:240])
+        try:  # what pyinfra printed of the facts, checked as their parsers check them
+            for name in facts:
+                host_output.checked(values[name], name.rsplit(".", 1)[-1])
+        except ValueError as error:
+            raise HostError(str(error)[:240]) from None
         reasons = [reason for name, reasons_of in REBOOT_READINGS for reason in reasons_of(values[name])]
         return Reading(values[BOOT_ID_FACT], reasons, values.get(VERSIONS_FACT) or {})
 

@@ -58,7 +58,8 @@ def _group_members(entry: str) -> list[str] | None:
 
 
 def _decode(values: dict[str, list[str]], key: str) -> str | None:
-    return base64.b64decode(values[key][0]).decode() if key in values else None
+    # A file's body: compared with what the deploy writes, never shown (host_output.Content).
+    return host_output.Content(base64.b64decode(values[key][0]).decode()) if key in values else None
 
 
 class ContainerHost(FactBase):

@@ -111,6 +111,8 @@ class PythonStack(FactBase):
                 match = _DIST_INFO.fullmatch(name)  # another name is in bad_dists already
                 if match:
                     found["urls"][normalise(match[1])] = _direct_url(base64.b64decode(record, validate=True))
+            elif key == "python":  # pyvenv.cfg's, the venv owner's: escaped, then no version we want
+                found[key] = host_output.printable(value) or None
             elif key in found and key not in ("dists", "urls", "bad_dists", "dists_unreadable"):
                 found[key] = value or None
         return found

@@ -171,7 +171,9 @@ class SwapSources(FactBase):
 def _swap_area(line: str) -> dict:
     filename, kind, size, used, priority = line.rsplit(None, 4)
     return {
-        "filename": unmangle(filename.encode("utf-8", "surrogateescape")).decode("utf-8", "surrogateescape"),
+        "filename": host_output.Content(
+            unmangle(filename.encode("utf-8", "surrogateescape")).decode("utf-8", "surrogateescape")
+        ),
         "type": kind,
         "size_kib": int(size),
         "used_kib": int(used),
@@ -182,7 +184,7 @@ def _swap_area(line: str) -> dict:
 def _libmount_swap_sources(lines: list[str]) -> list[str]:
     # findmnt --types matches case-insensitively; libmount's swap areas are type "swap" exactly.
     entries = json.loads("\n".join(lines) or "{}").get("filesystems", [])
-    return [entry["source"] for entry in entries if entry["fstype"] == "swap"]
+    return [host_output.Content(entry["source"]) for entry in entries if entry["fstype"] == "swap"]
 
 
 def _fstab(lines: list[str]) -> dict | None:

@@ -167,7 +167,7 @@ def _fstab_commands(found: Mapping[str, Any], backup: str) -> Iterator[PyinfraCo
     if missed:
         yield messages.refuse(
             f"libmount (findmnt --fstab) reads swap entries in {FSTAB} that sparkrig's parser "
-            f"does not: {', '.join(missed)}; nothing was changed"
+            f"does not: {host_output.printable(', '.join(missed))}; nothing was changed"
         )
         return
     content = disable_swap_entries(fstab["content"])
@@ -222,7 +222,7 @@ def _unit_commands(found: Mapping[str, Any], units: list[str]) -> Iterator[Pyinf
 
 
 def _swapoff_commands(found: Mapping[str, Any]) -> Iterator[PyinfraCommand]:
-    areas = ", ".join(area["filename"] for area in found["active"])
+    areas = host_output.printable(", ".join(area["filename"] for area in found["active"]))
     if not areas:
         host.noop("/proc/swaps lists no swap")
     elif found["container"]:

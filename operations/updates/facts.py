@@ -217,11 +217,23 @@ _TEXT_LIMIT = 256
 
 
 def _text(value: Any, what: str) -> str:
+    """A string of fwupd's JSON, as it wrote it: a version is compared and named in commands,
+    so a control character in it fails the host (host_output.parses checks every string)."""
     if value is None:
         return ""
     if not isinstance(value, str) or len(value) > _TEXT_LIMIT:
-        raise ValueError(f"fwupd's {what} is not a string of at most {_TEXT_LIMIT} characters: {str(value)[:80]!r}")
+        raise ValueError(
+            f"fwupd's {what} is not a string of at most {_TEXT_LIMIT} characters: "
+            f"{host_output.printable(str(value)[:80])}"
+        )
     return value
+
+
+def _shown(value: Any, what: str) -> str:
+    """A string of fwupd's JSON that is only shown (a device's name, its vendor, an error
+    message): any string a device or its plugin reports, escaped here (``\\x1b``), so the
+    deploy's operation names, the rollout's messages and the reports carry no control byte."""
+    return host_output.printable(_text(value, what))
 
 
 def _update_state(value: Any) -> str:
@@ -255,12 +267,12 @@ def fwupd_device(entry: Any) -> dict:
     if not isinstance(flags, list) or not all(isinstance(f, str) and _FLAG.fullmatch(f) for f in flags):
         raise ValueError(f"fwupd's Flags of {device_id} are {str(flags)[:120]!r}")
     return {
-        "name": _text(entry.get("Name"), "Name") or device_id[:12],
+        "name": _shown(entry.get("Name"), "Name") or device_id[:12],
         "id": device_id,
         "guids": [g.lower() for g in guids],
         "version": _text(entry.get("Version"), "Version"),
-        "vendor": _text(entry.get("Vendor"), "Vendor"),
-        "plugin": _text(entry.get("Plugin"), "Plugin"),
+        "vendor": _shown(entry.get("Vendor"), "Vendor"),
+        "plugin": _shown(entry.get("Plugin"), "Plugin"),
         "flags": flags,
         "update_state": _update_state(entry.get("UpdateState")),
     }
@@ -283,7 +295,7 @@ def fwupd_error(document: Mapping[str, Any], what: str, status: int, limit_s: in
         return f"fwupdmgr {what} did not answer in {limit_s} s: stopped"
     said = document.get("Error")
     message = said.get("Message") if isinstance(said, dict) else None
-    return f"fwupdmgr {what} exited {status}" + (f": {_text(message, 'Error')}" if message else "")
+    return f"fwupdmgr {what} exited {status}" + (f": {_shown(message, 'Error')}" if message else "")
 
 
 def fwupd_devices(document: Mapping[str, Any], what: str) -> list[dict]:
@@ -399,6 +411,7 @@ class BootId(FactBase):
 
     command = "cat /proc/sys/kernel/random/boot_id"
 
+    @host_output.parses
     def process(self, output: list[str]) -> str:
         if len(output) != 1 or not re.fullmatch(r"[0-9a-f-]{36}", output[0]):
             raise ValueError(f"boot_id reads {output[:1]!r}")

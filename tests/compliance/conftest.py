@@ -38,6 +38,7 @@ from testinfra.backend.local import LocalBackend
 from testinfra.backend.ssh import SshBackend
 
 import lab
+from sparkrig.host_output import printable
 from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
 from sparkrig.tools import fleet_page, private
@@ -510,6 +511,7 @@ def found(report) -> str:
             line = f"{stderr} (running: {result['command']})"
         else:
             line = f"a command exited {result['rc']}: {stderr or result['command']}"
+    line = printable(line)  # it quotes the host: the table, results.json and the page get it escaped
     if len(line) > FINDING_MAX:
         line = line[: FINDING_MAX - 1] + "…"
     return f"{line} (at setup)" if report.when == "setup" else line
@@ -519,8 +521,8 @@ def skipped(report) -> str:
     """Why a control was skipped (pytest's "Skipped: " taken off)."""
     longrepr = report.longrepr
     if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3:
-        return str(longrepr[2]).removeprefix("Skipped: ")
-    return str(longrepr or "")
+        return printable(str(longrepr[2]).removeprefix("Skipped: "))
+    return printable(str(longrepr or ""))
 
 
 class HostTable:
@@ -546,15 +548,18 @@ class HostTable:
         if getattr(report, "start", 0):
             span = self.spans.setdefault(target, [report.start, report.stop])
             span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+        # What a control found quotes the host (a device's name, a command's stderr): escaped
+        # here, so the table, the fleet page and the rollout that reads them carry no control
+        # character and no line of another host's.
         if report.failed:
             known[key] = "failed"
-            self.findings.setdefault((target, key), found(report) + results.expired(report))
+            self.findings.setdefault((target, key), printable(found(report) + results.expired(report)))
         elif results.waived(report) and known.get(key) != "failed":
             known[key] = "waived"
-            self.findings.setdefault((target, key), f"{found(report)} ({results.waived(report)})")
+            self.findings.setdefault((target, key), printable(f"{found(report)} ({results.waived(report)})"))
         elif report.skipped and known.get(key) not in ("failed", "waived"):
             known[key] = "skipped"
-            self.skips.setdefault((target, key), skipped(report))
+            self.skips.setdefault((target, key), printable(skipped(report)))
         elif report.when == "call" and report.passed and key not in known:
             known[key] = "passed"
 

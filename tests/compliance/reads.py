@@ -623,9 +623,26 @@ def backend_name(backend: BaseBackend) -> str:
     return "@local" if backend.NAME == "local" else backend.get_hostname()
 
 
+def sudo_command(backend: BaseBackend, command: str, user: str | None) -> str:
+    """``host.sudo()``'s wrapping (testinfra's ``get_sudo_command``), as the reads do it: a
+    root login runs the command itself, or as ``user`` through runuser (a root login may
+    have no sudo at all: testinfra's own wrapping failed there with "sudo: not found"); any
+    other login goes through ``sudo -n`` (no password prompt that would hold the control)."""
+    if user is None:
+        return backend.quote('$(test "$(id -u)" = 0 || echo sudo -n --) /bin/sh -c %s', command)
+    return backend.quote(
+        '$(if test "$(id -u)" = 0; then echo runuser -u %s --; else echo sudo -n -u %s --; fi) /bin/sh -c %s',
+        user,
+        user,
+        command,
+    )
+
+
 def install(backend_class) -> None:
     """Route ``backend_class``'s commands through :class:`HostReads` (one per backend), and
-    refuse any but the layer's while a read-only control runs."""
+    refuse any but the layer's while a read-only control runs; ``host.sudo()`` through
+    :func:`sudo_command`."""
+    backend_class.get_sudo_command = sudo_command
     run = backend_class.run
     if getattr(run, "sparkrig_reads", False):
         return

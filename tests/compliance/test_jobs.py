@@ -326,9 +326,10 @@ def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, read, 
     )
     host.check_output("cd /tmp && SPARKRIG_PROBE='a b$c' spark-run --detach %s -- sh -c %s", job_name, probe)
     unit = f"spark-job-{job_name}.service"
-    assert _wait_for(
-        lambda: len(host.check_output("sudo -n journalctl -q --no-pager -o cat -u %s", unit).splitlines()) >= 5, 30
-    )
+    with host.sudo():
+        assert _wait_for(
+            lambda: len(host.check_output("journalctl -q --no-pager -o cat -u %s", unit).splitlines()) >= 5, 30
+        )
     shown = _show(host, unit, "Slice", "MemoryMax", "MemorySwapMax", "OOMScoreAdjust", "User")
     assert (shown["Slice"], shown["MemorySwapMax"], shown["User"]) == (SLICE, "0", job_user)
     assert shown["OOMScoreAdjust"] == str(settings["jobs_oom_score_adj"])
@@ -359,7 +360,8 @@ def test_stopping_a_job_that_ignores_sigterm_waits_a_bounded_time_saying_what_fo
         ), stop.stderr
         assert f"{job_name} did not stop within 3 s: {unit} is deactivating/stop-sigterm" in stop.stderr, stop.stderr
     finally:
-        host.run("sudo -n systemctl kill --signal=KILL %s", unit)
+        with host.sudo():
+            host.run("systemctl kill --signal=KILL %s", unit)
     assert _wait_for(lambda: (_row(host, job_name) or [""] * 3)[2] != "deactivating", 30), _row(host, job_name)
 
 

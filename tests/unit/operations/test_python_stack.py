@@ -321,7 +321,7 @@ def test_the_fact_reads_the_venvs_files_without_blocking_or_following_links(tmp_
 def test_a_pyvenv_cfg_that_is_not_utf8_is_read_not_fatal():
     lines = ["python 3.12\udcff", "owner spark", "usable yes"]
     found = ps_facts.PythonStack().process(pyinfra_fake.encode(lines))
-    assert found["python"] == "3.12\udcff" and ps_facts.major_minor(found["python"]) != "3.12"
+    assert found["python"] == "3.12\\xff" and ps_facts.major_minor(found["python"]) != "3.12"
 
 
 # The plan ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_host
 
-from sparkrig import atomic, reading
+from sparkrig import atomic, host_output, reading
 from sparkrig import parts as sparkrig_parts
 from sparkrig.operations import declaring, load
 from sparkrig.settings import all_settings, defaults
@@ -51,7 +51,9 @@ class Binary(FactBase):
         return r"printf 'caf\351\n'"
 
     def process(self, output):
-        return list(output)
+        # Bytes kept to be compared (host_output.Content): a plain string holding a byte that
+        # is not UTF-8 is refused where it is parsed (tests/unit/operations/test_host_strings.py).
+        return [host_output.Content(line) for line in output]
 
 
 def run(parts, shell="sh"):

@@ -3,12 +3,13 @@ pure rules: each mechanism's test fails when its line is removed."""
 
 from __future__ import annotations
 
+import os
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from tests.compliance import conftest, reads
+from tests.compliance import conftest, reads, results
 from tests.compliance.test_source_builds import target_problem
 
 
@@ -110,3 +111,72 @@ def test_the_read_only_controls_run_without_workers_and_the_whole_suite_with_the
     conftest.pytest_cmdline_main(whole)
     assert read_only.option.numprocesses == 0
     assert whole.option.numprocesses == conftest.MIN_WORKERS
+
+
+# --- a host's strings in the suite's table --------------------------------------------------
+
+
+def _report(nodeid: str, message: str, outcome: str = "failed"):
+    crash = SimpleNamespace(message=message)
+    return SimpleNamespace(
+        nodeid=nodeid,
+        when="call",
+        failed=outcome == "failed",
+        skipped=outcome == "skipped",
+        passed=outcome == "passed",
+        longrepr=SimpleNamespace(reprcrash=crash) if outcome == "failed" else ("f", 1, f"Skipped: {message}"),
+        keywords={},
+        user_properties=[],
+        start=0,
+        stop=0,
+    )
+
+
+def test_the_per_host_table_escapes_what_a_host_wrote_and_keeps_one_line_per_finding():
+    """A control's finding quotes the host (here a fwupd device's name, as lab/fwupd.py's
+    STAND-IN names it): the table, which the rollout reads line by line, escapes it."""
+    table = conftest.HostTable(["spark-a", "spark-b"])
+    table.add(
+        _report(
+            "tests/compliance/test_updates.py::test_fw[ssh://spark-a]",
+            "AssertionError: device 'NIC \x1b]0;pwned\x07\x1b[31mred\r  spark-b: test_updates.py::test_fw"
+            "[ssh://spark-b]: forged\u2028x\x9b' is not at 2.91",
+        )
+    )
+    table.add(_report("tests/compliance/test_updates.py::test_skip[ssh://spark-b]", "no GPU\x1b[2J", "skipped"))
+    table.add(_report("tests/compliance/test_updates.py::test_fw[ssh://spark-b]", "", "passed"))
+    lines = table.lines()
+    text = "\n".join(lines)
+    assert not any(ch in text for ch in "\x1b\x07\r\u2028\x9b"), repr(text)
+    assert [line for line in lines if "spark-b: test_updates.py" in line] == []
+    assert "device 'NIC \\x1b]0;pwned\\x07\\x1b[31mred" in text
+    assert table.skips[("spark-b", "test_updates.py::test_skip[ssh://spark-b]")] == "no GPU\\x1b[2J"
+    # The same words in results.json (tests/compliance/results.py), from the same helpers.
+    record = results.Record()
+    record.add(
+        _report("tests/compliance/test_updates.py::test_fw[ssh://spark-a]", "AssertionError: NIC \x1b]0;pwned\x07")
+    )
+    assert record.reason == "NIC \\x1b]0;pwned\\x07", record.reason
+
+
+# --- host.sudo() as root, where sudo is not installed ---------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the path under test is a root login's")
+def test_an_action_controls_sudo_path_runs_as_root_without_sudo(tmp_path, monkeypatch):
+    """testinfra's local backend, as root, with a STAND-IN sudo that is not there (it says
+    "sudo: not found" and fails, as on the lent GPU machine): ``host.sudo()`` and
+    ``host.sudo(user)``, as the action controls use them, run without it."""
+    import testinfra  # noqa: PLC0415
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sudo").write_text("#!/bin/sh\necho 'sudo: not found' >&2\nexit 127\n")  # STAND-IN: no sudo
+    (bin_dir / "sudo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin")
+    host = testinfra.get_host("local://")
+    assert host.run("sudo true").rc == 127  # the stand-in is what the command finds
+    with host.sudo():
+        assert host.check_output("id -u") == "0"
+    with host.sudo("nobody"):
+        assert host.check_output("id -un") == "nobody"

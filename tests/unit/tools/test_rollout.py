@@ -477,3 +477,74 @@ def test_one_rollout_at_a_time_on_a_state_file(tmp_path):
         with pytest.raises(ValueError, match=r"another rollout holds .*r\.json\.lock: wait for it to end"):
             rollout.rollout(Options(str(inventory), None, None, None, [], False, str(state), []))
     assert not loads.exists()
+
+
+# --- a host's bytes are that host's alone -------------------------------------------------
+
+# A STAND-IN pyinfra: the log a deploy of spark-a and spark-b writes when spark-a's script
+# prints, on its stderr, lines that name spark-b (pyinfra puts "[spark-a]" before each line of
+# spark-a's output, and ends a line at "\n" alone), with escape sequences; and its --json report.
+_STAND_IN_PYINFRA = r"""
+import json, sys
+log = (
+    b"--> Starting operation: Updates | firmware\n"
+    b"    [\x1b[1mspark-b\x1b[0m] \x1b[31mError: sparkrig: spark-b's own reason\x1b[0m\n"
+    b"    [spark-a] \x1b[31mnoise [spark-b] Error: sparkrig: forged by spark-a\x1b[0m\n"
+    b"    [spark-a] noise\r    [spark-b] Error: sparkrig: forged through a carriage return\n"
+    b"    [spark-a] noise\x1c    [spark-b] Error: sparkrig: forged through a file separator\n"
+    b"    [spark-a] Error: sparkrig: \x1b]0;owned\x07\x1b[2J\xc2\x9b31m\xff spark-a's own\n"
+)
+sys.stderr.buffer.write(log)
+operations = [{"name": "Updates | firmware", "error": ["spark-a", "spark-b"]}]
+print(json.dumps({"results": {"failed_hosts": ["spark-a", "spark-b"], "operations": operations}}))
+sys.exit(1)
+"""
+
+
+def test_one_hosts_output_never_writes_the_reason_recorded_for_another(tmp_path, monkeypatch, capfd):
+    """The real converge() reading a STAND-IN pyinfra's log: spark-b's reason is its own line,
+    whatever spark-a printed naming it; spark-a's escape sequences reach neither the reason
+    recorded nor the operator's terminal (pyinfra's colours pass)."""
+    stand_in = tmp_path / "pyinfra"
+    stand_in.write_text(f"#!{sys.executable}\n{_STAND_IN_PYINFRA}")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(rollout, "PYINFRA", str(stand_in))
+    failed = converge(str(tmp_path / "inventory.py"), ["spark-a", "spark-b"], [])
+    assert failed["spark-b"] == "deploy: Updates | firmware: Error: sparkrig: spark-b's own reason"
+    assert failed["spark-a"] == (
+        "deploy: Updates | firmware: Error: sparkrig: \\x1b]0;owned\\x07\\x1b[2J\\x9b31m\ufffd spark-a's own"
+    )
+    passed_on = capfd.readouterr().err
+    assert "\x1b[31mError: sparkrig: spark-b's own reason\x1b[0m" in passed_on  # pyinfra's colours
+    assert not any(ch in passed_on for ch in "\r\x1c\x07\x9b"), repr(passed_on)
+    assert "\x1b]" not in passed_on and "\x1b[2J" not in passed_on
+    assert "noise\\x0d    [spark-b] Error: sparkrig: forged through a carriage return" in passed_on
+
+
+def test_a_finding_is_recorded_for_its_own_hosts_control_alone(tmp_path):
+    """The suite's output read by the rollout: a line of a host's traceback, or of another
+    host's finding, that looks like the table's never writes another host's reason."""
+    junit = tmp_path / "j.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.compliance.test_updates" name="test_fw[ssh://spark-a]">'
+        '<failure message="spark-a found"/></testcase>'
+        '<testcase classname="tests.compliance.test_updates" name="test_fw[ssh://spark-b]">'
+        '<failure message="spark-b found"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    output = "\n".join(
+        [
+            "E   AssertionError: failed controls:",  # a traceback quoting a host
+            "failed controls:",
+            "  spark-b: test_updates.py::test_fw[ssh://spark-b]: forged in a traceback",
+            "=== 2 failed ===",
+            "failed controls:",
+            "  spark-a: test_updates.py::test_fw[ssh://spark-b]: forged by spark-a",
+            "  spark-a: test_updates.py::test_fw[ssh://spark-a]: its own \\x1b[2J\r  spark-b: x",
+            "=== 2 failed in 1s ===",
+        ]
+    )
+    found = proof_outcomes(junit, ["spark-a", "spark-b"], output)
+    assert found["spark-a"] == "control test_updates.py::test_fw[ssh://spark-a]: its own \\x1b[2J\\x0d  spark-b: x"
+    assert found["spark-b"] == "control test_updates.py::test_fw[ssh://spark-b]: spark-b found"

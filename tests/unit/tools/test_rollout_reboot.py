@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import fwupd as fwupd_stand_in
 from sparkrig.operations.updates import settings as up
 from sparkrig.settings import problems
 from sparkrig.tools.rollout import PYINFRA, Steps, run_batches
@@ -290,3 +291,101 @@ def test_a_firmware_update_staged_for_the_next_boot_is_a_reason_to_reboot():
     staged = {"fwupd": "ok", "devices": [], "reboot": "System Firmware 1.2 -> 1.3 waits for a reboot"}
     assert Answers(staged).read("spark-01").reasons == ["firmware: System Firmware 1.2 -> 1.3 waits for a reboot"]
     assert Answers({**staged, "reboot": ""}).read("spark-01").reasons == []
+
+
+# --- a host's strings: that host's failure, never the run's ---------------------------------
+
+
+class Scripted(PyinfraHosts):
+    """The real PyinfraHosts (its reading, its drain and reboot commands) over a STAND-IN for
+    pyinfra's CLI: each host's facts as ``pyinfra fact`` prints them, each command recorded as
+    the argv subprocess would get, and answered with ``said`` lines."""
+
+    def __init__(self, firmware: dict, said: dict | None = None):
+        super().__init__(PYINFRA, str(REPO), "inventory.py")
+        self.firmware, self.said = firmware, said or {}
+        self.boots = {host: 1 for host in firmware}
+        self.argvs: list[list[str]] = []
+
+    def _run(self, host, *args):
+        argv = [self.pyinfra, "-y", "--limit", host, self.inventory, *args]
+        self.argvs.append(argv)
+        if args[0] == "fact":
+            facts = {
+                "sparkrig.operations.updates.facts.BootId": f"boot-{self.boots[host]}",
+                "sparkrig.operations.updates.facts.Versions": {
+                    "boot_kernels": ["6.1.0"],
+                    "kernel": "6.1.0",
+                    "reboot_required": False,
+                },
+                "sparkrig.operations.updates.facts.Firmware": self.firmware[host] if self.boots[host] == 1 else {},
+            }
+            text = "".join(f"--> Fact data for: {name}\n{json.dumps({host: value})}\n" for name, value in facts.items())
+            return 0, text.split("\n"), text
+        command = args[-1]
+        if "systemctl reboot" in command:
+            self.boots[host] += 1
+        lines = [f"[{host}] {line}" for line in self.said.get((host, command.split()[-1]), [])]
+        return 0, lines, "\n".join(lines)
+
+
+def _hostile_firmware() -> dict:
+    from sparkrig.operations.updates.facts import Firmware  # noqa: PLC0415
+    from tests.unit.operations.test_host_strings import _fwupd_line  # noqa: PLC0415
+
+    return Firmware().process([_fwupd_line(fwupd_stand_in.HOSTILE_DEVICES)])
+
+
+def test_a_device_named_with_nul_and_esc_drains_and_reboots_its_host_with_clean_words(monkeypatch):
+    """lab/fwupd.py's STAND-IN devices, read by the real Firmware parser (names escaped there):
+    the node's reboot goes through, and no argument or message holds a NUL or an ESC."""
+    clock = Clock()
+    remote = Scripted({"a": _hostile_firmware(), "b": {"reboot": ""}})
+    said: list[str] = []
+    outcome = reboot_batch(
+        ["a", "b"],
+        _settings(["a", "b"], cluster={"a": "c1", "b": "c1"}),
+        remote,
+        False,
+        lambda *n: None,
+        said.append,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert outcome == {"a": (REBOOTED, "boot id boot-1 -> boot-2")}
+    words = [word for argv in remote.argvs for word in argv] + said
+    assert not [w for w in words if "\x00" in w or "\x1b" in w or "\x9b" in w], words
+    assert any("System\\x00Firmware (needs-reboot)" in w for w in words if "drain --why" in w)
+
+
+def test_a_hosts_unclean_strings_fail_that_host_naming_them_and_leave_its_cluster_undrained():
+    """What pyinfra printed of a host's facts is checked again here: a NUL in the reboot reason
+    (a fact that did not escape it), or an escape sequence in a job's name, fails that host
+    with the field named; before, the NUL ended the rollout for every host, its cluster's
+    healthy node left drained."""
+    clock = Clock()
+    unclean = {"fwupd": "read", "devices": [], "reboot": "fwupd: System\x00Firmware (pending)"}
+    remote = Scripted({"a": unclean, "b": {"reboot": "fwupd: staged (pending)"}})
+    outcome = reboot_batch(
+        ["a", "b"],
+        _settings(["a", "b"], cluster={"a": "c1", "b": "c1"}),
+        remote,
+        False,
+        lambda *n: None,
+        lambda message: None,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    kind, why = outcome["a"]
+    assert kind == REBOOT_FAILED and "Firmware['reboot'] holds a control character" in why, why
+    assert "\x00" not in why
+    assert outcome["b"] == (REBOOTED, "boot id boot-1 -> boot-2")
+    assert not [argv for argv in remote.argvs if argv[3] == "a" and argv[-2:-1] == ["--"]]  # a: nothing run
+
+    remote = Scripted({"a": {"reboot": "fwupd: staged (pending)"}}, said={("a", "running"): ["job\x1b]0;owned\x07"]})
+    outcome = reboot_batch(
+        ["a"], _settings(["a"]), remote, False, lambda *n: None, lambda m: None, clock=clock, sleep=clock.sleep
+    )
+    kind, why = outcome["a"]
+    assert kind == REBOOT_FAILED and "could not list its jobs" in why and "holds a control character" in why, why
+    assert "\x1b" not in why
