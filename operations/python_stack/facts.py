@@ -104,7 +104,7 @@ class PythonStack(FactBase):
                     if match:
                         found["dists"][normalise(match[1])] = match[2]
                     else:
-                        found["bad_dists"].append(entry[:200])
+                        found["bad_dists"].append(host_output.printable(entry[:200]))  # the owner's name, escaped
             elif key == "url":
                 entry, _, record = value.partition(" ")
                 name = base64.b64decode(entry, validate=True).decode("utf-8", "surrogateescape")

@@ -637,7 +637,7 @@ def test_the_fact_tells_what_the_venv_holds_from_its_records_alone(tmp_path):
     found = ps_facts.PythonStack().process(run.stdout.splitlines())
     assert found["dists"] == {"torch": "2.11.0+cu130", "vllm": "0.20.2", "six": "1.17.0"}
     assert found["urls"] == {"vllm": "https://example.org/vllm.whl"}
-    assert found["bad_dists"] == ["evil\nurl x-1.dist-info"] and not marker.exists()
+    assert found["bad_dists"] == ["evil\\x0aurl x-1.dist-info"] and not marker.exists()
 
 
 def test_a_link_on_the_way_to_the_venvs_records_reads_as_unreadable(tmp_path):
