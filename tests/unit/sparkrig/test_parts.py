@@ -111,7 +111,7 @@ def test_a_hostile_part_neither_forges_nor_blocks_another_part_and_leaves_nothin
     ]
     out, took = run(parts.script(commands, [20] * len(commands)), shell, extra_fd=5)
     answers = parts.parse(out.splitlines(), len(commands))
-    assert took < 15, took
+    assert took < 19, took  # below the parts' 20 s: nothing waited for its limit
     assert answers[0] == parts.Answer(0, b"first\n", b"")
     assert answers[2] == parts.Answer(0, b"", b"")  # stdin is /dev/null
     assert answers[3] == parts.Answer(0, b"last\n", b"")
@@ -137,7 +137,7 @@ def test_a_part_past_its_time_or_its_bytes_is_killed_and_named(shell):
     script = parts.script(commands, [1, 1, 30, 5], part_bytes=1 << 16, file_bytes=1 << 20)
     out, took = run(script, shell)
     answers = parts.parse(out.splitlines(), len(commands), part_bytes=1 << 16)
-    assert took < 10, took
+    assert took < 25, took  # below cat's 30 s
     assert answers[0].status == 124 and "after 1 s" in parts.failure(answers[0], 1)
     assert answers[1].status == 137  # TERM ignored: KILL 2 s later
     assert parts.failure(answers[2], part_bytes=1 << 16) == "printed more than 65536 bytes"
@@ -230,7 +230,7 @@ def test_a_contained_command_relays_its_output_and_status_and_leaves_nothing_beh
     command = f"{sys.executable} -I {program} {tmp_path}; echo said >&2; exit 7"
     started = time.monotonic()
     result = subprocess.run([shell, "-c", parts.contained(command, 20)], capture_output=True, timeout=60)
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 19  # below its 20 s limit
     assert result.returncode == 7 and result.stderr == b"said\n"
     assert result.stdout.startswith(b"part 1 0 8 0 Zm9yZ2VkCg== -\nsparkrig-parts-end\n")
     time.sleep(0.2)
