@@ -84,8 +84,8 @@ while [ "$i" -lt "$n" ]; do
   case $big in
     *" $i.o "* | *" $i.e "*) s=big ;;
     *)
-      [ -f "$d/$i.o" ] && o=$(base64 -w0 <"$d/$i.o")
-      [ -f "$d/$i.e" ] && e=$(base64 -w0 <"$d/$i.e")
+      [ -s "$d/$i.o" ] && o=$(base64 -w0 <"$d/$i.o")
+      [ -s "$d/$i.e" ] && e=$(base64 -w0 <"$d/$i.e")
       ;;
   esac
   a=$((a + ${#o} + ${#e}))

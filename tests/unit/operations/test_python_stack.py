@@ -685,7 +685,7 @@ def test_the_sync_that_runs_the_owners_python_is_contained(tmp_path):
     result = subprocess.run(
         ["sh", "-c", sync.replace(UV, str(stand_in))], capture_output=True, text=True, timeout=120, cwd="/"
     )
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 60  # not the 120 s the held output would cost
     assert result.returncode == 3 and result.stdout.startswith("synced\n"), result.stderr
     child = Path(f"/proc/{(tmp_path / 'child').read_text().strip()}/stat")
     time.sleep(0.2)
