@@ -80,12 +80,12 @@ _UNCLEAN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 class Content(str):
     """A string kept as the host's bytes, to be compared (a file's body, a file's name): its
-    newlines, its length (bounded by its reader) and bytes that are not UTF-8 (as surrogates)
-    pass :func:`checked`, other control characters do not. Never passed as an argument, and
-    shown only through :func:`printable`."""
+    line ends (CRLF too), its length (bounded by its reader) and bytes that are not UTF-8 (as
+    surrogates) pass :func:`checked`, other control characters do not. Never passed as an
+    argument, and shown only through :func:`printable`."""
 
 
-_UNCLEAN_CONTENT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_UNCLEAN_CONTENT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")  # CRLF files pass
 
 
 def printable(text: str) -> str:

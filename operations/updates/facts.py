@@ -217,8 +217,7 @@ _TEXT_LIMIT = 256
 
 
 def _text(value: Any, what: str) -> str:
-    """A string of fwupd's JSON, as it wrote it: a version is compared and named in commands,
-    so a control character in it fails the host (host_output.parses checks every string)."""
+    """A string of fwupd's JSON as written (host_output.parses refuses one that is unclean)."""
     if value is None:
         return ""
     if not isinstance(value, str) or len(value) > _TEXT_LIMIT:

@@ -62,7 +62,7 @@ def test_a_host_string_with_a_control_character_a_byte_not_utf8_or_overlong_is_r
 
 def test_a_tab_and_any_printable_text_pass_and_content_keeps_its_newlines():
     assert host_output.checked({"name": "NVIDIA GB10\tà ✓"}, "F") == {"name": "NVIDIA GB10\tà ✓"}
-    body = host_output.Content('{\n  "a": 1\n}\n' * 2000)
+    body = host_output.Content('{\r\n  "a": 1\n}\n' * 2000)
     assert host_output.checked([body], "F") == [body]
     with pytest.raises(ValueError, match=r"F\[0\] holds a control character"):
         host_output.checked([host_output.Content("a\n\x1b[2J")], "F")
