@@ -144,6 +144,30 @@ def scrape_targets(everyone: Sequence[tuple[str, Mapping[str, Any]]], server: st
     ]
 
 
+def serving_targets(everyone: Sequence[tuple[str, Mapping[str, Any]]], server: str) -> list[tuple[str, str, str]]:
+    """(host's inventory name, model, HOST:PORT) of each served model (serving_models) the
+    server can scrape: vLLM's own /metrics, which its API key does not guard. A model on the
+    loopback is scraped on the server alone; one on every address at the address the deploy
+    reaches its host at; any other at its listen address (its allow must name the server)."""
+    found = []
+    for name, data in everyone:
+        for model in data.get("serving_models") or []:
+            try:
+                address = ipaddress.ip_address(model.get("listen", "127.0.0.1"))
+            except ValueError:
+                continue
+            if address.is_loopback:
+                if name != server:
+                    continue
+                where = f"[{address}]" if address.version == 6 else str(address)
+            elif address.is_unspecified:
+                where = str(data.get("ssh_hostname") or name)
+            else:
+                where = f"[{address}]" if address.version == 6 else str(address)
+            found.append((name, model["name"], f"{where}:{model['port']}"))
+    return found
+
+
 def fleet_problems(
     targeted: Sequence[tuple[str, Mapping[str, Any]]], everyone: Sequence[tuple[str, Mapping[str, Any]]]
 ) -> list[tuple[str, str]]:
