@@ -255,9 +255,9 @@ def model_problem(name: str, found: Mapping[str, Any], unit_active: bool) -> str
             "fifo": "is a FIFO, not a directory",
             None: "was not read",
         }.get(kind, f"is a {kind}, not a directory")
-        return f"model {name!r}: its model directory {said}"
+        return f"model {name}: its model directory {said}"
     if name in found["ports_held"] and not unit_active:
-        return f"model {name!r}: its port is held by another program (ss lists a listener)"
+        return f"model {name}: its port is held by another program (ss lists a listener)"
     return None
 
 

@@ -61,6 +61,17 @@ def api_key(model):
         return stream.read(4096).strip()
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    # The engine is its user's code: a redirect would take root's request, and the key, past
+    # the engine's own IP filter.
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+# No proxy from the environment, no redirect followed.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
+
+
 def http(model, path, body=None, timeout=HTTP_TIMEOUT_S):
     """(status, answer bytes) of one request to the model's endpoint; (None, why) when none came."""
     url = f"http://{model['connect']}:{model['port']}{path}"
@@ -72,7 +83,7 @@ def http(model, path, body=None, timeout=HTTP_TIMEOUT_S):
     request = urllib.request.Request(url, data=data, headers=headers)
     deadline = time.monotonic() + timeout
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
+        with _OPENER.open(request, timeout=timeout) as answer:
             chunks, size = [], 0
             # The socket timeout bounds each read; the deadline bounds a trickle of them.
             while size <= ANSWER_LIMIT and time.monotonic() < deadline:

@@ -10,6 +10,7 @@ import http.server
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -18,12 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig import rendering
 from sparkrig import settings as sparkrig_settings
 from sparkrig.operations import load
 from sparkrig.operations.jobs import operations as jobs_ops
 from sparkrig.operations.serving import deploy as serving
 from sparkrig.operations.serving import facts as serving_facts
 from sparkrig.resources import TEMPLATES
+from tests.unit.pyinfra_fake import HOST_STATE, execute, host_state
 
 load()
 HELPER = TEMPLATES / "serving" / "sparkrig-serving.py"
@@ -191,11 +194,28 @@ def test_the_fact_reads_each_models_directory_without_following_it(tmp_path):
     found = fact.process(out.stdout.splitlines())
     assert found["models"] == {"dir": "dir", "link": "link", "fifo": "fifo", "huge": "file", "gone": "missing"}
     assert serving.model_problem("link", found, False) == (
-        "model 'link': its model directory is a symbolic link (the model's directory itself, not a link to one)"
+        "model link: its model directory is a symbolic link (the model's directory itself, not a link to one)"
     )
     assert "is a FIFO" in serving.model_problem("fifo", found, False)
     assert "is a file, not a directory" in serving.model_problem("huge", found, False)
     assert serving.model_problem("dir", found, False) is None
+
+
+def test_the_fact_finds_a_cache_entry_under_the_owners_home_and_a_held_port(tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        fact = serving_facts.ServingHost()
+        models = (("cache", "~root/.sparkrig-test-no-such-cache/hub/models--org--name", port),)
+        command = fact.command(models=models, unit_prefix="spark-serve-test-nothing-")
+        out = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=30, cwd="/")
+        found = fact.process(out.stdout.splitlines())
+    finally:
+        listener.close()
+    assert found["models"] == {"cache": "missing"}
+    assert found["ports_held"] == ["cache"]
 
 
 def test_the_fact_refuses_a_line_it_does_not_know():
@@ -213,12 +233,19 @@ class Engine:
         self.running, self.tokens, self.health = 0, 0, 200
         self.metrics_text: bytes | None = None
         self.hang = False
+        self.redirect = ""
         self.completions = 0
+        self.paths: list[str] = []
         engine = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
+
+            def parse_request(self):
+                ok = super().parse_request()
+                engine.paths.append(self.path)
+                return ok
 
             def _answer(self, code, body: bytes):
                 if engine.hang:
@@ -230,7 +257,12 @@ class Engine:
                 self.wfile.write(body)
 
             def do_GET(self):
-                if self.path == "/health":
+                if engine.redirect:
+                    self.send_response(302)
+                    self.send_header("Location", engine.redirect)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                elif self.path == "/health":
                     self._answer(engine.health, b"")
                 elif self.path == "/metrics":
                     self._answer(200, engine.metrics_text or engine.metrics())
@@ -420,6 +452,20 @@ def test_the_probe_writes_its_metrics_only_into_a_directory_roots_alone(helper_e
     assert not list(helper_env["tmp"].rglob("sparkrig_serving.prom"))
 
 
+def test_the_probe_follows_no_redirect_an_engine_answers(helper_env, engine):
+    """The engine is its user's code: a redirect would carry root's request and the key past
+    the engine's IP filter. Answered with one, the probe counts /health as failed."""
+    elsewhere = Engine()
+    try:
+        engine.redirect = f"http://127.0.0.1:{elsewhere.port}/health"
+        for _ in range(3):
+            _helper(helper_env, "probe")
+        assert elsewhere.paths == []
+        assert "systemctl restart --no-block spark-serve-small.service" in _calls(helper_env)
+    finally:
+        elsewhere.server.shutdown()
+
+
 def test_the_probe_skips_a_unit_that_is_not_active(helper_env, engine):
     standin = helper_env["tmp"] / "bin" / "systemctl"
     standin.write_text(f'#!/bin/sh\necho "systemctl $*" >> {helper_env["calls"]}\necho ActiveState=inactive\n')
@@ -550,3 +596,120 @@ exit 0
 def test_the_helper_is_run_with_python_from_root_alone():
     assert HELPER.read_text().startswith("#!/usr/bin/python3 -I\n")
     assert shutil.which(PYTHON) or sys.executable
+
+
+# the deploy, planned ------------------------------------------------------------------------
+
+KEYED = {**MODEL, "name": "keyed", "port": 8001, "model": "/srv/models/keyed", "key": True}
+DATA_ = {"python_venv_owner": "spark", "serving_models": [MODEL, KEYED]}
+
+
+def _converged_files(data=DATA_) -> dict:
+    settings = _settings(**{k: v for k, v in data.items() if k != "python_venv_owner"})
+    files = {
+        serving.HELPER: (serving.render_helper(), 0o755),
+        serving.CONFIG: serving.render_config(settings),
+        serving.PROBE_SERVICE_FILE: rendering.render(
+            "serving/sparkrig-serving-probe.service.j2",
+            description=serving.PROBE_DESCRIPTION,
+            helper=serving.HELPER,
+            timeout_s=serving.PROBE_TIMEOUT_S,
+        ),
+        serving.PROBE_TIMER_FILE: rendering.render(
+            "serving/sparkrig-serving-probe.timer.j2",
+            description=serving.PROBE_DESCRIPTION,
+            interval_s=settings["serving_probe_interval_s"],
+        ),
+        serving.JOB_DRAIN: None,
+    }
+    for model in settings["serving_models"]:
+        files[serving.unit_file_path(model["name"])] = serving.render_unit(model, settings)
+        if model.get("key"):
+            files[serving.key_file(model["name"])] = ("0" * 64, 0o600)
+    return files
+
+
+def _host(files=None, active=True, kinds=None, held=(), unit_files=None) -> dict:
+    units = {serving.PROBE_TIMER: (active, active)}
+    units.update({serving.unit_name(m["name"]): (active, True) for m in DATA_["serving_models"]})
+    names = [m["name"] for m in DATA_["serving_models"]]
+    fact = [f"model {(kinds or {}).get(n, 'dir')} {n}" for n in names] + [f"held {n}" for n in held]
+    fact += [f"unitfile {u}" for u in (unit_files if unit_files is not None else map(serving.unit_name, names))]
+    fact.append("probe")
+    return {
+        HOST_STATE: host_state(files={**_converged_files(), **(files or {})}, units=units),
+        "echo probe": fact,
+        "--property SubState": ["Id=x", f"SubState={'running' if active else 'dead'}"],
+        "--property UnitFileState": ["Id=x", "UnitFileState=enabled"],
+    }
+
+
+def _names(ops) -> list[str]:
+    return [op.name.removeprefix("Serving | ") for op in ops]
+
+
+def test_a_converged_host_gets_no_operation():
+    assert execute(serving.serving, data=DATA_, responses=_host()) == []
+
+
+def test_a_fresh_host_gets_the_helper_its_key_units_and_starts_them():
+    fresh = {path: None for path in _converged_files()}
+    ops = execute(serving.serving, data=DATA_, responses=_host(files=fresh, active=False, unit_files=[]))
+    names = _names(ops)
+    for wanted in (
+        f"Serving helper: guard, readiness, probe ({serving.HELPER})",
+        "Each keyed model has its API key, root's, mode 0600",
+        "Model endpoint units (/etc/systemd/system/spark-serve-NAME.service)",
+        "Model endpoints are running and answer",
+        "Serving probe's timer is enabled and running",
+    ):
+        assert wanted in names, names
+    key = next(op for op in ops if op.name.endswith("mode 0600"))
+    assert key.commands[0].startswith("umask 077 && ") and "/dev/urandom" in key.commands[0]
+    assert key.commands[0].endswith(
+        "&& chown root:root /etc/sparkrig/serving/keyed.key && chmod 600 /etc/sparkrig/serving/keyed.key"
+    )
+    assert not any("0" * 64 in command for op in ops for command in op.commands)
+
+
+def test_a_key_file_another_user_could_read_is_made_roots_alone_again():
+    loose = {serving.key_file("keyed"): ("0" * 64, 0o644)}
+    ops = execute(serving.serving, data=DATA_, responses=_host(files=loose))
+    assert _names(ops) == ["Each keyed model has its API key, root's, mode 0600"]
+
+
+def test_a_drained_host_gets_its_units_and_starts_none():
+    fresh = {serving.unit_file_path("small"): None, serving.JOB_DRAIN: "since=x\n"}
+    ops = execute(serving.serving, data=DATA_, responses=_host(files=fresh, active=False))
+    assert "Model endpoints are running and answer" not in _names(ops)
+    assert "Model endpoint units (/etc/systemd/system/spark-serve-NAME.service)" in _names(ops)
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"), [("link", "is a symbolic link"), ("fifo", "is a FIFO"), ("missing", "is missing")]
+)
+def test_a_model_directory_swapped_for_a_link_or_a_fifo_fails_that_host_naming_it(kind, said):
+    ops = execute(serving.serving, data=DATA_, responses=_host(kinds={"keyed": kind}, active=False))
+    assert _names(ops) == ["Every served model's directory and port are there for it"]
+    assert f"model keyed: its model directory {said}" in ops[0].commands[0]
+
+
+def test_a_port_another_program_holds_fails_that_host_naming_the_model():
+    ops = execute(serving.serving, data=DATA_, responses=_host(active=False, held=["small"]))
+    assert _names(ops) == ["Every served model's directory and port are there for it"]
+    assert "model small: its port is held by another program" in ops[0].commands[0]
+
+
+def test_a_model_no_longer_listed_has_its_unit_stopped_and_removed():
+    ops = execute(
+        serving.serving,
+        data=DATA_,
+        responses=_host(
+            unit_files=["spark-serve-small.service", "spark-serve-keyed.service", "spark-serve-old.service"]
+        ),
+    )
+    assert _names(ops) == ["Stop and remove the units of models no longer served"]
+    assert ops[0].commands[:2] == [
+        "systemctl disable --now spark-serve-old.service",
+        "rm -f /etc/systemd/system/spark-serve-old.service",
+    ]
