@@ -10,6 +10,7 @@ from typing import Any
 
 from sparkrig.operations.metrics import settings as metrics_settings
 from sparkrig.operations.metrics.settings import listen_address
+from sparkrig.operations.serving import settings as serving_settings
 from sparkrig.settings import Setting, declare, defaults, int_range
 
 # Where the metrics concern's node exporter listens unless a host's data says otherwise.
@@ -111,8 +112,11 @@ SETTINGS = (
     ),
 )
 
-# The settings this concern's deploy reads: its own, and where each host's metrics are served.
-DEFAULTS = defaults((*SETTINGS, *metrics_settings.SETTINGS))
+# The settings this concern's deploy reads: its own, where each host's metrics are served, and
+# the models each host serves (their engines are scraped too).
+DEFAULTS = defaults(
+    (*SETTINGS, *metrics_settings.SETTINGS, *(s for s in serving_settings.SETTINGS if s.key == "serving_models"))
+)
 
 
 # The fleet: who scrapes whom -------------------------------------------------------------

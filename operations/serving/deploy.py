@@ -135,7 +135,7 @@ def render_config(settings: Mapping[str, Any]) -> str:
         "compact_file": COMPACT,
         "preflight": PREFLIGHT,
         "state_dir": STATE_DIR,
-        "textfile_dir": TEXTFILE_DIR if settings.get("metrics_enabled", True) else "",
+        "textfile_dir": TEXTFILE_DIR if settings["metrics_enabled"] else "",
     }
     return json.dumps(config, indent=1, sort_keys=True) + "\n"
 
@@ -202,7 +202,7 @@ CONFIG_VALIDATOR = (PYTHON, "-I", "-c", "import json, sys; json.load(open(sys.ar
 def hub_cache(settings: Mapping[str, Any]) -> str:
     """Where a Hugging Face id is looked up: the shared model cache's hub (jobs_model_cache, the
     HF_HOME the CUDA env file names), else the venv owner's own."""
-    home = settings.get("jobs_model_cache") or f"~{settings['python_venv_owner']}/.cache/huggingface"
+    home = settings["jobs_model_cache"] or f"~{settings['python_venv_owner']}/.cache/huggingface"
     return f"{home}/hub"
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from sparkrig import stack_locks
 from sparkrig.operations.cuda_env import settings as cuda_env_settings
+from sparkrig.operations.jobs import settings as jobs_settings
+from sparkrig.operations.metrics import settings as metrics_settings
 from sparkrig.operations.metrics.settings import allow_check
 from sparkrig.settings import Setting, boolean, declare, defaults, int_range
 
@@ -193,11 +195,14 @@ SETTINGS = (
 declare(__name__, SETTINGS)
 
 # The deploy's data_defaults: its own settings, the venv (path and owner) whose vLLM it runs,
-# and the CUDA env file the units read.
+# the CUDA env file the units read, the shared model cache a Hugging Face id is found in, and
+# whether node exporter's textfile directory is there for the probe's metrics.
 DEFAULTS = defaults(
     (
         *SETTINGS,
         *(s for s in stack_locks.SETTINGS if s.key in ("python_venv_path", "python_venv_owner")),
         *(s for s in cuda_env_settings.SETTINGS if s.key == "cuda_env_file"),
+        *(s for s in jobs_settings.SETTINGS if s.key == "jobs_model_cache"),
+        *(s for s in metrics_settings.SETTINGS if s.key == "metrics_enabled"),
     )
 )
