@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -161,6 +162,25 @@ def test_a_keyed_exposed_unit_gets_its_key_from_systemds_credentials_never_on_a_
     start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
     assert start.startswith("ExecStart=/usr/bin/python3 -I /usr/local/sbin/sparkrig-serving exec VLLM_API_KEY -- ")
     assert "api-key" not in start
+
+
+def test_systemd_reads_the_unit_without_a_complaint(tmp_path):
+    """systemd's own parser (systemd-analyze verify): every key known and well formed. systemd
+    before 254 knows no RestartSteps=/RestartMaxDelaySec= (Debian 12's 252) and ignores them,
+    keeping RestartSec='s fixed delay."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    model = {**MODEL, "listen": "10.0.0.5", "allow": ["10.0.0.0/24"], "key": True}
+    unit = tmp_path / "spark-serve-small.service"
+    unit.write_text(serving.render_unit(model, _settings(serving_models=[model], python_venv_owner="nobody")))
+    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    complaints = [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if "Special user nobody" not in line and not re.search(r"Unknown key '(RestartSteps|RestartMaxDelaySec)'", line)
+    ]
+    assert complaints == [], complaints
 
 
 def test_the_validator_refuses_a_unit_that_would_run_something_else(tmp_path):
