@@ -394,17 +394,14 @@ def serving():
         if drained:
             # spark-jobs drain stopped it; undrain starts it.
             continue
+        # A deploy's start is the owner's: it clears the start limit earlier failures reached
+        # (StartLimitBurst=), then returns once the first completion answered (readiness), or
+        # the start failed.
+        start = [StringCommand("systemctl", "reset-failed", unit), StringCommand("systemctl", "restart", unit)]
         if now.get("active") != "active":
-            # Returns once the first completion answered (readiness), or the start failed.
-            systemd.service(name="Model endpoints are running and answer", service=unit, running=True)
+            server.shell(name="Model endpoints are running and answer", commands=start)
         elif changed:
-            systemd.service(
-                name="Restart model endpoints whose unit changed",
-                service=unit,
-                restarted=True,
-                running=True,
-                _if=changed.did_change,
-            )
+            server.shell(name="Restart model endpoints whose unit changed", commands=start, _if=changed.did_change)
     timer = units.get(PROBE_TIMER, {})
     if (timer.get("active"), timer.get("enabled")) != ("active", "enabled"):
         systemd.service(

@@ -126,7 +126,8 @@ def sample(model, names):
     waiting) from its metrics, None when they could not be read."""
     status, _ = http(model, "/health")
     metrics = None
-    code, text = http(model, "/metrics")
+    # An engine that did not answer at all is not asked again: a probe run stays short.
+    code, text = http(model, "/metrics") if status is not None else (None, b"")
     if code == 200:
         try:
             parsed = parse_metrics(text.decode("utf-8"), names)
@@ -218,8 +219,8 @@ def write_in_roots_directory(directory, name, text):
 
 def write_metrics(config, state, shown):
     directory = config.get("textfile_dir")
-    if not directory:
-        return
+    if not directory or not os.path.lexists(directory):
+        return  # no node exporter here (metrics_enabled off, or the concern not deployed)
     lines = []
     for metric, kind, what in (
         ("sparkrig_serving_up", "gauge", "1: the model's unit is active and its /health answered 200"),
