@@ -42,7 +42,7 @@ def state(r) -> dict:
         ),
         "listeners": r.run("ss -Hltnp", sudo=True),
         "keys": r.run(
-            'for f in /etc/sparkrig/serving/*.key; do [ -e "$f" ] && stat -c \'%%n %%a %%U %%G %%F\' "$f"; done; true',
+            'for f in /etc/sparkrig/serving/*.key; do [ -e "$f" ] && stat -c \'%n %a %U %G %F\' "$f"; done; true',
             sudo=True,
         ),
         "drain": r.run("test -e %s && echo drained || echo serving", DRAIN),
@@ -95,7 +95,8 @@ def test_each_endpoint_listens_where_configured_and_nowhere_else(read, models):
                 continue
             address, _, got = fields[3].rpartition(":")
             if got == str(port):
-                seen.add(address.strip("[]").split("%")[0])
+                # ss writes "*" for every address of both families.
+                seen.add("::" if address == "*" else address.strip("[]").split("%")[0])
         wanted = model.get("listen", "127.0.0.1")
         assert seen, f"nothing listens on port {port} ({model['name']})"
         assert {str(ipaddress.ip_address(a)) for a in seen} == {str(ipaddress.ip_address(wanted))}, (
