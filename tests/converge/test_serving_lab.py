@@ -165,13 +165,17 @@ def test_a_start_without_the_models_memory_is_refused_saying_why(served):
     assert "answered" in _complete()
 
 
-def test_drain_stops_the_endpoint_and_undrain_starts_it(served):
+def test_drain_stops_the_endpoint_a_drained_reboot_keeps_it_stopped_and_undrain_starts_it(served):
     drained = _ssh("sudo spark-jobs drain --why serving-lab-test")
     assert "stopping the model endpoints" in drained and UNIT in drained, drained
     assert _ssh(f"systemctl is-active {UNIT}", check=False).strip() in ("inactive", "failed")
-    # A converge of a drained host starts nothing.
+    # A converge of a drained host starts nothing, nor does its boot (as a rollout's reboot).
     _converge()
     assert _ssh(f"systemctl is-active {UNIT}", check=False).strip() in ("inactive", "failed")
+    lab.restart(HOST)
+    assert _ssh(f"systemctl is-active {UNIT}", check=False).strip() == "inactive"
+    assert "start condition unmet" in _ssh(f"systemctl status {UNIT} --no-pager", check=False)
+    # Undrained, as a rollout does once the host is back: the proof's completion answers.
     _ssh("sudo spark-jobs undrain")
     _wait("undrain starts the endpoint", lambda: "answered" in _complete(), 120)
 
