@@ -19,6 +19,7 @@ from sparkrig.operations.metrics import metrics
 from sparkrig.operations.ngc import ngc
 from sparkrig.operations.prometheus import prometheus
 from sparkrig.operations.python_stack import python_stack
+from sparkrig.operations.serving import serving
 from sparkrig.operations.source_builds import source_builds
 from sparkrig.operations.sshd_guard import sshd_guard
 from sparkrig.operations.swap import swap
@@ -39,5 +40,6 @@ containers()  # Docker and the NVIDIA container toolkit, the `nvidia` runtime me
 ngc()  # off by default: NVIDIA's PyTorch image pinned by digest (or built on it), `spark-container`, JupyterLab on 127.0.0.1
 python_stack()  # uv, and a venv holding the controller's lock of `group_data/python_stack.yml` (PyPI's CUDA 13.0 PyTorch, a pinned vLLM, extras) and the built wheels
 source_builds()  # optional Triton, xformers, vLLM (wheels into the venv) and your own C/CUDA projects such as NCCL (root-owned prefixes), built from source once per fleet, detached
+serving()  # off unless `serving_models` lists models: one unit each running the venv's vLLM as its owner, ready once a completion answers, a forward-progress probe that restarts a stalled engine, a memory guard, loopback or an allow-list and a key
 cluster()  # off unless a host has `cluster_name`: the ConnectX-7 link, SSH trust between nodes, NCCL's environment, `spark-cluster-check`
 prometheus()  # off unless `prometheus_server` names a host: Debian's Prometheus there scrapes every host, with alert rules (memory low, earlyoom kill, throttling, failed control, reboot pending, host down)

@@ -43,6 +43,7 @@ CONCERNS = (
     "ngc",
     "python_stack",
     "source_builds",
+    "serving",
     "cluster",
     "prometheus",
 )

@@ -13,3 +13,5 @@ JOB_RECORDS = (
 )
 # spark-jobs drain writes it (operations/jobs/); spark-run and spark-container start no job while it exists.
 JOB_DRAIN = "/var/lib/sparkrig/drain"
+# operations/serving/ starts one spark-serve-NAME.service per served model; spark-jobs drain stops them.
+SERVE_UNIT_PREFIX = "spark-serve-"

@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sparkrig import atomic, rendering
-from sparkrig.units import JOB_DRAIN, JOB_RECORDS, JOB_UNIT_PREFIX, SPARK_RUN, TRAINING_SLICE, WATCHDOG_SERVICE
+from sparkrig.units import (
+    JOB_DRAIN,
+    JOB_RECORDS,
+    JOB_UNIT_PREFIX,
+    SERVE_UNIT_PREFIX,
+    SPARK_RUN,
+    TRAINING_SLICE,
+    WATCHDOG_SERVICE,
+)
 
 SLICE = TRAINING_SLICE
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
@@ -75,7 +83,13 @@ def render_commands(
             self_path=SPARK_RUN,
             drain=drain,
         ),
-        "spark-jobs": rendering.render("jobs/spark-jobs.sh.j2", unit_prefix=UNIT_PREFIX, records=RECORDS, drain=drain),
+        "spark-jobs": rendering.render(
+            "jobs/spark-jobs.sh.j2",
+            unit_prefix=UNIT_PREFIX,
+            records=RECORDS,
+            drain=drain,
+            serve_prefix=SERVE_UNIT_PREFIX,
+        ),
         "spark-preflight": rendering.render(
             "jobs/spark-preflight.sh.j2",
             min_available_kib=min_available_kib,

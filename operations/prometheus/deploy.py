@@ -12,7 +12,7 @@ from pyinfra.operations.util import any_changed
 from sparkrig import atomic, host_settings, reading, rendering
 from sparkrig.packages import installed as install_packages
 
-from .settings import DEFAULTS, scrape_targets
+from .settings import DEFAULTS, scrape_targets, serving_targets
 
 PACKAGE = "prometheus"
 SERVICE = "prometheus.service"
@@ -20,6 +20,7 @@ CONFIG = "/etc/prometheus/prometheus.yml"
 RULES = "/etc/prometheus/sparkrig.rules.yml"
 DEFAULT_FILE = "/etc/default/prometheus"
 JOB = "sparkrig"
+SERVING_JOB = "sparkrig-serving"  # each served model's engine, its own /metrics
 # The GPU's clocks event reasons (the metrics concern's names) that SparkGpuThrottled counts:
 # thermal and power, not idling or an application's own clock setting.
 THROTTLE_REASONS = (
@@ -44,11 +45,18 @@ def render_rules(memory_available_min_bytes: int) -> str:
     )
 
 
-def render_config(targets: list[tuple[str, str]], scrape_interval_s: int, evaluation_interval_s: int) -> str:
+def render_config(
+    targets: list[tuple[str, str]],
+    scrape_interval_s: int,
+    evaluation_interval_s: int,
+    serving: list[tuple[str, str, str]] | None = None,
+) -> str:
     return rendering.render(
         "prometheus/prometheus.yml.j2",
         job=JOB,
+        serving_job=SERVING_JOB,
         targets=targets,
+        serving=serving or [],
         rules_file=RULES,
         scrape_interval_s=scrape_interval_s,
         evaluation_interval_s=evaluation_interval_s,
@@ -77,10 +85,13 @@ def reads(settings):
     return [STATE] if settings["prometheus_server"] is not None else []
 
 
-def _targets() -> list[tuple[str, str]]:
+def _everyone() -> list[tuple[str, dict]]:
     # Each host's settings over its data: metrics_listen resolved, ssh_hostname kept.
-    everyone = [(peer.name, {**peer.data.dict(), **host_settings.known(peer)}) for peer in host.inventory]
-    return scrape_targets(everyone, host.name)
+    return [(peer.name, {**peer.data.dict(), **host_settings.known(peer)}) for peer in host.inventory]
+
+
+def _targets() -> list[tuple[str, str]]:
+    return scrape_targets(_everyone(), host.name)
 
 
 @deploy("Fleet Prometheus", data_defaults=DEFAULTS)
@@ -110,7 +121,10 @@ def prometheus():
     files = state["files"]
     rules_text = render_rules(settings.prometheus_memory_available_min_bytes)
     config_text = render_config(
-        _targets(), settings.prometheus_scrape_interval_s, settings.prometheus_evaluation_interval_s
+        _targets(),
+        settings.prometheus_scrape_interval_s,
+        settings.prometheus_evaluation_interval_s,
+        serving_targets(_everyone(), host.name),
     )
     default_text = render_default_file(prometheus_args(settings.prometheus_listen, settings.prometheus_retention_days))
     reload_on = []

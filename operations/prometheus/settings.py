@@ -10,6 +10,7 @@ from typing import Any
 
 from sparkrig.operations.metrics import settings as metrics_settings
 from sparkrig.operations.metrics.settings import listen_address
+from sparkrig.operations.serving import settings as serving_settings
 from sparkrig.settings import Setting, declare, defaults, int_range
 
 # Where the metrics concern's node exporter listens unless a host's data says otherwise.
@@ -111,8 +112,11 @@ SETTINGS = (
     ),
 )
 
-# The settings this concern's deploy reads: its own, and where each host's metrics are served.
-DEFAULTS = defaults((*SETTINGS, *metrics_settings.SETTINGS))
+# The settings this concern's deploy reads: its own, where each host's metrics are served, and
+# the models each host serves (their engines are scraped too).
+DEFAULTS = defaults(
+    (*SETTINGS, *metrics_settings.SETTINGS, *(s for s in serving_settings.SETTINGS if s.key == "serving_models"))
+)
 
 
 # The fleet: who scrapes whom -------------------------------------------------------------
@@ -142,6 +146,30 @@ def scrape_targets(everyone: Sequence[tuple[str, Mapping[str, Any]]], server: st
         for name, data in everyone
         if data.get("metrics_enabled", True) and (found := target(name, data, server)) is not None
     ]
+
+
+def serving_targets(everyone: Sequence[tuple[str, Mapping[str, Any]]], server: str) -> list[tuple[str, str, str]]:
+    """(host's inventory name, model, HOST:PORT) of each served model (serving_models) the
+    server can scrape: vLLM's own /metrics, which its API key does not guard. A model on the
+    loopback is scraped on the server alone; one on every address at the address the deploy
+    reaches its host at; any other at its listen address (its allow must name the server)."""
+    found = []
+    for name, data in everyone:
+        for model in data.get("serving_models") or []:
+            try:
+                address = ipaddress.ip_address(model.get("listen", "127.0.0.1"))
+            except ValueError:
+                continue
+            if address.is_loopback:
+                if name != server:
+                    continue
+                where = f"[{address}]" if address.version == 6 else str(address)
+            elif address.is_unspecified:
+                where = str(data.get("ssh_hostname") or name)
+            else:
+                where = f"[{address}]" if address.version == 6 else str(address)
+            found.append((name, model["name"], f"{where}:{model['port']}"))
+    return found
 
 
 def fleet_problems(

@@ -209,7 +209,10 @@ _NOT_ROOT = {
 }
 # Interpreter paths in a string of their own, each with how it is run (joined_commands checks
 # the command each is joined into).
-_INTERPRETER_PATHS = {".sparkrig-new/bin/python": "uv's new tool environment: `-I -m pip install` follows it"}
+_INTERPRETER_PATHS = {
+    ".sparkrig-new/bin/python": "uv's new tool environment: `-I -m pip install` follows it",
+    "/usr/bin/python3": "the serving helper's and its validators' interpreter: `-I` follows it in each",
+}
 # Texts that name python but are no command, each with what it is.
 _MESSAGES = {"python must be a quoted major.minor version such as '3.12'": "the manifest's key, in an error"}
 _CONTROLLER_TEXT = re.compile(r"uv run python -m |python -m (tools|lab)\b")

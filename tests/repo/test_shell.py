@@ -93,6 +93,7 @@ SAMPLES: dict[str, dict] = {
         "unit_prefix": "spark-job-",
         "records": "/var/lib/sparkrig/jobs",
         "drain": "/var/lib/sparkrig/drain",
+        "serve_prefix": "spark-serve-",
     },
     "jobs/spark-preflight.sh.j2": {"min_available_kib": 8388608, "watchdog_service": "earlyoom.service"},
     "jobs/spark-run.sh.j2": {

@@ -292,6 +292,7 @@ def _spark_jobs(tmp_path: Path, records: Path, drain: Path | None = None) -> Pat
             unit_prefix=jobs_ops.UNIT_PREFIX,
             records=str(records),
             drain=str(drain or tmp_path / "drain"),
+            serve_prefix="spark-serve-",
         ),
     )
 

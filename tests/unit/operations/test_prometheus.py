@@ -14,7 +14,7 @@ import yaml
 
 from sparkrig.operations import prometheus as pm
 from sparkrig.operations.prometheus import deploy as pm_deploy
-from sparkrig.operations.prometheus.settings import fleet_problems, scrape_targets
+from sparkrig.operations.prometheus.settings import fleet_problems, scrape_targets, serving_targets
 from sparkrig.settings import defaults, problems
 from tests.unit.pyinfra_fake import HOST_STATE, execute, host_state, plan
 
@@ -177,6 +177,10 @@ def test_every_alert_rule_has_a_promtool_test_that_expects_it_to_fire():
         "SparkComplianceFailed",
         "SparkRebootPending",
         "SparkHostDown",
+        "SparkServingDown",
+        "SparkServingStalled",
+        "SparkServingRestartLoop",
+        "SparkServingStartRefused",
     ]
     tests = yaml.safe_load((DATA / "sparkrig.rules.test.yml").read_text())["tests"]
     firing = {case["alertname"] for test in tests for case in test["alert_rule_test"] if case["exp_alerts"]}
@@ -378,3 +382,34 @@ def test_rules_promtool_refuses_never_replace_the_live_ones(tmp_path, root):
     Path(temp).write_bytes(content)
     subprocess.run(["sh", "-c", command], check=True, capture_output=True)
     assert live.read_bytes() == content
+
+
+def test_each_served_model_is_scraped_where_it_listens_and_the_configuration_passes_promtool(tmp_path):
+    """vLLM's own /metrics: a model on the loopback from the server alone, one on another
+    address at that address (its allow names the server), one on every address at its host."""
+    everyone = [
+        ("spark-01", {"serving_models": [{"name": "small", "port": 8000}]}),
+        ("spark-02", {"serving_models": [{"name": "big", "port": 8001, "listen": "10.0.0.2"}]}),
+        (
+            "spark-03",
+            {"ssh_hostname": "10.0.0.3", "serving_models": [{"name": "any", "port": 8002, "listen": "0.0.0.0"}]},
+        ),
+        ("spark-04", {"serving_models": [{"name": "hidden", "port": 8003}]}),
+    ]
+    found = serving_targets(everyone, "spark-01")
+    assert found == [
+        ("spark-01", "small", "127.0.0.1:8000"),
+        ("spark-02", "big", "10.0.0.2:8001"),
+        ("spark-03", "any", "10.0.0.3:8002"),
+    ]
+    (tmp_path / "prometheus.yml").write_text(pm_deploy.render_config([("spark-01", "127.0.0.1:9100")], 15, 15, found))
+    config = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
+    assert config["scrape_configs"][1]["job_name"] == "sparkrig-serving"
+    promtool = _promtool()
+    (tmp_path / "sparkrig.rules.yml").write_text(pm_deploy.render_rules(TEST_THRESHOLD))
+    text = (tmp_path / "prometheus.yml").read_text().replace(pm_deploy.RULES, str(tmp_path / "sparkrig.rules.yml"))
+    (tmp_path / "prometheus.yml").write_text(text)
+    result = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

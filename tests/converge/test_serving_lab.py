@@ -1,0 +1,194 @@
+"""
+Serving in systemd, on one lab host: the unit, its readiness, the forward-progress probe, the
+memory guard, the drain and the IP filter, around the lab's engine: a STAND-IN for vLLM
+(lab/serving-engine-standin.py, named as such: the lab has no GPU, and no real CPU engine
+reaches it) put where the venv's bin/vllm would be. The deploy is serving with what it needs
+(tests/converge/serving_deploy.py); everything is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import pytest
+
+import lab
+from tests.conftest import LAB_INVENTORY
+from tests.support import REPO, run_deploy
+
+pytestmark = pytest.mark.lab
+
+HOST = "lab-deb13-b"
+DEPLOY = "tests/converge/serving_deploy.py"
+VENV = "/opt/sparkrig-lab-serving"
+MODEL_DIR = "/srv/sparkrig-lab-model"
+UNIT = "spark-serve-small.service"
+PORT = 18000
+STALL_S = 10
+INTERVAL_S = 5
+
+
+def _settings(**model) -> tuple[str, ...]:
+    models = [{"name": "small", "model": MODEL_DIR, "port": PORT, **model}]
+    return (
+        "--limit",
+        HOST,
+        "--data",
+        "python_venv_owner=spark",
+        "--data",
+        f"python_venv_path={VENV}",
+        "--data",
+        f"serving_models={json.dumps(models)}",
+        "--data",
+        f"serving_stall_s={STALL_S}",
+        "--data",
+        f"serving_probe_interval_s={INTERVAL_S}",
+        "--data",
+        "serving_start_timeout_s=120",
+        "--data",
+        "serving_drain_grace_s=10",
+    )
+
+
+def _ssh(command: str, check: bool = True) -> str:
+    return lab.run_ssh(HOST, command, check=check).stdout
+
+
+def _converge(**model) -> None:
+    result = run_deploy(LAB_INVENTORY, *_settings(**model), deploy=DEPLOY, timeout=900)
+    assert result.returncode == 0, result.log[-3000:]
+
+
+def _complete() -> str:
+    return _ssh("sudo /usr/bin/python3 -I /usr/local/sbin/sparkrig-serving complete small", check=False)
+
+
+@pytest.fixture(scope="module")
+def served(lab_hosts):
+    if HOST not in {h.name for h in lab_hosts}:
+        pytest.skip(f"{HOST} is not in this lab")
+    standin = (REPO / "lab" / "serving-engine-standin.py").read_text()
+    lab.run_ssh(
+        HOST,
+        f"sudo install -d -m 755 {VENV}/bin {MODEL_DIR} && sudo tee {VENV}/bin/vllm >/dev/null "
+        f"&& sudo chmod 755 {VENV}/bin/vllm",
+        input=standin,
+    )
+    started = time.monotonic()
+    first = _converge()
+    yield {"first_s": time.monotonic() - started, "first": first}
+    _ssh(
+        f"sudo spark-jobs undrain; sudo systemctl disable --now {UNIT} sparkrig-serving-probe.timer; "
+        f"sudo rm -rf /etc/systemd/system/{UNIT} /etc/systemd/system/sparkrig-serving-probe.* "
+        f"/usr/local/sbin/sparkrig-serving /etc/sparkrig/serving /var/lib/sparkrig/serving {VENV} {MODEL_DIR}; "
+        "sudo systemctl daemon-reload",
+        check=False,
+    )
+
+
+# The lab's hosts have no curl: a request, its HTTP status printed ("timeout": no answer).
+REQUEST = """\
+import json, sys, urllib.error, urllib.request
+url, body, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+data = body.encode() if body else None
+request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=timeout) as answer:
+        answer.read()
+        print(answer.status)
+except urllib.error.HTTPError as error:
+    print(error.code)
+except OSError:
+    print("timeout")
+"""
+
+
+def _request(url: str, body: str = "", timeout: float = 5, background: bool = False) -> str:
+    lab.run_ssh(HOST, "cat > /tmp/sparkrig-serving-request.py", input=REQUEST)
+    command = f"python3 -I /tmp/sparkrig-serving-request.py {url} {shlex.quote(body)} {timeout}"
+    if background:
+        return _ssh(f"setsid -f {command} </dev/null >/dev/null 2>&1")
+    return _ssh(command, check=False).strip()
+
+
+def _main_pid() -> int:
+    return int(_ssh(f"systemctl show --property MainPID --value {UNIT}").strip())
+
+
+def _wait(what, predicate, seconds: float):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    pytest.fail(f"{what}: not within {seconds} s")
+
+
+def test_a_completion_answers_after_converge_and_a_second_converge_changes_nothing(served):
+    assert "one completion of one token answered" in _complete()
+    # Readiness: the unit turned active only once the engine answered (it sleeps 2 s first).
+    journal = _ssh(f"sudo journalctl -u {UNIT} -o cat --no-pager")
+    assert "ready: one completion of one token answered" in journal, journal[-2000:]
+    second = run_deploy(LAB_INVENTORY, *_settings(), deploy=DEPLOY)
+    assert second.returncode == 0, second.log[-3000:]
+    assert second.changed() == {}, second.changed()
+
+
+def test_a_frozen_engine_is_restarted_within_the_stall_bound(served):
+    before = _main_pid()
+    body = json.dumps({"model": "small", "prompt": "x", "max_tokens": 600})
+    _request(f"http://127.0.0.1:{PORT}/v1/completions", body, timeout=120, background=True)
+    # A probe run sees the request running (and tokens coming) before the engine freezes.
+    time.sleep(INTERVAL_S + 3)
+    _ssh(f"sudo kill -STOP {before}")
+    frozen = time.monotonic()
+    _wait("the probe restarts the frozen engine", lambda: _main_pid() not in (before, 0), STALL_S + 3 * INTERVAL_S + 15)
+    took = time.monotonic() - frozen
+    said = _ssh("sudo journalctl -u sparkrig-serving-probe.service -o cat --no-pager")
+    assert f"{UNIT}: restarted by sparkrig-serving probe: stalled: 1 request(s) running" in said, said[-2000:]
+    assert took <= STALL_S + 2 * INTERVAL_S + 15, took
+    _wait("the restarted engine answers", lambda: "answered" in _complete(), 120)
+
+
+def test_a_start_without_the_models_memory_is_refused_saying_why(served):
+    _converge(min_available_gib=4096)
+    started = time.monotonic()
+    refused = lab.run_ssh(HOST, f"sudo systemctl restart {UNIT}", check=False)
+    assert refused.returncode != 0
+    assert time.monotonic() - started < 60, "the refused start took long"
+    journal = _ssh(f"sudo journalctl -u {UNIT} -o cat --no-pager -n 50")
+    assert "start refused by spark-preflight (exit 4): FAIL memory: MemAvailable" in journal, journal[-2000:]
+    assert f"< {4096 << 20} KiB" in journal
+    _converge()
+    assert "answered" in _complete()
+
+
+def test_drain_stops_the_endpoint_a_drained_reboot_keeps_it_stopped_and_undrain_starts_it(served):
+    drained = _ssh("sudo spark-jobs drain --why serving-lab-test")
+    assert "stopping the model endpoints" in drained and UNIT in drained, drained
+    assert _ssh(f"systemctl is-active {UNIT}", check=False).strip() in ("inactive", "failed")
+    # A converge of a drained host starts nothing, nor does its boot (as a rollout's reboot).
+    _converge()
+    assert _ssh(f"systemctl is-active {UNIT}", check=False).strip() in ("inactive", "failed")
+    lab.restart(HOST)
+    assert _ssh(f"systemctl is-active {UNIT}", check=False).strip() == "inactive"
+    assert "start condition unmet" in _ssh(f"systemctl status {UNIT} --no-pager", check=False)
+    # Undrained, as a rollout does once the host is back: the proof's completion answers.
+    _ssh("sudo spark-jobs undrain")
+    _wait("undrain starts the endpoint", lambda: "answered" in _complete(), 120)
+
+
+def test_a_client_not_allowed_gets_no_answer_and_the_key_is_needed(served):
+    _converge(listen="0.0.0.0", allow=["192.0.2.1"], key=True)
+    own = _ssh("hostname -I").split()[0]
+    assert _request(f"http://127.0.0.1:{PORT}/health") == "200"
+    started = time.monotonic()
+    assert _request(f"http://{own}:{PORT}/health") == "timeout"  # its packets dropped: no answer at all
+    assert time.monotonic() - started >= 4
+    body = json.dumps({"model": "small", "prompt": "x", "max_tokens": 1})
+    assert _request(f"http://127.0.0.1:{PORT}/v1/completions", body) == "401"
+    assert "answered" in _complete()
+    assert _ssh("sudo stat -c '%a %U' /etc/sparkrig/serving/small.key").strip() == "600 root"
+    assert "VLLM_API_KEY" not in _ssh(f"cat /proc/{_main_pid()}/cmdline | tr '\\0' ' '")
