@@ -179,10 +179,27 @@ def test_spark_preflight_passes_on_a_converged_host(read):
     (the lab's hosts share a 24 GiB controller; the default suits a 128 GB Spark), the
     memory threshold is lowered to 1 GiB: the check itself is proven by the next control."""
     result = read(state)["preflight"]
-    assert result.rc == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    assert [line.split()[1] for line in lines] == ["memory:", "swap:", "watchdog:", "strays:", "gpu:"]
-    assert all(line.startswith(("OK ", "SKIP ")) for line in lines), lines
+    problem = preflight_problem(result.rc, result.stdout, result.stderr)
+    assert problem is None, problem
+
+
+PREFLIGHT_CHECKS = ["memory:", "swap:", "watchdog:", "strays:", "gpu:"]
+
+
+def preflight_problem(rc: int, stdout: str, stderr: str) -> str | None:
+    """Why spark-preflight's run is not a pass, in one line that names the check that failed
+    (its FAIL line, which says what it found), or None for a pass."""
+    lines = stdout.splitlines()
+    failed = [line for line in lines if not line.startswith(("OK ", "SKIP "))]
+    if failed:
+        return f"spark-preflight (exit {rc}): " + "; ".join(failed)
+    if rc != 0:
+        said = (stderr.strip().splitlines() or ["nothing on stderr"])[-1]
+        return f"spark-preflight exited {rc} with every check OK or SKIP: {said}"
+    checks = [line.split()[1] if len(line.split()) > 1 else line for line in lines]
+    if checks != PREFLIGHT_CHECKS:
+        return f"spark-preflight ran the checks {checks}, not {PREFLIGHT_CHECKS}"
+    return None
 
 
 def test_spark_preflight_fails_when_memory_is_short(read):
@@ -246,6 +263,13 @@ def _wait_for(what, timeout: float = 60):
             return found
         time.sleep(0.5)
     return what()
+
+
+def _wait_listed(host, name: str, state: str, timeout: float = 60) -> list[str]:
+    """The job's row once `spark-jobs` lists it in ``state`` (waited for, ``timeout`` s at
+    most), else the row it had then (``["(not listed)"]`` when none): for the failure's message."""
+    row = _wait_for(lambda: (_row(host, name) or [""] * 3)[2] == state and _row(host, name), timeout)
+    return row or _row(host, name) or ["(not listed)"]
 
 
 def _fresh_ssh(request, host) -> list[str]:
@@ -370,11 +394,19 @@ def test_a_running_job_name_is_refused_and_others_jobs_cannot_be_stopped(host, j
     the user through spark-jobs."""
     with host.sudo():
         host.check_output("spark-run --detach %s -- sleep 300", job_name)
+    # systemd-run returns once the start is queued; under load the job is listed a little later.
+    listed = _wait_listed(host, job_name, "active")
+    assert listed[1:3] == ["root", "active"], f"root's job {job_name} did not become active within 60 s: {listed}"
     again = host.run("spark-run --detach %s -- true", job_name)
-    assert again.rc == 1 and "is active" in again.stderr, again.stderr
+    assert again.rc == 1 and "is active" in again.stderr, (
+        f"a second spark-run --detach {job_name} while root's runs (exit {again.rc}): {again.stderr.strip()}"
+    )
     refused = host.run(STOP, job_name)
-    assert refused.rc == 1 and "is root's job" in refused.stderr, refused.stderr
-    assert (_row(host, job_name) or [""] * 3)[1:3] == ["root", "active"]
+    assert refused.rc == 1 and "is root's job" in refused.stderr, (
+        f"spark-jobs stop of root's job by {job_user} (exit {refused.rc}): {refused.stderr.strip()}"
+    )
+    after = _row(host, job_name) or ["(not listed)"]
+    assert after[1:3] == ["root", "active"], f"root's job {job_name} after {job_user}'s stop: {after}"
 
 
 RECORDS = "/var/lib/sparkrig/jobs"
