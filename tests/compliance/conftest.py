@@ -175,8 +175,9 @@ def pytest_configure_node(node):
     node.workerinput["sparkrig_constants"] = constants(node.config)
 
 
-def pytest_sessionstart(session):
-    """Without workers, the controls run here: the constants before the first of them."""
+def pytest_collection_finish(session):
+    """Without workers, the controls run here: the constants before the first of them, waited
+    for once the controls are collected (the host's reading runs beside the collection)."""
     constants(session.config)
 
 
