@@ -16,8 +16,6 @@ from types import SimpleNamespace
 
 import pytest
 
-import lab
-from lab.stack import make_locks
 from sparkrig.operations import declaring
 from tests.support import DeployResult, run_deploy
 
@@ -59,6 +57,8 @@ def stock_daemon_json(name: str) -> dict:
     """The daemon.json a lab host starts with. lab-deb13 also trusts the lab's registry
     (plain HTTP on the repository server), as a fleet trusts its own private registry:
     its NGC stand-in image is pulled from there by digest."""
+    import lab  # noqa: PLC0415 - the lab's modules only where a test uses the lab
+
     config = dict(STOCK_DAEMON_JSON[name])
     if name == "lab-deb13":
         hosts = {h["name"]: h for h in json.loads(lab.inventory_path().read_text())["hosts"]}
@@ -113,6 +113,8 @@ def pytest_collection_modifyitems(config, items):
 def write_stock_files(name: str) -> None:
     """The files a host's owner had before sparkrig (``STOCK_FSTAB``, ``STOCK_DAEMON_JSON``):
     on every host the lab boots, and on one a test installs afresh (``lab.recreate``)."""
+    import lab  # noqa: PLC0415
+
     if name in STOCK_FSTAB:
         lab.run_ssh(name, "sudo tee /etc/fstab >/dev/null", input=STOCK_FSTAB[name].decode())
     if name in STOCK_DAEMON_JSON:
@@ -125,6 +127,8 @@ def write_stock_files(name: str) -> None:
 
 @pytest.fixture(scope="session")
 def lab_hosts(request):
+    import lab  # noqa: PLC0415
+
     missing = lab.missing_requirements()
     if missing:
         pytest.skip("the lab cannot run on this machine: " + "; ".join(missing))
@@ -166,6 +170,8 @@ def lab_hosts(request):
 @pytest.fixture(scope="session")
 def lab_locks(lab_hosts) -> list[str]:
     """The lab's locks (``up`` made them; --reuse-lab finds them fresh, or makes them)."""
+    from lab.stack import make_locks  # noqa: PLC0415
+
     return make_locks()
 
 
