@@ -170,7 +170,8 @@ def test_spark_run_passes_on_the_jobs_exit_status(host):
     """Protects against scripts and schedulers that cannot tell a failed job from a
     finished one."""
     with host.sudo():
-        assert host.run("spark-run -- sh -c 'exit 7'").rc == 7
+        ran = host.run("spark-run -- sh -c 'exit 7'")
+        assert ran.rc == 7, f"spark-run passed on exit 7 as {ran.rc}: {ran.stderr.strip()}"
 
 
 def test_spark_preflight_passes_on_a_converged_host(read):
@@ -220,7 +221,9 @@ def test_spark_drop_caches_works_as_root_only(host):
     assert re.fullmatch(r"spark-drop-caches: page cache \d+ MiB before, \d+ MiB after", result.stdout.strip())
     if host.user().name != "root":
         refused = host.run(DROP_CACHES)
-        assert refused.rc == 1 and "must run as root" in refused.stderr
+        assert refused.rc == 1 and "must run as root" in refused.stderr, (
+            f"spark-drop-caches as {host.user().name} (exit {refused.rc}): {refused.stderr.strip()}"
+        )
 
 
 # Detached jobs ---------------------------------------------------------------
@@ -352,7 +355,7 @@ def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, read, 
     unit = f"spark-job-{job_name}.service"
     assert _wait_for(
         lambda: len(host.check_output("sudo -n journalctl -q --no-pager -o cat -u %s", unit).splitlines()) >= 5, 30
-    )
+    ), f"{unit} wrote fewer than its 5 probe lines to the journal within 30 s: {_row(host, job_name)}"
     shown = _show(host, unit, "Slice", "MemoryMax", "MemorySwapMax", "OOMScoreAdjust", "User")
     assert (shown["Slice"], shown["MemorySwapMax"], shown["User"]) == (SLICE, "0", job_user)
     assert shown["OOMScoreAdjust"] == str(settings["jobs_oom_score_adj"])
@@ -427,7 +430,9 @@ def test_old_job_records_are_removed_and_recent_ones_kept(host, settings):
     name = f"sparkrig-check-{uuid.uuid4().hex[:8]}"
     old, new = f"{RECORDS}/root/{name}-old", f"{RECORDS}/root/{name}-new"
     with host.sudo():
-        assert host.service("systemd-tmpfiles-clean.timer").is_running
+        assert host.service("systemd-tmpfiles-clean.timer").is_running, (
+            "systemd-tmpfiles-clean.timer is not running: nothing cleans old job records daily"
+        )
         host.check_output(
             "mkdir -p %s && echo ended > %s && echo ended > %s && touch -d @$(($(date +%%s) - %s)) %s && cat %s",
             f"{RECORDS}/root",
@@ -453,7 +458,7 @@ def test_the_shared_model_cache_belongs_to_its_group(read, settings):
         pytest.skip("jobs_model_cache is empty for this host: each user keeps their own cache")
     found = read(state)
     cache = found["cache"]
-    assert cache.is_directory and not cache.is_symlink
+    assert cache.is_directory and not cache.is_symlink, f"{cache.path} is missing or a link: converge this host again"
     assert (cache.user, cache.group, cache.mode) == ("root", settings["jobs_model_cache_group"], 0o2775)
     assert found["group"].rc == 0, f"group {settings['jobs_model_cache_group']} does not exist"
     for user in settings["jobs_model_cache_users"]:

@@ -93,7 +93,7 @@ def test_prometheus_is_enabled_and_running(read, server):
     before a box freezes, no host-down alert after."""
     service = read(state)["service"]
     assert service.is_enabled, "Prometheus would not start at boot"
-    assert service.is_running
+    assert service.is_running, f"{SERVICE} is not running (journalctl -u {SERVICE} says why)"
 
 
 def test_prometheus_listens_where_the_settings_say(read, settings, server):

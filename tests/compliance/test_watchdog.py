@@ -62,10 +62,10 @@ def test_earlyoom_is_installed_enabled_and_running(read, enabled):
     """Protects against a host with nothing to act before memory runs out: on GB10 a
     failing GPU allocation can freeze the machine before the kernel's OOM killer acts."""
     found = read(state)
-    assert found["package"].is_installed
+    assert found["package"].is_installed, "earlyoom is not installed"
     service = found["service"]
     assert service.is_enabled, "earlyoom would not start at boot"
-    assert service.is_running
+    assert service.is_running, f"{SERVICE} is not running (journalctl -u {SERVICE} says why)"
 
 
 def test_earlyoom_runs_with_the_configured_arguments(read, settings, enabled):
@@ -130,5 +130,5 @@ def test_earlyoom_is_off_when_disabled(read, settings):
     found = read(state)
     if found["package"].is_installed:
         service = found["service"]
-        assert not service.is_running
-        assert not service.is_enabled
+        assert not service.is_running, f"{SERVICE} runs though watchdog_enabled is False"
+        assert not service.is_enabled, f"{SERVICE} would start at boot though watchdog_enabled is False"
