@@ -88,7 +88,7 @@ def pytest_runtest_teardown(item):
 
 def pytest_unconfigure(config):
     path = os.environ.get("SPARKRIG_BENCH_PHASES")
-    if path and not os.environ.get("PYTEST_XDIST_WORKER"):
+    if path and not hasattr(config, "workerinput"):  # the controller's, not an xdist worker's
         Path(path).write_text(json.dumps(_MARKS))
 
 
@@ -143,7 +143,13 @@ def suite(inventory: Path, names: list[str], tmp: Path) -> tuple[float, dict[str
     )
     ended = time.time()
     marks = json.loads(marks_file.read_text()) if marks_file.exists() else {}
-    outcome = (result.stdout.strip().splitlines() or ["?"])[-1].strip("= ")
+    lines = result.stdout.strip().splitlines()
+    outcome = (lines or ["?"])[-1].strip("= ")
+    # The failed controls, one line each under the per-host table (for the table's reader).
+    failed = lines[lines.index("failed controls:") + 1 :] if "failed controls:" in lines else []
+    for line in failed:
+        if line.startswith("  "):
+            print(f"failed: {line.strip()[:300]}", file=sys.stderr)
     return ended - started, phases(marks, started, ended), outcome
 
 

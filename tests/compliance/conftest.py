@@ -195,7 +195,7 @@ def pytest_cmdline_main(config):
         if config.option.numprocesses and config.option.dist in ("no", "load"):
             config.option.dist = "loadgroup"
         return
-    if read_only_selection(getattr(config.option, "markexpr", "")) or not selection_acts(config.args):
+    if read_only_selection(getattr(config.option, "markexpr", "")) or not selection_acts(getattr(config, "args", [])):
         config.option.numprocesses = 0  # answered from the one reading: nothing waits on the network
         return
     hosts = inventory_hosts(config)

@@ -98,7 +98,11 @@ def test_the_suite_s_phases_are_read_from_its_own_marks(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.suite_phases", "-p", "no:cacheprovider", "-n", "0"],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO), "SPARKRIG_BENCH_PHASES": str(marks)},
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},  # not this run's xdist worker
+            "PYTHONPATH": str(REPO),
+            "SPARKRIG_BENCH_PHASES": str(marks),
+        },
         check=True,
         capture_output=True,
         timeout=120,

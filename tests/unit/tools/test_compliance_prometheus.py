@@ -1,7 +1,7 @@
 """The scrape control's verdict does not hang on one failed scrape, and its failure names the
 host that is not up and why: the host-side read (the control's own script, run here against a
-stand-in of Prometheus' targets API) waits, bounded, for a fresh scrape of a target that is
-down, and answers at once when every target is up."""
+stand-in of Prometheus' targets API) waits, bounded, for a target that is down to be scraped
+successfully, and answers at once when every target is up."""
 
 from __future__ import annotations
 
@@ -90,14 +90,11 @@ def test_a_target_down_is_read_again_after_its_next_scrape():
     assert test_prometheus.scrape_problems(found, ["a", "b"]) == []
 
 
-def test_a_host_still_down_after_a_fresh_scrape_fails_naming_it_and_why():
-    def answers(t):
-        last = now() if t > 1 else "2026-11-28T10:00:00Z"
-        return [target("a"), target("b", "down", last=last, error="context deadline exceeded")]
-
-    stand_in = StandIn(answers)
-    found = stand_in.read(30)
-    assert 2 <= stand_in.asked <= 4  # stopped at the fresh scrape, long before the limit
+def test_a_host_still_down_when_the_wait_ends_fails_naming_it_and_why():
+    stand_in = StandIn(lambda t: [target("a"), target("b", "down", last=now(), error="context deadline exceeded")])
+    started = time.monotonic()
+    found = stand_in.read(3)
+    assert 3 <= time.monotonic() - started < 8 and stand_in.asked >= 3
     problems = test_prometheus.scrape_problems(found, ["a", "b", "c"])
     assert problems[0].startswith("b is down (http://b:9100/metrics, last scrape 20")
     assert "context deadline exceeded; check b's node exporter and firewall" in problems[0]
@@ -112,8 +109,8 @@ def test_the_wait_is_bounded():
     assert test_prometheus.scrape_problems(found, ["b"])[0].startswith("b is down")
 
 
-@pytest.mark.parametrize(("interval", "wait"), [(2, 6), (15, 40), (60, 60)])
-def test_the_wait_is_two_intervals_and_a_timeout_at_most_a_minute(interval, wait):
+@pytest.mark.parametrize(("interval", "wait"), [(2, 30), (15, 40), (60, 60)])
+def test_the_wait_is_several_intervals_at_least_half_a_minute_at_most_a_minute(interval, wait):
     assert test_prometheus.fresh_scrape_wait_s({"prometheus_scrape_interval_s": interval}) == wait
 
 
