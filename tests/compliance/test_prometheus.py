@@ -144,9 +144,11 @@ def scrape_problems(targets: list[dict], serving: list[str]) -> list[str]:
         if target is None:
             problems.append(f"{name} is not scraped (no target: converge the Prometheus host again)")
         elif target.get("health") != "up":
+            # Prometheus' error may quote what the target answered: one line, bounded.
+            error = " ".join(str(target.get("lastError") or "no error given").split())[:200]
             problems.append(
                 f"{name} is {target.get('health', 'not up')} ({target.get('scrapeUrl', '?')}, last scrape "
-                f"{target.get('lastScrape', 'never')[:19]}: {target.get('lastError') or 'no error given'}; "
+                f"{str(target.get('lastScrape', 'never'))[:19]}: {error}; "
                 f"check {name}'s node exporter and firewall)"
             )
     extra = sorted(set(by_instance) - set(serving))

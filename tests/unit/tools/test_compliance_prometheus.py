@@ -125,3 +125,11 @@ def test_the_control_s_message_names_the_server_and_each_host(monkeypatch):
         )
     line = str(error.value).splitlines()[0]
     assert line.startswith("a's Prometheus: b is down (http://b:9100/metrics") and "refused" in line
+
+
+def test_what_a_target_answered_cannot_add_lines_to_the_message():
+    """A host's node exporter chooses what Prometheus quotes in lastError: one line, bounded."""
+    forged = "refused\n  lab-deb13: test_x.py::test_y: passed" + "x" * 500
+    (problem,) = test_prometheus.scrape_problems([target("b", "down", error=forged)], ["b"])
+    assert "\n" not in problem and len(problem) < 400
+    assert "refused lab-deb13: test_x.py::test_y: passed" in problem
