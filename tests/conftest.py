@@ -64,6 +64,8 @@ def stock_daemon_json(name: str) -> dict:
     """The daemon.json a lab host starts with. lab-deb13 also trusts the lab's registry
     (plain HTTP on the repository server), as a fleet trusts its own private registry:
     its NGC stand-in image is pulled from there by digest."""
+    import lab  # noqa: PLC0415 - the lab's modules only where a test uses the lab
+
     config = dict(STOCK_DAEMON_JSON[name])
     if name == "lab-deb13":
         hosts = {h["name"]: h for h in json.loads(lab.inventory_path().read_text())["hosts"]}
@@ -118,6 +120,8 @@ def pytest_collection_modifyitems(config, items):
 def write_stock_files(name: str) -> None:
     """The files a host's owner had before sparkrig (``STOCK_FSTAB``, ``STOCK_DAEMON_JSON``):
     on every host the lab boots, and on one a test installs afresh (``lab.recreate``)."""
+    import lab  # noqa: PLC0415
+
     if name in STOCK_FSTAB:
         lab.run_ssh(name, "sudo tee /etc/fstab >/dev/null", input=STOCK_FSTAB[name].decode())
     if name in STOCK_DAEMON_JSON:
@@ -130,6 +134,8 @@ def write_stock_files(name: str) -> None:
 
 @pytest.fixture(scope="session")
 def lab_hosts(request):
+    import lab  # noqa: PLC0415
+
     missing = lab.missing_requirements()
     if missing:
         pytest.skip("the lab cannot run on this machine: " + "; ".join(missing))
@@ -206,6 +212,8 @@ def start_hostile_converge() -> subprocess.Popen | None:
 @pytest.fixture(scope="session")
 def lab_locks(lab_hosts) -> list[str]:
     """The lab's locks (``up`` made them; --reuse-lab finds them fresh, or makes them)."""
+    from lab.stack import make_locks  # noqa: PLC0415
+
     return make_locks()
 
 

@@ -18,7 +18,7 @@ import pytest
 
 # The repository and the pyinfra CLI of this environment: the same for the deploy side.
 from sparkrig.settings import all_settings, defaults
-from sparkrig.tools.rollout import PYINFRA, REPO, limit_hosts, read_inventory
+from sparkrig.tools.rollout import PYINFRA, REPO, limit_hosts, load_inventory
 
 
 def unavailable(why: str) -> NoReturn:
@@ -89,9 +89,10 @@ def inventory_host_data(inventory: str, limit: Sequence[str] = ()) -> dict[str, 
     sparkrig's defaults, restricted as pyinfra's ``--limit`` restricts a deploy (see
     :func:`limit_hosts`).
 
-    Read by :func:`sparkrig.tools.rollout.read_inventory` (pyinfra's ``debug-inventory``).
+    Read in this process by pyinfra's own loader, as ``debug-inventory`` reads it
+    (:func:`sparkrig.tools.rollout.load_inventory`).
     """
-    hosts = read_inventory(inventory)
+    hosts = load_inventory(inventory)
     chosen = limit_hosts({host["name"]: host["groups"] for host in hosts}, limit)
     base = defaults(all_settings())
     return {host["name"]: {**base, **host["data"]} for host in hosts if host["name"] in chosen}

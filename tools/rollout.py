@@ -127,6 +127,56 @@ def read_inventory(inventory: str, timeout: float = 120, data: Sequence[str] = (
     return json.loads(result.stdout)
 
 
+def load_inventory(inventory: str) -> list[dict]:
+    """:func:`read_inventory`'s answer for an inventory file, read in this process by pyinfra's
+    own loader (``pyinfra_cli.inventory.make_inventory``, as ``debug-inventory`` loads it, from
+    the repository, its group_data included; every command from ``/``, as config.py sets it):
+    no second interpreter that imports pyinfra again (0.65 s here, on an idle machine). Every
+    host's settings are validated as config.py validates them before a deploy. Anything but a
+    file (a host list, a module's function) is asked of the CLI. Raises RuntimeError, naming
+    the inventory and why, when it cannot load it or a setting is bad.
+
+    pyinfra_cli's package patches the whole process for gevent when imported, which a
+    caller with threads, subprocesses and signals of its own (pytest) must not get: its
+    loader module is imported without running that package's ``__init__``, which is then
+    forgotten again, so a later ``import pyinfra_cli`` (pyinfra's CLI itself) patches as usual."""
+    path = Path(inventory).resolve()
+    if not path.is_file():
+        return read_inventory(inventory)
+    import importlib  # noqa: PLC0415 - the loader is imported only when an inventory is read
+    import importlib.util  # noqa: PLC0415
+
+    from pyinfra.api import Config, State  # noqa: PLC0415
+    from pyinfra.context import ctx_config, ctx_state  # noqa: PLC0415
+
+    from sparkrig.connection import from_slash  # noqa: PLC0415
+    from sparkrig.operations import declaring  # noqa: PLC0415
+    from sparkrig.settings import validate_hosts  # noqa: PLC0415
+
+    stub = "pyinfra_cli" not in sys.modules
+    if stub:
+        sys.modules["pyinfra_cli"] = importlib.util.module_from_spec(importlib.util.find_spec("pyinfra_cli"))
+    try:
+        make_inventory = importlib.import_module("pyinfra_cli.inventory").make_inventory
+        json_encode = importlib.import_module("pyinfra_cli.util").json_encode
+    finally:
+        if stub:
+            del sys.modules["pyinfra_cli"]
+    state = State(check_for_changes=False)
+    state.cwd = str(REPO)
+    try:
+        with ctx_state.use(state), ctx_config.use(Config()):
+            loaded = make_inventory(str(path), cwd=str(REPO))
+            from_slash(loaded)
+            hosts = [{"name": host.name, "groups": list(host.groups), "data": host.data.dict()} for host in loaded]
+        declaring()
+        validate_hosts([(host["name"], host["data"]) for host in hosts])
+    except (Exception, SystemExit) as error:  # an inventory file may exit, as the lab's does when it is down
+        raise RuntimeError(f"pyinfra could not load {inventory}:\n{error}") from None
+    # As debug-inventory's JSON has it (tuples as lists, pyinfra's own types as it writes them).
+    return json.loads(json.dumps(hosts, default=json_encode))
+
+
 # --- one batch: converge, then prove ----------------------------------------------------
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -178,7 +178,7 @@ def fleet_problems(
     """(host, problem): prometheus_server names a host of the inventory, the same on every
     host, and every host serves its metrics where that host can reach them."""
     servers = {data.get("prometheus_server") for _, data in everyone}
-    if servers == {None}:
+    if servers <= {None}:  # none set, or an inventory without hosts
         return []
     names = [name for name, _ in everyone]
     found: list[tuple[str, str]] = []

@@ -8,8 +8,10 @@ reaches each host with the inventory's own SSH settings (ssh_hostname, ssh_user,
 ssh_port, ssh_key, known hosts) through testinfra's ``ssh://`` backend, and checks
 it against the settings pyinfra would deploy to it (group_data included).
 ``--limit`` picks hosts as pyinfra's does (a group, or a host name glob). The
-controls run in parallel, spread over pytest-xdist workers (one per host, at least
-6, at most 8; ``-n N`` chooses another number, ``-n 0`` none), and the run ends with
+controls that act run in parallel, spread over pytest-xdist workers (one per host, at
+least 6, at most 8; ``-n N`` chooses another number, ``-n 0`` none); a selection without
+them (``-m read``, or files and controls that only read) runs without workers, answered
+from one reading of each host. The run ends with
 a table of passed/failed/skipped controls per host.
 testinfra's own ``--hosts`` also works; the hosts are then checked against
 group_data/all.py alone. With neither, the suite targets the local lab: it boots
@@ -37,13 +39,10 @@ from _pytest.mark.expression import Expression
 from testinfra.backend.local import LocalBackend
 from testinfra.backend.ssh import SshBackend
 
-import lab
 from sparkrig.host_output import printable
 from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
 from sparkrig.tools import fleet_page, private
-from sparkrig.tools.report import COLUMNS, GPU_COLUMNS
-from sparkrig.tools.report import page_hosts as versions_of
 from tests.compliance import reads, results
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, inventory_host_data, ssh_config_for
@@ -176,8 +175,9 @@ def pytest_configure_node(node):
     node.workerinput["sparkrig_constants"] = constants(node.config)
 
 
-def pytest_sessionstart(session):
-    """Without workers, the controls run here: the constants before the first of them."""
+def pytest_collection_finish(session):
+    """Without workers, the controls run here: the constants before the first of them, waited
+    for once the controls are collected (the host's reading runs beside the collection)."""
     constants(session.config)
 
 
@@ -196,7 +196,7 @@ def pytest_cmdline_main(config):
         if config.option.numprocesses and config.option.dist in ("no", "load"):
             config.option.dist = "loadgroup"
         return
-    if read_only_selection(getattr(config.option, "markexpr", "")):
+    if read_only_selection(getattr(config.option, "markexpr", "")) or not selection_acts(getattr(config, "args", [])):
         config.option.numprocesses = 0  # answered from the one reading: nothing waits on the network
         return
     hosts = inventory_hosts(config)
@@ -215,6 +215,26 @@ def read_only_selection(markexpr: str) -> bool:
         expression.evaluate(lambda name, marks=marks, **_kwargs: name in marks)
         for marks in ({"action"}, {"action", "lab"})
     )
+
+
+def selection_acts(args) -> bool:
+    """Whether the files or controls named on the command line (``args``; none: the whole
+    suite) include a control marked action: a module of the suite, or one control of it
+    (``test_swap.py::test_x``), that acts nowhere needs no workers either. Anything else
+    named (a directory, another file, a parametrized id) counts as acting."""
+    here = Path(__file__).parent
+    for arg in args or [str(here)]:
+        path, _, control = str(arg).partition("::")
+        module = Path(path).resolve()
+        if module.parent != here or not module.name.startswith("test_") or module.suffix != ".py" or "[" in control:
+            return True
+        found = importlib.import_module(f"tests.compliance.{module.stem}")
+        tests = (
+            [getattr(found, control, None)] if control else [v for k, v in vars(found).items() if k.startswith("test_")]
+        )
+        if any(test is None or any(m.name == "action" for m in getattr(test, "pytestmark", [])) for test in tests):
+            return True
+    return False
 
 
 # One SSH connection per host for the whole suite. testinfra asks ssh for
@@ -300,6 +320,8 @@ def pytest_configure(config):
         config.sparkrig_targets = "lab"
         # Written once the lab is up (_lab_ssh_config): the lab's own, multiplexed.
         ssh_config = Path(config.rootpath) / ".pytest_cache" / "sparkrig-lab-ssh-config"
+        import lab  # noqa: PLC0415 - the lab's modules only where the suite runs against it
+
         names = [name for name, _flavour in lab.DEFAULT_FLEET]
     config.option.hosts = ",".join(testinfra_spec(name) for name in names)
     _TABLE.names = list(names)
@@ -336,6 +358,8 @@ def _lab_ssh_config(request):
     where the suite's hosts read it, before the first control runs."""
     if request.config.sparkrig_targets == "lab":
         request.getfixturevalue("host_data")
+        import lab  # noqa: PLC0415
+
         write_multiplexed(lab.ssh_config_path().read_text(), Path(request.config.option.ssh_config))
         lab_says(request.config, f"compliance suite against the {len(_TABLE.names)} lab hosts")
 
@@ -619,6 +643,7 @@ def caller_inventory(config) -> str | None:
 
 def page_hosts(config, table: HostTable) -> dict:
     """The fleet page's hosts: versions from :func:`read_versions`, controls from ``table``."""
+    from sparkrig.tools.report import page_hosts as versions_of  # noqa: PLC0415 - with --fleet-page alone
 
     reader = read_versions(config)
     versions = {}
@@ -649,6 +674,8 @@ def _when(epoch: float) -> str:
 
 
 def write_fleet_page(config, table: HostTable) -> str:
+    from sparkrig.tools.report import COLUMNS, GPU_COLUMNS  # noqa: PLC0415 - with --fleet-page alone
+
     path = config.getoption("--fleet-page")
     fleet_page.write(
         path,

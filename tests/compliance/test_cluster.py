@@ -200,7 +200,7 @@ def test_the_cluster_key_is_the_cluster_users_alone(read, node):
     node as the cluster user) or replace (a root-owned directory keeps it in place)."""
     found = read(cluster)
     key = found["key"]
-    assert key.is_file and not key.is_symlink
+    assert key.is_file and not key.is_symlink, f"{key.path} is missing or a link: converge this host again"
     assert (key.user, key.mode) == (node["user"], 0o600), (key.user, oct(key.mode))
     directory = found["key_dir"]
     assert directory.user == "root" and not directory.mode & 0o022, oct(directory.mode)

@@ -170,7 +170,8 @@ def test_spark_run_passes_on_the_jobs_exit_status(host):
     """Protects against scripts and schedulers that cannot tell a failed job from a
     finished one."""
     with host.sudo():
-        assert host.run("spark-run -- sh -c 'exit 7'").rc == 7
+        ran = host.run("spark-run -- sh -c 'exit 7'")
+        assert ran.rc == 7, f"spark-run passed on exit 7 as {ran.rc}: {ran.stderr.strip()}"
 
 
 def test_spark_preflight_passes_on_a_converged_host(read):
@@ -179,10 +180,27 @@ def test_spark_preflight_passes_on_a_converged_host(read):
     (the lab's hosts share a 24 GiB controller; the default suits a 128 GB Spark), the
     memory threshold is lowered to 1 GiB: the check itself is proven by the next control."""
     result = read(state)["preflight"]
-    assert result.rc == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    assert [line.split()[1] for line in lines] == ["memory:", "swap:", "watchdog:", "strays:", "gpu:"]
-    assert all(line.startswith(("OK ", "SKIP ")) for line in lines), lines
+    problem = preflight_problem(result.rc, result.stdout, result.stderr)
+    assert problem is None, problem
+
+
+PREFLIGHT_CHECKS = ["memory:", "swap:", "watchdog:", "strays:", "gpu:"]
+
+
+def preflight_problem(rc: int, stdout: str, stderr: str) -> str | None:
+    """Why spark-preflight's run is not a pass, in one line that names the check that failed
+    (its FAIL line, which says what it found), or None for a pass."""
+    lines = stdout.splitlines()
+    failed = [line for line in lines if not line.startswith(("OK ", "SKIP "))]
+    if failed:
+        return f"spark-preflight (exit {rc}): " + "; ".join(failed)
+    if rc != 0:
+        said = (stderr.strip().splitlines() or ["nothing on stderr"])[-1]
+        return f"spark-preflight exited {rc} with every check OK or SKIP: {said}"
+    checks = [line.split()[1] if len(line.split()) > 1 else line for line in lines]
+    if checks != PREFLIGHT_CHECKS:
+        return f"spark-preflight ran the checks {checks}, not {PREFLIGHT_CHECKS}"
+    return None
 
 
 def test_spark_preflight_fails_when_memory_is_short(read):
@@ -203,7 +221,9 @@ def test_spark_drop_caches_works_as_root_only(host):
     assert re.fullmatch(r"spark-drop-caches: page cache \d+ MiB before, \d+ MiB after", result.stdout.strip())
     if host.user().name != "root":
         refused = host.run(DROP_CACHES)
-        assert refused.rc == 1 and "must run as root" in refused.stderr
+        assert refused.rc == 1 and "must run as root" in refused.stderr, (
+            f"spark-drop-caches as {host.user().name} (exit {refused.rc}): {refused.stderr.strip()}"
+        )
 
 
 # Detached jobs ---------------------------------------------------------------
@@ -246,6 +266,13 @@ def _wait_for(what, timeout: float = 60):
             return found
         time.sleep(0.5)
     return what()
+
+
+def _wait_listed(host, name: str, state: str, timeout: float = 60) -> list[str]:
+    """The job's row once `spark-jobs` lists it in ``state`` (waited for, ``timeout`` s at
+    most), else the row it had then (``["(not listed)"]`` when none): for the failure's message."""
+    row = _wait_for(lambda: (_row(host, name) or [""] * 3)[2] == state and _row(host, name), timeout)
+    return row or _row(host, name) or ["(not listed)"]
 
 
 def _fresh_ssh(request, host) -> list[str]:
@@ -329,7 +356,7 @@ def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, read, 
     with host.sudo():
         assert _wait_for(
             lambda: len(host.check_output("journalctl -q --no-pager -o cat -u %s", unit).splitlines()) >= 5, 30
-        )
+        ), f"{unit} wrote fewer than its 5 probe lines to the journal within 30 s: {_row(host, job_name)}"
     shown = _show(host, unit, "Slice", "MemoryMax", "MemorySwapMax", "OOMScoreAdjust", "User")
     assert (shown["Slice"], shown["MemorySwapMax"], shown["User"]) == (SLICE, "0", job_user)
     assert shown["OOMScoreAdjust"] == str(settings["jobs_oom_score_adj"])
@@ -372,11 +399,19 @@ def test_a_running_job_name_is_refused_and_others_jobs_cannot_be_stopped(host, j
     the user through spark-jobs."""
     with host.sudo():
         host.check_output("spark-run --detach %s -- sleep 300", job_name)
+    # systemd-run returns once the start is queued; under load the job is listed a little later.
+    listed = _wait_listed(host, job_name, "active")
+    assert listed[1:3] == ["root", "active"], f"root's job {job_name} did not become active within 60 s: {listed}"
     again = host.run("spark-run --detach %s -- true", job_name)
-    assert again.rc == 1 and "is active" in again.stderr, again.stderr
+    assert again.rc == 1 and "is active" in again.stderr, (
+        f"a second spark-run --detach {job_name} while root's runs (exit {again.rc}): {again.stderr.strip()}"
+    )
     refused = host.run(STOP, job_name)
-    assert refused.rc == 1 and "is root's job" in refused.stderr, refused.stderr
-    assert (_row(host, job_name) or [""] * 3)[1:3] == ["root", "active"]
+    assert refused.rc == 1 and "is root's job" in refused.stderr, (
+        f"spark-jobs stop of root's job by {job_user} (exit {refused.rc}): {refused.stderr.strip()}"
+    )
+    after = _row(host, job_name) or ["(not listed)"]
+    assert after[1:3] == ["root", "active"], f"root's job {job_name} after {job_user}'s stop: {after}"
 
 
 RECORDS = "/var/lib/sparkrig/jobs"
@@ -397,7 +432,9 @@ def test_old_job_records_are_removed_and_recent_ones_kept(host, settings):
     name = f"sparkrig-check-{uuid.uuid4().hex[:8]}"
     old, new = f"{RECORDS}/root/{name}-old", f"{RECORDS}/root/{name}-new"
     with host.sudo():
-        assert host.service("systemd-tmpfiles-clean.timer").is_running
+        assert host.service("systemd-tmpfiles-clean.timer").is_running, (
+            "systemd-tmpfiles-clean.timer is not running: nothing cleans old job records daily"
+        )
         host.check_output(
             "mkdir -p %s && echo ended > %s && echo ended > %s && touch -d @$(($(date +%%s) - %s)) %s && cat %s",
             f"{RECORDS}/root",
@@ -423,7 +460,7 @@ def test_the_shared_model_cache_belongs_to_its_group(read, settings):
         pytest.skip("jobs_model_cache is empty for this host: each user keeps their own cache")
     found = read(state)
     cache = found["cache"]
-    assert cache.is_directory and not cache.is_symlink
+    assert cache.is_directory and not cache.is_symlink, f"{cache.path} is missing or a link: converge this host again"
     assert (cache.user, cache.group, cache.mode) == ("root", settings["jobs_model_cache_group"], 0o2775)
     assert found["group"].rc == 0, f"group {settings['jobs_model_cache_group']} does not exist"
     for user in settings["jobs_model_cache_users"]:

@@ -48,7 +48,7 @@ def test_node_exporter_and_the_collector_run(read, enabled):
     """Protects against a fleet that is blind between compliance runs: no metrics served, or
     none of sparkrig's (memory, GPU, kills) fed."""
     found = read(state)
-    assert found["package"].is_installed
+    assert found["package"].is_installed, "prometheus-node-exporter is not installed"
     for unit in ("exporter", "timer"):
         assert found[unit].is_enabled, f"{unit} would not start at boot"
         assert found[unit].is_running, f"{unit} is not running"

@@ -149,7 +149,7 @@ def test_launcher_is_root_owned_and_not_writable_by_others(ngc_read):
     assert launcher.exists, f"{LAUNCHER} is missing"
     assert (launcher.user, launcher.group) == ("root", "root")
     assert launcher.mode == 0o755, f"{LAUNCHER} has mode {oct(launcher.mode)}"
-    assert ngc_read["syntax"].rc == 0
+    assert ngc_read["syntax"].rc == 0, f"{LAUNCHER} does not parse: {ngc_read['syntax'].stderr.strip()}"
 
 
 @pytest.mark.action

@@ -8,10 +8,9 @@ the code that converges (operations/watchdog/).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.compliance.processes import main_process_command, program_argv
 from tests.compliance.reads import need
 
 SERVICE = "earlyoom.service"
@@ -39,7 +38,7 @@ def state(r) -> dict:
         "oom_score_adjust": r.run("systemctl show --property OOMScoreAdjust --value %s", SERVICE),
         "capeff": r.run("grep '^CapEff:' /proc/1/status"),
         "pid": r.run("systemctl show --property MainPID --value %s", SERVICE),
-        "cmdline": r.run(f"tr '\\0' '\\n' < /proc/{_OF_MAIN}/cmdline", SERVICE),
+        "process": r.run(main_process_command(SERVICE), sudo=True),
         "oom_score_adj": r.run(f"cat /proc/{_OF_MAIN}/oom_score_adj", SERVICE),
     }
 
@@ -51,15 +50,10 @@ def _main_pid(found) -> int:
 
 
 def _options(found) -> dict[str, str]:
-    """earlyoom's options and their values, from its /proc/PID/cmdline."""
-    _main_pid(found)
-    argv = found["cmdline"].check().splitlines()
-    if os.path.basename(argv[0]).startswith("qemu-"):
-        # Under qemu-user emulation (the lab's aarch64 host) the kernel runs every program
-        # through the emulator, which is handed the program's path before its argv.
-        argv = argv[2:]
-    assert argv[0].endswith("earlyoom"), argv
-    words = argv[1:]
+    """earlyoom's options and their values, from its running process (an emulator in front
+    of it, qemu-user's binfmt_misc entry, taken off: tests/compliance/processes.py)."""
+    process = found["process"]
+    words = program_argv(process.stdout, "earlyoom", SERVICE, process.stderr)[1:]
     assert len(words) % 2 == 0, f"every earlyoom option here takes a value: {words}"
     return dict(zip(words[::2], words[1::2]))
 
@@ -68,10 +62,10 @@ def test_earlyoom_is_installed_enabled_and_running(read, enabled):
     """Protects against a host with nothing to act before memory runs out: on GB10 a
     failing GPU allocation can freeze the machine before the kernel's OOM killer acts."""
     found = read(state)
-    assert found["package"].is_installed
+    assert found["package"].is_installed, "earlyoom is not installed"
     service = found["service"]
     assert service.is_enabled, "earlyoom would not start at boot"
-    assert service.is_running
+    assert service.is_running, f"{SERVICE} is not running (journalctl -u {SERVICE} says why)"
 
 
 def test_earlyoom_runs_with_the_configured_arguments(read, settings, enabled):
@@ -136,5 +130,5 @@ def test_earlyoom_is_off_when_disabled(read, settings):
     found = read(state)
     if found["package"].is_installed:
         service = found["service"]
-        assert not service.is_running
-        assert not service.is_enabled
+        assert not service.is_running, f"{SERVICE} runs though watchdog_enabled is False"
+        assert not service.is_enabled, f"{SERVICE} would start at boot though watchdog_enabled is False"

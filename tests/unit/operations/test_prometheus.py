@@ -112,6 +112,12 @@ def test_no_server_anywhere_is_no_problem_even_with_metrics_on_loopback():
     assert fleet_problems(everyone, everyone) == []
 
 
+def test_an_inventory_without_hosts_is_no_problem():
+    """inventory/spark.py as shipped (its hosts commented out): pyinfra's debug-inventory
+    stopped on an IndexError here."""
+    assert fleet_problems([], []) == []
+
+
 def test_hosts_that_disagree_on_the_server_are_each_named():
     everyone = _fleet(**{"spark-02": {"prometheus_server": "spark-02"}})
     found = fleet_problems(everyone, everyone)

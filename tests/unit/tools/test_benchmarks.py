@@ -3,6 +3,8 @@ and the derived inventory points each host at its relay with a matching known_ho
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -85,3 +87,33 @@ def test_cpu_times_grow_with_work():
     subprocess.run([sys.executable, "-c", "sum(range(20_000_000))"], check=True)
     assert noop_run.children_cpu_s() - children > 0.1
     assert noop_run.machine_cpu_s() - machine > 0.1
+
+
+def test_the_suite_s_phases_are_read_from_its_own_marks(tmp_path):
+    """benchmarks.suite_phases as a plugin of a real pytest run: every mark is set, in order,
+    and the phases split the run's wall time."""
+    (tmp_path / "test_x.py").write_text("import time\n\n\ndef test_a():\n    time.sleep(0.2)\n\n\ndef test_b(): ...\n")
+    marks = tmp_path / "marks.json"
+    started = time.time()
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.suite_phases", "-p", "no:cacheprovider", "-n", "0"],
+        cwd=tmp_path,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},  # not this run's xdist worker
+            "PYTHONPATH": str(REPO),
+            "SPARKRIG_BENCH_PHASES": str(marks),
+        },
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    ended = time.time()
+    found = json.loads(marks.read_text())
+    assert found["plugin"] <= found["configured"] <= found["collected"] <= found["first_call"] <= found["last_call"]
+    from benchmarks.suite_phases import PHASES, phases  # noqa: PLC0415
+
+    split = phases(found, started, ended)
+    assert list(split) == list(PHASES)
+    assert split["controls"] >= 0.2
+    assert split["host's reading"] == 0  # no suite, no prefetch
+    assert abs(sum(v for k, v in split.items() if k != "host's reading") - (ended - started)) < 0.05

@@ -96,9 +96,10 @@ def test_a_read_only_selection_runs_without_workers(markexpr, read_only):
 
 
 def test_the_read_only_controls_run_without_workers_and_the_whole_suite_with_them(monkeypatch):
-    def config(markexpr):
+    def config(markexpr, args=()):
         option = SimpleNamespace(numprocesses=None, dist="no", markexpr=markexpr)
         return SimpleNamespace(
+            args=list(args),
             option=option,
             pluginmanager=SimpleNamespace(hasplugin=lambda name: True),
             getoption=lambda name: {"--inventory": "inv.py", "--limit": []}[name],
@@ -180,3 +181,16 @@ def test_an_action_controls_sudo_path_runs_as_root_without_sudo(tmp_path, monkey
         assert host.check_output("id -u") == "0"
     with host.sudo("nobody"):
         assert host.check_output("id -un") == "nobody"
+    # Named files or controls that never act need no workers either.
+    swap, jobs = "tests/compliance/test_swap.py", "tests/compliance/test_jobs.py"
+    for args, workers in (
+        ([swap], 0),
+        ([f"{jobs}::test_spark_preflight_passes_on_a_converged_host", swap], 0),
+        ([jobs], conftest.MIN_WORKERS),
+        ([f"{jobs}::test_spark_drop_caches_works_as_root_only"], conftest.MIN_WORKERS),
+        (["tests/compliance"], conftest.MIN_WORKERS),
+        ([f"{swap}::test_no_such_control"], conftest.MIN_WORKERS),
+    ):
+        named = config("", args)
+        conftest.pytest_cmdline_main(named)
+        assert named.option.numprocesses == workers, args
