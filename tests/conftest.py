@@ -21,7 +21,6 @@ import pytest
 
 import lab
 from lab import hostile
-from lab.stack import make_locks
 from sparkrig.operations import declaring
 from tests.support import PYINFRA, REPO, DeployResult, run_deploy
 
