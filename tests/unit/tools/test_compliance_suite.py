@@ -112,6 +112,19 @@ def test_the_read_only_controls_run_without_workers_and_the_whole_suite_with_the
     conftest.pytest_cmdline_main(whole)
     assert read_only.option.numprocesses == 0
     assert whole.option.numprocesses == conftest.MIN_WORKERS
+    # Named files or controls that never act need no workers either.
+    swap, jobs = "tests/compliance/test_swap.py", "tests/compliance/test_jobs.py"
+    for args, workers in (
+        ([swap], 0),
+        ([f"{jobs}::test_spark_preflight_passes_on_a_converged_host", swap], 0),
+        ([jobs], conftest.MIN_WORKERS),
+        ([f"{jobs}::test_spark_drop_caches_works_as_root_only"], conftest.MIN_WORKERS),
+        (["tests/compliance"], conftest.MIN_WORKERS),
+        ([f"{swap}::test_no_such_control"], conftest.MIN_WORKERS),
+    ):
+        named = config("", args)
+        conftest.pytest_cmdline_main(named)
+        assert named.option.numprocesses == workers, args
 
 
 # --- a host's strings in the suite's table --------------------------------------------------
@@ -181,16 +194,3 @@ def test_an_action_controls_sudo_path_runs_as_root_without_sudo(tmp_path, monkey
         assert host.check_output("id -u") == "0"
     with host.sudo("nobody"):
         assert host.check_output("id -un") == "nobody"
-    # Named files or controls that never act need no workers either.
-    swap, jobs = "tests/compliance/test_swap.py", "tests/compliance/test_jobs.py"
-    for args, workers in (
-        ([swap], 0),
-        ([f"{jobs}::test_spark_preflight_passes_on_a_converged_host", swap], 0),
-        ([jobs], conftest.MIN_WORKERS),
-        ([f"{jobs}::test_spark_drop_caches_works_as_root_only"], conftest.MIN_WORKERS),
-        (["tests/compliance"], conftest.MIN_WORKERS),
-        ([f"{swap}::test_no_such_control"], conftest.MIN_WORKERS),
-    ):
-        named = config("", args)
-        conftest.pytest_cmdline_main(named)
-        assert named.option.numprocesses == workers, args
