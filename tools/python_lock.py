@@ -2,7 +2,7 @@
 The Python stack's locks, made on the controller; and the wheels of a lock, for hosts
 that cannot reach the index.
 
-    uv run sparkrig lock [--manifest FILE] [--locks DIR] [--check]
+    sparkrig lock [--manifest FILE] [--locks DIR] [--check]
 
 resolves the manifest (default ``group_data/python_stack.yml``) once for each
 architecture and set of profiles its ``locks`` lists, as hosts install it: wheels
@@ -23,7 +23,6 @@ index: the packages named for it come from there, and nothing else is looked up 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from sparkrig import stack_locks as ps_locks
 from sparkrig.python_wheels import DEFAULT_INDEX, LOCK_PLATFORM, lock_entries, normalise
+from sparkrig.tools import cli
 
 
 def _toml(value: str) -> str:
@@ -313,8 +313,9 @@ def refresh(manifest_path: Path, locks: Path, index_url: str, check: bool) -> li
     return stale
 
 
+@cli.command("lock", "the Python stack's locks, made or checked (--check) against the index")
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sparkrig lock", description=__doc__.split("\n\n")[0])
+    parser = cli.parser("lock", __doc__, [(2, "the command line is wrong, or uv could not resolve the manifest")])
     parser.add_argument("--manifest", default=str(ps_locks.MANIFEST), help="the versions manifest (YAML)")
     parser.add_argument("--locks", default=ps_locks.LOCKS, help="where its locks live (relative: to the repository)")
     parser.add_argument("--index-url", default=DEFAULT_INDEX, help="the index packages are resolved from")
