@@ -136,7 +136,13 @@ def _refusal(arch: str, python: str, what: str, uv_said: str) -> str:
     )
 
 
-def _compile(work: str, arch: str, python: str, index_url: str, uv: str, *extra: str) -> subprocess.CompletedProcess:
+def uv_compile(
+    uv: str, work: str, source: str, arch: str, python: str, index_url: str, *options: str
+) -> subprocess.CompletedProcess:
+    """``uv pip compile SOURCE`` in ``work`` as every lock is made and checked: nothing
+    downloaded but the index's pages, no uv configuration of the caller's, quiet, wheels for
+    ``arch``'s platform at the glibc floor and ``python``, from ``index_url``; ``options`` the
+    caller's own."""
     return subprocess.run(
         [
             uv,
@@ -145,24 +151,36 @@ def _compile(work: str, arch: str, python: str, index_url: str, uv: str, *extra:
             *NO_DOWNLOADS,
             "--no-config",
             "--quiet",
-            "--generate-hashes",
             "--no-header",
-            "--no-emit-index-url",
-            "--emit-index-annotation",
             "--index-url",
             index_url,
-            *WHEELS_ONLY,
+            *options,
             "--python-platform",
             f"{arch}-{LOCK_PLATFORM}",
             "--python-version",
             python,
-            *extra,
-            "pyproject.toml",
+            source,
         ],
         cwd=work,
         capture_output=True,
         text=True,
         env={**os.environ, "UV_NO_PROGRESS": "1"},
+    )
+
+
+def _compile(work: str, arch: str, python: str, index_url: str, uv: str, *extra: str) -> subprocess.CompletedProcess:
+    return uv_compile(
+        uv,
+        work,
+        "pyproject.toml",
+        arch,
+        python,
+        index_url,
+        "--generate-hashes",
+        "--no-emit-index-url",
+        "--emit-index-annotation",
+        *WHEELS_ONLY,
+        *extra,
     )
 
 
@@ -243,31 +261,7 @@ def installable_problem(
         indexes.append("--index-strategy=unsafe-best-match")  # as hosts do: every file is pinned
     with tempfile.TemporaryDirectory(prefix="sparkrig-lock-check-") as work:
         Path(work, "pins.txt").write_text("\n".join(pins) + "\n")
-        result = subprocess.run(
-            [
-                uv,
-                "pip",
-                "compile",
-                *NO_DOWNLOADS,
-                "--no-config",
-                "--quiet",
-                "--no-header",
-                "--no-deps",
-                "--index-url",
-                index_url,
-                *indexes,
-                *WHEELS_ONLY[:2],
-                "--python-platform",
-                f"{arch}-{LOCK_PLATFORM}",
-                "--python-version",
-                python,
-                "pins.txt",
-            ],
-            cwd=work,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "UV_NO_PROGRESS": "1"},
-        )
+        result = uv_compile(uv, work, "pins.txt", arch, python, index_url, "--no-deps", *indexes, *WHEELS_ONLY[:2])
     return None if result.returncode == 0 else _refusal(arch, python, what, result.stderr)
 
 
