@@ -26,7 +26,6 @@ import pytest
 
 from sparkrig import compliance
 from sparkrig.tools import cli
-from sparkrig.tools.inventory import InventoryError
 
 SUITE = Path(compliance.__file__).parent
 # pytest's configuration for the suite (its options and markers): never the caller's.
@@ -136,17 +135,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ours, extra = _split(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(ours)
-    # Read once here: a refused inventory or settings value is one line before pytest starts.
-    from sparkrig.compliance.targets import inventory_host_data  # noqa: PLC0415 - imports testinfra's plugin
+    return cli.answer("check", lambda: _check(args, extra))
 
-    try:
-        read = _Read(args.limit, inventory_host_data(args.inventory, args.limit))
-    except InventoryError as error:
-        print(f"check: {error.line}", file=sys.stderr)
-        return cli.BAD_INPUT
-    except ValueError as error:
-        print(f"check: {error}", file=sys.stderr)
-        return cli.USAGE
+
+def _check(args, extra: Sequence[str]) -> int:
+    # Read once here: a refused inventory or settings value is one line before pytest starts.
+    from sparkrig.compliance.targets import inventory_host_data  # noqa: PLC0415 - loads every concern
+
+    read = _Read(args.limit, inventory_host_data(args.inventory, args.limit))
     with tempfile.TemporaryDirectory(prefix="sparkrig-check-") as scratch:
         results = args.results or (scratch if args.metrics_push else None)
         before = set(Path(results).glob("*.json")) if results and Path(results).is_dir() else set()

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from sparkrig.tools.inventory import InventoryError
 
 # What every command's exit status means (a command says where it adds its own).
 OK, FAILED, USAGE, BAD_INPUT = 0, 1, 2, 4
@@ -59,6 +62,19 @@ def parser(name: str, doc: str | None, own: Sequence[tuple[int, str]] = ()) -> a
         epilog=statuses(own),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def answer(name: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit status, its refusals one line each: an input file refused
+    (:class:`InventoryError`: exit 4), a value of the command line refused (ValueError: exit 2)."""
+    try:
+        return run()
+    except InventoryError as error:
+        print(f"{name}: {error.line}", file=sys.stderr)
+        return BAD_INPUT
+    except ValueError as error:
+        print(f"{name}: {error}", file=sys.stderr)
+        return USAGE
 
 
 def discover() -> dict[str, Command]:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from sparkrig.operations.metrics.deploy import COMPLIANCE_FILE
 from sparkrig.tools import cli
-from sparkrig.tools.inventory import PYINFRA, REPO, InventoryError, limit_hosts, read_inventory
+from sparkrig.tools.inventory import PYINFRA, REPO, limit_hosts, read_inventory
 from sparkrig.tools.rollout_reboot import HostError, PyinfraHosts
 
 SCHEMA = "sparkrig.compliance.results/1"  # sparkrig.compliance.results's
@@ -90,17 +90,15 @@ def push(document: dict, hosts: Sequence[str], remote: PyinfraHosts) -> dict[str
 
 
 def push_document(path: Path, inventory: str, limit: Sequence[str] = (), project: Path | None = None) -> int:
-    """Push the hosts of the document at ``path`` under ``inventory`` and ``limit``; the exit status."""
+    """Push the hosts of the document at ``path`` under ``inventory`` and ``limit``; the exit
+    status. An inventory pyinfra cannot load raises InventoryError, a --limit that matches
+    nothing ValueError (:func:`sparkrig.tools.cli.answer` says them)."""
     try:
         document = checked(json.loads(Path(path).read_text()))
     except (OSError, ValueError) as error:
         print(f"metrics-push: {path}: {error}", file=sys.stderr)
         return cli.BAD_INPUT
-    try:
-        loaded = read_inventory(inventory, cwd=project)
-    except InventoryError as error:
-        print(f"metrics-push: {error.line}", file=sys.stderr)
-        return cli.BAD_INPUT
+    loaded = read_inventory(inventory, cwd=project)
     chosen = limit_hosts({h["name"]: h["groups"] for h in loaded}, limit)
     hosts = [h for h in chosen if h in (document.get("hosts") or {})]
     failed = push(document, hosts, PyinfraHosts(PYINFRA, str(project or REPO), str(Path(inventory).resolve())))
@@ -129,11 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli.OK
     if not args.inventory:
         parser.error("an INVENTORY to push to, or --print HOST")
-    try:
-        return push_document(Path(args.results), args.inventory, args.limit)
-    except ValueError as error:
-        print(f"metrics-push: {error}", file=sys.stderr)
-        return cli.USAGE
+    return cli.answer("metrics-push", lambda: push_document(Path(args.results), args.inventory, args.limit))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkrig.tools import check, cli
-from sparkrig.tools.inventory import PYINFRA, REPO, InventoryError, data_args, in_checkout, limit_hosts, read_inventory
+from sparkrig.tools.inventory import PYINFRA, REPO, data_args, in_checkout, limit_hosts, read_inventory
 from sparkrig.tools.rollout_plan import (
     CONVERGED,
     FAILED,
@@ -483,28 +483,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    try:
-        return rollout(
-            Options(
-                args.inventory,
-                args.batch,
-                args.canary,
-                args.max_fail,
-                args.limit,
-                args.resume,
-                args.state,
-                extra,
-                args.force,
-                args.deploy,
-                args.metrics_push,
-            )
-        )
-    except InventoryError as error:
-        print(f"rollout: {error.line}", file=sys.stderr)
-        return cli.BAD_INPUT
-    except ValueError as error:
-        print(f"rollout: {error}", file=sys.stderr)
-        return cli.USAGE
+    options = Options(
+        args.inventory,
+        args.batch,
+        args.canary,
+        args.max_fail,
+        args.limit,
+        args.resume,
+        args.state,
+        extra,
+        args.force,
+        args.deploy,
+        args.metrics_push,
+    )
+    return cli.answer("rollout", lambda: rollout(options))
 
 
 if __name__ == "__main__":
