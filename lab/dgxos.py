@@ -55,7 +55,7 @@ HARDWARE_QUERY = "--query-gpu=compute_cap,name --format=csv,noheader"
 STANDIN_SCRIPT = Path(__file__).with_name("nvidia-smi-standin.sh")
 # The stand-in's figures per GPU name: made up for the stand-in (near the cards' published
 # ones), never read from a real card. GB10's power limits are [N/A] here: whether a Spark's
-# driver offers -pl is not known (../shared/notes/spark-facts.md), so the stand-in refuses it
+# driver offers -pl is not known, so the stand-in refuses it
 # (exit 3, "not supported") and sparkrig's checks must say so.
 STANDIN_GPUS = {
     "NVIDIA GB10": {

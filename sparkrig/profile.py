@@ -27,7 +27,7 @@ _ARCH_LIST = re.compile(r"\d+\.\d+[af]?(\+PTX)?([ ;]\d+\.\d+[af]?(\+PTX)?)*")
 DEFAULT_PROFILES = {
     # DGX Spark / GB10: Grace CPU, Blackwell GPU sm_121 (12.1a enables its arch-specific features).
     "gb10": {"arch": "aarch64", "compute_capability": "12.1", "torch_cuda_arch_list": "12.1a"},
-    # RTX 50xx workstations (seed 004's 5070 Ti): x86_64, sm_120.
+    # RTX 50xx workstations (a 5070 Ti, say): x86_64, sm_120.
     "rtx50": {"arch": "x86_64", "compute_capability": "12.0", "torch_cuda_arch_list": "12.0"},
     # Hopper H100/H200 boxes, as on the lent test machine: x86_64, sm_90.
     "hopper": {"arch": "x86_64", "compute_capability": "9.0", "torch_cuda_arch_list": "9.0"},

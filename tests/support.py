@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 
 # The repository and the pyinfra CLI of this environment: the same for the deploy side.
-from sparkrig.settings import all_settings, defaults
-from sparkrig.tools.rollout import PYINFRA, REPO, limit_hosts, load_inventory
+from sparkrig.tools.inventory import PYINFRA, REPO
+
+# The suite's reading of an inventory, for the lab tests too.
+from tests.compliance.targets import inventory_host_data, ssh_config_for
+
+__all__ = ["PYINFRA", "REPO", "DeployResult", "inventory_host_data", "run_deploy", "ssh_config_for", "unavailable"]
 
 
 def unavailable(why: str) -> NoReturn:
@@ -82,41 +84,3 @@ def run_deploy(
     except json.JSONDecodeError:
         report = None
     return DeployResult(result.returncode, report, result.stderr + result.stdout * (report is None))
-
-
-def inventory_host_data(inventory: str, limit: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """Every host of a pyinfra inventory with its merged data (group_data included) over
-    sparkrig's defaults, restricted as pyinfra's ``--limit`` restricts a deploy (see
-    :func:`limit_hosts`).
-
-    Read in this process by pyinfra's own loader, as ``debug-inventory`` reads it
-    (:func:`sparkrig.tools.rollout.load_inventory`).
-    """
-    hosts = load_inventory(inventory)
-    chosen = limit_hosts({host["name"]: host["groups"] for host in hosts}, limit)
-    base = defaults(all_settings())
-    return {host["name"]: {**base, **host["data"]} for host in hosts if host["name"] in chosen}
-
-
-_SSH_OPTIONS = {
-    "ssh_hostname": "HostName",
-    "ssh_user": "User",
-    "ssh_port": "Port",
-    "ssh_key": "IdentityFile",
-    "ssh_known_hosts_file": "UserKnownHostsFile",
-    "ssh_strict_host_key_checking": "StrictHostKeyChecking",
-}
-
-
-def ssh_config_for(hosts: dict[str, dict[str, Any]]) -> str:
-    """An OpenSSH client config that reaches each host as pyinfra's data says to."""
-    lines = []
-    for name, data in hosts.items():
-        lines.append(f"Host {name}")
-        for key, option in _SSH_OPTIONS.items():
-            if data.get(key) is not None:
-                lines.append(f"  {option} {data[key]}")
-        lines.append("  BatchMode yes")
-    if (Path.home() / ".ssh" / "config").exists():
-        lines += ["Match all", "  Include ~/.ssh/config"]
-    return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 The Python stack's locks, made on the controller; and the wheels of a lock, for hosts
 that cannot reach the index.
 
-    uv run sparkrig lock [--manifest FILE] [--locks DIR] [--check]
+    sparkrig lock [--manifest FILE] [--locks DIR] [--check]
 
 resolves the manifest (default ``group_data/python_stack.yml``) once for each
 architecture and set of profiles its ``locks`` lists, as hosts install it: wheels
@@ -23,7 +23,6 @@ index: the packages named for it come from there, and nothing else is looked up 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from sparkrig import stack_locks as ps_locks
 from sparkrig.python_wheels import DEFAULT_INDEX, LOCK_PLATFORM, lock_entries, normalise
+from sparkrig.tools import cli
 
 
 def _toml(value: str) -> str:
@@ -136,7 +136,13 @@ def _refusal(arch: str, python: str, what: str, uv_said: str) -> str:
     )
 
 
-def _compile(work: str, arch: str, python: str, index_url: str, uv: str, *extra: str) -> subprocess.CompletedProcess:
+def uv_compile(
+    uv: str, work: str, source: str, arch: str, python: str, index_url: str, *options: str
+) -> subprocess.CompletedProcess:
+    """``uv pip compile SOURCE`` in ``work`` as every lock is made and checked: nothing
+    downloaded but the index's pages, no uv configuration of the caller's, quiet, wheels for
+    ``arch``'s platform at the glibc floor and ``python``, from ``index_url``; ``options`` the
+    caller's own."""
     return subprocess.run(
         [
             uv,
@@ -145,24 +151,36 @@ def _compile(work: str, arch: str, python: str, index_url: str, uv: str, *extra:
             *NO_DOWNLOADS,
             "--no-config",
             "--quiet",
-            "--generate-hashes",
             "--no-header",
-            "--no-emit-index-url",
-            "--emit-index-annotation",
             "--index-url",
             index_url,
-            *WHEELS_ONLY,
+            *options,
             "--python-platform",
             f"{arch}-{LOCK_PLATFORM}",
             "--python-version",
             python,
-            *extra,
-            "pyproject.toml",
+            source,
         ],
         cwd=work,
         capture_output=True,
         text=True,
         env={**os.environ, "UV_NO_PROGRESS": "1"},
+    )
+
+
+def _compile(work: str, arch: str, python: str, index_url: str, uv: str, *extra: str) -> subprocess.CompletedProcess:
+    return uv_compile(
+        uv,
+        work,
+        "pyproject.toml",
+        arch,
+        python,
+        index_url,
+        "--generate-hashes",
+        "--no-emit-index-url",
+        "--emit-index-annotation",
+        *WHEELS_ONLY,
+        *extra,
     )
 
 
@@ -243,31 +261,7 @@ def installable_problem(
         indexes.append("--index-strategy=unsafe-best-match")  # as hosts do: every file is pinned
     with tempfile.TemporaryDirectory(prefix="sparkrig-lock-check-") as work:
         Path(work, "pins.txt").write_text("\n".join(pins) + "\n")
-        result = subprocess.run(
-            [
-                uv,
-                "pip",
-                "compile",
-                *NO_DOWNLOADS,
-                "--no-config",
-                "--quiet",
-                "--no-header",
-                "--no-deps",
-                "--index-url",
-                index_url,
-                *indexes,
-                *WHEELS_ONLY[:2],
-                "--python-platform",
-                f"{arch}-{LOCK_PLATFORM}",
-                "--python-version",
-                python,
-                "pins.txt",
-            ],
-            cwd=work,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "UV_NO_PROGRESS": "1"},
-        )
+        result = uv_compile(uv, work, "pins.txt", arch, python, index_url, "--no-deps", *indexes, *WHEELS_ONLY[:2])
     return None if result.returncode == 0 else _refusal(arch, python, what, result.stderr)
 
 
@@ -313,8 +307,9 @@ def refresh(manifest_path: Path, locks: Path, index_url: str, check: bool) -> li
     return stale
 
 
+@cli.command("lock", "the Python stack's locks, made or checked (--check) against the index")
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sparkrig lock", description=__doc__.split("\n\n")[0])
+    parser = cli.parser("lock", __doc__, [(2, "the command line is wrong, or uv could not resolve the manifest")])
     parser.add_argument("--manifest", default=str(ps_locks.MANIFEST), help="the versions manifest (YAML)")
     parser.add_argument("--locks", default=ps_locks.LOCKS, help="where its locks live (relative: to the repository)")
     parser.add_argument("--index-url", default=DEFAULT_INDEX, help="the index packages are resolved from")

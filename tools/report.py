@@ -2,7 +2,7 @@
 then each GPU's state (temperature, power, SM clock, the GPU policy's cap, active clock event
 reasons).
 
-    uv run sparkrig report INVENTORY [--limit GROUP_OR_HOST] [--json] [--html PAGE]
+    sparkrig report INVENTORY [--limit GROUP_OR_HOST] [--json] [--html PAGE]
 
 Each host is read once, with one remote command: the :class:`sparkrig.operations.updates.facts.Versions`
 part of the host's one reading, with the arguments its settings give (as a deploy reads
@@ -19,7 +19,6 @@ writes the fleet page (:mod:`sparkrig.tools.fleet_page`) with these versions; th
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
@@ -35,8 +34,8 @@ from sparkrig.operations.gpu_policy.deploy import GPU
 from sparkrig.operations.updates.deploy import firmware_part, versions_part
 from sparkrig.operations.updates.facts import pending_reboot
 from sparkrig.settings import resolved, validate_hosts
-from sparkrig.tools import fleet_page
-from sparkrig.tools.rollout import REPO, limit_hosts
+from sparkrig.tools import cli, fleet_page
+from sparkrig.tools.inventory import REPO, limit_hosts
 
 COLUMNS = (
     "os",
@@ -353,8 +352,13 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
     }
 
 
+@cli.command("report", "each host's versions and GPU state, one row per host, differing cells marked")
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sparkrig report", description=__doc__.splitlines()[0])
+    # As pyinfra's CLI does: the hosts are read concurrently on gevent.
+    from gevent import monkey  # noqa: PLC0415 - patches this process: only when the command runs
+
+    monkey.patch_all()
+    parser = cli.parser("report", __doc__)
     parser.add_argument("inventory", help="pyinfra inventory, e.g. inventory/spark.py")
     parser.add_argument("--limit", action="append", default=[], help="as pyinfra's --limit (group or host glob)")
     parser.add_argument("--json", action="store_true", help="print JSON: each host's cells, marks and facts")

@@ -2,15 +2,16 @@
 Gated rollouts: the deploy on a fleet one batch of hosts at a time, each batch proven by the
 compliance suite before the next starts, within a failure budget, resumable.
 
-    sparkrig rollout INVENTORY [--batch N|P%] [--canary N|P%] [--max-fail N|P%]
-                            [--limit GROUP_OR_HOST] [--resume] [--state FILE] [--force]
-                            [-- PYINFRA_OPTIONS]
+    sparkrig rollout INVENTORY [--deploy FILE] [--batch N|P%] [--canary N|P%] [--max-fail N|P%]
+                     [--limit GROUP_OR_HOST] [--resume] [--state FILE] [--force] [--metrics-push]
+                     [-- PYINFRA_OPTIONS]
 
-Each batch is an ordinary ``pyinfra -y --limit HOSTS INVENTORY deploy.py`` run, in inventory
-order; the hosts that converged are then checked by ``pytest tests/compliance --inventory
-INVENTORY --limit HOSTS`` (a failed control fails its host). Between the two, a converged
-host that needs a reboot is drained, waited for, rebooted, checked and undrained where its
-``updates_reboot`` says so (tools/rollout_reboot.py). A batch whose failed hosts are
+Each batch is an ordinary ``pyinfra -y --limit HOSTS INVENTORY deploy.py`` run of the caller's
+deploy file (--deploy, by default ./deploy.py; pyinfra runs in its directory, where it finds its
+config.py and group_data/), in inventory order; the hosts that converged are then checked by
+``sparkrig check INVENTORY --limit HOSTS`` (a failed control fails its host). Between the two, a
+converged host that needs a reboot is drained, waited for, rebooted, checked and undrained where
+its ``updates_reboot`` says so (sparkrig.tools.rollout_reboot). A batch whose failed hosts are
 over the budget (--max-fail, 0 by default: any failure), or whose every host failed, ends the
 rollout. It ends with a table per batch. Its state is kept after every step in a file of the
 caller's own (--state; by default under $XDG_STATE_HOME or ~/.local/state/sparkrig/rollouts),
@@ -20,7 +21,6 @@ proven hosts left alone. docs/fleets.md says how shares round and the budget cou
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import os
@@ -32,10 +32,11 @@ import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from pathlib import Path
 
 from sparkrig.host_output import printable
+from sparkrig.tools import check, cli
+from sparkrig.tools.inventory import PYINFRA, REPO, data_args, in_checkout, limit_hosts, read_inventory
 from sparkrig.tools.rollout_plan import (
     CONVERGED,
     FAILED,
@@ -63,119 +64,7 @@ from sparkrig.tools.rollout_reboot import (
     reboot_batch,
 )
 
-# The checkout the tools belong to (sparkrig/tools links to its tools/). Installed from the
-# wheel they have none (site-packages/sparkrig holds no deploy.py): report reads from the
-# caller's directory, rollout and reference refuse (sparkrig/tools/__main__.py).
-HOME = Path(__file__).resolve().parent.parent
-REPO = HOME if (HOME / "deploy.py").is_file() else Path.cwd()
-
-
-def in_checkout() -> bool:
-    """Whether the tools run from a checkout (its deploy.py and compliance suite beside them)."""
-    return (HOME / "deploy.py").is_file() and (HOME / "tests" / "compliance").is_dir()
-
-
-PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 WHY_MAX = 240
-
-
-def limit_hosts(groups_of: dict[str, list[str]], limit: Sequence[str]) -> list[str]:
-    """The hosts (in inventory order) that pyinfra's ``--limit`` picks: each pattern
-    (comma-separated, or given several times) names a group, else is a glob on host
-    names. No pattern: every host. A pattern that matches nothing is an error."""
-    patterns = [p.strip() for item in limit for p in item.split(",") if p.strip()]
-    if not patterns:
-        return list(groups_of)
-    chosen: set[str] = set()
-    for pattern in patterns:
-        matched = {name for name, groups in groups_of.items() if pattern in groups}
-        matched = matched or {name for name in groups_of if fnmatch(name, pattern)}
-        if not matched:
-            raise ValueError(f"--limit {pattern!r} matches no host or group of the inventory")
-        chosen |= matched
-    return [name for name in groups_of if name in chosen]
-
-
-def data_args(extra: Sequence[str]) -> list[str]:
-    """The ``--data KEY=VALUE`` options among pyinfra's (they change what a host's settings are)."""
-    found = []
-    for i, arg in enumerate(extra):
-        if arg == "--data" and i + 1 < len(extra):
-            found += [arg, extra[i + 1]]
-        elif arg.startswith("--data="):
-            found.append(arg)
-    return found
-
-
-def read_inventory(inventory: str, timeout: float = 120, data: Sequence[str] = ()) -> list[dict]:
-    """Every host of a pyinfra inventory, in order: ``{"name", "groups", "data"}``, its data
-    merged as pyinfra merges it (group_data included).
-
-    Asked of the pyinfra CLI itself (``debug-inventory --json``, which also validates every
-    host's settings), in a subprocess: importing pyinfra's CLI would monkey-patch this
-    process with gevent. Raises RuntimeError with pyinfra's output when it cannot load it.
-    """
-    result = subprocess.run(
-        [PYINFRA, *data, str(Path(inventory).resolve()), "debug-inventory", "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"pyinfra could not load {inventory}:\n{result.stderr}{result.stdout}")
-    return json.loads(result.stdout)
-
-
-def load_inventory(inventory: str) -> list[dict]:
-    """:func:`read_inventory`'s answer for an inventory file, read in this process by pyinfra's
-    own loader (``pyinfra_cli.inventory.make_inventory``, as ``debug-inventory`` loads it, from
-    the repository, its group_data included; every command from ``/``, as config.py sets it):
-    no second interpreter that imports pyinfra again (0.65 s here, on an idle machine). Every
-    host's settings are validated as config.py validates them before a deploy. Anything but a
-    file (a host list, a module's function) is asked of the CLI. Raises RuntimeError, naming
-    the inventory and why, when it cannot load it or a setting is bad.
-
-    pyinfra_cli's package patches the whole process for gevent when imported, which a
-    caller with threads, subprocesses and signals of its own (pytest) must not get: its
-    loader module is imported without running that package's ``__init__``, which is then
-    forgotten again, so a later ``import pyinfra_cli`` (pyinfra's CLI itself) patches as usual."""
-    path = Path(inventory).resolve()
-    if not path.is_file():
-        return read_inventory(inventory)
-    import importlib  # noqa: PLC0415 - the loader is imported only when an inventory is read
-    import importlib.util  # noqa: PLC0415
-
-    from pyinfra.api import Config, State  # noqa: PLC0415
-    from pyinfra.context import ctx_config, ctx_state  # noqa: PLC0415
-
-    from sparkrig.connection import from_slash  # noqa: PLC0415
-    from sparkrig.operations import declaring  # noqa: PLC0415
-    from sparkrig.settings import validate_hosts  # noqa: PLC0415
-
-    stub = "pyinfra_cli" not in sys.modules
-    if stub:
-        sys.modules["pyinfra_cli"] = importlib.util.module_from_spec(importlib.util.find_spec("pyinfra_cli"))
-    try:
-        make_inventory = importlib.import_module("pyinfra_cli.inventory").make_inventory
-        json_encode = importlib.import_module("pyinfra_cli.util").json_encode
-    finally:
-        if stub:
-            del sys.modules["pyinfra_cli"]
-    state = State(check_for_changes=False)
-    state.cwd = str(REPO)
-    try:
-        with ctx_state.use(state), ctx_config.use(Config()):
-            loaded = make_inventory(str(path), cwd=str(REPO))
-            from_slash(loaded)
-            hosts = [{"name": host.name, "groups": list(host.groups), "data": host.data.dict()} for host in loaded]
-        declaring()
-        validate_hosts([(host["name"], host["data"]) for host in hosts])
-    except (Exception, SystemExit) as error:  # an inventory file may exit, as the lab's does when it is down
-        raise RuntimeError(f"pyinfra could not load {inventory}:\n{error}") from None
-    # As debug-inventory's JSON has it (tuples as lists, pyinfra's own types as it writes them).
-    return json.loads(json.dumps(hosts, default=json_encode))
-
 
 # --- one batch: converge, then prove ----------------------------------------------------
 
@@ -226,12 +115,13 @@ def passed_on(line: str) -> str:
     return "".join(printable(part) + (kept[i] if i < len(kept) else "") for i, part in enumerate(_ANSI.split(line)))
 
 
-def converge(inventory: str, hosts: Sequence[str], extra: Sequence[str]) -> dict[str, str]:
-    """``pyinfra -y --json --limit HOSTS INVENTORY deploy.py``, its log passed on to our stderr
-    (escaped: :func:`passed_on`); the hosts that failed, each with why."""
+def converge(inventory: str, hosts: Sequence[str], extra: Sequence[str], deploy: Path | None = None) -> dict[str, str]:
+    """``pyinfra -y --json --limit HOSTS INVENTORY DEPLOY`` in the deploy file's directory, its
+    log passed on to our stderr; the hosts that failed, each with why."""
+    deploy = deploy or default_deploy()
     process = subprocess.Popen(
-        [PYINFRA, "-y", "--json", *[arg for h in hosts for arg in ("--limit", h)], *extra, inventory, "deploy.py"],
-        cwd=REPO,
+        [PYINFRA, "-y", "--json", *[arg for h in hosts for arg in ("--limit", h)], *extra, inventory, deploy.name],
+        cwd=deploy.parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -257,6 +147,13 @@ def converge(inventory: str, hosts: Sequence[str], extra: Sequence[str]) -> dict
     if process.returncode != 0 and not failed:  # pyinfra failed, its report says nothing of whom
         failed = list(hosts)
     return {h: deploy_error(h, report, "\n".join(log)) for h in failed}
+
+
+def default_deploy() -> Path:
+    """The deploy a rollout runs unless --deploy names one: the caller's ./deploy.py, else (in a
+    checkout, called from elsewhere) the checkout's."""
+    here = Path("deploy.py").resolve()
+    return here if here.is_file() or not in_checkout() else REPO / "deploy.py"
 
 
 def control_host(name: str, hosts: Sequence[str]) -> str | None:
@@ -295,6 +192,7 @@ def proof_outcomes(junit: Path, hosts: Sequence[str], output: str) -> dict[str, 
         problem = case.find("error") if problem is None else problem
         if problem is None or host in failed:
             continue
+        name = name.rsplit("]@", 1)[0] + "]" if "]@" in name else name  # xdist's @host/group suffix
         control = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{name}"
         found = findings.get(control) or printable((problem.get("message") or "").strip().split("\n")[0])
         failed[host] = f"control {control}" + (f": {found}" if found else "")
@@ -306,26 +204,16 @@ def proof_outcomes(junit: Path, hosts: Sequence[str], output: str) -> dict[str, 
     return {h: why[:WHY_MAX] for h, why in failed.items()}
 
 
-def prove(inventory: str, hosts: Sequence[str]) -> dict[str, str]:
-    """The compliance suite on ``hosts`` alone (its output passed on to our stderr); the hosts
-    it did not prove, each with why."""
+def prove(
+    inventory: str, hosts: Sequence[str], project: Path | None = None, metrics_push: bool = False
+) -> dict[str, str]:
+    """The compliance suite on ``hosts`` alone (``sparkrig check``, run in the deploy's
+    directory; its output passed on to our stderr); the hosts it did not prove, each with why."""
     with tempfile.TemporaryDirectory(prefix="sparkrig-rollout-") as scratch:  # 0700, the caller's
         junit = Path(scratch) / "compliance.xml"
         result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "tests/compliance",
-                "--inventory",
-                inventory,
-                *[arg for h in hosts for arg in ("--limit", h)],
-                f"--junitxml={junit}",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-            ],
-            cwd=REPO,
+            check.command(inventory, hosts, junitxml=str(junit), metrics_push=metrics_push, extra=["-q"]),
+            cwd=project or REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
@@ -466,6 +354,8 @@ class Options:
     state: str | None
     extra: list[str]
     force: bool = False
+    deploy: str | None = None
+    metrics_push: bool = False
 
     def validate(self) -> None:
         for value, option, budget in (
@@ -487,22 +377,23 @@ class Options:
 def rollout(options: Options, steps: Steps | None = None) -> int:
     """Plan (or resume) the rollout and run it; the exit status."""
     options.validate()
-    # The caller's path, for the hosts, every batch and the suite alike (they run from the repository).
+    deploy = Path(options.deploy).resolve() if options.deploy else default_deploy()
+    if not deploy.is_file():
+        raise ValueError(f"--deploy {options.deploy or './deploy.py'}: no such file (name your deploy file)")
+    project = deploy.parent
+    # The caller's path, for the hosts, every batch and the suite alike (they run in the deploy's directory).
     inventory = str(Path(options.inventory).resolve())
     path = Path(options.state).resolve() if options.state else default_state_path(inventory)
     private_directory(path.parent)
     with _locked(path):
-        try:
-            loaded = read_inventory(inventory, data=data_args(options.extra))
-        except RuntimeError as error:
-            raise SystemExit(f"rollout: {error}") from None
+        loaded = read_inventory(options.inventory, data=data_args(options.extra), cwd=project)
         hosts = limit_hosts({h["name"]: h["groups"] for h in loaded}, options.limit)
         digests = {h["name"]: host_digest(h["data"]) for h in loaded if h["name"] in hosts}
         settings = {h["name"]: host_settings(h["data"]) for h in loaded if h["name"] in hosts}
-        remote = PyinfraHosts(PYINFRA, str(REPO), inventory, data_args(options.extra))
+        remote = PyinfraHosts(PYINFRA, str(project), inventory, data_args(options.extra))
         steps = steps or Steps(
-            lambda group: converge(inventory, group, options.extra),
-            lambda group: prove(inventory, group),
+            lambda group: converge(inventory, group, options.extra, deploy),
+            lambda group: prove(inventory, group, project, options.metrics_push),
             lambda group, note: reboot_batch(group, settings, remote, options.force, note, say),
             lambda group: _undrain(remote, group),
         )
@@ -565,11 +456,11 @@ class _locked:
         os.close(self.fd)
 
 
+@cli.command("rollout", "the deploy batch by batch, each batch proven by sparkrig check, resumable")
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="sparkrig rollout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser("rollout", __doc__, [(130, "interrupted (Ctrl+C): --resume goes on")])
     parser.add_argument("inventory", help="a pyinfra inventory, e.g. inventory/spark.py")
+    parser.add_argument("--deploy", metavar="FILE", help="the deploy file each batch runs (default: ./deploy.py)")
     parser.add_argument(
         "--batch",
         help="hosts per batch: a number, or a share of the hosts such as 25%% (rounded down, at least 1); default 1",
@@ -599,27 +490,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a host to reboot (updates_reboot) whose jobs still run after updates_drain_timeout: "
         "stop them (spark-jobs stop) instead of leaving the host out",
     )
-    parser.epilog = "Options after -- go to every batch's pyinfra run, e.g. -- --data hardware_profile=auto"
+    parser.add_argument(
+        "--metrics-push",
+        action="store_true",
+        help="after each batch's proof, write each host's outcome where its metrics collector serves it",
+    )
+    parser.epilog = (
+        "Options after -- go to every batch's pyinfra run, e.g. -- --data hardware_profile=auto.\n\n" + parser.epilog
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    try:
-        return rollout(
-            Options(
-                args.inventory,
-                args.batch,
-                args.canary,
-                args.max_fail,
-                args.limit,
-                args.resume,
-                args.state,
-                extra,
-                args.force,
-            )
-        )
-    except ValueError as error:
-        print(f"rollout: {error}", file=sys.stderr)
-        return 2
+    options = Options(
+        args.inventory,
+        args.batch,
+        args.canary,
+        args.max_fail,
+        args.limit,
+        args.resume,
+        args.state,
+        extra,
+        args.force,
+        args.deploy,
+        args.metrics_push,
+    )
+    return cli.answer("rollout", lambda: rollout(options))
 
 
 if __name__ == "__main__":

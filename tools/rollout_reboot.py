@@ -28,9 +28,11 @@ from typing import Any, Protocol
 
 from sparkrig import host_output
 from sparkrig.host_output import printable
+from sparkrig.host_settings import HostSettings
+from sparkrig.operations import load
 from sparkrig.operations.jobs.operations import PATHS as JOB_COMMANDS
 from sparkrig.operations.updates.facts import reboot_reasons, unexpected
-from sparkrig.operations.updates.settings import DEFAULTS as UPDATES_DEFAULTS
+from sparkrig.settings import all_settings, resolve
 
 # A host's reboot outcome, as the state file and the table keep it.
 REBOOTED, DRAINED_OUT, REBOOT_FAILED = "rebooted", "drained-out", "reboot failed"
@@ -84,9 +86,11 @@ class Hosts(Protocol):
     def undrain(self, host: str) -> None: ...
 
 
-def host_settings(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A host's settings the reboot reads: the updates concern's defaults under its data."""
-    return {**UPDATES_DEFAULTS, "cluster_name": "", **data}
+def host_settings(data: Mapping[str, Any]) -> HostSettings:
+    """A host's settings as its deploy reads them (every concern's declared defaults under its
+    data, resolved once, read-only): the reboot's ``updates_*`` and ``cluster_name`` among them."""
+    load()
+    return HostSettings(resolve(all_settings(), data))
 
 
 def groups(hosts: Sequence[str], settings: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
@@ -253,6 +257,8 @@ def _undrain(remote, host, say) -> None:
 # --- the real hosts: pyinfra's CLI, the inventory's connections ------------------------
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+JOB_MARK = "sparkrig-job "
+JOB_MARKED = f'printf "%s\\n" "$jobs" | sed -n "s/^./{JOB_MARK}&/p"'
 
 
 class PyinfraHosts:
@@ -274,9 +280,11 @@ class PyinfraHosts:
         text = _ANSI.sub("", (result.stderr + result.stdout).decode("utf-8", "surrogateescape"))
         return result.returncode, text.split("\n"), text
 
-    def _exec(self, host: str, command: str) -> list[str]:
-        """What the command printed, one line each (lines that are not text fail the host:
-        host_output.text); HostError, saying why in words escaped, when it failed."""
+    def root(self, host: str, command: str) -> list[str]:
+        """``command`` run as root on ``host`` (the inventory's sudo): the lines it said, its
+        error's lines and sudo's own warnings among them (pyinfra prints both streams), each
+        checked as text (a line that is not fails the host: host_output.text); HostError,
+        saying why in words escaped, when it failed."""
         code, lines, _ = self._run(host, "--sudo", "exec", "--", command)
         said = [line[len(host) + 3 :] for line in lines if line.startswith(f"[{host}] ")]
         if code != 0:
@@ -309,18 +317,21 @@ class PyinfraHosts:
         return Reading(values[BOOT_ID_FACT], reasons, values.get(VERSIONS_FACT) or {})
 
     def drain(self, host: str, why: str) -> None:
-        self._exec(host, f"{JOB_COMMANDS['spark-jobs']} drain --why {shlex.quote(why)}")
+        self.root(host, f"{JOB_COMMANDS['spark-jobs']} drain --why {shlex.quote(why)}")
 
     def running(self, host: str) -> list[str]:
-        return [line.strip() for line in self._exec(host, f"{JOB_COMMANDS['spark-jobs']} running") if line.strip()]
+        # Each job's line marked by the host's shell: sudo's own warnings ("sudo: unable to
+        # resolve host ...") come on the same output and are no job.
+        said = self.root(host, f"jobs=$({JOB_COMMANDS['spark-jobs']} running) || exit; {JOB_MARKED}")
+        return [line[len(JOB_MARK) :].strip() for line in said if line.startswith(JOB_MARK)]
 
     def stop(self, host: str, jobs: Sequence[str], wait: int) -> None:
         for job in jobs:
-            self._exec(host, f"{JOB_COMMANDS['spark-jobs']} stop --wait {int(wait)} {shlex.quote(job)}")
+            self.root(host, f"{JOB_COMMANDS['spark-jobs']} stop --wait {int(wait)} {shlex.quote(job)}")
 
     def reboot(self, host: str) -> None:
         # In 2 s, from systemd: the command returns before sshd goes down with the host.
-        self._exec(host, "systemd-run --quiet --on-active=2 --timer-property=AccuracySec=100ms systemctl reboot")
+        self.root(host, "systemd-run --quiet --on-active=2 --timer-property=AccuracySec=100ms systemctl reboot")
 
     def undrain(self, host: str) -> None:
-        self._exec(host, f"{JOB_COMMANDS['spark-jobs']} undrain")
+        self.root(host, f"{JOB_COMMANDS['spark-jobs']} undrain")

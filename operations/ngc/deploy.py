@@ -61,7 +61,7 @@ def ngc():
 
     Settings: ``ngc_*``, ``cuda_env_file`` (its portable variables are passed into
     containers) and the hardware profile's ``compute_capability`` (the Unsloth build's
-    TORCH_CUDA_ARCH_LIST, as seed 000 builds xformers); see docs/settings.md.
+    TORCH_CUDA_ARCH_LIST, as the Unsloth-on-Spark recipe builds xformers); see docs/settings.md.
     """
     data = host_settings.current()
     if not data.ngc_enabled:

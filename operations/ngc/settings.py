@@ -51,7 +51,7 @@ def jupyter_command_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     )
 
 
-# Unsloth with the pins seed 000 was checked with; unsloth and unsloth_zoo at the newest
+# Unsloth with the pins its Spark recipe was checked with; unsloth and unsloth_zoo at the newest
 # release that resolves with them (uv pip compile, Python 3.12, aarch64, 2026-11-23).
 UNSLOTH_PACKAGES = [
     "unsloth==2025.10.1",
@@ -184,7 +184,7 @@ SETTINGS = (
         "ngc_build",
         "none",
         'What runs: "none" (the base image as it is), "packages" (the base plus ngc_pip_packages) '
-        'or "unsloth" (seed 000\'s Unsloth-on-Spark recipe: Triton at a fixed commit, xformers '
+        'or "unsloth" (the Unsloth-on-Spark recipe: Triton at a fixed commit, xformers '
         "v0.0.33 for the profile's compute capability, and ngc_unsloth_packages; plus "
         "ngc_pip_packages). Built on the host from /etc/sparkrig/ngc/Dockerfile, again only when "
         "it changes.",
@@ -203,7 +203,7 @@ SETTINGS = (
         UNSLOTH_PACKAGES,
         'The "unsloth" recipe\'s pip requirements, every one pinned ("name==version"), so hosts'
         " built on different days get the same image; the image's recipe label (the "
-        "Dockerfile's sha256) changes with them. Unsloth's pins as seed 000 checked them; "
+        "Dockerfile's sha256) changes with them. Unsloth's pins as its Spark recipe checked them; "
         "unsloth and unsloth_zoo at the newest release that resolves with them.",
         requirements_check,
     ),

@@ -3,8 +3,8 @@ Swap off, and it stays off.
 
 On GB10 the CPU and the GPU share one pool of memory and GPU allocations cannot be
 swapped out: under pressure swap only delays and deepens the freeze that takes the
-whole box down, instead of letting the OOM killer end the job (see
-shared/notes/spark-facts.md). Off means:
+whole box down, instead of letting the OOM killer end the job (docs/swap.md). Off
+means:
 
 - every swap entry of ``/etc/fstab`` commented out, the rest of the file kept byte for
   byte; a backup of the old file is kept and findmnt validates the new one first;

@@ -421,7 +421,7 @@ def reboot_reasons(facts: Mapping[str, Any], firmware_pending: Sequence[str] = (
     """Why a host needs a reboot, one reason each ("reboot needed because ..."): a newer kernel
     installed than the one running, /run/reboot-required, and each firmware update staged to
     apply at the next boot (``firmware_pending``, one line each: the hook for fwupd's reading,
-    issue 38 item 3, e.g. "firmware: System Firmware 1.2 -> 1.3 waits for a reboot")."""
+    e.g. "firmware: System Firmware 1.2 -> 1.3 waits for a reboot")."""
     boot = sorted(facts["boot_kernels"], key=_version_key)
     found = []
     if boot and facts["kernel"] and boot[-1] != facts["kernel"]:

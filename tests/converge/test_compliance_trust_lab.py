@@ -2,20 +2,20 @@
 The compliance suite's own reads, played against (issue 35, findings 1 and 4): a venv owner
 who plants a program where the suite runs the venv's Python, and a cluster user whose
 authorized_keys is a FIFO, then a link to a root-only file. The suite runs as a user runs
-it (``pytest tests/compliance --inventory ...``); each test restores what it changed.
+it (``sparkrig check INVENTORY``); each test restores what it changed.
 """
 
 from __future__ import annotations
 
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import lab
+from sparkrig.tools import check
 from tests.conftest import LAB_INVENTORY
 from tests.support import REPO
 
@@ -31,24 +31,7 @@ def _root_sh(host: str, script: str) -> str:
 
 def _suite(tmp_path: Path, inventory: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/compliance",
-            "--inventory",
-            inventory,
-            "--limit",
-            HOST,
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            "0",
-            "-q",
-            "-rfs",
-            "--tb=short",
-            *args,
-        ],
+        check.command(inventory, [HOST], extra=["-n", "0", "-q", "-rfs", "--tb=short", *args]),
         cwd=REPO,
         capture_output=True,
         text=True,

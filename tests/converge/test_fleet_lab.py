@@ -24,6 +24,7 @@ import pytest
 import lab
 from lab import dgxos
 from sparkrig.operations.sshd_guard.operations import DROPIN_NAME
+from sparkrig.tools import check
 from tests.compliance.conftest import host_of
 from tests.conftest import LAB_INVENTORY
 from tests.support import PYINFRA, REPO, DeployResult, run_deploy
@@ -47,21 +48,10 @@ class SuiteRun:
 
 
 def run_suite(tmp_path: Path, *args: str) -> SuiteRun:
-    """``pytest tests/compliance --inventory inventory/lab.py --junitxml ...``, as a user runs it."""
+    """``sparkrig check inventory/lab.py --junitxml ...``, as a user runs it (pytest's options after --)."""
     junit = tmp_path / f"compliance-{time.monotonic_ns()}.xml"
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/compliance",
-            "--inventory",
-            LAB_INVENTORY,
-            f"--junitxml={junit}",
-            "-q",
-            "-rfs",
-            *args,
-        ],
+        check.command(LAB_INVENTORY, junitxml=str(junit), extra=["-q", "-rfs", *args]),
         cwd=REPO,
         capture_output=True,
         text=True,

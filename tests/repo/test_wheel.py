@@ -8,6 +8,7 @@ folder linked into the package cannot be imported by a second name."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -174,18 +175,32 @@ def test_the_checkouts_own_files_are_no_module_of_sparkrig():
 def test_a_folder_linked_into_sparkrig_is_one_module():
     """The repository's root is on the path (the editable install, pytest's rootdir), so each
     folder sparkrig/ links to could be imported by its own name too, one file two modules
-    (``sparkrig.tools is tools`` False): importing it so fails, naming the one name."""
+    (``sparkrig.tools is tools`` False): importing it so fails, naming the one name. The
+    compliance suite is the exception, by its layout: ``pytest tests/compliance`` imports it
+    as tests.compliance, ``sparkrig check`` as sparkrig.compliance; its modules import each
+    other relatively, so a process holds it under one name only (its state, the reading's
+    needs and the per-host table, once)."""
     linked = sorted(
         p.name for p in (REPO / "sparkrig").iterdir() if p.is_symlink() and (p.resolve() / "__init__.py").is_file()
     )
-    assert linked == ["operations", "tools"], linked
-    for name in linked:
+    assert linked == ["compliance", "operations", "tools"], linked
+    for name in ("operations", "tools"):
         result = subprocess.run(
             [sys.executable, "-c", f"import {name}"], cwd=REPO, capture_output=True, text=True, timeout=120
         )
         assert result.returncode == 1 and f"{name!r} is sparkrig.{name}: import it by that name" in result.stderr, (
             result.stderr
         )
+    held = (
+        "import importlib, sys; importlib.import_module(sys.argv[1]); "
+        "print(sorted(m for m in sys.modules if 'compliance' in m))"
+    )
+    for package, other in (("sparkrig.compliance", "tests.compliance"), ("tests.compliance", "sparkrig.compliance")):
+        result = subprocess.run(
+            [sys.executable, "-c", held, f"{package}.conftest"], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"'{package}.reads'" in result.stdout and f"'{other}." not in result.stdout, result.stdout
 
 
 def test_sparkrig_lock_checks_the_locks_from_the_checkout_and_from_the_wheel(installed, tmp_path):
@@ -207,12 +222,69 @@ def test_sparkrig_lock_checks_the_locks_from_the_checkout_and_from_the_wheel(ins
         assert result.returncode == 0 and "every lock is fresh" in result.stderr, result.stderr[-3000:]
 
 
-def test_the_wheels_rollout_and_reference_say_they_need_a_checkout(installed, tmp_path):
-    for command in ("rollout", "reference"):
-        result = subprocess.run(
-            [str(installed / "sparkrig"), command, "--check"], cwd=tmp_path, capture_output=True, text=True, timeout=120
-        )
-        assert result.returncode == 2 and f"run `uv run sparkrig {command}` in a clone" in result.stderr, result.stderr
+def sparkrig(installed: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(installed / "sparkrig"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PATH": f"{installed}{os.pathsep}{os.environ['PATH']}"},
+    )
+
+
+def test_the_wheels_help_lists_every_command_and_each_says_all_of_itself(installed, tmp_path):
+    """`sparkrig --help` lists each command with its line; each command's --help is its module's
+    whole docstring (never cut) and the exit statuses."""
+    from sparkrig.tools import cli  # noqa: PLC0415 - the checkout's registry, to compare
+
+    commands = cli.discover()
+    assert {"check", "rollout", "report", "reference", "metrics-push", "lock"} <= set(commands)
+    top = sparkrig(installed, tmp_path, "--help")
+    assert top.returncode == 0, top.stderr
+    listed = " ".join(top.stdout.split())
+    for name, command in commands.items():
+        assert f"{name} {command.summary}" in listed, (name, top.stdout)
+        own = sparkrig(installed, tmp_path, name, "--help")
+        assert own.returncode == 0, own.stderr
+        doc = importlib.import_module(command.main.__module__).__doc__.strip()
+        assert doc in own.stdout, (name, own.stdout)
+        assert "exit status:\n  0   done" in own.stdout and "\n  4   an input file is refused" in own.stdout, own.stdout
+    assert sparkrig(installed, tmp_path).returncode == 2
+    wrong = sparkrig(installed, tmp_path, "nope")
+    assert wrong.returncode == 2 and "invalid choice: 'nope'" in wrong.stderr, wrong.stderr
+
+
+def test_the_wheels_reference_writes_the_installed_concerns_settings(installed, tmp_path):
+    """From the wheel, `sparkrig reference` writes the settings and compliance references of the
+    concerns it installed: the checkout's own, as the checkout generates them."""
+    result = sparkrig(installed, tmp_path, "reference")
+    assert result.returncode == 0, result.stderr
+    for name in ("docs/settings.md", "docs/compliance.md"):
+        assert (tmp_path / name).read_text() == (REPO / name).read_text(), name
+    assert sparkrig(installed, tmp_path, "reference", "--check").returncode == 0
+    (tmp_path / "docs" / "settings.md").write_text("old\n")
+    stale = sparkrig(installed, tmp_path, "reference", "--check")
+    assert stale.returncode == 1 and "docs/settings.md" in stale.stderr, stale.stderr
+
+
+def test_the_wheels_commands_refuse_bad_input_in_one_line(installed, tmp_path):
+    """A missing deploy file is the command line's fault (exit 2); an inventory pyinfra cannot
+    load, or whose settings are refused, is a bad input file (exit 4): one line each, no host
+    contacted (the inventory's host does not resolve)."""
+    (tmp_path / "config.py").write_text("from sparkrig.operations import install\n\ninstall()\n")
+    (tmp_path / "bad.py").write_text("oops = [\n")
+    (tmp_path / "refused.py").write_text("hosts = [('r1.invalid', {}), ('r4.invalid', {'swap_disable': 'maybe'})]\n")
+    no_deploy = sparkrig(installed, tmp_path, "rollout", "refused.py")
+    assert no_deploy.returncode == 2 and no_deploy.stderr.count("\n") == 1, no_deploy.stderr
+    assert "--deploy ./deploy.py: no such file" in no_deploy.stderr
+    (tmp_path / "deploy.py").write_text("")
+    for command in ("check", "rollout"):
+        for inventory in ("bad.py", "refused.py"):
+            result = sparkrig(installed, tmp_path, command, inventory, "--limit", "r4.invalid")
+            assert result.returncode == 4 and result.stderr.count("\n") == 1, (command, result.stderr)
+            assert result.stderr.startswith(f"{command}: {inventory}: "), result.stderr
+        assert "host 'r4.invalid': swap_disable = 'maybe': allowed is True or False" in result.stderr
 
 
 def test_every_command_the_packages_messages_name_is_the_wheels():

@@ -1,4 +1,4 @@
-"""The suite reads an inventory in its own process (sparkrig.tools.rollout.load_inventory): the
+"""The suite reads an inventory in its own process (sparkrig.tools.inventory.load_inventory): the
 same hosts, groups and data as pyinfra's ``debug-inventory``, settings validated as a deploy
 validates them, and the process left unpatched by gevent."""
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from sparkrig.tools.rollout import REPO, load_inventory, read_inventory
+from sparkrig.tools.inventory import REPO, load_inventory, read_inventory
 
 
 def _inventory(tmp_path, hosts: str, **group_data: str):
@@ -64,7 +64,7 @@ def test_loading_does_not_patch_the_process_for_gevent(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys, threading
-        from sparkrig.tools.rollout import load_inventory
+        from sparkrig.tools.inventory import load_inventory
         assert [h["name"] for h in load_inventory({str(inventory)!r})] == ["spark-01.lan"]
         import gevent.monkey
         assert not gevent.monkey.is_anything_patched()

@@ -419,9 +419,12 @@ def test_the_table_counts_each_batch_and_says_why_hosts_failed():
 
 
 def test_a_failed_control_fails_its_host_read_from_a_real_junit(tmp_path):
-    """pytest's own JUnit of controls named as testinfra names them (its id first in the brackets)."""
+    """pytest's own JUnit of controls named as testinfra names them (its id first in the brackets),
+    run over xdist's workers grouped as the suite groups a host's container controls (JUnit's
+    name then ends in xdist's ``@GROUP``): the suite's own line still names what it found."""
     (tmp_path / "test_fake_controls.py").write_text(
         "import pytest\n"
+        "@pytest.mark.xdist_group('h1-b/containers')\n"
         "@pytest.mark.parametrize('h', ['ssh://h1', 'ssh://h1-b', 'ssh://h2'])\n"
         "def test_swap_is_off(h):\n"
         "    assert h != 'ssh://h1-b', '/swap.img is in /etc/fstab'\n"
@@ -441,6 +444,10 @@ def test_a_failed_control_fails_its_host_read_from_a_real_junit(tmp_path):
             "-q",
             "-p",
             "no:cacheprovider",
+            "-n",
+            "1",
+            "--dist",
+            "loadgroup",
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -454,6 +461,7 @@ def test_a_failed_control_fails_its_host_read_from_a_real_junit(tmp_path):
         "h1-b": "control test_fake_controls.py::test_swap_is_off[ssh://h1-b]: /swap.img is in fstab",
         "h3": "the compliance suite checked nothing on it (pytest: 1 failed, 5 passed in 0.05s)",
     }
+    assert "]@h1-b/containers" in junit.read_text()  # the name the suite's line is matched from
     # Without the suite's own line, JUnit's message says it.
     assert proof_outcomes(junit, ["h1-b"], "")["h1-b"].startswith(
         "control test_fake_controls.py::test_swap_is_off[ssh://h1-b]: AssertionError: /swap.img is in /etc/fstab"

@@ -14,7 +14,8 @@ import pytest
 
 from lab import fwupd as fwupd_stand_in
 from sparkrig.operations.updates import settings as up
-from sparkrig.settings import problems
+from sparkrig.settings import all_settings, problems, resolve
+from sparkrig.tools import rollout_reboot
 from sparkrig.tools.rollout import PYINFRA, Steps, run_batches
 from sparkrig.tools.rollout_plan import FAILED, PROVEN, State, table
 from sparkrig.tools.rollout_reboot import (
@@ -325,7 +326,8 @@ class Scripted(PyinfraHosts):
         command = args[-1]
         if "systemctl reboot" in command:
             self.boots[host] += 1
-        lines = [f"[{host}] {line}" for line in self.said.get((host, command.split()[-1]), [])]
+        key = "running" if " running)" in command else command.split()[-1]
+        lines = [f"[{host}] {line}" for line in self.said.get((host, key), [])]
         return 0, lines, "\n".join(lines)
 
 
@@ -389,3 +391,42 @@ def test_a_hosts_unclean_strings_fail_that_host_naming_them_and_leave_its_cluste
     kind, why = outcome["a"]
     assert kind == REBOOT_FAILED and "could not list its jobs" in why and "holds a control character" in why, why
     assert "\x1b" not in why
+
+
+def test_the_running_jobs_are_the_commands_lines_never_sudos_own_warnings(tmp_path, monkeypatch):
+    """On a host whose name does not resolve, sudo warns before it runs the command ("sudo: unable
+    to resolve host ..."), on the output pyinfra hands back beside the command's: the drain counts
+    only the lines of spark-jobs' own answer. Run through pyinfra's @local, its sudo a stand-in
+    that warns as sudo does and then runs the command; spark-jobs a stand-in naming one job."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sudo = bin_dir / "sudo"
+    sudo.write_text(
+        "#!/bin/sh\n"
+        'echo "sudo: unable to resolve host r2: Name or service not known" >&2\n'
+        'while [ "${1#-}" != "$1" ]; do shift; done\n'
+        'exec "$@"\n'
+    )
+    jobs = bin_dir / "spark-jobs"
+    jobs.write_text('#!/bin/sh\n[ "$1" = running ] && echo train-42\n')
+    for path in (sudo, jobs):
+        path.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setitem(rollout_reboot.JOB_COMMANDS, "spark-jobs", str(jobs))
+    remote = PyinfraHosts(PYINFRA, str(REPO), str(REPO / "inventory" / "local.py"))
+    assert any("unable to resolve host" in line for line in remote.root("@local", "true"))
+    assert remote.running("@local") == ["train-42"]
+    jobs.write_text("#!/bin/sh\nexit 0\n")
+    assert remote.running("@local") == []
+
+
+def test_the_reboot_reads_the_settings_the_deploy_resolves():
+    """The reboot groups hosts by ``cluster_name`` and reads ``updates_*`` from the resolution
+    every deploy makes (each concern's declared default under the host's data, read-only), not
+    from a resolver of its own: a host without a cluster has the cluster concern's own default."""
+    data = {"updates_drain_timeout": 120, "updates_reboot": "when-required"}
+    settings = host_settings(data)
+    assert dict(settings) == resolve(all_settings(), data)
+    assert settings["cluster_name"] == next(s.default for s in all_settings() if s.key == "cluster_name")
+    with pytest.raises(TypeError):
+        settings["updates_reboot"] = "never"  # type: ignore[index]
