@@ -37,15 +37,14 @@ from _pytest.mark.expression import Expression
 from testinfra.backend.local import LocalBackend
 from testinfra.backend.ssh import SshBackend
 
-import lab
 from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
 from sparkrig.tools import fleet_page, private
 from sparkrig.tools.report import COLUMNS, GPU_COLUMNS
 from sparkrig.tools.report import page_hosts as versions_of
-from tests.compliance import reads, results
-from tests.conftest import LAB_INVENTORY, lab_says
-from tests.support import REPO, inventory_host_data, ssh_config_for
+
+from . import reads, results
+from .targets import LAB_INVENTORY, REPO, inventory_host_data, lab, lab_says, ssh_config_for
 
 # Action controls' testinfra hosts answer host-wide constants once and each path from one
 # reading; read-only controls may not use them at all (reads.py).
@@ -62,7 +61,7 @@ def readers(config, hosts: dict[str, dict]) -> dict:
     fixture gives it) for the prefetch: every need of every compliance module is planned
     with it. A host whose settings do not resolve gets none: its controls ask for themselves."""
     for path in sorted(Path(__file__).parent.glob("test_*.py")):
-        importlib.import_module(f"tests.compliance.{path.stem}")  # registers its needs
+        importlib.import_module(f"{__package__}.{path.stem}")  # registers its needs
     found, everyone = {}, None
     for name, data in hosts.items():
         try:

@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from tests.compliance.reads import need
+from .reads import need
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tests.compliance.reads import need
+from .reads import need
 
 SERVICE = "earlyoom.service"
 CAP_SYS_RESOURCE = 24
