@@ -11,8 +11,9 @@ concern makes and another names), python_wheels (the Python lock's entries and o
 lock (a host's deploy lock), summary (the run's last line), hooks (all three for a config.py),
 resources (templates and data).
 
-operations/, templates/, tools/ and group_data/'s data are in this package by links to the
-repository's folders (sparkrig/operations -> ../operations, ...): the wheel's build follows them,
-and a checkout's editable install (uv sync) finds them through them, so a name resolves under
-sparkrig. in a checkout exactly when it does in the wheel (tests/repo/test_wheel.py).
+operations/, templates/, tools/, tests/compliance/ (sparkrig.compliance) and group_data/'s data
+are in this package by links to the repository's folders (sparkrig/operations -> ../operations,
+...): the wheel's build follows them, and a checkout's editable install (uv sync) finds them
+through them, so a name resolves under sparkrig. in a checkout exactly when it does in the wheel
+(tests/repo/test_wheel.py).
 """

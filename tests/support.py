@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
@@ -20,7 +23,17 @@ from sparkrig.tools.inventory import PYINFRA, REPO
 # The suite's reading of an inventory, for the lab tests too.
 from tests.compliance.targets import inventory_host_data, ssh_config_for
 
-__all__ = ["PYINFRA", "REPO", "DeployResult", "inventory_host_data", "run_deploy", "ssh_config_for", "unavailable"]
+__all__ = [
+    "PYINFRA",
+    "REPO",
+    "DeployResult",
+    "build_wheel",
+    "install_wheel",
+    "inventory_host_data",
+    "run_deploy",
+    "ssh_config_for",
+    "unavailable",
+]
 
 
 def unavailable(why: str) -> NoReturn:
@@ -84,3 +97,43 @@ def run_deploy(
     except json.JSONDecodeError:
         report = None
     return DeployResult(result.returncode, report, result.stderr + result.stdout * (report is None))
+
+
+def build_wheel(out: Path) -> Path:
+    """The wheel `uv build` makes of this checkout, into ``out``."""
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.fail("uv is not on PATH (.ci/install puts it there)")
+    subprocess.run(
+        [uv, "build", "--wheel", "--out-dir", str(out), str(REPO)], check=True, capture_output=True, timeout=600
+    )
+    return next(out.glob("sparkrig-*.whl"))
+
+
+def install_wheel(wheel: Path, venv: Path) -> Path:
+    """A fresh venv at ``venv`` (outside the checkout) holding ``wheel``, installed offline: its
+    dependencies as uv.lock pins them, from uv's cache where the checkout's own `uv sync` put them
+    (a resolving `uv pip install --offline` would need the index's pages, which a sync never
+    fetches), then the wheel alone. Its bin/ directory."""
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.fail("uv is not on PATH (.ci/install puts it there)")
+    sync = ["sync", "--locked", "--offline", "--no-dev", "--no-install-project", "--quiet", "--python", sys.executable]
+    subprocess.run(
+        [uv, *sync],
+        cwd=REPO,
+        env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)},
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    python = str(venv / "bin" / "python")
+    subprocess.run(
+        [uv, "pip", "install", "--offline", "--no-deps", "--quiet", "--python", python, str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return venv / "bin"

@@ -43,9 +43,9 @@ from sparkrig.host_output import printable
 from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
 from sparkrig.tools import fleet_page, private
-from tests.compliance import reads, results
-from tests.conftest import LAB_INVENTORY, lab_says
-from tests.support import REPO, inventory_host_data, ssh_config_for
+
+from . import reads, results
+from .targets import LAB_INVENTORY, REPO, inventory_host_data, lab_says, ssh_config_for
 
 # Action controls' testinfra hosts answer host-wide constants once and each path from one
 # reading; read-only controls may not use them at all (reads.py).
@@ -62,7 +62,7 @@ def readers(config, hosts: dict[str, dict]) -> dict:
     fixture gives it) for the prefetch: every need of every compliance module is planned
     with it. A host whose settings do not resolve gets none: its controls ask for themselves."""
     for path in sorted(Path(__file__).parent.glob("test_*.py")):
-        importlib.import_module(f"tests.compliance.{path.stem}")  # registers its needs
+        importlib.import_module(f"{__package__}.{path.stem}")  # registers its needs
     found, everyone = {}, None
     for name, data in hosts.items():
         try:
@@ -228,7 +228,7 @@ def selection_acts(args) -> bool:
         module = Path(path).resolve()
         if module.parent != here or not module.name.startswith("test_") or module.suffix != ".py" or "[" in control:
             return True
-        found = importlib.import_module(f"tests.compliance.{module.stem}")
+        found = importlib.import_module(f"{__package__}.{module.stem}")
         tests = (
             [getattr(found, control, None)] if control else [v for k, v in vars(found).items() if k.startswith("test_")]
         )
@@ -320,7 +320,7 @@ def pytest_configure(config):
         config.sparkrig_targets = "lab"
         # Written once the lab is up (_lab_ssh_config): the lab's own, multiplexed.
         ssh_config = Path(config.rootpath) / ".pytest_cache" / "sparkrig-lab-ssh-config"
-        import lab  # noqa: PLC0415 - the lab's modules only where the suite runs against it
+        from .targets import lab  # noqa: PLC0415 - the checkout's lab, imported when first used
 
         names = [name for name, _flavour in lab.DEFAULT_FLEET]
     config.option.hosts = ",".join(testinfra_spec(name) for name in names)
@@ -358,7 +358,7 @@ def _lab_ssh_config(request):
     where the suite's hosts read it, before the first control runs."""
     if request.config.sparkrig_targets == "lab":
         request.getfixturevalue("host_data")
-        import lab  # noqa: PLC0415
+        from .targets import lab  # noqa: PLC0415 - the checkout's lab, imported when first used
 
         write_multiplexed(lab.ssh_config_path().read_text(), Path(request.config.option.ssh_config))
         lab_says(request.config, f"compliance suite against the {len(_TABLE.names)} lab hosts")

@@ -192,7 +192,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def _host(item) -> str | None:
-    from tests.compliance.conftest import inventory_name  # noqa: PLC0415 - conftest imports this module
+    from .conftest import inventory_name  # noqa: PLC0415 - conftest imports this module
 
     callspec = getattr(item, "callspec", None)
     host = callspec.params.get("_testinfra_host") if callspec else None
@@ -222,7 +222,7 @@ class Record:
         self.outcome, self.reason, self.protects, self.duration, self.waiver = "", "", "", 0.0, None
 
     def add(self, report) -> None:
-        from tests.compliance.conftest import found, skipped  # noqa: PLC0415
+        from .conftest import found, skipped  # noqa: PLC0415
 
         self.duration += getattr(report, "duration", 0.0) or 0.0
         self.protects = self.protects or getattr(report, "sparkrig_protects", "")
@@ -258,7 +258,7 @@ def pytest_configure(config):
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
     """The versions for the JSON are read beside the controls, as --fleet-page reads them."""
-    from tests.compliance.conftest import read_versions  # noqa: PLC0415
+    from .conftest import read_versions  # noqa: PLC0415
 
     config = session.config
     if config.getoption("--results") and not hasattr(config, "workerinput"):
@@ -267,7 +267,7 @@ def pytest_sessionstart(session):
 
 def pytest_runtest_logreport(report):
     """Every report, also those xdist's workers send to the controller."""
-    from tests.compliance.conftest import _TABLE, host_of  # noqa: PLC0415
+    from .conftest import _TABLE, host_of  # noqa: PLC0415
 
     host = host_of(report.nodeid, _TABLE.names)
     if host is not None:
@@ -383,7 +383,7 @@ def pytest_sessionfinish(session):
     config = session.config
     if not config.getoption("--results") or hasattr(config, "workerinput"):
         return
-    from tests.compliance.conftest import _TABLE, page_hosts  # noqa: PLC0415
+    from .conftest import _TABLE, page_hosts  # noqa: PLC0415
 
     directory = results_dir(config.getoption("--results"))
     doc = document(config, page_hosts(config, _TABLE))

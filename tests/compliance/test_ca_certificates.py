@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.compliance.reads import need
+from .reads import need
 
 CERT_DIR = "/usr/local/share/ca-certificates"
 BUNDLE = "/etc/ssl/certs/ca-certificates.crt"

@@ -16,11 +16,11 @@ import shlex
 import pytest
 
 from sparkrig.user_files import user_read
-from tests.compliance.conftest import inventory_hosts as _inventory_hosts
-from tests.compliance.conftest import inventory_name
-from tests.compliance.reads import need, system_login
-from tests.conftest import LAB_INVENTORY
-from tests.support import REPO, inventory_host_data
+
+from .conftest import inventory_hosts as _inventory_hosts
+from .conftest import inventory_name
+from .reads import need, system_login
+from .targets import LAB_INVENTORY, REPO, inventory_host_data
 
 
 @pytest.fixture(scope="session")

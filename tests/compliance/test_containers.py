@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from tests.compliance.conftest import inventory_name
-from tests.compliance.reads import need
+from .conftest import inventory_name
+from .reads import need
 
 SERVICE = "docker.service"
 DAEMON_JSON = "/etc/docker/daemon.json"

@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from tests.compliance.reads import need, system_login
+from .reads import need, system_login
 
 PROFILE_SCRIPT = "/etc/profile.d/sparkrig-cuda.sh"
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from sparkrig import gpu
-from tests.compliance.reads import need
+
+from .reads import need
 
 UNIT = "sparkrig-gpu-policy.service"
 FILES = ("/etc/sparkrig/gpu-policy.env", "/usr/local/sbin/sparkrig-gpu-policy", f"/etc/systemd/system/{UNIT}")

@@ -19,8 +19,8 @@ import uuid
 
 import pytest
 
-from tests.compliance.conftest import inventory_name
-from tests.compliance.reads import need
+from .conftest import inventory_name
+from .reads import need
 
 SLICE = "training.slice"
 COMMANDS = ["spark-run", "spark-jobs", "spark-preflight", "spark-drop-caches"]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.compliance.reads import need
+from .reads import need
 
 EXPORTER = "prometheus-node-exporter.service"
 TIMER = "sparkrig-metrics.timer"

@@ -18,7 +18,8 @@ import time
 import pytest
 
 from sparkrig.user_files import user_read
-from tests.compliance.reads import need
+
+from .reads import need
 
 LAUNCHER = "/usr/local/bin/spark-container"
 TOKEN = "/var/lib/sparkrig/jupyter/token"

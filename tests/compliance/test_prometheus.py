@@ -13,11 +13,10 @@ import json
 
 import pytest
 
-from tests.compliance.conftest import inventory_hosts as _inventory_hosts
-from tests.compliance.conftest import inventory_name
-from tests.compliance.reads import need
-from tests.conftest import LAB_INVENTORY
-from tests.support import REPO, inventory_host_data
+from .conftest import inventory_hosts as _inventory_hosts
+from .conftest import inventory_name
+from .reads import need
+from .targets import LAB_INVENTORY, REPO, inventory_host_data
 
 SERVICE = "prometheus.service"
 JOB = "sparkrig"

@@ -16,8 +16,8 @@ import urllib.parse
 
 import pytest
 
-from tests.compliance.reads import need, system_login
-from tests.compliance.venv import distributions, interpreter, pyvenv_version
+from .reads import need, system_login
+from .venv import distributions, interpreter, pyvenv_version
 
 UV = "/opt/sparkrig/uv/bin/uv"
 UV_TOOL = "/opt/sparkrig/uv"

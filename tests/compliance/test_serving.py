@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from tests.compliance.reads import need
+from .reads import need
 
 PROBE_TIMER = "sparkrig-serving-probe.timer"
 HELPER = "/usr/local/sbin/sparkrig-serving"

@@ -18,8 +18,9 @@ import shlex
 import pytest
 
 from sparkrig.user_files import user_read
-from tests.compliance.reads import need
-from tests.compliance.venv import distributions
+
+from .reads import need
+from .venv import distributions
 
 WHEELHOUSE = "/var/lib/sparkrig/wheelhouse"
 PREFIXES = "/opt/sparkrig/builds"

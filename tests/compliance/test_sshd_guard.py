@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.compliance.reads import need
+from .reads import need
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 

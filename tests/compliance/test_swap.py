@@ -16,7 +16,7 @@ import shlex
 
 import pytest
 
-from tests.compliance.reads import need
+from .reads import need
 
 FSTAB = "/etc/fstab"
 # Swap units, and the services of zram-tools, zram-config, zram-swap and systemd-zram-generator.

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from tests.compliance.reads import need
+from .reads import need
 
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
 APT_CONF = "/etc/apt/apt.conf.d/99sparkrig-updates"

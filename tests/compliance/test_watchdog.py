@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.compliance.processes import main_process_command, program_argv
-from tests.compliance.reads import need
+from .processes import main_process_command, program_argv
+from .reads import need
 
 SERVICE = "earlyoom.service"
 CAP_SYS_RESOURCE = 24

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sparkrig.operations import CONCERNS
+from tests.support import build_wheel, install_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,18 +45,7 @@ print("ok", len(CONCERNS))
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    uv = shutil.which("uv")
-    if uv is None:
-        pytest.fail("uv is not on PATH (.ci/install puts it there)")
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [uv, "build", "--wheel", "--out-dir", str(out), str(REPO)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return next(out.glob("sparkrig-*.whl"))
+    return build_wheel(tmp_path_factory.mktemp("dist"))
 
 
 def test_the_wheel_holds_the_package_alone(wheel):
@@ -64,54 +54,14 @@ def test_the_wheel_holds_the_package_alone(wheel):
     assert tops == {"sparkrig", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}, tops
     for name in CONCERNS:
         assert f"sparkrig/operations/{name}/__init__.py" in names, name
+    assert "sparkrig/compliance/conftest.py" in names and "sparkrig/tools/check.ini" in names
     assert not [n for n in names if n.endswith((".pyc", "__pycache__/"))]
 
 
 @pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory) -> Path:
-    """A fresh venv outside the checkout holding the wheel, installed offline: its dependencies
-    as uv.lock pins them, from uv's cache where the checkout's own `uv sync` put them (a resolving
-    `uv pip install --offline` would need the index's pages, which a sync never fetches), then
-    the wheel alone. Its bin/ directory."""
-    uv = shutil.which("uv")
-    venv = tmp_path_factory.mktemp("wheel-venv") / "venv"
-    subprocess.run(
-        [
-            uv,
-            "sync",
-            "--locked",
-            "--offline",
-            "--no-dev",
-            "--no-install-project",
-            "--quiet",
-            "--python",
-            sys.executable,
-        ],
-        cwd=REPO,
-        env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)},
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    subprocess.run(
-        [
-            uv,
-            "pip",
-            "install",
-            "--offline",
-            "--no-deps",
-            "--quiet",
-            "--python",
-            str(venv / "bin" / "python"),
-            str(wheel),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return venv / "bin"
+    """A fresh venv outside the checkout holding the wheel (tests.support.install_wheel); its bin/."""
+    return install_wheel(wheel, tmp_path_factory.mktemp("wheel-venv") / "venv")
 
 
 def test_the_wheel_installs_and_every_concern_imports_outside_the_checkout(installed, tmp_path):
