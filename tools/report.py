@@ -71,7 +71,7 @@ def firmware_summary(firmware: Mapping[str, Any] | None) -> str:
     if firmware is None:
         return NONE
     if firmware["fwupd"] == "absent":
-        return "fwupd not installed"
+        return "fwupd not installed" + (f": {firmware['error']}" if firmware["error"] else "")
     if firmware["fwupd"] == "error":
         return f"not read: {firmware['error']}"
     count = len(firmware["devices"])

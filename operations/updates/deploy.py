@@ -11,10 +11,11 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from sparkrig import atomic, host_output, host_settings, messages, reading
+from sparkrig.packages import Candidates
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import defaults
 
-from .facts import AWAITING_REBOOT, RECORD, Firmware, Versions, dist_name, pending_reboot, unexpected
+from .facts import AWAITING_REBOOT, NOT_INSTALLABLE, RECORD, Firmware, Versions, dist_name, pending_reboot, unexpected
 from .operations import (
     APT_CONF,
     APT_CONF_VALIDATOR,
@@ -60,6 +61,9 @@ def firmware_part(settings: Mapping[str, Any]) -> reading.Part:
     return reading.part(Firmware, updates=settings["updates_firmware"] == "apply")
 
 
+# Whether apt could install fwupd at all (an offline box's lists may lack it).
+CANDIDATES = reading.part(Candidates, packages=(FWUPD_PACKAGE,))
+
 STATE = reading.part(
     atomic.HostState,
     paths=(PIN_FILE, APT_CONF, RECORD),
@@ -72,7 +76,8 @@ STATE = reading.part(
 def reads(settings):
     # fwupd is asked (over D-Bus, seconds on a real box) only where the deploy acts on it.
     firmware = [firmware_part(settings)] if settings["updates_firmware"] == "apply" else []
-    return [versions_part(settings), STATE, *firmware]
+    candidates = [CANDIDATES] if settings["updates_firmware"] != "off" else []
+    return [versions_part(settings), STATE, *candidates, *firmware]
 
 
 def oomd_off(settings: Mapping[str, Any]) -> bool:
@@ -195,7 +200,12 @@ def firmware(settings: Mapping[str, Any], state: Mapping[str, Any]) -> None:
     if mode == "off":
         return
     if state["packages"].get(FWUPD_PACKAGE) is None:
-        install_packages(name="Install fwupd (updates_firmware)", packages=[FWUPD_PACKAGE])
+        # Reading firmware never fails the deploy: where apt cannot install fwupd, the
+        # report says so and the rest of the concern goes on; only "apply" insists.
+        if mode == "report" and reading.value(CANDIDATES).get(FWUPD_PACKAGE) is None:
+            messages.detail(f"updates: firmware not read: {NOT_INSTALLABLE}")
+            return
+        install_packages(name="Install fwupd (updates_firmware)", packages=[FWUPD_PACKAGE], optional=mode == "report")
     if mode != "apply" or state["packages"].get(FWUPD_PACKAGE) is None:
         return  # a fresh fwupd is read at the next run (its metadata comes with its refresh timer)
     found = reading.value(firmware_part(settings))

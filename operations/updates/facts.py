@@ -295,6 +295,10 @@ def fwupd_devices(document: Mapping[str, Any], what: str) -> list[dict]:
     return [device for device in map(fwupd_device, entries) if device["version"]]
 
 
+# Why fwupd is absent where apt has no candidate for it (said by the report and the deploy).
+NOT_INSTALLABLE = "fwupd cannot be installed here (apt has no candidate for it: offline, or not in the package lists)"
+
+
 class Firmware(FactBase):
     """
     Returns fwupd's view of the box (``fwupdmgr get-devices --json``, run as root from /, killed
@@ -309,7 +313,7 @@ class Firmware(FactBase):
 
     .. code:: python
 
-        {"fwupd": "read",  # "absent" (not installed) or "error" (see "error")
+        {"fwupd": "read",  # "absent" (not installed; "error" says when apt cannot install it) or "error"
          "error": "",
          "devices": [{"name": "System Firmware", "id": "a45d...", "guids": ["37c9..."],
                       "version": "2.91", "vendor": "NVIDIA", "plugin": "uefi_capsule",
@@ -327,8 +331,9 @@ class Firmware(FactBase):
         found = self.default()
         for line in output:
             words = line.split(" ")
-            if words == ["absent"]:
+            if words[0] == "absent" and len(words) <= 2:
                 found["fwupd"] = "absent"
+                found["error"] = NOT_INSTALLABLE if words[1:] == ["(none)"] else ""
                 continue
             if (
                 len(words) != 5
