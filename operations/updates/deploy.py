@@ -15,11 +15,22 @@ from sparkrig.packages import Candidates
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import defaults
 
-from .facts import AWAITING_REBOOT, NOT_INSTALLABLE, RECORD, Firmware, Versions, dist_name, pending_reboot, unexpected
+from . import known_bad
+from .facts import (
+    AWAITING_REBOOT,
+    NOT_INSTALLABLE,
+    RECORD,
+    Firmware,
+    Versions,
+    dist_name,
+    pending_reboot,
+    unexpected,
+)
 from .operations import (
     APT_CONF,
     APT_CONF_VALIDATOR,
     FWUPD_PACKAGE,
+    KNOWN_BAD_VALIDATOR,
     OOMD_UNITS,
     PIN_VALIDATOR,
     TIMERS,
@@ -31,7 +42,7 @@ from .operations import (
     render_pins,
     render_record,
 )
-from .settings import DEFAULTS, PIN_FILE, SETTINGS, parse_hold
+from .settings import DEFAULTS, KNOWN_BAD_FILE, PIN_FILE, SETTINGS, parse_hold
 
 
 def python_names(settings: Mapping[str, Any]) -> tuple[str, ...]:
@@ -45,9 +56,13 @@ def versions_part(settings: Mapping[str, Any]) -> reading.Part:
     """The host's :class:`Versions`, as the deploy and the report read it."""
     settings = {**defaults(SETTINGS), **settings}
     holds = sorted({name for name, version in map(parse_hold, settings["updates_hold"]) if version is None})
+    # Every entry's packages, whatever the profile (the report learns a host's profile in the
+    # same reading): known_bad.running picks the host's.
+    entries = [*known_bad.shipped(), *settings["updates_known_bad"]]
+    globs = {"known_bad": known_bad.package_globs(entries)} if known_bad.package_globs(entries) else {}
     return reading.part(
         Versions,
-        packages=dict(settings["updates_packages"]),
+        packages={**dict(settings["updates_packages"]), **globs},
         holds=holds,
         venv=settings.get("python_venv_path", ""),
         python=python_names(settings),
@@ -66,7 +81,7 @@ CANDIDATES = reading.part(Candidates, packages=(FWUPD_PACKAGE,))
 
 STATE = reading.part(
     atomic.HostState,
-    paths=(PIN_FILE, APT_CONF, RECORD),
+    paths=(PIN_FILE, KNOWN_BAD_FILE, APT_CONF, RECORD),
     units=(*TIMERS, *OOMD_UNITS),
     packages=(UNATTENDED_PACKAGE, FWUPD_PACKAGE),
 )
@@ -104,6 +119,23 @@ def updates():
     state = reading.value(STATE)
     if host_output.fact_failed():
         return
+    # Known-bad versions: pinned away before anything here installs, said where one is present.
+    entries = known_bad.applicable(settings)
+    known_pins = known_bad.render_pins(entries)
+    known_state = state["files"].get(KNOWN_BAD_FILE)
+    if known_pins is None:
+        if known_state is not None:
+            files.file(name=f"No known-bad pins ({KNOWN_BAD_FILE})", path=KNOWN_BAD_FILE, present=False)
+    elif not atomic.up_to_date(known_state, known_pins):
+        atomic.file(
+            name=f"Known-bad versions never installed ({KNOWN_BAD_FILE})",
+            dest=KNOWN_BAD_FILE,
+            current=known_state,
+            content=known_pins,
+            validate=KNOWN_BAD_VALIDATOR,
+        )
+    for line in known_bad.running(entries, facts):
+        messages.detail(f"updates: {line}")
     wrong = unexpected(settings, facts)
     if wrong and settings["updates_stop_on_unexpected"]:
         messages.refused(

@@ -143,8 +143,10 @@ class Versions(FactBase):
                 if len(words) not in (3, 4):
                     raise ValueError(f"dpkg-query printed {rest[:120]!r}")
                 column, status, name, version = (words + [""])[:4]
+                if column not in (*PACKAGE_COLUMNS, "hold", "known_bad"):
+                    raise ValueError(f"dpkg-query printed {rest[:120]!r}")
                 if status[1:2] == "i" and version:
-                    target = found["hold_matches"] if column == "hold" else found["packages"][column]
+                    target = found["hold_matches"] if column == "hold" else found["packages"].setdefault(column, {})
                     target[name] = version
             elif kind == "held":
                 found["held"].append(rest)

@@ -54,6 +54,11 @@ def render_record(names: Iterable[str]) -> str:
 # Each record exactly Package, Pin (a version), Pin-Priority 1000, as render_pins writes
 # them; then apt itself must read the file without a word (templates/updates/pin-check.sh).
 PIN_VALIDATOR = ("sh", "-c", rendering.script("updates/pin-check.sh"), "sh")
+
+
+# Each record exactly Explanation, Package, Pin, Pin-Priority -1, as known_bad.render_pins
+# writes them; then apt must read the file without a word (templates/updates/known-bad-check.sh).
+KNOWN_BAD_VALIDATOR = ("sh", "-c", rendering.script("updates/known-bad-check.sh"), "sh")
 # apt-config parses the file as apt will (a syntax error fails it).
 APT_CONF_VALIDATOR = ("sh", "-c", rendering.script("updates/apt-conf-check.sh"), "sh")
 

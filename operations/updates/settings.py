@@ -11,7 +11,10 @@ from sparkrig import stack_locks
 from sparkrig.operations.watchdog import settings as watchdog_settings
 from sparkrig.settings import Setting, boolean, declare, defaults, int_range, one_of
 
+from . import known_bad
+
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
+KNOWN_BAD_FILE = "/etc/apt/preferences.d/sparkrig-known-bad"
 
 
 MODES = ("off", "security", "on")
@@ -206,6 +209,19 @@ SETTINGS = (
         "detached jobs and containers to end before it leaves the box out, not rebooted (or, with "
         "`sparkrig rollout --force`, stops them). 60 to 604800 (a week).",
         int_range(60, 604800, "seconds"),
+    ),
+    Setting(
+        "updates_known_bad",
+        [],
+        "Kernel, driver and firmware versions known to break this group's boxes, added to the list "
+        "shipped with sparkrig (operations/updates/known_bad.toml): each entry a mapping with name, "
+        "kind (kernel, driver, firmware), reason, links, running (a glob of the running kernel "
+        "release or driver or firmware version; firmware names its fwupd device) and/or packages "
+        "(apt package globs -> version globs), optionally profiles. The deploy pins each listed "
+        "package version below every other (never installed), the compliance control fails a box "
+        "that runs or has installed one, naming the entry, a rollout stops at that batch, and the "
+        "report marks it (docs/updates.md).",
+        known_bad.settings_check,
     ),
     Setting(
         "updates_packages",

@@ -14,6 +14,8 @@ import re
 
 import pytest
 
+from sparkrig.operations.updates import known_bad
+from sparkrig.profile import AUTO, choose_profile
 from tests.compliance.reads import need
 
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
@@ -22,6 +24,11 @@ RECORD = "/var/lib/sparkrig/updates-held"
 TIMERS = ("apt-daily.timer", "apt-daily-upgrade.timer")
 # fwupdmgr waits on fwupd over D-Bus: stopped after this long (above D-Bus's 25 s activation).
 FWUPD_TIMEOUT_S = 45
+
+
+def _fwupd_devices() -> str:
+    """fwupdmgr's device list, stopped after FWUPD_TIMEOUT_S (read when asked: a test lowers it)."""
+    return f"timeout -k 5 {FWUPD_TIMEOUT_S} fwupdmgr get-devices --json"
 
 
 def _holds(settings) -> tuple[list[str], dict[str, str]]:
@@ -60,7 +67,7 @@ def firmware(r):
     """fwupd's devices (asked only where updates_expected_firmware expects some), as root."""
     if not r.settings["updates_expected_firmware"]:
         return None
-    return r.run(f"timeout -k 5 {FWUPD_TIMEOUT_S} fwupdmgr get-devices --json", sudo=True)
+    return r.run(_fwupd_devices(), sudo=True)
 
 
 def _firmware_devices(answer) -> list[tuple[str, list[str], str]]:
@@ -137,6 +144,72 @@ def test_the_firmware_is_the_expected_version(read, settings):
             for name, found in matching
             if found != version
         ]
+    assert not wrong, "; ".join(wrong)
+
+
+def _known_bad(settings, identity) -> list[dict]:
+    """The known-bad entries for this host's hardware profile (the shipped list, data, and the
+    owner's); with "auto" and no matching profile, the entries that name no profile."""
+    name = settings["hardware_profile"]
+    if name == AUTO:
+        name = choose_profile(settings["hardware_profiles"], identity)[0]
+    return known_bad.applicable({**settings, "hardware_profile": name or AUTO})
+
+
+@need
+def installed_versions(r):
+    """Every installed package and its version."""
+    return r.run("dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n'")
+
+
+@need
+def known_bad_firmware(r):
+    """fwupd's devices, asked (as root) only where a known-bad entry names firmware."""
+    entries = [*known_bad.shipped(), *r.settings["updates_known_bad"]]
+    if not any(e["kind"] == "firmware" and e.get("running") for e in entries):
+        return None
+    return r.run(_fwupd_devices(), sudo=True)
+
+
+def test_no_known_bad_version_runs_or_is_installed(read, settings, identity):
+    """Protects against a kernel, driver or firmware version known to break this kind of box
+    (kernel 7.0.0-1019 on a GB10: NCCL fails with ENOMEM across nodes): a box that runs one,
+    or has one installed for its next boot, fails naming the entry, why, and where to read more;
+    a rollout stops at its batch."""
+    entries = _known_bad(settings, identity)
+    found = read(state)
+    kernel = found["kernel"].check().strip()
+    driver = _loaded_driver(found) or ""
+    installed = {}
+    for line in read(installed_versions).check().splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0][1:2] == "i":
+            installed[words[1]] = words[2]
+    answer = read(known_bad_firmware)
+    devices = [] if answer is None else _firmware_devices(answer)
+    wrong = []
+    for entry in entries:
+        glob, seen = entry.get("running"), []
+        if glob and entry["kind"] == "kernel" and fnmatch.fnmatchcase(kernel, glob):
+            seen.append(f"running kernel {kernel}")
+        if glob and entry["kind"] == "driver" and driver and fnmatch.fnmatchcase(driver, glob):
+            seen.append(f"running driver {driver}")
+        if glob and entry["kind"] == "firmware":
+            seen += [
+                f"firmware {name} {version}"
+                for name, guids, version in devices
+                if entry["device"] in (name, *guids) and version and fnmatch.fnmatchcase(version, glob)
+            ]
+        for package, version in entry.get("packages", {}).items():
+            seen += [
+                f"installed {name} {have}"
+                for name, have in sorted(installed.items())
+                if fnmatch.fnmatchcase(name, package) and fnmatch.fnmatchcase(have, version)
+            ]
+        if seen:
+            wrong.append(
+                f"known-bad {entry['name']}: {', '.join(seen)}: {entry['reason']} ({' '.join(entry['links'])})"
+            )
     assert not wrong, "; ".join(wrong)
 
 

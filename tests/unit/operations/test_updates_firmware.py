@@ -21,8 +21,8 @@ from sparkrig.operations.updates import operations as up_operations
 from sparkrig.operations.updates import settings as up_settings
 from sparkrig.settings import problems
 from sparkrig.tools import fleet_page, report
+from tests.unit.operations.test_updates import SHIPPED_PINS, _host
 from tests.unit.operations.test_updates import SPARK as SPARK_VERSIONS
-from tests.unit.operations.test_updates import _host
 from tests.unit.pyinfra_fake import HOST_STATE, execute, host_state
 
 DATA = Path(__file__).parent / "data" / "fwupd"
@@ -245,6 +245,7 @@ def _ops(
     responses[HOST_STATE] = host_state(
         files={
             up_settings.PIN_FILE: None,
+            up_settings.KNOWN_BAD_FILE: SHIPPED_PINS,
             up_operations.APT_CONF: up_operations.render_apt_conf("off", []),
             up_facts.RECORD: None,
         },
