@@ -21,7 +21,9 @@ from .facts import (
     NOT_INSTALLABLE,
     RECORD,
     Firmware,
+    KernelCmdline,
     Versions,
+    cmdline_missing,
     dist_name,
     pending_reboot,
     unexpected,
@@ -29,6 +31,7 @@ from .facts import (
 from .operations import (
     APT_CONF,
     APT_CONF_VALIDATOR,
+    CMDLINE_VALIDATOR,
     FWUPD_PACKAGE,
     KNOWN_BAD_VALIDATOR,
     OOMD_UNITS,
@@ -36,13 +39,15 @@ from .operations import (
     TIMERS,
     UNATTENDED_PACKAGE,
     firmware_applied,
+    grub_updated,
     marked,
     oomd_masked,
     render_apt_conf,
+    render_cmdline,
     render_pins,
     render_record,
 )
-from .settings import DEFAULTS, KNOWN_BAD_FILE, PIN_FILE, SETTINGS, parse_hold
+from .settings import DEFAULTS, GRUB_DROP_IN, KNOWN_BAD_FILE, PIN_FILE, SETTINGS, parse_hold
 
 
 def python_names(settings: Mapping[str, Any]) -> tuple[str, ...]:
@@ -79,9 +84,12 @@ def firmware_part(settings: Mapping[str, Any]) -> reading.Part:
 # Whether apt could install fwupd at all (an offline box's lists may lack it).
 CANDIDATES = reading.part(Candidates, packages=(FWUPD_PACKAGE,))
 
+# The kernel's command line: booted with, asked by the drop-in, the boot loader's.
+CMDLINE = reading.part(KernelCmdline)
+
 STATE = reading.part(
     atomic.HostState,
-    paths=(PIN_FILE, KNOWN_BAD_FILE, APT_CONF, RECORD),
+    paths=(PIN_FILE, KNOWN_BAD_FILE, APT_CONF, RECORD, GRUB_DROP_IN),
     units=(*TIMERS, *OOMD_UNITS),
     packages=(UNATTENDED_PACKAGE, FWUPD_PACKAGE),
 )
@@ -92,7 +100,7 @@ def reads(settings):
     # fwupd is asked (over D-Bus, seconds on a real box) only where the deploy acts on it.
     firmware = [firmware_part(settings)] if settings["updates_firmware"] == "apply" else []
     candidates = [CANDIDATES] if settings["updates_firmware"] != "off" else []
-    return [versions_part(settings), STATE, *candidates, *firmware]
+    return [versions_part(settings), STATE, CMDLINE, *candidates, *firmware]
 
 
 def oomd_off(settings: Mapping[str, Any]) -> bool:
@@ -222,7 +230,46 @@ def updates():
         if present:
             oomd_masked(name="systemd-oomd is masked (earlyoom is the watchdog)", units=present)
 
+    kernel_cmdline(settings, state)
     firmware(settings, state)
+
+
+def kernel_cmdline(settings: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """The GRUB drop-in for ``updates_kernel_cmdline`` (validated, atomic), and update-grub
+    where a boot loader applies it and its generated configuration does not say it yet."""
+    wanted = settings["updates_kernel_cmdline"]
+    add, remove = list(wanted.get("add", [])), list(wanted.get("remove", []))
+    content = render_cmdline(wanted)
+    current = state["files"].get(GRUB_DROP_IN)
+    line = reading.value(CMDLINE)
+    if host_output.fact_failed():
+        return
+    changed = False
+    if content is None:
+        if current is not None:
+            files.file(name=f"No kernel command line drop-in ({GRUB_DROP_IN})", path=GRUB_DROP_IN, present=False)
+            changed = True
+    elif not atomic.up_to_date(current, content):
+        atomic.file(
+            name=f"The kernel's command line as updates_kernel_cmdline says ({GRUB_DROP_IN})",
+            dest=GRUB_DROP_IN,
+            current=current,
+            content=content,
+            validate=CMDLINE_VALIDATOR,
+        )
+        changed = True
+    # A drop-in that a failed update-grub never took is applied again.
+    stale = line["generated"] is not None and bool(cmdline_missing(line["generated"], add, remove))
+    if not line["loader"]:
+        if content is not None:
+            messages.detail(
+                "updates: no boot loader here (update-grub absent): the drop-in is written, nothing applies it"
+            )
+        return
+    if changed or stale:
+        grub_updated(name="GRUB's configuration regenerated for the kernel's command line (update-grub)")
+    for reason in cmdline_missing(line["running"], add, remove):
+        messages.detail(f"updates: a reboot is pending (kernel command line: {reason})")
 
 
 def firmware(settings: Mapping[str, Any], state: Mapping[str, Any]) -> None:

@@ -15,6 +15,13 @@ from . import known_bad
 
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
 KNOWN_BAD_FILE = "/etc/apt/preferences.d/sparkrig-known-bad"
+GRUB_DROP_IN = "/etc/default/grub.d/90-sparkrig-cmdline.cfg"
+
+# A kernel parameter as updates_kernel_cmdline adds it (NAME or NAME=VALUE) or removes it (NAME):
+# no quote, space, glob or shell character (the drop-in is shell that grub-mkconfig sources).
+_CMDLINE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+_CMDLINE_ADD = re.compile(_CMDLINE_NAME + r"(=[A-Za-z0-9_.,:/+@%-]{0,128})?")
+_CMDLINE_REMOVE = re.compile(_CMDLINE_NAME)
 
 
 MODES = ("off", "security", "on")
@@ -63,6 +70,28 @@ def parse_hold(entry: str) -> tuple[str, str | None]:
     """``NAME`` or ``NAME=VERSION`` of ``updates_hold``, as (name, version or None)."""
     name, _, version = entry.partition("=")
     return name, (version or None)
+
+
+def cmdline_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    allowed = (
+        'a mapping with "add" (kernel parameters, NAME or NAME=VALUE: A-Z a-z 0-9 _ . - and in a '
+        'value also , : / + @ %%) and "remove" (parameter NAMEs), each name once in both together'
+    ).replace("%%", "%")
+    if not isinstance(value, Mapping) or not set(value) <= {"add", "remove"}:
+        return allowed
+    add, remove = value.get("add", []), value.get("remove", [])
+    if not isinstance(add, (list, tuple)) or not isinstance(remove, (list, tuple)):
+        return allowed
+    for word in add:
+        if not isinstance(word, str) or not _CMDLINE_ADD.fullmatch(word):
+            return f"{allowed} (bad parameter to add: {str(word)[:80]!r})"
+    for word in remove:
+        if not isinstance(word, str) or not _CMDLINE_REMOVE.fullmatch(word):
+            return f"{allowed} (bad parameter name to remove: {str(word)[:80]!r})"
+    names = [w.partition("=")[0] for w in [*add, *remove]]
+    if len(set(names)) != len(names):
+        return f"{allowed} (a name twice: {sorted({n for n in names if names.count(n) > 1})})"
+    return None
 
 
 def hold_check(value: Any, _data: Mapping[str, Any]) -> str | None:
@@ -209,6 +238,16 @@ SETTINGS = (
         "detached jobs and containers to end before it leaves the box out, not rebooted (or, with "
         "`sparkrig rollout --force`, stops them). 60 to 604800 (a week).",
         int_range(60, 604800, "seconds"),
+    ),
+    Setting(
+        "updates_kernel_cmdline",
+        {"add": [], "remove": []},
+        'Kernel parameters to add (NAME or NAME=VALUE, e.g. "kho=off") and to remove (NAME) on the '
+        "kernel's command line, applied as DGX OS boots: a GRUB drop-in "
+        "(/etc/default/grub.d/90-sparkrig-cmdline.cfg, validated, written atomically) and "
+        "update-grub; the next boot takes it (a pending change is a reboot reason for `sparkrig "
+        "rollout`), and a control compares /proc/cmdline with it. Empty: no drop-in.",
+        cmdline_check,
     ),
     Setting(
         "updates_known_bad",

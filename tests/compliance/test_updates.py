@@ -213,6 +213,56 @@ def test_no_known_bad_version_runs_or_is_installed(read, settings, identity):
     assert not wrong, "; ".join(wrong)
 
 
+# What grub-mkconfig reads of the kernel's command line: /etc/default/grub, then its drop-ins.
+EFFECTIVE_CMDLINE = (
+    "sh -c 'GRUB_CMDLINE_LINUX=; GRUB_CMDLINE_LINUX_DEFAULT=; "
+    "[ -f /etc/default/grub ] && . /etc/default/grub; "
+    'for f in /etc/default/grub.d/*.cfg; do [ -f "$f" ] && . "$f"; done; '
+    'printf "%s %s\\n" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"\''
+)
+
+
+@need
+def kernel_cmdline(r):
+    """The command line the kernel booted with, the one GRUB's configuration gives, and whether
+    a boot loader applies it (read only where updates_kernel_cmdline asks something)."""
+    wanted = r.settings["updates_kernel_cmdline"]
+    if not (wanted.get("add") or wanted.get("remove")):
+        return None
+    return {
+        "proc": r.run("cat /proc/cmdline"),
+        "config": r.run(EFFECTIVE_CMDLINE),
+        "loader": r.run("command -v update-grub"),
+    }
+
+
+def _cmdline_wrong(words, add, remove) -> list[str]:
+    wrong = [f"{word} is missing" for word in add if word not in words]
+    return wrong + [f"{w} is present" for w in words for name in remove if w == name or w.startswith(f"{name}=")]
+
+
+def test_the_kernel_command_line_is_as_set(read, settings):
+    """Protects against a kernel booted without the parameter that keeps it working (kho=off
+    against kernel 7.0.0-1019's CMA breakage on GB10), or with one the owner removed: GRUB's
+    configuration must say it, and the running kernel must have booted with it."""
+    wanted = settings["updates_kernel_cmdline"]
+    add, remove = list(wanted.get("add", [])), list(wanted.get("remove", []))
+    if not (add or remove):
+        pytest.skip("updates_kernel_cmdline adds and removes nothing on this host")
+    found = read(kernel_cmdline)
+    config = found["config"].check().split()
+    wrong = _cmdline_wrong(config, add, remove)
+    assert not wrong, f"GRUB's configuration (/etc/default/grub and grub.d): {'; '.join(wrong)}"
+    if found["loader"].rc != 0:
+        pytest.skip(
+            "no boot loader here (update-grub absent, as in a container): GRUB's configuration says "
+            "updates_kernel_cmdline (checked); /proc/cmdline is not compared"
+        )
+    running = found["proc"].check().split()
+    wrong = _cmdline_wrong(running, add, remove)
+    assert not wrong, f"/proc/cmdline: {'; '.join(wrong)}: GRUB says it, the kernel did not boot with it (reboot)"
+
+
 def test_held_packages_are_held(read, settings):
     """Protects against an upgrade the owner did not decide: every installed package that
     updates_hold names (or matches) is held in dpkg, which apt and unattended-upgrades honour."""

@@ -330,3 +330,74 @@ def test_a_known_bad_version_is_never_installed_and_a_host_running_one_fails_and
             HOST,
             f"sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-downgrades {KERNEL}=1.0 >/dev/null",
         )
+        # Back to the default settings: no entry for the lab's hosts, no pins.
+        restored = run_deploy(LAB_INVENTORY, "--limit", HOST, deploy=deploy)
+        assert restored.returncode == 0, restored.log
+        assert lab.run_ssh(HOST, "test -e /etc/apt/preferences.d/sparkrig-known-bad", check=False).returncode == 1
+
+
+CMDLINE_CONTROL = "test_updates.py::test_the_kernel_command_line_is_as_set"
+
+
+@pytest.fixture
+def with_kho_off(tmp_path) -> str:
+    """The lab inventory, lab-deb12-b adding kho=off to the kernel's command line and removing splash."""
+    inventory = tmp_path / "kho.py"
+    inventory.write_text(
+        "from inventory.lab import lab as _lab\n"
+        "lab = [(n, {**d, 'updates_kernel_cmdline': {'add': ['kho=off'], 'remove': ['splash']}}"
+        f" if n == {HOST!r} else d) for n, d in _lab]\n"
+    )
+    return str(inventory)
+
+
+def test_the_kernel_command_line_drop_in_is_written_validated_and_checked_where_no_boot_loader_runs(
+    lab_hosts, lab_locks, with_kho_off
+):
+    """A lab container has no boot loader (no update-grub, no /boot/grub): the drop-in is written
+    (its validator run for real on the host), a second run changes nothing, the deploy says
+    nothing applies it, and the control checks GRUB's configuration as grub-mkconfig sources it,
+    then skips saying /proc/cmdline was not compared; the setting emptied removes the drop-in."""
+    assert HOST in {h.name for h in lab_hosts}
+    assert lab.run_ssh(HOST, "command -v update-grub", check=False).returncode != 0, "a lab host with GRUB"
+    deploy = "tests/converge/updates_deploy.py"
+    drop_in = "/etc/default/grub.d/90-sparkrig-cmdline.cfg"
+    first = run_deploy(with_kho_off, "--limit", HOST, deploy=deploy)
+    assert first.returncode == 0, first.log
+    assert list(first.changed()[HOST]) == [
+        f"Updates | The kernel's command line as updates_kernel_cmdline says ({drop_in})"
+    ], first.changed()
+    assert "no boot loader here (update-grub absent)" in first.log
+    again = run_deploy(with_kho_off, "--limit", HOST, deploy=deploy)
+    assert again.returncode == 0 and again.changed() == {}, again.changed()
+    sourced = lab.run_ssh(
+        HOST,
+        f"GRUB_CMDLINE_LINUX='ro kho=on' GRUB_CMDLINE_LINUX_DEFAULT='quiet splash' sh -c '. {drop_in}; "
+        'echo "$GRUB_CMDLINE_LINUX|$GRUB_CMDLINE_LINUX_DEFAULT"\'',
+    ).stdout.strip()
+    assert sourced == "ro kho=off|quiet", sourced
+    control = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"tests/compliance/{CMDLINE_CONTROL}",
+            "--inventory",
+            with_kho_off,
+            "--limit",
+            HOST,
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert control.returncode == 0, control.stdout
+    assert "1 skipped" in control.stdout and "no boot loader here" in control.stdout, control.stdout
+    removed = run_deploy(LAB_INVENTORY, "--limit", HOST, deploy=deploy)
+    assert removed.returncode == 0, removed.log
+    assert lab.run_ssh(HOST, f"test -e {drop_in}", check=False).returncode == 1
