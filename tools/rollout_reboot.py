@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sparkrig.operations.jobs.operations import PATHS as JOB_COMMANDS
-from sparkrig.operations.updates.facts import cmdline_reasons, reboot_reasons, unexpected
+from sparkrig.operations.updates.cmdline import cmdline_reasons
+from sparkrig.operations.updates.facts import reboot_reasons, unexpected
 from sparkrig.operations.updates.settings import DEFAULTS as UPDATES_DEFAULTS
 
 # A host's reboot outcome, as the state file and the table keep it.
@@ -55,7 +56,7 @@ def firmware_reasons(firmware: Mapping[str, Any]) -> list[str]:
 REBOOT_READINGS: list[tuple[str, Callable[[Any], list[str]]]] = [
     ("sparkrig.operations.updates.facts.Versions", reboot_reasons),
     ("sparkrig.operations.updates.facts.Firmware", firmware_reasons),
-    ("sparkrig.operations.updates.facts.KernelCmdline", cmdline_reasons),
+    ("sparkrig.operations.updates.cmdline.KernelCmdline", cmdline_reasons),
 ]
 BOOT_ID_FACT = "sparkrig.operations.updates.facts.BootId"
 VERSIONS_FACT = "sparkrig.operations.updates.facts.Versions"

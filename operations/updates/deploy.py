@@ -16,14 +16,13 @@ from sparkrig.packages import installed as install_packages
 from sparkrig.settings import defaults
 
 from . import known_bad
+from .cmdline import KernelCmdline, cmdline_missing
 from .facts import (
     AWAITING_REBOOT,
     NOT_INSTALLABLE,
     RECORD,
     Firmware,
-    KernelCmdline,
     Versions,
-    cmdline_missing,
     dist_name,
     pending_reboot,
     unexpected,

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkrig import stack_locks
+from sparkrig.operations.hardware import settings as hardware_settings
 from sparkrig.operations.watchdog import settings as watchdog_settings
 from sparkrig.settings import Setting, boolean, declare, defaults, int_range, one_of
 
@@ -271,9 +272,9 @@ SETTINGS = (
     ),
 )
 
-# Its own settings, watchdog's (systemd-oomd is masked where earlyoom is the watchdog,
-# watchdog_enabled) and python_stack's (the venv whose torch and vLLM versions are read, and
-# the manifest's vLLM name).
-DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS, *stack_locks.SETTINGS))
+# Its own settings, hardware's (the known-bad entries of the host's profile), watchdog's
+# (systemd-oomd is masked where earlyoom is the watchdog, watchdog_enabled) and
+# python_stack's (the venv whose torch and vLLM versions are read, and the manifest's vLLM name).
+DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS, *stack_locks.SETTINGS, *hardware_settings.SETTINGS))
 
 declare(__name__, SETTINGS)

@@ -13,7 +13,7 @@ from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig import rendering
 from sparkrig.operations import updates as up
-from sparkrig.operations.updates import facts as up_facts
+from sparkrig.operations.updates import cmdline as up_cmdline
 from sparkrig.operations.updates import operations as up_operations
 from sparkrig.operations.updates import settings as up_settings
 from sparkrig.settings import problems
@@ -138,24 +138,24 @@ GRUB_CFG = """menuentry 'DGX OS' {
 
 def test_the_fact_reads_what_booted_what_the_drop_in_asks_and_the_generated_line(tmp_path):
     drop_in = up_operations.render_cmdline(KHO)
-    found = up_facts.KernelCmdline().process(_run_script(tmp_path, drop_in, GRUB_CFG, loader=True))
+    found = up_cmdline.KernelCmdline().process(_run_script(tmp_path, drop_in, GRUB_CFG, loader=True))
     assert found["running"] == PROC.split() and "kho=off" not in found["running"]
     assert (found["add"], found["remove"], found["loader"]) == (["kho=off"], [], True)
     assert found["generated"] == ["root=UUID=1234", "ro", "quiet", "splash", "kho=off"]
     # Booted without it: the rollout's reboot reason.
-    assert up_facts.cmdline_reasons(found) == ["kernel command line: kho=off is not on it (/proc/cmdline)"]
-    assert ("sparkrig.operations.updates.facts.KernelCmdline", up_facts.cmdline_reasons) in (
+    assert up_cmdline.cmdline_reasons(found) == ["kernel command line: kho=off is not on it (/proc/cmdline)"]
+    assert ("sparkrig.operations.updates.cmdline.KernelCmdline", up_cmdline.cmdline_reasons) in (
         rollout_reboot.REBOOT_READINGS
     )
-    bare = up_facts.KernelCmdline().process(_run_script(tmp_path / "..", None, None, loader=False))
+    bare = up_cmdline.KernelCmdline().process(_run_script(tmp_path / "..", None, None, loader=False))
     assert (bare["add"], bare["loader"], bare["generated"]) == ([], False, None)
-    assert up_facts.cmdline_reasons({**found, "loader": False}) == []  # nothing applies it: no reboot helps
+    assert up_cmdline.cmdline_reasons({**found, "loader": False}) == []  # nothing applies it: no reboot helps
 
 
 @pytest.mark.parametrize("bad", ["running ro\x1b[2J", "add kho=off\rremove x", "loader maybe", "other line"])
 def test_bytes_the_parser_cannot_read_fail_that_host(bad):
     with pytest.raises(FactProcessError):
-        up_facts.KernelCmdline().process(["running ro", bad])
+        up_cmdline.KernelCmdline().process(["running ro", bad])
 
 
 # The plan ---------------------------------------------------------------------------------

@@ -283,7 +283,7 @@ def test_a_firmware_update_staged_for_the_next_boot_is_a_reason_to_reboot():
                     "reboot_required": False,
                 },
                 "sparkrig.operations.updates.facts.Firmware": self.firmware,
-                "sparkrig.operations.updates.facts.KernelCmdline": self.cmdline,
+                "sparkrig.operations.updates.cmdline.KernelCmdline": self.cmdline,
             }
             assert list(args[1:]) == list(facts), args
             text = "".join(f"--> Fact data for: {name}\n{json.dumps({host: value})}\n" for name, value in facts.items())
