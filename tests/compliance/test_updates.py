@@ -263,6 +263,41 @@ def test_the_kernel_command_line_is_as_set(read, settings):
     assert not wrong, f"/proc/cmdline: {'; '.join(wrong)}: GRUB says it, the kernel did not boot with it (reboot)"
 
 
+@need
+def meminfo(r):
+    """/proc/meminfo (its CMA lines)."""
+    return r.run("cat /proc/meminfo")
+
+
+def _cma(text: str) -> dict[str, int]:
+    """CmaTotal and CmaFree of /proc/meminfo, in KiB (none where the kernel has no CMA)."""
+    found = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] in ("CmaTotal:", "CmaFree:") and words[1].isdigit() and words[2] == "kB":
+            found[words[0][:-1]] = int(words[1])
+    return found
+
+
+def test_cma_free_is_never_above_cma_total(read, profile):
+    """Protects against the kernel whose CMA accounting is broken (7.0.0-1019 on GB10: CmaFree
+    above CmaTotal, and NCCL's ibv_reg_mr fails with ENOMEM across nodes), and a box whose CMA
+    area is not what its hardware profile expects (where the profile says, cma_total_kib)."""
+    cma = _cma(read(meminfo).check())
+    if not cma:
+        pytest.skip("/proc/meminfo has no CMA lines (a kernel without CMA)")
+    assert set(cma) == {"CmaTotal", "CmaFree"}, f"/proc/meminfo has only {sorted(cma)}"
+    assert cma["CmaFree"] <= cma["CmaTotal"], (
+        f"CmaFree {cma['CmaFree']} kB is above CmaTotal {cma['CmaTotal']} kB: the CMA accounting of a broken "
+        "kernel (7.0.0-1019 on GB10: NCCL fails with ENOMEM); boot the previous kernel or add kho=off"
+    )
+    expected = profile.get("cma_total_kib")
+    if expected is not None:
+        assert cma["CmaTotal"] == expected, (
+            f"CmaTotal is {cma['CmaTotal']} kB, the hardware profile expects {expected} kB"
+        )
+
+
 def test_held_packages_are_held(read, settings):
     """Protects against an upgrade the owner did not decide: every installed package that
     updates_hold names (or matches) is held in dpkg, which apt and unattended-upgrades honour."""

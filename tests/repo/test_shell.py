@@ -94,7 +94,12 @@ SAMPLES: dict[str, dict] = {
         "records": "/var/lib/sparkrig/jobs",
         "drain": "/var/lib/sparkrig/drain",
     },
-    "jobs/spark-preflight.sh.j2": {"min_available_kib": 8388608, "watchdog_service": "earlyoom.service"},
+    "jobs/spark-preflight.sh.j2": {
+        "min_available_kib": 8388608,
+        "min_large_blocks": 0,
+        "large_order": 9,
+        "watchdog_service": "earlyoom.service",
+    },
     "jobs/spark-run.sh.j2": {
         "slice": "training.slice",
         "memory_max": "90%",
@@ -180,6 +185,7 @@ SAMPLES.update(
             "records": "/var/lib/sparkrig/jobs",
             "reboot_file": "/run/reboot-required",
             "compliance_file": "/var/lib/sparkrig/compliance-last",
+            "proc": "/proc",
             "venv": "/opt/sparkrig/venv",
             "user_read_root": _READ,
             "user_read_owner": 'runuser -u "$OWNER" -- ' + _READ,
