@@ -16,11 +16,12 @@ operation only runs when one is, so a converged host costs nothing here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
-from . import host_settings, rendering
+from . import host_output, host_settings, rendering
 from .settings import Setting, declare, int_range
 
 TIMEOUT_KEY = "packages_dpkg_lock_timeout_s"
@@ -106,7 +107,7 @@ def locked(argv: Sequence[str], timeout_s: int | None = None) -> StringCommand:
 
 @operation()
 def installed(
-    packages: Sequence[str], no_recommends: bool = True, only_upgrade: bool = False
+    packages: Sequence[str], no_recommends: bool = True, only_upgrade: bool = False, optional: bool = False
 ) -> Iterator[StringCommand]:
     """
     Install Debian packages the caller found missing, with fresh package lists, waiting a
@@ -115,6 +116,7 @@ def installed(
     + packages: the package names (the caller decided from its facts that some are missing)
     + no_recommends: install without recommended packages
     + only_upgrade: upgrade those of ``packages`` that are installed, install none
+    + optional: a failed install says so and fails nothing (what only reports, never what acts)
 
     **Example:**
 
@@ -122,7 +124,11 @@ def installed(
 
         packages.installed(name="Install earlyoom", packages=["earlyoom"])
     """
-    yield install_command(packages, _timeout(), no_recommends, only_upgrade)
+    command = install_command(packages, _timeout(), no_recommends, only_upgrade)
+    if optional:
+        said = f"sparkrig: {' '.join(packages)} could not be installed (apt said why above); the deploy goes on without"
+        command = StringCommand("{", command, ";", "}", "||", "echo", QuoteString(said))
+    yield command
 
 
 def _timeout() -> int:
@@ -141,3 +147,44 @@ SETTINGS = (
     ),
 )
 declare(__name__, SETTINGS)
+
+
+class Candidates(FactBase):
+    """
+    Returns, for each package named, the version apt would install now (its candidate, pins
+    counted: a version pinned below 0 is none), None where apt has none: the package is not in
+    the package lists (an offline box whose lists lack it: "Unable to locate package") or every
+    version of it is pinned away. No lists are fetched: it reads what ``apt-get update`` left.
+
+    .. code:: python
+
+        {"fwupd": "2.0.20-1~deb12u2", "missing-package": None}
+    """
+
+    def command(self, packages: Sequence[str]) -> StringCommand:
+        return StringCommand("LC_ALL=C", "apt-cache", "policy", "--", *[QuoteString(p) for p in packages])
+
+    @host_output.parses
+    def process(self, output: list[str]) -> dict:
+        found: dict = {}
+        name = None
+        for line in output:
+            if any(ord(c) < 32 or ord(c) == 127 for c in line):
+                raise ValueError(f"a control character in apt-cache's line {line[:80]!r}")
+            if line and not line.startswith(" ") and line.endswith(":"):
+                name = line[:-1]
+                found[name] = None
+            elif line.strip().startswith("Candidate: ") and name is not None:
+                version = line.strip().removeprefix("Candidate: ")
+                if not _VERSION.fullmatch(version):
+                    raise ValueError(f"apt-cache's candidate of {name} is {version[:80]!r}")
+                found[name] = None if version == "(none)" else version
+        return found
+
+    @staticmethod
+    def default() -> dict:
+        return {}
+
+
+# A Debian version as apt prints it, or apt's "(none)".
+_VERSION = re.compile(r"\(none\)|[0-9A-Za-z.+~:_-]{1,128}")

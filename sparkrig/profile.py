@@ -20,6 +20,9 @@ from . import host_output, reading
 
 ARCHES = ("aarch64", "x86_64")
 PROFILE_FIELDS = ("arch", "compute_capability", "torch_cuda_arch_list")
+# Optional: CmaTotal of /proc/meminfo, in KiB, as a healthy box of the profile shows it (the CMA
+# control compares it where a profile says it).
+OPTIONAL_FIELDS = ("cma_total_kib",)
 _PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 _CAPABILITY = re.compile(r"\d+\.\d+")
 _ARCH_LIST = re.compile(r"\d+\.\d+[af]?(\+PTX)?([ ;]\d+\.\d+[af]?(\+PTX)?)*")
@@ -37,7 +40,8 @@ DEFAULT_PROFILES = {
 def profiles_check(value: Any, _data: Mapping[str, Any]) -> str | None:
     allowed = (
         "a mapping of profile names to {arch: aarch64|x86_64, compute_capability: 'MAJOR.MINOR', "
-        "torch_cuda_arch_list: e.g. '12.1a' or '9.0;12.0+PTX'}"
+        "torch_cuda_arch_list: e.g. '12.1a' or '9.0;12.0+PTX', optionally cma_total_kib: CmaTotal "
+        "of /proc/meminfo in KiB as a healthy box shows it}"
     )
     if not isinstance(value, Mapping) or not value:
         return allowed
@@ -46,7 +50,11 @@ def profiles_check(value: Any, _data: Mapping[str, Any]) -> str | None:
             isinstance(name, str)
             and _PROFILE_NAME.fullmatch(name)
             and isinstance(profile, Mapping)
-            and set(profile) == set(PROFILE_FIELDS)
+            and set(PROFILE_FIELDS) <= set(profile) <= {*PROFILE_FIELDS, *OPTIONAL_FIELDS}
+            and (
+                "cma_total_kib" not in profile
+                or (type(profile["cma_total_kib"]) is int and 0 <= profile["cma_total_kib"] < 1 << 40)
+            )
             and profile["arch"] in ARCHES
             and isinstance(profile["compute_capability"], str)
             and _CAPABILITY.fullmatch(profile["compute_capability"])

@@ -330,7 +330,9 @@ def render(
         else:
             for column in columns:
                 value = h.versions.get(column, "")
-                if column in h.differs:
+                if column == "known_bad" and column in h.differs:
+                    cells.append(_cell(value, "differs", "runs or has installed a known-bad version (sparkrig report)"))
+                elif column in h.differs:
                     cells.append(_cell(value, "differs", f"differs from most hosts ({_most(hosts, column) or '-'})"))
                 else:
                     cells.append(_cell(value))

@@ -31,6 +31,7 @@ from sparkrig.connection import from_slash
 from sparkrig.host_output import printable
 from sparkrig.operations import declaring
 from sparkrig.operations.gpu_policy.deploy import GPU
+from sparkrig.operations.updates import known_bad
 from sparkrig.operations.updates.deploy import firmware_part, versions_part
 from sparkrig.operations.updates.facts import pending_reboot
 from sparkrig.settings import resolved, validate_hosts
@@ -51,6 +52,7 @@ COLUMNS = (
     "vllm",
     "reboot",
     "firmware",
+    "known_bad",
 )
 # The GPU's state, after the versions: never marked (it differs from host to host by nature).
 GPU_COLUMNS = fleet_page.STATE_COLUMNS
@@ -70,7 +72,7 @@ def firmware_summary(firmware: Mapping[str, Any] | None) -> str:
     if firmware is None:
         return NONE
     if firmware["fwupd"] == "absent":
-        return "fwupd not installed"
+        return "fwupd not installed" + (f": {firmware['error']}" if firmware["error"] else "")
     if firmware["fwupd"] == "error":
         return f"not read: {firmware['error']}"
     count = len(firmware["devices"])
@@ -138,10 +140,14 @@ def gpu_cells(state: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 def row(
-    facts: Mapping[str, Any], firmware: Mapping[str, Any] | None = None, gpu: Mapping[str, Any] | None = None
+    facts: Mapping[str, Any],
+    firmware: Mapping[str, Any] | None = None,
+    gpu: Mapping[str, Any] | None = None,
+    bad: Sequence[str] = (),
 ) -> dict[str, str]:
     """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions`,
-    :class:`sparkrig.operations.updates.facts.Firmware` (None: not read) and :class:`GpuState`."""
+    :class:`sparkrig.operations.updates.facts.Firmware` (None: not read), :class:`GpuState`
+    and the known-bad versions it runs (``bad``: :func:`known_bad.running`'s lines)."""
     os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
     python = facts["python"]
     vllm = [version for name, version in python.items() if name != "torch"]
@@ -159,6 +165,7 @@ def row(
         "vllm": " ".join(sorted(set(vllm))) or NONE,
         "reboot": "pending" if pending_reboot(facts) or (firmware and firmware["reboot"]) else NONE,
         "firmware": firmware_summary(firmware),
+        "known_bad": " ".join(known_bad.names(bad)) or NONE,
         **gpu_cells(gpu),
     }
 
@@ -171,11 +178,13 @@ def differing(
     column where the host has firmware drift (:func:`firmware_drift`: by device and hardware
     profile, not by its summary)."""
     found: dict[str, list[str]] = {name: [] for name in rows}
-    for name in rows:
+    for name, cells in rows.items():
         if (drift or {}).get(name):
             found[name].append("firmware")
+        if cells.get("known_bad", NONE) != NONE:  # marked wherever it is, however many hosts run it
+            found[name].append("known_bad")
     for column in COLUMNS:
-        if column == "firmware":
+        if column in ("firmware", "known_bad"):
             continue
         counts = Counter(cells[column] for cells in rows.values())
         if len(counts) < 2:
@@ -192,6 +201,7 @@ def table(
     rows: Mapping[str, Mapping[str, str]],
     errors: Mapping[str, str],
     firmware: Mapping[str, Mapping[str, Any]] | None = None,
+    bad: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
     """The fleet as a text table, a legend, and one line per host that could not be read;
     with ``firmware`` (host -> its ``firmware`` of the JSON report), each host's devices after
@@ -206,7 +216,11 @@ def table(
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     out = ["  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip() for r in [header, *lines]]
     if any(marks.values()):
-        out.append(f"{MARK}: differs from most hosts")
+        bad_marked = any("known_bad" in columns for columns in marks.values())
+        out.append(
+            f"{MARK}: differs from most hosts" + "; known_bad: a known-bad version runs or is installed" * bad_marked
+        )
+    out += [f"{name}: {printable(line)}" for name, lines in (bad or {}).items() for line in lines]
     out += [f"{name}: not read: {printable(why)}" for name, why in errors.items()]
     if firmware:
         out += ["", *firmware_table(firmware)]
@@ -299,11 +313,14 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
             if host in state.failed_hosts:
                 errors[host.name] = host_output.failure() or "its output could not be read (see above)"
             else:
+                profile = host_profile(settings, values[profiles.IDENTITY])
+                entries = known_bad.applicable({**settings, "hardware_profile": profile})
                 facts[host.name] = {
                     "versions": values[part],
                     "firmware": values[firmware] if firmware else None,
-                    "profile": host_profile(settings, values[profiles.IDENTITY]),
+                    "profile": profile,
                     "gpu": values[GPU],
+                    "known_bad": known_bad.running(entries, values[part], values[firmware] if firmware else None),
                 }
 
     workers = pool.Pool(32)
@@ -327,7 +344,10 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
     """The JSON report from each host's readings (:func:`read_fleet`)."""
     cells = {name: firmware_cells(value["firmware"]) for name, value in facts.items()}
     drift = firmware_drift(cells, {name: value["profile"] for name, value in facts.items()})
-    rows = {name: row(value["versions"], value["firmware"], value.get("gpu")) for name, value in facts.items()}
+    rows = {
+        name: row(value["versions"], value["firmware"], value.get("gpu"), value.get("known_bad", ()))
+        for name, value in facts.items()
+    }
     marks = differing(rows, drift)
     return {
         "columns": [*COLUMNS, *GPU_COLUMNS],
@@ -337,6 +357,7 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
                 "differs": marks[name],
                 "facts": facts[name]["versions"],
                 "gpu": facts[name].get("gpu"),
+                "known_bad": list(facts[name].get("known_bad", ())),
                 "firmware": {
                     "profile": facts[name]["profile"],
                     "summary": rows[name]["firmware"],
@@ -385,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for name, value in report["hosts"].items()
                     if value["firmware"]["facts"] is not None
                 },
+                {name: value["known_bad"] for name, value in report["hosts"].items() if value["known_bad"]},
             )
         )
         if args.html:

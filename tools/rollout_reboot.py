@@ -31,6 +31,7 @@ from sparkrig.host_output import printable
 from sparkrig.host_settings import HostSettings
 from sparkrig.operations import load
 from sparkrig.operations.jobs.operations import PATHS as JOB_COMMANDS
+from sparkrig.operations.updates.cmdline import cmdline_reasons
 from sparkrig.operations.updates.facts import reboot_reasons, unexpected
 from sparkrig.settings import all_settings, resolve
 
@@ -59,6 +60,7 @@ def firmware_reasons(firmware: Mapping[str, Any]) -> list[str]:
 REBOOT_READINGS: list[tuple[str, Callable[[Any], list[str]]]] = [
     ("sparkrig.operations.updates.facts.Versions", reboot_reasons),
     ("sparkrig.operations.updates.facts.Firmware", firmware_reasons),
+    ("sparkrig.operations.updates.cmdline.KernelCmdline", cmdline_reasons),
 ]
 BOOT_ID_FACT = "sparkrig.operations.updates.facts.BootId"
 VERSIONS_FACT = "sparkrig.operations.updates.facts.Versions"

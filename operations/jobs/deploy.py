@@ -55,6 +55,7 @@ def jobs():
         settings.watchdog_enabled,
         settings.jobs_drop_caches,
         settings.jobs_env,
+        min_large_blocks=settings.jobs_preflight_min_large_blocks,
     )
     slice_text = render_slice(settings.jobs_memory_max)
     paths = PATHS

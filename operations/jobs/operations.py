@@ -19,6 +19,10 @@ SLICE = TRAINING_SLICE
 SLICE_FILE = f"/etc/systemd/system/{SLICE}"
 BIN_DIR = "/usr/local/bin"
 SLICE_DESCRIPTION = "Training jobs started by spark-run"
+# The smallest order of /proc/buddyinfo that spark-preflight counts as a large free block
+# (512 pages: 2 MiB with 4 KiB pages), as the metrics' alert does.
+LARGE_ORDER = 9
+
 COMMAND_NAMES = ("spark-run", "spark-jobs", "spark-preflight", "spark-drop-caches")
 PATHS = {name: f"{BIN_DIR}/{name}" for name in COMMAND_NAMES}
 # spark-run --detach NAME starts UNIT_PREFIX + NAME + ".service"; spark-jobs records how it ended.
@@ -68,6 +72,7 @@ def render_commands(
     drop_caches: bool = False,
     env: Mapping[str, str] | None = None,
     drain: str = DRAIN,
+    min_large_blocks: int = 0,
 ) -> dict[str, str]:
     """Each command's name and script."""
     return {
@@ -93,6 +98,8 @@ def render_commands(
         "spark-preflight": rendering.render(
             "jobs/spark-preflight.sh.j2",
             min_available_kib=min_available_kib,
+            min_large_blocks=min_large_blocks,
+            large_order=LARGE_ORDER,
             watchdog_service=WATCHDOG_SERVICE if watchdog_enabled else "",
         ),
         "spark-drop-caches": rendering.render("jobs/spark-drop-caches.sh.j2"),

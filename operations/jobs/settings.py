@@ -105,6 +105,16 @@ SETTINGS = (
         "overrides it for one run.",
         int_range(0, 1 << 40, "KiB; 67108864 is 64 GiB"),
     ),
+    Setting(
+        "jobs_preflight_min_large_blocks",
+        0,
+        "spark-preflight fails its fragmentation check with fewer free memory blocks than this of "
+        "order 9 and up (/proc/buddyinfo: 2 MiB and larger with 4 KiB pages, every zone), where a "
+        "large allocation (a model's weights, NCCL's buffers) fails after hours of serving. 0: no "
+        "such check (and no line for it). spark-preflight --min-large-blocks overrides it for one run, "
+        "and --compact (root) compacts memory before refusing.",
+        int_range(0, 1 << 30, "blocks"),
+    ),
 )
 
 

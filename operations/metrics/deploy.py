@@ -51,7 +51,8 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 def render_collector(venv: str, **paths: object) -> str:
     """The collector script; ``venv`` is the venv whose torch and vLLM it reports ("": none).
     ``paths`` replaces where it looks (``path``, ``records``, ``reboot_file``,
-    ``compliance_file``, ``textfile_dir``) and ``timeout_s``: the unit tests' own."""
+    ``compliance_file``, ``textfile_dir``, ``proc``: where /proc's meminfo, buddyinfo and vmstat
+    are read) and ``timeout_s``: the unit tests' own."""
     timeout_s = int(paths.pop("timeout_s", PROGRAM_TIMEOUT_S))
     values = {
         "path": PATH,
@@ -59,6 +60,7 @@ def render_collector(venv: str, **paths: object) -> str:
         "reboot_file": REBOOT_REQUIRED,
         "compliance_file": COMPLIANCE_FILE,
         "textfile_dir": TEXTFILE_DIR,
+        "proc": "/proc",
         **paths,
     }
     return rendering.render(

@@ -11,26 +11,42 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from sparkrig import atomic, host_output, host_settings, messages, reading
+from sparkrig.packages import Candidates
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import defaults
 
-from .facts import AWAITING_REBOOT, RECORD, Firmware, Versions, dist_name, pending_reboot, unexpected
+from . import known_bad
+from .cmdline import KernelCmdline, cmdline_missing
+from .facts import (
+    AWAITING_REBOOT,
+    NOT_INSTALLABLE,
+    RECORD,
+    Firmware,
+    Versions,
+    dist_name,
+    pending_reboot,
+    unexpected,
+)
 from .operations import (
     APT_CONF,
     APT_CONF_VALIDATOR,
+    CMDLINE_VALIDATOR,
     FWUPD_PACKAGE,
+    KNOWN_BAD_VALIDATOR,
     OOMD_UNITS,
     PIN_VALIDATOR,
     TIMERS,
     UNATTENDED_PACKAGE,
     firmware_applied,
+    grub_updated,
     marked,
     oomd_masked,
     render_apt_conf,
+    render_cmdline,
     render_pins,
     render_record,
 )
-from .settings import DEFAULTS, PIN_FILE, SETTINGS, parse_hold
+from .settings import DEFAULTS, GRUB_DROP_IN, KNOWN_BAD_FILE, PIN_FILE, SETTINGS, parse_hold
 
 
 def python_names(settings: Mapping[str, Any]) -> tuple[str, ...]:
@@ -44,9 +60,13 @@ def versions_part(settings: Mapping[str, Any]) -> reading.Part:
     """The host's :class:`Versions`, as the deploy and the report read it."""
     settings = {**defaults(SETTINGS), **settings}
     holds = sorted({name for name, version in map(parse_hold, settings["updates_hold"]) if version is None})
+    # Every entry's packages, whatever the profile (the report learns a host's profile in the
+    # same reading): known_bad.running picks the host's.
+    entries = [*known_bad.shipped(), *settings["updates_known_bad"]]
+    globs = {"known_bad": known_bad.package_globs(entries)} if known_bad.package_globs(entries) else {}
     return reading.part(
         Versions,
-        packages=dict(settings["updates_packages"]),
+        packages={**dict(settings["updates_packages"]), **globs},
         holds=holds,
         venv=settings.get("python_venv_path", ""),
         python=python_names(settings),
@@ -60,9 +80,15 @@ def firmware_part(settings: Mapping[str, Any]) -> reading.Part:
     return reading.part(Firmware, updates=settings["updates_firmware"] == "apply")
 
 
+# Whether apt could install fwupd at all (an offline box's lists may lack it).
+CANDIDATES = reading.part(Candidates, packages=(FWUPD_PACKAGE,))
+
+# The kernel's command line: booted with, asked by the drop-in, the boot loader's.
+CMDLINE = reading.part(KernelCmdline)
+
 STATE = reading.part(
     atomic.HostState,
-    paths=(PIN_FILE, APT_CONF, RECORD),
+    paths=(PIN_FILE, KNOWN_BAD_FILE, APT_CONF, RECORD, GRUB_DROP_IN),
     units=(*TIMERS, *OOMD_UNITS),
     packages=(UNATTENDED_PACKAGE, FWUPD_PACKAGE),
 )
@@ -72,7 +98,8 @@ STATE = reading.part(
 def reads(settings):
     # fwupd is asked (over D-Bus, seconds on a real box) only where the deploy acts on it.
     firmware = [firmware_part(settings)] if settings["updates_firmware"] == "apply" else []
-    return [versions_part(settings), STATE, *firmware]
+    candidates = [CANDIDATES] if settings["updates_firmware"] != "off" else []
+    return [versions_part(settings), STATE, CMDLINE, *candidates, *firmware]
 
 
 def oomd_off(settings: Mapping[str, Any]) -> bool:
@@ -99,6 +126,23 @@ def updates():
     state = reading.value(STATE)
     if host_output.fact_failed():
         return
+    # Known-bad versions: pinned away before anything here installs, said where one is present.
+    entries = known_bad.applicable(settings)
+    known_pins = known_bad.render_pins(entries)
+    known_state = state["files"].get(KNOWN_BAD_FILE)
+    if known_pins is None:
+        if known_state is not None:
+            files.file(name=f"No known-bad pins ({KNOWN_BAD_FILE})", path=KNOWN_BAD_FILE, present=False)
+    elif not atomic.up_to_date(known_state, known_pins):
+        atomic.file(
+            name=f"Known-bad versions never installed ({KNOWN_BAD_FILE})",
+            dest=KNOWN_BAD_FILE,
+            current=known_state,
+            content=known_pins,
+            validate=KNOWN_BAD_VALIDATOR,
+        )
+    for line in known_bad.running(entries, facts):
+        messages.detail(f"updates: {line}")
     wrong = unexpected(settings, facts)
     if wrong and settings["updates_stop_on_unexpected"]:
         messages.refused(
@@ -185,7 +229,46 @@ def updates():
         if present:
             oomd_masked(name="systemd-oomd is masked (earlyoom is the watchdog)", units=present)
 
+    kernel_cmdline(settings, state)
     firmware(settings, state)
+
+
+def kernel_cmdline(settings: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """The GRUB drop-in for ``updates_kernel_cmdline`` (validated, atomic), and update-grub
+    where a boot loader applies it and its generated configuration does not say it yet."""
+    wanted = settings["updates_kernel_cmdline"]
+    add, remove = list(wanted.get("add", [])), list(wanted.get("remove", []))
+    content = render_cmdline(wanted)
+    current = state["files"].get(GRUB_DROP_IN)
+    line = reading.value(CMDLINE)
+    if host_output.fact_failed():
+        return
+    changed = False
+    if content is None:
+        if current is not None:
+            files.file(name=f"No kernel command line drop-in ({GRUB_DROP_IN})", path=GRUB_DROP_IN, present=False)
+            changed = True
+    elif not atomic.up_to_date(current, content):
+        atomic.file(
+            name=f"The kernel's command line as updates_kernel_cmdline says ({GRUB_DROP_IN})",
+            dest=GRUB_DROP_IN,
+            current=current,
+            content=content,
+            validate=CMDLINE_VALIDATOR,
+        )
+        changed = True
+    # A drop-in that a failed update-grub never took is applied again.
+    stale = line["generated"] is not None and bool(cmdline_missing(line["generated"], add, remove))
+    if not line["loader"]:
+        if content is not None:
+            messages.detail(
+                "updates: no boot loader here (update-grub absent): the drop-in is written, nothing applies it"
+            )
+        return
+    if changed or stale:
+        grub_updated(name="GRUB's configuration regenerated for the kernel's command line (update-grub)")
+    for reason in cmdline_missing(line["running"], add, remove):
+        messages.detail(f"updates: a reboot is pending (kernel command line: {reason})")
 
 
 def firmware(settings: Mapping[str, Any], state: Mapping[str, Any]) -> None:
@@ -195,7 +278,12 @@ def firmware(settings: Mapping[str, Any], state: Mapping[str, Any]) -> None:
     if mode == "off":
         return
     if state["packages"].get(FWUPD_PACKAGE) is None:
-        install_packages(name="Install fwupd (updates_firmware)", packages=[FWUPD_PACKAGE])
+        # Reading firmware never fails the deploy: where apt cannot install fwupd, the
+        # report says so and the rest of the concern goes on; only "apply" insists.
+        if mode == "report" and reading.value(CANDIDATES).get(FWUPD_PACKAGE) is None:
+            messages.detail(f"updates: firmware not read: {NOT_INSTALLABLE}")
+            return
+        install_packages(name="Install fwupd (updates_firmware)", packages=[FWUPD_PACKAGE], optional=mode == "report")
     if mode != "apply" or state["packages"].get(FWUPD_PACKAGE) is None:
         return  # a fresh fwupd is read at the next run (its metadata comes with its refresh timer)
     found = reading.value(firmware_part(settings))

@@ -143,8 +143,10 @@ class Versions(FactBase):
                 if len(words) not in (3, 4):
                     raise ValueError(f"dpkg-query printed {rest[:120]!r}")
                 column, status, name, version = (words + [""])[:4]
+                if column not in (*PACKAGE_COLUMNS, "hold", "known_bad"):
+                    raise ValueError(f"dpkg-query printed {rest[:120]!r}")
                 if status[1:2] == "i" and version:
-                    target = found["hold_matches"] if column == "hold" else found["packages"][column]
+                    target = found["hold_matches"] if column == "hold" else found["packages"].setdefault(column, {})
                     target[name] = version
             elif kind == "held":
                 found["held"].append(rest)
@@ -306,6 +308,10 @@ def fwupd_devices(document: Mapping[str, Any], what: str) -> list[dict]:
     return [device for device in map(fwupd_device, entries) if device["version"]]
 
 
+# Why fwupd is absent where apt has no candidate for it (said by the report and the deploy).
+NOT_INSTALLABLE = "fwupd cannot be installed here (apt has no candidate for it: offline, or not in the package lists)"
+
+
 class Firmware(FactBase):
     """
     Returns fwupd's view of the box (``fwupdmgr get-devices --json``, run as root from /, killed
@@ -320,7 +326,7 @@ class Firmware(FactBase):
 
     .. code:: python
 
-        {"fwupd": "read",  # "absent" (not installed) or "error" (see "error")
+        {"fwupd": "read",  # "absent" (not installed; "error" says when apt cannot install it) or "error"
          "error": "",
          "devices": [{"name": "System Firmware", "id": "a45d...", "guids": ["37c9..."],
                       "version": "2.91", "vendor": "NVIDIA", "plugin": "uefi_capsule",
@@ -338,8 +344,9 @@ class Firmware(FactBase):
         found = self.default()
         for line in output:
             words = line.split(" ")
-            if words == ["absent"]:
+            if words[0] == "absent" and len(words) <= 2:
                 found["fwupd"] = "absent"
+                found["error"] = NOT_INSTALLABLE if words[1:] == ["(none)"] else ""
                 continue
             if (
                 len(words) != 5

@@ -3,7 +3,7 @@ packages and mask systemd-oomd."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from pyinfra.api import QuoteString, StringCommand, operation
 
@@ -54,6 +54,35 @@ def render_record(names: Iterable[str]) -> str:
 # Each record exactly Package, Pin (a version), Pin-Priority 1000, as render_pins writes
 # them; then apt itself must read the file without a word (templates/updates/pin-check.sh).
 PIN_VALIDATOR = ("sh", "-c", rendering.script("updates/pin-check.sh"), "sh")
+
+
+def render_cmdline(setting: Mapping[str, Sequence[str]]) -> str | None:
+    """The GRUB drop-in for ``updates_kernel_cmdline``, None when it adds and removes nothing."""
+    add, remove = list(setting.get("add", [])), list(setting.get("remove", []))
+    if not add and not remove:
+        return None
+    names = [word.partition("=")[0] for word in [*add, *remove]]
+    keys = " | ".join(f"{name} | {name}=*" for name in names)
+    return rendering.render("updates/grub-cmdline.cfg.j2", add=add, remove=remove, keys=keys)
+
+
+# sh must read the drop-in, and sourced it must leave each added parameter once and no removed
+# one (templates/updates/grub-cmdline-check.sh).
+CMDLINE_VALIDATOR = ("sh", "-c", rendering.script("updates/grub-cmdline-check.sh"), "sh")
+
+
+@operation()
+def grub_updated():
+    """
+    Regenerate GRUB's configuration (update-grub, from /), so the next boot takes the kernel's
+    command line the drop-in asks.
+    """
+    yield StringCommand("cd / && update-grub")
+
+
+# Each record exactly Explanation, Package, Pin, Pin-Priority -1, as known_bad.render_pins
+# writes them; then apt must read the file without a word (templates/updates/known-bad-check.sh).
+KNOWN_BAD_VALIDATOR = ("sh", "-c", rendering.script("updates/known-bad-check.sh"), "sh")
 # apt-config parses the file as apt will (a syntax error fails it).
 APT_CONF_VALIDATOR = ("sh", "-c", rendering.script("updates/apt-conf-check.sh"), "sh")
 

@@ -8,10 +8,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkrig import stack_locks
+from sparkrig.operations.hardware import settings as hardware_settings
 from sparkrig.operations.watchdog import settings as watchdog_settings
 from sparkrig.settings import Setting, boolean, declare, defaults, int_range, one_of
 
+from . import known_bad
+
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
+KNOWN_BAD_FILE = "/etc/apt/preferences.d/sparkrig-known-bad"
+GRUB_DROP_IN = "/etc/default/grub.d/90-sparkrig-cmdline.cfg"
+
+# A kernel parameter as updates_kernel_cmdline adds it (NAME or NAME=VALUE) or removes it (NAME):
+# no quote, space, glob or shell character (the drop-in is shell that grub-mkconfig sources).
+_CMDLINE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+_CMDLINE_ADD = re.compile(_CMDLINE_NAME + r"(=[A-Za-z0-9_.,:/+@%-]{0,128})?")
+_CMDLINE_REMOVE = re.compile(_CMDLINE_NAME)
 
 
 MODES = ("off", "security", "on")
@@ -60,6 +71,28 @@ def parse_hold(entry: str) -> tuple[str, str | None]:
     """``NAME`` or ``NAME=VERSION`` of ``updates_hold``, as (name, version or None)."""
     name, _, version = entry.partition("=")
     return name, (version or None)
+
+
+def cmdline_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    allowed = (
+        'a mapping with "add" (kernel parameters, NAME or NAME=VALUE: A-Z a-z 0-9 _ . - and in a '
+        'value also , : / + @ %%) and "remove" (parameter NAMEs), each name once in both together'
+    ).replace("%%", "%")
+    if not isinstance(value, Mapping) or not set(value) <= {"add", "remove"}:
+        return allowed
+    add, remove = value.get("add", []), value.get("remove", [])
+    if not isinstance(add, (list, tuple)) or not isinstance(remove, (list, tuple)):
+        return allowed
+    for word in add:
+        if not isinstance(word, str) or not _CMDLINE_ADD.fullmatch(word):
+            return f"{allowed} (bad parameter to add: {str(word)[:80]!r})"
+    for word in remove:
+        if not isinstance(word, str) or not _CMDLINE_REMOVE.fullmatch(word):
+            return f"{allowed} (bad parameter name to remove: {str(word)[:80]!r})"
+    names = [w.partition("=")[0] for w in [*add, *remove]]
+    if len(set(names)) != len(names):
+        return f"{allowed} (a name twice: {sorted({n for n in names if names.count(n) > 1})})"
+    return None
 
 
 def hold_check(value: Any, _data: Mapping[str, Any]) -> str | None:
@@ -208,6 +241,29 @@ SETTINGS = (
         int_range(60, 604800, "seconds"),
     ),
     Setting(
+        "updates_kernel_cmdline",
+        {"add": [], "remove": []},
+        'Kernel parameters to add (NAME or NAME=VALUE, e.g. "kho=off") and to remove (NAME) on the '
+        "kernel's command line, applied as DGX OS boots: a GRUB drop-in "
+        "(/etc/default/grub.d/90-sparkrig-cmdline.cfg, validated, written atomically) and "
+        "update-grub; the next boot takes it (a pending change is a reboot reason for `sparkrig "
+        "rollout`), and a control compares /proc/cmdline with it. Empty: no drop-in.",
+        cmdline_check,
+    ),
+    Setting(
+        "updates_known_bad",
+        [],
+        "Kernel, driver and firmware versions known to break this group's boxes, added to the list "
+        "shipped with sparkrig (operations/updates/known_bad.toml): each entry a mapping with name, "
+        "kind (kernel, driver, firmware), reason, links, running (a glob of the running kernel "
+        "release or driver or firmware version; firmware names its fwupd device) and/or packages "
+        "(apt package globs -> version globs), optionally profiles. The deploy pins each listed "
+        "package version below every other (never installed), the compliance control fails a box "
+        "that runs or has installed one, naming the entry, a rollout stops at that batch, and the "
+        "report marks it (docs/updates.md).",
+        known_bad.settings_check,
+    ),
+    Setting(
         "updates_packages",
         DEFAULT_PACKAGES,
         "Which installed packages the version report shows as kernel, driver, Docker and toolkit "
@@ -216,9 +272,9 @@ SETTINGS = (
     ),
 )
 
-# Its own settings, watchdog's (systemd-oomd is masked where earlyoom is the watchdog,
-# watchdog_enabled) and python_stack's (the venv whose torch and vLLM versions are read, and
-# the manifest's vLLM name).
-DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS, *stack_locks.SETTINGS))
+# Its own settings, hardware's (the known-bad entries of the host's profile), watchdog's
+# (systemd-oomd is masked where earlyoom is the watchdog, watchdog_enabled) and
+# python_stack's (the venv whose torch and vLLM versions are read, and the manifest's vLLM name).
+DEFAULTS = defaults((*SETTINGS, *watchdog_settings.SETTINGS, *stack_locks.SETTINGS, *hardware_settings.SETTINGS))
 
 declare(__name__, SETTINGS)

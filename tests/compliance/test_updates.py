@@ -14,6 +14,9 @@ import re
 
 import pytest
 
+from sparkrig.operations.updates import known_bad
+from sparkrig.profile import AUTO, choose_profile
+
 from .reads import need
 
 PIN_FILE = "/etc/apt/preferences.d/sparkrig-holds"
@@ -22,6 +25,11 @@ RECORD = "/var/lib/sparkrig/updates-held"
 TIMERS = ("apt-daily.timer", "apt-daily-upgrade.timer")
 # fwupdmgr waits on fwupd over D-Bus: stopped after this long (above D-Bus's 25 s activation).
 FWUPD_TIMEOUT_S = 45
+
+
+def _fwupd_devices() -> str:
+    """fwupdmgr's device list, stopped after FWUPD_TIMEOUT_S (read when asked: a test lowers it)."""
+    return f"timeout -k 5 {FWUPD_TIMEOUT_S} fwupdmgr get-devices --json"
 
 
 def _holds(settings) -> tuple[list[str], dict[str, str]]:
@@ -59,7 +67,7 @@ def firmware(r):
     """fwupd's devices (asked only where updates_expected_firmware expects some), as root."""
     if not r.settings["updates_expected_firmware"]:
         return None
-    return r.run(f"timeout -k 5 {FWUPD_TIMEOUT_S} fwupdmgr get-devices --json", sudo=True)
+    return r.run(_fwupd_devices(), sudo=True)
 
 
 def _firmware_devices(answer) -> list[tuple[str, list[str], str]]:
@@ -137,6 +145,157 @@ def test_the_firmware_is_the_expected_version(read, settings):
             if found != version
         ]
     assert not wrong, "; ".join(wrong)
+
+
+def _known_bad(settings, identity) -> list[dict]:
+    """The known-bad entries for this host's hardware profile (the shipped list, data, and the
+    owner's); with "auto" and no matching profile, the entries that name no profile."""
+    name = settings["hardware_profile"]
+    if name == AUTO:
+        name = choose_profile(settings["hardware_profiles"], identity)[0]
+    return known_bad.applicable({**settings, "hardware_profile": name or AUTO})
+
+
+@need
+def installed_versions(r):
+    """Every installed package and its version."""
+    return r.run("dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n'")
+
+
+@need
+def known_bad_firmware(r):
+    """fwupd's devices, asked (as root) only where a known-bad entry names firmware."""
+    entries = [*known_bad.shipped(), *r.settings["updates_known_bad"]]
+    if not any(e["kind"] == "firmware" and e.get("running") for e in entries):
+        return None
+    return r.run(_fwupd_devices(), sudo=True)
+
+
+def test_no_known_bad_version_runs_or_is_installed(read, settings, identity):
+    """Protects against a kernel, driver or firmware version known to break this kind of box
+    (kernel 7.0.0-1019 on a GB10: NCCL fails with ENOMEM across nodes): a box that runs one,
+    or has one installed for its next boot, fails naming the entry, why, and where to read more;
+    a rollout stops at its batch."""
+    entries = _known_bad(settings, identity)
+    found = read(state)
+    kernel = found["kernel"].check().strip()
+    driver = _loaded_driver(found) or ""
+    installed = {}
+    for line in read(installed_versions).check().splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0][1:2] == "i":
+            installed[words[1]] = words[2]
+    answer = read(known_bad_firmware)
+    devices = [] if answer is None else _firmware_devices(answer)
+    wrong = []
+    for entry in entries:
+        glob, seen = entry.get("running"), []
+        if glob and entry["kind"] == "kernel" and fnmatch.fnmatchcase(kernel, glob):
+            seen.append(f"running kernel {kernel}")
+        if glob and entry["kind"] == "driver" and driver and fnmatch.fnmatchcase(driver, glob):
+            seen.append(f"running driver {driver}")
+        if glob and entry["kind"] == "firmware":
+            seen += [
+                f"firmware {name} {version}"
+                for name, guids, version in devices
+                if entry["device"] in (name, *guids) and version and fnmatch.fnmatchcase(version, glob)
+            ]
+        for package, version in entry.get("packages", {}).items():
+            seen += [
+                f"installed {name} {have}"
+                for name, have in sorted(installed.items())
+                if fnmatch.fnmatchcase(name, package) and fnmatch.fnmatchcase(have, version)
+            ]
+        if seen:
+            wrong.append(
+                f"known-bad {entry['name']}: {', '.join(seen)}: {entry['reason']} ({' '.join(entry['links'])})"
+            )
+    assert not wrong, "; ".join(wrong)
+
+
+# What grub-mkconfig reads of the kernel's command line: /etc/default/grub, then its drop-ins.
+EFFECTIVE_CMDLINE = (
+    "sh -c 'GRUB_CMDLINE_LINUX=; GRUB_CMDLINE_LINUX_DEFAULT=; "
+    "[ -f /etc/default/grub ] && . /etc/default/grub; "
+    'for f in /etc/default/grub.d/*.cfg; do [ -f "$f" ] && . "$f"; done; '
+    'printf "%s %s\\n" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"\''
+)
+
+
+@need
+def kernel_cmdline(r):
+    """The command line the kernel booted with, the one GRUB's configuration gives, and whether
+    a boot loader applies it (read only where updates_kernel_cmdline asks something)."""
+    wanted = r.settings["updates_kernel_cmdline"]
+    if not (wanted.get("add") or wanted.get("remove")):
+        return None
+    return {
+        "proc": r.run("cat /proc/cmdline"),
+        "config": r.run(EFFECTIVE_CMDLINE),
+        "loader": r.run("command -v update-grub"),
+    }
+
+
+def _cmdline_wrong(words, add, remove) -> list[str]:
+    wrong = [f"{word} is missing" for word in add if word not in words]
+    return wrong + [f"{w} is present" for w in words for name in remove if w == name or w.startswith(f"{name}=")]
+
+
+def test_the_kernel_command_line_is_as_set(read, settings):
+    """Protects against a kernel booted without the parameter that keeps it working (kho=off
+    against kernel 7.0.0-1019's CMA breakage on GB10), or with one the owner removed: GRUB's
+    configuration must say it, and the running kernel must have booted with it."""
+    wanted = settings["updates_kernel_cmdline"]
+    add, remove = list(wanted.get("add", [])), list(wanted.get("remove", []))
+    if not (add or remove):
+        pytest.skip("updates_kernel_cmdline adds and removes nothing on this host")
+    found = read(kernel_cmdline)
+    config = found["config"].check().split()
+    wrong = _cmdline_wrong(config, add, remove)
+    assert not wrong, f"GRUB's configuration (/etc/default/grub and grub.d): {'; '.join(wrong)}"
+    if found["loader"].rc != 0:
+        pytest.skip(
+            "no boot loader here (update-grub absent, as in a container): GRUB's configuration says "
+            "updates_kernel_cmdline (checked); /proc/cmdline is not compared"
+        )
+    running = found["proc"].check().split()
+    wrong = _cmdline_wrong(running, add, remove)
+    assert not wrong, f"/proc/cmdline: {'; '.join(wrong)}: GRUB says it, the kernel did not boot with it (reboot)"
+
+
+@need
+def meminfo(r):
+    """/proc/meminfo (its CMA lines)."""
+    return r.run("cat /proc/meminfo")
+
+
+def _cma(text: str) -> dict[str, int]:
+    """CmaTotal and CmaFree of /proc/meminfo, in KiB (none where the kernel has no CMA)."""
+    found = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] in ("CmaTotal:", "CmaFree:") and words[1].isdigit() and words[2] == "kB":
+            found[words[0][:-1]] = int(words[1])
+    return found
+
+
+def test_cma_free_is_never_above_cma_total(read, profile):
+    """Protects against the kernel whose CMA accounting is broken (7.0.0-1019 on GB10: CmaFree
+    above CmaTotal, and NCCL's ibv_reg_mr fails with ENOMEM across nodes), and a box whose CMA
+    area is not what its hardware profile expects (where the profile says, cma_total_kib)."""
+    cma = _cma(read(meminfo).check())
+    if not cma:
+        pytest.skip("/proc/meminfo has no CMA lines (a kernel without CMA)")
+    assert set(cma) == {"CmaTotal", "CmaFree"}, f"/proc/meminfo has only {sorted(cma)}"
+    assert cma["CmaFree"] <= cma["CmaTotal"], (
+        f"CmaFree {cma['CmaFree']} kB is above CmaTotal {cma['CmaTotal']} kB: the CMA accounting of a broken "
+        "kernel (7.0.0-1019 on GB10: NCCL fails with ENOMEM); boot the previous kernel or add kho=off"
+    )
+    expected = profile.get("cma_total_kib")
+    if expected is not None:
+        assert cma["CmaTotal"] == expected, (
+            f"CmaTotal is {cma['CmaTotal']} kB, the hardware profile expects {expected} kB"
+        )
 
 
 def test_held_packages_are_held(read, settings):

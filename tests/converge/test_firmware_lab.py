@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
 
 import lab
+from sparkrig.operations.updates.facts import NOT_INSTALLABLE
 from tests.conftest import LAB_INVENTORY
 from tests.support import REPO, run_deploy
 
@@ -108,3 +110,54 @@ def test_an_expected_firmware_device_that_is_not_present_fails_its_control(lab_h
         "lab-deb12: test_updates.py::test_the_firmware_is_the_expected_version[ssh://lab-deb12]: "
         "firmware device 'System Firmware' is not present (fwupd reports no devices)"
     ], suite.stdout
+
+
+OFFLINE = "lab-deb12-b"
+# Every apt source but the lab's DGX OS stand-in repository (which serves no fwupd) is set
+# aside: apt-get update still succeeds and apt then says "Unable to locate package fwupd", as
+# on an offline box whose lists lack it.
+ASIDE = "/root/sparkrig-test-sources-aside"
+SOURCES_ASIDE = (
+    f"mkdir -p {ASIDE} && for f in /etc/apt/sources.list /etc/apt/sources.list.d/*; do "
+    f'case $f in */dgx.list) ;; *) [ -e "$f" ] && mv "$f" {ASIDE}/ ;; esac; done; '
+    "apt-get update -qq && (apt-get purge -y -qq fwupd >/dev/null 2>&1 || true)"
+)
+SOURCES_BACK = (
+    f'for f in {ASIDE}/*; do case ${{f##*/}} in sources.list) mv "$f" /etc/apt/ ;; '
+    f'*) mv "$f" /etc/apt/sources.list.d/ ;; esac; done; rmdir {ASIDE} && apt-get update -qq'
+)
+
+
+def test_fwupd_absent_and_not_installable_fails_nothing_and_the_report_says_so(lab_hosts, lab_locks):
+    assert OFFLINE in {h.name for h in lab_hosts}
+    lab.run_ssh(OFFLINE, f"sudo sh -c {shlex.quote(SOURCES_ASIDE)}")
+    try:
+        policy = lab.run_ssh(OFFLINE, "LC_ALL=C apt-cache policy fwupd; sudo apt-get install -s fwupd", check=False)
+        assert "Unable to locate package fwupd" in policy.stdout + policy.stderr, policy
+        first = run_deploy(LAB_INVENTORY, "--limit", OFFLINE, deploy="tests/converge/updates_deploy.py")
+        assert first.returncode == 0, first.log
+        assert "Updates | Install fwupd (updates_firmware)" not in first.changed().get(OFFLINE, {}), first.changed()
+        again = run_deploy(LAB_INVENTORY, "--limit", OFFLINE, deploy="tests/converge/updates_deploy.py")
+        assert again.returncode == 0 and again.changed() == {}, again.changed()
+        result = subprocess.run(
+            [sys.executable, "-m", "sparkrig.tools.report", LAB_INVENTORY, "--limit", OFFLINE, "--json"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        summary = json.loads(result.stdout)["hosts"][OFFLINE]["firmware"]["summary"]
+        assert summary == f"fwupd not installed: {NOT_INSTALLABLE}", summary
+        # "apply" insists: the same box fails its updates concern, naming apt's error.
+        apply = run_deploy(
+            LAB_INVENTORY,
+            "--limit",
+            OFFLINE,
+            "--data",
+            "updates_firmware=apply",
+            deploy="tests/converge/updates_deploy.py",
+        )
+        assert apply.returncode != 0 and "Unable to locate package fwupd" in apply.log, apply.log
+    finally:
+        lab.run_ssh(OFFLINE, f"sudo sh -c {shlex.quote(SOURCES_BACK)}")

@@ -200,3 +200,204 @@ def test_systemd_oomd_is_masked_beside_earlyoom(first_converge):
     assert lab.run_ssh(other, "systemctl is-active systemd-oomd.service", check=False).stdout.strip() != "active"
     again = run_deploy(LAB_INVENTORY, "--limit", other)
     assert again.returncode == 0 and again.changed() == {}, again.changed()
+
+
+# The owner's known-bad entry: the lab's STAND-IN kernel package in version 2.0.
+KNOWN_BAD = {
+    "name": "lab-standin-kernel-2",
+    "kind": "kernel",
+    "reason": "STAND-IN: the lab's kernel package 2.0 plays a kernel known to break this box",
+    "links": ["https://sparkrig.invalid/known-bad"],
+    "packages": {KERNEL: "2.0"},
+}
+KNOWN_BAD_CONTROL = "test_updates.py::test_no_known_bad_version_runs_or_is_installed"
+
+
+@pytest.fixture
+def listing_known_bad(tmp_path) -> str:
+    """The lab inventory, every host listing the stand-in kernel 2.0 as known-bad."""
+    inventory = tmp_path / "known_bad.py"
+    inventory.write_text(
+        "from inventory.lab import lab as _lab\n"
+        f"lab = [(n, {{**d, 'updates_known_bad': [{KNOWN_BAD!r}]}}) for n, d in _lab]\n"
+    )
+    return str(inventory)
+
+
+def _control(inventory: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"tests/compliance/{KNOWN_BAD_CONTROL}",
+            "--inventory",
+            inventory,
+            "--limit",
+            HOST,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_a_known_bad_version_is_never_installed_and_a_host_running_one_fails_and_stops_a_rollout(
+    lab_hosts, lab_locks, listing_known_bad, tmp_path
+):
+    """The lab's repository serves the stand-in kernel in 1.0 and 2.0; with 2.0 listed, the
+    deploy's own upgrade (a released hold) and apt-get upgrade by hand keep 1.0; a host made to
+    run 2.0 (dpkg -i, past apt) fails the control naming the entry, and a rollout stops at its
+    canary, the next host not started."""
+    assert HOST in {h.name for h in lab_hosts}
+    deploy = "tests/converge/updates_deploy.py"
+    lab.run_ssh(
+        HOST,
+        "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+        f"--allow-downgrades {KERNEL}=1.0 >/dev/null",
+    )
+    held = run_deploy(
+        listing_known_bad, "--limit", HOST, "--data", f"updates_hold={json.dumps([KERNEL])}", deploy=deploy
+    )
+    assert held.returncode == 0, held.log
+    assert (
+        "Updates | Known-bad versions never installed (/etc/apt/preferences.d/sparkrig-known-bad)"
+        in (held.changed()[HOST])
+    ), held.changed()
+    # The hold released: the deploy upgrades what it kept back, and apt's candidate is 1.0.
+    released = run_deploy(listing_known_bad, "--limit", HOST, deploy=deploy)
+    assert released.returncode == 0, released.log
+    assert "Updates | Upgrade what a released hold kept back" in released.changed()[HOST], released.changed()
+    assert _installed(HOST, KERNEL) == "1.0"
+    by_hand = lab.run_ssh(HOST, "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get -y upgrade")
+    assert _installed(HOST, KERNEL) == "1.0", by_hand.stdout
+    policy = lab.run_ssh(HOST, f"LC_ALL=C apt-cache policy {KERNEL}").stdout
+    assert "Candidate: 1.0" in policy and "2.0 -1" in policy, policy
+    again = run_deploy(listing_known_bad, "--limit", HOST, deploy=deploy)
+    assert again.returncode == 0 and again.changed() == {}, again.changed()
+    passed = _control(listing_known_bad)
+    assert passed.returncode == 0, passed.stdout
+
+    # Made to run 2.0, past apt's pin.
+    lab.run_ssh(
+        HOST,
+        f"cd /tmp && sudo apt-get download -qq {KERNEL}=2.0 && sudo dpkg -i /tmp/{KERNEL}_2.0_*.deb >/dev/null "
+        f"&& sudo rm -f /tmp/{KERNEL}_2.0_*.deb",
+    )
+    assert _installed(HOST, KERNEL) == "2.0"
+    try:
+        failed = _control(listing_known_bad)
+        assert failed.returncode == 1, failed.stdout
+        assert f"known-bad lab-standin-kernel-2: installed {KERNEL} 2.0: STAND-IN" in failed.stdout, failed.stdout
+        assert "https://sparkrig.invalid/known-bad" in failed.stdout
+
+        others = sorted(h.name for h in lab_hosts if h.name != HOST)
+        assert others, "a rollout past the canary needs a second lab host"
+        rollout = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sparkrig.tools",
+                "rollout",
+                listing_known_bad,
+                "--limit",
+                ",".join([HOST, others[0]]),
+                "--canary",
+                "1",
+                "--max-fail",
+                "1",
+                "--state",
+                str(tmp_path / "rollout" / "state.json"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert rollout.returncode == 1, rollout.stderr[-6000:]
+        assert f"rollout: batch 1/2 (canary): {HOST}\n" in rollout.stderr, rollout.stderr[-6000:]
+        # The suite's own finding, in the rollout's log (the table names the host's first failed control).
+        finding = f"{HOST}: {KNOWN_BAD_CONTROL}[ssh://{HOST}]: known-bad lab-standin-kernel-2"
+        assert finding in rollout.stderr, rollout.stderr[-6000:]
+        assert f"not started: {others[0]}" in rollout.stderr
+        assert "rollout: stopped after batch 1" in rollout.stderr
+    finally:
+        lab.run_ssh(
+            HOST,
+            f"sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-downgrades {KERNEL}=1.0 >/dev/null",
+        )
+        # Back to the default settings: no entry for the lab's hosts, no pins.
+        restored = run_deploy(LAB_INVENTORY, "--limit", HOST, deploy=deploy)
+        assert restored.returncode == 0, restored.log
+        assert lab.run_ssh(HOST, "test -e /etc/apt/preferences.d/sparkrig-known-bad", check=False).returncode == 1
+
+
+CMDLINE_CONTROL = "test_updates.py::test_the_kernel_command_line_is_as_set"
+
+
+@pytest.fixture
+def with_kho_off(tmp_path) -> str:
+    """The lab inventory, lab-deb12-b adding kho=off to the kernel's command line and removing splash."""
+    inventory = tmp_path / "kho.py"
+    inventory.write_text(
+        "from inventory.lab import lab as _lab\n"
+        "lab = [(n, {**d, 'updates_kernel_cmdline': {'add': ['kho=off'], 'remove': ['splash']}}"
+        f" if n == {HOST!r} else d) for n, d in _lab]\n"
+    )
+    return str(inventory)
+
+
+def test_the_kernel_command_line_drop_in_is_written_validated_and_checked_where_no_boot_loader_runs(
+    lab_hosts, lab_locks, with_kho_off
+):
+    """A lab container has no boot loader (no update-grub, no /boot/grub): the drop-in is written
+    (its validator run for real on the host), a second run changes nothing, the deploy says
+    nothing applies it, and the control checks GRUB's configuration as grub-mkconfig sources it,
+    then skips saying /proc/cmdline was not compared; the setting emptied removes the drop-in."""
+    assert HOST in {h.name for h in lab_hosts}
+    assert lab.run_ssh(HOST, "command -v update-grub", check=False).returncode != 0, "a lab host with GRUB"
+    deploy = "tests/converge/updates_deploy.py"
+    drop_in = "/etc/default/grub.d/90-sparkrig-cmdline.cfg"
+    first = run_deploy(with_kho_off, "--limit", HOST, deploy=deploy)
+    assert first.returncode == 0, first.log
+    assert list(first.changed()[HOST]) == [
+        f"Updates | The kernel's command line as updates_kernel_cmdline says ({drop_in})"
+    ], first.changed()
+    assert "no boot loader here (update-grub absent)" in first.log
+    again = run_deploy(with_kho_off, "--limit", HOST, deploy=deploy)
+    assert again.returncode == 0 and again.changed() == {}, again.changed()
+    sourced = lab.run_ssh(
+        HOST,
+        f"GRUB_CMDLINE_LINUX='ro kho=on' GRUB_CMDLINE_LINUX_DEFAULT='quiet splash' sh -c '. {drop_in}; "
+        'echo "$GRUB_CMDLINE_LINUX|$GRUB_CMDLINE_LINUX_DEFAULT"\'',
+    ).stdout.strip()
+    assert sourced == "ro kho=off|quiet", sourced
+    control = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"tests/compliance/{CMDLINE_CONTROL}",
+            "--inventory",
+            with_kho_off,
+            "--limit",
+            HOST,
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert control.returncode == 0, control.stdout
+    assert "1 skipped" in control.stdout and "no boot loader here" in control.stdout, control.stdout
+    removed = run_deploy(LAB_INVENTORY, "--limit", HOST, deploy=deploy)
+    assert removed.returncode == 0, removed.log
+    assert lab.run_ssh(HOST, f"test -e {drop_in}", check=False).returncode == 1

@@ -95,7 +95,12 @@ SAMPLES: dict[str, dict] = {
         "drain": "/var/lib/sparkrig/drain",
         "serve_prefix": "spark-serve-",
     },
-    "jobs/spark-preflight.sh.j2": {"min_available_kib": 8388608, "watchdog_service": "earlyoom.service"},
+    "jobs/spark-preflight.sh.j2": {
+        "min_available_kib": 8388608,
+        "min_large_blocks": 0,
+        "large_order": 9,
+        "watchdog_service": "earlyoom.service",
+    },
     "jobs/spark-run.sh.j2": {
         "slice": "training.slice",
         "memory_max": "90%",
@@ -183,6 +188,7 @@ SAMPLES.update(
             "records": "/var/lib/sparkrig/jobs",
             "reboot_file": "/run/reboot-required",
             "compliance_file": "/var/lib/sparkrig/compliance-last",
+            "proc": "/proc",
             "venv": "/opt/sparkrig/venv",
             "user_read_root": _READ,
             "user_read_owner": 'runuser -u "$OWNER" -- ' + _READ,

@@ -182,6 +182,8 @@ def test_every_alert_rule_has_a_promtool_test_that_expects_it_to_fire():
         "SparkGpuThrottled",
         "SparkComplianceFailed",
         "SparkRebootPending",
+        "SparkLargeFreeBlocksExhausted",
+        "SparkCmaAccountingBroken",
         "SparkHostDown",
         "SparkServingDown",
         "SparkServingStalled",

@@ -17,6 +17,7 @@ from sparkrig import atomic
 from sparkrig.operations import updates as up
 from sparkrig.operations.updates import deploy as up_deploy
 from sparkrig.operations.updates import facts as up_facts
+from sparkrig.operations.updates import known_bad
 from sparkrig.operations.updates import operations as up_operations
 from sparkrig.operations.updates import settings as up_settings
 from sparkrig.settings import all_settings, defaults, problems
@@ -276,6 +277,8 @@ def test_glob_regex_matches_what_the_glob_matches():
 # Plans -------------------------------------------------------------------------------
 
 VERSIONS = "sparkrig-python-versions"
+# The shipped known-bad list's pins, as a GB10 (the unit tests' host) has them.
+SHIPPED_PINS = known_bad.render_pins(known_bad.applicable({"hardware_profile": "gb10"}))
 TIMER_STATUS = "--property SubState"
 TIMER_ENABLED = "--property UnitFileState"
 
@@ -290,6 +293,7 @@ def _host(versions=(), files=None, timers=(False, False), oomd=None, unattended=
         HOST_STATE: host_state(
             files={
                 up_settings.PIN_FILE: None,
+                up_settings.KNOWN_BAD_FILE: SHIPPED_PINS,
                 up_operations.APT_CONF: up_operations.render_apt_conf("off", []),
                 up_facts.RECORD: None,
                 **(files or {}),
@@ -483,6 +487,7 @@ def test_a_report_row_holds_one_cell_per_column():
             "vllm": "0.20.2",
             "reboot": "pending",
             "firmware": "-",
+            "known_bad": "-",
         },
     }
 

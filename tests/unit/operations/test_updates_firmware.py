@@ -21,11 +21,13 @@ from sparkrig.operations.updates import operations as up_operations
 from sparkrig.operations.updates import settings as up_settings
 from sparkrig.settings import problems
 from sparkrig.tools import fleet_page, report
+from tests.unit.operations.test_updates import SHIPPED_PINS, _host
 from tests.unit.operations.test_updates import SPARK as SPARK_VERSIONS
-from tests.unit.operations.test_updates import _host
 from tests.unit.pyinfra_fake import HOST_STATE, execute, host_state
 
 DATA = Path(__file__).parent / "data" / "fwupd"
+# Recorded: `LC_ALL=C apt-cache policy fwupd` on a Debian 12 box (sparkrig's development machine).
+APT_POLICY = (DATA / "apt-cache-policy-fwupd-debian12.txt").read_text()
 LAB = (DATA / "get-devices-lab-container-fwupd-2.0.20.json").read_text()  # recorded, real fwupd
 NO_DAEMON = (DATA / "get-devices-error-no-daemon-fwupd-2.0.20.json").read_text()  # recorded, real fwupd
 SPARK = (DATA / "get-devices-spark-HAND-WRITTEN.json").read_text()  # hand-written
@@ -174,7 +176,20 @@ def test_a_fwupdmgr_that_hangs_is_stopped_at_the_limit(tmp_path):
     assert found["fwupd"] == "error" and found["error"] == "fwupdmgr get-devices did not answer in 1 s: stopped"
 
 
-def test_no_fwupdmgr_reads_as_absent(tmp_path):
+@pytest.mark.parametrize(
+    ("policy", "expected", "error"),
+    [
+        (APT_POLICY, "absent 2.0.20-1~deb12u2\n", ""),
+        ("", "absent (none)\n", up_facts.NOT_INSTALLABLE),  # "Unable to locate package fwupd"
+    ],
+)
+def test_no_fwupdmgr_reads_as_absent_saying_whether_apt_can_install_it(tmp_path, policy, expected, error):
+    """A STAND-IN apt-cache prints the recorded policy; the script's real sed and head read it."""
+    stand_in = tmp_path / "apt-cache"
+    stand_in.write_text(f"#!/bin/sh\ncat <<'EOF'\n{policy}EOF\n")
+    stand_in.chmod(0o755)
+    for tool in ("sed", "head", "cat"):
+        (tmp_path / tool).symlink_to(f"/usr/bin/{tool}")
     script = rendering.script("updates/firmware.sh")
     result = subprocess.run(
         ["/bin/sh", "-c", script, "sparkrig-firmware", "45", "get-devices"],
@@ -183,7 +198,10 @@ def test_no_fwupdmgr_reads_as_absent(tmp_path):
         text=True,
         timeout=30,
     )
-    assert result.stdout == "absent\n"
+    assert result.stdout == expected
+    found = firmware(*result.stdout.splitlines())
+    assert (found["fwupd"], found["error"]) == ("absent", error)
+    assert report.firmware_summary(found) == "fwupd not installed" + (f": {error}" if error else "")
 
 
 # Settings -------------------------------------------------------------------------------------
@@ -219,12 +237,15 @@ def test_bad_firmware_settings_say_key_and_what_is_allowed(data, expected):
 FIRMWARE = "sparkrig-firmware"
 
 
-def _ops(data: dict, fwupd: str | None = "2.0.20-1", *lines: str) -> dict[str, list[str]]:
+def _ops(
+    data: dict, fwupd: str | None = "2.0.20-1", *lines: str, candidate: str | None = "2.0.20-1"
+) -> dict[str, list[str]]:
     """The plan for a converged host with fwupd installed (or not) and fwupdmgr printing ``lines``."""
     responses = _host()
     responses[HOST_STATE] = host_state(
         files={
             up_settings.PIN_FILE: None,
+            up_settings.KNOWN_BAD_FILE: SHIPPED_PINS,
             up_operations.APT_CONF: up_operations.render_apt_conf("off", []),
             up_facts.RECORD: None,
         },
@@ -232,6 +253,7 @@ def _ops(data: dict, fwupd: str | None = "2.0.20-1", *lines: str) -> dict[str, l
         packages={up_operations.UNATTENDED_PACKAGE: None, up_operations.FWUPD_PACKAGE: fwupd},
     )
     responses[FIRMWARE] = list(lines)
+    responses["apt-cache policy"] = APT_POLICY.splitlines() if candidate else []
     return {
         op.name.removeprefix("Updates | "): op.commands for op in execute(up.updates, data=data, responses=responses)
     }
@@ -241,8 +263,23 @@ def test_report_installs_fwupd_where_missing_and_asks_it_nothing():
     ops = _ops({}, None)
     assert list(ops) == ["Install fwupd (updates_firmware)"]
     assert "fwupd" in ops["Install fwupd (updates_firmware)"][-1]
+    # A failed install (the lists named it, the download failed) fails nothing in "report".
+    assert ops["Install fwupd (updates_firmware)"][-1].endswith("the deploy goes on without'")
     assert _ops({}) == {}  # installed: nothing, and fwupd is not asked during a deploy
     assert _ops({"updates_firmware": "off"}, None) == {}
+
+
+def test_report_where_apt_cannot_install_fwupd_changes_nothing_and_says_so(caplog):
+    """An offline box ("Unable to locate package fwupd"): no install tried, the concern goes on."""
+    caplog.set_level("INFO")
+    assert _ops({}, None, candidate=None) == {}
+    assert f"updates: firmware not read: {up_facts.NOT_INSTALLABLE}" in caplog.text
+
+
+def test_apply_where_apt_cannot_install_fwupd_still_tries_and_may_fail():
+    ops = _ops({"updates_firmware": "apply"}, None, candidate=None)
+    (command,) = ops["Install fwupd (updates_firmware)"]
+    assert "could not be installed" not in command  # "apply" insists: apt's failure fails the host
 
 
 def test_apply_installs_what_fwupd_offers_and_marks_the_reboot():

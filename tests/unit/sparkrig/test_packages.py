@@ -7,8 +7,10 @@ import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig import packages
 from sparkrig.settings import problems
@@ -171,3 +173,24 @@ def test_a_half_unpacked_package_and_a_pending_journal_are_both_settled(tmp_path
         "apt-get -y install --reinstall python3.11-venv",
         "dpkg --configure -a",
     ]
+
+
+# Candidates ---------------------------------------------------------------------------------
+
+# Recorded: `LC_ALL=C apt-cache policy -- fwupd` on a Debian 12 box (the
+# development machine, 2026-11-28); for a package it cannot locate apt prints nothing.
+POLICY = (Path(__file__).parents[1] / "operations/data/fwupd/apt-cache-policy-fwupd-debian12.txt").read_text()
+
+
+def test_candidates_read_apts_candidate_and_none_where_apt_has_none():
+    found = packages.Candidates().process(POLICY.splitlines())
+    assert found == {"fwupd": "2.0.20-1~deb12u2"}
+    assert packages.Candidates().process([]) == {}
+    pinned_away = POLICY.replace("Candidate: 2.0.20-1~deb12u2", "Candidate: (none)")
+    assert packages.Candidates().process(pinned_away.splitlines()) == {"fwupd": None}
+
+
+@pytest.mark.parametrize("bad", ["  Candidate: 1.0\x1b[2J", "fw\x07upd:", "  Candidate: 1.0; reboot"])
+def test_candidates_refuse_control_characters_and_what_is_no_version(bad):
+    with pytest.raises(FactProcessError):
+        packages.Candidates().process(["fwupd:", bad])

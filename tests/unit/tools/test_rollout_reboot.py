@@ -271,9 +271,10 @@ def test_a_firmware_update_staged_for_the_next_boot_is_a_reason_to_reboot():
     (its Firmware fact's ``reboot``) needs a reboot as /run/reboot-required does."""
 
     class Answers(PyinfraHosts):
-        def __init__(self, firmware):
+        def __init__(self, firmware, cmdline=None):
             super().__init__(PYINFRA, str(REPO), "inventory.py")
             self.firmware = firmware
+            self.cmdline = cmdline or {"running": ["ro"], "add": [], "remove": [], "loader": True, "generated": None}
 
         def _run(self, host, *args):
             facts = {
@@ -284,6 +285,7 @@ def test_a_firmware_update_staged_for_the_next_boot_is_a_reason_to_reboot():
                     "reboot_required": False,
                 },
                 "sparkrig.operations.updates.facts.Firmware": self.firmware,
+                "sparkrig.operations.updates.cmdline.KernelCmdline": self.cmdline,
             }
             assert list(args[1:]) == list(facts), args
             text = "".join(f"--> Fact data for: {name}\n{json.dumps({host: value})}\n" for name, value in facts.items())
@@ -292,6 +294,14 @@ def test_a_firmware_update_staged_for_the_next_boot_is_a_reason_to_reboot():
     staged = {"fwupd": "ok", "devices": [], "reboot": "System Firmware 1.2 -> 1.3 waits for a reboot"}
     assert Answers(staged).read("spark-01").reasons == ["firmware: System Firmware 1.2 -> 1.3 waits for a reboot"]
     assert Answers({**staged, "reboot": ""}).read("spark-01").reasons == []
+    # The kernel's command line: a drop-in asking what the running kernel did not boot with.
+    pending = {"running": ["ro", "quiet"], "add": ["kho=off"], "remove": ["quiet"], "loader": True, "generated": None}
+    assert Answers({**staged, "reboot": ""}, pending).read("spark-01").reasons == [
+        "kernel command line: kho=off is not on it (/proc/cmdline)",
+        "kernel command line: quiet is on it (/proc/cmdline)",
+    ]
+    booted = {**pending, "running": ["ro", "kho=off"]}
+    assert Answers({**staged, "reboot": ""}, booted).read("spark-01").reasons == []
 
 
 # --- a host's strings: that host's failure, never the run's ---------------------------------
