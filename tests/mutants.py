@@ -8,7 +8,7 @@ the mechanism has no test.
     uv run python -m tests.mutants NAME...    # these alone (names as --list prints them)
     uv run python -m tests.mutants --list     # the mutants, not run
 
-Not run by CI (about 10 minutes on two cores); tests/repo/test_mutants.py checks that each
+Not run by CI (about 15 minutes on two busy cores); tests/repo/test_mutants.py checks that each
 mutant still applies to the tree (its line is there exactly once). A mechanism added later adds
 its mutant here. docs/security.md says what it covers.
 """
@@ -347,7 +347,7 @@ MUTANTS = (
         "sparkrig/stack_locks.py",
         'if not (isinstance(wheel["sha256"], str) and _SHA256.fullmatch(wheel["sha256"])):',
         'if not isinstance(wheel["sha256"], str):',
-        ("tests/unit/tools/test_python_lock.py", "tests/unit/operations/test_python_stack.py"),
+        ("tests/unit/operations/test_python_stack.py", "tests/unit/tools/test_python_lock.py"),
     ),
     # A draining host refuses new work with 75 (EX_TEMPFAIL), which callers retry on.
     Mutant(
