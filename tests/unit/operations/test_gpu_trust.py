@@ -25,6 +25,8 @@ from tests.unit.operations.test_metrics import Collector, _standin, samples
 from tests.unit.pyinfra_fake import execute
 
 NOBODY = 65534
+# The stand-in's GPU: its power minimum (300 W) is above sparkrig's clock floor (gpu.CLOCK_MIN_MHZ, 200).
+LINE = "0, NVIDIA STAND-IN, Enabled, 345, 1980, 72.62, 700.00, 300.00, 700.00, 700.00, 40, 0x0000000000000001"
 # (owner uid, group gid, mode) of the stand-in nvidia-smi, and whether root may run it.
 OWNERS = {
     "group may write": (0, NOBODY, 0o775, False),
@@ -62,8 +64,7 @@ def test_the_gpu_state_read_runs_only_roots_nvidia_smi(tmp_path, owner):
         tmp_path / "bin",
         ran,
         owner,
-        'echo "0, NVIDIA STAND-IN, Enabled, 345, 1980, 72.62, 700.00, 300.00, '
-        '700.00, 700.00, 40, 0x0000000000000001"\n',
+        f'echo "{LINE}"\n',
     )
     read = subprocess.run(
         ["sh", "-c", gpu.script()],
@@ -146,9 +147,6 @@ def test_a_gpu_name_becomes_a_label_of_safe_characters(tmp_path):
 
 
 # The policy's values against what the GPU allows ---------------------------------------
-
-# A GPU whose power minimum (300 W) is above sparkrig's clock floor (gpu.CLOCK_MIN_MHZ, 200).
-LINE = "0, NVIDIA STAND-IN, Enabled, 345, 1980, 72.62, 700.00, 300.00, 700.00, 700.00, 40, 0x0000000000000001"
 
 
 def test_a_power_limit_below_the_gpus_minimum_is_refused():
