@@ -388,7 +388,7 @@ MUTANTS = (
         ("tests/unit/tools/test_private.py", "tests/unit/tools/test_rollout.py", "tests/unit/tools/test_fleet.py"),
     ),
     Mutant(
-        "private-dir-link-followed",
+        "private-dir-any-file-type",
         "tools/private.py",
         "if not stat.S_ISDIR(found.st_mode) or found.st_uid",
         "if found.st_uid",

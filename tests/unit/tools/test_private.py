@@ -42,6 +42,13 @@ def test_another_users_directory_is_refused(tmp_path):
         private.private_directory(theirs, "x")
 
 
+def test_a_file_of_the_callers_where_the_directory_goes_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    (tmp_path / "file").chmod(0o600)
+    with pytest.raises(ValueError, match=r"found uid \d+, mode -rw-------"):
+        private.private_directory(tmp_path / "file", "x")
+
+
 def test_a_link_to_the_callers_own_directory_is_refused(tmp_path):
     (tmp_path / "real").mkdir(mode=0o700)
     (tmp_path / "link").symlink_to(tmp_path / "real")
