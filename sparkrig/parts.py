@@ -147,11 +147,14 @@ def failure(answer: Answer, timeout_s: int = PART_TIMEOUT_S, part_bytes: int = P
     return None
 
 
-def contained(command: str | StringCommand, timeout_s: int, part_bytes: int = PART_BYTES) -> str:
+def contained(
+    command: str | StringCommand, timeout_s: int, part_bytes: int = PART_BYTES, file_bytes: int = FILE_BYTES
+) -> str:
     """Shell text running ``command`` alone as :func:`script` runs a part (stdin from
     ``/dev/null``, its output into a private file, no other descriptor, killed after
-    ``timeout_s``, whatever it leaves killed when it ends), then printing its stdout and
-    stderr (at most ``part_bytes`` each) and exiting with its status: for a command that
+    ``timeout_s``, whatever it leaves killed when it ends, no file it writes over
+    ``file_bytes``), then printing its stdout and stderr (at most ``part_bytes`` each) and
+    exiting with its status: for a command that
     must run a program a user controls (as that user), outside any reading, so that the
     program can neither hold the caller's output open nor outlive the command."""
     relay = (
@@ -159,5 +162,12 @@ def contained(command: str | StringCommand, timeout_s: int, part_bytes: int = PA
         '[ "$o" = - ] || printf %s "$o" | base64 -d; [ "$e" = - ] || printf %s "$e" | base64 -d >&2; '
         'case $s in ""|*[!0-9]*) echo "sparkrig: the command did not end ($s)" >&2; exit 1;; esac; exit "$s"'
     )
-    driver = script([command], [timeout_s], lanes=1, reading_timeout_s=max(60, timeout_s), part_bytes=part_bytes)
+    driver = script(
+        [command],
+        [timeout_s],
+        lanes=1,
+        reading_timeout_s=max(60, timeout_s),
+        part_bytes=part_bytes,
+        file_bytes=file_bytes,
+    )
     return f"sh -c {shlex.quote(driver)} | {{ {relay}; }}"

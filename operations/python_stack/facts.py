@@ -90,7 +90,15 @@ class PythonStack(FactBase):
         found = self.default()
         for line in output:
             key, _, value = line.partition(" ")
-            if key in ("link_exists", "venv_module", "usable", "occupied", "owner_exists", "offline_dir"):
+            if key in (
+                "link_exists",
+                "venv_module",
+                "usable",
+                "root_python",
+                "occupied",
+                "owner_exists",
+                "offline_dir",
+            ):
                 found[key] = value == "yes"
             elif key == "wheel":
                 found["wheels"].append(value)
@@ -129,6 +137,7 @@ class PythonStack(FactBase):
             "python": None,
             "owner": None,
             "usable": False,
+            "root_python": False,
             "lock": None,
             "wheels": [],
             "offline_dir": False,

@@ -27,6 +27,8 @@ STAGE = "/var/lib/sparkrig/stage"  # root's: files on their way to a directory o
 PUT_AS_OWNER = rendering.script("python_stack/put-as-owner.sh")
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SYNC_TIMEOUT_S = 3600  # a venv sync downloads the stack (torch alone is over a GB) at most this long
+# The largest file a sync may write (RLIMIT_FSIZE): a wheel's CUDA libraries run to GBs each.
+SYNC_FILE_BYTES = 32 << 30
 
 
 def as_owner(owner: str, *argv: Any) -> list[Any]:
@@ -283,6 +285,14 @@ def virtualenv_commands(
         )
 
     if stale_lock or missing or not plan_clean(found, lock):
+        if not fresh and not found["root_python"]:
+            # uv's sync starts the venv's interpreter as its owner: a program of theirs there
+            # (not the link uv venv made to root's python) could hold the sync for its hour.
+            yield messages.refuse(
+                f"{path}/bin/python does not lead to an interpreter only root may change: sparkrig "
+                "syncs only a venv whose python is the one uv venv linked (remove the venv to have it made again)"
+            )
+            return
         changed = True
         if wheels:
             source = ["--offline --no-index --find-links", QuoteString(OFFLINE_DIR)]
@@ -307,7 +317,7 @@ def virtualenv_commands(
                 QuoteString(lock_path),
             )
         )
-        yield StringCommand(sparkrig_parts.contained(sync, SYNC_TIMEOUT_S))
+        yield StringCommand(sparkrig_parts.contained(sync, SYNC_TIMEOUT_S, file_bytes=SYNC_FILE_BYTES))
 
     if not changed:
         host.noop(f"virtualenv {path} holds its lock")

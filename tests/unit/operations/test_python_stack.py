@@ -257,6 +257,7 @@ def _fact_output(lock: str | None = None, installed: list[str] | None = None, **
         "python": "3.12.3",
         "owner": "root",
         "usable": "yes",
+        "root_python": "yes",
         "lock": wanted,
     }
     state.update(changes)
@@ -676,9 +677,10 @@ def test_the_sync_that_runs_the_owners_python_is_contained(tmp_path):
     (venv,) = _ops(_fact_output(installed=records(_wanted(), drop="torch")))
     (sync,) = [command for command in venv.commands if "pip sync" in command]
     stand_in = tmp_path / "uv"
+    # It also writes a file over the reading's 256 MiB cap (sparse: a wheel's CUDA library).
     stand_in.write_text(
         "#!/bin/sh\nsetsid sh -c 'while :; do echo still; sleep 1; done' &\n"
-        f"echo $! >{tmp_path}/child\necho synced; exit 3\n"
+        f"echo $! >{tmp_path}/child\ntruncate -s 300M {tmp_path}/big.so || exit 9\necho synced; exit 3\n"
     )
     stand_in.chmod(0o755)
     started = time.monotonic()
@@ -686,7 +688,49 @@ def test_the_sync_that_runs_the_owners_python_is_contained(tmp_path):
         ["sh", "-c", sync.replace(UV, str(stand_in))], capture_output=True, text=True, timeout=120, cwd="/"
     )
     assert time.monotonic() - started < 60  # not the 120 s the held output would cost
-    assert result.returncode == 3 and result.stdout.startswith("synced\n"), result.stderr
+    assert result.returncode == 3 and "synced\n" in result.stdout, result.stderr
+    assert (tmp_path / "big.so").stat().st_size == 300 << 20
     child = Path(f"/proc/{(tmp_path / 'child').read_text().strip()}/stat")
     time.sleep(0.2)
     assert not child.exists() or child.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_venv_whose_python_is_not_roots_interpreter_is_never_synced():
+    """uv's sync starts bin/python as the owner: where it does not lead to an interpreter only
+    root may change (the owner put a program of theirs there, one that could hold the sync for
+    its hour), the host is refused, naming the venv, and nothing is synced."""
+    (venv,) = _ops(_fact_output(installed=records(_wanted(), drop="torch"), root_python=None))
+    joined = "\n".join(venv.commands)
+    assert "pip sync" not in joined and "does not lead to an interpreter only root may change" in joined
+
+
+@pytest.mark.parametrize("kind", ["root's link", "the owner's program", "group-writable", "another owner's"])
+def test_the_fact_tells_whether_the_venvs_python_is_roots_alone(tmp_path, kind):
+    """The fact's real command: bin/python a link to root's python3 is root's; a program in its
+    place, a group-writable interpreter or another user's is not (read, never run)."""
+    if os.geteuid() != 0:
+        pytest.skip("owners and modes of the interpreter: run as root")
+    venv, _site, marker = _scratch_venv(tmp_path)
+    python = venv / "bin" / "python"
+    if kind == "root's link":
+        python.unlink()
+        python.symlink_to(os.path.realpath("/usr/bin/python3"))
+    elif kind == "the owner's program":
+        os.chown(python, 65534, 65534)
+    else:
+        python.unlink()
+        interpreters = tmp_path / "interpreters"
+        interpreters.mkdir(mode=0o755)
+        tmp_path.chmod(0o755)
+        real = interpreters / "python3"
+        shutil.copy(os.path.realpath("/usr/bin/python3"), real)
+        if kind == "group-writable":
+            real.chmod(0o775)
+        else:
+            os.chown(real, 65534, 65534)
+        python.symlink_to(real)
+    command = ps_facts.PythonStack().command(str(venv), "nobody").get_raw_value()
+    run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60, check=True)
+    found = ps_facts.PythonStack().process(run.stdout.splitlines())
+    assert found["usable"] and found["root_python"] is (kind == "root's link"), kind
+    assert not marker.exists()
