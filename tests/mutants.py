@@ -8,7 +8,7 @@ the mechanism has no test.
     uv run python -m tests.mutants NAME...    # these alone (names as --list prints them)
     uv run python -m tests.mutants --list     # the mutants, not run
 
-Not run by CI (about 15 minutes on two busy cores); tests/repo/test_mutants.py checks that each
+Not run by CI (6 minutes on two cores, 25 when others load them); tests/repo/test_mutants.py checks that each
 mutant still applies to the tree (its line is there exactly once). A mechanism added later adds
 its mutant here. docs/security.md says what it covers.
 """
