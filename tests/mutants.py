@@ -58,8 +58,8 @@ MUTANTS = (
     Mutant(
         "metrics-smi-group-writable",
         "templates/metrics/sparkrig-metrics.sh.j2",
-        "-user root ! -perm /022 2>/dev/null",
-        "-user root ! -perm /002 2>/dev/null",
+        '-maxdepth 0 -type f -user root ! -perm /022 2>/dev/null)" ]; then',
+        '-maxdepth 0 -type f -user root ! -perm /002 2>/dev/null)" ]; then',
         ("tests/unit/operations/test_gpu_trust.py", "tests/unit/operations/test_metrics.py"),
     ),
     Mutant(
@@ -397,9 +397,9 @@ MUTANTS = (
     # A host's strings reach the operator's terminal escaped.
     Mutant(
         "report-control-characters-raw",
-        "tools/report.py",
-        'if unicodedata.category(ch)[0] == "C" or',
-        'if unicodedata.category(ch) == "Cs" or',
+        "sparkrig/host_output.py",
+        'if unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp"):',
+        'if unicodedata.category(ch) == "Cs" or unicodedata.category(ch) in ("Zl", "Zp"):',
         ("tests/unit/operations/test_updates.py", "tests/unit/tools/test_fleet_page.py"),
     ),
     # The controller's wheel cache: a download whose sha256 is not the lock's is refused.

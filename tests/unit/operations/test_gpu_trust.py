@@ -21,7 +21,7 @@ from sparkrig.operations import gpu_policy as gp
 from sparkrig.operations.gpu_policy import deploy as gp_deploy
 from sparkrig.resources import TEMPLATES
 from tests.unit.operations.test_gpu_policy import POLICY, QUERY, _host, fact_output
-from tests.unit.operations.test_metrics import Collector, _standin, samples
+from tests.unit.operations.test_metrics import Collector, _standin, samples, scratch  # noqa: F401 (scratch: a fixture)
 from tests.unit.pyinfra_fake import execute
 
 NOBODY = 65534
@@ -109,11 +109,10 @@ def test_the_gpu_policy_unit_runs_only_roots_nvidia_smi(tmp_path, owner):
 
 
 @pytest.mark.parametrize("owner", OWNERS)
-def test_the_metrics_collector_runs_only_roots_nvidia_smi(tmp_path, owner):
+def test_the_metrics_collector_runs_only_roots_nvidia_smi(scratch, owner):  # noqa: F811
     _as_root()
-    tmp_path.chmod(0o755)
-    collector = Collector(tmp_path)
-    ran = tmp_path / "ran"
+    collector = Collector(scratch)
+    ran = scratch / "ran"
     smi = _standin(collector.bin, f"touch {ran}\n")
     uid, gid, mode, trusted = OWNERS[owner]
     os.chown(smi, uid, gid)
@@ -127,12 +126,11 @@ def test_the_metrics_collector_runs_only_roots_nvidia_smi(tmp_path, owner):
         assert gpu_lines == []
 
 
-def test_a_gpu_name_becomes_a_label_of_safe_characters(tmp_path):
+def test_a_gpu_name_becomes_a_label_of_safe_characters(scratch):  # noqa: F811
     """The name on a line the collector reports (index and UUID well formed) holds a quote, a
     backslash and a brace: the sample line stays one well-formed sample."""
     _as_root()
-    tmp_path.chmod(0o755)
-    collector = Collector(tmp_path)
+    collector = Collector(scratch)
     _standin(
         collector.bin,
         "case \"$1\" in --query-gpu=*) printf '%s\\n' "
