@@ -66,16 +66,19 @@ _DISTRIBUTIONS = (
 
 # Runs argv[3:] as a separate command: every descriptor but its own pipes closed (subprocess's
 # close_fds), stdin empty, stdout and stderr each capped at argv[1] bytes, killed after argv[2]
-# seconds, in a PID namespace of its own where the host allows one (unshare: when its first
+# seconds, in a PID namespace of its own (and its /proc) where the host allows one (unshare: when its first
 # process ends the kernel kills every other) and in a session of its own (killed whole when
 # it returns). Exit status: the command's; 124 out of time, 125 past the cap.
 _RUNNER = r"""
 import os, selectors, signal, subprocess, sys, time
 limit, seconds, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
 quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# /proc mounted anew in the namespace: CUDA's driver fails (error 304) in a PID namespace
+# that still sees the host's /proc, and the GPU controls run through here.
+unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
 try:
-    if subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "true"], timeout=10, **quiet).returncode == 0:
-        argv = ["unshare", "--pid", "--fork", "--kill-child"] + argv
+    if subprocess.run(unshare + ["true"], timeout=10, **quiet).returncode == 0:
+        argv = unshare + argv
 except (OSError, subprocess.SubprocessError):
     pass
 child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -215,3 +215,13 @@ def test_the_controller_holds_a_bounded_part_of_one_hosts_answer(monkeypatch):
     assert reads._ssh_output(["sh", "-c", "exec cat /dev/zero"], "noisy") is None
     assert time.monotonic() - started < 30
     assert reads._ssh_output(["sh", "-c", "head -c 1000 /dev/zero | tr '\\0' a"], "quiet") == "a" * 1000
+
+
+def test_the_venvs_python_sees_a_proc_of_its_own_namespace(fake_venv):
+    """CUDA's driver fails (error 304, seen on the lent GPU machine) in a PID namespace that
+    still shows the host's /proc: the runner mounts one of its own, where the python is pid 1's
+    child and the host's processes are not listed."""
+    root, _site = fake_venv
+    _python(root, 'ls /proc | grep -c "^[0-9]"')
+    out = _interpreter(root)
+    assert out.returncode == 0 and int(out.stdout) < 10, out
