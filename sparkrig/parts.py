@@ -81,6 +81,10 @@ def script(
         # Base64's characters for reading_bytes of output.
         f"total={(int(reading_bytes) + 2) // 3 * 4}",
         f"sh={shell}",
+        # Bash sees SSH_CLIENT and takes itself for sshd's shell, sourcing the user's ~/.bashrc
+        # (Debian's SSH_SOURCE_BASHRC): without it no command's shell runs start-up files,
+        # whose output would become that command's answer.
+        "unset SSH_CLIENT SSH2_CLIENT",
     ]
     for index, (command, limit) in enumerate(zip(commands, timeouts)):
         text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)

@@ -237,3 +237,15 @@ def test_a_contained_command_relays_its_output_and_status_and_leaves_nothing_beh
     assert not alive(int((tmp_path / "child").read_text()))
     timed_out = subprocess.run([shell, "-c", parts.contained("sleep 30", 1)], capture_output=True, timeout=60)
     assert timed_out.returncode == 124
+
+
+def test_a_commands_bash_runs_no_start_up_file_of_the_user_over_ssh(tmp_path):
+    """Bash that finds SSH_CLIENT in its environment sources ~/.bashrc (Debian builds it so):
+    over SSH a user's start-up file would print into every answer of the suite's prefetch,
+    whose commands run in the login shell. The executor runs them without it."""
+    (tmp_path / ".bashrc").write_text("echo BANNER\n")
+    script = parts.script(["uname -s"], shell="/bin/bash")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SSH_CLIENT": "10.0.0.1 5000 22", "SHLVL": "0"}
+    process = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    (answer,) = parts.parse(process.stdout.splitlines(), 1)
+    assert answer == parts.Answer(0, b"Linux\n", b""), answer
