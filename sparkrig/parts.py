@@ -166,8 +166,11 @@ def contained(
         '[ "$o" = - ] || printf %s "$o" | base64 -d; [ "$e" = - ] || printf %s "$e" | base64 -d >&2; '
         'case $s in ""|*[!0-9]*) echo "sparkrig: the command did not end ($s)" >&2; exit 1;; esac; exit "$s"'
     )
+    # The executor's umask (077, for its private files) is not the command's: what it makes (a
+    # venv's files) must be readable by others as with any command pyinfra runs.
+    text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
     driver = script(
-        [command],
+        [f"umask 022; {text}"],
         [timeout_s],
         lanes=1,
         reading_timeout_s=max(60, timeout_s),

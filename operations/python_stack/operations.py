@@ -289,8 +289,8 @@ def virtualenv_commands(
             # uv's sync starts the venv's interpreter as its owner: a program of theirs there
             # (not the link uv venv made to root's python) could hold the sync for its hour.
             yield messages.refuse(
-                f"{path}/bin/python does not lead to an interpreter only root may change: sparkrig "
-                "syncs only a venv whose python is the one uv venv linked (remove the venv to have it made again)"
+                f"the interpreter of {path} (its bin/ link) is not one only root may change: sparkrig "
+                "syncs only a venv whose interpreter is the one uv venv linked (remove the venv to have it made again)"
             )
             return
         changed = True

@@ -26,8 +26,7 @@ def _sh_glob_words(names: Iterable[str]) -> list:
 
 
 # For `sh -c SCRIPT`: the venv's torch and vLLM versions (as sparkrig-python-versions VENV
-# NAME...), the loaded driver, and CUDA's version.
-# torch's METADATA is about 30 KB.
+# NAME...), the loaded driver, and CUDA's version. torch's METADATA is about 30 KB.
 METADATA_LIMIT = 1 << 20
 _PYTHON_VERSIONS = rendering.script(
     "updates/python-versions.sh.j2",
@@ -300,8 +299,7 @@ def fwupd_error(document: Mapping[str, Any], what: str, status: int, limit_s: in
 
 
 def fwupd_devices(document: Mapping[str, Any], what: str) -> list[dict]:
-    """The devices of a fwupdmgr JSON document that carry a firmware version (a container's CPU,
-    which fwupd lists without one, is no firmware to keep alike)."""
+    """The devices of a fwupdmgr JSON document that carry a firmware version (not a container's CPU)."""
     entries = document.get("Devices", [])
     if not isinstance(entries, list):
         raise ValueError(f"fwupdmgr {what} --json: Devices is {str(entries)[:80]!r}")
@@ -410,10 +408,7 @@ def _version_key(text: str) -> list:
 
 
 class BootId(FactBase):
-    """
-    Returns the host's boot id (/proc/sys/kernel/random/boot_id): a new one after every boot,
-    how a rollout knows a reboot took place.
-    """
+    """Returns the host's boot id (/proc/sys/kernel/random/boot_id): new at every boot, as a rollout tells one."""
 
     command = "cat /proc/sys/kernel/random/boot_id"
 
@@ -425,10 +420,8 @@ class BootId(FactBase):
 
 
 def reboot_reasons(facts: Mapping[str, Any], firmware_pending: Sequence[str] = ()) -> list[str]:
-    """Why a host needs a reboot, one reason each ("reboot needed because ..."): a newer kernel
-    installed than the one running, /run/reboot-required, and each firmware update staged to
-    apply at the next boot (``firmware_pending``, one line each: the hook for fwupd's reading,
-    e.g. "firmware: System Firmware 1.2 -> 1.3 waits for a reboot")."""
+    """Why a host needs a reboot, one reason each: a newer kernel installed than the one running,
+    /run/reboot-required, each firmware update staged for the next boot (``firmware_pending``)."""
     boot = sorted(facts["boot_kernels"], key=_version_key)
     found = []
     if boot and facts["kernel"] and boot[-1] != facts["kernel"]:

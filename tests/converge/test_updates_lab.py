@@ -40,7 +40,9 @@ def _installed(host: str, package: str) -> str:
 
 
 def _hosts() -> dict[str, dict]:
-    return {h["name"]: h for h in json.loads(lab.inventory_path().read_text())["hosts"]}
+    """The hosts of inventory/lab.py: the lab's, less the hostile host (its own inventory)."""
+    hostile = {name for name, _ in lab.HOSTILE_FLEET}
+    return {h["name"]: h for h in json.loads(lab.inventory_path().read_text())["hosts"] if h["name"] not in hostile}
 
 
 def test_a_hold_survives_apt_get_upgrade_until_the_settings_release_it(first_converge):

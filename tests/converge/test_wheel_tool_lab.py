@@ -51,7 +51,8 @@ def project(host, tmp_path_factory) -> Path:
     """The user's own project: inventory.py (the lab host, its data as the lab gives it),
     config.py and deploy.py."""
     root = tmp_path_factory.mktemp("user-project")
-    data = inventory_host_data(LAB_INVENTORY, [host])[host]
+    # One host of the lab's cluster alone is no cluster: the user's inventory leaves it out.
+    data = {k: v for k, v in inventory_host_data(LAB_INVENTORY, [host])[host].items() if not k.startswith("cluster_")}
     (root / "inventory.py").write_text(f"hosts = [({host!r}, {data!r})]\n")
     (root / "config.py").write_text(CONFIG)
     (root / "deploy.py").write_text(DEPLOY)

@@ -456,8 +456,8 @@ def test_report_cells_show_temperature_power_clock_cap_and_reasons():
     # A GPU's state differs between hosts and between runs by nature: neither drift nor a change.
     assert report.differing(
         {
-            "a": {**dict.fromkeys(report.COLUMNS, "x"), **cells},
-            "b": {**dict.fromkeys(report.COLUMNS, "x"), **report.gpu_cells(None)},
+            "a": {**dict.fromkeys(report.COLUMNS, "x"), "known_bad": report.NONE, **cells},
+            "b": {**dict.fromkeys(report.COLUMNS, "x"), "known_bad": report.NONE, **report.gpu_cells(None)},
         }
     ) == {"a": [], "b": []}
     before = {"started": "t0", "hosts": {"a": {"versions": {**cells, "os": "debian 12"}, "controls": []}}}

@@ -162,13 +162,21 @@ def test_the_one_reading_fails_the_host_naming_the_fact_and_its_field():
     settings = {**updates.settings.DEFAULTS}
     part = firmware_part(settings)
     parts = [part, gpu_policy.deploy.GPU]
-    nonce = "n0nce"
     document = json.loads(stand_in.HOSTILE_DEVICES)
     document["Devices"][1]["Version"] = "28\x1b[8m"
-    lines = [_fwupd_line(json.dumps(document)), f"@@{nonce} end 0 0", *fact_output(), f"@@{nonce} end 1 0"]
-    said = base64.b64encode(("\n".join(lines) + "\n").encode()).decode()
+
+    def answer(index: int, text: str) -> str:  # one part's line as sparkrig.parts prints it
+        data = base64.b64encode(text.encode()).decode()
+        return f"part {index} 0 {len(data)} 0 {data or '-'} -"
+
+    output = [
+        "sparkrig-parts 2",
+        answer(0, _fwupd_line(json.dumps(document)) + "\n"),
+        answer(1, "\n".join(fact_output()) + "\n"),
+        "sparkrig-parts-end",
+    ]
     with pytest.raises(FactProcessError) as raised:
-        reading.reading_of(parts, nonce)().process([said, host_output.END])
+        reading.reading_of(parts)().process(output)
     message = str(raised.value)
     assert "Firmware['devices'][1]['version'] holds a control character" in message, message
     assert not UNCLEAN.search(message), message

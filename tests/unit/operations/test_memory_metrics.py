@@ -6,7 +6,6 @@ tests/unit/operations/test_prometheus.py."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparkrig.operations.metrics import deploy as md
-from tests.unit.operations.test_metrics import Collector, _promtool, _replaying, samples
+from tests.unit.operations.test_metrics import Collector, _promtool, _replaying, samples, scratch  # noqa: F401
 
 DATA = Path(__file__).parent / "data" / "memory"
 BUDDYINFO = (DATA / "buddyinfo-dev-machine.txt").read_text()  # recorded
@@ -22,11 +21,8 @@ VMSTAT = (DATA / "vmstat-dev-machine.txt").read_text()  # recorded
 
 
 @pytest.fixture
-def machine(tmp_path) -> Collector:
-    if os.geteuid() != 0:
-        pytest.skip("the collector writes only into a directory root owns: run as root (the lab's controllers do)")
-    tmp_path.chmod(0o755)
-    return Collector(tmp_path)
+def machine(scratch) -> Collector:  # noqa: F811 - scratch: a root-only directory below /run
+    return Collector(scratch)
 
 
 @pytest.fixture

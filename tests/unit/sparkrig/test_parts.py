@@ -249,3 +249,13 @@ def test_a_commands_bash_runs_no_start_up_file_of_the_user_over_ssh(tmp_path):
     process = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, timeout=60)
     (answer,) = parts.parse(process.stdout.splitlines(), 1)
     assert answer == parts.Answer(0, b"Linux\n", b""), answer
+
+
+def test_a_contained_command_makes_files_others_may_read(tmp_path):
+    """The executor keeps its own files private (umask 077); a contained command (a venv's
+    sync) makes files as any command does: a root-owned venv run as nobody must read them."""
+    made = tmp_path / "made"
+    result = subprocess.run(
+        ["sh", "-c", parts.contained(f"touch {made}; stat -c %a {made}", 20)], capture_output=True, timeout=60
+    )
+    assert result.returncode == 0 and result.stdout == b"644\n", result

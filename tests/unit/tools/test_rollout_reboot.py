@@ -330,6 +330,13 @@ class Scripted(PyinfraHosts):
                     "reboot_required": False,
                 },
                 "sparkrig.operations.updates.facts.Firmware": self.firmware[host] if self.boots[host] == 1 else {},
+                "sparkrig.operations.updates.cmdline.KernelCmdline": {
+                    "running": ["ro"],
+                    "add": [],
+                    "remove": [],
+                    "loader": True,
+                    "generated": None,
+                },
             }
             text = "".join(f"--> Fact data for: {name}\n{json.dumps({host: value})}\n" for name, value in facts.items())
             return 0, text.split("\n"), text
