@@ -297,8 +297,11 @@ def test_a_known_bad_version_is_never_installed_and_a_host_running_one_fails_and
         assert f"known-bad lab-standin-kernel-2: installed {KERNEL} 2.0: STAND-IN" in failed.stdout, failed.stdout
         assert "https://sparkrig.invalid/known-bad" in failed.stdout
 
-        others = sorted(h.name for h in lab_hosts if h.name != HOST)
-        assert others, "a rollout past the canary needs a second lab host"
+        # The rollout takes hosts in the inventory's order: the second host comes after HOST, so
+        # that HOST is the canary (hosts before it may run 2.0 from the report's test).
+        names = [name for name in _hosts() if name in {h.name for h in lab_hosts}]
+        others = names[names.index(HOST) + 1 :]
+        assert others, "a rollout past the canary needs a lab host after it in the inventory"
         rollout = subprocess.run(
             [
                 sys.executable,
