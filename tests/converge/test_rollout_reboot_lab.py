@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +65,42 @@ def _wait_drained(host: str, rollout: subprocess.Popen, timeout: float = 300) ->
         time.sleep(1)
 
 
+class _Output:
+    """The rollout's output, read as it comes (a thread), so that a test can act when the
+    rollout says something, and show the rollout's own lines when it fails."""
+
+    def __init__(self, rollout: subprocess.Popen):
+        self.lines: list[str] = []
+        self._seen = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(rollout,), daemon=True)
+        self._thread.start()
+
+    def _read(self, rollout: subprocess.Popen) -> None:
+        for line in rollout.stdout:
+            with self._seen:
+                self.lines.append(line)
+                self._seen.notify_all()
+
+    def wait_for(self, prefix: str, timeout: float) -> str:
+        with self._seen:
+            found = self._seen.wait_for(
+                lambda: any(line.startswith(prefix) for line in self.lines) or not self._thread.is_alive(), timeout
+            )
+            said = [line for line in self.lines if line.startswith(prefix)]
+        assert found and said, f"the rollout never said {prefix!r} within {timeout} s:\n{self.said()}"
+        return said[0]
+
+    def text(self) -> str:
+        self._thread.join(timeout=60)
+        return "".join(self.lines)
+
+    def said(self) -> str:
+        """The rollout's own lines and its table (the suite's output left out)."""
+        text = "".join(self.lines)
+        table = text[text.find("batch  hosts") :] if "batch  hosts" in text else ""
+        return "\n".join(line for line in text.splitlines() if line.startswith("rollout: ")) + "\n" + table
+
+
 def _job_row(host: str, name: str) -> list[str] | None:
     for line in lab.run_ssh(host, "spark-jobs list").stdout.splitlines()[1:]:
         if line.split()[:1] == [name]:
@@ -92,8 +129,12 @@ def test_a_host_with_a_pending_reboot_and_a_running_job_is_drained_waited_for_re
     before = {host: _boot_id(host) for host in CLUSTER}
     for host in CLUSTER:
         lab.run_ssh(host, "sudo touch /run/reboot-required")
-    lab.run_ssh("lab-deb12", f"spark-run --detach {job} -- sleep 40")
+    # The job ends when the test says so, after the rollout said it waits for it: a job of a
+    # fixed length could end before a loaded machine's rollout lists it.
+    release = f"{lab.run_ssh('lab-deb12', 'echo $HOME').stdout.strip()}/{job}.release"
+    lab.run_ssh("lab-deb12", f"spark-run --detach {job} -- sh -c 'until test -e {release}; do sleep 1; done'")
     rollout = _rollout(tmp_path, CLUSTER, "--data", "updates_drain_timeout=300")
+    output = _Output(rollout)
     try:
         _wait_drained("lab-deb12", rollout)
         refused = lab.run_ssh("lab-deb12", "spark-run -- true", check=False)
@@ -104,11 +145,15 @@ def test_a_host_with_a_pending_reboot_and_a_running_job_is_drained_waited_for_re
             refused.stderr,
         ), refused.stderr
         assert _job_row("lab-deb12", job)[2] == "active"  # the running job goes on
-        out, _ = rollout.communicate(timeout=1200)
+        output.wait_for(f"rollout: lab-deb12: waiting for 1 running job(s) ({job}), ", 600)
+        lab.run_ssh("lab-deb12", f"touch {release}")
+        rollout.wait(timeout=1200)
+        out = output.text()
     finally:
         if rollout.poll() is None:
             rollout.kill()
-    assert rollout.returncode == 0, out[-6000:]
+        lab.run_ssh("lab-deb12", f"rm -f {release}", check=False)
+    assert rollout.returncode == 0, output.said()
     lines = [line for line in out.splitlines() if line.startswith("rollout: lab-")]
     said = "\n".join(lines)
     # Drained together, the job waited for, then one node at a time: each back before the next goes down.
@@ -132,7 +177,7 @@ def test_a_host_with_a_pending_reboot_and_a_running_job_is_drained_waited_for_re
     assert (
         "batch  hosts  converged  rebooted  drained-out  proven  failed  not started\n"
         "1      2      2          2         0            2       0       0\n" in out
-    ), out[-3000:]
+    ), output.said()
     assert "rollout: all 2 hosts converged and proven" in out
     assert lab.run_ssh("lab-deb12", "spark-run -- true").returncode == 0  # undrained: jobs start again
     lab.run_ssh("lab-deb12", f"spark-jobs forget {job}")
@@ -147,12 +192,14 @@ def test_a_drain_that_outlasts_updates_drain_timeout_leaves_the_host_out_undrain
     lab.run_ssh(host, f"spark-run --detach {job} -- sleep 900")
     try:
         rollout = _rollout(tmp_path, [host], "--data", "updates_drain_timeout=60")
-        out, _ = rollout.communicate(timeout=900)
-        assert rollout.returncode == 1, out[-6000:]
+        output = _Output(rollout)
+        rollout.wait(timeout=900)
+        out = output.text()
+        assert rollout.returncode == 1, output.said()
         assert (
             "batch  hosts  converged  rebooted  drained-out  proven  failed  not started\n"
             "1      1      1          0         1            0       1       0\n" in out
-        ), out[-3000:]
+        ), output.said()
         assert (
             f"  {host} (batch 1): reboot: drain timed out: 1 job(s) still running after updates_drain_timeout "
             f"60 s ({job}); left out, not rebooted, undrained (--force stops them; --resume tries again)"
