@@ -92,13 +92,14 @@ class NcclBuilds(FactBase):
             if kind == "venv":
                 match = _DIST_INFO.fullmatch(name)
                 if match is None:
-                    raise ValueError(f"{what}: its .dist-info {host_output.printable(name)!r} names no NCCL wheel")
+                    raise ValueError(f"the venv's .dist-info {host_output.printable(name)[:80]!r} names no NCCL wheel")
                 name, version = f"nvidia-nccl-{match[1]}", match[2]
             status, sha = words[5], words[6]
             said = host_output.printable(_decoded(words[8], what).strip().replace("\n", "; "))
             if status != "0":
                 why = _WHY.get(int(status) if status.isdigit() else -1, f"exit {status}")
-                raise ValueError(f"{what} not read: {why} ({said or 'nothing on stderr'})")
+                said = said.split(": ", 1)[-1] if said.startswith("sparkrig: /") else said  # the path comes last
+                raise ValueError(f"NCCL's {kind} library not read: {said or why} ({host_output.printable(library)})")
             found[f"{kind} {name}"] = {
                 "version": host_output.text(version, f"{what}: its version", 128) or None,
                 "library": library,

@@ -28,7 +28,7 @@ for s in "$v"/lib/python3*/site-packages; do
   done
 done
 d=$(dpkg-query -W -f='${db:Status-Abbrev} ${Version}' libnccl2 2>/dev/null) || d=
-case $d in "ii "*) d=${d#ii }; d=${d# } ;; *) d= ;; esac
+case $d in ?"i "*) d=${d#???}; d=${d# } ;; *) d= ;; esac  # installed, held ("hi", as CUDA's images hold it) or not
 for f in /usr/lib/*-linux-gnu/libnccl.so.2; do
   [ -e "$f" ] || continue
   build system libnccl2 "$d" "$(readlink -f -- "$f")"
