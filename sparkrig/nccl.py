@@ -88,7 +88,7 @@ class NcclBuilds(FactBase):
                 raise ValueError(f"unexpected line {host_output.printable(line[:80])!r}")
             kind = words[1]
             name, version, library = (host_output.field(w, f"NCCL's {kind} build") for w in words[2:5])
-            what = f"NCCL's {kind} build {host_output.printable(library)}"
+            what = f"NCCL's {kind} build {_shown(library)}"
             if kind == "venv":
                 match = _DIST_INFO.fullmatch(name)
                 if match is None:
@@ -98,8 +98,8 @@ class NcclBuilds(FactBase):
             said = host_output.printable(_decoded(words[8], what).strip().replace("\n", "; "))
             if status != "0":
                 why = _WHY.get(int(status) if status.isdigit() else -1, f"exit {status}")
-                said = said.split(": ", 1)[-1] if said.startswith("sparkrig: /") else said  # the path comes last
-                raise ValueError(f"NCCL's {kind} library not read: {said or why} ({host_output.printable(library)})")
+                said = said.replace(f"sparkrig: {host_output.printable(library)} ", "it ")  # the path comes last
+                raise ValueError(f"NCCL's {kind} library not read: {said or why} ({_shown(library)})")
             found[f"{kind} {name}"] = {
                 "version": host_output.text(version, f"{what}: its version", 128) or None,
                 "library": library,
@@ -111,6 +111,12 @@ class NcclBuilds(FactBase):
     @staticmethod
     def default() -> dict:
         return {}
+
+
+def _shown(library: str) -> str:
+    """A library's path as a message names it: its end (a host's message is cut at 200)."""
+    path = host_output.printable(library)
+    return path if len(path) <= 60 else "..." + path[-57:]
 
 
 def _decoded(value: str, what: str) -> str:
