@@ -6,7 +6,8 @@ site-packages/nvidia/nccl/lib/libnccl.so.2, written as the venv's owner) and the
 (/usr/lib/<multiarch>/libnccl.so.2, root's). The compliance suite's NCCL controls, run for real
 over SSH against both nodes, pass while the nodes are alike, fail on both naming the node and
 both builds once one node's build differs, and where the venv's owner replaced the library by a
-link, fail that node naming why and its peer naming the node it depends on.
+link, fail that node naming why and its peer naming the node it depends on; `sparkrig report`
+marks the cluster whose nodes differ.
 """
 
 from __future__ import annotations
@@ -112,6 +113,17 @@ def test_alike_passes_and_a_node_that_differs_fails_naming_it_and_both_builds(st
     # On lab-deb13 itself, the venv's and the system's are one version in two builds: the env
     # file sets no loader variable, so a warning (the control passes).
     assert "one NCCL version, two builds" in said, said[-3000:]
+    # sparkrig report reads the same builds in its one command per host, and marks the cluster.
+    shown = subprocess.run(
+        [sys.executable, "-m", "sparkrig.tools", "report", LAB_INVENTORY, *[a for n in NODES for a in ("--limit", n)]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    for name in NODES:
+        assert f"{name}: cluster lab: NCCL differs across its nodes: system libnccl2: lab-deb13 has" in shown, shown
+    assert "lab-deb13: one NCCL version, two builds: system libnccl2 is NCCL version 2.27.7+cuda13.0" in shown
 
     _place("lab-deb13", "one", "one")
     owner = OWNERS["lab-deb13"]
