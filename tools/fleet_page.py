@@ -332,6 +332,9 @@ def render(
                 value = h.versions.get(column, "")
                 if column == "known_bad" and column in h.differs:
                     cells.append(_cell(value, "differs", "runs or has installed a known-bad version (sparkrig report)"))
+                elif column == "nccl" and column in h.differs:
+                    why = "its cluster's nodes load NCCL builds that differ, or one version is two builds here"
+                    cells.append(_cell(value, "differs", f"{why} (sparkrig report)"))
                 elif column in h.differs:
                     cells.append(_cell(value, "differs", f"differs from most hosts ({_most(hosts, column) or '-'})"))
                 else:

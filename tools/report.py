@@ -8,7 +8,10 @@ Each host is read once, with one remote command: the :class:`sparkrig.operations
 part of the host's one reading, with the arguments its settings give (as a deploy reads
 it), fwupd's view of its firmware (:class:`sparkrig.operations.updates.facts.Firmware`,
 unless ``updates_firmware`` is off), what it is (its hardware profile) and the GPU policy's
-:class:`sparkrig.operations.gpu_policy.facts.GpuState` (read-only). A cell that
+:class:`sparkrig.operations.gpu_policy.facts.GpuState` (read-only), and NCCL's builds
+(:class:`sparkrig.nccl.NcclBuilds`: the venv's wheel, the system's libnccl2, a prefix build, each
+by its version and sha256; the nccl column is marked on every node of a cluster whose nodes
+differ, and on a host with one version in two builds, each named after the table). A cell that
 differs from what most hosts have is marked with ``*`` (never a GPU state cell); a firmware
 device whose version differs from most hosts of the same hardware profile is marked in the
 firmware table after the versions ("fwupd reports no devices" where it shows none). A host that cannot
@@ -25,7 +28,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sparkrig import host_output, reading
+from sparkrig import host_output, nccl, reading
 from sparkrig import profile as profiles
 from sparkrig.connection import from_slash
 from sparkrig.host_output import printable
@@ -53,6 +56,7 @@ COLUMNS = (
     "reboot",
     "firmware",
     "known_bad",
+    "nccl",
 )
 # The GPU's state, after the versions: never marked (it differs from host to host by nature).
 GPU_COLUMNS = fleet_page.STATE_COLUMNS
@@ -139,15 +143,52 @@ def gpu_cells(state: Mapping[str, Any] | None) -> dict[str, str]:
     }
 
 
+def nccl_cell(builds: Mapping[str, Mapping[str, Any]] | None) -> str:
+    """A host's NCCL builds (:class:`sparkrig.nccl.NcclBuilds`): where each comes from, the
+    version its library says and the start of its sha256 (``venv 2.28.9+cuda13.0@1c8618b8``)."""
+    return (
+        " ".join(
+            f"{key.split(' ')[0]} {nccl.line_version(build)}@{build['sha256'][:8]}"
+            for key, build in sorted((builds or {}).items())
+        )
+        or NONE
+    )
+
+
+def nccl_problems(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    """For each host, what is wrong with its NCCL: the nodes of its cluster whose builds
+    differ (every node of that cluster gets the line), and one version in two builds on the
+    host itself."""
+    found: dict[str, list[str]] = {name: [] for name in facts}
+    clusters: dict[str, dict[str, Any]] = {}
+    for name, value in facts.items():
+        if value.get("cluster"):
+            clusters.setdefault(value["cluster"], {})[name] = value.get("nccl") or {}
+    for cluster, nodes in sorted(clusters.items()):
+        differing = nccl.cluster_differences(nodes)
+        if differing:
+            for name in nodes:
+                found[name].append(f"cluster {cluster}: NCCL differs across its nodes: " + "; ".join(differing))
+    for name, value in facts.items():
+        builds = value.get("nccl") or {}
+        for a, b in nccl.twins(builds):
+            found[name].append(
+                f"one NCCL version, two builds: {a} is {nccl.describe(builds[a])}, {b} is {nccl.describe(builds[b])}"
+            )
+    return found
+
+
 def row(
     facts: Mapping[str, Any],
     firmware: Mapping[str, Any] | None = None,
     gpu: Mapping[str, Any] | None = None,
     bad: Sequence[str] = (),
+    builds: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions`,
-    :class:`sparkrig.operations.updates.facts.Firmware` (None: not read), :class:`GpuState`
-    and the known-bad versions it runs (``bad``: :func:`known_bad.running`'s lines)."""
+    :class:`sparkrig.operations.updates.facts.Firmware` (None: not read), :class:`GpuState`,
+    the known-bad versions it runs (``bad``: :func:`known_bad.running`'s lines) and its NCCL
+    builds (:class:`sparkrig.nccl.NcclBuilds`)."""
     os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
     python = facts["python"]
     vllm = [version for name, version in python.items() if name != "torch"]
@@ -166,25 +207,31 @@ def row(
         "reboot": "pending" if pending_reboot(facts) or (firmware and firmware["reboot"]) else NONE,
         "firmware": firmware_summary(firmware),
         "known_bad": " ".join(known_bad.names(bad)) or NONE,
+        "nccl": nccl_cell(builds),
         **gpu_cells(gpu),
     }
 
 
 def differing(
-    rows: Mapping[str, Mapping[str, str]], drift: Mapping[str, Sequence[str]] | None = None
+    rows: Mapping[str, Mapping[str, str]],
+    drift: Mapping[str, Sequence[str]] | None = None,
+    nccl_lines: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, list[str]]:
     """For each host, the columns whose value is not the one most hosts have (with no single
     most common value, every cell of that column that is not shared by all); the firmware
     column where the host has firmware drift (:func:`firmware_drift`: by device and hardware
-    profile, not by its summary)."""
+    profile, not by its summary); the NCCL column where :func:`nccl_problems` found one (a
+    cluster's nodes must be alike; hosts of different clusters may differ)."""
     found: dict[str, list[str]] = {name: [] for name in rows}
     for name, cells in rows.items():
         if (drift or {}).get(name):
             found[name].append("firmware")
+        if (nccl_lines or {}).get(name):
+            found[name].append("nccl")
         if cells.get("known_bad", NONE) != NONE:  # marked wherever it is, however many hosts run it
             found[name].append("known_bad")
     for column in COLUMNS:
-        if column in ("firmware", "known_bad"):
+        if column in ("firmware", "known_bad", "nccl"):
             continue
         counts = Counter(cells[column] for cells in rows.values())
         if len(counts) < 2:
@@ -202,12 +249,13 @@ def table(
     errors: Mapping[str, str],
     firmware: Mapping[str, Mapping[str, Any]] | None = None,
     bad: Mapping[str, Sequence[str]] | None = None,
+    nccl_lines: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
     """The fleet as a text table, a legend, and one line per host that could not be read;
     with ``firmware`` (host -> its ``firmware`` of the JSON report), each host's devices after
     the table, drift marked."""
     firmware = firmware or {}
-    marks = differing(rows, {name: f["drift"] for name, f in firmware.items()})
+    marks = differing(rows, {name: f["drift"] for name, f in firmware.items()}, nccl_lines)
     header = ["host", *COLUMNS, *GPU_COLUMNS]
     lines = [
         [name, *(printable(cells[c]) + (f" {MARK}" if c in marks[name] else "") for c in (*COLUMNS, *GPU_COLUMNS))]
@@ -217,10 +265,14 @@ def table(
     out = ["  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip() for r in [header, *lines]]
     if any(marks.values()):
         bad_marked = any("known_bad" in columns for columns in marks.values())
+        nccl_marked = any("nccl" in columns for columns in marks.values())
         out.append(
-            f"{MARK}: differs from most hosts" + "; known_bad: a known-bad version runs or is installed" * bad_marked
+            f"{MARK}: differs from most hosts"
+            + "; known_bad: a known-bad version runs or is installed" * bad_marked
+            + "; nccl: a cluster's nodes differ, or one version is two builds on a host" * nccl_marked
         )
     out += [f"{name}: {printable(line)}" for name, lines in (bad or {}).items() for line in lines]
+    out += [f"{name}: {printable(line)}" for name, lines in (nccl_lines or {}).items() for line in lines]
     out += [f"{name}: not read: {printable(why)}" for name, why in errors.items()]
     if firmware:
         out += ["", *firmware_table(firmware)]
@@ -304,7 +356,8 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
             settings = resolved(host.data.dict())
             part = versions_part(settings)
             firmware = firmware_part(settings) if settings["updates_firmware"] != "off" else None
-            parts = [part, profiles.IDENTITY, *([firmware] if firmware else [])]
+            builds = reading.part(nccl.NcclBuilds, venv=settings["python_venv_path"])
+            parts = [part, profiles.IDENTITY, builds, *([firmware] if firmware else [])]
             try:
                 values = reading.read([*parts, GPU])
             except Exception as error:  # a host that fails is reported, never the fleet
@@ -321,6 +374,8 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
                     "profile": profile,
                     "gpu": values[GPU],
                     "known_bad": known_bad.running(entries, values[part], values[firmware] if firmware else None),
+                    "nccl": values[builds],
+                    "cluster": settings["cluster_name"],
                 }
 
     workers = pool.Pool(32)
@@ -345,10 +400,11 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
     cells = {name: firmware_cells(value["firmware"]) for name, value in facts.items()}
     drift = firmware_drift(cells, {name: value["profile"] for name, value in facts.items()})
     rows = {
-        name: row(value["versions"], value["firmware"], value.get("gpu"), value.get("known_bad", ()))
+        name: row(value["versions"], value["firmware"], value.get("gpu"), value.get("known_bad", ()), value.get("nccl"))
         for name, value in facts.items()
     }
-    marks = differing(rows, drift)
+    problems = nccl_problems(facts)
+    marks = differing(rows, drift, problems)
     return {
         "columns": [*COLUMNS, *GPU_COLUMNS],
         "hosts": {
@@ -358,6 +414,7 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
                 "facts": facts[name]["versions"],
                 "gpu": facts[name].get("gpu"),
                 "known_bad": list(facts[name].get("known_bad", ())),
+                "nccl": {"builds": facts[name].get("nccl") or {}, "problems": problems[name]},
                 "firmware": {
                     "profile": facts[name]["profile"],
                     "summary": rows[name]["firmware"],
@@ -407,6 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if value["firmware"]["facts"] is not None
                 },
                 {name: value["known_bad"] for name, value in report["hosts"].items() if value["known_bad"]},
+                {name: v["nccl"]["problems"] for name, v in report["hosts"].items() if v["nccl"]["problems"]},
             )
         )
         if args.html:

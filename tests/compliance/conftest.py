@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import testinfra
 from _pytest.mark.expression import Expression
 from testinfra.backend.local import LocalBackend
 from testinfra.backend.ssh import SshBackend
@@ -379,6 +380,27 @@ def read(request, host, settings):
 
     def answered(function):
         return reads.answer(host.backend, inventory_name(host), function, settings, lambda: _every_host(request))
+
+    return answered
+
+
+@pytest.fixture
+def read_node(request):
+    """``read_node(NAME, NEED)``: what the need returns on another host of the inventory (a
+    cluster's peer), answered from the prefetch where the controller read that host, else
+    read on it now, through its own connection (the suite's SSH config). A control that uses
+    it depends on that host: it says which where the host cannot be read."""
+
+    def answered(name: str, function):
+        everyone = _every_host(request) or {}
+        if name not in everyone:
+            raise AssertionError(f"depends on {name}, which the suite's inventory does not hold")
+        settings = resolve(all_settings(), everyone[name])
+        peer = testinfra.get_host(testinfra_spec(name), ssh_config=request.config.option.ssh_config)
+        try:
+            return reads.answer(peer.backend, name, function, settings, lambda: everyone)
+        except Exception as error:  # noqa: BLE001 - whatever the peer did, this control names it
+            raise AssertionError(f"depends on {name}, which could not be read: {printable(str(error))[:300]}") from None
 
     return answered
 

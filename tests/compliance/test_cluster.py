@@ -12,9 +12,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import shlex
+import warnings
 
 import pytest
 
+from sparkrig import nccl
 from sparkrig.user_files import user_read
 
 from .conftest import inventory_hosts as _inventory_hosts
@@ -61,6 +63,7 @@ def cluster_node(me: str, settings, inventory_hosts: dict[str, dict]) -> dict | 
                     peers.append({"name": peer, "address": str(ip), "interface": interface})
     head = settings["cluster_head"] or next(iter(nodes))
     return {
+        "me": me,
         "name": name,
         "interfaces": interfaces,
         "peers": peers,
@@ -256,3 +259,43 @@ def test_spark_cluster_check_passes(read, node):
     for peer in node["peers"]:
         assert f"OK ping {peer['name']}: {node['mtu'] - 28} bytes to {peer['address']}" in result.stdout
         assert f"OK ssh {peer['name']}: " in result.stdout
+
+
+@need
+def nccl_builds(r) -> dict:
+    """NCCL's builds on the host, as the deploy's reading reads them (sparkrig.nccl: each
+    libnccl.so.2's sha256 and version line through the one bounded reader, as root, nothing
+    of the venv run); what the venv's owner put in its place fails this host, naming why."""
+    fact = nccl.NcclBuilds()
+    command = fact.command(venv=r.settings["python_venv_path"]).get_raw_value()
+    return fact.process(r.check_output(command, sudo=True).splitlines())
+
+
+def test_nccl_is_one_build_on_every_node(read, read_node, node):
+    """Protects against a multi-node job that hangs or fails at its first collective: nodes
+    loading NCCL builds that differ, even at one version (pip's nvidia-nccl-cu13 and the
+    system's libnccl2 both 2.27.7, not one library). Depends on every other node of the
+    cluster: each is read too, and one that cannot be read fails this control, named."""
+    mine = read(nccl_builds)
+    differing = []
+    for peer in node["nodes"]:
+        if peer != node["me"]:
+            differing += nccl.differences(node["me"], mine, peer, read_node(peer, nccl_builds))
+    assert not differing, f"cluster {node['name']}: NCCL differs across its nodes: " + "; ".join(differing)
+
+
+def test_one_nccl_version_is_one_build_on_this_node(read, node, settings):
+    """Protects against the venv's wheel and the system's libnccl2 at one version but two
+    builds where a job's processes may load either: the cluster env file sets what the
+    dynamic linker or vLLM reads (LD_LIBRARY_PATH, LD_PRELOAD, VLLM_NCCL_SO_PATH), so one
+    process loads the system's build and another the venv's. Without those variables torch
+    and vLLM load the venv's own (torch through its RUNPATH, vLLM the one torch loaded), and
+    the system's serves programs outside the venv (nccl-tests, MPI): a warning, not a failure."""
+    found = read(nccl_builds)
+    twins = [f"{a} is {nccl.describe(found[a])} and {b} is {nccl.describe(found[b])}" for a, b in nccl.twins(found)]
+    if not twins:
+        return
+    loaders = nccl.loader_variables(settings["cluster_env_extra"])
+    said = f"{node['me']}: one NCCL version, two builds: " + "; ".join(twins)
+    assert not loaders, f"{said}; {settings['cluster_env_file']} sets {', '.join(loaders)}: a job may load either"
+    warnings.warn(f"{said} (torch and vLLM load the venv's)", UserWarning, stacklevel=1)

@@ -488,6 +488,7 @@ def test_a_report_row_holds_one_cell_per_column():
             "reboot": "pending",
             "firmware": "-",
             "known_bad": "-",
+            "nccl": "-",
         },
     }
 
