@@ -59,8 +59,16 @@ def _buddy_orders(text: str) -> dict[str, int]:
     return found
 
 
-def test_free_blocks_per_order_and_compaction_come_from_the_recorded_files(proc_collector):
-    collector, _proc = proc_collector
+@pytest.mark.parametrize("machine_name", ["dev-machine", "h200"])
+def test_free_blocks_per_order_and_compaction_come_from_the_recorded_files(proc_collector, machine_name):
+    """Recorded on this development machine, and on the lent GPU machine (an H200 host,
+    kernel 6.18, x86_64, 2026-11-28: data/memory/README.md)."""
+    collector, proc = proc_collector
+    BUDDYINFO = (DATA / f"buddyinfo-{machine_name}.txt").read_text()
+    VMSTAT = (DATA / f"vmstat-{machine_name}.txt").read_text()
+    for name, text in (("buddyinfo", BUDDYINFO), ("vmstat", VMSTAT)):
+        (proc / name).write_text(text)
+    shutil.copy(DATA / f"meminfo-{machine_name}.txt", proc / "meminfo")
     result = collector.run()
     assert result.returncode == 0, result.stderr
     found = samples(collector.prom())
@@ -72,7 +80,7 @@ def test_free_blocks_per_order_and_compaction_come_from_the_recorded_files(proc_
     for outcome in ("stall", "fail", "success"):
         assert found[f'sparkrig_memory_compaction_total{{outcome="{outcome}"}}'] == vmstat[f"compact_{outcome}"]
     assert found["sparkrig_memory_page_size_bytes"] == "4096"
-    # No CMA lines in this machine's meminfo: no CMA series.
+    # No CMA lines in these machines' meminfo: no CMA series.
     assert not [k for k in found if "cma" in k]
 
 
