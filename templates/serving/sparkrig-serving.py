@@ -191,8 +191,8 @@ def label(value):
 
 def write_in_roots_directory(directory, name, text):
     """Write ``name`` in ``directory`` atomically, only where that directory (not a link) is
-    root's and nobody else may write it: node exporter's sits in the prometheus user's
-    /var/lib/prometheus, whose owner could put another directory, or a link, in its place."""
+    root's and nobody else may write it (the metrics concern's /var/lib/sparkrig/metrics is;
+    a directory another user could swap, or a link, is never written through)."""
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as error:

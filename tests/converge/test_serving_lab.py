@@ -2,8 +2,10 @@
 Serving in systemd, on one lab host: the unit, its readiness, the forward-progress probe, the
 memory guard, the drain and the IP filter, around the lab's engine: a STAND-IN for vLLM
 (lab/serving-engine-standin.py, named as such: the lab has no GPU, and no real CPU engine
-reaches it) put where the venv's bin/vllm would be. The deploy is serving with what it needs
-(tests/converge/serving_deploy.py); everything is removed afterwards.
+reaches it: docs/serving.md says why) put where the venv's bin/vllm would be. The deploy is
+serving with what it needs (tests/converge/serving_deploy.py); everything is removed afterwards.
+Where the lab has lab-deb12, the fleet's real Prometheus there (with node exporter on this host)
+sees the probe's stall count and fires SparkServingStalled.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import pytest
 
 import lab
 from tests.conftest import LAB_INVENTORY
+from tests.converge.test_prometheus_lab import SERVER as PROMETHEUS_HOST
+from tests.converge.test_prometheus_lab import api
 from tests.support import REPO, run_deploy
 
 pytestmark = pytest.mark.lab
@@ -82,7 +86,8 @@ def served(lab_hosts):
     _ssh(
         f"sudo spark-jobs undrain; sudo systemctl disable --now {UNIT} sparkrig-serving-probe.timer; "
         f"sudo rm -rf /etc/systemd/system/{UNIT} /etc/systemd/system/sparkrig-serving-probe.* "
-        f"/usr/local/sbin/sparkrig-serving /etc/sparkrig/serving /var/lib/sparkrig/serving {VENV} {MODEL_DIR}; "
+        f"/usr/local/sbin/sparkrig-serving /etc/sparkrig/serving /var/lib/sparkrig/serving {VENV} {MODEL_DIR} "
+        "/var/lib/sparkrig/metrics/sparkrig_serving.prom; "
         "sudo systemctl daemon-reload",
         check=False,
     )
@@ -136,7 +141,39 @@ def test_a_completion_answers_after_converge_and_a_second_converge_changes_nothi
     assert second.changed() == {}, second.changed()
 
 
-def test_a_frozen_engine_is_restarted_within_the_stall_bound(served):
+@pytest.fixture(scope="module")
+def watched(served, lab_hosts) -> bool:
+    """Node exporter on HOST and the fleet's Prometheus on its lab host (their concerns alone,
+    tests/converge/prometheus_deploy.py), the probe's stall counter seen at 0 before any stall:
+    False where the lab has no Prometheus host."""
+    if PROMETHEUS_HOST not in {h.name for h in lab_hosts}:
+        return False
+    result = run_deploy(LAB_INVENTORY, deploy="tests/converge/prometheus_deploy.py", timeout=900)
+    assert result.returncode == 0, result.log[-3000:]
+    _wait("the probe's stall counter at 0 in Prometheus", lambda: _stalls() == 0.0, 90)
+    return True
+
+
+def _stalls() -> float | None:
+    """sparkrig_serving_probe_restarts_total{reason="stall"} of HOST's model, as Prometheus holds it."""
+    expr = f'sparkrig_serving_probe_restarts_total{{instance="{HOST}",model="small",reason="stall"}}'
+    found = api("/api/v1/query", query=expr)["result"]
+    return float(found[0]["value"][1]) if found else None
+
+
+def _stalled_alerts() -> list[dict]:
+    return [
+        a
+        for a in api("/api/v1/alerts")["alerts"]
+        if a["labels"]["alertname"] == "SparkServingStalled"
+        and a["labels"].get("instance") == HOST
+        and a["labels"].get("model") == "small"
+        and a["state"] == "firing"
+    ]
+
+
+def test_a_frozen_engine_is_restarted_within_the_stall_bound_and_the_alert_fires(served, watched):
+    assert not watched or not _stalled_alerts(), "SparkServingStalled firing before any stall"
     before = _main_pid()
     body = json.dumps({"model": "small", "prompt": "x", "max_tokens": 600})
     _request(f"http://127.0.0.1:{PORT}/v1/completions", body, timeout=120, background=True)
@@ -150,6 +187,13 @@ def test_a_frozen_engine_is_restarted_within_the_stall_bound(served):
     assert f"{UNIT}: restarted by sparkrig-serving probe: stalled: 1 request(s) running" in said, said[-2000:]
     assert took <= STALL_S + 2 * INTERVAL_S + 15, took
     _wait("the restarted engine answers", lambda: "answered" in _complete(), 120)
+    if not watched:
+        pytest.skip(f"the lab has no {PROMETHEUS_HOST}, where the fleet's Prometheus runs: the alert not checked")
+    # The probe's count, through node exporter, in the real Prometheus, whose rule fires on it.
+    _wait("SparkServingStalled firing in the lab's Prometheus", _stalled_alerts, 60)
+    (alert,) = _stalled_alerts()
+    assert alert["labels"]["severity"] == "critical"
+    assert alert["annotations"]["summary"] == f"{HOST}: model small stalled while requests wait"
 
 
 def test_a_start_without_the_models_memory_is_refused_saying_why(served):
