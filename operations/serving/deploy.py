@@ -133,6 +133,8 @@ def render_config(settings: Mapping[str, Any]) -> str:
         "drop_caches_program": DROP_CACHES,
         "compact_file": COMPACT,
         "preflight": PREFLIGHT,
+        "min_large_blocks": settings["jobs_preflight_min_large_blocks"],
+        "compact": settings["jobs_preflight_compact"],
         "state_dir": STATE_DIR,
         "textfile_dir": METRICS_TEXTFILE_DIR if settings["metrics_enabled"] else "",
     }
