@@ -1,6 +1,7 @@
 """
 Serving in systemd, on one lab host: the unit, its readiness, the forward-progress probe, the
-memory guard, the drain and the IP filter, around the lab's engine: a STAND-IN for vLLM
+memory guard (and spark-run --detach's fragmentation check), the drain and the IP filter,
+around the lab's engine: a STAND-IN for vLLM
 (lab/serving-engine-standin.py, named as such: the lab has no GPU, and no real CPU engine
 reaches it: docs/serving.md says why) put where the venv's bin/vllm would be. The deploy is
 serving with what it needs (tests/converge/serving_deploy.py); everything is removed afterwards.
@@ -34,9 +35,10 @@ STALL_S = 10
 INTERVAL_S = 5
 
 
-def _settings(**model) -> tuple[str, ...]:
+def _settings(*extra: str, **model) -> tuple[str, ...]:
     models = [{"name": "small", "model": MODEL_DIR, "port": PORT, **model}]
     return (
+        *extra,
         "--limit",
         HOST,
         "--data",
@@ -60,8 +62,8 @@ def _ssh(command: str, check: bool = True) -> str:
     return lab.run_ssh(HOST, command, check=check).stdout
 
 
-def _converge(**model) -> None:
-    result = run_deploy(LAB_INVENTORY, *_settings(**model), deploy=DEPLOY, timeout=900)
+def _converge(*extra: str, **model) -> None:
+    result = run_deploy(LAB_INVENTORY, *_settings(*extra, **model), deploy=DEPLOY, timeout=900)
     assert result.returncode == 0, result.log[-3000:]
 
 
@@ -206,6 +208,27 @@ def test_a_start_without_the_models_memory_is_refused_saying_why(served):
     assert "start refused by spark-preflight (exit 4): FAIL memory: MemAvailable" in journal, journal[-2000:]
     assert f"< {4096 << 20} KiB" in journal
     _converge()
+    assert "answered" in _complete()
+
+
+def test_fragmented_memory_refuses_a_start_and_a_detached_job_naming_the_check(served):
+    """jobs_preflight_min_large_blocks above what any box has: the guard runs the host's real
+    spark-preflight with it (and --compact, as root) and refuses the start; spark-run --detach,
+    run by the login user, refuses the job before its service is made."""
+    _converge("--data", "jobs_preflight_min_large_blocks=999999999")
+    try:
+        refused = lab.run_ssh(HOST, f"sudo systemctl restart {UNIT}", check=False)
+        assert refused.returncode != 0
+        journal = _ssh(f"sudo journalctl -u {UNIT} -o cat --no-pager -n 50")
+        assert "start refused by spark-preflight (exit 128): FAIL fragmentation: " in journal, journal[-2000:]
+        assert "and up < 999999999 (" in journal  # compacted first, or saying why it could not
+        job = lab.run_ssh(HOST, "spark-run --detach sparkrig-frag -- true", check=False)
+        assert job.returncode == 1, job.stdout + job.stderr
+        assert job.stderr.startswith("spark-run: sparkrig-frag not started: FAIL fragmentation: "), job.stderr
+        assert "and up < 999999999 (" in job.stderr
+        assert _ssh("systemctl is-active spark-job-sparkrig-frag.service", check=False).strip() == "inactive"
+    finally:
+        _converge()
     assert "answered" in _complete()
 
 
