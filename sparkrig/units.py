@@ -1,7 +1,7 @@
 """
 systemd units that one concern makes and another names: the watchdog's service (spark-preflight
 checks it), the slice every job runs in (source builds run there too), and the detached jobs
-spark-run starts (spark-container --detach hands its launch to spark-run).
+spark-run starts (spark-container --detach hands its launch to spark-run); and paths alike.
 """
 
 WATCHDOG_SERVICE = "earlyoom.service"  # operations/watchdog/ installs and configures it
@@ -15,3 +15,6 @@ JOB_RECORDS = (
 JOB_DRAIN = "/var/lib/sparkrig/drain"
 # operations/serving/ starts one spark-serve-NAME.service per served model; spark-jobs drain stops them.
 SERVE_UNIT_PREFIX = "spark-serve-"
+# node exporter's textfile directory (operations/metrics/ points it there, root's alone); the
+# serving probe writes its metrics into it too.
+METRICS_TEXTFILE_DIR = "/var/lib/sparkrig/metrics"

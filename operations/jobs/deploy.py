@@ -56,6 +56,7 @@ def jobs():
         settings.jobs_drop_caches,
         settings.jobs_env,
         min_large_blocks=settings.jobs_preflight_min_large_blocks,
+        compact=settings.jobs_preflight_compact,
     )
     slice_text = render_slice(settings.jobs_memory_max)
     paths = PATHS

@@ -73,6 +73,8 @@ def render_commands(
     env: Mapping[str, str] | None = None,
     drain: str = DRAIN,
     min_large_blocks: int = 0,
+    compact: bool = True,
+    preflight: str = PATHS["spark-preflight"],
 ) -> dict[str, str]:
     """Each command's name and script."""
     return {
@@ -87,6 +89,10 @@ def render_commands(
             jobs_command=PATHS["spark-jobs"],
             self_path=SPARK_RUN,
             drain=drain,
+            min_large_blocks=min_large_blocks,
+            large_order=LARGE_ORDER,
+            compact="yes" if compact else "no",
+            preflight=preflight,
         ),
         "spark-jobs": rendering.render(
             "jobs/spark-jobs.sh.j2",

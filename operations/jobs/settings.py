@@ -111,9 +111,19 @@ SETTINGS = (
         "spark-preflight fails its fragmentation check with fewer free memory blocks than this of "
         "order 9 and up (/proc/buddyinfo: 2 MiB and larger with 4 KiB pages, every zone), where a "
         "large allocation (a model's weights, NCCL's buffers) fails after hours of serving. 0: no "
-        "such check (and no line for it). spark-preflight --min-large-blocks overrides it for one run, "
+        "such check (and no line for it). spark-run --detach refuses a job, and a served model's memory "
+        "guard a start, on the same check. spark-preflight --min-large-blocks overrides it for one run, "
         "and --compact (root) compacts memory before refusing.",
         int_range(0, 1 << 30, "blocks"),
+    ),
+    Setting(
+        "jobs_preflight_compact",
+        True,
+        "Where jobs_preflight_min_large_blocks is above 0, spark-run --detach and each served "
+        "model's memory guard (serving) run spark-preflight with --compact: below the minimum, "
+        "memory is compacted (/proc/sys/vm/compact_memory) and counted again before the start is "
+        "refused. False: refused at once.",
+        boolean,
     ),
 )
 

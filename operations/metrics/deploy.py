@@ -11,7 +11,7 @@ from pyinfra.operations.util import any_changed
 
 from sparkrig import atomic, host_settings, reading, rendering, user_files
 from sparkrig.packages import installed as install_packages
-from sparkrig.units import JOB_RECORDS, JOB_UNIT_PREFIX, WATCHDOG_SERVICE
+from sparkrig.units import JOB_RECORDS, JOB_UNIT_PREFIX, METRICS_TEXTFILE_DIR, WATCHDOG_SERVICE
 
 from .settings import DEFAULTS
 
@@ -20,7 +20,7 @@ EXPORTER = "prometheus-node-exporter.service"
 # The textfile directory node exporter is pointed at (the drop-in): root's, below root's
 # /var/lib/sparkrig, made by the collector. Not Debian's /var/lib/prometheus/node-exporter,
 # whose parent is the prometheus user's (who could swap it for a link).
-TEXTFILE_DIR = "/var/lib/sparkrig/metrics"
+TEXTFILE_DIR = METRICS_TEXTFILE_DIR
 TEXTFILE = "sparkrig.prom"
 DROP_IN = f"/etc/systemd/system/{EXPORTER}.d/50-sparkrig.conf"
 COLLECTOR = "/usr/local/sbin/sparkrig-metrics"

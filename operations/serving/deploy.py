@@ -14,7 +14,7 @@ from pyinfra.operations import server, systemd
 from sparkrig import atomic, host_settings, reading, rendering
 from sparkrig.messages import refused
 from sparkrig.resources import TEMPLATES
-from sparkrig.units import JOB_DRAIN, SERVE_UNIT_PREFIX, WATCHDOG_SERVICE
+from sparkrig.units import JOB_DRAIN, METRICS_TEXTFILE_DIR, SERVE_UNIT_PREFIX, WATCHDOG_SERVICE
 
 from .facts import ServingHost
 from .settings import DEFAULTS
@@ -35,7 +35,6 @@ PROBE_TIMEOUT_S = 120
 PREFLIGHT = "/usr/local/bin/spark-preflight"
 DROP_CACHES = "/usr/local/bin/spark-drop-caches"
 COMPACT = "/proc/sys/vm/compact_memory"
-TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # the metrics concern's (node exporter's)
 # vLLM's own metrics the probe reads: requests running, generated tokens (a counter), waiting.
 VLLM_METRICS = ("vllm:num_requests_running", "vllm:generation_tokens_total", "vllm:num_requests_waiting")
 KEY_VARIABLE = "VLLM_API_KEY"  # vLLM reads its API key from here when --api-key is not given
@@ -134,8 +133,10 @@ def render_config(settings: Mapping[str, Any]) -> str:
         "drop_caches_program": DROP_CACHES,
         "compact_file": COMPACT,
         "preflight": PREFLIGHT,
+        "min_large_blocks": settings["jobs_preflight_min_large_blocks"],
+        "compact": settings["jobs_preflight_compact"],
         "state_dir": STATE_DIR,
-        "textfile_dir": TEXTFILE_DIR if settings["metrics_enabled"] else "",
+        "textfile_dir": METRICS_TEXTFILE_DIR if settings["metrics_enabled"] else "",
     }
     return json.dumps(config, indent=1, sort_keys=True) + "\n"
 

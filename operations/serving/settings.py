@@ -195,14 +195,19 @@ SETTINGS = (
 declare(__name__, SETTINGS)
 
 # The deploy's data_defaults: its own settings, the venv (path and owner) whose vLLM it runs,
-# the CUDA env file the units read, the shared model cache a Hugging Face id is found in, and
+# the CUDA env file the units read, the shared model cache a Hugging Face id is found in, the
+# memory guard's fragmentation minimum and compaction (spark-preflight's), and
 # whether node exporter's textfile directory is there for the probe's metrics.
 DEFAULTS = defaults(
     (
         *SETTINGS,
         *(s for s in stack_locks.SETTINGS if s.key in ("python_venv_path", "python_venv_owner")),
         *(s for s in cuda_env_settings.SETTINGS if s.key == "cuda_env_file"),
-        *(s for s in jobs_settings.SETTINGS if s.key == "jobs_model_cache"),
+        *(
+            s
+            for s in jobs_settings.SETTINGS
+            if s.key in ("jobs_model_cache", "jobs_preflight_min_large_blocks", "jobs_preflight_compact")
+        ),
         *(s for s in metrics_settings.SETTINGS if s.key == "metrics_enabled"),
     )
 )

@@ -6,7 +6,8 @@
                                 run while its generated-token counter stays still for
                                 stall_s, or when /health failed health_failures times in a row
   sparkrig-serving guard NAME   (ExecStartPre, root) drop caches, then spark-preflight with the
-                                model's memory requirement: a refused start says why
+                                model's memory requirement and the large free blocks minimum
+                                (compacting first where asked): a refused start says why
   sparkrig-serving ready NAME   (ExecStartPost, root) wait until one completion of one token
                                 has come back: the unit counts as started then
   sparkrig-serving complete NAME  one completion of one token, once (the controls, a rollout)
@@ -191,8 +192,8 @@ def label(value):
 
 def write_in_roots_directory(directory, name, text):
     """Write ``name`` in ``directory`` atomically, only where that directory (not a link) is
-    root's and nobody else may write it: node exporter's sits in the prometheus user's
-    /var/lib/prometheus, whose owner could put another directory, or a link, in its place."""
+    root's and nobody else may write it (the metrics concern's /var/lib/sparkrig/metrics is;
+    a directory another user could swap, or a link, is never written through)."""
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as error:
@@ -309,7 +310,10 @@ def guard(config, name):
         except OSError as error:
             log(f"{model['unit']}: memory not compacted (going on): {error}")
     kib = str(model["min_available_kib"])
-    code, said = run([config["preflight"], "--min-available-kib", kib], timeout=120)
+    # The model's memory, and memory in large blocks where the owner asks (jobs_preflight_*).
+    blocks = str(config.get("min_large_blocks", 0))
+    argv = [config["preflight"], "--min-available-kib", kib, "--min-large-blocks", blocks]
+    code, said = run([*argv, "--compact"] if config.get("compact") else argv, timeout=120)
     # Strays (32) are other models' engines on this box, not a reason to refuse this one.
     failed = code & ~32 if code >= 0 else 1
     if failed:

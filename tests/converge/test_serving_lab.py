@@ -1,14 +1,19 @@
 """
 Serving in systemd, on one lab host: the unit, its readiness, the forward-progress probe, the
-memory guard, the drain and the IP filter, around the lab's engine: a STAND-IN for vLLM
+memory guard (and spark-run --detach's fragmentation check), the drain and the IP filter,
+around the lab's engine: a STAND-IN for vLLM
 (lab/serving-engine-standin.py, named as such: the lab has no GPU, and no real CPU engine
-reaches it) put where the venv's bin/vllm would be. The deploy is serving with what it needs
-(tests/converge/serving_deploy.py); everything is removed afterwards.
+reaches it: docs/serving.md says why) put where the venv's bin/vllm would be. The deploy is
+serving with what it needs (tests/converge/serving_deploy.py); everything is removed afterwards.
+Where the lab has lab-deb12, the fleet's real Prometheus there (with node exporter on this host)
+sees the probe's stall count and fires SparkServingStalled.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import shlex
 import time
 
@@ -16,6 +21,8 @@ import pytest
 
 import lab
 from tests.conftest import LAB_INVENTORY
+from tests.converge.test_prometheus_lab import SERVER as PROMETHEUS_HOST
+from tests.converge.test_prometheus_lab import api
 from tests.support import REPO, run_deploy
 
 pytestmark = pytest.mark.lab
@@ -30,9 +37,10 @@ STALL_S = 10
 INTERVAL_S = 5
 
 
-def _settings(**model) -> tuple[str, ...]:
+def _settings(*extra: str, **model) -> tuple[str, ...]:
     models = [{"name": "small", "model": MODEL_DIR, "port": PORT, **model}]
     return (
+        *extra,
         "--limit",
         HOST,
         "--data",
@@ -56,8 +64,8 @@ def _ssh(command: str, check: bool = True) -> str:
     return lab.run_ssh(HOST, command, check=check).stdout
 
 
-def _converge(**model) -> None:
-    result = run_deploy(LAB_INVENTORY, *_settings(**model), deploy=DEPLOY, timeout=900)
+def _converge(*extra: str, **model) -> None:
+    result = run_deploy(LAB_INVENTORY, *_settings(*extra, **model), deploy=DEPLOY, timeout=900)
     assert result.returncode == 0, result.log[-3000:]
 
 
@@ -82,7 +90,8 @@ def served(lab_hosts):
     _ssh(
         f"sudo spark-jobs undrain; sudo systemctl disable --now {UNIT} sparkrig-serving-probe.timer; "
         f"sudo rm -rf /etc/systemd/system/{UNIT} /etc/systemd/system/sparkrig-serving-probe.* "
-        f"/usr/local/sbin/sparkrig-serving /etc/sparkrig/serving /var/lib/sparkrig/serving {VENV} {MODEL_DIR}; "
+        f"/usr/local/sbin/sparkrig-serving /etc/sparkrig/serving /var/lib/sparkrig/serving {VENV} {MODEL_DIR} "
+        "/var/lib/sparkrig/metrics/sparkrig_serving.prom; "
         "sudo systemctl daemon-reload",
         check=False,
     )
@@ -136,20 +145,67 @@ def test_a_completion_answers_after_converge_and_a_second_converge_changes_nothi
     assert second.changed() == {}, second.changed()
 
 
-def test_a_frozen_engine_is_restarted_within_the_stall_bound(served):
+@pytest.fixture(scope="module")
+def watched(served, lab_hosts) -> bool:
+    """Node exporter on HOST and the fleet's Prometheus on its lab host (their concerns alone,
+    tests/converge/prometheus_deploy.py), the probe's stall counter seen at 0 before any stall:
+    False where the lab has no Prometheus host."""
+    if PROMETHEUS_HOST not in {h.name for h in lab_hosts}:
+        return False
+    result = run_deploy(LAB_INVENTORY, deploy="tests/converge/prometheus_deploy.py", timeout=900)
+    assert result.returncode == 0, result.log[-3000:]
+    _wait("the probe's stall counter at 0 in Prometheus", lambda: _stalls() == 0.0, 90)
+    return True
+
+
+def _stalls() -> float | None:
+    """sparkrig_serving_probe_restarts_total{reason="stall"} of HOST's model, as Prometheus holds it."""
+    expr = f'sparkrig_serving_probe_restarts_total{{instance="{HOST}",model="small",reason="stall"}}'
+    found = api("/api/v1/query", query=expr)["result"]
+    return float(found[0]["value"][1]) if found else None
+
+
+def _stalled_alerts() -> list[dict]:
+    return [
+        a
+        for a in api("/api/v1/alerts")["alerts"]
+        if a["labels"]["alertname"] == "SparkServingStalled"
+        and a["labels"].get("instance") == HOST
+        and a["labels"].get("model") == "small"
+        and a["state"] == "firing"
+    ]
+
+
+def test_a_frozen_engine_is_restarted_within_the_stall_bound_and_the_alert_fires(served, watched):
+    # Quiet before, unless a stall of an earlier run is still inside the rule's 10-minute window.
+    earlier = watched and _stalled_alerts()
     before = _main_pid()
     body = json.dumps({"model": "small", "prompt": "x", "max_tokens": 600})
     _request(f"http://127.0.0.1:{PORT}/v1/completions", body, timeout=120, background=True)
     # A probe run sees the request running (and tokens coming) before the engine freezes.
     time.sleep(INTERVAL_S + 3)
     _ssh(f"sudo kill -STOP {before}")
-    frozen = time.monotonic()
+    frozen, frozen_at = time.monotonic(), time.time()
     _wait("the probe restarts the frozen engine", lambda: _main_pid() not in (before, 0), STALL_S + 3 * INTERVAL_S + 15)
     took = time.monotonic() - frozen
     said = _ssh("sudo journalctl -u sparkrig-serving-probe.service -o cat --no-pager")
     assert f"{UNIT}: restarted by sparkrig-serving probe: stalled: 1 request(s) running" in said, said[-2000:]
     assert took <= STALL_S + 2 * INTERVAL_S + 15, took
     _wait("the restarted engine answers", lambda: "answered" in _complete(), 120)
+    if not watched:
+        pytest.skip(f"the lab has no {PROMETHEUS_HOST}, where the fleet's Prometheus runs: the alert not checked")
+    # The probe's count, through node exporter, in the real Prometheus, whose rule fires on it.
+    _wait("the probe's stall counted in Prometheus", lambda: _stalls() == 1.0, 60)
+    _wait("SparkServingStalled firing in the lab's Prometheus", _stalled_alerts, 60)
+    (alert,) = _stalled_alerts()
+    if earlier:
+        print(f"SparkServingStalled was firing before this stall (since {earlier[0]['activeAt']}): an earlier run's")
+    else:
+        # Whole seconds (Prometheus gives nanoseconds, which fromisoformat does not take).
+        fired = datetime.datetime.fromisoformat(re.sub(r"\.\d+", "", alert["activeAt"]).replace("Z", "+00:00"))
+        assert fired.timestamp() >= int(frozen_at), (alert["activeAt"], frozen_at)
+    assert alert["labels"]["severity"] == "critical"
+    assert alert["annotations"]["summary"] == f"{HOST}: model small stalled while requests wait"
 
 
 def test_a_start_without_the_models_memory_is_refused_saying_why(served):
@@ -162,6 +218,27 @@ def test_a_start_without_the_models_memory_is_refused_saying_why(served):
     assert "start refused by spark-preflight (exit 4): FAIL memory: MemAvailable" in journal, journal[-2000:]
     assert f"< {4096 << 20} KiB" in journal
     _converge()
+    assert "answered" in _complete()
+
+
+def test_fragmented_memory_refuses_a_start_and_a_detached_job_naming_the_check(served):
+    """jobs_preflight_min_large_blocks above what any box has: the guard runs the host's real
+    spark-preflight with it (and --compact, as root) and refuses the start; spark-run --detach,
+    run by the login user, refuses the job before its service is made."""
+    _converge("--data", "jobs_preflight_min_large_blocks=999999999")
+    try:
+        refused = lab.run_ssh(HOST, f"sudo systemctl restart {UNIT}", check=False)
+        assert refused.returncode != 0
+        journal = _ssh(f"sudo journalctl -u {UNIT} -o cat --no-pager -n 50")
+        assert "start refused by spark-preflight (exit 128): FAIL fragmentation: " in journal, journal[-2000:]
+        assert "and up < 999999999 (" in journal  # compacted first, or saying why it could not
+        job = lab.run_ssh(HOST, "spark-run --detach sparkrig-frag -- true", check=False)
+        assert job.returncode == 1, job.stdout + job.stderr
+        assert job.stderr.startswith("spark-run: sparkrig-frag not started: FAIL fragmentation: "), job.stderr
+        assert "and up < 999999999 (" in job.stderr
+        assert _ssh("systemctl is-active spark-job-sparkrig-frag.service", check=False).strip() == "inactive"
+    finally:
+        _converge()
     assert "answered" in _complete()
 
 

@@ -111,6 +111,10 @@ SAMPLES: dict[str, dict] = {
         "self_path": "/usr/local/bin/spark-run",
         "env": [("HF_HOME", "'/srv/models'")],
         "drain": "/var/lib/sparkrig/drain",
+        "min_large_blocks": 16,
+        "large_order": 9,
+        "compact": "yes",
+        "preflight": "/usr/local/bin/spark-preflight",
     },
     "ngc/spark-container.sh.j2": {
         "image": "'nvcr.io/nvidia/pytorch:25.10-py3'",

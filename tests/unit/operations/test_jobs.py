@@ -794,6 +794,18 @@ def test_new_memory_cap_rewrites_slice_and_spark_run_only_and_reloads_systemd():
     )
 
 
+def test_the_fragmentation_settings_reach_spark_run_and_spark_preflight():
+    data = {"jobs_preflight_min_large_blocks": 16, "jobs_preflight_compact": False}
+    ops = _by_name(execute(jobs.jobs, data=data, responses=_converged()))
+    run = "spark-run command (/usr/local/bin/spark-run)"
+    assert [name for name, op in ops.items() if op.commands] == [
+        run,
+        "spark-preflight command (/usr/local/bin/spark-preflight)",
+    ]
+    (script,) = ops[run].uploads.values()
+    assert b"\nMIN_LARGE_BLOCKS=16\nCOMPACT=no\nPREFLIGHT=/usr/local/bin/spark-preflight\n" in script
+
+
 def test_disabling_the_watchdog_rewrites_spark_preflight_only():
     ops = _by_name(execute(jobs.jobs, data={"watchdog_enabled": False}, responses=_converged()))
     assert [name for name, op in ops.items() if op.commands] == [

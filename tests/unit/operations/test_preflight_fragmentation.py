@@ -1,15 +1,20 @@
 """spark-preflight's fragmentation check: the real script, run by sh against a fake /proc holding
 this development machine's recorded /proc/buddyinfo (tests/unit/operations/data/memory), with a
-stand-in /proc/sys/vm/compact_memory that a "compaction" answers by freeing large blocks."""
+stand-in /proc/sys/vm/compact_memory that a "compaction" answers by freeing large blocks; and
+spark-run --detach, which runs it before a detached job starts (the serving guard's use of it:
+tests/unit/operations/test_serving.py)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from sparkrig import rendering
-from tests.unit.operations.test_jobs import _fake_system, _preflight
+from sparkrig.operations.jobs import operations as jobs_ops
+from tests.unit.operations.test_jobs import _fake_system, _preflight, _run
 
 BUDDYINFO = (Path(__file__).parent / "data" / "memory" / "buddyinfo-dev-machine.txt").read_text()  # recorded
 FRAGMENTED = (
@@ -98,3 +103,65 @@ def test_a_forged_buddyinfo_line_counts_nothing(tmp_path):
     forged = FRAGMENTED + "Node 0, zone   Normal  0 0 0 0 0 0 0 0 0 99x 99\n"
     result = _preflight(tmp_path, _system(tmp_path, forged), "--min-large-blocks", "1", script=_script())
     assert result.returncode == 128 and "FAIL fragmentation: 0 free blocks" in result.stdout
+
+
+# spark-run --detach -------------------------------------------------------------
+
+
+def _detach(tmp_path, buddyinfo: str, *args: str, min_large_blocks: int = 16, compact: bool = True):
+    """spark-run (jobs_preflight_min_large_blocks, jobs_preflight_compact) run by root, as the lab
+    and a Spark's owner through sudo do, with the real spark-preflight at its path and a fake
+    /proc whose compact_memory is writable (and frees nothing): its result and the knob."""
+    if os.getuid() != 0:
+        pytest.skip("spark-run asks sudo for spark-preflight --compact unless root runs it")
+    env = _system(tmp_path / "box", buddyinfo)
+    for tool in ("wc", "sh"):
+        (Path(env["PATH"]) / tool).symlink_to(shutil.which(tool))
+    knob = Path(env["SPARK_PREFLIGHT_PROC"]) / "sys" / "vm" / "compact_memory"
+    knob.parent.mkdir(parents=True)
+    knob.write_text("")
+    preflight = tmp_path / "spark-preflight"
+    preflight.write_text(_script(0))
+    preflight.chmod(0o755)
+    scripts = jobs_ops.render_commands(
+        "85%",
+        500,
+        1,
+        True,
+        drain=str(tmp_path / "drain"),
+        min_large_blocks=min_large_blocks,
+        compact=compact,
+        preflight=str(preflight),
+    )
+    spark_run = tmp_path / "spark-run"
+    spark_run.write_text(scripts["spark-run"])
+    return _run(["/bin/sh", spark_run, *args, "--", "true"], env=env, cwd="/"), knob.read_text()
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_a_detached_job_is_refused_on_fragmented_memory_compacting_first_as_set(tmp_path, compact):
+    result, knob = _detach(tmp_path, FRAGMENTED, "--detach", "train", compact=compact)
+    after = " (after compacting memory: 0 before)" if compact else ""
+    assert (result.returncode, result.stderr) == (
+        1,
+        f"spark-run: train not started: FAIL fragmentation: 0 free blocks of order 9 and up < 16{after}: "
+        "a large allocation may fail (spark-preflight --compact, as root, compacts memory)\n",
+    )
+    assert knob == ("1\n" if compact else "")
+
+
+@pytest.mark.parametrize(
+    ("buddyinfo", "args", "blocks"),
+    [(BUDDYINFO, ("--detach", "train"), 16), (FRAGMENTED, (), 16), (FRAGMENTED, ("--detach", "train"), 0)],
+    ids=["enough-large-blocks", "not-detached", "no-minimum"],
+)
+def test_a_detached_job_with_its_blocks_a_scope_and_no_minimum_go_on(tmp_path, buddyinfo, args, blocks):
+    """Past the check, spark-run goes on to systemd (absent here: it says so)."""
+    if os.path.isdir("/run/systemd/system"):
+        pytest.skip("systemd runs here: spark-run would start a real job")
+    result, knob = _detach(tmp_path, buddyinfo, *args, min_large_blocks=blocks)
+    assert (result.returncode, result.stderr) == (
+        1,
+        "spark-run: systemd is not running on this host: no scope can be made\n",
+    )
+    assert knob == ""

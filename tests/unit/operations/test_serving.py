@@ -27,6 +27,7 @@ from sparkrig.operations.jobs import operations as jobs_ops
 from sparkrig.operations.serving import deploy as serving
 from sparkrig.operations.serving import facts as serving_facts
 from sparkrig.resources import TEMPLATES
+from tests.unit.operations.test_preflight_fragmentation import FRAGMENTED, _script, _system
 from tests.unit.pyinfra_fake import HOST_STATE, execute, host_state
 
 load()
@@ -514,13 +515,48 @@ def test_the_guard_refuses_a_start_without_the_models_memory_saying_why(helper_e
     result = _helper(helper_env, "guard", "small", env={"PREFLIGHT_EXIT": "4"})
     assert result.returncode == 1
     assert "spark-serve-small.service: start refused by spark-preflight (exit 4): FAIL memory" in result.stdout
-    assert f"spark-preflight --min-available-kib {123 << 20}" in _calls(helper_env)
+    assert f"spark-preflight --min-available-kib {123 << 20} --min-large-blocks 0" in _calls(helper_env)
     assert _calls(helper_env)[0] == "spark-drop-caches "
     assert (helper_env["tmp"] / "compact_memory").read_text() == "1"
     assert (helper_env["state"] / "small.refused").exists()
     _helper(helper_env, "probe")
     prom = (helper_env["tmp"] / "textfile" / "sparkrig_serving.prom").read_text()
     assert 'sparkrig_serving_start_refused{model="small"} 1' in prom.splitlines()
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_the_guard_refuses_a_start_on_fragmented_memory_with_the_real_preflight(helper_env, tmp_path, compact):
+    """The guard runs the real spark-preflight (a fake /proc: enough memory, no large free
+    block left) with jobs_preflight_min_large_blocks, and --compact as jobs_preflight_compact
+    says: the refusal names the fragmentation and whether memory was compacted first."""
+    env = _system(tmp_path / "box", FRAGMENTED)
+    proc = Path(env["SPARK_PREFLIGHT_PROC"])
+    (proc / "sys" / "vm").mkdir(parents=True)
+    (proc / "sys" / "vm" / "compact_memory").write_text("")
+    preflight = tmp_path / "spark-preflight"
+    preflight.write_text(_script(0))
+    preflight.chmod(0o755)
+    config_file = Path(helper_env["env"]["SPARKRIG_SERVING_CONFIG"])
+    config = json.loads(config_file.read_text())
+    config["models"][0]["min_available_kib"] = 1
+    config |= {"preflight": str(preflight), "min_large_blocks": 16, "compact": compact}
+    config_file.write_text(json.dumps(config))
+    result = _helper(helper_env, "guard", "small", env={"SPARK_PREFLIGHT_PROC": str(proc)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    said = "FAIL fragmentation: 0 free blocks of order 9 and up < 16"
+    said += " (after compacting memory: 0 before)" if compact else ": a large allocation may fail"
+    assert f"spark-serve-small.service: start refused by spark-preflight (exit 128): {said}" in result.stdout
+    assert (proc / "sys" / "vm" / "compact_memory").read_text() == ("1\n" if compact else "")
+    config["min_large_blocks"] = 0
+    config_file.write_text(json.dumps(config))
+    assert _helper(helper_env, "guard", "small", env={"SPARK_PREFLIGHT_PROC": str(proc)}).returncode == 0
+
+
+def test_the_guard_is_given_the_jobs_fragmentation_settings():
+    settings = _settings(serving_models=[MODEL], jobs_preflight_min_large_blocks=16, jobs_preflight_compact=False)
+    config = json.loads(serving.render_config(settings))
+    assert (config["min_large_blocks"], config["compact"]) == (16, False)
+    assert config["textfile_dir"] == "/var/lib/sparkrig/metrics"  # where node exporter reads (metrics)
 
 
 def test_the_guard_lets_a_start_go_beside_another_models_engine(helper_env):
