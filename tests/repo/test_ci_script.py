@@ -57,8 +57,8 @@ def test_without_options_the_unit_tests_run_beside_the_lab_s_phases(tmp_path):
     assert calls[0] == ["installed"]
     halves = {call[0]: call[2:] for call in calls[1:]}
     assert halves == {
-        "unit": ["run", "pytest", "-m", "not", "lab", "-n", "2"],
-        "lab": ["run", "pytest", "-m", "lab"],
+        "unit": ["run", "pytest", "-m", "not", "lab", "-n", "2", "--durations=15"],
+        "lab": ["run", "pytest", "-m", "lab", "--durations=40"],
     }
     # The unit tests' output after the lab's, whole.
     assert result.stdout.index("output of the lab half") < result.stdout.index("output of the unit half")
