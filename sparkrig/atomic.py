@@ -315,15 +315,43 @@ def file_commands(
     )
 
 
+def file_if_changed(
+    name: str,
+    dest: str,
+    content: str | bytes,
+    current: Mapping | None,
+    mode: int | str = 0o644,
+    user: str = "root",
+    group: str = "root",
+    validate: tuple[str, ...] | None = None,
+    backup: str | None = None,
+):
+    """Write a file as :func:`file` does, decided from the deploy's reading: ``current`` is
+    the file's :class:`HostState` entry (``None``: no file). A file that already has this
+    content, mode and owner adds no operation. Returns the file operation (for ``_if=``
+    of a restart), or None when the file was up to date."""
+    if up_to_date(current, content, mode=mode, user=user, group=group):
+        return None
+    return file(
+        name=name,
+        dest=dest,
+        content=content,
+        mode=mode,
+        user=user,
+        group=group,
+        validate=validate,
+        backup=backup,
+        current=current,
+    )
+
+
 def unit_file(name: str, dest: str, content: str, validate: tuple[str, ...], reload_name: str, state: Mapping | None):
     """A systemd unit file or drop-in: written (validated, atomically) only when its
     :class:`HostState` entry ``state`` differs, then ``systemctl daemon-reload`` if the
     write changed it. Returns the file operation, or None when the file was up to date."""
-
-    if up_to_date(state, content):
-        return None
-    op = file(name=name, dest=dest, content=content, mode=0o644, validate=validate, current=state)
-    systemd.daemon_reload(name=reload_name, _if=op.did_change)
+    op = file_if_changed(name=name, dest=dest, content=content, current=state, validate=validate)
+    if op is not None:
+        systemd.daemon_reload(name=reload_name, _if=op.did_change)
     return op
 
 

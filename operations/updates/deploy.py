@@ -133,8 +133,8 @@ def updates():
     if known_pins is None:
         if known_state is not None:
             files.file(name=f"No known-bad pins ({KNOWN_BAD_FILE})", path=KNOWN_BAD_FILE, present=False)
-    elif not atomic.up_to_date(known_state, known_pins):
-        atomic.file(
+    else:
+        atomic.file_if_changed(
             name=f"Known-bad versions never installed ({KNOWN_BAD_FILE})",
             dest=KNOWN_BAD_FILE,
             current=known_state,
@@ -163,8 +163,8 @@ def updates():
     if pins is None:
         if pin_state is not None:
             files.file(name=f"No version pins ({PIN_FILE})", path=PIN_FILE, present=False)
-    elif not atomic.up_to_date(pin_state, pins):
-        atomic.file(
+    else:
+        atomic.file_if_changed(
             name=f"Version pins ({PIN_FILE})", dest=PIN_FILE, current=pin_state, content=pins, validate=PIN_VALIDATOR
         )
     versions = dict(map(parse_hold, holds))
@@ -188,8 +188,10 @@ def updates():
     if record_text is None:
         if record_state is not None:
             files.file(name=f"What sparkrig holds ({RECORD})", path=RECORD, present=False)
-    elif not atomic.up_to_date(record_state, record_text):
-        atomic.file(name=f"What sparkrig holds ({RECORD})", dest=RECORD, current=record_state, content=record_text)
+    else:
+        atomic.file_if_changed(
+            name=f"What sparkrig holds ({RECORD})", dest=RECORD, current=record_state, content=record_text
+        )
 
     # Unattended upgrades and the timers that run them.
     mode = settings["updates_unattended"]
@@ -197,14 +199,13 @@ def updates():
     if mode != "off" and state["packages"].get(UNATTENDED_PACKAGE) is None:
         install_packages(name="Install unattended-upgrades", packages=[UNATTENDED_PACKAGE])
     conf_state = state["files"].get(APT_CONF)
-    if not atomic.up_to_date(conf_state, conf):
-        atomic.file(
-            name=f"Unattended upgrades as updates_unattended says ({APT_CONF})",
-            dest=APT_CONF,
-            current=conf_state,
-            content=conf,
-            validate=APT_CONF_VALIDATOR,
-        )
+    atomic.file_if_changed(
+        name=f"Unattended upgrades as updates_unattended says ({APT_CONF})",
+        dest=APT_CONF,
+        current=conf_state,
+        content=conf,
+        validate=APT_CONF_VALIDATOR,
+    )
     running = mode != "off"
     for timer in host.loop(TIMERS):
         unit = state["units"].get(timer, {})
@@ -248,15 +249,17 @@ def kernel_cmdline(settings: Mapping[str, Any], state: Mapping[str, Any]) -> Non
         if current is not None:
             files.file(name=f"No kernel command line drop-in ({GRUB_DROP_IN})", path=GRUB_DROP_IN, present=False)
             changed = True
-    elif not atomic.up_to_date(current, content):
-        atomic.file(
-            name=f"The kernel's command line as updates_kernel_cmdline says ({GRUB_DROP_IN})",
-            dest=GRUB_DROP_IN,
-            current=current,
-            content=content,
-            validate=CMDLINE_VALIDATOR,
+    else:
+        changed = (
+            atomic.file_if_changed(
+                name=f"The kernel's command line as updates_kernel_cmdline says ({GRUB_DROP_IN})",
+                dest=GRUB_DROP_IN,
+                current=current,
+                content=content,
+                validate=CMDLINE_VALIDATOR,
+            )
+            is not None
         )
-        changed = True
     # A drop-in that a failed update-grub never took is applied again.
     stale = line["generated"] is not None and bool(cmdline_missing(line["generated"], add, remove))
     if not line["loader"]:

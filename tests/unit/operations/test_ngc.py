@@ -617,7 +617,7 @@ def test_a_host_without_docker_yet_plans_the_pull_which_fails_if_docker_never_ca
 
 def test_turning_jupyter_off_stops_and_disables_it():
     ops = execute(ngc.ngc, data=ON, responses=_responses(ON, unit=(True, True)))
-    assert _names(ops) == ["sparkrig-jupyter.service is off (ngc_jupyter is False)"]
+    assert _names(ops) == ["sparkrig-jupyter.service is stopped and disabled (ngc_jupyter is False)"]
     assert execute(ngc.ngc, data=ON, responses=_responses(ON, unit=(False, False))) == []
 
 
