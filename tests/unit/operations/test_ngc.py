@@ -124,7 +124,7 @@ def test_every_pip_install_of_a_recipe_is_pinned_and_the_label_follows_the_pins(
     assert problems(ngc.SETTINGS, {"ngc_unsloth_packages": ["unsloth"]})
 
 
-def test_unsloth_dockerfile_is_seed_000s_recipe_with_the_checked_pins():
+def test_unsloth_dockerfile_is_unsloths_spark_recipe_with_the_checked_pins():
     text = ngc_ops.render_dockerfile(_data(ngc_build="unsloth"), "12.1")
     assert f"FROM {BASE}\n" in text
     assert 'ENV TORCH_CUDA_ARCH_LIST="12.1"' in text
