@@ -50,21 +50,10 @@ def kept_running(
         systemd.service(name=f"{title} is enabled and running", service=unit, running=True, enabled=True)
     if not fresh and active != "active":
         return
-    restart = [op for op in restart_on if op is not None]
-    if restart:
-        systemd.service(
-            name=f"Restart {title}: {why}",
-            service=unit,
-            running=True,
-            restarted=True,
-            _if=any_changed(*restart),
-        )
-    reload = [op for op in reload_on if op is not None]
-    if reload:
-        systemd.service(
-            name=f"Reload {title}: its configuration changed",
-            service=unit,
-            running=True,
-            reloaded=True,
-            _if=any_changed(*reload),
-        )
+    for ops, action, what in (
+        (restart_on, "restarted", f"Restart {title}: {why}"),
+        (reload_on, "reloaded", f"Reload {title}: its configuration changed"),
+    ):
+        changed = [op for op in ops if op is not None]
+        if changed:
+            systemd.service(name=what, service=unit, running=True, _if=any_changed(*changed), **{action: True})

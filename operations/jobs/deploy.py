@@ -78,17 +78,14 @@ def jobs():
             mode=0o755,
             validate=("sh", "-n"),
         )
-    if settings.jobs_records_max_age:
-        clean = render_records_clean(settings.jobs_records_max_age)
-        atomic.file_if_changed(
-            name=f"Job records older than jobs_records_max_age are removed ({RECORDS_CLEAN})",
-            dest=RECORDS_CLEAN,
-            current=state.get(RECORDS_CLEAN),
-            content=clean,
-            validate=RECORDS_CLEAN_VALIDATOR,
-        )
-    elif state.get(RECORDS_CLEAN):
-        files.file(name=f"Job records are kept ({RECORDS_CLEAN})", path=RECORDS_CLEAN, present=False)
+    atomic.file_if_changed(
+        name=f"Job records older than jobs_records_max_age are removed ({RECORDS_CLEAN})",
+        absent=f"Job records are kept ({RECORDS_CLEAN})",
+        dest=RECORDS_CLEAN,
+        current=state.get(RECORDS_CLEAN),
+        content=render_records_clean(settings.jobs_records_max_age) if settings.jobs_records_max_age else None,
+        validate=RECORDS_CLEAN_VALIDATOR,
+    )
     if settings.jobs_model_cache:
         model_cache(settings.jobs_model_cache, settings.jobs_model_cache_group, settings.jobs_model_cache_users)
 

@@ -80,3 +80,17 @@ def test_off_stops_and_disables_a_running_or_enabled_unit_and_leaves_a_stopped_o
     assert list(_run(SAME, RUNNING, on=False)) == [name]
     assert list(_run(SAME, {UNIT: {"active": "inactive", "enabled": "enabled"}}, on=False)) == [name]
     assert _run(SAME, {UNIT: {"active": "inactive", "enabled": "disabled"}}, on=False) == {}
+
+
+def test_no_content_removes_a_file_found_and_adds_nothing_where_there_is_none():
+    def ops(current):
+        @deploy("Thing")
+        def thing():
+            atomic.file_if_changed(
+                name="Thing's file", absent="No thing's file", dest=DEST, content=None, current=current
+            )
+
+        return [op.name.split(" | ", 1)[1] for op in execute(thing)]
+
+    assert ops(SAME) == ["No thing's file"]
+    assert ops(None) == []
