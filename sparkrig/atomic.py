@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, operation
-from pyinfra.operations import systemd
+from pyinfra.operations import files, systemd
 
 from .host_output import fact_failed, parses
 
@@ -315,15 +315,30 @@ def file_commands(
     )
 
 
+def file_if_changed(
+    name: str, dest: str, content: str | bytes | None, current: Mapping | None, absent: str = "", **options
+):
+    """Write a file as :func:`file` does (``options``: its ``mode``, ``user``, ``group``,
+    ``validate``, ``backup``), decided from the deploy's reading: ``current`` is the file's
+    :class:`HostState` entry (``None``: no file). A file that already has this content, mode
+    and owner adds no operation. ``content`` None: no file wanted, one found is removed by an
+    operation named ``absent``. Returns the operation (for ``_if=`` of a restart), or None
+    when the file was as wanted."""
+    if content is None:
+        return files.file(name=absent, path=dest, present=False) if current is not None else None
+    owner = {key: options[key] for key in ("mode", "user", "group") if key in options}
+    if up_to_date(current, content, **owner):
+        return None
+    return file(name=name, dest=dest, content=content, current=current, **options)
+
+
 def unit_file(name: str, dest: str, content: str, validate: tuple[str, ...], reload_name: str, state: Mapping | None):
     """A systemd unit file or drop-in: written (validated, atomically) only when its
     :class:`HostState` entry ``state`` differs, then ``systemctl daemon-reload`` if the
     write changed it. Returns the file operation, or None when the file was up to date."""
-
-    if up_to_date(state, content):
-        return None
-    op = file(name=name, dest=dest, content=content, mode=0o644, validate=validate, current=state)
-    systemd.daemon_reload(name=reload_name, _if=op.did_change)
+    op = file_if_changed(name=name, dest=dest, content=content, current=state, validate=validate)
+    if op is not None:
+        systemd.daemon_reload(name=reload_name, _if=op.did_change)
     return op
 
 

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import pytest
 
 # The repository and the pyinfra CLI of this environment: the same for the deploy side.
+from sparkrig.tools import check
 from sparkrig.tools.inventory import PYINFRA, REPO
 
 # The suite's reading of an inventory, for the lab tests too.
@@ -97,6 +98,20 @@ def run_deploy(
     except json.JSONDecodeError:
         report = None
     return DeployResult(result.returncode, report, result.stderr + result.stdout * (report is None))
+
+
+def run_check(
+    inventory: str, limit: list[str], *pytest_options: str, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """The compliance suite on ``limit``'s hosts, run by the command a rollout proves a batch
+    with (:func:`sparkrig.tools.check.command`), quiet; ``pytest_options`` select controls."""
+    return subprocess.run(
+        check.command(inventory, limit, extra=["-q", *pytest_options]),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def build_wheel(out: Path) -> Path:

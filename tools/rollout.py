@@ -34,7 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkrig import operations
 from sparkrig.host_output import printable
+from sparkrig.host_settings import declared
 from sparkrig.tools import check, cli
 from sparkrig.tools.inventory import PYINFRA, REPO, data_args, in_checkout, limit_hosts, read_inventory
 from sparkrig.tools.rollout_plan import (
@@ -60,7 +62,6 @@ from sparkrig.tools.rollout_reboot import (
     REBOOT_FAILED,
     REBOOTING,
     PyinfraHosts,
-    host_settings,
     reboot_batch,
 )
 
@@ -389,7 +390,8 @@ def rollout(options: Options, steps: Steps | None = None) -> int:
         loaded = read_inventory(options.inventory, data=data_args(options.extra), cwd=project)
         hosts = limit_hosts({h["name"]: h["groups"] for h in loaded}, options.limit)
         digests = {h["name"]: host_digest(h["data"]) for h in loaded if h["name"] in hosts}
-        settings = {h["name"]: host_settings(h["data"]) for h in loaded if h["name"] in hosts}
+        operations.load()  # every concern's declared settings: the reboot reads each host's as its deploy does
+        settings = {h["name"]: declared(h["data"]) for h in loaded if h["name"] in hosts}
         remote = PyinfraHosts(PYINFRA, str(project), inventory, data_args(options.extra))
         steps = steps or Steps(
             lambda group: converge(inventory, group, options.extra, deploy),

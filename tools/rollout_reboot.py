@@ -28,12 +28,9 @@ from typing import Any, Protocol
 
 from sparkrig import host_output
 from sparkrig.host_output import printable
-from sparkrig.host_settings import HostSettings
-from sparkrig.operations import load
 from sparkrig.operations.jobs.operations import PATHS as JOB_COMMANDS
 from sparkrig.operations.updates.cmdline import cmdline_reasons
 from sparkrig.operations.updates.facts import reboot_reasons, unexpected
-from sparkrig.settings import all_settings, resolve
 
 # A host's reboot outcome, as the state file and the table keep it.
 REBOOTED, DRAINED_OUT, REBOOT_FAILED = "rebooted", "drained-out", "reboot failed"
@@ -86,13 +83,6 @@ class Hosts(Protocol):
     def stop(self, host: str, jobs: Sequence[str], wait: int) -> None: ...
     def reboot(self, host: str) -> None: ...
     def undrain(self, host: str) -> None: ...
-
-
-def host_settings(data: Mapping[str, Any]) -> HostSettings:
-    """A host's settings as its deploy reads them (every concern's declared defaults under its
-    data, resolved once, read-only): the reboot's ``updates_*`` and ``cluster_name`` among them."""
-    load()
-    return HostSettings(resolve(all_settings(), data))
 
 
 def groups(hosts: Sequence[str], settings: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:

@@ -15,17 +15,7 @@ from sparkrig import atomic, host_output, host_settings, messages, reading
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import defaults
 
-from .environment import (
-    addresses,
-    env_variables,
-    first_address,
-    no_rdma_note,
-    peer_links,
-    render_check,
-    render_env_file,
-    render_hostfile,
-    render_profile_script,
-)
+from .environment import addresses, converge_environment, first_address, no_rdma_note
 from .facts import (
     CHECK,
     HOSTFILE,
@@ -33,7 +23,6 @@ from .facts import (
     KNOWN_HOSTS,
     NETPLAN_FILE,
     NETWORKD,
-    NETWORKD_PREFIX,
     NM_FILE,
     PACKAGES,
     PROFILE_SCRIPT,
@@ -46,25 +35,9 @@ from .facts import (
 )
 from .fleet import head_of, planned_rails
 from .leave import leave
-from .link import (
-    NETWORKD_VALIDATOR,
-    NM_VALIDATOR,
-    VERIFY_NETPLAN,
-    link,
-    render_netplan,
-    render_networkd,
-    render_networkmanager,
-)
+from .link import converge_link
 from .settings import DEFAULTS, SETTINGS
-from .trust import (
-    VERIFY_SSH_CONFIG,
-    authorized_key,
-    authorized_lines,
-    controller_key,
-    private_key,
-    render_known_hosts,
-    render_ssh_config,
-)
+from .trust import controller_key, converge_trust
 
 
 def _files(settings: Mapping[str, Any]) -> tuple[str, ...]:
@@ -176,26 +149,45 @@ def cluster():
     settings = host_settings.current()
     wanted = parts(settings)
     if settings["cluster_name"] is None:
-        leftovers = reading.value(wanted[0])
-        if leftovers["files"] and not host_output.fact_failed():
-            leave(
-                name="Out of any cluster: its key, trust, environment and link files removed",
-                files=leftovers["files"],
-                key_owner=leftovers["key_owner"],
-            )
+        _left(wanted[0])
         return
     state_part, node_part = wanted
     state = reading.value(state_part)
     node = reading.value(node_part)
     if host_output.fact_failed():
         return
-    name, user, mtu = settings["cluster_name"], settings["cluster_user"], settings["cluster_mtu"]
     # Every rail: the listed interfaces and the twins read here. The link's data carries them
     # all, so the link's write, apply and rollback treat a twin as any other interface.
     interfaces: dict[str, str] = rails(settings, node)
     devices = {i: node["rdma"][i] for i in interfaces if i in node["rdma"]}
-    files = {**node["link_state"], **state["files"]}
+    if not _ready(settings, node, interfaces):
+        return
+    nodes = _nodes(settings, node)
+    if isinstance(nodes, str):
+        messages.refused(name="Cluster nodes are read", message=nodes)
+        return
+    note = _tools(settings, state, interfaces, devices)
+    converge_link(settings, node, state, interfaces, [n for n in nodes if n["name"] != host.name])
+    converge_trust(settings, node, {**node["link_state"], **state["files"]}, nodes)
+    converge_environment(settings, state["files"], interfaces, devices, nodes, note)
 
+
+def _left(leftovers_part: reading.Part) -> None:
+    """Off a cluster: what a node of one would have left is removed."""
+    leftovers = reading.value(leftovers_part)
+    if leftovers["files"] and not host_output.fact_failed():
+        leave(
+            name="Out of any cluster: its key, trust, environment and link files removed",
+            files=leftovers["files"],
+            key_owner=leftovers["key_owner"],
+        )
+
+
+def _ready(settings: Mapping[str, Any], node: Mapping[str, Any], interfaces: Mapping[str, str]) -> bool:
+    """Whether this node may be changed: its interfaces and cluster user exist, no rail is the
+    deploy's own connection, ssh reads ssh_config.d, and every node of its cluster is in this
+    run. Says why where not."""
+    name, user = settings["cluster_name"], settings["cluster_user"]
     missing = [i for i in settings["cluster_interfaces"] if i not in node["links"]]
     if missing:
         messages.refused(
@@ -203,7 +195,7 @@ def cluster():
             message=f"cluster_interfaces names {', '.join(missing)}, "
             f"which this host has no interface of (it has {', '.join(sorted(node['links']))})",
         )
-        return
+        return False
     address, management = _management_interface(node["links"])
     if management in interfaces:
         messages.refused(
@@ -213,12 +205,12 @@ def cluster():
                 "it as a cluster link; connect through another interface"
             ),
         )
-        return
+        return False
     if node["user"] is None:
         messages.refused(
             name="Cluster user exists", message=f"cluster_user {user} is no user on this host: create it first"
         )
-        return
+        return False
     if not node["ssh_config_d"]:
         messages.refused(
             name="ssh reads /etc/ssh/ssh_config.d",
@@ -227,7 +219,7 @@ def cluster():
                 "would not apply"
             ),
         )
-        return
+        return False
     left_out = [
         peer.name
         for peer in host.inventory
@@ -239,13 +231,15 @@ def cluster():
             f"{host.print_prefix}cluster {name}: {', '.join(left_out)} not in this run (--limit): "
             "nothing of the cluster is changed; run all its nodes together to converge it"
         )
-        return
-    nodes = _nodes(settings, node)
-    if isinstance(nodes, str):
-        messages.refused(name="Cluster nodes are read", message=nodes)
-        return
-    peers = [n for n in nodes if n["name"] != host.name]
+        return False
+    return True
 
+
+def _tools(
+    settings: Mapping[str, Any], state: Mapping[str, Any], interfaces: Mapping[str, str], devices: Mapping[str, str]
+) -> str | None:
+    """What spark-cluster-check runs (ping; ib_write_bw where a rail has RDMA). Returns the
+    note for a node without RDMA (said here, and written into the NCCL environment)."""
     if any(state["packages"].get(p) is None for p in PACKAGES):
         install_packages(name="Install ping (iputils-ping) for spark-cluster-check", packages=list(PACKAGES))
     if devices and any(state["packages"].get(p) is None for p in RDMA_PACKAGES):
@@ -254,134 +248,5 @@ def cluster():
         )
     note = None if devices else no_rdma_note(list(interfaces))
     if note:
-        messages.detail(f"cluster {name}: {note}")
-
-    # The link.
-    netplan = node["netplan"]
-    if netplan:
-        contents = {NETPLAN_FILE: (render_netplan(interfaces, mtu), 0o600, ("sh", "-c", VERIFY_NETPLAN, "verify"))}
-    else:
-        contents = {
-            path: (render_networkd(i, interfaces[i], mtu), 0o644, NETWORKD_VALIDATOR)
-            for i, path in zip(interfaces, link_files(interfaces, False))
-        }
-    if node["networkmanager"]:
-        # DGX OS: NetworkManager manages every port, netplan or not.
-        contents[NM_FILE] = (render_networkmanager(interfaces), 0o644, NM_VALIDATOR)
-    writes = [
-        (dest, content, mode, validate, files.get(dest))
-        for dest, (content, mode, validate) in contents.items()
-        if not atomic.up_to_date(files.get(dest), content, mode=mode)
-    ]
-    stale = sorted(set(node["link_files"]) - set(contents))
-    units = state["units"]
-    start_networkd = []
-    if (units.get(NETWORKD, {}).get("active"), units.get(NETWORKD, {}).get("enabled")) != ("active", "enabled"):
-        start_networkd = [f"systemctl enable --now {NETWORKD}"]
-        if units.get(WAIT_ONLINE, {}).get("enabled") not in ("enabled", "enabled-runtime"):
-            # Enabling networkd enables its wait-online too (Also=), which would hold boot up
-            # to two minutes for links it does not manage: keep boot as it was.
-            start_networkd.append(f"systemctl disable {WAIT_ONLINE}")
-    drifted = [
-        i
-        for i, a in interfaces.items()
-        if not node["links"][i]["up"]
-        or node["links"][i]["mtu"] != mtu
-        or a not in node["links"][i]["addresses"]
-        or (node["networkmanager"] and i in node["nm_managed"])
-    ]
-    if writes or stale or start_networkd or drifted:
-        for dest, *_rest in writes:
-            messages.detail(f"writing {dest}")
-        if stale:
-            messages.detail(f"removing {', '.join(stale)}")
-        if drifted:
-            messages.detail(f"{', '.join(drifted)}: down, MTU or address not as configured, or NetworkManager's")
-        link(
-            name="Cluster link: written, applied to its interfaces alone, kept once a new SSH connection confirms it",
-            cluster=name,
-            files=writes,
-            stale=stale,
-            start_networkd=start_networkd,
-            paths=sorted({*contents, *stale, *node["link_files"]}),
-            own=[f"{NETWORKD_PREFIX}*.network", *[f"10-netplan-{i}.*" for i in interfaces]],
-            interfaces=list(interfaces),
-            added=[(i, a) for i, a in interfaces.items() if a not in node["links"][i]["addresses"]],
-            netplan=netplan,
-            networkmanager=node["networkmanager"],
-            seconds=settings["cluster_link_confirm_seconds"],
-            ports=[(i, a, mtu, [p["address"] for p in peer_links({i: a}, peers)]) for i, a in interfaces.items()],
-            _serial=True,  # node after node: a change no new connection confirms stops the others'
-        )
-
-    # Trust.
-    key, _public = controller_key(settings["cluster_key_dir"], name, host.name, node["host_keys"])
-    group = node["user"]["group"]
-    if not atomic.up_to_date(files.get(KEY_FILE), key, mode=0o600, user=user, group=group):
-        private_key(name=f"Cluster key of {user} ({KEY_FILE}, 0600)", dest=KEY_FILE, key=key, user=user, group=group)
-    root_files = {
-        KNOWN_HOSTS: ("Every node's pinned host keys", render_known_hosts(nodes), 0o644, None),
-        SSH_CONFIG: (
-            "ssh uses the cluster key and the pinned host keys between nodes",
-            render_ssh_config(nodes, user),
-            0o644,
-            ("sh", "-c", VERIFY_SSH_CONFIG, "verify"),
-        ),
-        HOSTFILE: ("MPI hostfile", render_hostfile(nodes, settings["cluster_slots"]), 0o644, None),
-        settings["cluster_env_file"]: (
-            "NCCL environment (cluster_env_file)",
-            render_env_file(
-                env_variables(
-                    list(interfaces),
-                    first_address(interfaces),
-                    nodes[0]["first"],
-                    name,
-                    settings["cluster_env_extra"],
-                    list(devices.values()),
-                ),
-                note,
-            ),
-            0o644,
-            ("sh", "-n"),
-        ),
-        PROFILE_SCRIPT: (
-            "Login shells read the NCCL environment",
-            render_profile_script(settings["cluster_env_file"]),
-            0o644,
-            ("sh", "-n"),
-        ),
-        CHECK: (
-            "spark-cluster-check command",
-            render_check(
-                name,
-                user,
-                mtu,
-                interfaces,
-                peers,
-                settings["cluster_env_file"],
-                devices=devices,
-                rail_floor=settings["cluster_rail_floor_gbits"],
-                nccl_floor=settings["cluster_nccl_floor_gbytes"],
-            ),
-            0o755,
-            ("sh", "-n"),
-        ),
-    }
-    for dest, (title, content, mode, validate) in host.loop(root_files.items()):
-        if not atomic.up_to_date(files.get(dest), content, mode=mode):
-            atomic.file(
-                name=f"{title} ({dest})",
-                dest=dest,
-                current=files.get(dest),
-                content=content,
-                mode=mode,
-                validate=validate,
-            )
-    lines = authorized_lines(nodes, name)
-    if node["user"]["authorized"] != lines:
-        authorized_key(
-            name=f"Each node's own cluster key in {user}'s authorized_keys, from that node's addresses only",
-            user=user,
-            home=node["user"]["home"],
-            lines=lines,
-        )
+        messages.detail(f"cluster {settings['cluster_name']}: {note}")
+    return note

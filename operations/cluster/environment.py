@@ -7,9 +7,11 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sparkrig import prefix, rendering
+from pyinfra import host
 
-from .facts import HOSTFILE
+from sparkrig import atomic, prefix, rendering
+
+from .facts import CHECK, HOSTFILE, PROFILE_SCRIPT
 from .settings import MANAGED_ENV
 
 # Where a prefix source build named nccl-tests (the owner's catalogue entry) is installed.
@@ -128,3 +130,53 @@ def render_check(
 
 def render_profile_script(env_file: str) -> str:
     return rendering.render("cluster/profile.sh.j2", env_file=env_file)
+
+
+def converge_environment(
+    settings: Mapping[str, Any],
+    files: Mapping[str, Any],
+    interfaces: Mapping[str, str],
+    devices: Mapping[str, str],
+    nodes: Sequence[Mapping[str, Any]],
+    note: str | None,
+) -> None:
+    """The environment step of the cluster's deploy: the MPI hostfile, NCCL's environment
+    (``nodes[0]``, the head, is MASTER_ADDR) with the profile script that reads it, and
+    spark-cluster-check."""
+    name, user, env_file = settings["cluster_name"], settings["cluster_user"], settings["cluster_env_file"]
+    peers = [n for n in nodes if n["name"] != host.name]
+    variables = env_variables(
+        list(interfaces),
+        first_address(interfaces),
+        nodes[0]["first"],
+        name,
+        settings["cluster_env_extra"],
+        list(devices.values()),
+    )
+    check = render_check(
+        name,
+        user,
+        settings["cluster_mtu"],
+        interfaces,
+        peers,
+        env_file,
+        devices=devices,
+        rail_floor=settings["cluster_rail_floor_gbits"],
+        nccl_floor=settings["cluster_nccl_floor_gbytes"],
+    )
+    written = {
+        HOSTFILE: ("MPI hostfile", render_hostfile(nodes, settings["cluster_slots"]), 0o644, None),
+        env_file: ("NCCL environment (cluster_env_file)", render_env_file(variables, note), 0o644, ("sh", "-n")),
+        PROFILE_SCRIPT: (
+            "Login shells read the NCCL environment",
+            render_profile_script(env_file),
+            0o644,
+            ("sh", "-n"),
+        ),
+        CHECK: ("spark-cluster-check command", check, 0o755, ("sh", "-n")),
+    }
+    # host.loop: each file keeps its place (and its row in pyinfra's table) on every host.
+    for dest, (title, content, mode, validate) in host.loop(written.items()):
+        atomic.file_if_changed(
+            name=f"{title} ({dest})", dest=dest, current=files.get(dest), content=content, mode=mode, validate=validate
+        )

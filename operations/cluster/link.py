@@ -9,15 +9,17 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import gevent
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
-from sparkrig import atomic, rendering
+from sparkrig import atomic, messages, rendering
 from sparkrig.connection import run_on_new_connection
 
-from .facts import NETWORKD, NM_FILE
+from .environment import peer_links
+from .facts import NETPLAN_FILE, NETWORKD, NETWORKD_PREFIX, NM_FILE, WAIT_ONLINE, link_files
 
 
 def render_networkd(interface: str, address: str, mtu: int) -> str:
@@ -262,3 +264,74 @@ def link(
     # Detached: a change that cuts this connection off still runs to its end.
     yield StringCommand(f"systemd-run --quiet --collect --unit={APPLY_UNIT} /bin/sh {LINK_DIR}/apply.sh")
     yield FunctionCommand(_confirm_link, (cluster, seconds, ports), {})
+
+
+def converge_link(
+    settings: Mapping[str, Any],
+    node: Mapping[str, Any],
+    state: Mapping[str, Any],
+    interfaces: Mapping[str, str],
+    peers: Sequence[Mapping[str, Any]],
+) -> None:
+    """The link step of the cluster's deploy: each rail's file written where it differs
+    from ``interfaces`` (every rail: the listed interfaces and the twins ``node`` read),
+    stale ones removed, networkd started, then applied by :func:`link`, which keeps the
+    change only once a new SSH connection confirms it."""
+    name, mtu = settings["cluster_name"], settings["cluster_mtu"]
+    files = {**node["link_state"], **state["files"]}
+    netplan = node["netplan"]
+    if netplan:
+        contents = {NETPLAN_FILE: (render_netplan(interfaces, mtu), 0o600, ("sh", "-c", VERIFY_NETPLAN, "verify"))}
+    else:
+        contents = {
+            path: (render_networkd(i, interfaces[i], mtu), 0o644, NETWORKD_VALIDATOR)
+            for i, path in zip(interfaces, link_files(interfaces, False))
+        }
+    if node["networkmanager"]:
+        # DGX OS: NetworkManager manages every port, netplan or not.
+        contents[NM_FILE] = (render_networkmanager(interfaces), 0o644, NM_VALIDATOR)
+    writes = [
+        (dest, content, mode, validate, files.get(dest))
+        for dest, (content, mode, validate) in contents.items()
+        if not atomic.up_to_date(files.get(dest), content, mode=mode)
+    ]
+    stale = sorted(set(node["link_files"]) - set(contents))
+    units = state["units"]
+    start_networkd = []
+    if (units.get(NETWORKD, {}).get("active"), units.get(NETWORKD, {}).get("enabled")) != ("active", "enabled"):
+        start_networkd = [f"systemctl enable --now {NETWORKD}"]
+        if units.get(WAIT_ONLINE, {}).get("enabled") not in ("enabled", "enabled-runtime"):
+            # Enabling networkd enables its wait-online too (Also=), which would hold boot up
+            # to two minutes for links it does not manage: keep boot as it was.
+            start_networkd.append(f"systemctl disable {WAIT_ONLINE}")
+    drifted = [
+        i
+        for i, a in interfaces.items()
+        if not node["links"][i]["up"]
+        or node["links"][i]["mtu"] != mtu
+        or a not in node["links"][i]["addresses"]
+        or (node["networkmanager"] and i in node["nm_managed"])
+    ]
+    if writes or stale or start_networkd or drifted:
+        for dest, *_rest in writes:
+            messages.detail(f"writing {dest}")
+        if stale:
+            messages.detail(f"removing {', '.join(stale)}")
+        if drifted:
+            messages.detail(f"{', '.join(drifted)}: down, MTU or address not as configured, or NetworkManager's")
+        link(
+            name="Cluster link: written, applied to its interfaces alone, kept once a new SSH connection confirms it",
+            cluster=name,
+            files=writes,
+            stale=stale,
+            start_networkd=start_networkd,
+            paths=sorted({*contents, *stale, *node["link_files"]}),
+            own=[f"{NETWORKD_PREFIX}*.network", *[f"10-netplan-{i}.*" for i in interfaces]],
+            interfaces=list(interfaces),
+            added=[(i, a) for i, a in interfaces.items() if a not in node["links"][i]["addresses"]],
+            netplan=netplan,
+            networkmanager=node["networkmanager"],
+            seconds=settings["cluster_link_confirm_seconds"],
+            ports=[(i, a, mtu, [p["address"] for p in peer_links({i: a}, peers)]) for i, a in interfaces.items()],
+            _serial=True,  # node after node: a change no new connection confirms stops the others'
+        )

@@ -20,12 +20,12 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from pyinfra import logger
+from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from sparkrig import atomic, rendering
 
-from .facts import KEY_FILE, KNOWN_HOSTS, MARKER
+from .facts import KEY_FILE, KNOWN_HOSTS, MARKER, SSH_CONFIG
 
 # Runs at once take turns deciding a node's pair: this lock within a run, whose hosts plan in
 # greenlets (pyinfra's CLI patches threading, so a greenlet waiting here lets the others run;
@@ -211,3 +211,37 @@ def authorized_key(user: str, home: str, lines: Sequence[str]):
         QuoteString(staged),
         "; exit $s",
     )
+
+
+def converge_trust(
+    settings: Mapping[str, Any], node: Mapping[str, Any], files: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]
+) -> None:
+    """The trust step of the cluster's deploy: this node's private key for its cluster
+    user, every node's host keys pinned, ssh's configuration between the nodes, and each
+    node's public key in the cluster user's authorized_keys."""
+    name, user = settings["cluster_name"], settings["cluster_user"]
+    key, _public = controller_key(settings["cluster_key_dir"], name, host.name, node["host_keys"])
+    group = node["user"]["group"]
+    if not atomic.up_to_date(files.get(KEY_FILE), key, mode=0o600, user=user, group=group):
+        private_key(name=f"Cluster key of {user} ({KEY_FILE}, 0600)", dest=KEY_FILE, key=key, user=user, group=group)
+    root_files = {
+        KNOWN_HOSTS: ("Every node's pinned host keys", render_known_hosts(nodes), None),
+        SSH_CONFIG: (
+            "ssh uses the cluster key and the pinned host keys between nodes",
+            render_ssh_config(nodes, user),
+            ("sh", "-c", VERIFY_SSH_CONFIG, "verify"),
+        ),
+    }
+    # host.loop: each file keeps its place (and its row in pyinfra's table) on every host.
+    for dest, (title, content, validate) in host.loop(root_files.items()):
+        atomic.file_if_changed(
+            name=f"{title} ({dest})", dest=dest, current=files.get(dest), content=content, validate=validate
+        )
+    lines = authorized_lines(nodes, name)
+    if node["user"]["authorized"] != lines:
+        authorized_key(
+            name=f"Each node's own cluster key in {user}'s authorized_keys, from that node's addresses only",
+            user=user,
+            home=node["user"]["home"],
+            lines=lines,
+        )

@@ -54,7 +54,4 @@ def cuda_env():
     state = reading.value(files_part(settings.cuda_env_file))["files"]
     # host.loop: each file keeps its place (and its row in pyinfra's table) on every host.
     for dest, (name, content) in host.loop(files.items()):
-        if not atomic.up_to_date(state.get(dest), content):
-            atomic.file(
-                name=name, dest=dest, content=content, mode=0o644, validate=("sh", "-n"), current=state.get(dest)
-            )
+        atomic.file_if_changed(name=name, dest=dest, content=content, validate=("sh", "-n"), current=state.get(dest))

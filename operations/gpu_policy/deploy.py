@@ -164,31 +164,24 @@ def gpu_policy():
     if refusal:
         refused(name="The GPU policy fits what the GPU allows", message=refusal)
         return
-    changed = []
-    script_text = render_script()
-    if not atomic.up_to_date(state["files"].get(SCRIPT), script_text, mode=0o755):
-        changed.append(
-            atomic.file(
-                name=f"GPU policy script ({SCRIPT})",
-                dest=SCRIPT,
-                content=script_text,
-                mode=0o755,
-                validate=("sh", "-n"),
-                current=state["files"].get(SCRIPT),
-            )
-        )
-    env_text = render_env(policy)
-    if not atomic.up_to_date(state["files"].get(ENV_FILE), env_text):
-        changed.append(
-            atomic.file(
-                name=f"GPU policy settings ({ENV_FILE}: {describe(policy)})",
-                dest=ENV_FILE,
-                content=env_text,
-                mode=0o644,
-                validate=ENV_VALIDATOR,
-                current=state["files"].get(ENV_FILE),
-            )
-        )
+    changed = [
+        atomic.file_if_changed(
+            name=f"GPU policy script ({SCRIPT})",
+            dest=SCRIPT,
+            content=render_script(),
+            mode=0o755,
+            validate=("sh", "-n"),
+            current=state["files"].get(SCRIPT),
+        ),
+        atomic.file_if_changed(
+            name=f"GPU policy settings ({ENV_FILE}: {describe(policy)})",
+            dest=ENV_FILE,
+            content=render_env(policy),
+            validate=ENV_VALIDATOR,
+            current=state["files"].get(ENV_FILE),
+        ),
+    ]
+    changed = [op for op in changed if op]
     unit_op = atomic.unit_file(
         name=f"GPU policy unit ({UNIT_FILE})",
         dest=UNIT_FILE,

@@ -71,9 +71,7 @@ def jobs():
     )
     # host.loop: each command keeps its place (and its row in pyinfra's table) on every host.
     for name, script in host.loop(commands.items()):
-        if atomic.up_to_date(state.get(paths[name]), script, mode=0o755):
-            continue
-        atomic.file(
+        atomic.file_if_changed(
             name=f"{name} command ({paths[name]})",
             dest=paths[name],
             current=state.get(paths[name]),
@@ -81,18 +79,14 @@ def jobs():
             mode=0o755,
             validate=("sh", "-n"),
         )
-    if settings.jobs_records_max_age:
-        clean = render_records_clean(settings.jobs_records_max_age)
-        if not atomic.up_to_date(state.get(RECORDS_CLEAN), clean):
-            atomic.file(
-                name=f"Job records older than jobs_records_max_age are removed ({RECORDS_CLEAN})",
-                dest=RECORDS_CLEAN,
-                current=state.get(RECORDS_CLEAN),
-                content=clean,
-                validate=RECORDS_CLEAN_VALIDATOR,
-            )
-    elif state.get(RECORDS_CLEAN):
-        files.file(name=f"Job records are kept ({RECORDS_CLEAN})", path=RECORDS_CLEAN, present=False)
+    atomic.file_if_changed(
+        name=f"Job records older than jobs_records_max_age are removed ({RECORDS_CLEAN})",
+        absent=f"Job records are kept ({RECORDS_CLEAN})",
+        dest=RECORDS_CLEAN,
+        current=state.get(RECORDS_CLEAN),
+        content=render_records_clean(settings.jobs_records_max_age) if settings.jobs_records_max_age else None,
+        validate=RECORDS_CLEAN_VALIDATOR,
+    )
     if settings.jobs_model_cache:
         model_cache(settings.jobs_model_cache, settings.jobs_model_cache_group, settings.jobs_model_cache_users)
 

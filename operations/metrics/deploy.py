@@ -6,10 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
-from pyinfra.operations.util import any_changed
 
-from sparkrig import atomic, host_settings, reading, rendering, user_files
+from sparkrig import atomic, host_settings, reading, rendering, service, user_files
 from sparkrig.packages import installed as install_packages
 from sparkrig.units import JOB_RECORDS, JOB_UNIT_PREFIX, METRICS_TEXTFILE_DIR, WATCHDOG_SERVICE
 
@@ -144,13 +142,7 @@ def metrics():
     units = state["units"]
     if not settings.metrics_enabled:
         for unit in (TIMER, EXPORTER):
-            if units.get(unit, {}).get("active") == "active" or units.get(unit, {}).get("enabled") == "enabled":
-                systemd.service(
-                    name=f"{unit} is stopped and disabled (metrics_enabled is False)",
-                    service=unit,
-                    running=False,
-                    enabled=False,
-                )
+            service.stopped(unit, units, "metrics_enabled is False")
         return
     installed = state["packages"].get(PACKAGE) is not None
     if not installed:
@@ -165,16 +157,15 @@ def metrics():
         state=files.get(DROP_IN),
     )
     collector = render_collector(settings.python_venv_path)
-    if not atomic.up_to_date(files.get(COLLECTOR), collector, mode=0o755):
-        atomic.file(
-            name=f"Textfile collector ({COLLECTOR})",
-            dest=COLLECTOR,
-            current=files.get(COLLECTOR),
-            content=collector,
-            mode=0o755,
-            validate=("sh", "-n"),
-        )
-    service = atomic.unit_file(
+    atomic.file_if_changed(
+        name=f"Textfile collector ({COLLECTOR})",
+        dest=COLLECTOR,
+        current=files.get(COLLECTOR),
+        content=collector,
+        mode=0o755,
+        validate=("sh", "-n"),
+    )
+    collector_unit = atomic.unit_file(
         name=f"Textfile collector's unit ({SERVICE_FILE})",
         dest=SERVICE_FILE,
         content=rendering.render(
@@ -194,23 +185,5 @@ def metrics():
         reload_name="Reload systemd: the collector's timer changed",
         state=files.get(TIMER_FILE),
     )
-    keep_running(EXPORTER, units, installed, [drop_in])
-    keep_running(TIMER, units, installed, [service, timer])
-
-
-def keep_running(unit: str, units: dict, installed: bool, files: list) -> None:
-    """``unit`` enabled and running, and restarted when one of the operations ``files``
-    (None: the file was up to date) changed it."""
-    now = units.get(unit, {})
-    # A package installed in this run may or may not start it: check again then.
-    if not installed or (now.get("active"), now.get("enabled")) != ("active", "enabled"):
-        systemd.service(name=f"{unit} is enabled and running", service=unit, running=True, enabled=True)
-    changed = [op for op in files if op]
-    if changed:
-        systemd.service(
-            name=f"Restart {unit}: its files changed",
-            service=unit,
-            running=True,
-            restarted=True,
-            _if=any_changed(*changed),
-        )
+    service.kept_running(EXPORTER, units, restart_on=[drop_in], fresh=not installed)
+    service.kept_running(TIMER, units, restart_on=[collector_unit, timer], fresh=not installed)

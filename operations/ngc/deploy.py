@@ -6,10 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
-from pyinfra.operations.util import any_changed
+from pyinfra.operations import files
 
-from sparkrig import atomic, host_output, host_settings, messages, reading
+from sparkrig import atomic, host_output, host_settings, messages, reading, service
 
 from .facts import TOKEN_FILE, NgcHost
 from .operations import (
@@ -85,14 +84,12 @@ def ngc():
     if not found["pinned"]:
         image_ops.append(image_pulled(name="Pull the pinned base image (ngc_base_image)", image=data.ngc_base_image))
     if dockerfile:
-        if not atomic.up_to_date(state["files"].get(DOCKERFILE), dockerfile):
-            atomic.file(
-                name=f"Dockerfile of the ngc_build image ({DOCKERFILE})",
-                dest=DOCKERFILE,
-                content=dockerfile,
-                mode=0o644,
-                current=state["files"].get(DOCKERFILE),
-            )
+        atomic.file_if_changed(
+            name=f"Dockerfile of the ngc_build image ({DOCKERFILE})",
+            dest=DOCKERFILE,
+            content=dockerfile,
+            current=state["files"].get(DOCKERFILE),
+        )
         built = found["built"]
         if not built or built["recipe"] != recipe(dockerfile):
             image_ops.append(
@@ -104,23 +101,17 @@ def ngc():
                 )
             )
 
-    launcher_op = None
-    if not atomic.up_to_date(state["files"].get(LAUNCHER), launcher, mode=0o755):
-        launcher_op = atomic.file(
-            name=f"spark-container command ({LAUNCHER})",
-            dest=LAUNCHER,
-            current=state["files"].get(LAUNCHER),
-            content=launcher,
-            mode=0o755,
-            validate=("bash", "-n"),
-        )
+    launcher_op = atomic.file_if_changed(
+        name=f"spark-container command ({LAUNCHER})",
+        dest=LAUNCHER,
+        current=state["files"].get(LAUNCHER),
+        content=launcher,
+        mode=0o755,
+        validate=("bash", "-n"),
+    )
 
-    unit = state["units"].get(JUPYTER_UNIT) or {}
     if not jupyter:
-        if unit.get("active") == "active" or unit.get("enabled") == "enabled":
-            systemd.service(
-                name=f"{JUPYTER_UNIT} is off (ngc_jupyter is False)", service=JUPYTER_UNIT, running=False, enabled=False
-            )
+        service.stopped(JUPYTER_UNIT, state["units"], "ngc_jupyter is False")
         return
     user = found["user"]
     if user is None:
@@ -152,15 +143,9 @@ def ngc():
         reload_name=f"Reload systemd: {JUPYTER_UNIT} changed",
         state=state["files"].get(JUPYTER_UNIT_FILE),
     )
-    if unit.get("active") != "active" or unit.get("enabled") != "enabled":
-        systemd.service(name=f"{JUPYTER_UNIT} is enabled and running", service=JUPYTER_UNIT, running=True, enabled=True)
-        return
-    changed = [op for op in (unit_op, token_op, launcher_op, *image_ops) if op is not None]
-    if changed:
-        systemd.service(
-            name=f"Restart {JUPYTER_UNIT}: its unit, token, launcher or image changed",
-            service=JUPYTER_UNIT,
-            running=True,
-            restarted=True,
-            _if=any_changed(*changed),
-        )
+    service.kept_running(
+        JUPYTER_UNIT,
+        state["units"],
+        restart_on=[unit_op, token_op, launcher_op, *image_ops],
+        why="its unit, token, launcher or image changed",
+    )

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy
-from pyinfra.operations import server, systemd
-from pyinfra.operations.util import any_changed
+from pyinfra.operations import server
 
-from sparkrig import atomic, host_settings, reading, rendering
+from sparkrig import atomic, host_settings, reading, rendering, service
 from sparkrig.packages import installed as install_packages
 
 from .settings import DEFAULTS, scrape_targets, serving_targets
@@ -133,46 +132,32 @@ def prometheus():
         ("Alert rules", RULES, rules_text, CHECK_RULES),
         ("Scrape configuration", CONFIG, config_text, CHECK_CONFIG),
     ):
-        if not atomic.up_to_date(files.get(dest), text):
-            reload_on.append(
-                atomic.file(
-                    name=f"{what} ({dest}), checked by promtool",
-                    dest=dest,
-                    content=text,
-                    current=files.get(dest),
-                    validate=check,
-                )
+        reload_on.append(
+            atomic.file_if_changed(
+                name=f"{what} ({dest}), checked by promtool",
+                dest=dest,
+                content=text,
+                current=files.get(dest),
+                validate=check,
             )
-    arguments = None
-    if not atomic.up_to_date(files.get(DEFAULT_FILE), default_text):
-        arguments = atomic.file(
-            name=f"Prometheus' arguments ({DEFAULT_FILE})",
-            dest=DEFAULT_FILE,
-            content=default_text,
-            current=files.get(DEFAULT_FILE),
-            validate=("sh", "-n"),
         )
+    arguments = atomic.file_if_changed(
+        name=f"Prometheus' arguments ({DEFAULT_FILE})",
+        dest=DEFAULT_FILE,
+        content=default_text,
+        current=files.get(DEFAULT_FILE),
+        validate=("sh", "-n"),
+    )
     # Also where a run stopped between the mask and here (a file promtool refused).
     if not installed or unit.get("enabled") == "masked":
         server.shell(name="Prometheus may start (unmasked)", commands=[StringCommand("systemctl", "unmask", SERVICE)])
-    if not installed or (unit.get("active"), unit.get("enabled")) != ("active", "enabled"):
-        systemd.service(name="Prometheus is enabled and running", service=SERVICE, running=True, enabled=True)
-    # One started in this run (freshly installed, or found stopped) started with these files.
-    running = installed and unit.get("active") == "active"
-    if arguments is not None and running:
-        systemd.service(
-            name="Restart Prometheus: its arguments changed",
-            service=SERVICE,
-            running=True,
-            restarted=True,
-            _if=arguments.did_change,
-        )
-    if reload_on and running:
-        # A reload (SIGHUP) reads the configuration and rules again, keeping the samples.
-        systemd.service(
-            name="Reload Prometheus: its configuration or rules changed",
-            service=SERVICE,
-            running=True,
-            reloaded=True,
-            _if=any_changed(*reload_on),
-        )
+    # Masked while installed, a fresh Prometheus first starts here, with these files: no
+    # restart then. A reload (SIGHUP) reads the configuration and rules again, keeping the samples.
+    service.kept_running(
+        SERVICE,
+        state["units"],
+        restart_on=[arguments],
+        reload_on=reload_on,
+        title="Prometheus",
+        why="its arguments changed",
+    )

@@ -11,7 +11,7 @@ from typing import Any
 from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.operations import server, systemd
 
-from sparkrig import atomic, host_settings, reading, rendering
+from sparkrig import atomic, host_settings, reading, rendering, service
 from sparkrig.messages import refused
 from sparkrig.resources import TEMPLATES
 from sparkrig.units import JOB_DRAIN, METRICS_TEXTFILE_DIR, SERVE_UNIT_PREFIX, WATCHDOG_SERVICE
@@ -301,22 +301,21 @@ def serving():
             return
 
     helper = render_helper()
-    if not atomic.up_to_date(files.get(HELPER), helper, mode=0o755):
-        atomic.file(
-            name=f"Serving helper: guard, readiness, probe ({HELPER})",
-            dest=HELPER,
-            current=files.get(HELPER),
-            content=helper,
-            mode=0o755,
-            validate=HELPER_VALIDATOR,
-        )
+    atomic.file_if_changed(
+        name=f"Serving helper: guard, readiness, probe ({HELPER})",
+        dest=HELPER,
+        current=files.get(HELPER),
+        content=helper,
+        mode=0o755,
+        validate=HELPER_VALIDATOR,
+    )
     config = render_config(settings)
     if not atomic.up_to_date(files.get(CONFIG), config):
         server.shell(
             name=f"Serving's directories ({CONFIG_DIR}, {STATE_DIR})",
             commands=[StringCommand("install", "-d", "-m", "755", "-o", "root", "-g", "root", CONFIG_DIR, STATE_DIR)],
         )
-        atomic.file(
+        atomic.file_if_changed(
             name=f"Serving helper's configuration ({CONFIG})",
             dest=CONFIG,
             current=files.get(CONFIG),
@@ -403,16 +402,4 @@ def serving():
             server.shell(name="Model endpoints are running and answer", commands=start)
         elif changed:
             server.shell(name="Restart model endpoints whose unit changed", commands=start, _if=changed.did_change)
-    timer = units.get(PROBE_TIMER, {})
-    if (timer.get("active"), timer.get("enabled")) != ("active", "enabled"):
-        systemd.service(
-            name="Serving probe's timer is enabled and running", service=PROBE_TIMER, running=True, enabled=True
-        )
-    elif any(probe_files):
-        systemd.service(
-            name="Restart the serving probe's timer: its files changed",
-            service=PROBE_TIMER,
-            restarted=True,
-            running=True,
-            _if=lambda: any(op.did_change() for op in probe_files if op),
-        )
+    service.kept_running(PROBE_TIMER, units, restart_on=probe_files)

@@ -8,7 +8,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from sparkrig import atomic, host_output, host_settings, messages, reading
 from sparkrig.packages import Candidates
@@ -130,17 +130,14 @@ def updates():
     entries = known_bad.applicable(settings)
     known_pins = known_bad.render_pins(entries)
     known_state = state["files"].get(KNOWN_BAD_FILE)
-    if known_pins is None:
-        if known_state is not None:
-            files.file(name=f"No known-bad pins ({KNOWN_BAD_FILE})", path=KNOWN_BAD_FILE, present=False)
-    elif not atomic.up_to_date(known_state, known_pins):
-        atomic.file(
-            name=f"Known-bad versions never installed ({KNOWN_BAD_FILE})",
-            dest=KNOWN_BAD_FILE,
-            current=known_state,
-            content=known_pins,
-            validate=KNOWN_BAD_VALIDATOR,
-        )
+    atomic.file_if_changed(
+        name=f"Known-bad versions never installed ({KNOWN_BAD_FILE})",
+        absent=f"No known-bad pins ({KNOWN_BAD_FILE})",
+        dest=KNOWN_BAD_FILE,
+        current=known_state,
+        content=known_pins,
+        validate=KNOWN_BAD_VALIDATOR,
+    )
     for line in known_bad.running(entries, facts):
         messages.detail(f"updates: {line}")
     wrong = unexpected(settings, facts)
@@ -159,14 +156,14 @@ def updates():
     # Holds: pins, then apt-mark, then what was released is upgraded.
     holds = settings["updates_hold"]
     pins = render_pins(holds)
-    pin_state = state["files"].get(PIN_FILE)
-    if pins is None:
-        if pin_state is not None:
-            files.file(name=f"No version pins ({PIN_FILE})", path=PIN_FILE, present=False)
-    elif not atomic.up_to_date(pin_state, pins):
-        atomic.file(
-            name=f"Version pins ({PIN_FILE})", dest=PIN_FILE, current=pin_state, content=pins, validate=PIN_VALIDATOR
-        )
+    atomic.file_if_changed(
+        name=f"Version pins ({PIN_FILE})",
+        absent=f"No version pins ({PIN_FILE})",
+        dest=PIN_FILE,
+        current=state["files"].get(PIN_FILE),
+        content=pins,
+        validate=PIN_VALIDATOR,
+    )
     versions = dict(map(parse_hold, holds))
     marks = [name for name, version in versions.items() if version is None]
     wanted = {name for name in facts["hold_matches"] if any(fnmatch.fnmatchcase(name, g) for g in marks)}
@@ -184,12 +181,13 @@ def updates():
         install_packages(name="Upgrade what a released hold kept back", packages=released, only_upgrade=True)
     new_record = (wanted & (record | set(to_hold))) | pinned
     record_text = render_record(new_record) if new_record else None
-    record_state = state["files"].get(RECORD)
-    if record_text is None:
-        if record_state is not None:
-            files.file(name=f"What sparkrig holds ({RECORD})", path=RECORD, present=False)
-    elif not atomic.up_to_date(record_state, record_text):
-        atomic.file(name=f"What sparkrig holds ({RECORD})", dest=RECORD, current=record_state, content=record_text)
+    atomic.file_if_changed(
+        name=f"What sparkrig holds ({RECORD})",
+        absent=f"What sparkrig holds ({RECORD})",
+        dest=RECORD,
+        current=state["files"].get(RECORD),
+        content=record_text,
+    )
 
     # Unattended upgrades and the timers that run them.
     mode = settings["updates_unattended"]
@@ -197,14 +195,13 @@ def updates():
     if mode != "off" and state["packages"].get(UNATTENDED_PACKAGE) is None:
         install_packages(name="Install unattended-upgrades", packages=[UNATTENDED_PACKAGE])
     conf_state = state["files"].get(APT_CONF)
-    if not atomic.up_to_date(conf_state, conf):
-        atomic.file(
-            name=f"Unattended upgrades as updates_unattended says ({APT_CONF})",
-            dest=APT_CONF,
-            current=conf_state,
-            content=conf,
-            validate=APT_CONF_VALIDATOR,
-        )
+    atomic.file_if_changed(
+        name=f"Unattended upgrades as updates_unattended says ({APT_CONF})",
+        dest=APT_CONF,
+        current=conf_state,
+        content=conf,
+        validate=APT_CONF_VALIDATOR,
+    )
     running = mode != "off"
     for timer in host.loop(TIMERS):
         unit = state["units"].get(timer, {})
@@ -243,20 +240,17 @@ def kernel_cmdline(settings: Mapping[str, Any], state: Mapping[str, Any]) -> Non
     line = reading.value(CMDLINE)
     if host_output.fact_failed():
         return
-    changed = False
-    if content is None:
-        if current is not None:
-            files.file(name=f"No kernel command line drop-in ({GRUB_DROP_IN})", path=GRUB_DROP_IN, present=False)
-            changed = True
-    elif not atomic.up_to_date(current, content):
-        atomic.file(
+    changed = (
+        atomic.file_if_changed(
             name=f"The kernel's command line as updates_kernel_cmdline says ({GRUB_DROP_IN})",
+            absent=f"No kernel command line drop-in ({GRUB_DROP_IN})",
             dest=GRUB_DROP_IN,
             current=current,
             content=content,
             validate=CMDLINE_VALIDATOR,
         )
-        changed = True
+        is not None
+    )
     # A drop-in that a failed update-grub never took is applied again.
     stale = line["generated"] is not None and bool(cmdline_missing(line["generated"], add, remove))
     if not line["loader"]:

@@ -6,10 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
-from pyinfra.operations.util import any_changed
 
-from sparkrig import atomic, host_settings, reading, rendering
+from sparkrig import atomic, host_settings, reading, rendering, service
 from sparkrig.packages import installed as install_packages
 from sparkrig.units import WATCHDOG_SERVICE
 
@@ -77,15 +75,8 @@ def watchdog():
     """
     settings = host_settings.current()
     state = reading.value(STATE)
-    unit = state["units"].get(SERVICE, {})
     if not settings.watchdog_enabled:
-        if unit.get("active") == "active" or unit.get("enabled") == "enabled":
-            systemd.service(
-                name="earlyoom is stopped and disabled (watchdog_enabled is False)",
-                service=SERVICE,
-                running=False,
-                enabled=False,
-            )
+        service.stopped(SERVICE, state["units"], "watchdog_enabled is False")
         return
 
     installed = state["packages"].get(PACKAGE) is not None
@@ -108,31 +99,18 @@ def watchdog():
         reload_name="Reload systemd: the earlyoom drop-in changed",
         state=state["files"].get(DROP_IN),
     )
-    changed = [drop_in] if drop_in else []
-    if not atomic.up_to_date(state["files"].get(DEFAULT_FILE), arguments_text):
-        changed.append(
-            atomic.file(
-                name=f"earlyoom arguments ({DEFAULT_FILE})",
-                dest=DEFAULT_FILE,
-                current=state["files"].get(DEFAULT_FILE),
-                content=arguments_text,
-                mode=0o644,
-                validate=("sh", "-n"),
-            )
-        )
-    # A package installed in this run may or may not start it: check again then.
-    if not installed or (unit.get("active"), unit.get("enabled")) != ("active", "enabled"):
-        systemd.service(
-            name="earlyoom is enabled and running",
-            service=SERVICE,
-            running=True,
-            enabled=True,
-        )
-    if changed:
-        systemd.service(
-            name="Restart earlyoom: its arguments or drop-in changed",
-            service=SERVICE,
-            running=True,
-            restarted=True,
-            _if=any_changed(*changed),
-        )
+    arguments = atomic.file_if_changed(
+        name=f"earlyoom arguments ({DEFAULT_FILE})",
+        dest=DEFAULT_FILE,
+        current=state["files"].get(DEFAULT_FILE),
+        content=arguments_text,
+        validate=("sh", "-n"),
+    )
+    service.kept_running(
+        SERVICE,
+        state["units"],
+        restart_on=[drop_in, arguments],
+        fresh=not installed,
+        title="earlyoom",
+        why="its arguments or drop-in changed",
+    )

@@ -155,9 +155,10 @@ def test_launcher_is_root_owned_and_not_writable_by_others(ngc_read):
 
 @pytest.mark.action
 def test_launcher_round_trip_keeps_data_on_the_host(ngc, launcher_user, settings):
-    """Protects against losing checkpoints with the container (seed 000's persistence
-    requirement), and against files the user cannot delete: what a command writes under
-    the project is on the host afterwards, owned by the caller."""
+    """Protects against losing checkpoints with the container (a training run must survive
+    its container's removal and resume from its checkpoints), and against files the user
+    cannot delete: what a command writes under the project is on the host afterwards, owned
+    by the caller."""
     project = "sparkrig-ngc-check"
     script = (
         f"rm -rf {project} && mkdir {project} && cd {project} && "
@@ -256,8 +257,9 @@ STAND_IN_IMAGE = "/sparkrig-lab/ngc-stand-in:"  # lab/registry.py's busybox imag
 
 @pytest.mark.action
 def test_pytorch_imports_inside_the_image(ngc, launcher_user, settings):
-    """Protects against an image whose PyTorch is broken or CPU-only (seed 004's check): torch
-    imports inside the container, and sees the GPU where the host has one."""
+    """Protects against an image whose PyTorch is broken or CPU-only (`import torch` and
+    `torch.cuda.is_available()`, every GPU setup guide's first check): torch imports inside
+    the container, and sees the GPU where the host has one."""
     if STAND_IN_IMAGE in settings["ngc_base_image"]:
         pytest.skip("the lab's STAND-IN image (lab/registry.py) is busybox: it has no Python or PyTorch")
     gpu = ngc.file("/dev/nvidiactl").exists
@@ -275,10 +277,11 @@ def test_pytorch_imports_inside_the_image(ngc, launcher_user, settings):
 
 @pytest.mark.action
 def test_a_detached_server_publishes_its_port_on_loopback_only(ngc, launcher_user):
-    """Protects against a model server open to the whole network by default (vLLM's port,
-    seed 002), and against detached containers spark-jobs cannot see or stop: a server
-    started with --detach and --publish answers on 127.0.0.1 only, is listed as its caller's
-    job, and spark-jobs stop ends it and its container."""
+    """Protects against a model server open to the whole network by default (`vllm serve`
+    listens on every address, port 8000, unless told otherwise), and against detached
+    containers spark-jobs cannot see or stop: a server started with --detach and --publish
+    answers on 127.0.0.1 only, is listed as its caller's job, and spark-jobs stop ends it and
+    its container."""
     port, name = 18765, f"sparkrig-serve-{int(time.time())}"
     started = _as(
         ngc,

@@ -203,9 +203,10 @@ def test_uv_run_never_resyncs_for_the_owner(read):
 
 @pytest.mark.action
 def test_uv_run_in_a_project_uses_the_managed_venv_as_it_is(host, read, settings, venv):
-    """Protects against seed 001's workflow missing the managed stack: `uv run` in a user's
-    project (a scratch one here, made by the venv's owner) runs the managed venv's Python,
-    makes no `.venv` and no lock, and leaves the venv exactly as its lock says."""
+    """Protects against `uv run` in a project syncing an environment of its own and missing
+    the managed stack (CUDA 13 builds replaced by PyPI's, or a second venv): `uv run` in a
+    user's project (a scratch one here, made by the venv's owner) runs the managed venv's
+    Python, makes no `.venv` and no lock, and leaves the venv exactly as its lock says."""
     owner = shlex.quote(settings["python_venv_owner"])
     script = (
         'd=$(mktemp -d) && cd "$d" && { echo "[project]"; echo "name = \\"scratch\\""; '

@@ -4,7 +4,8 @@ Swap controls: no swap now, nothing left that turns it on at boot, an fstab that
 Why swap is off: on GB10 the CPU and the GPU share one 128 GB memory and GPU allocations
 cannot be swapped out. Under memory pressure swap does not save the job, it only delays
 and deepens a freeze of the whole box (SSH included) instead of an OOM kill that ends
-the job and keeps the OS (shared/notes/spark-facts.md, "Memory safety").
+the job and keeps the OS (open-gpu-kernel-modules issue 1358, dgx-spark-playbooks issue 97).
+Turning swap off is the Spark community's practice, not an NVIDIA statement.
 
 What each control expects is worked out here from the host, independently of the code
 that converges (operations/swap/).

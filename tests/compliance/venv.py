@@ -1,6 +1,6 @@
 """
 How the compliance suite reads a venv a user owns, without running the user's programs
-with anyone else's rights (issue 35, finding 1).
+with anyone else's rights.
 
 - The Python version is read from ``pyvenv.cfg``, and each distribution's name, version and
   ``direct_url.json`` from its ``*.dist-info`` files, as files, through sparkrig's bounded

@@ -1,5 +1,5 @@
 """
-The compliance suite's own reads, played against (issue 35, findings 1 and 4): a venv owner
+The compliance suite's own reads, played against: a venv owner
 who plants a program where the suite runs the venv's Python, and a cluster user whose
 authorized_keys is a FIFO, then a link to a root-only file. The suite runs as a user runs
 it (``sparkrig check INVENTORY``); each test restores what it changed.

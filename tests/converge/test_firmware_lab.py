@@ -22,7 +22,7 @@ import pytest
 import lab
 from sparkrig.operations.updates.facts import NOT_INSTALLABLE
 from tests.conftest import LAB_INVENTORY
-from tests.support import REPO, run_deploy
+from tests.support import REPO, run_check, run_deploy
 
 pytestmark = pytest.mark.lab
 
@@ -83,27 +83,7 @@ def expecting_firmware(tmp_path) -> str:
 
 
 def test_an_expected_firmware_device_that_is_not_present_fails_its_control(lab_hosts, expecting_firmware):
-    suite = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/compliance/test_updates.py",
-            "--inventory",
-            expecting_firmware,
-            "--limit",
-            "lab-deb12",
-            "-k",
-            "firmware",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    suite = run_check(expecting_firmware, ["lab-deb12"], "-k", "test_updates and firmware")
     assert suite.returncode == 1, suite.stdout + suite.stderr
     findings = [line.strip() for line in suite.stdout.splitlines() if "::test_" in line and ": " in line]
     assert findings == [

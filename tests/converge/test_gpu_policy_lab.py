@@ -18,7 +18,7 @@ import pytest
 import lab
 from lab import dgxos
 from tests.conftest import LAB_INVENTORY
-from tests.support import REPO, run_deploy
+from tests.support import REPO, run_check, run_deploy
 
 pytestmark = pytest.mark.lab
 
@@ -145,28 +145,7 @@ def _inventory_with_policy(tmp_path) -> str:
 
 
 def _controls(inventory: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/compliance/test_gpu_policy.py",
-            "--inventory",
-            inventory,
-            "--limit",
-            HOST,
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rA",
-            "-n",
-            "0",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_check(inventory, [HOST], "-rA", "-n", "0", "-k", "test_gpu_policy")
 
 
 def test_the_controls_read_the_applied_state_and_name_what_they_find(standin, tmp_path):

@@ -1,5 +1,5 @@
 """
-A host's bytes fail that host, never the run (issue 35, finding 5), on real lab hosts over
+A host's bytes fail that host, never the run, on real lab hosts over
 real SSH: one host's login prints a Latin-1 banner (its ``.bashrc``); the compliance
 suite's prefetch reads every host, that one included. Each test restores what it changed.
 """

@@ -20,7 +20,7 @@ import pytest
 
 import lab
 from lab import fwupd as stand_in
-from tests.support import REPO, run_deploy
+from tests.support import REPO, run_check, run_deploy
 
 pytestmark = pytest.mark.lab
 
@@ -100,26 +100,7 @@ def test_a_hosts_device_names_reach_no_terminal_raw_and_leave_the_other_host_alo
     assert report["hosts"][OTHER]["firmware"]["devices"] == {}, report["hosts"][OTHER]
     assert not [s for s in _strings(report["hosts"][HOSTILE]) if _RAW.search(s)], report["hosts"][HOSTILE]
 
-    suite = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/compliance/test_updates.py",
-            "--inventory",
-            hostile_fwupd,
-            *LIMIT,
-            "-k",
-            "firmware",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    suite = run_check(hostile_fwupd, [HOSTILE, OTHER], "-k", "test_updates and firmware")
     assert suite.returncode == 1, suite.stdout + suite.stderr
     table_part = suite.stdout[suite.stdout.index("sparkrig compliance, per host") :]
     assert _raw(table_part) == [], table_part

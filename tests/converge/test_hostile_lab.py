@@ -23,6 +23,7 @@ import pytest
 
 import lab
 from lab import hostile
+from sparkrig.tools import check
 from tests.conftest import lab_says, start_hostile_converge
 from tests.support import PYINFRA, REPO
 
@@ -182,26 +183,9 @@ def test_the_attacked_suite_ends_names_its_refusals_and_leaves_no_process_behind
     _root_sh(host, hostile.STOP_OWNER)
     junit = tmp_path / "junit.xml"
     played = play(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/compliance",
-            "--inventory",
-            INVENTORY,
-            "--limit",
-            host,
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            "0",
-            "-q",
-            "-rfs",
-            "--tb=line",
-            "-m",
-            "not action",
-            f"--junitxml={junit}",
-        ],
+        check.command(
+            INVENTORY, [host], junitxml=str(junit), extra=["-n", "0", "-q", "-rfs", "--tb=line", "-m", "not action"]
+        ),
         SUITE_BOUND_S,
         tmp_path / "suite",
     )

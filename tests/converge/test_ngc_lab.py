@@ -2,8 +2,8 @@
 NGC containers in the lab (lab-deb13): the pinned STAND-IN image was pulled by digest
 from the lab's registry, a removed image is pulled again by the next converge (and the
 one after changes nothing), a checkpoint written by one container is read by the next
-(seed 000's resume), and Jupyter's STAND-IN server answers on 127.0.0.1 but not on the
-host's address.
+(a training run resumed from its checkpoint in a new container), and Jupyter's STAND-IN
+server answers on 127.0.0.1 but not on the host's address.
 
 Each test restores what it changed, so the fleet stays converged for the compliance suite.
 """

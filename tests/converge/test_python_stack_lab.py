@@ -39,8 +39,9 @@ def _uv_version(host: str) -> str:
 
 
 def test_a_hand_installed_package_is_synced_away(first_converge):
-    """What `uv sync` did to seed 003's hand-built packages, the other way round: the
-    venv holds the manifest, and drift is reported and undone by the next converge."""
+    """A package installed into the venv by hand (as owners do with CUDA 13 builds PyPI lacks,
+    which the next `uv sync` of a project then silently replaces): the venv holds the
+    manifest, and the drift is reported and undone by the next converge."""
     assert first_converge.returncode == 0, first_converge.log
     host = "lab-deb12"
     lab.run_ssh(

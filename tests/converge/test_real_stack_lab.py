@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from lab import realstack
 from lab.fleet import _read_state
 from sparkrig import stack_locks as ps_locks
 from sparkrig.python_wheels import offline_wheels
+from sparkrig.tools import check
 from tests.conftest import LAB_INVENTORY, lab_says
 from tests.support import REPO, run_deploy
 
@@ -198,20 +198,9 @@ def test_the_python_stack_controls_pass_on_the_real_stack(converged):
     (the GPU controls skip: no GPU in the lab)."""
     env = {**os.environ, realstack.ENV: json.dumps({"profiles": ["unsloth"], "builds": STANDIN_BUILD})}
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/compliance/test_python_stack.py",
-            "--inventory",
-            LAB_INVENTORY,
-            "--limit",
-            ",".join(name for name, _ in HOSTS),
-            "-q",
-            "-rfs",
-            "-p",
-            "no:cacheprovider",
-        ],
+        check.command(
+            LAB_INVENTORY, [",".join(name for name, _ in HOSTS)], extra=["-q", "-rfs", "-k", "test_python_stack"]
+        ),
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,5 +1,5 @@
 """
-Trust boundaries in the lab, playing a local user against the deploy's root (issue 29):
+Trust boundaries in the lab, playing a local user against the deploy's root:
 Python planted in the login user's home, a predictable upload path taken first, FIFOs and
 links where root reads a user's files. Each test restores what it changed.
 """

@@ -26,7 +26,7 @@ from sparkrig.operations.updates.facts import RECORD
 from sparkrig.operations.updates.operations import APT_CONF
 from sparkrig.operations.updates.settings import PIN_FILE
 from tests.conftest import LAB_INVENTORY
-from tests.support import REPO, run_deploy
+from tests.support import REPO, run_check, run_deploy
 
 pytestmark = pytest.mark.lab
 
@@ -132,27 +132,7 @@ def test_an_unexpected_kernel_fails_compliance_and_stops_the_deploy_on_that_host
     running = lab.run_ssh(HOST, "uname -r").stdout.strip()
     both = f"kernel {running} is running, updates_expected_kernel is {EXPECTED}"
 
-    suite = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/compliance/test_updates.py",
-            "--inventory",
-            expecting_another_kernel,
-            "--limit",
-            HOST,
-            "--limit",
-            "lab-deb13",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    suite = run_check(expecting_another_kernel, [HOST, "lab-deb13"], "-k", "test_updates")
     assert suite.returncode == 1, suite.stdout + suite.stderr
     # One line per failed control under the per-host table: host, control, what it found.
     findings = [line.strip() for line in suite.stdout.splitlines() if "::test_" in line and ": " in line]
@@ -227,25 +207,7 @@ def listing_known_bad(tmp_path) -> str:
 
 
 def _control(inventory: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            f"tests/compliance/{KNOWN_BAD_CONTROL}",
-            "--inventory",
-            inventory,
-            "--limit",
-            HOST,
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_check(inventory, [HOST], "-k", KNOWN_BAD_CONTROL.split("::")[1])
 
 
 def test_a_known_bad_version_is_never_installed_and_a_host_running_one_fails_and_stops_a_rollout(
@@ -381,26 +343,7 @@ def test_the_kernel_command_line_drop_in_is_written_validated_and_checked_where_
         'echo "$GRUB_CMDLINE_LINUX|$GRUB_CMDLINE_LINUX_DEFAULT"\'',
     ).stdout.strip()
     assert sourced == "ro kho=off|quiet", sourced
-    control = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            f"tests/compliance/{CMDLINE_CONTROL}",
-            "--inventory",
-            with_kho_off,
-            "--limit",
-            HOST,
-            "-q",
-            "-rs",
-            "-p",
-            "no:cacheprovider",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    control = run_check(with_kho_off, [HOST], "-rs", "-k", CMDLINE_CONTROL.split("::")[1])
     assert control.returncode == 0, control.stdout
     assert "1 skipped" in control.stdout and "no boot loader here" in control.stdout, control.stdout
     removed = run_deploy(LAB_INVENTORY, "--limit", HOST, deploy=deploy)

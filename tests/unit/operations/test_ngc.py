@@ -124,7 +124,7 @@ def test_every_pip_install_of_a_recipe_is_pinned_and_the_label_follows_the_pins(
     assert problems(ngc.SETTINGS, {"ngc_unsloth_packages": ["unsloth"]})
 
 
-def test_unsloth_dockerfile_is_seed_000s_recipe_with_the_checked_pins():
+def test_unsloth_dockerfile_is_unsloths_spark_recipe_with_the_checked_pins():
     text = ngc_ops.render_dockerfile(_data(ngc_build="unsloth"), "12.1")
     assert f"FROM {BASE}\n" in text
     assert 'ENV TORCH_CUDA_ARCH_LIST="12.1"' in text
@@ -617,7 +617,7 @@ def test_a_host_without_docker_yet_plans_the_pull_which_fails_if_docker_never_ca
 
 def test_turning_jupyter_off_stops_and_disables_it():
     ops = execute(ngc.ngc, data=ON, responses=_responses(ON, unit=(True, True)))
-    assert _names(ops) == ["sparkrig-jupyter.service is off (ngc_jupyter is False)"]
+    assert _names(ops) == ["sparkrig-jupyter.service is stopped and disabled (ngc_jupyter is False)"]
     assert execute(ngc.ngc, data=ON, responses=_responses(ON, unit=(False, False))) == []
 
 

@@ -305,10 +305,10 @@ def test_a_new_threshold_rewrites_the_rules_and_reloads_without_a_restart():
     commands = _commands(ops)
     assert list(commands) == [
         f"Alert rules ({pm_deploy.RULES}), checked by promtool",
-        "Reload Prometheus: its configuration or rules changed",
+        "Reload Prometheus: its configuration changed",
     ]
     assert "< 1073741824\n" in ops[0].uploads["/etc/prometheus/.sparkrig.rules.yml.sparkrig-new"].decode()
-    assert commands["Reload Prometheus: its configuration or rules changed"] == ["systemctl reload prometheus.service"]
+    assert commands["Reload Prometheus: its configuration changed"] == ["systemctl reload prometheus.service"]
 
 
 def test_a_new_listen_address_restarts():

@@ -717,7 +717,7 @@ def test_a_fresh_host_gets_the_helper_its_key_units_and_starts_them():
         "Each keyed model has its API key, root's, mode 0600",
         "Model endpoint units (/etc/systemd/system/spark-serve-NAME.service)",
         "Model endpoints are running and answer",
-        "Serving probe's timer is enabled and running",
+        "sparkrig-serving-probe.timer is enabled and running",
     ):
         assert wanted in names, names
     key = next(op for op in ops if op.name.endswith("mode 0600"))

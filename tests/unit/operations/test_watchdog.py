@@ -310,7 +310,9 @@ def test_restart_is_decided_at_execution_not_at_plan_time():
 
 def test_disabled_watchdog_is_stopped_and_disabled_and_nothing_is_written():
     ops = execute(wd.watchdog, data={"watchdog_enabled": False}, responses=CONVERGED)
-    assert [op.name for op in ops] == ["Memory watchdog | earlyoom is stopped and disabled (watchdog_enabled is False)"]
+    assert [op.name for op in ops] == [
+        "Memory watchdog | earlyoom.service is stopped and disabled (watchdog_enabled is False)"
+    ]
     assert ops[0].commands == ["systemctl stop earlyoom.service", "systemctl disable earlyoom.service"]
 
 

@@ -152,7 +152,7 @@ def test_a_wheel_whose_sha256_differs_from_the_locks_is_refused_and_not_kept(tmp
 
 
 def test_an_index_answer_naming_another_scheme_is_refused(tmp_path, index):
-    """Issue 35, finding 7: the index answers file:///... (here a controller file whose sha256
+    """The index answers file:///... (here a controller file whose sha256
     is the locked one; file:///dev/zero would never end): the controller fetches https, or the
     scheme of the index the lock names (this index's http), nothing else."""
     secret = tmp_path / "controller-file"
@@ -165,7 +165,7 @@ def test_an_index_answer_naming_another_scheme_is_refused(tmp_path, index):
 
 
 def test_an_endless_answer_is_cut_at_the_cap_and_leaves_nothing(tmp_path, index, monkeypatch):
-    """Issue 35, finding 7: a wheel's answer that never ends (no length, bytes until the
+    """A wheel's answer that never ends (no length, bytes until the
     controller hangs up) would fill the controller's disk."""
     monkeypatch.setattr(python_wheels, "WHEEL_MAX_BYTES", 1 << 20)
 
@@ -201,7 +201,7 @@ def test_an_index_page_larger_than_the_cap_is_refused(tmp_path, index, monkeypat
     ],
 )
 def test_a_malformed_index_answer_fails_that_host_not_the_run(tmp_path, index, answer):
-    """Issue 35, finding 7: a KeyError (or TypeError...) out of the index's answer escaped the
+    """A KeyError (or TypeError...) out of the index's answer escaped the
     deploy's per-host refusal (it catches OSError, RuntimeError and ValueError) and aborted
     the whole run; it is a RuntimeError naming the index and the package."""
     index.pages["/simple/torchao/"] = (python_wheels._SIMPLE_JSON, answer)
@@ -210,7 +210,7 @@ def test_a_malformed_index_answer_fails_that_host_not_the_run(tmp_path, index, a
 
 
 def test_two_hosts_fetching_one_wheel_at_once_both_get_it(tmp_path, index):
-    """Issue 35, finding 7: two hosts' deploys (one controller) fetched the same wheel into one
+    """Two hosts' deploys (one controller) fetched the same wheel into one
     shared ``.part`` file, and one of them failed. The wheel comes slowly here, so both
     downloads are under way at once."""
     both = threading.Barrier(2, timeout=30)

@@ -317,7 +317,7 @@ exec sh -c "$cmd"
 
 
 def test_a_host_printing_bytes_that_are_not_utf8_is_read_and_stops_no_other_host(tmp_path, monkeypatch):
-    """Issue 35, finding 5: one host's Latin-1 banner raised UnicodeDecodeError out of the
+    """One host's Latin-1 banner raised UnicodeDecodeError out of the
     prefetch, and no control ran on any host. The real prefetch, through a stand-in ssh."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

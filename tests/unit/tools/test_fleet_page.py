@@ -363,7 +363,7 @@ def test_the_suite_writes_the_page_of_a_host_it_cannot_reach(tmp_path):
     assert {r["cells"][2]["text"] for r in controls} == {"swap"}
 
 
-# --- bytes that are not UTF-8 (issue 35, finding 6) -------------------------------------
+# --- bytes that are not UTF-8 -------------------------------------
 
 
 def test_a_byte_that_is_not_utf8_is_shown_and_the_page_still_written(tmp_path):
@@ -410,7 +410,7 @@ def test_tools_report_writes_the_page_of_a_venv_whose_metadata_is_not_utf8(tmp_p
     assert "is not a version" in result.stdout
 
 
-# --- @local, as a user logged into the box runs the suite (issue 35, deliverable 4) ------
+# --- @local, as a user logged into the box runs the suite ------
 
 
 def test_at_local_has_its_row_in_the_table_and_its_controls_and_versions_on_the_page(tmp_path):

@@ -228,7 +228,7 @@ def test_offline_tags_accept_the_hosts_wheels_only():
 
 
 def test_under_ci_a_test_that_needs_pypi_fails_instead_of_skipping(tmp_path):
-    """The lock tests skipped entirely without PyPI, even under CI=true (issue 35). One of
+    """The lock tests skipped entirely without PyPI, even under CI=true. One of
     them, run as CI runs it with PyPI out of reach (every HTTPS request sent to a closed
     port), fails naming why; outside CI it is skipped, naming why."""
     test = (

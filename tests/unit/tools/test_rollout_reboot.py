@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from lab import fwupd as fwupd_stand_in
+from sparkrig.host_settings import declared
+from sparkrig.operations import load
 from sparkrig.operations.updates import settings as up
 from sparkrig.settings import all_settings, problems, resolve
 from sparkrig.tools import rollout_reboot
@@ -27,10 +29,11 @@ from sparkrig.tools.rollout_reboot import (
     PyinfraHosts,
     Reading,
     groups,
-    host_settings,
     reboot_batch,
 )
 from tests.support import REPO
+
+load()
 
 VERSIONS = {"kernel": "6.17.0-1008-nvidia", "driver": "580.95.05"}
 
@@ -86,7 +89,7 @@ class Fleet:
 
 def _settings(hosts, reboot="when-required", timeout=600, cluster=None, **more):
     return {
-        h: host_settings(
+        h: declared(
             {
                 "updates_reboot": reboot,
                 "updates_drain_timeout": timeout,
@@ -442,7 +445,7 @@ def test_the_reboot_reads_the_settings_the_deploy_resolves():
     every deploy makes (each concern's declared default under the host's data, read-only), not
     from a resolver of its own: a host without a cluster has the cluster concern's own default."""
     data = {"updates_drain_timeout": 120, "updates_reboot": "when-required"}
-    settings = host_settings(data)
+    settings = declared(data)
     assert dict(settings) == resolve(all_settings(), data)
     assert settings["cluster_name"] == next(s.default for s in all_settings() if s.key == "cluster_name")
     with pytest.raises(TypeError):
