@@ -68,7 +68,7 @@ def ngc():
     profile = host_settings.profile_or_refuse(data, "ngc")
     if profile is None:
         return
-    # Seed 000 builds xformers for the GPU's own capability ("12.1" on GB10).
+    # The Unsloth-on-Spark recipe builds xformers for the GPU's own capability ("12.1" on GB10).
     dockerfile = render_dockerfile(data, profile["compute_capability"])
     launcher = render_launcher(data)
     jupyter = data.ngc_jupyter

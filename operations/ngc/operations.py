@@ -26,7 +26,7 @@ JUPYTER_UNIT = "sparkrig-jupyter.service"
 JUPYTER_UNIT_FILE = f"/etc/systemd/system/{JUPYTER_UNIT}"
 JUPYTER_CONTAINER = "sparkrig-jupyter"
 JUPYTER_DESCRIPTION = "JupyterLab in the NGC container (sparkrig)"
-# Seed 000's Unsloth-on-Spark recipe, as spark-facts checked it.
+# Unsloth's DGX Spark recipe, its pins checked on a Spark.
 TRITON_COMMIT = "c5d671f91d90f40900027382f98b17a3e04045f6"
 XFORMERS_VERSION = "v0.0.33"
 

@@ -76,7 +76,7 @@ def test_an_image_not_built_from_the_recipe_is_rebuilt_and_used(data):
 
 
 def test_a_checkpoint_survives_the_container_and_training_resumes(data):
-    """Seed 000: train, stop, resume from the checkpoint on the host."""
+    """Unsloth's workflow on a Spark: train, stop, resume from the checkpoint on the host."""
     script = (
         "rm -rf g2p && mkdir g2p && cd g2p && "
         "spark-container -- sh -c 'mkdir -p outputs/checkpoint-500 && echo 500 > outputs/checkpoint-500/step' && "
