@@ -37,6 +37,8 @@ DROP_CACHES = "/usr/local/bin/spark-drop-caches"
 COMPACT = "/proc/sys/vm/compact_memory"
 # vLLM's own metrics the probe reads: requests running, generated tokens (a counter), waiting.
 VLLM_METRICS = ("vllm:num_requests_running", "vllm:generation_tokens_total", "vllm:num_requests_waiting")
+# The probe's series for node exporter (the helper writes it there; metrics reads the directory).
+TEXTFILE = f"{METRICS_TEXTFILE_DIR}/sparkrig_serving.prom"
 KEY_VARIABLE = "VLLM_API_KEY"  # vLLM reads its API key from here when --api-key is not given
 
 
@@ -234,6 +236,7 @@ def state_part(settings: Mapping[str, Any]) -> reading.Part:
             PROBE_SERVICE_FILE,
             PROBE_TIMER_FILE,
             JOB_DRAIN,
+            TEXTFILE,
             *(unit_file_path(n) for n in names),
             *(key_file(m["name"]) for m in settings["serving_models"] if m.get("key")),
         ),
@@ -292,6 +295,14 @@ def serving():
                 name="Stop the serving probe (serving_models is empty)",
                 commands=[StringCommand("systemctl", "disable", "--now", PROBE_TIMER)],
             )
+        # A stopped probe's last series would stay in Prometheus as if it still held.
+        atomic.file_if_changed(
+            name="",
+            dest=TEXTFILE,
+            content=None,
+            current=files.get(TEXTFILE),
+            absent=f"The serving probe's metrics removed ({TEXTFILE}: serving_models is empty)",
+        )
         return
     for model in models:
         active = units.get(unit_name(model["name"]), {}).get("active") in ("active", "activating")

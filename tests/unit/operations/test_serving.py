@@ -769,3 +769,11 @@ def test_a_model_no_longer_listed_has_its_unit_stopped_and_removed():
         "systemctl disable --now spark-serve-old.service",
         "rm -f /etc/systemd/system/spark-serve-old.service",
     ]
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_serving_turned_off_stops_the_probe_and_removes_its_metrics(left):
+    files = {serving.TEXTFILE: 'sparkrig_serving_up{model="small"} 1\n'} if left else {serving.TEXTFILE: None}
+    ops = execute(serving.serving, data={**DATA_, "serving_models": []}, responses=_host(files=files, unit_files=[]))
+    removal = f"The serving probe's metrics removed ({serving.TEXTFILE}: serving_models is empty)"
+    assert _names(ops) == ["Stop the serving probe (serving_models is empty)"] + ([removal] if left else [])
