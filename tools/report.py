@@ -36,7 +36,7 @@ from sparkrig.operations import declaring
 from sparkrig.operations.gpu_policy.deploy import GPU
 from sparkrig.operations.updates import known_bad
 from sparkrig.operations.updates.deploy import firmware_part, versions_part
-from sparkrig.operations.updates.facts import pending_reboot
+from sparkrig.operations.updates.facts import AWAITING_REBOOT, pending_reboot
 from sparkrig.settings import resolved, validate_hosts
 from sparkrig.tools import cli, fleet_page
 from sparkrig.tools.inventory import REPO, limit_hosts
@@ -61,6 +61,7 @@ COLUMNS = (
 # The GPU's state, after the versions: never marked (it differs from host to host by nature).
 GPU_COLUMNS = fleet_page.STATE_COLUMNS
 MARK = "*"
+WAITING = "(installed, runs after a reboot)"
 NONE = "-"
 NO_DEVICES = "fwupd reports no devices"
 
@@ -95,6 +96,14 @@ def firmware_cells(firmware: Mapping[str, Any] | None) -> dict[str, str]:
     for device in (firmware or {}).get("devices", []):
         found.setdefault(device_label(device), set()).add(device["version"])
     return {label: " ".join(sorted(versions)) for label, versions in found.items()}
+
+
+def awaiting_reboot(firmware: Mapping[str, Any] | None) -> list[str]:
+    """The devices whose firmware fwupd installed and that run it only after a reboot (its
+    UpdateState pending or needs-reboot): what the host runs is not what it has."""
+    return sorted(
+        {device_label(d) for d in (firmware or {}).get("devices", []) if d.get("update_state") in AWAITING_REBOOT}
+    )
 
 
 def firmware_drift(cells: Mapping[str, Mapping[str, str]], profile: Mapping[str, str]) -> dict[str, list[str]]:
@@ -287,12 +296,16 @@ def firmware_table(firmware: Mapping[str, Mapping[str, Any]]) -> list[str]:
         if not found["devices"]:
             lines.append([name, found["profile"], found["summary"], ""])
         for device, version in found["devices"].items():
-            lines.append([name, found["profile"], device, version + (f" {MARK}" if device in found["drift"] else "")])
+            waiting = device in found.get("awaiting_reboot", ())
+            mark = f" {MARK}" if device in found["drift"] and not waiting else ""
+            lines.append([name, found["profile"], device, version + mark + (f" {WAITING}" if waiting else "")])
     lines = [[printable(cell) for cell in line] for line in lines]
     widths = [max(len(line[i]) for line in lines) for i in range(4)]
     out = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines]
-    if any(found["drift"] for found in firmware.values()):
+    if any(set(found["drift"]) - set(found.get("awaiting_reboot", ())) for found in firmware.values()):
         out.append(f"{MARK}: firmware differs from most hosts of its hardware profile")
+    if any(found.get("awaiting_reboot") for found in firmware.values()):
+        out.append(f"{WAITING}: firmware installed by fwupd, running only after a reboot (drift until then)")
     return out
 
 
@@ -399,6 +412,8 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
     """The JSON report from each host's readings (:func:`read_fleet`)."""
     cells = {name: firmware_cells(value["firmware"]) for name, value in facts.items()}
     drift = firmware_drift(cells, {name: value["profile"] for name, value in facts.items()})
+    waiting = {name: awaiting_reboot(value["firmware"]) for name, value in facts.items()}
+    drift = {name: sorted({*drift[name], *waiting[name]}) for name in drift}
     rows = {
         name: row(value["versions"], value["firmware"], value.get("gpu"), value.get("known_bad", ()), value.get("nccl"))
         for name, value in facts.items()
@@ -420,6 +435,7 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
                     "summary": rows[name]["firmware"],
                     "devices": cells[name],
                     "drift": drift[name],
+                    "awaiting_reboot": waiting[name],
                     "facts": facts[name]["firmware"],
                 },
             }

@@ -313,14 +313,17 @@ def _fleet(**hosts) -> dict:
 
 
 SYSTEM = "System Firmware {6f2e8b9a-1c3d-4e5f-8a7b-9c0d1e2f3a4b}"
+EC = "Embedded Controller {1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d}"
+# The recorded Spark with no update awaiting its reboot (SPARK's EC awaits one).
+SETTLED = SPARK.replace('"UpdateState" : "needs-reboot",', "")
 
 
 def test_drift_is_the_same_device_at_another_version_on_boxes_of_one_profile():
-    older = SPARK.replace('"Version" : "2.91"', '"Version" : "2.90"')
+    older = SETTLED.replace('"Version" : "2.91"', '"Version" : "2.90"')
     found = _fleet(
         **{
-            "spark-1": ("gb10", SPARK),
-            "spark-2": ("gb10", SPARK),
+            "spark-1": ("gb10", SETTLED),
+            "spark-2": ("gb10", SETTLED),
             "spark-3": ("gb10", older),
             # another kind of box: its older system firmware is no drift of the Sparks'
             "ws-1": ("rtx50", older),
@@ -335,13 +338,13 @@ def test_drift_is_the_same_device_at_another_version_on_boxes_of_one_profile():
 
 
 def test_the_report_says_fwupd_reports_no_devices_and_marks_drift(tmp_path):
-    older = SPARK.replace('"Version" : "2.91"', '"Version" : "2.90"')
+    older = SETTLED.replace('"Version" : "2.91"', '"Version" : "2.90"')
     found = _fleet(
         **{
             "lab-deb12": ("unmatched", LAB),
-            "spark-1": ("gb10", SPARK),
+            "spark-1": ("gb10", SETTLED),
             "spark-2": ("gb10", older),
-            "spark-3": ("gb10", SPARK),
+            "spark-3": ("gb10", SETTLED),
         }
     )
     assert found["hosts"]["lab-deb12"]["versions"]["firmware"] == "fwupd reports no devices"
@@ -450,3 +453,18 @@ def test_the_controls_fwupdmgr_is_stopped_at_its_limit(tmp_path, monkeypatch):
     )
     assert result.returncode == 124
     assert _control({"System Firmware": "2.91"}, "", result.returncode) == "fwupdmgr get-devices did not answer in 1 s"
+
+
+def test_firmware_installed_and_awaiting_its_reboot_is_drift_until_then():
+    found = _fleet(**{"spark-1": ("gb10", SETTLED), "spark-2": ("gb10", SPARK), "spark-3": ("gb10", SETTLED)})
+    hosts = found["hosts"]
+    assert hosts["spark-2"]["firmware"]["awaiting_reboot"] == [EC]
+    assert hosts["spark-2"]["firmware"]["drift"] == [EC] and hosts["spark-2"]["differs"] == ["firmware"]
+    assert [hosts[n]["firmware"]["drift"] for n in ("spark-1", "spark-3")] == [[], []]
+    text = report.table({n: v["versions"] for n, v in hosts.items()}, {}, {n: v["firmware"] for n, v in hosts.items()})
+    lines = text.splitlines()
+    assert any(
+        re.fullmatch(rf"spark-2\s+gb10\s+{re.escape(EC)}\s+\S+ \(installed, runs after a reboot\)", x) for x in lines
+    ), text
+    assert lines[-1] == f"{report.WAITING}: firmware installed by fwupd, running only after a reboot (drift until then)"
+    assert "*: firmware differs" not in text
