@@ -332,6 +332,8 @@ def render(
                 value = h.versions.get(column, "")
                 if column == "known_bad" and column in h.differs:
                     cells.append(_cell(value, "differs", "runs or has installed a known-bad version (sparkrig report)"))
+                elif column == "boots" and column in h.differs:
+                    cells.append(_cell(value, "differs", "a boot ended uncleanly: a panic, an OOM storm or power lost"))
                 elif column in h.differs:
                     cells.append(_cell(value, "differs", f"differs from most hosts ({_most(hosts, column) or '-'})"))
                 else:

@@ -31,8 +31,8 @@ from sparkrig.connection import from_slash
 from sparkrig.host_output import printable
 from sparkrig.operations import declaring
 from sparkrig.operations.gpu_policy.deploy import GPU
-from sparkrig.operations.updates import known_bad
-from sparkrig.operations.updates.deploy import firmware_part, versions_part
+from sparkrig.operations.updates import boots, known_bad
+from sparkrig.operations.updates.deploy import boots_part, firmware_part, versions_part
 from sparkrig.operations.updates.facts import pending_reboot
 from sparkrig.settings import resolved, validate_hosts
 from sparkrig.tools import cli, fleet_page
@@ -53,6 +53,7 @@ COLUMNS = (
     "reboot",
     "firmware",
     "known_bad",
+    "boots",
 )
 # The GPU's state, after the versions: never marked (it differs from host to host by nature).
 GPU_COLUMNS = fleet_page.STATE_COLUMNS
@@ -144,10 +145,12 @@ def row(
     firmware: Mapping[str, Any] | None = None,
     gpu: Mapping[str, Any] | None = None,
     bad: Sequence[str] = (),
+    history: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions`,
     :class:`sparkrig.operations.updates.facts.Firmware` (None: not read), :class:`GpuState`
-    and the known-bad versions it runs (``bad``: :func:`known_bad.running`'s lines)."""
+    the known-bad versions it runs (``bad``: :func:`known_bad.running`'s lines) and how its
+    last boots ended (``history``: :class:`boots.BootHistory`, None: not read)."""
     os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
     python = facts["python"]
     vllm = [version for name, version in python.items() if name != "torch"]
@@ -166,6 +169,7 @@ def row(
         "reboot": "pending" if pending_reboot(facts) or (firmware and firmware["reboot"]) else NONE,
         "firmware": firmware_summary(firmware),
         "known_bad": " ".join(known_bad.names(bad)) or NONE,
+        "boots": boots.summary(history) if history else NONE,
         **gpu_cells(gpu),
     }
 
@@ -183,8 +187,10 @@ def differing(
             found[name].append("firmware")
         if cells.get("known_bad", NONE) != NONE:  # marked wherever it is, however many hosts run it
             found[name].append("known_bad")
+        if any(end in cells.get("boots", "").split(", ") for end in boots.UNCLEAN):  # wherever one is
+            found[name].append("boots")
     for column in COLUMNS:
-        if column in ("firmware", "known_bad"):
+        if column in ("firmware", "known_bad", "boots"):
             continue
         counts = Counter(cells[column] for cells in rows.values())
         if len(counts) < 2:
@@ -217,8 +223,11 @@ def table(
     out = ["  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip() for r in [header, *lines]]
     if any(marks.values()):
         bad_marked = any("known_bad" in columns for columns in marks.values())
+        boots_marked = any("boots" in columns for columns in marks.values())
         out.append(
-            f"{MARK}: differs from most hosts" + "; known_bad: a known-bad version runs or is installed" * bad_marked
+            f"{MARK}: differs from most hosts"
+            + "; known_bad: a known-bad version runs or is installed" * bad_marked
+            + f"; boots (oldest first): one ended uncleanly ({', '.join(boots.UNCLEAN)})" * boots_marked
         )
     out += [f"{name}: {printable(line)}" for name, lines in (bad or {}).items() for line in lines]
     out += [f"{name}: not read: {printable(why)}" for name, why in errors.items()]
@@ -304,7 +313,8 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
             settings = resolved(host.data.dict())
             part = versions_part(settings)
             firmware = firmware_part(settings) if settings["updates_firmware"] != "off" else None
-            parts = [part, profiles.IDENTITY, *([firmware] if firmware else [])]
+            history = boots_part(settings) if settings["updates_boot_history"] else None
+            parts = [part, profiles.IDENTITY, *([firmware] if firmware else []), *([history] if history else [])]
             try:
                 values = reading.read([*parts, GPU])
             except Exception as error:  # a host that fails is reported, never the fleet
@@ -321,6 +331,7 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
                     "profile": profile,
                     "gpu": values[GPU],
                     "known_bad": known_bad.running(entries, values[part], values[firmware] if firmware else None),
+                    "boots": values[history] if history else None,
                 }
 
     workers = pool.Pool(32)
@@ -345,7 +356,9 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
     cells = {name: firmware_cells(value["firmware"]) for name, value in facts.items()}
     drift = firmware_drift(cells, {name: value["profile"] for name, value in facts.items()})
     rows = {
-        name: row(value["versions"], value["firmware"], value.get("gpu"), value.get("known_bad", ()))
+        name: row(
+            value["versions"], value["firmware"], value.get("gpu"), value.get("known_bad", ()), value.get("boots")
+        )
         for name, value in facts.items()
     }
     marks = differing(rows, drift)
@@ -358,6 +371,7 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
                 "facts": facts[name]["versions"],
                 "gpu": facts[name].get("gpu"),
                 "known_bad": list(facts[name].get("known_bad", ())),
+                "boots": facts[name].get("boots"),
                 "firmware": {
                     "profile": facts[name]["profile"],
                     "summary": rows[name]["firmware"],
