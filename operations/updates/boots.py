@@ -22,6 +22,7 @@ from sparkrig import host_output, rendering
 
 JOURNALD_DROP_IN = "/etc/systemd/journald.conf.d/90-sparkrig-persistent.conf"
 PSTORE_UNIT = "systemd-pstore.service"
+PSTORE_DIRS = ("/sys/fs/pstore", "/var/lib/systemd/pstore")
 # What the rollout logs (as root, logger -t) just before it reboots a host.
 ROLLOUT_MARK = "sparkrig-rollout"
 # The mark counts for a reboot that follows it within this long (a mark left by a reboot that
@@ -47,6 +48,7 @@ END_WORDS = {
     OOM: "killed in an OOM-killer storm",
     POWER_LOST: "power lost (the journal stops mid-run)",
 }
+QUERIES = ("last", "target", "mark", "oom")  # templates/updates/boots.sh's, for each boot
 _TARGET_END = {"reboot.target": REBOOT, "kexec.target": REBOOT, "poweroff.target": SHUTDOWN, "halt.target": SHUTDOWN}
 
 _SCRIPT = rendering.script("updates/boots.sh")
@@ -80,8 +82,9 @@ class BootHistory(FactBase):
 
     reading_timeout_s = 60  # one journalctl per boot and question, on a journal of months
 
-    def command(self, count: int = 5, mark: str = ROLLOUT_MARK) -> StringCommand:
-        return host_output.encoded("sh -c", QuoteString(_SCRIPT), "sparkrig-boots", str(int(count)), QuoteString(mark))
+    def command(self, count: int = 5, mark: str = ROLLOUT_MARK, pstore: Sequence[str] = PSTORE_DIRS) -> StringCommand:
+        words = [str(int(count)), QuoteString(mark), *map(QuoteString, pstore)]
+        return host_output.encoded("sh -c", QuoteString(_SCRIPT), "sparkrig-boots", *words)
 
     @host_output.parses
     def process(self, output: list[str]) -> dict:
@@ -133,7 +136,7 @@ def parse(lines: Sequence[str]) -> dict:
             raise ValueError(f"a pstore file not understood: {line[:120]!r}")
         dumps.append({"name": match[3], "time": int(match[1])})
     unit = [line.split()[1] for line in sections.get("pstore-unit", []) if line.split()[:1] == [PSTORE_UNIT]]
-    boots = []
+    found_of: dict[str, dict[str, list[dict]]] = {}
     for name, body in sections.items():
         if not name.startswith("boot "):
             continue
@@ -146,39 +149,59 @@ def parse(lines: Sequence[str]) -> dict:
                 current = queries.setdefault(line[2:], [])
             else:
                 current.append(line)
-        found = {
-            key: _entries(queries.get(key, []), f"boot {boot_id} {key}") for key in ("last", "target", "mark", "oom")
-        }
-        following = order[order.index(boot_id) + 1 :]
-        next_start = starts[following[0]] if following else None
-        boots.append(classify(boot_id, starts[boot_id], next_start, found, dumps))
+        found_of[boot_id] = {key: _entries(queries.get(key, []), f"boot {boot_id} {key}") for key in QUERIES}
+    owned = _owners(order, starts, found_of, dumps)
+    boots = []
+    for boot_id, found in found_of.items():
+        boots.append(classify(boot_id, starts[boot_id], found, owned.get(boot_id, [])))
     boots.sort(key=lambda boot: boot["start"])
     return {"boots": boots, "pstore": dumps, "pstore_unit": unit[0] if unit else None}
 
 
-def classify(
-    boot_id: str, start: float, next_start: float | None, found: Mapping[str, list[dict]], dumps: Sequence[Mapping]
-) -> dict:
-    """How one boot ended, from its trusted journal entries (``found``: its ``last`` entry, the
-    shutdown ``target`` PID 1 reached, the rollout's ``mark`` root logged, the kernel's ``oom``
-    kills) and the crash dumps; ``next_start``: when the boot after it began."""
-    end = _time(found["last"][-1]) if found["last"] else start
-    boot = {"boot_id": boot_id, "start": start, "end": end}
-    targets = [
+def _targets(found: Mapping[str, list[dict]]) -> list[str]:
+    """The shutdown targets PID 1 reached (the ``target`` query's entries)."""
+    return [
         e["UNIT"]
         for e in found["target"]
         if e.get("JOB_TYPE") == "start" and e.get("JOB_RESULT") == "done" and e.get("UNIT") in _TARGET_END
     ]
+
+
+def _owners(
+    order: Sequence[str], starts: Mapping[str, float], found_of: Mapping[str, Mapping], dumps: Sequence[dict]
+) -> dict[str, list[dict]]:
+    """Each dump's boot: the one it is dated in, or the one before where it is dated in a boot's
+    first PSTORE_GRACE_S and that boot before ended without a shutdown (systemd-pstore moved
+    it early in the next boot)."""
+    owned: dict[str, list[dict]] = {}
+    for dump in dumps:
+        before = [boot_id for boot_id in order if starts[boot_id] <= dump["time"]]
+        if not before:
+            continue
+        owner = before[-1]
+        previous = order[order.index(owner) - 1] if order.index(owner) > 0 else None
+        if dump["time"] < starts[owner] + PSTORE_GRACE_S and previous in found_of and not _targets(found_of[previous]):
+            owner = previous
+        owned.setdefault(owner, []).append(dump)
+    return owned
+
+
+def classify(boot_id: str, start: float, found: Mapping[str, list[dict]], dumps: Sequence[Mapping]) -> dict:
+    """How one boot ended, from its trusted journal entries (``found``: its ``last`` entry, the
+    shutdown ``target`` PID 1 reached, the rollout's ``mark`` root logged, the kernel's ``oom``
+    kills) and the crash dumps that are its own (:func:`_owners`)."""
+    end = _time(found["last"][-1]) if found["last"] else start
+    boot = {"boot_id": boot_id, "start": start, "end": end}
+    targets = _targets(found)
     if targets:
         ended = _TARGET_END[targets[-1]]
         marks = [e for e in found["mark"] if end - MARK_WINDOW_S <= _time(e) <= end]
         if ended == REBOOT and marks:
             return {**boot, "ended": ROLLOUT_REBOOT, "why": f"{targets[-1]} reached, the rollout's mark before it"}
         return {**boot, "ended": ended, "why": f"{targets[-1]} reached"}
-    limit = (next_start if next_start is not None else end) + PSTORE_GRACE_S
-    panics = [d["name"] for d in dumps if start <= d["time"] <= limit]
-    if panics:
-        return {**boot, "ended": PANIC, "why": f"no shutdown; pstore holds {', '.join(panics[:3])}"}
+    if dumps:
+        names = ", ".join(dump["name"] for dump in dumps[:3])
+        return {**boot, "ended": PANIC, "why": f"no shutdown; pstore holds {names}"}
     kills = [e for e in found["oom"] if _time(e) >= end - OOM_WINDOW_S]
     if len(kills) >= OOM_STORM_KILLS:
         return {**boot, "ended": OOM, "why": f"no shutdown; {len(kills)} kernel OOM kills in its last {OOM_WINDOW_S} s"}

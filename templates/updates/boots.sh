@@ -4,9 +4,11 @@
 # (journald fills the fields that start with _ from the sender's credentials; a user's logger
 # gets its own _UID, never 0, and never _PID=1 or _TRANSPORT=kernel), each query bounded by -n
 # and printed as JSON lines without MESSAGE; then the kernel's crash dumps (pstore).
-# $2: the identifier the rollout's mark is logged with (logger -t, as root).
+# $2: the identifier the rollout's mark is logged with (logger -t, as root); then the pstore
+# directories (the kernel's, systemd-pstore's).
 count=$1
 mark=$2
+shift 2
 export TZ=UTC LC_ALL=C
 echo '## boots'
 journalctl --list-boots --no-pager -q 2>/dev/null | tail -n "$((count + 1))"
@@ -25,7 +27,7 @@ for boot in $(journalctl --list-boots --no-pager -q 2>/dev/null | tail -n "$((co
   q -n 20 --output-fields=_TRANSPORT _TRANSPORT=kernel --grep='^Out of memory: Killed process' 2>/dev/null
 done
 echo '## pstore'
-find /sys/fs/pstore /var/lib/systemd/pstore -type f -printf '%T@ %P\n' 2>/dev/null | head -n 100
+[ $# -eq 0 ] || find "$@" -type f -printf '%T@ %P\n' 2>/dev/null | head -n 100
 echo '## pstore-unit'
 systemctl list-unit-files --no-legend --no-pager --full systemd-pstore.service 2>/dev/null
 true
