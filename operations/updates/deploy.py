@@ -125,7 +125,7 @@ def updates():
 
     Settings: ``updates_hold``, ``updates_unattended``, ``updates_expected_kernel``,
     ``updates_expected_driver``, ``updates_stop_on_unexpected``, ``updates_systemd_oomd``,
-    ``updates_packages``, ``updates_firmware``; see docs/settings.md.
+    ``updates_packages``, ``updates_firmware``, ``updates_boot_history``; see docs/settings.md.
     """
     # The parts the reading's planner saw (the venv's path, the manifest's vLLM,
     # watchdog_enabled): no command of their own.
