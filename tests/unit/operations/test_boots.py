@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +23,7 @@ from sparkrig.operations.updates import operations as up_operations
 from sparkrig.settings import all_settings, problems
 from sparkrig.tools import report
 from sparkrig.tools.rollout_reboot import PyinfraHosts
+from tests.compliance import test_updates as updates_control
 from tests.unit.operations.test_updates import _host
 from tests.unit.pyinfra_fake import HOST_STATE, execute, host_state
 
@@ -340,3 +342,58 @@ def test_the_report_shows_the_ends_and_marks_an_unclean_one():
     rows = {name: {**dict.fromkeys(report.COLUMNS, "-"), **cells} for name, cells in rows.items()}
     marks = report.differing(rows, {})
     assert "boots" in marks["a"] and "boots" not in marks["b"]
+
+
+# The compliance control, through a fake reading ------------------------------------------------
+
+
+def _control_reads(config: str, pstore: str = "enabled", systemd: bool = True, owner=("root", 0o644)):
+    found = {
+        "systemd": SimpleNamespace(is_directory=systemd),
+        "config": SimpleNamespace(check=lambda: config),
+        "drop_in": SimpleNamespace(is_file=owner is not None, user=(owner or ("", 0))[0], mode=(owner or ("", 0))[1]),
+        "pstore": SimpleNamespace(said_enabled=pstore),
+    }
+    return lambda need: found
+
+
+CAT_CONFIG = (DATA / "lab-deb12-journald-cat-config.txt").read_text()
+ON = {"updates_boot_history": True}
+
+
+def test_the_control_passes_on_the_lab_hosts_journald_configuration():
+    updates_control.test_the_journal_is_kept_across_boots_and_crash_dumps_collected(_control_reads(CAT_CONFIG), ON)
+    updates_control.test_the_journal_is_kept_across_boots_and_crash_dumps_collected(
+        _control_reads(CAT_CONFIG, pstore="not-found"), ON
+    )
+
+
+@pytest.mark.parametrize(
+    ("reads", "message"),
+    [
+        (
+            _control_reads(CAT_CONFIG + "\n# /etc/systemd/journald.conf.d/99-x.conf\n[Journal]\nStorage=volatile\n"),
+            "volatile",
+        ),
+        (_control_reads(CAT_CONFIG.replace("Storage=persistent", "")), "auto"),
+        (_control_reads(CAT_CONFIG, pstore="disabled"), "systemd-pstore.service is disabled"),
+        (_control_reads(CAT_CONFIG, pstore="masked"), "masked"),
+        (_control_reads(CAT_CONFIG, owner=None), "missing"),
+        (_control_reads(CAT_CONFIG, owner=("spark", 0o644)), "spark"),
+        (_control_reads(CAT_CONFIG, owner=("root", 0o664)), "664"),
+    ],
+)
+def test_the_control_fails_naming_what_is_wrong(reads, message):
+    with pytest.raises(AssertionError, match=message):
+        updates_control.test_the_journal_is_kept_across_boots_and_crash_dumps_collected(reads, ON)
+
+
+def test_the_control_skips_without_systemd_or_with_the_setting_off():
+    with pytest.raises(pytest.skip.Exception, match="systemd does not run here"):
+        updates_control.test_the_journal_is_kept_across_boots_and_crash_dumps_collected(
+            _control_reads("", systemd=False), ON
+        )
+    with pytest.raises(pytest.skip.Exception, match="updates_boot_history is False"):
+        updates_control.test_the_journal_is_kept_across_boots_and_crash_dumps_collected(
+            _control_reads(CAT_CONFIG), {"updates_boot_history": False}
+        )
