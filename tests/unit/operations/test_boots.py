@@ -133,6 +133,12 @@ def test_pstore_dumps_are_read_and_make_an_unclean_end_a_panic(tmp_path):
     assert _ends(history)[FORGED] == boots.POWER_LOST  # the dump is not its
 
 
+def test_the_recorded_output_of_a_machine_without_a_journal_is_no_boots():
+    history = boots.parse((DATA / "dev-machine-boots.txt").read_text().splitlines())
+    assert history == {"boots": [], "pstore": [], "pstore_unit": "enabled"}
+    assert boots.summary(history) == "-" and boots.unclean(history) == 0
+
+
 def test_no_journal_is_no_boots(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
