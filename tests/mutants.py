@@ -42,8 +42,8 @@ MUTANTS = (
     Mutant(
         "boots-target-from-anyone",
         "templates/updates/boots.sh",
-        "_PID=1 _UID=0 \\\n",
-        "\\\n",
+        "_PID=1 _UID=0 \\",
+        "\\",
         ("tests/unit/operations/test_boots.py",),
     ),
     Mutant(
