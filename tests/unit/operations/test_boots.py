@@ -21,7 +21,7 @@ from sparkrig.operations.metrics import deploy as md
 from sparkrig.operations.updates import boots
 from sparkrig.operations.updates import operations as up_operations
 from sparkrig.settings import all_settings, problems
-from sparkrig.tools import report
+from sparkrig.tools import fleet_page, report
 from sparkrig.tools.rollout_reboot import PyinfraHosts
 from tests.compliance import test_updates as updates_control
 from tests.unit.operations.test_updates import _host
@@ -403,3 +403,19 @@ def test_the_control_skips_without_systemd_or_with_the_setting_off():
         updates_control.test_the_journal_is_kept_across_boots_and_crash_dumps_collected(
             _control_reads(CAT_CONFIG), {"updates_boot_history": False}
         )
+
+
+def test_the_fleet_page_shows_the_boots_column_marked_where_one_ended_uncleanly():
+    history = boots.parse((DATA / "lab-deb12-boots.txt").read_text().splitlines())
+    row = {**dict.fromkeys(report.COLUMNS, "-"), "boots": boots.summary(history)}
+    built = {"hosts": {"lab-deb12": {"versions": row, "differs": ["boots"]}}, "errors": {}, "read": "now"}
+    page = fleet_page.render(report.page_hosts(built), columns=report.COLUMNS)
+    assert "rollout-reboot, reboot, power-lost, power-lost, shutdown, reboot" in page
+    assert "a boot ended uncleanly: a panic, an OOM storm or power lost" in page
+
+
+def test_the_reports_table_marks_the_column_and_says_why():
+    row = {**dict.fromkeys((*report.COLUMNS, *report.GPU_COLUMNS), "-"), "boots": "reboot, power-lost"}
+    text = report.table({"spark-01": row, "spark-02": {**row, "boots": "reboot, shutdown"}}, {})
+    assert "reboot, power-lost *" in text and "reboot, shutdown *" not in text
+    assert "boots (oldest first): one ended uncleanly (panic, oom, power-lost)" in text
