@@ -313,19 +313,30 @@ def test_bad_values_say_key_and_what_is_allowed(data, key):
 # The collector's gauges, the rollout's mark, the report -----------------------------------------
 
 
-def test_the_collector_counts_the_unclean_ends_of_the_real_journal(tmp_path):
-    """The collector's boots() on the recorded journal: two boots killed, three read of five asked."""
+def _collector_boots(env: dict, cwd: Path) -> list[str]:
+    script = md.render_collector("", 5)
+    body = script[script.index("whole() {") : script.index("\nmetric() {")] + "\n"
+    body += script[script.index("boots() {") : script.index("\ncompliance() {")]
+    program = "WAIT=30\nmetric() { :; }\n" + body + "\nboots\n"
+    said = subprocess.run(
+        ["sh", "-c", program], capture_output=True, text=True, check=True, env=env, cwd=cwd, timeout=60
+    )
+    return said.stdout.splitlines()
+
+
+def test_the_collector_counts_the_unclean_ends_of_the_real_journal_once_per_boot(tmp_path):
+    """The collector's boots() on the recorded journal: two boots killed, five read of five
+    asked; read again in the same boot, the journal is not asked (its answer kept, per boot)."""
     _need_journalctl()
     env = _stand_ins(tmp_path, _journal(tmp_path))
-    script = md.render_collector("", 5, textfile_dir=str(tmp_path / "out"), path=env["PATH"])
-    body = script[script.index("boots() {") : script.index("\ncompliance() {")]
-    program = "WAIT=30\nmetric() { :; }\n" + body + "\nboots\n"
-    said = subprocess.run(["sh", "-c", program], capture_output=True, text=True, check=True, env=env, timeout=60)
-    assert said.stdout.splitlines() == [
-        "sparkrig_boots_classified 5",
-        "sparkrig_boots_unclean 2",
-        "sparkrig_boot_previous_unclean 0",
-    ]
+    out = tmp_path / "out"
+    out.mkdir()
+    expected = ["sparkrig_boots_classified 5", "sparkrig_boots_unclean 2", "sparkrig_boot_previous_unclean 0"]
+    assert _collector_boots(env, out) == expected
+    (tmp_path / "bin" / "journalctl").write_text("#!/bin/sh\nexit 1\n")  # asked again: no metrics
+    assert _collector_boots(env, out) == expected
+    (out / ".sparkrig-boots.5").write_text("another-boot 5 0 0\n")  # another boot's: read anew
+    assert _collector_boots(env, out) == []
     off = md.render_collector("", 0)
     assert "journalctl --list-boots" not in off
 
