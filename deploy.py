@@ -27,7 +27,7 @@ from sparkrig.operations.updates import updates
 from sparkrig.operations.watchdog import watchdog
 
 hardware()  # the box is the kind its profile says (or `"auto"` detects it); otherwise that host stops before any change
-updates()  # holds, unattended upgrades (off by default), the expected kernel and driver, systemd-oomd masked beside earlyoom, fwupd to read firmware
+updates()  # holds, unattended upgrades (off by default), the expected kernel and driver, systemd-oomd masked beside earlyoom, fwupd to read firmware, the journal kept across boots (how each boot ended)
 ca_certificates()  # a proxy's CA in the system store, for apt, curl, Docker, pip and uv
 cuda_env()  # one env file (CUDA_HOME, PATH, TORCH_CUDA_ARCH_LIST, ...) read by login shells and systemd units
 swap()  # no swap now, nothing that turns it on at boot

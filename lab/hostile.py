@@ -186,6 +186,26 @@ rm -f node-exporter; mv ne.real node-exporter 2>/dev/null; sleep 0.02; done' </d
         "ls -d /etc/sparkrig.prom /etc/.sparkrig.prom.* 2>/dev/null",
     ),
     Attack(
+        "journal-forgery",
+        "updates",
+        "the venv owner writes journal entries that look like the rollout's mark and a reboot target "
+        "PID 1 reached (logger, and logger --journald with _PID=1, _UID=0 and _TRANSPORT=kernel of its "
+        "own): how a boot ended (BootHistory) trusts only the fields journald sets",
+        f"""
+runuser -u {VENV_OWNER} -- sh -c 'logger -t sparkrig-rollout "reboot by sparkrig rollout"
+logger -t systemd "Reached target reboot.target - System Reboot."
+printf "MESSAGE=Reached target reboot.target\\nUNIT=reboot.target\\nJOB_TYPE=start\\nJOB_RESULT=done\\n\
+_PID=1\\n_UID=0\\n_TRANSPORT=kernel\\nSYSLOG_IDENTIFIER=sparkrig-rollout\\n" | logger --journald'
+journalctl --sync
+""",
+        # This boot never reached a shutdown target, and root logged no mark in it: any entry the
+        # fact's filters let through is the attacker's.
+        "journalctl -b 0 -q -o cat --output-fields=UNIT _PID=1 _UID=0 JOB_TYPE=start JOB_RESULT=done "
+        "UNIT=reboot.target | sed 's/^/a reboot target passed the filters: /'; "
+        "journalctl -b 0 -q -o cat --output-fields=SYSLOG_IDENTIFIER _UID=0 SYSLOG_IDENTIFIER=sparkrig-rollout "
+        "| sed 's/^/a rollout mark passed the filters: /'",
+    ),
+    Attack(
         "fwupd-names",
         "updates",
         "a STAND-IN fwupd (root's fwupdmgr in /usr/local/bin) reports devices whose names hold NUL and ESC",

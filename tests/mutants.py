@@ -38,6 +38,35 @@ class Mutant:
 
 
 MUTANTS = (
+    # How a boot ended: only journal fields no user can set decide, dumps belong to one boot.
+    Mutant(
+        "boots-target-from-anyone",
+        "templates/updates/boots.sh",
+        "_PID=1 _UID=0 \\",
+        "\\",
+        ("tests/unit/operations/test_boots.py",),
+    ),
+    Mutant(
+        "boots-mark-from-anyone",
+        "templates/updates/boots.sh",
+        '_UID=0 SYSLOG_IDENTIFIER="$mark"',
+        'SYSLOG_IDENTIFIER="$mark"',
+        ("tests/unit/operations/test_boots.py",),
+    ),
+    Mutant(
+        "boots-collector-target-from-anyone",
+        "templates/metrics/sparkrig-metrics.sh.j2",
+        "-n 1 _PID=1 _UID=0 \\",
+        "-n 1 \\",
+        ("tests/unit/operations/test_boots.py",),
+    ),
+    Mutant(
+        "boots-dump-after-a-clean-end",
+        "operations/updates/boots.py",
+        "and not _targets(found_of[previous])",
+        "and True",
+        ("tests/unit/operations/test_boots.py",),
+    ),
     # The suite's answers: a command under host.sudo() is another user's view, never the
     # login user's cached answer.
     Mutant(

@@ -335,6 +335,8 @@ def render(
                 elif column == "nccl" and column in h.differs:
                     why = "its cluster's nodes load NCCL builds that differ, or one version is two builds here"
                     cells.append(_cell(value, "differs", f"{why} (sparkrig report)"))
+                elif column == "boots" and column in h.differs:
+                    cells.append(_cell(value, "differs", "a boot ended uncleanly: a panic, an OOM storm or power lost"))
                 elif column in h.differs:
                     cells.append(_cell(value, "differs", f"differs from most hosts ({_most(hosts, column) or '-'})"))
                 else:

@@ -34,8 +34,8 @@ from sparkrig.connection import from_slash
 from sparkrig.host_output import printable
 from sparkrig.operations import declaring
 from sparkrig.operations.gpu_policy.deploy import GPU
-from sparkrig.operations.updates import known_bad
-from sparkrig.operations.updates.deploy import firmware_part, versions_part
+from sparkrig.operations.updates import boots, known_bad
+from sparkrig.operations.updates.deploy import boots_part, firmware_part, versions_part
 from sparkrig.operations.updates.facts import AWAITING_REBOOT, pending_reboot
 from sparkrig.settings import resolved, validate_hosts
 from sparkrig.tools import cli, fleet_page
@@ -57,6 +57,7 @@ COLUMNS = (
     "firmware",
     "known_bad",
     "nccl",
+    "boots",
 )
 # The GPU's state, after the versions: never marked (it differs from host to host by nature).
 GPU_COLUMNS = fleet_page.STATE_COLUMNS
@@ -193,11 +194,13 @@ def row(
     gpu: Mapping[str, Any] | None = None,
     bad: Sequence[str] = (),
     builds: Mapping[str, Any] | None = None,
+    history: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """One host's cells, from its :class:`sparkrig.operations.updates.facts.Versions`,
     :class:`sparkrig.operations.updates.facts.Firmware` (None: not read), :class:`GpuState`,
-    the known-bad versions it runs (``bad``: :func:`known_bad.running`'s lines) and its NCCL
-    builds (:class:`sparkrig.nccl.NcclBuilds`)."""
+    the known-bad versions it runs (``bad``: :func:`known_bad.running`'s lines), its NCCL
+    builds (:class:`sparkrig.nccl.NcclBuilds`) and how its last boots ended (``history``:
+    :class:`boots.BootHistory`, None: not read)."""
     os_release, dgx, packages = facts["os"], facts["dgx"], facts["packages"]
     python = facts["python"]
     vllm = [version for name, version in python.items() if name != "torch"]
@@ -217,6 +220,7 @@ def row(
         "firmware": firmware_summary(firmware),
         "known_bad": " ".join(known_bad.names(bad)) or NONE,
         "nccl": nccl_cell(builds),
+        "boots": boots.summary(history) if history else NONE,
         **gpu_cells(gpu),
     }
 
@@ -239,8 +243,10 @@ def differing(
             found[name].append("nccl")
         if cells.get("known_bad", NONE) != NONE:  # marked wherever it is, however many hosts run it
             found[name].append("known_bad")
+        if any(end in cells.get("boots", "").split(", ") for end in boots.UNCLEAN):  # wherever one is
+            found[name].append("boots")
     for column in COLUMNS:
-        if column in ("firmware", "known_bad", "nccl"):
+        if column in ("firmware", "known_bad", "nccl", "boots"):
             continue
         counts = Counter(cells[column] for cells in rows.values())
         if len(counts) < 2:
@@ -275,10 +281,12 @@ def table(
     if any(marks.values()):
         bad_marked = any("known_bad" in columns for columns in marks.values())
         nccl_marked = any("nccl" in columns for columns in marks.values())
+        boots_marked = any("boots" in columns for columns in marks.values())
         out.append(
             f"{MARK}: differs from most hosts"
             + "; known_bad: a known-bad version runs or is installed" * bad_marked
             + "; nccl: a cluster's nodes differ, or one version is two builds on a host" * nccl_marked
+            + f"; boots (oldest first): one ended uncleanly ({', '.join(boots.UNCLEAN)})" * boots_marked
         )
     out += [f"{name}: {printable(line)}" for name, lines in (bad or {}).items() for line in lines]
     out += [f"{name}: {printable(line)}" for name, lines in (nccl_lines or {}).items() for line in lines]
@@ -370,7 +378,14 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
             part = versions_part(settings)
             firmware = firmware_part(settings) if settings["updates_firmware"] != "off" else None
             builds = reading.part(nccl.NcclBuilds, venv=settings["python_venv_path"])
-            parts = [part, profiles.IDENTITY, builds, *([firmware] if firmware else [])]
+            history = boots_part(settings) if settings["updates_boot_history"] else None
+            parts = [
+                part,
+                profiles.IDENTITY,
+                builds,
+                *([firmware] if firmware else []),
+                *([history] if history else []),
+            ]
             try:
                 values = reading.read([*parts, GPU])
             except Exception as error:  # a host that fails is reported, never the fleet
@@ -389,6 +404,7 @@ def read_fleet(inventory: str, limit: Sequence[str]) -> tuple[dict[str, dict], d
                     "known_bad": known_bad.running(entries, values[part], values[firmware] if firmware else None),
                     "nccl": values[builds],
                     "cluster": settings["cluster_name"],
+                    "boots": values[history] if history else None,
                 }
 
     workers = pool.Pool(32)
@@ -415,7 +431,14 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
     waiting = {name: awaiting_reboot(value["firmware"]) for name, value in facts.items()}
     drift = {name: sorted({*drift[name], *waiting[name]}) for name in drift}
     rows = {
-        name: row(value["versions"], value["firmware"], value.get("gpu"), value.get("known_bad", ()), value.get("nccl"))
+        name: row(
+            value["versions"],
+            value["firmware"],
+            value.get("gpu"),
+            value.get("known_bad", ()),
+            value.get("nccl"),
+            value.get("boots"),
+        )
         for name, value in facts.items()
     }
     problems = nccl_problems(facts)
@@ -430,6 +453,7 @@ def build(facts: Mapping[str, Mapping[str, Any]], errors: Mapping[str, str], rea
                 "gpu": facts[name].get("gpu"),
                 "known_bad": list(facts[name].get("known_bad", ())),
                 "nccl": {"builds": facts[name].get("nccl") or {}, "problems": problems[name]},
+                "boots": facts[name].get("boots"),
                 "firmware": {
                     "profile": facts[name]["profile"],
                     "summary": rows[name]["firmware"],

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from sparkrig import host_output
 from sparkrig.host_output import printable
 from sparkrig.operations.jobs.operations import PATHS as JOB_COMMANDS
+from sparkrig.operations.updates.boots import ROLLOUT_MARK
 from sparkrig.operations.updates.cmdline import cmdline_reasons
 from sparkrig.operations.updates.facts import reboot_reasons, unexpected
 
@@ -322,8 +323,14 @@ class PyinfraHosts:
             self.root(host, f"{JOB_COMMANDS['spark-jobs']} stop --wait {int(wait)} {shlex.quote(job)}")
 
     def reboot(self, host: str) -> None:
-        # In 2 s, from systemd: the command returns before sshd goes down with the host.
-        self.root(host, "systemd-run --quiet --on-active=2 --timer-property=AccuracySec=100ms systemctl reboot")
+        # The mark, logged as root, tells the next boot's report this reboot was the rollout's
+        # (operations/updates/boots.py). Then in 2 s, from systemd: the command returns before
+        # sshd goes down with the host.
+        self.root(
+            host,
+            f"logger -t {ROLLOUT_MARK} 'reboot by sparkrig rollout' && "
+            "systemd-run --quiet --on-active=2 --timer-property=AccuracySec=100ms systemctl reboot",
+        )
 
     def undrain(self, host: str) -> None:
         self.root(host, f"{JOB_COMMANDS['spark-jobs']} undrain")

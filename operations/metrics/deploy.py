@@ -46,7 +46,7 @@ THROTTLE_FIELD = "clocks_throttle_reasons.active"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def render_collector(venv: str, **paths: object) -> str:
+def render_collector(venv: str, boot_count: int = 0, **paths: object) -> str:
     """The collector script; ``venv`` is the venv whose torch and vLLM it reports ("": none).
     ``paths`` replaces where it looks (``path``, ``records``, ``reboot_file``,
     ``compliance_file``, ``textfile_dir``, ``proc``: where /proc's meminfo, buddyinfo and vmstat
@@ -69,6 +69,7 @@ def render_collector(venv: str, **paths: object) -> str:
         watchdog_service=WATCHDOG_SERVICE,
         unit_prefix=JOB_UNIT_PREFIX,
         venv=venv or "/nonexistent",
+        boot_count=int(boot_count),
         user_read_root=user_files.user_read('"$f"', METADATA_LIMIT, timeout_s=timeout_s),
         user_read_owner=user_files.user_read('"$f"', METADATA_LIMIT, as_user='"$OWNER"', timeout_s=timeout_s),
         **values,
@@ -156,7 +157,9 @@ def metrics():
         reload_name="Reload systemd: node exporter's drop-in changed",
         state=files.get(DROP_IN),
     )
-    collector = render_collector(settings.python_venv_path)
+    # updates' settings: how many boots the report classifies, the gauge counts as many.
+    boot_count = settings.updates_boot_count if settings.updates_boot_history else 0
+    collector = render_collector(settings.python_venv_path, boot_count)
     atomic.file_if_changed(
         name=f"Textfile collector ({COLLECTOR})",
         dest=COLLECTOR,

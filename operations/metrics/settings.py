@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkrig import stack_locks
+from sparkrig.operations.updates import settings as updates_settings
 from sparkrig.settings import Setting, boolean, declare, defaults, int_range
 
 # HOST:PORT, HOST an IPv4 address or a bracketed IPv6 one (node exporter's --web.listen-address).
@@ -91,6 +92,13 @@ SETTINGS = (
 
 declare(__name__, SETTINGS)
 
-# The deploy's data_defaults: its own settings, and python_venv_path (the venv whose torch and
-# vLLM versions the collector reports).
-DEFAULTS = defaults((*SETTINGS, *(s for s in stack_locks.SETTINGS if s.key == "python_venv_path")))
+# The deploy's data_defaults: its own settings, python_venv_path (the venv whose torch and
+# vLLM versions the collector reports) and updates' boot history (how many boots it counts).
+_BOOTS = ("updates_boot_history", "updates_boot_count")
+DEFAULTS = defaults(
+    (
+        *SETTINGS,
+        *(s for s in stack_locks.SETTINGS if s.key == "python_venv_path"),
+        *(s for s in updates_settings.SETTINGS if s.key in _BOOTS),
+    )
+)

@@ -17,6 +17,9 @@ Updates: kernel and NVIDIA driver held alike, upgrades on the owner's terms, ver
   loaded driver a box must have; with ``updates_stop_on_unexpected`` a box that runs
   another is refused before anything changes on it (other hosts go on).
 - systemd-oomd is masked where earlyoom is the watchdog (see docs/updates.md).
+- ``updates_boot_history`` / ``updates_boot_count``: the journal kept across boots (a journald
+  drop-in) and systemd-pstore enabled where present, so the report tells how each of the last
+  boots ended (operations/updates/boots.py; docs/updates.md).
 - ``updates_reboot`` / ``updates_drain_timeout``: whether and how ``sparkrig rollout``
   reboots a box that needs it (drained first; the deploy itself never reboots).
 

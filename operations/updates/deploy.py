@@ -15,7 +15,7 @@ from sparkrig.packages import Candidates
 from sparkrig.packages import installed as install_packages
 from sparkrig.settings import defaults
 
-from . import known_bad
+from . import boots, known_bad
 from .cmdline import KernelCmdline, cmdline_missing
 from .facts import (
     AWAITING_REBOOT,
@@ -32,6 +32,7 @@ from .operations import (
     APT_CONF_VALIDATOR,
     CMDLINE_VALIDATOR,
     FWUPD_PACKAGE,
+    JOURNALD_VALIDATOR,
     KNOWN_BAD_VALIDATOR,
     OOMD_UNITS,
     PIN_VALIDATOR,
@@ -83,13 +84,20 @@ def firmware_part(settings: Mapping[str, Any]) -> reading.Part:
 # Whether apt could install fwupd at all (an offline box's lists may lack it).
 CANDIDATES = reading.part(Candidates, packages=(FWUPD_PACKAGE,))
 
+
+def boots_part(settings: Mapping[str, Any]) -> reading.Part:
+    """The host's :class:`boots.BootHistory`, as the report reads it (the deploy reads none)."""
+    settings = {**defaults(SETTINGS), **settings}
+    return reading.part(boots.BootHistory, count=settings["updates_boot_count"])
+
+
 # The kernel's command line: booted with, asked by the drop-in, the boot loader's.
 CMDLINE = reading.part(KernelCmdline)
 
 STATE = reading.part(
     atomic.HostState,
-    paths=(PIN_FILE, KNOWN_BAD_FILE, APT_CONF, RECORD, GRUB_DROP_IN),
-    units=(*TIMERS, *OOMD_UNITS),
+    paths=(PIN_FILE, KNOWN_BAD_FILE, APT_CONF, RECORD, GRUB_DROP_IN, boots.JOURNALD_DROP_IN),
+    units=(*TIMERS, *OOMD_UNITS, boots.PSTORE_UNIT, "systemd-journald.service"),
     packages=(UNATTENDED_PACKAGE, FWUPD_PACKAGE),
 )
 
@@ -117,7 +125,7 @@ def updates():
 
     Settings: ``updates_hold``, ``updates_unattended``, ``updates_expected_kernel``,
     ``updates_expected_driver``, ``updates_stop_on_unexpected``, ``updates_systemd_oomd``,
-    ``updates_packages``, ``updates_firmware``; see docs/settings.md.
+    ``updates_packages``, ``updates_firmware``, ``updates_boot_history``; see docs/settings.md.
     """
     # The parts the reading's planner saw (the venv's path, the manifest's vLLM,
     # watchdog_enabled): no command of their own.
@@ -227,7 +235,30 @@ def updates():
             oomd_masked(name="systemd-oomd is masked (earlyoom is the watchdog)", units=present)
 
     kernel_cmdline(settings, state)
+    boot_history(settings, state)
     firmware(settings, state)
+
+
+def boot_history(settings: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """The journal kept across boots (sparkrig's journald drop-in, validated, atomic; journald
+    restarted to take it) and systemd-pstore enabled where the host has it and it is disabled."""
+    wanted = settings["updates_boot_history"]
+    written = atomic.file_if_changed(
+        name=f"The journal kept across boots ({boots.JOURNALD_DROP_IN})",
+        dest=boots.JOURNALD_DROP_IN,
+        current=state["files"].get(boots.JOURNALD_DROP_IN),
+        content=boots.render_journald() if wanted else None,
+        absent=f"No journald drop-in ({boots.JOURNALD_DROP_IN})",
+        validate=JOURNALD_VALIDATOR,
+    )
+    if not wanted:
+        return
+    if written is not None:
+        if state["units"].get("systemd-journald.service", {}).get("active") == "active":
+            systemd.service(name="journald takes the drop-in", service="systemd-journald", restarted=True)
+    # Only where the host has the unit and it is off: static or masked is the owner's.
+    if state["units"].get(boots.PSTORE_UNIT, {}).get("enabled") == "disabled":
+        systemd.service(name="Kernel crash dumps collected (systemd-pstore)", service=boots.PSTORE_UNIT, enabled=True)
 
 
 def kernel_cmdline(settings: Mapping[str, Any], state: Mapping[str, Any]) -> None:

@@ -83,6 +83,8 @@ def grub_updated():
 # Each record exactly Explanation, Package, Pin, Pin-Priority -1, as known_bad.render_pins
 # writes them; then apt must read the file without a word (templates/updates/known-bad-check.sh).
 KNOWN_BAD_VALIDATOR = ("sh", "-c", rendering.script("updates/known-bad-check.sh"), "sh")
+# journald's drop-in: one [Journal] section of journald's keys (templates/updates/journald-check.sh).
+JOURNALD_VALIDATOR = ("sh", "-c", rendering.script("updates/journald-check.sh"), "sh")
 # apt-config parses the file as apt will (a syntax error fails it).
 APT_CONF_VALIDATOR = ("sh", "-c", rendering.script("updates/apt-conf-check.sh"), "sh")
 

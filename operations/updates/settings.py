@@ -264,6 +264,23 @@ SETTINGS = (
         known_bad.settings_check,
     ),
     Setting(
+        "updates_boot_history",
+        True,
+        "Keep the journal across boots (a journald drop-in, "
+        "/etc/systemd/journald.conf.d/90-sparkrig-persistent.conf: Storage=persistent) and collect "
+        "the kernel's crash dumps (systemd-pstore.service enabled where the host has it), so "
+        "`sparkrig report`, the fleet page and the metrics tell how each of the last boots ended: "
+        "clean shutdown, reboot by sparkrig's rollout, reboot by someone else, kernel panic, OOM "
+        "storm, power lost (docs/updates.md). False: no drop-in (sparkrig's is removed), nothing read.",
+        boolean,
+    ),
+    Setting(
+        "updates_boot_count",
+        5,
+        "How many of the last ended boots the report classifies (updates_boot_history), 1 to 50.",
+        int_range(1, 50, "boots"),
+    ),
+    Setting(
         "updates_packages",
         DEFAULT_PACKAGES,
         "Which installed packages the version report shows as kernel, driver, Docker and toolkit "

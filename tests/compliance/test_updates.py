@@ -375,3 +375,43 @@ def test_systemd_oomd_does_not_run_beside_earlyoom(read, settings):
     said = service.said_enabled
     assert said in ("", "not-found", "masked"), f"systemd-oomd.service is {said}"
     assert not service.is_running, "systemd-oomd is running beside earlyoom"
+
+
+JOURNALD_DROP_IN = "/etc/systemd/journald.conf.d/90-sparkrig-persistent.conf"
+
+
+@need
+def journal(r):
+    """journald's configuration as journald merges it, sparkrig's drop-in, systemd-pstore
+    (read only where updates_boot_history keeps the journal)."""
+    if not r.settings["updates_boot_history"]:
+        return None
+    return {
+        "systemd": r.path("/run/systemd/system"),
+        "config": r.run("systemd-analyze cat-config systemd/journald.conf"),
+        "drop_in": r.path(JOURNALD_DROP_IN),
+        "pstore": r.service("systemd-pstore.service"),
+    }
+
+
+def test_the_journal_is_kept_across_boots_and_crash_dumps_collected(read, settings):
+    """Protects against a box that dies and leaves no trace: without the journal of the boot
+    that ended (and the kernel's dump of a panic), nobody can tell a panic from an OOM storm
+    from lost power, and `sparkrig report` cannot say how the boot ended."""
+    if not settings["updates_boot_history"]:
+        pytest.skip("updates_boot_history is False here: the journal is the owner's")
+    found = read(journal)
+    if not found["systemd"].is_directory:
+        pytest.skip("systemd does not run here (no /run/systemd/system): there is no journal to keep")
+    drop_in = found["drop_in"]
+    assert drop_in.is_file, f"{JOURNALD_DROP_IN} is missing"
+    assert drop_in.user == "root" and drop_in.mode & 0o022 == 0, f"{JOURNALD_DROP_IN}: {drop_in.user} {drop_in.mode:o}"
+    # The last Storage= journald reads wins (its drop-ins after journald.conf, in order).
+    storage = [
+        line.split("=", 1)[1].strip() for line in found["config"].check().splitlines() if line.startswith("Storage=")
+    ]
+    assert storage[-1:] == ["persistent"], f"journald's Storage is {storage[-1] if storage else 'auto (unset)'}"
+    said = found["pstore"].said_enabled
+    assert said in ("", "not-found", "enabled", "static", "indirect"), (
+        f"systemd-pstore.service is {said}: the kernel's crash dumps are not collected"
+    )

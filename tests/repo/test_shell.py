@@ -194,6 +194,7 @@ SAMPLES.update(
             "compliance_file": "/var/lib/sparkrig/compliance-last",
             "proc": "/proc",
             "venv": "/opt/sparkrig/venv",
+            "boot_count": 5,
             "user_read_root": _READ,
             "user_read_owner": 'runuser -u "$OWNER" -- ' + _READ,
         },

@@ -428,7 +428,7 @@ def _host(installed=True, running=True, files=None) -> dict:
     converged = {
         md.DROP_IN: md.render_drop_in(DEFAULTS["metrics_listen"], DEFAULTS["metrics_allow"]),
         # The venv whose versions it reads: python_stack's, where that concern is imported.
-        md.COLLECTOR: (md.render_collector(resolved({}).get("python_venv_path", "")), 0o755),
+        md.COLLECTOR: (md.render_collector(resolved({}).get("python_venv_path", ""), 5), 0o755),
         md.SERVICE_FILE: _service_text(),
         md.TIMER_FILE: _timer_text(DEFAULTS["metrics_interval_s"]),
     }

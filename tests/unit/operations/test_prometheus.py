@@ -184,6 +184,7 @@ def test_every_alert_rule_has_a_promtool_test_that_expects_it_to_fire():
         "SparkRebootPending",
         "SparkLargeFreeBlocksExhausted",
         "SparkCmaAccountingBroken",
+        "SparkUncleanBoot",
         "SparkHostDown",
         "SparkServingDown",
         "SparkServingStalled",

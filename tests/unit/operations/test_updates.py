@@ -15,9 +15,9 @@ from pyinfra.api.exceptions import FactProcessError, PyinfraError
 
 from sparkrig import atomic
 from sparkrig.operations import updates as up
+from sparkrig.operations.updates import boots, known_bad
 from sparkrig.operations.updates import deploy as up_deploy
 from sparkrig.operations.updates import facts as up_facts
-from sparkrig.operations.updates import known_bad
 from sparkrig.operations.updates import operations as up_operations
 from sparkrig.operations.updates import settings as up_settings
 from sparkrig.settings import all_settings, defaults, problems
@@ -296,6 +296,7 @@ def _host(versions=(), files=None, timers=(False, False), oomd=None, unattended=
                 up_settings.KNOWN_BAD_FILE: SHIPPED_PINS,
                 up_operations.APT_CONF: up_operations.render_apt_conf("off", []),
                 up_facts.RECORD: None,
+                boots.JOURNALD_DROP_IN: boots.render_journald(),
                 **(files or {}),
             },
             units=units,
@@ -489,6 +490,7 @@ def test_a_report_row_holds_one_cell_per_column():
             "firmware": "-",
             "known_bad": "-",
             "nccl": "-",
+            "boots": "-",
         },
     }
 

@@ -16,6 +16,7 @@ from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig import rendering
 from sparkrig.operations import updates as up
+from sparkrig.operations.updates import boots
 from sparkrig.operations.updates import facts as up_facts
 from sparkrig.operations.updates import operations as up_operations
 from sparkrig.operations.updates import settings as up_settings
@@ -248,6 +249,7 @@ def _ops(
             up_settings.KNOWN_BAD_FILE: SHIPPED_PINS,
             up_operations.APT_CONF: up_operations.render_apt_conf("off", []),
             up_facts.RECORD: None,
+            boots.JOURNALD_DROP_IN: boots.render_journald(),
         },
         units={timer: (False, False) for timer in up_operations.TIMERS},
         packages={up_operations.UNATTENDED_PACKAGE: None, up_operations.FWUPD_PACKAGE: fwupd},
