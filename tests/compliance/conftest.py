@@ -305,7 +305,10 @@ def pytest_configure(config):
     if inventory:
         config.sparkrig_targets = "inventory"
         hosts = inventory_hosts(config)
-        ssh_config = inventory_ssh_config(Path(config.rootpath), ssh_config_for(hosts))
+        # A control may read a host --limit leaves out (read_node: a cluster's peer), over
+        # this same config: it reaches every host of the inventory.
+        everyone = inventory_hosts(config, limit=[]) if config.getoption("--limit") else hosts
+        ssh_config = inventory_ssh_config(Path(config.rootpath), ssh_config_for(everyone))
         names = list(hosts)
         if hasattr(config, "workerinput"):
             reads.seed(config.workerinput.get("sparkrig_constants", {}))

@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -367,3 +368,34 @@ def test_two_inventories_get_ssh_configs_of_their_own_and_one_inventory_the_same
     assert first != second
     assert "HostName 10.0.0.1" in first.read_text() and "HostName 10.0.0.2" in second.read_text()
     assert conftest.inventory_ssh_config(tmp_path, "Host a\n  HostName 10.0.0.1\n") == first
+
+
+def test_a_limited_run_can_reach_every_host_of_its_inventory(tmp_path):
+    """A control may read a cluster's peer that --limit leaves out (read_node): a rollout's
+    batch of one node failed the NCCL control with "could not be read" when the run's SSH
+    config held the batch's hosts alone."""
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        'boxes = [("nobox", {"ssh_hostname": "127.0.0.1", "ssh_port": 9}), '
+        '("peer", {"ssh_hostname": "127.0.0.2", "ssh_port": 9})]\n'
+    )
+    (tmp_path / "said_ssh_config.py").write_text(
+        "def pytest_collection_finish(session):\n    print('SSH_CONFIG=' + session.config.option.ssh_config)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/compliance/test_swap.py", "--inventory", str(inventory)]
+        + ["--limit", "nobox", "--collect-only", "-q", "-p", "said_ssh_config", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    said = [line for line in result.stdout.splitlines() if line.startswith("SSH_CONFIG=")]
+    assert said, result.stdout[-3000:] + result.stderr[-3000:]
+    text = Path(said[0].removeprefix("SSH_CONFIG=")).read_text()
+    assert "Host nobox" in text and "HostName 127.0.0.1" in text
+    assert "Host peer" in text and "HostName 127.0.0.2" in text
+    assert "ssh://peer" not in result.stdout  # the controls still run on the limit's hosts alone
