@@ -279,7 +279,8 @@ class PyinfraHosts:
         checked as text (a line that is not fails the host: host_output.text); HostError,
         saying why in words escaped, when it failed."""
         code, lines, _ = self._run(host, "--sudo", "exec", "--", command)
-        said = [line[len(host) + 3 :] for line in lines if line.startswith(f"[{host}] ")]
+        # pyinfra pads "[HOST]" to the inventory's longest host name: the padding is no output.
+        said = [line[len(host) + 2 :].lstrip(" ") for line in lines if line.startswith(f"[{host}] ")]
         if code != 0:
             problem = [line.strip() for line in lines if "Could not connect" in line or "rror" in line]
             raise HostError(printable("; ".join((said[-2:] or problem[-1:]) or [f"pyinfra exit {code}"]))[:240])

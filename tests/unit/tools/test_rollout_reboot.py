@@ -450,3 +450,28 @@ def test_the_reboot_reads_the_settings_the_deploy_resolves():
     assert settings["cluster_name"] == next(s.default for s in all_settings() if s.key == "cluster_name")
     with pytest.raises(TypeError):
         settings["updates_reboot"] = "never"  # type: ignore[index]
+
+
+def test_running_jobs_are_read_through_pyinfras_padded_host_prefix():
+    """pyinfra pads ``[HOST]`` to the inventory's longest host name (pyinfra.api.host's
+    print_prefix_padding): in the lab's whole fleet (lab-deb12-b beside lab-deb12) each job
+    line came as ``[lab-deb12]   sparkrig-job NAME``, and the rollout saw no job and
+    rebooted the host under it. Lines as that run printed them."""
+
+    class Padded(PyinfraHosts):
+        def __init__(self, padding: str):
+            super().__init__(PYINFRA, str(REPO), "inventory.py")
+            self.padding = padding
+
+        def _run(self, host, *args):
+            text = (
+                "--> Starting operation: server.shell (jobs=...)\n"
+                f"[{host}]{self.padding} sudo: unable to resolve host {host}: Name or service not known\n"
+                f"[{host}]{self.padding} sparkrig-job hold-1\n"
+                f"[{host}]{self.padding} sparkrig-job train.2\n"
+                f"    [{host}]{self.padding} Success\n"
+            )
+            return 0, text.split("\n"), text
+
+    for padding in ("", "  ", "     "):
+        assert Padded(padding).running("lab-deb12") == ["hold-1", "train.2"], padding
