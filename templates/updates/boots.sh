@@ -11,8 +11,10 @@ mark=$2
 shift 2
 export TZ=UTC LC_ALL=C
 echo '## boots'
-journalctl --list-boots --no-pager -q 2>/dev/null | tail -n "$((count + 1))"
-for boot in $(journalctl --list-boots --no-pager -q 2>/dev/null | tail -n "$((count + 1))" | awk '$1 != 0 { print $2 }'); do
+# Listed once: on a journal of months --list-boots is the slow part.
+boots=$(journalctl --list-boots --no-pager -q 2>/dev/null | tail -n "$((count + 1))")
+[ -z "$boots" ] || printf '%s\n' "$boots"
+for boot in $(printf '%s\n' "$boots" | awk '$1 != 0 { print $2 }'); do
   case $boot in *[!0-9a-f]*) continue ;; esac
   q() { journalctl -b "$boot" -q --no-pager -o json "$@"; }
   echo "## boot $boot"
