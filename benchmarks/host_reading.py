@@ -91,14 +91,14 @@ def pytest_configure(config):
         return
     real = reads._ssh_output
 
-    def timing(argv):
-        output = real([*argv[:-1], timed(argv[-1])])
+    def timing(argv, name=""):
+        output = real([*argv[:-1], timed(argv[-1])], name)
         if output is None:
             return None
         lines = output.splitlines()
         seconds = _seconds(lines)
         if seconds is not None:
-            _record("suite", argv[-2] if len(argv) > 2 else "@local", seconds)
+            _record("suite", name or "@local", seconds)
         return "\n".join(line for line in lines if not line.startswith(TIMING + " ")) + "\n"
 
     reads._ssh_output = timing

@@ -104,6 +104,8 @@ _sending = False  # the layer itself is sending (allowed while guarded)
 _SEEDS: dict[str, dict[str, tuple[int, bytes, bytes]]] = {}
 # Every need, by its qualified name (module.function).
 NEEDS: dict[str, Callable[[Reader], Any]] = {}
+# The needs the prefetch leaves out (``need(prefetch=False)``).
+LIVE: set[str] = set()
 
 
 class Pending(Exception):  # noqa: N818 - not an error: the answer comes in a later round
@@ -114,10 +116,20 @@ class OutsideTheLayer(RuntimeError):
     """A read-only control read the host another way than through its needs."""
 
 
-def need(function: Callable[[Reader], Any]) -> Callable[[Reader], Any]:
-    """Register ``function`` as a need: the prefetch reads what it asks of every host."""
-    NEEDS[f"{function.__module__}.{function.__qualname__}"] = function
-    return function
+def need(function: Callable[[Reader], Any] | None = None, *, prefetch: bool = True):
+    """Register ``function`` as a need: the prefetch reads what it asks of every host.
+    ``@need(prefetch=False)``: a need only action controls ask, answered when they run and
+    never in the prefetch (what runs the venv's interpreter: importing torch takes seconds,
+    which a read-only run would wait for)."""
+
+    def register(function: Callable[[Reader], Any]) -> Callable[[Reader], Any]:
+        qualified = f"{function.__module__}.{function.__qualname__}"
+        NEEDS[qualified] = function
+        if not prefetch:
+            LIVE.add(qualified)
+        return function
+
+    return register if function is None else register(function)
 
 
 def command_text(command: str, *args: str, sudo: bool = False) -> str:
@@ -432,6 +444,8 @@ def _ssh_output(argv: list[str], name: str = "") -> str | None:
 def plan(reader: Reader) -> None:
     """Evaluate every need against ``reader`` (what they ask lands in ``reader.wanted``)."""
     for qualified, function in NEEDS.items():
+        if qualified in LIVE:
+            continue
         try:
             function(reader)
         except Pending:

@@ -225,31 +225,41 @@ def venv_distributions(r) -> dict[str, dict]:
     return {_normal(name): d for name, d in distributions(r, r.settings["python_venv_path"]).items()}
 
 
-@need
-def torch_answers(r) -> dict | None:
-    """What the venv's own interpreter says of torch (and vLLM), run as the venv's owner
-    (venv.interpreter's rule)."""
-    manifest = r.settings["python_stack"]
-    if not manifest.get("torch"):
+def _interpreter_answer(r, code: str, gpu: bool = False):
+    """What the venv's own interpreter prints for ``code``, run as the venv's owner
+    (venv.interpreter's rule); the GPU's questions only where there is one (the gpu
+    fixture's rule). Each is asked by an action control alone, when it runs: an import of
+    torch takes seconds (more on a Spark, vLLM's tens), which the read-only run never waits
+    for; the pins' versions are read from the venv's records instead (test_every_pin...)."""
+    if not r.settings["python_stack"].get("torch"):
         return None
+    return r.run(("test -e /dev/nvidiactl && " if gpu else "") + interpreter(r.settings, code), sudo=True)
 
-    def run(code, gpu=False):
-        # The GPU's questions only where there is one (the gpu fixture's rule), in the same round.
-        return r.run(("test -e /dev/nvidiactl && " if gpu else "") + interpreter(r.settings, code), sudo=True)
 
-    vllm = manifest.get("vllm")
+@need(prefetch=False)
+def torch_import(r):
+    return _interpreter_answer(r, "import torch; print(torch.__version__)")
 
-    return {
-        "version": run("import torch; print(torch.__version__)"),
-        "cuda": run("import torch; print(torch.version.cuda)", gpu=True),
-        "capability": run(
-            "import torch\n"
-            "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
-            "print('%d.%d' % torch.cuda.get_device_capability(0))",
-            gpu=True,
-        ),
-        "vllm": run("import vllm; print(vllm.__version__)", gpu=True) if vllm and vllm["name"] == "vllm" else None,
-    }
+
+@need(prefetch=False)
+def torch_cuda(r):
+    return _interpreter_answer(r, "import torch; print(torch.version.cuda)", gpu=True)
+
+
+@need(prefetch=False)
+def torch_capability(r):
+    return _interpreter_answer(
+        r,
+        "import torch\n"
+        "assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'\n"
+        "print('%d.%d' % torch.cuda.get_device_capability(0))",
+        gpu=True,
+    )
+
+
+@need(prefetch=False)
+def vllm_import(r):
+    return _interpreter_answer(r, "import vllm; print(vllm.__version__)", gpu=True)
 
 
 @pytest.fixture
@@ -262,10 +272,11 @@ def torch_pin(pins) -> str:
     return pins["torch"]
 
 
+@pytest.mark.action
 def test_torch_imports_at_its_pinned_version(read, torch_pin):
     """Protects against a venv that installs but cannot import torch (a missing shared
     library, a wheel for another platform)."""
-    assert _same_version(read(torch_answers)["version"].check(), torch_pin)
+    assert _same_version(read(torch_import).check(), torch_pin)
 
 
 # GPU controls -----------------------------------------------------------------------
@@ -283,16 +294,18 @@ def gpu(read, torch_pin) -> None:
         pytest.skip("no NVIDIA GPU on this host (/dev/nvidiactl is missing): GPU controls need one")
 
 
+@pytest.mark.action
 def test_gpu_torch_is_a_cuda_13_build(read, gpu):
     """Protects against PyPI's CPU-only aarch64 torch, or a cu12x / cu132 build picked by
     uv's `auto` backend: the Spark's stack is CUDA 13.0."""
-    assert read(torch_answers)["cuda"].check().startswith("13.")
+    assert read(torch_cuda).check().startswith("13.")
 
 
+@pytest.mark.action
 def test_gpu_is_available_with_the_profiles_capability(read, profile, gpu):
     """Protects against a box deployed with another box's profile (sm_121 kernels on an
     sm_120 card): torch sees the GPU, of the compute capability the profile names."""
-    assert read(torch_answers)["capability"].check() == profile["compute_capability"]
+    assert read(torch_capability).check() == profile["compute_capability"]
 
 
 GPU_WORK = """
@@ -325,11 +338,12 @@ def test_gpu_bf16_matmul_and_sdpa_run_and_are_right(host, settings, gpu):
         assert "matmul_rel_err=" in host.check_output(interpreter(settings, GPU_WORK))
 
 
+@pytest.mark.action
 def test_gpu_vllm_imports(read, manifest, gpu):
     """Protects against a vLLM built for another torch or CUDA (undefined symbols at
     import): it imports, at the pinned version."""
     vllm = manifest.get("vllm")
     if not vllm or vllm["name"] != "vllm":
         pytest.skip("the manifest installs no vLLM on this host")
-    version = read(torch_answers)["vllm"].check()
+    version = read(vllm_import).check()
     assert _same_version(version, vllm["version"])

@@ -215,6 +215,32 @@ def test_a_need_is_answered_from_the_prefetch_with_the_state_at_the_start_and_se
         assert len(ran) == 1  # both reads in one command
 
 
+@reads.need(prefetch=False)
+def asked_live(r):
+    """A test need only action controls ask (as the venv interpreter's answers)."""
+    return r.run("ls -a %s", r.settings["dir"] + "/live")
+
+
+def test_a_need_left_out_of_the_prefetch_is_planned_by_no_reading_and_answered_when_asked(tmp_path):
+    """What runs the venv's interpreter (seconds for torch) is no part of the one reading a
+    read-only run waits for: the plan leaves it out, the control that asks reads it then."""
+    planned = _reader()
+    planned.settings = {"dir": str(tmp_path)}
+    reads.plan(planned)
+    assert f"cd / && ls -a {tmp_path}" in planned.wanted
+    assert not [command for command in planned.wanted if "/live" in command]
+    (tmp_path / "live").mkdir()
+    ran = []
+    host, backend_class = counting_host(ran)
+    reads.install(backend_class)
+    reads.acting = True
+    try:
+        assert _answer(host, asked_live, {"dir": str(tmp_path)}).stdout == ".\n..\n"
+    finally:
+        reads.acting = False
+    assert len(ran) == 1
+
+
 def test_whatever_the_prefetch_lacks_is_read_in_one_command_per_round(tmp_path):
     ran = []
     host, backend_class = counting_host(ran)
