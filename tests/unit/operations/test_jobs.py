@@ -599,6 +599,10 @@ def test_preflight_on_a_host_where_everything_is_wrong(tmp_path):
     _fake_process(env, 5757, "python3", ["python3", "/home/u/notes.py", "/opt/v/bin/vllm"])
     _fake_process(env, 5252, "pt_main_thread", ["python3", "train.py", "--ray.address=x"])
     _fake_process(env, 5353, "tail", ["tail", "-f", "/var/log/vllm", "ray.tar"])
+    # No argument can make a line of its own: one forging another process's first argument.
+    proc = env["SPARK_PREFLIGHT_PROC"]
+    _fake_process(env, 6060, "sh", ["sh", "-c", f"true\n{proc}/5999/cmdline:1:/usr/bin/vllm"])
+    _fake_process(env, 5999, "sleep", ["sleep", "60"])
     result = _preflight(tmp_path, env)
     assert result.stdout.splitlines() == [
         f"FAIL memory: MemAvailable {10 * GIB} KiB < 67108864 KiB",
