@@ -206,6 +206,23 @@ journalctl --sync
         "| sed 's/^/a rollout mark passed the filters: /'",
     ),
     Attack(
+        "venv-nccl",
+        "cluster",
+        "the venv owner installs an NCCL wheel's records (nvidia_nccl_cu13 .dist-info) whose "
+        "libnccl.so.2 is a link to the root-only canary: root reads each NCCL library's sha256 and "
+        "version line (the report, the suite's reading, a cluster's controls)",
+        f"""
+runuser -u {VENV_OWNER} -- sh -s <<'EOF'
+set -e
+cd {VENV}
+site=$(echo lib/python3*/site-packages)
+mkdir -p $site/nvidia_nccl_cu13-2.28.9.dist-info $site/nvidia/nccl/lib
+printf 'Name: nvidia-nccl-cu13\\nVersion: 2.28.9\\n' > $site/nvidia_nccl_cu13-2.28.9.dist-info/METADATA
+ln -sf {SECRET} $site/nvidia/nccl/lib/libnccl.so.2
+EOF
+""",
+    ),
+    Attack(
         "fwupd-names",
         "updates",
         "a STAND-IN fwupd (root's fwupdmgr in /usr/local/bin) reports devices whose names hold NUL and ESC",

@@ -202,6 +202,18 @@ def test_the_attacked_suite_ends_names_its_refusals_and_leaves_no_process_behind
     assert _root_sh(host, hostile.leftovers()).strip() == "", "the venv owner's programs outlived the suite"
 
 
+def test_the_report_fails_the_hostile_host_naming_its_nccl_link_and_reads_nothing_through_it(armed, tmp_path, say):
+    """The fleet report reads every host's NCCL builds as root: the venv owner's libnccl.so.2,
+    a link to the root-only canary, fails that host, named, and nothing behind it is read."""
+    host, canaries = armed
+    played = play(
+        [sys.executable, "-m", "sparkrig.tools", "report", INVENTORY], ATTACKED_DEPLOY_BOUND_S, tmp_path / "report"
+    )
+    say(f"hostile: report, exit status {played.returncode} in {played.seconds:.0f} s")
+    _assert_survived(host, canaries, played, "the report")
+    assert "NCCL's venv library not read" in played.output and "libnccl.so.2" in played.output, played.output[-3000:]
+
+
 def test_the_collector_never_writes_where_the_prometheus_user_points(armed):
     """While the prometheus user swaps its directory for a link to /etc in a loop, the collector
     runs again and again: its file lands in root's directory, never through the link."""
