@@ -26,9 +26,9 @@ def test_converge_succeeds_on_every_lab_host(lab_hosts, first_converge):
     # Each run's own summary line (the emulated hosts converge in a run of their own) counts
     # its hosts' changes.
     for run in first_converge.runs or (first_converge,):
-        ran = run.hosts()
+        hosts = f"{len(run.hosts())} host" + "s" * (len(run.hosts()) != 1)
         changes = sum(len(ops) for ops in run.changed().values())
-        assert f"--> {len(ran)} hosts, {changes} changes on {len(ran)} hosts\n" in run.log
+        assert f"--> {hosts}, {changes} changes on {hosts}\n" in run.log
 
 
 def test_every_operation_has_one_name_on_every_host(first_converge):
