@@ -22,7 +22,7 @@ import pytest
 import lab
 from lab import hostile
 from sparkrig.operations import declaring
-from tests.support import PYINFRA, REPO, DeployResult, run_deploy
+from tests.support import PYINFRA, REPO, DeployResult, RunningDeploy, run_deploy
 
 declaring()  # every concern imported: the tests know every setting, as deploy.py's run does
 
@@ -216,14 +216,62 @@ def lab_locks(lab_hosts) -> list[str]:
     return make_locks()
 
 
+def limit(names) -> list[str]:
+    """pyinfra's --limit for these hosts (one option each: a comma is no list there)."""
+    return [arg for name in names for arg in ("--limit", name)]
+
+
 @pytest.fixture(scope="session")
-def first_converge(request, lab_hosts, lab_locks) -> DeployResult:
-    """The deploy, run once against the fresh lab fleet (its locks made first)."""
+def native_converge(request, lab_hosts, lab_locks):
+    """Converge 1/2 of the hosts that run natively here, the fleet's first deploy.
+
+    An emulated host (lab-gb10, aarch64 under qemu-user) takes several times as long, and
+    pyinfra runs a fleet operation by operation: in one run every host waited for it at each
+    operation. So the emulated hosts converge in a run of their own (the same inventory and
+    deploy, ``--limit``), started beside this one; it runs on into the tests that touch no
+    emulated host (they take this fixture), and :func:`first_converge` waits for it."""
     started = time.monotonic()
     # The hostile host's clean converge runs beside the fleet's (its own inventory): its tests
     # (tests/converge/test_hostile_lab.py) take it from there, having waited for it.
     request.config.sparkrig_hostile_converge = start_hostile_converge()
-    lab_says(request.config, f"converge 1/2: deploy.py on {len(lab_hosts)} fresh hosts")
-    result = run_deploy(LAB_INVENTORY)
-    lab_says(request.config, f"converge 1/2: {deploy_summary(result)}, in {time.monotonic() - started:.0f} s")
-    return result
+    emulated = [host.name for host in lab_hosts if lab.FLAVOURS[host.flavour].emulated]
+    native = [host.name for host in lab_hosts if host.name not in emulated]
+    beside = None
+    if emulated and native:
+        beside = RunningDeploy(LAB_INVENTORY, *limit(emulated))
+        request.config.sparkrig_emulated_converge = (beside, emulated, started)
+        lab_says(
+            request.config,
+            f"converge 1/2: deploy.py on {len(native)} fresh hosts, and in a run of its own beside it "
+            f"on the emulated {', '.join(emulated)}",
+        )
+        result = run_deploy(LAB_INVENTORY, *limit(native))
+    else:
+        lab_says(request.config, f"converge 1/2: deploy.py on {len(lab_hosts)} fresh hosts")
+        result = run_deploy(LAB_INVENTORY)
+    lab_says(
+        request.config,
+        f"converge 1/2: {deploy_summary(result)}, in {time.monotonic() - started:.0f} s"
+        + (f" ({', '.join(emulated)} still converging)" if beside and beside.process.poll() is None else ""),
+    )
+    yield result
+    if beside is not None:  # a session of native tests alone ends before it
+        beside.stop()
+
+
+@pytest.fixture(scope="session")
+def first_converge(request, native_converge) -> DeployResult:
+    """The deploy, run once against the fresh lab fleet (its locks made first): every host's
+    converge 1/2 (:func:`native_converge`), the emulated hosts' run waited for, one result."""
+    background = getattr(request.config, "sparkrig_emulated_converge", None)
+    if background is None:
+        return native_converge
+    beside, emulated, started = background
+    waited = time.monotonic()
+    result = beside.result()
+    lab_says(
+        request.config,
+        f"converge 1/2 on {', '.join(emulated)}: {deploy_summary(result)}, in {time.monotonic() - started:.0f} s "
+        f"(waited {time.monotonic() - waited:.0f} s for it)",
+    )
+    return DeployResult.merged([native_converge, result])

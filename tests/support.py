@@ -6,12 +6,14 @@ and turn a pyinfra inventory into testinfra targets with the same SSH settings; 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,6 +30,7 @@ __all__ = [
     "PYINFRA",
     "REPO",
     "DeployResult",
+    "RunningDeploy",
     "build_wheel",
     "install_wheel",
     "inventory_host_data",
@@ -53,6 +56,27 @@ class DeployResult:
     returncode: int
     report: dict[str, Any] | None
     log: str
+    # The runs a result merged from several is made of (:meth:`merged`), each with its own
+    # summary line; empty for one run.
+    runs: tuple[DeployResult, ...] = field(default=())
+
+    @classmethod
+    def merged(cls, runs: list[DeployResult]) -> DeployResult:
+        """One result of runs over disjoint hosts of one inventory and deploy: each operation
+        (pyinfra's op_hash: where the deploy calls it) with every run's hosts and names, the
+        first failing run's exit status, the logs one after the other."""
+        operations: dict[str, dict[str, Any]] = {}
+        for run in runs:
+            for op in run.operations():
+                into = operations.setdefault(
+                    op["op_hash"], {**op, "names": [], "success": [], "error": [], "no_change": []}
+                )
+                for key in ("success", "error", "no_change"):
+                    into[key] = sorted(into[key] + op[key])
+                into["names"] = sorted(set(into["names"]) | set(op["names"]))
+        returncode = next((run.returncode for run in runs if run.returncode != 0), 0)
+        report = {"results": {"operations": list(operations.values())}}
+        return cls(returncode, report, "".join(run.log for run in runs), tuple(runs))
 
     def operations(self) -> list[dict[str, Any]]:
         return ((self.report or {}).get("results") or {}).get("operations", [])
@@ -85,19 +109,51 @@ def run_deploy(
 ) -> DeployResult:
     """Run ``pyinfra -y --json INVENTORY DEPLOY`` from the repository, as a user would
     (``env``: added to the environment)."""
-    result = subprocess.run(
-        [PYINFRA, "-y", "--json", *args, inventory, deploy],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-    try:
-        report = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        report = None
-    return DeployResult(result.returncode, report, result.stderr + result.stdout * (report is None))
+    return RunningDeploy(inventory, *args, deploy=deploy, env=env).result(timeout)
+
+
+class RunningDeploy:
+    """:func:`run_deploy` started, not waited for: :meth:`result` waits (a run beside others)."""
+
+    def __init__(self, inventory: str, *args: str, deploy: str = "deploy.py", env: dict[str, str] | None = None):
+        # Into files, read once it ended: a pipe nobody reads would stop it.
+        self._stdout = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [PYINFRA, "-y", "--json", *args, inventory, deploy],
+            cwd=REPO,
+            stdout=self._stdout,
+            stderr=self._stderr,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+
+    def result(self, timeout: float = 1800) -> DeployResult:
+        """Its result once it ended (killed when it outlasts ``timeout``: TimeoutExpired)."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        stdout, stderr = (self._read(handle) for handle in (self._stdout, self._stderr))
+        try:
+            report = json.loads(stdout)
+        except json.JSONDecodeError:
+            report = None
+        return DeployResult(self.process.returncode, report, stderr + stdout * (report is None))
+
+    def stop(self) -> None:
+        """Kill it if it still runs."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    @staticmethod
+    def _read(handle) -> str:
+        handle.seek(0)
+        # As subprocess's text mode reads a pipe (universal newlines); closed once read.
+        with io.TextIOWrapper(handle, errors="replace") as text:
+            return text.read()
 
 
 def run_check(

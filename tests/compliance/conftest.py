@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,10 +59,11 @@ READ_ONLY_TIMEOUT_S = 3 * reads.READ_TIMEOUT_S
 ACTION_TIMEOUT_S = 900
 
 
-def readers(config, hosts: dict[str, dict]) -> dict:
+def readers(config, hosts: dict[str, dict], every_host=None) -> dict:
     """For each host, how to make its :class:`reads.Reader` (the settings the ``settings``
     fixture gives it) for the prefetch: every need of every compliance module is planned
-    with it. A host whose settings do not resolve gets none: its controls ask for themselves."""
+    with it. A host whose settings do not resolve gets none: its controls ask for themselves.
+    ``every_host``: every host of the inventory (default: the --inventory's, --limit aside)."""
     for path in sorted(Path(__file__).parent.glob("test_*.py")):
         importlib.import_module(f"{__package__}.{path.stem}")  # registers its needs
     found, everyone = {}, None
@@ -71,7 +73,8 @@ def readers(config, hosts: dict[str, dict]) -> dict:
         except Exception:  # noqa: BLE001 - reported by the controls' own settings fixture
             continue
         if settings["cluster_name"] is not None and everyone is None:
-            everyone = inventory_hosts(config, limit=[])  # a --limit may leave peers out
+            # A --limit may leave peers out.
+            everyone = every_host() if every_host else inventory_hosts(config, limit=[])
         found[name] = lambda answers, name=name, settings=settings: reads.Reader(
             name, settings, answers, lambda: everyone
         )
@@ -361,11 +364,19 @@ def _lab_ssh_config(request):
     """In lab mode: the lab up and converged, and its SSH config copied, multiplexed, to
     where the suite's hosts read it, before the first control runs."""
     if request.config.sparkrig_targets == "lab":
-        request.getfixturevalue("host_data")
+        hosts = request.getfixturevalue("host_data")
         from .targets import lab  # noqa: PLC0415 - the checkout's lab, imported when first used
 
-        write_multiplexed(lab.ssh_config_path().read_text(), Path(request.config.option.ssh_config))
+        ssh_config = request.config.option.ssh_config
+        write_multiplexed(lab.ssh_config_path().read_text(), Path(ssh_config))
         lab_says(request.config, f"compliance suite against the {len(_TABLE.names)} lab hosts")
+        # Each host read once, the hosts at once, before the controls, as with --inventory: a
+        # read-only control checks the host's state at the suite's start. A host that cannot be
+        # read is left out, and its controls ask for themselves.
+        started = time.monotonic()
+        names = [name for name in _TABLE.names if name in hosts]
+        reads.seed(reads.prefetch(ssh_config, names, reads.EVERY_HOST, readers(request.config, hosts, lambda: hosts)))
+        lab_says(request.config, f"compliance suite: the hosts' reading in {time.monotonic() - started:.0f} s")
 
 
 @pytest.fixture

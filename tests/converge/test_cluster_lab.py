@@ -107,12 +107,12 @@ def _on_dgx_os_stack(name: str) -> None:
     assert re.search(r"eth0 +ether +\S+ +unmanaged", said), said
 
 
-def test_a_link_taken_down_fails_the_check_naming_it_and_one_run_brings_it_back(first_converge):
+def test_a_link_taken_down_fails_the_check_naming_it_and_one_run_brings_it_back(native_converge):
     """On the node on DGX OS's stack: the run that brings the link back rewrites no file of
     another interface in /run (netplan's generator is never run
     over the real /etc/netplan, which `netplan generate`'s daemon-reload would do), and a second
     run changes nothing; a port NetworkManager took back is handed over again by one run."""
-    assert first_converge.returncode == 0, first_converge.log[-3000:]
+    assert native_converge.returncode == 0, native_converge.log[-3000:]
     for name in NODES:
         assert _check(name).returncode == 0, _check(name).stdout
     _on_dgx_os_stack(NETPLAN_NODE)
@@ -182,12 +182,12 @@ def _timer(name: str) -> str:
     return lab.run_ssh(name, f"systemctl is-active {cl_link.ROLLBACK_UNIT}.timer", check=False).stdout.strip()
 
 
-def test_the_confirmation_keeps_a_change_only_when_it_applied_and_the_link_works(first_converge):
+def test_the_confirmation_keeps_a_change_only_when_it_applied_and_the_link_works(native_converge):
     """The confirm script itself, run on a node: it keeps the change (stops the rollback timer)
     only when the apply succeeded and the port is up with its address and MTU and reaches its
     peer; an apply that failed is rolled back at once; a port without its address, or (but
     on the first node of a run) with no peer answering, keeps the timer running."""
-    assert first_converge.returncode == 0
+    assert native_converge.returncode == 0
     name, peer = "lab-deb12", "lab-deb13"
     try:
         _arm(name, applied=0)
@@ -224,12 +224,12 @@ def test_the_confirmation_keeps_a_change_only_when_it_applied_and_the_link_works
         assert _check(node).returncode == 0, _check(node).stdout
 
 
-def test_a_node_whose_link_reaches_no_peer_rolls_back_by_itself(first_converge, tmp_path):
+def test_a_node_whose_link_reaches_no_peer_rolls_back_by_itself(native_converge, tmp_path):
     """The cluster moved to 192.168.77.0/24 while no node answers a ping (a FAULT the lab
     makes: ICMP echo ignored): the first node changed is kept (up, with its address: its
     peer has not changed yet); the next cannot reach it, is not kept, rolls back by itself,
     and the run fails for it saying why. The lab's own inventory brings all back."""
-    assert first_converge.returncode == 0
+    assert native_converge.returncode == 0
     before = {name: lab.run_ssh(name, f"sudo cat {LINK_FILES[name]}").stdout for name in NODES}
     for name in NODES:
         lab.run_ssh(name, "sudo sysctl -q -w net.ipv4.icmp_echo_ignore_all=1")
@@ -256,11 +256,11 @@ def test_a_node_whose_link_reaches_no_peer_rolls_back_by_itself(first_converge, 
     _rolled_back(before)
 
 
-def test_a_rebooted_cluster_comes_up_as_it_was_left(first_converge):
+def test_a_rebooted_cluster_comes_up_as_it_was_left(native_converge):
     """Both nodes rebooted (the lab restarts them): the link comes up from the files alone
     (on DGX OS's stack, netplan's boot generator and NetworkManager's setting), the check
     passes, and a run changes nothing."""
-    assert first_converge.returncode == 0
+    assert native_converge.returncode == 0
     for name in NODES:
         lab.restart(name)
     for name in NODES:
@@ -271,16 +271,16 @@ def test_a_rebooted_cluster_comes_up_as_it_was_left(first_converge):
     assert again.returncode == 0 and again.changed() == {}, again.changed()
 
 
-def test_a_run_that_leaves_out_a_node_changes_nothing_of_the_cluster(first_converge):
-    assert first_converge.returncode == 0
+def test_a_run_that_leaves_out_a_node_changes_nothing_of_the_cluster(native_converge):
+    assert native_converge.returncode == 0
     result = run_deploy(LAB_INVENTORY, "--limit", "lab-deb12", "--data", "cluster_mtu=1500")
     assert result.returncode == 0, result.log[-3000:]
     assert "cluster lab: lab-deb13 not in this run (--limit): nothing of the cluster is changed" in result.log
     assert result.changed() == {}, result.changed()
 
 
-def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(first_converge, tmp_path):
-    assert first_converge.returncode == 0
+def test_a_node_added_is_trusted_after_one_run_and_no_longer_once_removed(native_converge, tmp_path):
+    assert native_converge.returncode == 0
     added, link = "lab-deb13-b", "cx7-standin2"
     inventory = tmp_path / "three.py"
     # lab-deb13-b joins through a second stand-in link to lab-deb12 (a star: lab-deb13 and
@@ -347,12 +347,12 @@ def _host_keys(name: str) -> list[str]:
     return sorted(lab.run_ssh(name, "cat /etc/ssh/ssh_host_*_key.pub | cut -d' ' -f1,2").stdout.splitlines())
 
 
-def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(first_converge):
+def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(native_converge):
     """lab-deb13 installed afresh from its image at the same address (new host keys, no cluster
     files). The controller refuses it until its owner accepts the new host key (the lab reads it
     from the box's own files, as an owner reads it on the box's console); then one run re-pins it
     on lab-deb12 and replaces its key pair everywhere."""
-    assert first_converge.returncode == 0
+    assert native_converge.returncode == 0
     node, other, address = "lab-deb13", "lab-deb12", "192.168.100.12"
     for name in NODES:
         assert _check(name).returncode == 0, _check(name).stdout
@@ -417,12 +417,12 @@ def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(first_
     )
 
 
-def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(first_converge, tmp_path):
+def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(native_converge, tmp_path):
     """The controller reaches both nodes through NAT, as 192.168.77.50 (a FAULT the lab makes:
     no check on the controller can see it), and the inventory moves the cluster to
     192.168.77.0/24: the first node to apply it answers the controller through the link and is
     cut off. It puts its old link files back by itself; the other node is not changed."""
-    assert first_converge.returncode == 0
+    assert native_converge.returncode == 0
     inventory = _moved(tmp_path, confirm_seconds=20)
     before = {name: lab.run_ssh(name, f"sudo cat {LINK_FILES[name]}").stdout for name in NODES}
     for name in NODES:
@@ -445,12 +445,12 @@ def test_a_link_change_that_cuts_the_controller_off_rolls_back_by_itself(first_c
     _rolled_back(before)
 
 
-def test_a_node_that_reboots_before_its_change_is_confirmed_rolls_back_at_boot(first_converge, tmp_path):
+def test_a_node_that_reboots_before_its_change_is_confirmed_rolls_back_at_boot(native_converge, tmp_path):
     """The change above, cut off the same way, and the first node rebooted while it waits for
     the confirmation (a FAULT: the lab restarts it): the rollback timer dies with the reboot,
     so the node rolls back at boot, before its network starts, and is reachable again with its
     old link; the other node is not changed."""
-    assert first_converge.returncode == 0
+    assert native_converge.returncode == 0
     inventory = _moved(tmp_path, confirm_seconds=120)
     before = {name: lab.run_ssh(name, f"sudo cat {LINK_FILES[name]}").stdout for name in NODES}
     # Read from the controller: the node, cut off, answers no SSH connection. pyinfra picks

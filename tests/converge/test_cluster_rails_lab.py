@@ -40,10 +40,10 @@ def _inventory(tmp_path) -> str:
     return str(inventory)
 
 
-def test_two_rails_per_node_without_rdma_converge_check_and_say_so(lab_hosts, first_converge, tmp_path):
+def test_two_rails_per_node_without_rdma_converge_check_and_say_so(lab_hosts, native_converge, tmp_path):
     if not set(NODES) <= {h.name for h in lab_hosts}:
         pytest.skip(f"the lab's cluster pair {NODES} is not up")
-    assert first_converge.returncode == 0, first_converge.log[-3000:]  # the fleet converged: then a second rail
+    assert native_converge.returncode == 0, native_converge.log[-3000:]  # the fleet converged: then a second rail
     inventory = _inventory(tmp_path)
     lab.link(*NODES, RAIL2)
     try:

@@ -39,11 +39,11 @@ def _suite(tmp_path: Path, inventory: str, *args: str, timeout: float = 600) -> 
     )
 
 
-def test_a_python_planted_in_the_venv_never_runs_as_root_nor_as_the_suites_sudo_user(first_converge, tmp_path):
+def test_a_python_planted_in_the_venv_never_runs_as_root_nor_as_the_suites_sudo_user(native_converge, tmp_path):
     """The venv belongs to a user without sudo, who replaces its bin/python with a program
     that leaves a mark naming the uid it ran as. The suite's read-only Python controls run:
     no mark of root nor of the suite's login user (passwordless sudo) appears."""
-    assert first_converge.returncode == 0, first_converge.log
+    assert native_converge.returncode == 0, native_converge.log
     login_uid = lab.run_ssh(HOST, "id -u").stdout.strip()
     owner = _root_sh(HOST, f"stat -c %U {VENV}").strip()
     python = _root_sh(HOST, f"readlink {VENV}/bin/python").strip()
@@ -111,11 +111,11 @@ def authorized_keys():
 
 
 def test_a_fifo_as_the_cluster_users_authorized_keys_fails_its_control_at_once(
-    first_converge, tmp_path, authorized_keys
+    native_converge, tmp_path, authorized_keys
 ):
     """The cluster user makes its authorized_keys a FIFO: the suite neither hangs in its
     reading nor in the control; the control fails, saying the file could not be read."""
-    assert first_converge.returncode == 0, first_converge.log
+    assert native_converge.returncode == 0, native_converge.log
     path, user = authorized_keys
     _root_sh(HOST, f"runuser -u {user} -- sh -c {shlex.quote(f'rm -f {path} && mkfifo {path}')}")
     started = time.monotonic()
@@ -125,12 +125,12 @@ def test_a_fifo_as_the_cluster_users_authorized_keys_fails_its_control_at_once(
 
 
 def test_a_link_as_the_cluster_users_authorized_keys_sends_nothing_of_its_target(
-    first_converge, tmp_path, authorized_keys
+    native_converge, tmp_path, authorized_keys
 ):
     """The cluster user links its authorized_keys to a root-only file whose line looks like
     a cluster key: the control fails without that line in its message, the run's output or
     its JUnit."""
-    assert first_converge.returncode == 0, first_converge.log
+    assert native_converge.returncode == 0, native_converge.log
     path, user = authorized_keys
     secret = "SPARKRIG-SECRET-LINE sparkrig-cluster:x"
     _root_sh(HOST, f"echo {shlex.quote(secret)} > /root/sparkrig-secret && chmod 600 /root/sparkrig-secret")

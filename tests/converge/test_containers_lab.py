@@ -19,8 +19,8 @@ RUNTIME = {"nvidia": {"path": "nvidia-container-runtime", "args": []}}
 
 
 @pytest.mark.parametrize("name", sorted(STOCK_DAEMON_JSON))
-def test_user_daemon_json_is_merged_and_docker_runs_with_it(first_converge, name):
-    assert first_converge.returncode == 0, first_converge.log
+def test_user_daemon_json_is_merged_and_docker_runs_with_it(native_converge, name):
+    assert native_converge.returncode == 0, native_converge.log
     config = json.loads(lab.run_ssh(name, "sudo cat /etc/docker/daemon.json").stdout)
     expected = {**stock_daemon_json(name), "runtimes": RUNTIME}
     if inventory_host_data(LAB_INVENTORY)[name].get("containers_nvidia_default_runtime"):
@@ -37,8 +37,8 @@ def test_user_daemon_json_is_merged_and_docker_runs_with_it(first_converge, name
     assert "nvidia" in info["Runtimes"]
 
 
-def test_a_key_with_another_fingerprint_is_refused_and_nothing_changes(first_converge):
-    assert first_converge.returncode == 0, first_converge.log
+def test_a_key_with_another_fingerprint_is_refused_and_nothing_changes(native_converge):
+    assert native_converge.returncode == 0, native_converge.log
     host = "lab-deb13"
     keyring = "/etc/apt/keyrings/sparkrig-nvidia-container-toolkit.gpg"
     before = lab.run_ssh(host, f"sha256sum {keyring}").stdout
@@ -70,10 +70,10 @@ def _update_with(host: str, sources_sed: str) -> str:
     return lab.run_ssh(host, f"sudo sh -c {shlex.quote(script)}", check=False).stdout
 
 
-def test_a_repository_is_trusted_with_its_own_key_only(first_converge):
+def test_a_repository_is_trusted_with_its_own_key_only(native_converge):
     """The per-repository keyring is real: the toolkit's repository verifies with its own
     keyring, and apt refuses its index when given the docker repository's key instead."""
-    assert first_converge.returncode == 0, first_converge.log
+    assert native_converge.returncode == 0, native_converge.log
     own = _update_with("lab-deb13", "s#^##")
     assert "rc=0" in own and "NO_PUBKEY" not in own and "Err:" not in own, own
     swapped = _update_with("lab-deb13", "s#sparkrig-nvidia-container-toolkit.gpg#sparkrig-docker.gpg#")

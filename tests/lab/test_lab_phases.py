@@ -43,3 +43,28 @@ def test_a_phase_quotes_the_deploys_own_summary_line():
     log = "--> Disconnecting from hosts...\n--> 4 hosts, 127 changes on 4 hosts\n"
     assert deploy_summary(DeployResult(0, None, log)) == "4 hosts, 127 changes on 4 hosts"
     assert deploy_summary(DeployResult(1, None, "--> pyinfra error: No hosts remaining!\n")) == "exit status 1"
+
+
+def _run(returncode: int, log: str, *operations: tuple[str, str, dict[str, list[str]]]) -> DeployResult:
+    ops = [
+        {"op_hash": h, "name": name, "names": [name], "success": [], "error": [], "no_change": [], **hosts}
+        for h, name, hosts in operations
+    ]
+    return DeployResult(returncode, {"results": {"operations": ops}}, log)
+
+
+def test_runs_over_disjoint_hosts_merge_into_one_result_by_operation():
+    """Converge 1/2 of the emulated host runs apart from the others' (tests/conftest.py): the
+    tests read one result, each operation with every run's hosts and names."""
+    native = _run(0, "native\n", ("a", "Install x", {"success": ["h1", "h2"]}), ("b", "Here", {"no_change": ["h1"]}))
+    emulated = _run(1, "emulated\n", ("a", "Install x (arm64)", {"error": ["g1"]}), ("c", "Own", {"success": ["g1"]}))
+    merged = DeployResult.merged([native, emulated])
+    assert merged.returncode == 1
+    assert merged.log == "native\nemulated\n"
+    assert merged.runs == (native, emulated)
+    assert merged.hosts() == {"h1", "h2", "g1"}
+    assert merged.changed() == {"h1": ["Install x"], "h2": ["Install x"], "g1": ["Own"]}
+    assert merged.errors() == {"g1": ["Install x"]}
+    # A name that differs between the runs' hosts shows, as it would in one run.
+    assert [op["names"] for op in merged.operations()] == [["Install x", "Install x (arm64)"], ["Here"], ["Own"]]
+    assert DeployResult.merged([native, _run(0, "")]).returncode == 0
