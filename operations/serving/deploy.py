@@ -35,11 +35,19 @@ PROBE_TIMEOUT_S = 120
 PREFLIGHT = "/usr/local/bin/spark-preflight"
 DROP_CACHES = "/usr/local/bin/spark-drop-caches"
 COMPACT = "/proc/sys/vm/compact_memory"
-# vLLM's own metrics the probe reads: requests running, generated tokens (a counter), waiting.
+# Each engine's own metrics the probe reads: requests running, a counter that moves while it
+# produces tokens, requests waiting.
 VLLM_METRICS = ("vllm:num_requests_running", "vllm:generation_tokens_total", "vllm:num_requests_waiting")
+# llama.cpp's server (tools/server/server-task.cpp): its llamacpp:tokens_predicted_total counts a
+# request's tokens only once the request ends (metrics_on_prediction, at the slot's reset), so a
+# long generation would look stalled; n_decode_total counts every llama_decode() call as it runs.
+LLAMA_METRICS = ("llamacpp:requests_processing", "llamacpp:n_decode_total", "llamacpp:requests_deferred")
+ENGINE_METRICS = {"vllm": VLLM_METRICS, "llama.cpp": LLAMA_METRICS}
 # The probe's series for node exporter (the helper writes it there; metrics reads the directory).
 TEXTFILE = f"{METRICS_TEXTFILE_DIR}/sparkrig_serving.prom"
-KEY_VARIABLE = "VLLM_API_KEY"  # vLLM reads its API key from here when --api-key is not given
+# Where each engine reads its API key when no --api-key is given: vLLM's VLLM_API_KEY,
+# llama.cpp's LLAMA_API_KEY (common/arg.cpp: --api-key's environment variable).
+KEY_VARIABLES = {"vllm": "VLLM_API_KEY", "llama.cpp": "LLAMA_API_KEY"}
 
 
 def unit_name(name: str) -> str:
@@ -54,9 +62,31 @@ def key_file(name: str) -> str:
     return f"{CONFIG_DIR}/{name}.key"
 
 
-def engine_argv(venv: str, model: Mapping[str, Any]) -> list[str]:
-    """The engine's command line: the venv's `vllm serve` with what the settings say. Every word
-    is validated (sparkrig.operations.serving.settings): no space, quote, '$' or '%'."""
+def engine(model: Mapping[str, Any]) -> str:
+    return model.get("engine", "vllm")
+
+
+def engine_argv(venv: str, model: Mapping[str, Any], llama_server: str | None = None) -> list[str]:
+    """The engine's command line: the venv's `vllm serve`, or llama.cpp's llama-server with the
+    model's GGUF file, with what the settings say. Every word is validated
+    (sparkrig.operations.serving.settings): no space, quote, '$' or '%'."""
+    listen, port = model.get("listen", "127.0.0.1"), str(model["port"])
+    if engine(model) == "llama.cpp":
+        if not llama_server:
+            raise ValueError("llama.cpp's engine needs serving_llama_server")
+        return [
+            llama_server,
+            "--model",
+            model["model"],
+            "--alias",
+            model["name"],
+            "--host",
+            listen,
+            "--port",
+            port,
+            "--metrics",
+            *model.get("engine_args", []),
+        ]
     return [
         f"{venv}/bin/vllm",
         "serve",
@@ -64,21 +94,21 @@ def engine_argv(venv: str, model: Mapping[str, Any]) -> list[str]:
         "--served-model-name",
         model["name"],
         "--host",
-        model.get("listen", "127.0.0.1"),
+        listen,
         "--port",
-        str(model["port"]),
+        port,
         "--gpu-memory-utilization",
         f"{model.get('memory_share', 0.9):g}",
         *model.get("engine_args", []),
     ]
 
 
-def exec_start(venv: str, model: Mapping[str, Any]) -> list[str]:
-    argv = engine_argv(venv, model)
+def exec_start(settings: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
+    argv = engine_argv(settings["python_venv_path"], model, settings["serving_llama_server"])
     if model.get("key"):
         # The key reaches the engine in its environment (readable by its user and root alone),
         # from the credential systemd hands this unit, never on a command line.
-        return [PYTHON, "-I", HELPER, "exec", KEY_VARIABLE, "--", *argv]
+        return [PYTHON, "-I", HELPER, "exec", KEY_VARIABLES[engine(model)], "--", *argv]
     return argv
 
 
@@ -99,7 +129,7 @@ def render_unit(model: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
         key=bool(model.get("key")),
         key_file=key_file(name),
         helper=HELPER,
-        exec_start=" ".join(exec_start(settings["python_venv_path"], model)),
+        exec_start=" ".join(exec_start(settings, model)),
         start_timeout_s=settings["serving_start_timeout_s"],
         grace_s=settings["serving_drain_grace_s"],
         allow=allow_list(model.get("allow", [])),
@@ -125,10 +155,10 @@ def render_config(settings: Mapping[str, Any]) -> str:
                 "port": model["port"],
                 "key_file": key_file(model["name"]) if model.get("key") else None,
                 "min_available_kib": model.get("min_available_gib", 1) << 20,
+                "metrics": list(ENGINE_METRICS[engine(model)]),
             }
             for model in settings["serving_models"]
         ],
-        "metrics": list(VLLM_METRICS),
         "stall_s": settings["serving_stall_s"],
         "health_failures": settings["serving_health_failures"],
         "drop_caches": settings["serving_drop_caches"],
@@ -219,10 +249,12 @@ def model_path(model: Mapping[str, Any], hub: str) -> str:
 def part(settings: Mapping[str, Any]) -> reading.Part:
     models = settings["serving_models"]
     hub = hub_cache(settings)
+    llama = any(engine(m) == "llama.cpp" for m in models)
     return reading.part(
         ServingHost,
         models=tuple((m["name"], model_path(m, hub), m["port"]) for m in models),
         unit_prefix=SERVE_UNIT_PREFIX,
+        server=settings["serving_llama_server"] if llama else None,
     )
 
 
@@ -249,27 +281,48 @@ def reads(settings):
     return [part(settings), state_part(settings)]
 
 
-def model_problem(name: str, found: Mapping[str, Any], unit_active: bool) -> str | None:
-    """Why the host cannot serve model ``name``, from the reading, or None."""
+def model_problem(name: str, found: Mapping[str, Any], unit_active: bool, wanted: str = "dir") -> str | None:
+    """Why the host cannot serve model ``name``, from the reading, or None. ``wanted``: what the
+    model must be, ``dir`` (vLLM's directory) or ``file`` (llama.cpp's GGUF file)."""
     kind = found["models"].get(name)
-    if kind != "dir":
+    what = "model directory" if wanted == "dir" else "GGUF file"
+    itself = "the model's directory" if wanted == "dir" else "the GGUF file"
+    if kind != wanted:
         said = {
             "missing": "is missing",
-            "link": "is a symbolic link (the model's directory itself, not a link to one)",
-            "fifo": "is a FIFO, not a directory",
+            "link": f"is a symbolic link ({itself} itself, not a link to one)",
+            "fifo": f"is a FIFO, not a {'directory' if wanted == 'dir' else 'regular file'}",
             None: "was not read",
-        }.get(kind, f"is a {kind}, not a directory")
-        return f"model {name}: its model directory {said}"
+        }.get(kind, f"is a {kind}, not a {'directory' if wanted == 'dir' else 'regular file'}")
+        return f"model {name}: its {what} {said}"
     if name in found["ports_held"] and not unit_active:
         return f"model {name}: its port is held by another program (ss lists a listener)"
+    return None
+
+
+def server_problem(path: str, found: Mapping[str, Any]) -> str | None:
+    """Why llama.cpp's server at ``path`` is not run (not a file root owns and root alone may
+    write, in a directory root alone may write), or None. The unit's user runs it: a program
+    another user could change would run that user's code as the venv's owner, and under root's
+    guard and readiness."""
+    for key, what, kind in (("server", path, "file"), ("server_dir", path.rsplit("/", 1)[0] or "/", "dir")):
+        now = found.get(key) or {"kind": "missing", "uid": None, "mode": None}
+        if now["kind"] != kind:
+            said = "a symbolic link" if now["kind"] == "link" else now["kind"]
+            return f"serving_llama_server {path}: {what} is {said}, not a {'file' if kind == 'file' else 'directory'}"
+        if now["uid"] != 0:
+            return f"serving_llama_server {path}: {what} is owned by uid {now['uid']}, not root"
+        if now["mode"] & 0o022:
+            return f"serving_llama_server {path}: {what} is writable by group or others (mode {now['mode']:o})"
     return None
 
 
 @deploy("Serving", data_defaults=DEFAULTS)
 def serving():
     """
-    Serve the models ``serving_models`` lists, each by its own unit running the venv's vLLM as
-    the venv's owner, kept alive by the forward-progress probe; nothing where it lists none.
+    Serve the models ``serving_models`` lists, each by its own unit running the venv's vLLM (or
+    root's llama.cpp server, serving_llama_server, with a GGUF file) as the venv's owner, kept
+    alive by the forward-progress probe; nothing where it lists none.
 
     Settings: ``serving_*``, ``python_venv_path``, ``python_venv_owner``, ``cuda_env_file``;
     see docs/settings.md and docs/serving.md.
@@ -304,12 +357,21 @@ def serving():
             absent=f"The serving probe's metrics removed ({TEXTFILE}: serving_models is empty)",
         )
         return
-    for model in models:
-        active = units.get(unit_name(model["name"]), {}).get("active") in ("active", "activating")
-        problem = model_problem(model["name"], found, active)
-        if problem:
-            refused(name="Every served model's directory and port are there for it", message=f"serving: {problem}")
-            return
+    problems = [
+        model_problem(
+            model["name"],
+            found,
+            units.get(unit_name(model["name"]), {}).get("active") in ("active", "activating"),
+            "file" if engine(model) == "llama.cpp" else "dir",
+        )
+        for model in models
+    ]
+    if any(engine(m) == "llama.cpp" for m in models):
+        problems.append(server_problem(settings.serving_llama_server, found))
+    problem = next((p for p in problems if p), None)
+    if problem:
+        refused(name="Every served model's directory and port are there for it", message=f"serving: {problem}")
+        return
 
     helper = render_helper()
     atomic.file_if_changed(

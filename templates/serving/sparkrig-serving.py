@@ -278,7 +278,7 @@ def probe(config):
             # Starting (its readiness still waits), stopped or drained: nothing to judge.
             state.pop(model["name"], None)
             continue
-        seen = sample(model, config["metrics"])
+        seen = sample(model, model["metrics"])
         mine, reason = decide(state.get(model["name"]), seen, now, config["stall_s"], config["health_failures"])
         state[model["name"]] = mine
         if reason:
