@@ -640,7 +640,11 @@ def test_the_probe_parses_llama_cpps_real_metrics_text():
     found = namespace["parse_metrics"](text, serving.LLAMA_METRICS)
     assert found is not None and None not in found.values(), found
     assert found["llamacpp:requests_processing"] == 1.0
-    assert found["llamacpp:n_decode_total"] > 0
+    assert found["llamacpp:n_decode_total"] == 659.0
+    # Why not tokens_predicted_total: it stood at the earlier request's 1 while this one ran.
+    assert namespace["parse_metrics"](text, ("llamacpp:tokens_predicted_total",)) == {
+        "llamacpp:tokens_predicted_total": 1.0
+    }
     # vLLM's names are not there: read with the wrong engine's names the probe sees nothing.
     assert namespace["parse_metrics"](text, serving.VLLM_METRICS) == dict.fromkeys(serving.VLLM_METRICS)
 
