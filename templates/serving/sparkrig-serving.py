@@ -285,6 +285,10 @@ def probe(config):
             kind = "health" if reason.startswith("/health") else "stall"
             key = f"{model['name']}/{kind}"
             state.setdefault("restarts", {})[key] = state.get("restarts", {}).get(key, 0) + 1
+            if kind == "stall":
+                # A stalled engine finishes nothing: a graceful stop would wait out the drain
+                # grace (llama.cpp's server, frozen with a request running, never ends on SIGTERM).
+                run(["systemctl", "kill", "--signal=SIGKILL", unit])
             code, said = run(["systemctl", "restart", "--no-block", unit])
             log(
                 f"{unit}: restarted by sparkrig-serving probe: {reason}"

@@ -512,7 +512,11 @@ def test_the_probe_restarts_an_engine_whose_tokens_stand_still_while_requests_ru
     _age_state(helper_env, 31)
     result = _helper(helper_env, "probe")
     assert result.returncode == 0, result.stderr
-    assert "systemctl restart --no-block spark-serve-small.service" in _calls(helper_env)
+    calls = _calls(helper_env)
+    assert "systemctl restart --no-block spark-serve-small.service" in calls
+    # Killed first: a frozen engine would only wait out the drain grace on SIGTERM.
+    kill = "systemctl kill --signal=SIGKILL spark-serve-small.service"
+    assert kill in calls and calls.index(kill) < calls.index("systemctl restart --no-block spark-serve-small.service")
     assert (
         "spark-serve-small.service: restarted by sparkrig-serving probe: stalled: 2 request(s) running" in result.stdout
     )
