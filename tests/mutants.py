@@ -459,14 +459,14 @@ MUTANTS = (
     Mutant(
         "lab-llamacpp-sdist-unchecked",
         "lab/llamacpp.py",
-        "    return verified_sdist(path)\n",
-        "    return path\n",
+        "    return verified_sdist(path)",
+        "    return path",
         ("tests/lab/test_lab_llamacpp.py",),
     ),
     # llama-server is run only where root alone may change it.
     Mutant(
         "serving-llama-server-any-owner",
-        "operations/serving/deploy.py",
+        "operations/serving/engines.py",
         'if now["uid"] != 0:',
         "if False:",
         ("tests/unit/operations/test_serving.py",),
@@ -482,7 +482,7 @@ MUTANTS = (
     # llama.cpp's key through the helper, in its environment, never on the command line.
     Mutant(
         "serving-llama-key-variable",
-        "operations/serving/deploy.py",
+        "operations/serving/engines.py",
         'KEY_VARIABLES = {"vllm": "VLLM_API_KEY", "llama.cpp": "LLAMA_API_KEY"}',
         'KEY_VARIABLES = {"vllm": "VLLM_API_KEY", "llama.cpp": "VLLM_API_KEY"}',
         ("tests/unit/operations/test_serving.py",),

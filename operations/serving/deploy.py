@@ -16,6 +16,9 @@ from sparkrig.messages import refused
 from sparkrig.resources import TEMPLATES
 from sparkrig.units import JOB_DRAIN, METRICS_TEXTFILE_DIR, SERVE_UNIT_PREFIX, WATCHDOG_SERVICE
 
+from .engines import ENGINE_METRICS, KEY_VARIABLES, engine, engine_argv, server_problem
+from .engines import LLAMA_METRICS as LLAMA_METRICS
+from .engines import VLLM_METRICS as VLLM_METRICS
 from .facts import ServingHost
 from .settings import DEFAULTS
 
@@ -35,19 +38,8 @@ PROBE_TIMEOUT_S = 120
 PREFLIGHT = "/usr/local/bin/spark-preflight"
 DROP_CACHES = "/usr/local/bin/spark-drop-caches"
 COMPACT = "/proc/sys/vm/compact_memory"
-# Each engine's own metrics the probe reads: requests running, a counter that moves while it
-# produces tokens, requests waiting.
-VLLM_METRICS = ("vllm:num_requests_running", "vllm:generation_tokens_total", "vllm:num_requests_waiting")
-# llama.cpp's server (tools/server/server-task.cpp): its llamacpp:tokens_predicted_total counts a
-# request's tokens only once the request ends (metrics_on_prediction, at the slot's reset), so a
-# long generation would look stalled; n_decode_total counts every llama_decode() call as it runs.
-LLAMA_METRICS = ("llamacpp:requests_processing", "llamacpp:n_decode_total", "llamacpp:requests_deferred")
-ENGINE_METRICS = {"vllm": VLLM_METRICS, "llama.cpp": LLAMA_METRICS}
 # The probe's series for node exporter (the helper writes it there; metrics reads the directory).
 TEXTFILE = f"{METRICS_TEXTFILE_DIR}/sparkrig_serving.prom"
-# Where each engine reads its API key when no --api-key is given: vLLM's VLLM_API_KEY,
-# llama.cpp's LLAMA_API_KEY (common/arg.cpp: --api-key's environment variable).
-KEY_VARIABLES = {"vllm": "VLLM_API_KEY", "llama.cpp": "LLAMA_API_KEY"}
 
 
 def unit_name(name: str) -> str:
@@ -60,47 +52,6 @@ def unit_file_path(name: str) -> str:
 
 def key_file(name: str) -> str:
     return f"{CONFIG_DIR}/{name}.key"
-
-
-def engine(model: Mapping[str, Any]) -> str:
-    return model.get("engine", "vllm")
-
-
-def engine_argv(venv: str, model: Mapping[str, Any], llama_server: str | None = None) -> list[str]:
-    """The engine's command line: the venv's `vllm serve`, or llama.cpp's llama-server with the
-    model's GGUF file, with what the settings say. Every word is validated
-    (sparkrig.operations.serving.settings): no space, quote, '$' or '%'."""
-    listen, port = model.get("listen", "127.0.0.1"), str(model["port"])
-    if engine(model) == "llama.cpp":
-        if not llama_server:
-            raise ValueError("llama.cpp's engine needs serving_llama_server")
-        return [
-            llama_server,
-            "--model",
-            model["model"],
-            "--alias",
-            model["name"],
-            "--host",
-            listen,
-            "--port",
-            port,
-            "--metrics",
-            *model.get("engine_args", []),
-        ]
-    return [
-        f"{venv}/bin/vllm",
-        "serve",
-        model["model"],
-        "--served-model-name",
-        model["name"],
-        "--host",
-        listen,
-        "--port",
-        port,
-        "--gpu-memory-utilization",
-        f"{model.get('memory_share', 0.9):g}",
-        *model.get("engine_args", []),
-    ]
 
 
 def exec_start(settings: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
@@ -297,23 +248,6 @@ def model_problem(name: str, found: Mapping[str, Any], unit_active: bool, wanted
         return f"model {name}: its {what} {said}"
     if name in found["ports_held"] and not unit_active:
         return f"model {name}: its port is held by another program (ss lists a listener)"
-    return None
-
-
-def server_problem(path: str, found: Mapping[str, Any]) -> str | None:
-    """Why llama.cpp's server at ``path`` is not run (not a file root owns and root alone may
-    write, in a directory root alone may write), or None. The unit's user runs it: a program
-    another user could change would run that user's code as the venv's owner, and under root's
-    guard and readiness."""
-    for key, what, kind in (("server", path, "file"), ("server_dir", path.rsplit("/", 1)[0] or "/", "dir")):
-        now = found.get(key) or {"kind": "missing", "uid": None, "mode": None}
-        if now["kind"] != kind:
-            said = "a symbolic link" if now["kind"] == "link" else now["kind"]
-            return f"serving_llama_server {path}: {what} is {said}, not a {'file' if kind == 'file' else 'directory'}"
-        if now["uid"] != 0:
-            return f"serving_llama_server {path}: {what} is owned by uid {now['uid']}, not root"
-        if now["mode"] & 0o022:
-            return f"serving_llama_server {path}: {what} is writable by group or others (mode {now['mode']:o})"
     return None
 
 
