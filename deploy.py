@@ -40,6 +40,6 @@ containers()  # Docker and the NVIDIA container toolkit, the `nvidia` runtime me
 ngc()  # off by default: NVIDIA's PyTorch image pinned by digest (or built on it), `spark-container`, JupyterLab on 127.0.0.1
 python_stack()  # uv, and a venv holding the controller's lock of `group_data/python_stack.yml` (PyPI's CUDA 13.0 PyTorch, a pinned vLLM, extras) and the built wheels
 source_builds()  # optional Triton, xformers, vLLM (wheels into the venv) and your own C/CUDA projects such as NCCL (root-owned prefixes), built from source once per fleet, detached
-serving()  # off unless `serving_models` lists models: one unit each running the venv's vLLM as its owner, ready once a completion answers, a forward-progress probe that restarts a stalled engine, a memory guard, loopback or an allow-list and a key
+serving()  # off unless `serving_models` lists models: one unit each running the venv's vLLM (or root's llama.cpp server with a GGUF file) as its owner, ready once a completion answers, a forward-progress probe that restarts a stalled engine, a memory guard, loopback or an allow-list and a key
 cluster()  # off unless a host has `cluster_name`: the ConnectX-7 link, SSH trust between nodes, NCCL's environment, `spark-cluster-check`
 prometheus()  # off unless `prometheus_server` names a host: Debian's Prometheus there scrapes every host, with alert rules (memory low, earlyoom kill, throttling, failed control, reboot pending, host down)

@@ -455,6 +455,38 @@ MUTANTS = (
         "if False:",
         ("tests/unit/operations/test_prefix_builds.py",),
     ),
+    # The lab's llama.cpp sdist: used only with its pinned sha256.
+    Mutant(
+        "lab-llamacpp-sdist-unchecked",
+        "lab/llamacpp.py",
+        "    return verified_sdist(path)",
+        "    return path",
+        ("tests/lab/test_lab_llamacpp.py",),
+    ),
+    # llama-server is run only where root alone may change it.
+    Mutant(
+        "serving-llama-server-any-owner",
+        "operations/serving/engines.py",
+        'if now["uid"] != 0:',
+        "if False:",
+        ("tests/unit/operations/test_serving.py",),
+    ),
+    # The probe reads each engine's own metrics.
+    Mutant(
+        "serving-metrics-vllm-for-every-engine",
+        "operations/serving/deploy.py",
+        '"metrics": list(ENGINE_METRICS[engine(model)]),',
+        '"metrics": list(VLLM_METRICS),',
+        ("tests/unit/operations/test_serving.py",),
+    ),
+    # llama.cpp's key through the helper, in its environment, never on the command line.
+    Mutant(
+        "serving-llama-key-variable",
+        "operations/serving/engines.py",
+        'KEY_VARIABLES = {"vllm": "VLLM_API_KEY", "llama.cpp": "LLAMA_API_KEY"}',
+        'KEY_VARIABLES = {"vllm": "VLLM_API_KEY", "llama.cpp": "VLLM_API_KEY"}',
+        ("tests/unit/operations/test_serving.py",),
+    ),
 )
 
 

@@ -150,12 +150,16 @@ def scrape_targets(everyone: Sequence[tuple[str, Mapping[str, Any]]], server: st
 
 def serving_targets(everyone: Sequence[tuple[str, Mapping[str, Any]]], server: str) -> list[tuple[str, str, str]]:
     """(host's inventory name, model, HOST:PORT) of each served model (serving_models) the
-    server can scrape: vLLM's own /metrics, which its API key does not guard. A model on the
+    server can scrape: vLLM's own /metrics, which its API key does not guard (llama.cpp's key
+    guards its /metrics: a keyed llama.cpp model is not scraped). A model on the
     loopback is scraped on the server alone; one on every address at the address the deploy
     reaches its host at; any other at its listen address (its allow must name the server)."""
     found = []
     for name, data in everyone:
         for model in data.get("serving_models") or []:
+            if model.get("engine") == "llama.cpp" and model.get("key"):
+                # llama.cpp's key guards its /metrics too: the probe's series alone tell of it.
+                continue
             try:
                 address = ipaddress.ip_address(model.get("listen", "127.0.0.1"))
             except ValueError:

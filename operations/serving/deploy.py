@@ -16,6 +16,9 @@ from sparkrig.messages import refused
 from sparkrig.resources import TEMPLATES
 from sparkrig.units import JOB_DRAIN, METRICS_TEXTFILE_DIR, SERVE_UNIT_PREFIX, WATCHDOG_SERVICE
 
+from .engines import ENGINE_METRICS, KEY_VARIABLES, engine, engine_argv, server_problem
+from .engines import LLAMA_METRICS as LLAMA_METRICS
+from .engines import VLLM_METRICS as VLLM_METRICS
 from .facts import ServingHost
 from .settings import DEFAULTS
 
@@ -35,11 +38,8 @@ PROBE_TIMEOUT_S = 120
 PREFLIGHT = "/usr/local/bin/spark-preflight"
 DROP_CACHES = "/usr/local/bin/spark-drop-caches"
 COMPACT = "/proc/sys/vm/compact_memory"
-# vLLM's own metrics the probe reads: requests running, generated tokens (a counter), waiting.
-VLLM_METRICS = ("vllm:num_requests_running", "vllm:generation_tokens_total", "vllm:num_requests_waiting")
 # The probe's series for node exporter (the helper writes it there; metrics reads the directory).
 TEXTFILE = f"{METRICS_TEXTFILE_DIR}/sparkrig_serving.prom"
-KEY_VARIABLE = "VLLM_API_KEY"  # vLLM reads its API key from here when --api-key is not given
 
 
 def unit_name(name: str) -> str:
@@ -54,31 +54,12 @@ def key_file(name: str) -> str:
     return f"{CONFIG_DIR}/{name}.key"
 
 
-def engine_argv(venv: str, model: Mapping[str, Any]) -> list[str]:
-    """The engine's command line: the venv's `vllm serve` with what the settings say. Every word
-    is validated (sparkrig.operations.serving.settings): no space, quote, '$' or '%'."""
-    return [
-        f"{venv}/bin/vllm",
-        "serve",
-        model["model"],
-        "--served-model-name",
-        model["name"],
-        "--host",
-        model.get("listen", "127.0.0.1"),
-        "--port",
-        str(model["port"]),
-        "--gpu-memory-utilization",
-        f"{model.get('memory_share', 0.9):g}",
-        *model.get("engine_args", []),
-    ]
-
-
-def exec_start(venv: str, model: Mapping[str, Any]) -> list[str]:
-    argv = engine_argv(venv, model)
+def exec_start(settings: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
+    argv = engine_argv(settings["python_venv_path"], model, settings["serving_llama_server"])
     if model.get("key"):
         # The key reaches the engine in its environment (readable by its user and root alone),
         # from the credential systemd hands this unit, never on a command line.
-        return [PYTHON, "-I", HELPER, "exec", KEY_VARIABLE, "--", *argv]
+        return [PYTHON, "-I", HELPER, "exec", KEY_VARIABLES[engine(model)], "--", *argv]
     return argv
 
 
@@ -99,7 +80,7 @@ def render_unit(model: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
         key=bool(model.get("key")),
         key_file=key_file(name),
         helper=HELPER,
-        exec_start=" ".join(exec_start(settings["python_venv_path"], model)),
+        exec_start=" ".join(exec_start(settings, model)),
         start_timeout_s=settings["serving_start_timeout_s"],
         grace_s=settings["serving_drain_grace_s"],
         allow=allow_list(model.get("allow", [])),
@@ -125,10 +106,10 @@ def render_config(settings: Mapping[str, Any]) -> str:
                 "port": model["port"],
                 "key_file": key_file(model["name"]) if model.get("key") else None,
                 "min_available_kib": model.get("min_available_gib", 1) << 20,
+                "metrics": list(ENGINE_METRICS[engine(model)]),
             }
             for model in settings["serving_models"]
         ],
-        "metrics": list(VLLM_METRICS),
         "stall_s": settings["serving_stall_s"],
         "health_failures": settings["serving_health_failures"],
         "drop_caches": settings["serving_drop_caches"],
@@ -219,10 +200,12 @@ def model_path(model: Mapping[str, Any], hub: str) -> str:
 def part(settings: Mapping[str, Any]) -> reading.Part:
     models = settings["serving_models"]
     hub = hub_cache(settings)
+    llama = any(engine(m) == "llama.cpp" for m in models)
     return reading.part(
         ServingHost,
         models=tuple((m["name"], model_path(m, hub), m["port"]) for m in models),
         unit_prefix=SERVE_UNIT_PREFIX,
+        server=settings["serving_llama_server"] if llama else None,
     )
 
 
@@ -249,17 +232,20 @@ def reads(settings):
     return [part(settings), state_part(settings)]
 
 
-def model_problem(name: str, found: Mapping[str, Any], unit_active: bool) -> str | None:
-    """Why the host cannot serve model ``name``, from the reading, or None."""
+def model_problem(name: str, found: Mapping[str, Any], unit_active: bool, wanted: str = "dir") -> str | None:
+    """Why the host cannot serve model ``name``, from the reading, or None. ``wanted``: what the
+    model must be, ``dir`` (vLLM's directory) or ``file`` (llama.cpp's GGUF file)."""
     kind = found["models"].get(name)
-    if kind != "dir":
+    what = "model directory" if wanted == "dir" else "GGUF file"
+    itself = "the model's directory" if wanted == "dir" else "the GGUF file"
+    if kind != wanted:
         said = {
             "missing": "is missing",
-            "link": "is a symbolic link (the model's directory itself, not a link to one)",
-            "fifo": "is a FIFO, not a directory",
+            "link": f"is a symbolic link ({itself} itself, not a link to one)",
+            "fifo": f"is a FIFO, not a {'directory' if wanted == 'dir' else 'regular file'}",
             None: "was not read",
-        }.get(kind, f"is a {kind}, not a directory")
-        return f"model {name}: its model directory {said}"
+        }.get(kind, f"is a {kind}, not a {'directory' if wanted == 'dir' else 'regular file'}")
+        return f"model {name}: its {what} {said}"
     if name in found["ports_held"] and not unit_active:
         return f"model {name}: its port is held by another program (ss lists a listener)"
     return None
@@ -268,8 +254,9 @@ def model_problem(name: str, found: Mapping[str, Any], unit_active: bool) -> str
 @deploy("Serving", data_defaults=DEFAULTS)
 def serving():
     """
-    Serve the models ``serving_models`` lists, each by its own unit running the venv's vLLM as
-    the venv's owner, kept alive by the forward-progress probe; nothing where it lists none.
+    Serve the models ``serving_models`` lists, each by its own unit running the venv's vLLM (or
+    root's llama.cpp server, serving_llama_server, with a GGUF file) as the venv's owner, kept
+    alive by the forward-progress probe; nothing where it lists none.
 
     Settings: ``serving_*``, ``python_venv_path``, ``python_venv_owner``, ``cuda_env_file``;
     see docs/settings.md and docs/serving.md.
@@ -304,12 +291,21 @@ def serving():
             absent=f"The serving probe's metrics removed ({TEXTFILE}: serving_models is empty)",
         )
         return
-    for model in models:
-        active = units.get(unit_name(model["name"]), {}).get("active") in ("active", "activating")
-        problem = model_problem(model["name"], found, active)
-        if problem:
-            refused(name="Every served model's directory and port are there for it", message=f"serving: {problem}")
-            return
+    problems = [
+        model_problem(
+            model["name"],
+            found,
+            units.get(unit_name(model["name"]), {}).get("active") in ("active", "activating"),
+            "file" if engine(model) == "llama.cpp" else "dir",
+        )
+        for model in models
+    ]
+    if any(engine(m) == "llama.cpp" for m in models):
+        problems.append(server_problem(settings.serving_llama_server, found))
+    problem = next((p for p in problems if p), None)
+    if problem:
+        refused(name="Every served model's directory and port are there for it", message=f"serving: {problem}")
+        return
 
     helper = render_helper()
     atomic.file_if_changed(

@@ -13,24 +13,51 @@ from sparkrig import host_output
 KINDS = ("dir", "link", "fifo", "file", "other", "missing")
 _UNIT = re.compile(r"[A-Za-z0-9_.@-]+\.service")
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,47}")
+# stat's %F, its spaces made '_' (the fact's line is split on spaces).
+_STAT_KINDS = {
+    "regular_file": "file",
+    "regular_empty_file": "file",
+    "directory": "dir",
+    "symbolic_link": "link",
+    "fifo": "fifo",
+}
 
 
 class ServingHost(FactBase):
     """
-    Returns what each model's directory is (``dir``, ``link``, ``fifo``, ``file``, ``other``,
-    ``missing``: never followed, never read), the models whose port something listens on,
-    whether the probe's timer is enabled, and the endpoint unit files on the host.
+    Returns what each model's directory (or GGUF file) is (``dir``, ``link``, ``fifo``,
+    ``file``, ``other``, ``missing``: never followed, never read), the models whose port
+    something listens on, whether the probe's timer is enabled, the endpoint unit files on the
+    host, and, given ``server`` (llama.cpp's llama-server), what that program and its directory
+    are: kind, owner's uid and mode (never followed, never run).
 
     ``models`` are (name, path, port); a path ``~USER/...`` is under USER's home.
 
     .. code:: python
 
         {"models": {"small": "dir"}, "ports_held": ["small"],
-         "unit_files": ["spark-serve-small.service"], "probe_timer": True}
+         "unit_files": ["spark-serve-small.service"], "probe_timer": True,
+         "server": {"kind": "file", "uid": 0, "mode": 0o755},
+         "server_dir": {"kind": "dir", "uid": 0, "mode": 0o755}}
     """
 
-    def command(self, models: Sequence[tuple[str, str, int]] = (), unit_prefix: str = "spark-serve-") -> StringCommand:
+    def command(
+        self,
+        models: Sequence[tuple[str, str, int]] = (),
+        unit_prefix: str = "spark-serve-",
+        server: str | None = None,
+    ) -> StringCommand:
         bits: list = []
+        if server:
+            # The program and its directory as they are, links not followed (stat's %F of a
+            # link is the link's): a program another user may swap is never run.
+            directory = server.rsplit("/", 1)[0] or "/"
+            for word, path in (("server", server), ("serverdir", directory)):
+                bits += [
+                    f"echo {word} $(stat -c '%u %a %F' --",
+                    _quoted(path),
+                    "2>/dev/null | tr ' ' _ | sed 's/_/ /;s/_/ /' || true);",
+                ]
         for name, path, port in models:
             if path.startswith("~"):
                 user, _, rest = path[1:].partition("/")
@@ -73,13 +100,29 @@ class ServingHost(FactBase):
                 found["unit_files"].append(words[1])
             elif line == "probe":
                 found["probe_timer"] = True
+            elif words[0] in ("server", "serverdir") and len(words) in (1, 4):
+                key = "server" if words[0] == "server" else "server_dir"
+                if len(words) == 1:
+                    found[key] = {"kind": "missing", "uid": None, "mode": None}
+                elif words[1].isdigit() and re.fullmatch(r"[0-7]{1,4}", words[2]):
+                    kind = _STAT_KINDS.get(words[3], "other")
+                    found[key] = {"kind": kind, "uid": int(words[1]), "mode": int(words[2], 8)}
+                else:
+                    raise ValueError(f"unexpected line {line!r}")
             else:
                 raise ValueError(f"unexpected line {line!r}")
         return found
 
     @staticmethod
     def default() -> dict:
-        return {"models": {}, "ports_held": [], "unit_files": [], "probe_timer": False}
+        return {
+            "models": {},
+            "ports_held": [],
+            "unit_files": [],
+            "probe_timer": False,
+            "server": None,
+            "server_dir": None,
+        }
 
 
 def _quoted(text: str) -> str:

@@ -21,7 +21,8 @@ NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,47}")
 HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 # One engine argument: one word, nothing a shell or systemd's command line would read.
 ENGINE_ARG = re.compile(r"[A-Za-z0-9_./:=,+@-]{1,200}")
-# What the unit sets itself: an engine argument naming one of them is refused.
+# What the unit sets itself (vLLM's and llama.cpp's words): an engine argument naming one of
+# them is refused.
 OWNED_ARGS = (
     "--host",
     "--port",
@@ -30,15 +31,36 @@ OWNED_ARGS = (
     "--gpu-memory-utilization",
     "--model",
     "--api-key-file",
+    "-m",
+    "--alias",
+    "-a",
+    "--metrics",
 )
-KEYS = {"name", "model", "port", "memory_share", "min_available_gib", "listen", "allow", "key", "engine_args"}
+# The engines a model is served by: vLLM from the fleet's venv, or llama.cpp's llama-server
+# (serving_llama_server) with a local GGUF file.
+ENGINES = ("vllm", "llama.cpp")
+KEYS = {
+    "name",
+    "engine",
+    "model",
+    "port",
+    "memory_share",
+    "min_available_gib",
+    "listen",
+    "allow",
+    "key",
+    "engine_args",
+}
+# An absolute path of root's program (serving_llama_server): normalised, no quote or space.
+PROGRAM_PATH = re.compile(r"/[A-Za-z0-9_./@+-]{1,1000}")
 REQUIRED = {"name", "model", "port"}
 
 MODELS_ALLOWED = (
     "a list of models, each a mapping with name (lowercase letters, digits, '_.-', 48 at most: "
     "no slash, no space), model (an absolute path of a local directory, or a Hugging Face id "
-    "ORG/NAME from the local cache), port (1024 to 65535, one per model), and optionally "
-    "memory_share (0.05 to 0.95), min_available_gib (1 to 4096), listen (an IP address, "
+    "ORG/NAME from the local cache; with engine llama.cpp the absolute path of a local .gguf "
+    "file), port (1024 to 65535, one per model), and optionally engine (vllm, the default, or "
+    "llama.cpp), memory_share (0.05 to 0.95, vLLM's alone), min_available_gib (1 to 4096), listen (an IP address, "
     "loopback by default), allow (the clients' addresses or networks, needed for any other "
     "listen), key (True: an API key, needed for any other listen) and engine_args (a list of "
     "single words of letters, digits and '_./:=,+@-', none of " + ", ".join(OWNED_ARGS) + ")"
@@ -70,12 +92,20 @@ def model_problem(model: Any) -> str | None:
         return f"{where}: no {missing[0]}"
     if not isinstance(name, str) or not NAME.fullmatch(name):
         return f"name {name!r} is not lowercase letters, digits and '_.-' (no slash, no space)"
+    engine = model.get("engine", "vllm")
+    if engine not in ENGINES:
+        return f"{where}: engine {engine!r} is not one of {', '.join(ENGINES)}"
     path = model["model"]
     local = isinstance(path, str) and path.startswith("/")
     if local and (posixpath.normpath(path) != path or not re.fullmatch(r"[A-Za-z0-9_./@+-]{2,1000}", path)):
         return f"{where}: model {path!r} is not a normalised absolute path of letters, digits and '_./@+-'"
+    if engine == "llama.cpp" and not (local and path.endswith(".gguf")):
+        return f"{where}: model {path!r}: llama.cpp serves a local GGUF file, an absolute path ending in .gguf"
     if not local and not (isinstance(path, str) and HF_ID.fullmatch(path)):
         return f"{where}: model {path!r} is neither an absolute path nor a Hugging Face id ORG/NAME"
+    if engine == "llama.cpp" and "memory_share" in model:
+        # vLLM's --gpu-memory-utilization: llama.cpp takes the memory its model and context need.
+        return f"{where}: memory_share is vLLM's (--gpu-memory-utilization); llama.cpp has none"
     port = model["port"]
     if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
         return f"{where}: port {port!r} is not an integer from 1024 to 65535"
@@ -110,6 +140,12 @@ def model_problem(model: Any) -> str | None:
     return None
 
 
+def program_path_check(value: Any, _data: Mapping[str, Any]) -> str | None:
+    if isinstance(value, str) and PROGRAM_PATH.fullmatch(value) and posixpath.normpath(value) == value:
+        return None
+    return "a normalised absolute path of letters, digits and '_./@+-'"
+
+
 def models_check(value: Any, data: Mapping[str, Any]) -> str | None:
     if not isinstance(value, (list, tuple)):
         return MODELS_ALLOWED
@@ -140,15 +176,25 @@ SETTINGS = (
         "serving_models",
         [],
         "The models this host serves, each by its own unit spark-serve-NAME.service running the "
-        "venv's `vllm serve` as python_venv_owner (docs/serving.md). Each is a mapping: name, model "
+        "venv's `vllm serve` (or llama.cpp's llama-server, engine llama.cpp) as python_venv_owner "
+        "(docs/serving.md). Each is a mapping: name, engine (vllm by default, or llama.cpp), model "
         "(a local directory, or a Hugging Face id found in the local cache: the unit runs with "
-        "HF_HUB_OFFLINE=1), port, memory_share (vLLM's --gpu-memory-utilization, 0.9 by default), "
+        "HF_HUB_OFFLINE=1; for llama.cpp a local .gguf file), port, memory_share (vLLM's "
+        "--gpu-memory-utilization, 0.9 by default; refused for llama.cpp), "
         "min_available_gib (MemAvailable the start needs, else it is refused; 1 by default), "
         "listen (127.0.0.1 by default), allow (the clients besides the host itself, systemd's IP "
         "filter), key (True: an API key the host makes, /etc/sparkrig/serving/NAME.key, root's "
         "0600, handed to the unit alone), engine_args (more arguments, one word each). [] serves "
         "nothing.",
         models_check,
+    ),
+    Setting(
+        "serving_llama_server",
+        "/usr/local/bin/llama-server",
+        "llama.cpp's server program, run by the models whose engine is llama.cpp: an absolute "
+        "path of a file root owns and only root may write (it and its directory: the host fails, "
+        "saying which, otherwise). sparkrig does not install it.",
+        program_path_check,
     ),
     Setting(
         "serving_start_timeout_s",

@@ -278,13 +278,17 @@ def probe(config):
             # Starting (its readiness still waits), stopped or drained: nothing to judge.
             state.pop(model["name"], None)
             continue
-        seen = sample(model, config["metrics"])
+        seen = sample(model, model["metrics"])
         mine, reason = decide(state.get(model["name"]), seen, now, config["stall_s"], config["health_failures"])
         state[model["name"]] = mine
         if reason:
             kind = "health" if reason.startswith("/health") else "stall"
             key = f"{model['name']}/{kind}"
             state.setdefault("restarts", {})[key] = state.get("restarts", {}).get(key, 0) + 1
+            if kind == "stall":
+                # A stalled engine finishes nothing: a graceful stop would wait out the drain
+                # grace (llama.cpp's server, frozen with a request running, never ends on SIGTERM).
+                run(["systemctl", "kill", "--signal=SIGKILL", unit])
             code, said = run(["systemctl", "restart", "--no-block", unit])
             log(
                 f"{unit}: restarted by sparkrig-serving probe: {reason}"

@@ -49,6 +49,16 @@ def state(r) -> dict:
     }
 
 
+@need
+def llama_server(r) -> dict | None:
+    """What llama.cpp's server (serving_llama_server) and its directory are, where a model of
+    this host is served by llama.cpp: path, owner's uid, mode, kind (links not followed)."""
+    if not any(m.get("engine") == "llama.cpp" for m in r.settings.get("serving_models") or []):
+        return None
+    path = r.settings.get("serving_llama_server") or "/usr/local/bin/llama-server"
+    return {"path": path, "stat": r.run("stat -c '%%n|%%u|%%a|%%F' -- %s %s", path, path.rsplit("/", 1)[0] or "/")}
+
+
 def _shown(text: str) -> dict[str, dict[str, str]]:
     """systemctl show's blocks, by unit."""
     units: dict[str, dict[str, str]] = {}
@@ -114,6 +124,22 @@ def test_each_key_file_is_roots_alone(read, models):
     found = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in lines if " " in line}
     for path in sorted(keyed):
         assert found.get(path) == "600 root root regular file", f"{path}: {found.get(path, 'missing')}"
+
+
+def test_llama_cpps_server_is_roots_alone(read, models):
+    """Protects against a llama-server another user can change: what a llama.cpp model's unit
+    runs, under root's memory guard and readiness, is a regular file root owns and only root may
+    write, in a directory the same holds for."""
+    found = read(llama_server)
+    if found is None:
+        pytest.skip("no model of this host is served by llama.cpp")
+    lines = found["stat"].stdout.strip().splitlines()
+    assert len(lines) == 2, f"{found['path']}: {found['stat'].stderr.strip() or 'not found'}"
+    for line, kind in zip(lines, ("regular file", "directory"), strict=True):
+        path, uid, mode, what = line.split("|", 3)
+        assert what == kind, f"{path} is a {what}, not a {kind}"
+        assert uid == "0", f"{path} is owned by uid {uid}, not root"
+        assert not int(mode, 8) & 0o022, f"{path} is writable by group or others (mode {mode})"
 
 
 @pytest.mark.action

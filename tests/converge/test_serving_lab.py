@@ -1,36 +1,46 @@
 """
 Serving in systemd, on one lab host: the unit, its readiness, the forward-progress probe, the
 memory guard (and spark-run --detach's fragmentation check), the drain and the IP filter,
-around the lab's engine: a STAND-IN for vLLM
-(lab/serving-engine-standin.py, named as such: the lab has no GPU, and no real CPU engine
-reaches it: docs/serving.md says why) put where the venv's bin/vllm would be. The deploy is
-serving with what it needs (tests/converge/serving_deploy.py); everything is removed afterwards.
-Where the lab has lab-deb12, the fleet's real Prometheus there (with node exporter on this host)
-sees the probe's stall count and fires SparkServingStalled.
+around the lab's engine: llama.cpp's REAL llama-server (engine llama.cpp), built on the
+controller from a pinned sdist (lab/llamacpp.py), serving a tiny model with random weights
+made on the spot (nothing from a model hub). vLLM itself is proven by its unit tests and its
+own argument parser (docs/serving.md). The deploy is serving with what it needs
+(tests/converge/serving_deploy.py); everything is removed afterwards. Where the lab has
+lab-deb12, the fleet's real Prometheus there (with node exporter on this host) sees the
+probe's stall count and fires SparkServingStalled.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
 import shlex
+import shutil
 import time
 
 import pytest
 
 import lab
+from lab import llamacpp
+from lab.config import HOSTS_DIR
 from tests.conftest import LAB_INVENTORY
 from tests.converge.test_prometheus_lab import SERVER as PROMETHEUS_HOST
 from tests.converge.test_prometheus_lab import api
-from tests.support import REPO, run_deploy
+from tests.support import run_deploy
 
 pytestmark = pytest.mark.lab
 
 HOST = "lab-deb13-b"
 DEPLOY = "tests/converge/serving_deploy.py"
-VENV = "/opt/sparkrig-lab-serving"
+VENV = "/opt/sparkrig-lab-serving"  # the venv's path is a setting; llama.cpp does not use it
 MODEL_DIR = "/srv/sparkrig-lab-model"
+MODEL = f"{MODEL_DIR}/tiny-random.gguf"
+SERVER = "/usr/local/bin/llama-server"  # serving_llama_server's default
+# One thread and one slot (the lab's machine is small); a context shift lets a request run
+# until it is stopped (the frozen-engine test needs one running).
+ENGINE_ARGS = ["--threads", "1", "--parallel", "1", "--ctx-size", "512", "--context-shift"]
 UNIT = "spark-serve-small.service"
 PORT = 18000
 STALL_S = 10
@@ -38,7 +48,9 @@ INTERVAL_S = 5
 
 
 def _settings(*extra: str, **model) -> tuple[str, ...]:
-    models = [{"name": "small", "model": MODEL_DIR, "port": PORT, **model}]
+    models = [
+        {"name": "small", "engine": "llama.cpp", "model": MODEL, "port": PORT, "engine_args": ENGINE_ARGS, **model}
+    ]
     return (
         *extra,
         "--limit",
@@ -77,20 +89,26 @@ def _complete() -> str:
 def served(lab_hosts):
     if HOST not in {h.name for h in lab_hosts}:
         pytest.skip(f"{HOST} is not in this lab")
-    standin = (REPO / "lab" / "serving-engine-standin.py").read_text()
-    lab.run_ssh(
-        HOST,
-        f"sudo install -d -m 755 {VENV}/bin {MODEL_DIR} && sudo tee {VENV}/bin/vllm >/dev/null "
-        f"&& sudo chmod 755 {VENV}/bin/vllm",
-        input=standin,
-    )
+    # The controller's build (cached; ./test starts it while the lab boots) and the model,
+    # written into the host's root file system as root's.
+    binary = llamacpp.server()
+    rootfs = HOSTS_DIR / HOST / "rootfs"
+    (rootfs / SERVER.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(binary, rootfs / SERVER.lstrip("/"))
+    os.chmod(rootfs / SERVER.lstrip("/"), 0o755)
+    (rootfs / MODEL_DIR.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    llamacpp.write_tiny_model(rootfs / MODEL.lstrip("/"))
+    os.chmod(rootfs / MODEL.lstrip("/"), 0o644)
+    # glibc's alone (libstdc++ and libgcc linked in, no OpenMP): built on Debian 12, run on 13.
+    libraries = _ssh(f"ldd {SERVER}")
+    assert "not found" not in libraries and "libstdc++" not in libraries and "libgomp" not in libraries, libraries
     started = time.monotonic()
     first = _converge()
     yield {"first_s": time.monotonic() - started, "first": first}
     _ssh(
         f"sudo spark-jobs undrain; sudo systemctl disable --now {UNIT} sparkrig-serving-probe.timer; "
         f"sudo rm -rf /etc/systemd/system/{UNIT} /etc/systemd/system/sparkrig-serving-probe.* "
-        f"/usr/local/sbin/sparkrig-serving /etc/sparkrig/serving /var/lib/sparkrig/serving {VENV} {MODEL_DIR} "
+        f"/usr/local/sbin/sparkrig-serving /etc/sparkrig/serving /var/lib/sparkrig/serving {MODEL_DIR} {SERVER} "
         "/var/lib/sparkrig/metrics/sparkrig_serving.prom; "
         "sudo systemctl daemon-reload",
         check=False,
@@ -137,9 +155,13 @@ def _wait(what, predicate, seconds: float):
 
 def test_a_completion_answers_after_converge_and_a_second_converge_changes_nothing(served):
     assert "one completion of one token answered" in _complete()
-    # Readiness: the unit turned active only once the engine answered (it sleeps 2 s first).
+    # Readiness: the unit turned active only once the engine answered (not when its port opened).
     journal = _ssh(f"sudo journalctl -u {UNIT} -o cat --no-pager")
     assert "ready: one completion of one token answered" in journal, journal[-2000:]
+    # The real engine, as the venv's owner: llama.cpp's server with the tiny random model.
+    pid = _main_pid()
+    assert _ssh(f"sudo readlink /proc/{pid}/exe").strip() == SERVER
+    assert _ssh(f"ps -o user= -p {pid}").strip() == "spark"
     second = run_deploy(LAB_INVENTORY, *_settings(), deploy=DEPLOY)
     assert second.returncode == 0, second.log[-3000:]
     assert second.changed() == {}, second.changed()
@@ -180,7 +202,8 @@ def test_a_frozen_engine_is_restarted_within_the_stall_bound_and_the_alert_fires
     # Quiet before, unless a stall of an earlier run is still inside the rule's 10-minute window.
     earlier = watched and _stalled_alerts()
     before = _main_pid()
-    body = json.dumps({"model": "small", "prompt": "x", "max_tokens": 600})
+    # A request that runs until stopped (tokens without end; the context shifts).
+    body = json.dumps({"model": "small", "prompt": "x", "max_tokens": 1_000_000, "ignore_eos": True})
     _request(f"http://127.0.0.1:{PORT}/v1/completions", body, timeout=120, background=True)
     # A probe run sees the request running (and tokens coming) before the engine freezes.
     time.sleep(INTERVAL_S + 3)
@@ -268,4 +291,30 @@ def test_a_client_not_allowed_gets_no_answer_and_the_key_is_needed(served):
     assert _request(f"http://127.0.0.1:{PORT}/v1/completions", body) == "401"
     assert "answered" in _complete()
     assert _ssh("sudo stat -c '%a %U' /etc/sparkrig/serving/small.key").strip() == "600 root"
-    assert "VLLM_API_KEY" not in _ssh(f"cat /proc/{_main_pid()}/cmdline | tr '\\0' ' '")
+    pid = _main_pid()
+    key = _ssh("sudo cat /etc/sparkrig/serving/small.key").strip()
+    command_line = _ssh(f"cat /proc/{pid}/cmdline | tr '\\0' ' '")
+    assert command_line.startswith(f"{SERVER} --model {MODEL} --alias small --host 0.0.0.0 "), command_line
+    assert key not in command_line and "api-key" not in command_line, command_line
+    # The key reached llama-server in its environment alone (it refused the keyless request).
+    assert f"LLAMA_API_KEY={key}" in _ssh(f"sudo cat /proc/{pid}/environ | tr '\\0' '\\n'").splitlines()
+
+
+def test_a_gguf_file_swapped_for_a_link_or_a_server_others_may_change_fail_the_host_naming_it(served):
+    """The venv's owner swaps the model file for a link, then root's llama-server is made
+    group-writable: each converge fails this host, saying which; put back, it serves again."""
+    moved = f"{MODEL_DIR}/moved.gguf"
+    try:
+        _ssh(f"sudo mv {MODEL} {moved} && sudo ln -s {moved} {MODEL}")
+        result = run_deploy(LAB_INVENTORY, *_settings(), deploy=DEPLOY, timeout=900)
+        assert result.returncode != 0
+        assert "model small: its GGUF file is a symbolic link" in result.log, result.log[-3000:]
+        _ssh(f"sudo rm {MODEL} && sudo mv {moved} {MODEL} && sudo chmod 775 {SERVER}")
+        result = run_deploy(LAB_INVENTORY, *_settings(), deploy=DEPLOY, timeout=900)
+        assert result.returncode != 0
+        said = f"serving_llama_server {SERVER}: {SERVER} is writable by group or others (mode 775)"
+        assert said in result.log, result.log[-3000:]
+    finally:
+        _ssh(f"[ -L {MODEL} ] && sudo rm {MODEL} && sudo mv {moved} {MODEL}; sudo chmod 755 {SERVER}", check=False)
+    _converge()
+    assert "answered" in _complete()

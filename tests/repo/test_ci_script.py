@@ -15,9 +15,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 # A stand-in uv: records its arguments and start time, sleeps and exits as STANDIN_<half> says
-# (half: "unit" for -m "not lab", "lab" for -m lab, "options" otherwise).
+# (half: "unit" for -m "not lab", "lab" for -m lab, "build" for the lab's llama-server build,
+# "options" otherwise).
 UV = """#!/bin/sh
 case "$*" in
+    *"lab.llamacpp build"*) half=build ;;
     *"not lab"*) half=unit ;;
     *"-m lab"*) half=lab ;;
     *) half=options ;;
@@ -51,12 +53,14 @@ def _run(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedPr
 
 def test_without_options_the_unit_tests_run_beside_the_lab_s_phases(tmp_path):
     started = time.monotonic()
-    result, calls = _run(tmp_path, STANDIN_SLEEP_unit="1", STANDIN_SLEEP_lab="1")
+    result, calls = _run(tmp_path, STANDIN_SLEEP_unit="1", STANDIN_SLEEP_lab="1", STANDIN_SLEEP_build="1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert time.monotonic() - started < 1.9  # side by side, not one after the other
     assert calls[0] == ["installed"]
     halves = {call[0]: call[2:] for call in calls[1:]}
     assert halves == {
+        # The lab's engine built in the background from the start (a cached one at once).
+        "build": ["run", "python", "-m", "lab.llamacpp", "build"],
         "unit": ["run", "pytest", "-m", "not", "lab", "-n", "2", "--durations=15"],
         "lab": ["run", "pytest", "-m", "lab", "--durations=40"],
     }
@@ -69,6 +73,13 @@ def test_either_half_s_failure_is_the_exit_status(tmp_path, unit, lab, status):
     result, _calls = _run(tmp_path, STANDIN_EXIT_unit=unit, STANDIN_EXIT_lab=lab)
     assert result.returncode == status, result.stdout + result.stderr
     assert "output of the unit half" in result.stdout
+
+
+def test_a_failed_engine_build_is_shown_and_the_lab_half_says_the_rest(tmp_path):
+    result, _calls = _run(tmp_path, STANDIN_EXIT_build="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "./test: the lab's llama-server build failed:" in result.stdout
+    assert "output of the build half" in result.stdout
 
 
 def test_options_or_serial_run_one_pytest_with_them(tmp_path):

@@ -404,6 +404,11 @@ def test_each_served_model_is_scraped_where_it_listens_and_the_configuration_pas
             {"ssh_hostname": "10.0.0.3", "serving_models": [{"name": "any", "port": 8002, "listen": "0.0.0.0"}]},
         ),
         ("spark-04", {"serving_models": [{"name": "hidden", "port": 8003}]}),
+        # llama.cpp's key guards its /metrics: Prometheus would get 401, so it is not a target.
+        (
+            "spark-05",
+            {"serving_models": [{"name": "g", "engine": "llama.cpp", "port": 8004, "listen": "10.0.0.5", "key": True}]},
+        ),
     ]
     found = serving_targets(everyone, "spark-01")
     assert found == [

@@ -35,6 +35,7 @@ HELPER = TEMPLATES / "serving" / "sparkrig-serving.py"
 DATA = Path(__file__).parent / "data" / "serving"
 PYTHON = "/usr/bin/python3"
 MODEL = {"name": "small", "model": "/srv/models/small", "port": 8000}
+GGUF = {"name": "tiny", "engine": "llama.cpp", "model": "/srv/models/tiny.gguf", "port": 8010}
 
 
 def _settings(**extra):
@@ -61,6 +62,13 @@ def _settings(**extra):
         ([{**MODEL, "model": "../etc"}], "neither an absolute path nor a Hugging Face id"),
         ([{**MODEL, "model": "/srv/a b"}], "not a normalised absolute path"),
         ([{**MODEL, "port": 80}], "port 80 is not an integer from 1024"),
+        ([{**MODEL, "engine": "tgi"}], "engine 'tgi' is not one of vllm, llama.cpp"),
+        ([{**GGUF, "model": "/srv/models/small"}], "llama.cpp serves a local GGUF file"),
+        ([{**GGUF, "model": "org/small.gguf"}], "llama.cpp serves a local GGUF file"),
+        ([{**GGUF, "memory_share": 0.5}], "memory_share is vLLM's (--gpu-memory-utilization); llama.cpp has none"),
+        ([{**GGUF, "engine_args": ["--alias", "other"]}], "the unit sets --alias itself"),
+        ([{**GGUF, "engine_args": ["--api-key-file", "/tmp/k"]}], "the unit sets --api-key-file itself"),
+        ([{**GGUF, "engine_args": ["-m", "/tmp/x.gguf"]}], "the unit sets -m itself"),
     ],
 )
 def test_a_bad_model_gets_one_error_naming_the_host_the_key_and_what_is_allowed(models, said):
@@ -70,6 +78,15 @@ def test_a_bad_model_gets_one_error_naming_the_host_the_key_and_what_is_allowed(
     assert len(lines) == 1, lines
     assert lines[0].startswith("  host 'spark-1': serving_models = ") and "allowed is a list of models" in lines[0]
     assert said in lines[0]
+
+
+@pytest.mark.parametrize("path", ["llama-server", "/usr/local/bin/../bin/llama-server", "/opt/llama server", ""])
+def test_a_bad_llama_server_path_gets_one_error_before_any_host_is_contacted(path):
+    with pytest.raises(sparkrig_settings.SettingsError) as error:
+        sparkrig_settings.validate_hosts([("spark-1", {"serving_llama_server": path})])
+    lines = [line for line in str(error.value).splitlines() if line.startswith("  host")]
+    assert len(lines) == 1 and lines[0].startswith("  host 'spark-1': serving_llama_server = "), lines
+    assert "a normalised absolute path" in lines[0]
 
 
 def test_the_engine_never_runs_as_root():
@@ -125,6 +142,48 @@ def test_the_engines_command_line_comes_from_the_settings():
         "0.5",
         "--max-model-len=4096",
     ]
+
+
+def test_llama_cpps_command_line_comes_from_the_settings_and_its_key_stays_off_it(tmp_path):
+    """llama-server's words (vendored common/arg.cpp of llama-cpp-python 0.3.36): the GGUF file,
+    the alias clients ask for, where it listens, its /metrics on. A keyed model's key reaches it
+    in LLAMA_API_KEY (--api-key's environment variable) through the helper, never as a word."""
+    settings = _settings(serving_models=[GGUF], serving_llama_server="/opt/llama/bin/llama-server")
+    model = {**GGUF, "engine_args": ["--ctx-size", "4096"]}
+    assert serving.engine_argv("/opt/venv", model, "/opt/llama/bin/llama-server") == [
+        "/opt/llama/bin/llama-server",
+        "--model",
+        "/srv/models/tiny.gguf",
+        "--alias",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8010",
+        "--metrics",
+        "--ctx-size",
+        "4096",
+    ]
+    keyed = {**GGUF, "listen": "10.0.0.5", "allow": ["10.0.0.0/24"], "key": True}
+    unit = serving.render_unit(keyed, settings)
+    (exec_line,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert exec_line == (
+        "ExecStart=/usr/bin/python3 -I /usr/local/sbin/sparkrig-serving exec LLAMA_API_KEY -- "
+        "/opt/llama/bin/llama-server --model /srv/models/tiny.gguf --alias tiny --host 10.0.0.5 --port 8010 --metrics"
+    )
+    assert "api-key" not in unit
+    assert "LoadCredential=key:/etc/sparkrig/serving/tiny.key" in unit.splitlines()
+    assert _validated(tmp_path, unit).returncode == 0
+
+
+def test_the_probe_reads_each_engines_own_metrics():
+    config = json.loads(serving.render_config(_settings(serving_models=[MODEL, GGUF])))
+    assert [m["metrics"] for m in config["models"]] == [list(serving.VLLM_METRICS), list(serving.LLAMA_METRICS)]
+    assert serving.LLAMA_METRICS == (
+        "llamacpp:requests_processing",
+        "llamacpp:n_decode_total",
+        "llamacpp:requests_deferred",
+    )
 
 
 def _validated(tmp_path, text: str) -> subprocess.CompletedProcess:
@@ -220,6 +279,67 @@ def test_the_fact_reads_each_models_directory_without_following_it(tmp_path):
     assert "is a FIFO" in serving.model_problem("fifo", found, False)
     assert "is a file, not a directory" in serving.model_problem("huge", found, False)
     assert serving.model_problem("dir", found, False) is None
+
+
+def _server_fact(path) -> dict:
+    fact = serving_facts.ServingHost()
+    command = fact.command(unit_prefix="spark-serve-test-nothing-", server=str(path))
+    out = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=30, cwd="/")
+    return fact.process(out.stdout.splitlines())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making files another user owns needs root")
+def test_llama_server_is_run_only_where_root_alone_may_change_it(tmp_path):
+    """The fact's stat of the program and its directory, each tried: root's 0755 passes; group-
+    or other-writable, another owner's, a link, a directory, missing, a directory others may
+    write (a program there could be swapped) each fail that host, saying which."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(bin_dir, 0o755)
+    server = bin_dir / "llama-server"
+    server.write_text("#!/bin/sh\n")
+    server.chmod(0o755)
+    assert serving.server_problem(str(server), _server_fact(server)) is None
+    said = {}
+    for case, setup in (
+        ("group-writable", lambda: server.chmod(0o775)),
+        ("other-writable", lambda: server.chmod(0o757)),
+        ("another owner", lambda: os.chown(server, 1000, 0)),
+        ("directory writable", lambda: bin_dir.chmod(0o1777)),
+        ("directory another's", lambda: os.chown(bin_dir, 1000, 1000)),
+    ):
+        setup()
+        said[case] = serving.server_problem(str(server), _server_fact(server))
+        server.chmod(0o755)
+        os.chown(server, 0, 0)
+        bin_dir.chmod(0o755)
+        os.chown(bin_dir, 0, 0)
+    where = f"serving_llama_server {server}: "
+    assert said == {
+        "group-writable": f"{where}{server} is writable by group or others (mode 775)",
+        "other-writable": f"{where}{server} is writable by group or others (mode 757)",
+        "another owner": f"{where}{server} is owned by uid 1000, not root",
+        "directory writable": f"{where}{bin_dir} is writable by group or others (mode 1777)",
+        "directory another's": f"{where}{bin_dir} is owned by uid 1000, not root",
+    }
+    link = bin_dir / "link"
+    link.symlink_to(server)
+    assert (
+        serving.server_problem(str(link), _server_fact(link))
+        == f"serving_llama_server {link}: {link} is a symbolic link, not a file"
+    )
+    assert "is dir, not a file" in serving.server_problem(str(bin_dir), _server_fact(bin_dir))
+    gone = bin_dir / "gone"
+    assert (
+        serving.server_problem(str(gone), _server_fact(gone))
+        == f"serving_llama_server {gone}: {gone} is missing, not a file"
+    )
+
+
+def test_the_fact_refuses_a_forged_server_line():
+    with pytest.raises(Exception, match="unexpected line"):
+        serving_facts.ServingHost().process(["server 0 7x5 regular_file"])
 
 
 def test_the_fact_finds_a_cache_entry_under_the_owners_home_and_a_held_port(tmp_path):
@@ -344,9 +464,9 @@ def helper_env(tmp_path, engine):
                 "port": engine.port,
                 "key_file": str(key),
                 "min_available_kib": 123 << 20,
+                "metrics": list(serving.VLLM_METRICS),
             }
         ],
-        "metrics": list(serving.VLLM_METRICS),
         "stall_s": 30,
         "health_failures": 3,
         "drop_caches": True,
@@ -392,7 +512,11 @@ def test_the_probe_restarts_an_engine_whose_tokens_stand_still_while_requests_ru
     _age_state(helper_env, 31)
     result = _helper(helper_env, "probe")
     assert result.returncode == 0, result.stderr
-    assert "systemctl restart --no-block spark-serve-small.service" in _calls(helper_env)
+    calls = _calls(helper_env)
+    assert "systemctl restart --no-block spark-serve-small.service" in calls
+    # Killed first: a frozen engine would only wait out the drain grace on SIGTERM.
+    kill = "systemctl kill --signal=SIGKILL spark-serve-small.service"
+    assert kill in calls and calls.index(kill) < calls.index("systemctl restart --no-block spark-serve-small.service")
     assert (
         "spark-serve-small.service: restarted by sparkrig-serving probe: stalled: 2 request(s) running" in result.stdout
     )
@@ -509,6 +633,24 @@ def test_the_probe_parses_vllms_real_metrics_text():
         "vllm:generation_tokens_total": 1234.0,
         "vllm:num_requests_waiting": 1.0,
     }
+
+
+def test_the_probe_parses_llama_cpps_real_metrics_text():
+    """llama-server's /metrics, recorded from the lab's engine (DATA/llamacpp-metrics.txt names
+    its source): a request processing, its decode calls the counter that moves."""
+    namespace: dict = {}
+    exec(compile(HELPER.read_text(), str(HELPER), "exec"), namespace)  # noqa: S102
+    text = (DATA / "llamacpp-metrics.txt").read_text()
+    found = namespace["parse_metrics"](text, serving.LLAMA_METRICS)
+    assert found is not None and None not in found.values(), found
+    assert found["llamacpp:requests_processing"] == 1.0
+    assert found["llamacpp:n_decode_total"] == 659.0
+    # Why not tokens_predicted_total: it stood at the earlier request's 1 while this one ran.
+    assert namespace["parse_metrics"](text, ("llamacpp:tokens_predicted_total",)) == {
+        "llamacpp:tokens_predicted_total": 1.0
+    }
+    # vLLM's names are not there: read with the wrong engine's names the probe sees nothing.
+    assert namespace["parse_metrics"](text, serving.VLLM_METRICS) == dict.fromkeys(serving.VLLM_METRICS)
 
 
 def test_the_guard_refuses_a_start_without_the_models_memory_saying_why(helper_env):
@@ -748,6 +890,57 @@ def test_a_model_directory_swapped_for_a_link_or_a_fifo_fails_that_host_naming_i
     ops = execute(serving.serving, data=DATA_, responses=_host(kinds={"keyed": kind}, active=False))
     assert _names(ops) == ["Every served model's directory and port are there for it"]
     assert f"model keyed: its model directory {said}" in ops[0].commands[0]
+
+
+GGUF_DATA = {"python_venv_owner": "spark", "serving_models": [GGUF]}
+ROOTS = "server 0 755 regular_file", "serverdir 0 755 directory"
+
+
+def _gguf_host(kind="file", server=ROOTS, active=False) -> dict:
+    files = {serving.unit_file_path("tiny"): None, serving.CONFIG: None}
+    units = {serving.PROBE_TIMER: (active, active), serving.unit_name("tiny"): (active, True)}
+    return {
+        HOST_STATE: host_state(files={**_converged_files(), **files}, units=units),
+        "echo probe": [f"model {kind} tiny", *server, "probe"],
+        "--property SubState": ["Id=x", f"SubState={'running' if active else 'dead'}"],
+        "--property UnitFileState": ["Id=x", "UnitFileState=enabled"],
+    }
+
+
+def test_a_gguf_model_is_served_by_root_s_llama_server():
+    ops = execute(serving.serving, data=GGUF_DATA, responses=_gguf_host())
+    assert "Model endpoints are running and answer" in _names(ops), _names(ops)
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("link", "is a symbolic link (the GGUF file itself"),
+        ("fifo", "is a FIFO, not a regular file"),
+        ("dir", "is a dir, not a regular file"),
+        ("missing", "is missing"),
+    ],
+)
+def test_a_gguf_file_swapped_for_a_link_or_a_fifo_fails_that_host_naming_it(kind, said):
+    ops = execute(serving.serving, data=GGUF_DATA, responses=_gguf_host(kind=kind))
+    assert _names(ops) == ["Every served model's directory and port are there for it"]
+    assert f"model tiny: its GGUF file {said}" in ops[0].commands[0]
+
+
+@pytest.mark.parametrize(
+    ("server", "said"),
+    [
+        (("server 1000 755 regular_file", ROOTS[1]), "/usr/local/bin/llama-server is owned by uid 1000, not root"),
+        (("server 0 775 regular_file", ROOTS[1]), "/usr/local/bin/llama-server is writable by group or others"),
+        (("server 0 777 symbolic_link", ROOTS[1]), "/usr/local/bin/llama-server is a symbolic link, not a file"),
+        ((ROOTS[0], "serverdir 0 1777 directory"), "/usr/local/bin is writable by group or others (mode 1777)"),
+        (("server", ROOTS[1]), "/usr/local/bin/llama-server is missing, not a file"),
+    ],
+)
+def test_a_llama_server_another_user_could_change_fails_that_host_naming_it(server, said):
+    ops = execute(serving.serving, data=GGUF_DATA, responses=_gguf_host(server=server))
+    assert _names(ops) == ["Every served model's directory and port are there for it"]
+    assert f"serving: serving_llama_server /usr/local/bin/llama-server: {said}" in ops[0].commands[0]
 
 
 def test_a_port_another_program_holds_fails_that_host_naming_the_model():
