@@ -31,7 +31,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import urllib.request
 from array import array
 from pathlib import Path
 
@@ -41,10 +40,8 @@ from .system import LabError
 VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-SDIST_URL = (
-    "https://files.pythonhosted.org/packages/ec/e9/"
-    f"e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/{SDIST}"
-)
+# pip, run by uv (pinned), downloads the sdist by name from the package index the machine uses.
+PIP = "pip==25.3"
 CACHE = CACHE_DIR / "llama-cpp"
 SOURCE = "vendor/llama.cpp"
 # No optimisation (CMake's "None" type adds no -O: llama.cpp's own default would be Release),
@@ -94,20 +91,39 @@ def verified_sdist(path: Path, sha256: str = SDIST_SHA256) -> Path:
 
 
 def fetch_sdist() -> Path:
-    """The pinned sdist in the cache, downloaded from its pinned URL (PyPI's simple index gives
-    it with this sha256), then checked before any use. pip is not used: its download prepares
-    the sdist's metadata, building its build backend from source first."""
+    """The pinned sdist in the cache: downloaded by pip, by name and version, with its sha256
+    required (``--require-hashes``: pip refuses any other file), then checked again before any
+    use. Only this package comes as source (``--no-binary llama-cpp-python``) and nothing else
+    is fetched (``--no-deps``): no build backend is built."""
     path = CACHE / SDIST
     if not path.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=CACHE, prefix=".download-", delete=False) as out:
-            try:
-                with urllib.request.urlopen(SDIST_URL, timeout=60) as answer:  # noqa: S310 (a pinned https URL)
-                    shutil.copyfileobj(answer, out, 1 << 20)
-            except OSError as error:
-                os.unlink(out.name)
-                raise LabError(f"{SDIST_URL}: not downloaded: {error}") from error
-        os.replace(out.name, path)
+        work = Path(tempfile.mkdtemp(prefix=".download-", dir=CACHE))
+        try:
+            (work / "requirements.txt").write_text(f"llama-cpp-python=={VERSION} --hash=sha256:{SDIST_SHA256}\n")
+            argv = [
+                "uv",
+                "tool",
+                "run",
+                "--from",
+                PIP,
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-python",
+            ]
+            argv += ["--require-hashes", "-r", str(work / "requirements.txt"), "-d", str(work), "-q"]
+            done = subprocess.run(
+                [*argv, "--disable-pip-version-check"], capture_output=True, text=True, timeout=600, check=False
+            )
+            if done.returncode != 0 or not (work / SDIST).exists():
+                raise LabError(
+                    f"llama-cpp-python {VERSION}: not downloaded (pip exit {done.returncode}): {done.stderr[-500:]}"
+                )
+            os.replace(work / SDIST, path)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return verified_sdist(path)
 
 
