@@ -34,6 +34,8 @@ import time
 from array import array
 from pathlib import Path
 
+from sparkrig.atomic import file_sha256
+
 from .config import CACHE_DIR
 from .system import LabError
 
@@ -74,17 +76,9 @@ def server_path() -> Path:
     return CACHE / f"llama-server-{VERSION}-{build_key()}"
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def verified_sdist(path: Path, sha256: str = SDIST_SHA256) -> Path:
     """``path`` when its sha256 is the pinned one; a LabError otherwise (nothing opened)."""
-    found = sha256_of(path)
+    found = file_sha256(path)
     if found != sha256:
         raise LabError(f"{path}: sha256 {found}, not the pinned {sha256}: not used (remove it to download again)")
     return path
