@@ -476,7 +476,7 @@ MUTANTS = (
         "serving-metrics-vllm-for-every-engine",
         "operations/serving/deploy.py",
         '"metrics": list(ENGINE_METRICS[engine(model)]),',
-        '"metrics": list(VLLM_METRICS),',
+        '"metrics": list(ENGINE_METRICS["vllm"]),',
         ("tests/unit/operations/test_serving.py",),
     ),
     # llama.cpp's key through the helper, in its environment, never on the command line.

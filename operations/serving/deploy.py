@@ -17,8 +17,6 @@ from sparkrig.resources import TEMPLATES
 from sparkrig.units import JOB_DRAIN, METRICS_TEXTFILE_DIR, SERVE_UNIT_PREFIX, WATCHDOG_SERVICE
 
 from .engines import ENGINE_METRICS, KEY_VARIABLES, engine, engine_argv, server_problem
-from .engines import LLAMA_METRICS as LLAMA_METRICS
-from .engines import VLLM_METRICS as VLLM_METRICS
 from .facts import ServingHost
 from .settings import DEFAULTS
 
@@ -236,15 +234,18 @@ def model_problem(name: str, found: Mapping[str, Any], unit_active: bool, wanted
     """Why the host cannot serve model ``name``, from the reading, or None. ``wanted``: what the
     model must be, ``dir`` (vLLM's directory) or ``file`` (llama.cpp's GGUF file)."""
     kind = found["models"].get(name)
-    what = "model directory" if wanted == "dir" else "GGUF file"
-    itself = "the model's directory" if wanted == "dir" else "the GGUF file"
+    what, itself, noun = (
+        ("model directory", "the model's directory", "directory")
+        if wanted == "dir"
+        else ("GGUF file", "the GGUF file", "regular file")
+    )
     if kind != wanted:
         said = {
             "missing": "is missing",
             "link": f"is a symbolic link ({itself} itself, not a link to one)",
-            "fifo": f"is a FIFO, not a {'directory' if wanted == 'dir' else 'regular file'}",
+            "fifo": f"is a FIFO, not a {noun}",
             None: "was not read",
-        }.get(kind, f"is a {kind}, not a {'directory' if wanted == 'dir' else 'regular file'}")
+        }.get(kind, f"is a {kind}, not a {noun}")
         return f"model {name}: its {what} {said}"
     if name in found["ports_held"] and not unit_active:
         return f"model {name}: its port is held by another program (ss lists a listener)"

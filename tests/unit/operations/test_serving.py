@@ -25,6 +25,7 @@ from sparkrig import settings as sparkrig_settings
 from sparkrig.operations import load
 from sparkrig.operations.jobs import operations as jobs_ops
 from sparkrig.operations.serving import deploy as serving
+from sparkrig.operations.serving import engines
 from sparkrig.operations.serving import facts as serving_facts
 from sparkrig.resources import TEMPLATES
 from tests.unit.operations.test_preflight_fragmentation import FRAGMENTED, _script, _system
@@ -178,8 +179,8 @@ def test_llama_cpps_command_line_comes_from_the_settings_and_its_key_stays_off_i
 
 def test_the_probe_reads_each_engines_own_metrics():
     config = json.loads(serving.render_config(_settings(serving_models=[MODEL, GGUF])))
-    assert [m["metrics"] for m in config["models"]] == [list(serving.VLLM_METRICS), list(serving.LLAMA_METRICS)]
-    assert serving.LLAMA_METRICS == (
+    assert [m["metrics"] for m in config["models"]] == [list(engines.VLLM_METRICS), list(engines.LLAMA_METRICS)]
+    assert engines.LLAMA_METRICS == (
         "llamacpp:requests_processing",
         "llamacpp:n_decode_total",
         "llamacpp:requests_deferred",
@@ -464,7 +465,7 @@ def helper_env(tmp_path, engine):
                 "port": engine.port,
                 "key_file": str(key),
                 "min_available_kib": 123 << 20,
-                "metrics": list(serving.VLLM_METRICS),
+                "metrics": list(engines.VLLM_METRICS),
             }
         ],
         "stall_s": 30,
@@ -627,7 +628,7 @@ def test_the_probe_parses_vllms_real_metrics_text():
     namespace: dict = {}
     exec(compile(HELPER.read_text(), str(HELPER), "exec"), namespace)  # noqa: S102
     text = (DATA / "vllm-metrics.txt").read_text().replace("RUNNING", "3.0").replace("TOKENS", "1234.0")
-    found = namespace["parse_metrics"](text, serving.VLLM_METRICS)
+    found = namespace["parse_metrics"](text, engines.VLLM_METRICS)
     assert found == {
         "vllm:num_requests_running": 3.0,
         "vllm:generation_tokens_total": 1234.0,
@@ -641,7 +642,7 @@ def test_the_probe_parses_llama_cpps_real_metrics_text():
     namespace: dict = {}
     exec(compile(HELPER.read_text(), str(HELPER), "exec"), namespace)  # noqa: S102
     text = (DATA / "llamacpp-metrics.txt").read_text()
-    found = namespace["parse_metrics"](text, serving.LLAMA_METRICS)
+    found = namespace["parse_metrics"](text, engines.LLAMA_METRICS)
     assert found is not None and None not in found.values(), found
     assert found["llamacpp:requests_processing"] == 1.0
     assert found["llamacpp:n_decode_total"] == 659.0
@@ -650,7 +651,7 @@ def test_the_probe_parses_llama_cpps_real_metrics_text():
         "llamacpp:tokens_predicted_total": 1.0
     }
     # vLLM's names are not there: read with the wrong engine's names the probe sees nothing.
-    assert namespace["parse_metrics"](text, serving.VLLM_METRICS) == dict.fromkeys(serving.VLLM_METRICS)
+    assert namespace["parse_metrics"](text, engines.VLLM_METRICS) == dict.fromkeys(engines.VLLM_METRICS)
 
 
 def test_the_guard_refuses_a_start_without_the_models_memory_saying_why(helper_env):
