@@ -8,8 +8,9 @@ with stdin from ``/dev/null``, its stdout and stderr into files of a fresh ``mkt
 (0700) and no other descriptor (3 to 9 closed; the script refuses to start with one above 9
 open), in a process group of its own killed when it ended, under ``timeout -k`` and a file
 size limit; any process still holding one of its files is killed before the files are read.
-Only then does the shell print, for each command in order, its exit status and its output
-and standard error, length-delimited and base64-encoded (templates/sparkrig/run-parts.sh).
+Only then does the shell print, for each command in order, its exit status and the lengths of
+its output and standard error, then every output in one base64 line
+(templates/sparkrig/run-parts.sh).
 No nonce, no tag: nothing a command prints can reach the answer's structure, and there is
 no secret to find on any command line. :func:`parse` refuses anything but that structure.
 """
@@ -78,8 +79,7 @@ def script(
         f"blocks={max(1, int(max(file_bytes, part_bytes)) // 512)}",
         f"cap={int(part_bytes)}",
         f"reading_s={int(reading_timeout_s)}",
-        # Base64's characters for reading_bytes of output.
-        f"total={(int(reading_bytes) + 2) // 3 * 4}",
+        f"total={int(reading_bytes)}",
         f"sh={shell}",
         # Bash sees SSH_CLIENT and takes itself for sshd's shell, sourcing the user's ~/.bashrc
         # (Debian's SSH_SOURCE_BASHRC): without it no command's shell runs start-up files,
@@ -95,41 +95,57 @@ def script(
 def parse(lines: Sequence[str], count: int, *, preamble: bool = False, part_bytes: int = PART_BYTES) -> list[Answer]:
     """The ``count`` answers :func:`script` printed, in order; ValueError for anything else
     (a missing or extra line, a field that is not what it must be, an output over
-    ``part_bytes``). With ``preamble``, lines before the start are skipped (a login shell's
-    start-up files print there, before the script runs; nothing a command prints can)."""
+    ``part_bytes``, outputs that are not as long as the parts' lines say). With
+    ``preamble``, lines before the start are skipped (a login shell's start-up files print
+    there, before the script runs; nothing a command prints can)."""
     lines = list(lines)
     header = f"{START} {count}"
     if preamble and header in lines:
         lines = lines[lines.index(header) :]
     if not lines or lines[0] != header:
         raise ValueError(f"the reading did not start with {header!r}")
-    if len(lines) != count + 2 or lines[-1] != END:
-        raise ValueError(f"the reading has {len(lines)} lines, not {count + 2} ending in {END!r}")
-    answers = []
-    for index, line in enumerate(lines[1:-1]):
+    if len(lines) != count + 3 or lines[-1] != END:
+        raise ValueError(f"the reading has {len(lines)} lines, not {count + 3} ending in {END!r}")
+    heads = []
+    for index, line in enumerate(lines[1:-2]):
         fields = line.split(" ")
-        if len(fields) != 7 or fields[0] != "part" or fields[1] != str(index):
+        if len(fields) != 5 or fields[0] != "part" or fields[1] != str(index):
             raise ValueError(f"line {index + 1} of the reading is not part {index}'s")
-        status_text, out_len, err_len, out, err = fields[2:]
+        status_text, lengths = fields[2], fields[3:]
         if status_text in ("late", "over", "lost", "big"):
             status: int | str = status_text
         elif status_text.isdigit() and len(status_text) <= 3:
             status = int(status_text)
         else:
             raise ValueError(f"part {index}: status {status_text[:20]!r}")
-        streams = []
-        for length, text in ((out_len, out), (err_len, err)):
-            if not length.isdigit() or len(length) > 12:
-                raise ValueError(f"part {index}: length {length[:20]!r}")
-            text = "" if text == "-" and length == "0" else text
-            if len(text) != int(length) or not _B64.fullmatch(text):
-                raise ValueError(f"part {index}: an output that is not {length} base64 characters")
-            data = base64.b64decode(text, validate=True)
-            if len(data) > part_bytes:
-                raise ValueError(f"part {index}: an output over {part_bytes} bytes")
-            streams.append(data)
-        answers.append(Answer(status, streams[0], streams[1]))
+        for length in lengths:
+            if not length.isdigit() or len(length) > 12 or int(length) > part_bytes:
+                raise ValueError(f"part {index}: an output length {length[:20]!r} (at most {part_bytes} bytes)")
+        heads.append((status, int(lengths[0]), int(lengths[1])))
+    field, _, text = lines[-2].partition(" ")
+    text = "" if text == "-" else text
+    if field != "data" or not _B64.fullmatch(text):
+        raise ValueError("the reading's outputs are not one base64 line")
+    data = base64.b64decode(text, validate=True)
+    if len(data) != sum(out + err for _, out, err in heads):
+        raise ValueError(f"the reading's outputs are {len(data)} bytes, not what its parts' lines say")
+    answers, at = [], 0
+    for status, out, err in heads:
+        answers.append(Answer(status, data[at : at + out], data[at + out : at + out + err]))
+        at += out + err
     return answers
+
+
+def printed(answers: Sequence[Answer]) -> list[str]:
+    """The lines :func:`script` prints for ``answers``, as :func:`parse` reads them (what a
+    host's reading looks like, for a test to change)."""
+    data = b"".join(answer.stdout + answer.stderr for answer in answers)
+    return [
+        f"{START} {len(answers)}",
+        *(f"part {i} {a.status} {len(a.stdout)} {len(a.stderr)}" for i, a in enumerate(answers)),
+        f"data {base64.b64encode(data).decode() or '-'}",
+        END,
+    ]
 
 
 def failure(answer: Answer, timeout_s: int = PART_TIMEOUT_S, part_bytes: int = PART_BYTES) -> str | None:
@@ -162,8 +178,9 @@ def contained(
     must run a program a user controls (as that user), outside any reading, so that the
     program can neither hold the caller's output open nor outlive the command."""
     relay = (
-        'read -r h && read -r _ _ s _ _ o e && read -r end && [ "$end" = sparkrig-parts-end ] || exit 1; '
-        '[ "$o" = - ] || printf %s "$o" | base64 -d; [ "$e" = - ] || printf %s "$e" | base64 -d >&2; '
+        'read -r h && read -r _ _ s o e && read -r _ b && read -r end && [ "$end" = sparkrig-parts-end ] || exit 1; '
+        'case $o$e in ""|*[!0-9]*) exit 1;; esac; '
+        '[ "$b" = - ] || { printf %s "$b" | base64 -d | head -c "$o"; printf %s "$b" | base64 -d | tail -c "+$((o + 1))" >&2; }; '
         'case $s in ""|*[!0-9]*) echo "sparkrig: the command did not end ($s)" >&2; exit 1;; esac; exit "$s"'
     )
     # The executor's umask (077, for its private files) is not the command's: what it makes (a

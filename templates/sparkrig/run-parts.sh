@@ -6,14 +6,14 @@
 # many run at once); blocks (the most a part may write to any file, in 512-byte blocks: a
 # bound on the disk, above what apt writes to its cache); cap (each output's bytes at most:
 # a larger one is not sent, its status says "big"); reading_s (no part starts after this
-# many seconds); total (the reading's base64 characters at most); sh (the shell that runs a
-# part).
+# many seconds); total (the reading's bytes at most); sh (the shell that runs a part).
 # No part can forge or block another's answer: each runs with stdin from /dev/null, its
 # stdout and stderr into files of a fresh directory only this user may enter, descriptors
 # 3 to 9 closed (sparkrig's shell opens none above 2, and refuses to start with one open
 # above 9, which sh cannot close), in a process group of its own (timeout's) that is killed
 # once it ended, under timeout and a file-size limit. This shell alone prints, after every
-# part ended: each answer length-delimited and base64-encoded, so no tag or secret is needed.
+# part ended: each part's status and output lengths, then every output in one base64 line,
+# so no tag or secret is needed.
 # shellcheck disable=SC2154
 umask 077
 cd / || exit 1
@@ -72,26 +72,56 @@ while [ "$r" -lt 10 ] && [ "$z" -lt 2 ]; do
   fi
   r=$((r + 1))
 done
-big=" $(find "$d" -name '*.[oe]' -size +"$cap"c -printf '%f ' 2>/dev/null)"
+# One stat for every output's size, one base64 for all of them (two programs, not two a part:
+# on an emulated host each program costs tens of milliseconds): the answers' bytes are the
+# outputs in order, each part's line giving their lengths.
+cd "$d" || exit 1
+set -f
+set --
+i=0
+while [ "$i" -lt "$n" ]; do
+  [ -s "$i.o" ] && set -- "$@" "$i.o"
+  [ -s "$i.e" ] && set -- "$@" "$i.e"
+  i=$((i + 1))
+done
+z=
+[ "$#" -gt 0 ] && z=$(stat -c %s -- "$@")
+# shellcheck disable=SC2086
+set -- $z
 echo "sparkrig-parts $n"
 i=0
 a=0
+send=
 while [ "$i" -lt "$n" ]; do
   s=lost
-  [ -f "$d/$i.s" ] && read -r s <"$d/$i.s"
-  o=
-  e=
-  case $big in
-    *" $i.o "* | *" $i.e "*) s=big ;;
-    *)
-      [ -s "$d/$i.o" ] && o=$(base64 -w0 <"$d/$i.o")
-      [ -s "$d/$i.e" ] && e=$(base64 -w0 <"$d/$i.e")
-      ;;
-  esac
-  a=$((a + ${#o} + ${#e}))
-  if [ "$a" -gt "$total" ]; then s=over; o=; e=; fi
-  printf 'part %s %s %s %s %s %s\n' "$i" "$s" "${#o}" "${#e}" "${o:--}" "${e:--}"
+  [ -f "$i.s" ] && read -r s <"$i.s"
+  o=0
+  e=0
+  if [ -s "$i.o" ]; then o=$1; shift; fi
+  if [ -s "$i.e" ]; then e=$1; shift; fi
+  if [ "$o" -gt "$cap" ] || [ "$e" -gt "$cap" ]; then
+    s=big
+  else
+    # Once the reading's bytes are spent, no later part is sent either.
+    a=$((a + o + e))
+    if [ "$a" -gt "$total" ]; then
+      s=over
+    else
+      [ "$o" -gt 0 ] && send="$send $i.o"
+      [ "$e" -gt 0 ] && send="$send $i.e"
+    fi
+  fi
+  case $s in big | over) o=0 e=0 ;; esac
+  printf 'part %s %s %s %s\n' "$i" "$s" "$o" "$e"
   i=$((i + 1))
 done
+if [ -n "$send" ]; then
+  printf 'data '
+  # shellcheck disable=SC2086
+  cat -- $send | base64 -w0
+  echo
+else
+  echo 'data -'
+fi
 echo sparkrig-parts-end
 # {% endraw %}

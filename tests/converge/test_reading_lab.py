@@ -39,7 +39,7 @@ held {HELD}
 record {HELD}
 kernel 0.0.0-forged'
 for fd in 1 3 4 5 6 7 8 9 10 11 12; do (printf '%s\\n' "$forged" >&$fd) 2>/dev/null; done
-printf 'part 0 0 4 0 aWQ= -\\nsparkrig-parts-end\\n'
+printf 'part 0 0 3 0\\ndata aWQ=\\nsparkrig-parts-end\\n'
 setsid sh -c 'echo $$ >>{LOG}.children; while :; do echo still; sleep 1; done' &
 exit 0
 """

@@ -20,6 +20,7 @@ from pyinfra.api.exceptions import FactProcessError
 import sparkrig
 from lab import fwupd as stand_in
 from sparkrig import host_output, reading
+from sparkrig import parts as sparkrig_parts
 from sparkrig.operations import gpu_policy, updates
 from sparkrig.operations.gpu_policy.facts import GpuState
 from sparkrig.operations.updates.deploy import firmware_part
@@ -165,16 +166,12 @@ def test_the_one_reading_fails_the_host_naming_the_fact_and_its_field():
     document = json.loads(stand_in.HOSTILE_DEVICES)
     document["Devices"][1]["Version"] = "28\x1b[8m"
 
-    def answer(index: int, text: str) -> str:  # one part's line as sparkrig.parts prints it
-        data = base64.b64encode(text.encode()).decode()
-        return f"part {index} 0 {len(data)} 0 {data or '-'} -"
-
-    output = [
-        "sparkrig-parts 2",
-        answer(0, _fwupd_line(json.dumps(document)) + "\n"),
-        answer(1, "\n".join(fact_output()) + "\n"),
-        "sparkrig-parts-end",
-    ]
+    output = sparkrig_parts.printed(
+        [
+            sparkrig_parts.Answer(0, (_fwupd_line(json.dumps(document)) + "\n").encode(), b""),
+            sparkrig_parts.Answer(0, ("\n".join(fact_output()) + "\n").encode(), b""),
+        ]
+    )
     with pytest.raises(FactProcessError) as raised:
         reading.reading_of(parts)().process(output)
     message = str(raised.value)

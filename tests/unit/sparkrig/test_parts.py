@@ -25,7 +25,7 @@ import os, sys
 found = []
 for fd in range(3, 64):
     try:
-        os.write(fd, b"part 0 0 8 0 b25lCg== -\npart 1 0 8 0 b25lCg== -\nsparkrig-parts-end\n")
+        os.write(fd, b"part 0 0 4 0\npart 1 0 4 0\ndata b25lCm9uZQo=\nsparkrig-parts-end\n")
         found.append(fd)
     except OSError:
         pass
@@ -43,7 +43,8 @@ while pid > 1:
         break
 open(sys.argv[1] + "/fds", "w").write(" ".join(map(str, found)))
 open(sys.argv[1] + "/seen", "wb").write(b"\0".join(secrets))
-print("part 1 0 8 0 Zm9yZ2VkCg== -")
+print("part 1 0 7 0")
+print("data Zm9yZ2VkCg==")
 print("sparkrig-parts-end")
 sys.stdout.flush()
 if os.fork() == 0:
@@ -117,7 +118,7 @@ def test_a_hostile_part_neither_forges_nor_blocks_another_part_and_leaves_nothin
     assert answers[3] == parts.Answer(0, b"last\n", b"")
     assert answers[4].stdout == b"700\n"  # the outputs' directory is this user's alone
     # The hostile part's lines are its own answer's bytes, nothing more.
-    assert answers[1].status == 0 and answers[1].stdout.startswith(b"part 1 0 8 0 Zm9yZ2VkCg== -\n")
+    assert answers[1].status == 0 and answers[1].stdout.startswith(b"part 1 0 7 0\ndata Zm9yZ2VkCg==\n")
     assert (tmp_path / "fds").read_text() == ""  # descriptor 5 was closed before it ran
     # Nothing secret on any parent's command line or in its environment: the same parts
     # always make the same script, and it holds no tag a part could learn.
@@ -194,15 +195,19 @@ def test_a_reading_that_inherited_a_descriptor_it_cannot_close_refuses_to_start(
         [],
         ["garbage"],
         ["sparkrig-parts 1", "sparkrig-parts-end"],
-        ["sparkrig-parts 1", "part 0 0 8 0 b25lCg== -"],
-        ["sparkrig-parts 1", "part 0 0 8 0 b25lCg== -", "part 0 0 8 0 b25lCg== -", "sparkrig-parts-end"],
-        ["sparkrig-parts 1", "part 1 0 8 0 b25lCg== -", "sparkrig-parts-end"],
-        ["sparkrig-parts 1", "part 0 0 9 0 b25lCg== -", "sparkrig-parts-end"],
-        ["sparkrig-parts 1", "part 0 0 8 0 b25lCg==b25lCg== -", "sparkrig-parts-end"],
-        ["sparkrig-parts 1", "part 0 x 8 0 b25lCg== -", "sparkrig-parts-end"],
-        ["sparkrig-parts 1", "part 0 0 8 0 b25l!g== -", "sparkrig-parts-end"],
-        ["sparkrig-parts 1", "part 0 0 8 0 b25lCg== - extra", "sparkrig-parts-end"],
-        ["noise", "sparkrig-parts 1", "part 0 0 8 0 b25lCg== -", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 0 0 4 0", "data b25lCg=="],
+        ["sparkrig-parts 1", "part 0 0 4 0", "part 0 0 4 0", "data b25lCg==", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 1 0 4 0", "data b25lCg==", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 0 0 5 0", "data b25lCg==", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 0 0 4 0", "data b25lCg==b25lCg==", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 0 0 4 0", "data b25lCgb25lCg==", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 0 x 4 0", "data b25lCg==", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 0 0 4 0", "data b25l!g==", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 0 0 4 0 extra", "data b25lCg==", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 0 0 4 0", "data b25lCg== extra", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 0 0 4 0", "b25lCg==", "sparkrig-parts-end"],
+        ["sparkrig-parts 1", "part 0 0 -4 0", "data -", "sparkrig-parts-end"],
+        ["noise", "sparkrig-parts 1", "part 0 0 4 0", "data b25lCg==", "sparkrig-parts-end"],
     ],
 )
 def test_anything_but_the_structure_is_refused(lines):
@@ -211,7 +216,7 @@ def test_anything_but_the_structure_is_refused(lines):
 
 
 def test_a_login_shells_preamble_is_skipped_only_when_asked():
-    lines = ["Welcome", "sparkrig-parts 1", "part 0 0 8 0 b25lCg== -", "sparkrig-parts-end"]
+    lines = ["Welcome", "sparkrig-parts 1", "part 0 0 4 0", "data b25lCg==", "sparkrig-parts-end"]
     assert parts.parse(lines, 1, preamble=True) == [parts.Answer(0, b"one\n", b"")]
 
 
@@ -232,7 +237,7 @@ def test_a_contained_command_relays_its_output_and_status_and_leaves_nothing_beh
     result = subprocess.run([shell, "-c", parts.contained(command, 20)], capture_output=True, timeout=60)
     assert time.monotonic() - started < 19  # below its 20 s limit
     assert result.returncode == 7 and result.stderr == b"said\n"
-    assert result.stdout.startswith(b"part 1 0 8 0 Zm9yZ2VkCg== -\nsparkrig-parts-end\n")
+    assert result.stdout.startswith(b"part 1 0 7 0\ndata Zm9yZ2VkCg==\nsparkrig-parts-end\n")
     time.sleep(0.2)
     assert not alive(int((tmp_path / "child").read_text()))
     timed_out = subprocess.run([shell, "-c", parts.contained("sleep 30", 1)], capture_output=True, timeout=60)

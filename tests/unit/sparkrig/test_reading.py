@@ -92,16 +92,16 @@ def test_a_part_that_fails_fails_the_host_naming_it_and_what_it_said():
 def test_output_forged_by_a_host_fails_the_host():
     parts = [reading.part(Lines, text="one")]
     fact = reading.reading_of(parts)
-    good = ["sparkrig-parts 1", "part 0 0 8 0 b25lCg== -", "sparkrig-parts-end"]
+    good = ["sparkrig-parts 1", "part 0 0 4 0", "data b25lCg==", "sparkrig-parts-end"]
     assert fact().process(good) == {parts[0]: ["one"]}
     for output in (
         ["garbage"],
         [],
         encode(["one"]),
-        good[:2],
+        good[:3],
         good[:2] + good[1:],
         ["sparkrig-parts 2", *good[1:]],
-        [good[0], "part 0 0 8 0 b25lCg== -", "one", good[2]],
+        [good[0], "part 0 0 4 0", "one", *good[2:]],
     ):
         with pytest.raises(FactProcessError):
             fact().process(output)
@@ -111,7 +111,7 @@ class Forger(FactBase):
     """A part whose program prints the reading's structure and another part's answer."""
 
     def command(self) -> str:
-        return "echo 'part 1 0 8 0 Zm9yZ2VkCg== -'; echo sparkrig-parts-end; echo 'sparkrig-parts 2'"
+        return "echo 'part 1 0 7 0'; echo 'data Zm9yZ2VkCg=='; echo sparkrig-parts-end; echo 'sparkrig-parts 2'"
 
     @staticmethod
     def process(output):

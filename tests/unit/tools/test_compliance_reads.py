@@ -121,20 +121,22 @@ def test_prefetched_constants_are_what_the_host_answers_and_cost_no_command():
 
 
 _N = len(reads.EVERY_HOST)
-_PART = "part {i} 0 4 0 aWQ= -\n"
+_PART = "part {i} 0 3 0\n"
+_DATA = "data " + "aWQK" * _N + "\n"  # "id\n" for each part
 
 
 @pytest.mark.parametrize(
     "output",
     [
         "",  # nothing came back
-        f"sparkrig-parts {_N}\n" + _PART.format(i=0) + "sparkrig-parts-end\n",  # fewer lines than commands
-        f"sparkrig-parts {_N}\n" + "".join(_PART.format(i=i) for i in range(_N)),  # no end
-        f"sparkrig-parts {_N}\n" + "".join(f"part {i} x 0 0 - -\n" for i in range(_N)) + "sparkrig-parts-end\n",
+        f"sparkrig-parts {_N}\n" + _PART.format(i=0) + _DATA + "sparkrig-parts-end\n",  # fewer lines than commands
+        f"sparkrig-parts {_N}\n" + "".join(_PART.format(i=i) for i in range(_N)) + _DATA,  # no end
+        f"sparkrig-parts {_N}\n" + "".join(f"part {i} x 0 0\n" for i in range(_N)) + "data -\nsparkrig-parts-end\n",
         f"sparkrig-parts {_N}\n"
-        + "".join(f"part {i} 0 12 0 not base64!! -\n" for i in range(_N))
-        + "sparkrig-parts-end\n",
-        f"sparkrig-parts {_N}\n" + "".join(_PART.format(i=i) for i in range(_N)) + "more\nsparkrig-parts-end\n",
+        + "".join(_PART.format(i=i) for i in range(_N))
+        + "data not base64!!\nsparkrig-parts-end\n",
+        f"sparkrig-parts {_N}\n" + "".join(_PART.format(i=i) for i in range(_N)) + "data aWQK\nsparkrig-parts-end\n",  # short
+        f"sparkrig-parts {_N}\n" + "".join(_PART.format(i=i) for i in range(_N)) + _DATA + "more\nsparkrig-parts-end\n",
     ],
 )
 def test_a_prefetch_that_does_not_parse_answers_nothing(output):
@@ -147,8 +149,8 @@ def test_a_read_that_prints_the_prefetchs_structure_or_writes_to_inherited_descr
     descriptor it has, and leaves a child holding its output open: its own answer holds
     those bytes, the others are what the host answers, and the prefetch ends."""
     hostile = (
-        "echo 'part 0 0 4 0 aWQ= -'; echo sparkrig-parts-end;"
-        " for fd in 3 4 5 6 7 8 9; do (echo 'part 1 0 4 0 aWQ= -' >&$fd) 2>/dev/null; done;"
+        "echo 'part 0 0 3 0'; echo 'data aWQK'; echo sparkrig-parts-end;"
+        " for fd in 3 4 5 6 7 8 9; do (echo 'part 1 0 3 0' >&$fd) 2>/dev/null; done;"
         " setsid sh -c 'while :; do echo still; sleep 0.1; done' & echo $! >" + str(tmp_path / "child")
     )
     commands = ["echo one", hostile, "echo two"]
@@ -158,7 +160,7 @@ def test_a_read_that_prints_the_prefetchs_structure_or_writes_to_inherited_descr
     found = reads.parse_prefetch(output, commands)
     assert time.monotonic() - started < 20
     assert found["echo one"] == (0, b"one\n", b"") and found["echo two"] == (0, b"two\n", b"")
-    assert found[hostile][1].startswith(b"part 0 0 4 0 aWQ= -\nsparkrig-parts-end\n")
+    assert found[hostile][1].startswith(b"part 0 0 3 0\ndata aWQK\nsparkrig-parts-end\n")
     time.sleep(0.2)
     stat = Path(f"/proc/{(tmp_path / 'child').read_text().strip()}/stat")
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
