@@ -13,6 +13,7 @@ import pytest
 from testinfra.backend.local import LocalBackend
 from testinfra.host import Host
 
+from sparkrig import parts
 from tests.compliance import reads
 
 QUESTIONS = ("exists", "is_file", "is_directory", "is_symlink", "is_socket", "is_executable")
@@ -386,3 +387,86 @@ def test_a_login_shell_of_the_suite_reads_the_systems_profile_and_nothing_of_the
     )
     assert result.stdout.endswith(" FROM_USER=\n") and "/usr/local/bin" in result.stdout  # /etc/profile's PATH
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ran")) == []
+
+
+# STAND-INS for a login user who is not root: `id -u` says 1000 (everything else is the real
+# id's), and sudo logs each call and runs its command here (this test runs as root or not).
+STANDIN_ID = """#!/bin/sh
+[ "$1" = -u ] && [ "$#" -eq 1 ] && { echo 1000; exit 0; }
+exec /usr/bin/id "$@"
+"""
+STANDIN_SUDO = """#!/bin/sh
+echo "sudo $1 $2 $3" >>"$SUDO_LOG"
+[ -e "$SUDO_LOG.refuse" ] && { echo 'sudo: a password is required' >&2; exit 1; }
+[ "$1" = -n ] && [ "$2" = -- ] || exit 99
+shift 2
+exec "$@"
+"""
+
+
+def _not_root(tmp_path, monkeypatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("id", STANDIN_ID), ("sudo", STANDIN_SUDO)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "sudo.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SUDO_LOG", str(log))
+    return log
+
+
+def test_roots_reads_of_a_round_run_behind_one_sudo_each_answered_as_alone(tmp_path, monkeypatch):
+    """Three reads as root and one as the login user: one sudo, and each answer what the
+    read alone answers (its status, output and error), in any order of the commands."""
+    log = _not_root(tmp_path, monkeypatch)
+    root = [
+        reads.command_text("echo one; echo err >&2; exit 3", sudo=True),
+        reads.command_text("pwd", sudo=True),
+        reads.command_text("echo %s", "it's 'quoted'", sudo=True),
+    ]
+    commands = [root[0], "echo mine", *root[1:]]
+    found = _prefetched(commands)
+    assert log.read_text().count("\n") == 1
+    assert found[root[0]] == (3, b"one\n", b"err\n")
+    assert found["echo mine"] == (0, b"mine\n", b"")
+    assert found[root[1]] == (0, b"/\n", b"") and found[root[2]] == (0, b"it's 'quoted'\n", b"")
+
+
+def test_a_sudo_refused_answers_each_of_roots_reads_with_its_refusal(tmp_path, monkeypatch):
+    log = _not_root(tmp_path, monkeypatch)
+    (tmp_path / "sudo.log.refuse").touch()
+    root = [reads.command_text("echo one", sudo=True), reads.command_text("echo two", sudo=True)]
+    found = _prefetched(["echo mine", *root])
+    assert found["echo mine"] == (0, b"mine\n", b"")
+    assert [found[c] for c in root] == [(1, b"", b"sudo: a password is required\n")] * 2
+    assert log.read_text().count("\n") == 1
+
+
+def test_roots_reads_are_each_killed_after_their_limit_and_the_others_answered(monkeypatch):
+    monkeypatch.setattr(reads, "ROOT_READ_TIMEOUT_S", 1)
+    slow, quick = reads.command_text("sleep 30; echo never", sudo=True), reads.command_text("echo quick", sudo=True)
+    started = time.monotonic()
+    found = _prefetched([slow, quick])
+    assert found[slow][0] == 124 and found[quick] == (0, b"quick\n", b"")
+    assert time.monotonic() - started < 10
+
+
+def test_a_root_group_whose_output_is_not_whole_answers_none_of_roots_reads():
+    """A group's stdout that is not the executor's structure (what a sudo lecture would
+    print, or a cut output) answers none of root's reads: their controls read them again."""
+    root = [reads.command_text("echo one", sudo=True), reads.command_text("echo two", sudo=True)]
+    commands = ["echo mine", *root]
+    cut = parts.printed([parts.Answer(0, b"one\n", b"")])
+    output = parts.printed(
+        [parts.Answer(0, "\n".join(cut).encode() + b"\n", b""), parts.Answer(0, b"mine\n", b"")]
+    )
+    assert reads.parse_prefetch("\n".join(output), commands) == {"echo mine": (0, b"mine\n", b"")}
+
+
+def test_only_what_command_text_made_joins_roots_group():
+    """A command that merely begins as root's does (its quoting the login shell's to expand)
+    runs alone, as written."""
+    assert reads._as_root(reads.command_text("echo $HOME", sudo=True)) == "cd / && echo $HOME"
+    assert reads._as_root(reads.AS_ROOT + '"$HOME"') is None
+    assert reads._as_root(reads.AS_ROOT + "'a' 'b'") is None
