@@ -53,10 +53,8 @@ def state(r) -> dict:
     found = {
         **docker_present(r),
         "service": r.service(SERVICE),
-        **{
-            key: r.run("docker info --format %s", template, sudo=True)
-            for key, template in (("runtimes", "{{json .Runtimes}}"), ("default", "{{.DefaultRuntime}}"))
-        },
+        # One docker info for both (each asks dockerd for everything: 45 ms of a host's CPU).
+        "info": r.run("docker info --format %s", "{{json .Runtimes}}\n{{.DefaultRuntime}}", sudo=True),
         "paths": {
             path: r.path(path)
             for path in (BACKUP, DAEMON_JSON, "/run/docker.sock", "/dev/nvidiactl", "/etc/cdi/nvidia.yaml")
@@ -137,6 +135,13 @@ def check_image(docker, settings, host_data):
     return image
 
 
+def _info(dockerd) -> tuple[str, str]:
+    """docker info's runtimes (JSON) and default runtime."""
+    lines = dockerd["info"].check().splitlines()
+    assert len(lines) == 2, f"docker info printed {len(lines)} lines, not the runtimes and the default"
+    return lines[0], lines[1].strip()
+
+
 def test_docker_is_enabled_and_running(dockerd):
     """Protects against training containers that do not come back after a reboot:
     docker.service must be enabled as well as running."""
@@ -148,14 +153,14 @@ def test_docker_is_enabled_and_running(dockerd):
 def test_nvidia_runtime_is_registered(dockerd):
     """Protects against "unknown or invalid runtime name: nvidia" (seen on Sparks whose
     toolkit was installed but never registered with Docker)."""
-    runtimes = json.loads(dockerd["runtimes"].check())
+    runtimes = json.loads(_info(dockerd)[0])
     assert "nvidia" in runtimes, f"docker info lists the runtimes {sorted(runtimes)}, not nvidia"
 
 
 def test_default_runtime_is_as_configured(dockerd, settings):
     """Protects against GPU containers that silently run without the NVIDIA hook (nvidia
     not the default when asked), and against a default changed behind the user's back."""
-    default = dockerd["default"].check().strip()
+    default = _info(dockerd)[1]
     if settings["containers_nvidia_default_runtime"]:
         assert default == "nvidia", f"the default runtime is {default}, containers_nvidia_default_runtime is True"
     else:
