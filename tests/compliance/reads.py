@@ -65,12 +65,13 @@ _CONSTANT = re.compile(
     r"|awk '\$1 == \"MemTotal:\" \{ print \$2 \}' /proc/meminfo"
     r"|uname -m; command -v nvidia-smi .*"
 )
-# One command that answers every path question: the six tests as 0/1, then stat, then readlink.
+# One command that answers every path question: the six tests as 0/1, then stat, then
+# readlink -f (which is also realpath's answer: GNU's two canonicalize alike, every component
+# but the last one must exist).
 _TESTS = "edfLSx"
 _READ_PATH = (
     "p=%s; for t in " + " ".join(_TESTS) + '; do if test -$t "$p"; then printf 1; else printf 0; fi; done; echo;'
-    ' stat -Lc \'%%U %%G %%a %%u %%g %%s\' -- "$p" 2>/dev/null || echo; readlink -f -- "$p" || echo;'
-    ' realpath -- "$p" || echo'
+    ' stat -Lc \'%%U %%G %%a %%u %%g %%s\' -- "$p" 2>/dev/null || echo; readlink -f -- "$p" || echo'
 )
 _STATS = ("stat -Lc %U", "stat -Lc %G", "stat -Lc %a", "stat -Lc %u", "stat -Lc %g", "stat -Lc %s")
 
@@ -654,13 +655,13 @@ class HostReads:
     @staticmethod
     def _parse_path(rc: int, stdout: str) -> dict[str, str] | None:
         lines = stdout.split("\n")
-        if rc != 0 or len(lines) < 4 or len(lines[0]) != len(_TESTS) or set(lines[0]) - {"0", "1"}:
+        if rc != 0 or len(lines) < 3 or len(lines[0]) != len(_TESTS) or set(lines[0]) - {"0", "1"}:
             return None
         stat = lines[1].split()
         found = {f"test -{t}": lines[0][i] for i, t in enumerate(_TESTS)}
         if len(stat) == len(_STATS):
             found.update(zip(_STATS, stat))
-        found["readlink -f"], found["realpath"] = lines[2], lines[3]
+        found["readlink -f"] = found["realpath"] = lines[2]
         return found
 
     @staticmethod
