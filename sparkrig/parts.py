@@ -180,7 +180,8 @@ def contained(
     relay = (
         'read -r h && read -r _ _ s o e && read -r _ b && read -r end && [ "$end" = sparkrig-parts-end ] || exit 1; '
         'case $o$e in ""|*[!0-9]*) exit 1;; esac; '
-        '[ "$b" = - ] || { printf %s "$b" | base64 -d | head -c "$o"; printf %s "$b" | base64 -d | tail -c "+$((o + 1))" >&2; }; '
+        '[ "$b" = - ] || { printf %s "$b" | base64 -d | head -c "$o"; '
+        'printf %s "$b" | base64 -d | tail -c "+$((o + 1))" >&2; }; '
         'case $s in ""|*[!0-9]*) echo "sparkrig: the command did not end ($s)" >&2; exit 1;; esac; exit "$s"'
     )
     # The executor's umask (077, for its private files) is not the command's: what it makes (a

@@ -136,7 +136,9 @@ _DATA = "data " + "aWQK" * _N + "\n"  # "id\n" for each part
         f"sparkrig-parts {_N}\n"
         + "".join(_PART.format(i=i) for i in range(_N))
         + "data not base64!!\nsparkrig-parts-end\n",
-        f"sparkrig-parts {_N}\n" + "".join(_PART.format(i=i) for i in range(_N)) + "data aWQK\nsparkrig-parts-end\n",  # short
+        f"sparkrig-parts {_N}\n"
+        + "".join(_PART.format(i=i) for i in range(_N))
+        + "data aWQK\nsparkrig-parts-end\n",  # short
         f"sparkrig-parts {_N}\n" + "".join(_PART.format(i=i) for i in range(_N)) + _DATA + "more\nsparkrig-parts-end\n",
     ],
 )
@@ -458,9 +460,7 @@ def test_a_root_group_whose_output_is_not_whole_answers_none_of_roots_reads():
     root = [reads.command_text("echo one", sudo=True), reads.command_text("echo two", sudo=True)]
     commands = ["echo mine", *root]
     cut = parts.printed([parts.Answer(0, b"one\n", b"")])
-    output = parts.printed(
-        [parts.Answer(0, "\n".join(cut).encode() + b"\n", b""), parts.Answer(0, b"mine\n", b"")]
-    )
+    output = parts.printed([parts.Answer(0, "\n".join(cut).encode() + b"\n", b""), parts.Answer(0, b"mine\n", b"")])
     assert reads.parse_prefetch("\n".join(output), commands) == {"echo mine": (0, b"mine\n", b"")}
 
 
