@@ -654,13 +654,16 @@ def _host_status(host: LabHost) -> dict[str, Any]:
 # --- tearing down ------------------------------------------------------------
 
 
-def _stop_host(host: LabHost) -> None:
-    """Stop one host's nspawn, kill whatever it left, remove its cgroups."""
+def _stop_host(host: LabHost, clean: bool = True) -> None:
+    """Stop one host's nspawn (``clean``: a poweroff, else killed, for a tree removed next),
+    kill whatever it left, remove its cgroups."""
     # The boot loop first: it would boot the host again if a reboot were under way.
     kill_processes(lab_nspawn_pids(HOSTS_DIR, under=host.rootfs, boot_loops=True))
     pids = lab_nspawn_pids(HOSTS_DIR, under=host.rootfs)
-    if pids:
+    if pids and clean:
         stop_processes(pids, STOP_GRACE_S)
+    else:
+        kill_processes(pids)
     namespaces = [host.netns] if host.netns in network.lab_netns() else []
     _kill_leftovers(cgroups.pids(host.name), namespaces)
     cgroups.remove(host.name)
@@ -690,8 +693,10 @@ def _teardown() -> None:
     kill_processes(lab_nspawn_pids(HOSTS_DIR, boot_loops=True))  # no host boots again
     nspawn = lab_nspawn_pids(HOSTS_DIR)
     if nspawn:
-        log.info("stopping systemd-nspawn %s", nspawn)
-        stop_processes(nspawn, STOP_GRACE_S)
+        # Killed, not powered off: their trees are removed next, and an emulated host's
+        # systemd never powers off within the grace (20 s lost at every teardown).
+        log.info("killing systemd-nspawn %s (their trees are removed next)", nspawn)
+        kill_processes(nspawn)
     _kill_leftovers(cgroups.pids(), namespaces)
     cgroups.remove()
     for ns in namespaces:
