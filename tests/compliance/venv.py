@@ -45,9 +45,9 @@ VENV_READ_TIMEOUT_S = 60
 INTERPRETER_TIMEOUT_S = 80  # torch's first import on a Spark takes seconds; a hang fails its control
 INTERPRETER_OUTPUT_LIMIT = 1024 * 1024  # of stdout and of stderr, each
 
-# One line per *.dist-info folder: its path, its METADATA's headers (up to the first blank
-# line, capped) and its direct_url.json, each base64-encoded (no byte in them can forge a
-# line), and "end" once whole; "more" alone (nothing read) past DIST_INFO_LIMIT folders. The whole answer is
+# One line per *.dist-info folder: its METADATA's headers (up to the first blank line,
+# capped) and its direct_url.json, each base64-encoded (no byte in them can forge a line),
+# and "end" once whole; "more" alone (nothing read) past DIST_INFO_LIMIT folders. The whole answer is
 # capped (head -c) and timed: a missing "end" says which cap was met.
 _DISTRIBUTIONS = (
     f"{{ timeout -k 1 {VENV_READ_TIMEOUT_S} sh -c '"
@@ -57,8 +57,11 @@ _DISTRIBUTIONS = (
         'for d in "$@"; do test -d "$d" || continue; '
         f'm=$({user_read(chr(34) + "$d/METADATA" + chr(34), METADATA_LIMIT)} | sed "/^\\r*$/q" '
         f"| head -c {HEADERS_LIMIT} | base64 -w0); "
-        f"u=$({user_read(chr(34) + '$d/direct_url.json' + chr(34), DIRECT_URL_LIMIT)} 2>/dev/null | base64 -w0); "
-        'printf "%s %s %s\\n" "$(printf %s "$d" | base64 -w0)" "$m" "$u"; '
+        # Most dist-infos have no direct_url.json: the reader (five programs) only for one that
+        # may (its checks are the reader's; -f here only spares it the others).
+        f'u=; if [ -f "$d/direct_url.json" ]; then '
+        f"u=$({user_read(chr(34) + '$d/direct_url.json' + chr(34), DIRECT_URL_LIMIT)} 2>/dev/null | base64 -w0); fi; "
+        'printf "%s %s\\n" "$m" "$u"; '
         "done; echo end"
     ).replace("'", "'\\''")
     + f'\' sparkrig-venv "$1"; }} | head -c {VENV_ANSWER_LIMIT}'
@@ -146,10 +149,10 @@ def distributions(r, venv: str) -> dict[str, dict]:
     found = {}
     for line in lines[:-1]:
         fields = line.split(" ")
-        if len(fields) != 3:
+        if len(fields) != 2:
             continue
         try:
-            metadata, direct = (base64.b64decode(f, validate=True).decode(errors="replace") for f in fields[1:])
+            metadata, direct = (base64.b64decode(f, validate=True).decode(errors="replace") for f in fields)
         except (binascii.Error, ValueError):
             continue
         headers = HeaderParser().parsestr(metadata)
