@@ -19,6 +19,7 @@ import argparse
 import inspect
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -41,21 +42,32 @@ TIMING = "sparkrig-timing"
 
 
 def timed(script: str) -> str:
-    """``script`` run by sh, its output printed after one line saying how long it took (ns)."""
+    """``script`` run by sh, its output printed after one line saying how long it took (ns)
+    and the CPU its processes used (the shell's ``times``: its children's line, which holds
+    every process of the script that ended)."""
     return (
         f"t0=$(date +%s%N); o=$(sh -c {shlex.quote(script)}); t1=$(date +%s%N); "
-        f'echo "{TIMING} $((t1 - t0))"; printf "%s\\n" "$o"'
+        f'echo "{TIMING} $((t1 - t0))"; times; printf "%s\\n" "$o"'
     )
 
 
-def _record(kind: str, host: str, seconds: float) -> None:
+def _record(kind: str, host: str, found: tuple[float, float | None]) -> None:
+    seconds, cpu = found
     with open(os.environ[OUT], "a") as out:
-        out.write(json.dumps({"kind": kind, "host": host, "s": seconds, "run": os.getpid()}) + "\n")
+        out.write(json.dumps({"kind": kind, "host": host, "s": seconds, "cpu": cpu, "run": os.getpid()}) + "\n")
 
 
-def _seconds(lines: list[str]) -> float | None:
-    found = [line for line in lines if line.startswith(TIMING + " ")]
-    return int(found[0].split()[1]) / 1e9 if found else None
+_CPU = re.compile(r"(\d+)m([\d.]+)s")
+
+
+def _seconds(lines: list[str]) -> tuple[float, float | None] | None:
+    """The wall seconds and the CPU seconds (user and system) :func:`timed` printed."""
+    for index, line in enumerate(lines):
+        if line.startswith(TIMING + " "):
+            spent = _CPU.findall(lines[index + 2]) if len(lines) > index + 2 else []
+            cpu = sum(int(m) * 60 + float(s) for m, s in spent) if len(spent) == 2 else None
+            return int(line.split()[1]) / 1e9, cpu
+    return None
 
 
 # The deploy's reading: this file as pyinfra's deploy file ------------------------------
@@ -73,14 +85,14 @@ def _deploy_reading() -> None:
             part_command = each.fact().command(**dict(each.kwargs))
             text = part_command.get_raw_value() if isinstance(part_command, StringCommand) else str(part_command)
             ok, output = host.run_shell_command(StringCommand(timed(text)), _sudo=True)
-            seconds = _seconds([line.line for line in output if line.buffer_name == "stdout"])
-            if seconds is not None:
-                _record("part", f"{host.name} {each.describe()[:100]}", seconds)
+            found = _seconds([line.line for line in output if line.buffer_name == "stdout"])
+            if found is not None:
+                _record("part", f"{host.name} {each.describe()[:100]}", found)
     for _ in range(int(os.environ.get(RUNS, "5"))):
         ok, output = host.run_shell_command(StringCommand(timed(command.get_raw_value())), _sudo=True)
-        seconds = _seconds([line.line for line in output if line.buffer_name == "stdout"])
-        if ok and seconds is not None:
-            _record("deploy", host.name, seconds)
+        found = _seconds([line.line for line in output if line.buffer_name == "stdout"])
+        if ok and found is not None:
+            _record("deploy", host.name, found)
 
 
 # The suite's prefetch: this file as a pytest plugin ------------------------------------
@@ -96,10 +108,10 @@ def pytest_configure(config):
         if output is None:
             return None
         lines = output.splitlines()
-        seconds = _seconds(lines)
-        if seconds is not None:
-            _record("suite", name or "@local", seconds)
-        return "\n".join(line for line in lines if not line.startswith(TIMING + " ")) + "\n"
+        found = _seconds(lines)
+        if found is not None:
+            _record("suite", name or "@local", found)
+        return "\n".join(line for line in lines if not line.startswith(TIMING + " ")) + "\n"  # times: a preamble
 
     reads._ssh_output = timing
 
@@ -157,14 +169,21 @@ def main() -> None:
     for row in sorted((row for row in rows if row["kind"] == "part"), key=lambda row: -row["s"]):
         print(f"  part {row['host']}: {row['s']:.3f} s")
     for name in sorted({row["host"] for row in rows if row["kind"] != "part"}):
-        deploy = [row["s"] for row in rows if row["kind"] == "deploy" and row["host"] == name]
+        deploy = [row for row in rows if row["kind"] == "deploy" and row["host"] == name]
         rounds = [row for row in rows if row["kind"] == "suite" and row["host"] == name]
-        suite = [sum(row["s"] for row in rounds if row["run"] == run) for run in sorted({r["run"] for r in rounds})]
-        for label, times in (("deploy's reading", deploy), ("suite's prefetch (its rounds summed)", suite)):
-            if times:
+        runs = sorted({r["run"] for r in rounds})
+        suite = [
+            {key: sum(row.get(key) or 0 for row in rounds if row["run"] == run) for key in ("s", "cpu")}
+            for run in runs
+        ]
+        for label, found in (("deploy's reading", deploy), ("suite's prefetch (its rounds summed)", suite)):
+            if found:
+                times = [row["s"] for row in found]
+                cpu = [row["cpu"] for row in found if row.get("cpu") is not None]
                 print(
                     f"  {name} {label}: median {statistics.median(times):.3f} s, "
                     f"min {min(times):.3f} s, max {max(times):.3f} s ({len(times)} runs)"
+                    + (f"; CPU on the host median {statistics.median(cpu):.2f} s" if cpu else "")
                 )
 
 
