@@ -173,8 +173,7 @@ def main() -> None:
         rounds = [row for row in rows if row["kind"] == "suite" and row["host"] == name]
         runs = sorted({r["run"] for r in rounds})
         suite = [
-            {key: sum(row.get(key) or 0 for row in rounds if row["run"] == run) for key in ("s", "cpu")}
-            for run in runs
+            {key: sum(row.get(key) or 0 for row in rounds if row["run"] == run) for key in ("s", "cpu")} for run in runs
         ]
         for label, found in (("deploy's reading", deploy), ("suite's prefetch (its rounds summed)", suite)):
             if found:
