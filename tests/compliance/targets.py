@@ -18,8 +18,7 @@ import pytest
 
 from sparkrig.operations import load
 from sparkrig.settings import all_settings, defaults
-from sparkrig.tools.inventory import limit_hosts, load_inventory
-from sparkrig.tools.rollout import REPO, in_checkout
+from sparkrig.tools.inventory import REPO, in_checkout, limit_hosts, load_inventory
 
 __all__ = ["LAB_INVENTORY", "REPO", "inventory_host_data", "lab", "lab_says", "ssh_config_for"]
 
