@@ -353,13 +353,14 @@ def _as_root(command: str) -> str | None:
     return inner[0] if len(inner) == 1 and AS_ROOT + shlex.quote(inner[0]) == command else None
 
 
-def _grouped(commands: list[str]) -> tuple[list[str], list[str]]:
-    """The commands run as the login user, and the texts root runs (from the ``sudo`` ones)
-    when two or more: those run in one :func:`root_script` behind one sudo."""
-    inner = [_as_root(command) for command in commands]
-    if sum(text is not None for text in inner) < 2:
-        return commands, []
-    return [c for c, text in zip(commands, inner) if text is None], [text for text in inner if text is not None]
+def _grouped(commands: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The commands run as the login user, and the ``sudo`` ones with the text root runs for
+    each, in order, when two or more: those run in one :func:`root_script` behind one sudo."""
+    inner = {command: _as_root(command) for command in commands}
+    root = {command: text for command, text in inner.items() if text is not None}
+    if len(root) < 2:
+        return commands, {}
+    return [command for command in commands if command not in root], root
 
 
 # Root's reads of one round run in one sudo (a sudo costs a host about 10 ms of CPU, thirty
@@ -395,7 +396,7 @@ def prefetch_script(commands: Iterable[str]) -> str:
     open, and no nonce is needed: the answers are length-delimited, base64-encoded, printed
     once every command ended."""
     mine, root = _grouped(list(commands))
-    texts = ([root_script(root)] if root else []) + mine
+    texts = ([root_script(list(root.values()))] if root else []) + mine
     timeouts = ([ROOT_GROUP_TIMEOUT_S] if root else []) + [READ_TIMEOUT_S] * len(mine)
     return parts.script(
         texts,
@@ -436,15 +437,14 @@ def parse_prefetch(output: str, commands: Iterable[str]) -> dict[str, tuple[int,
         return _answers(found, commands)
     answers = _answers(found[1:], mine)
     group = found[0]
-    as_root = [c for c in commands if _as_root(c) is not None]
     if group.status == 0:
         try:
             inner = parts.parse(group.stdout.decode("ascii").splitlines(), len(root), part_bytes=ROOT_BYTES)
         except (UnicodeDecodeError, ValueError):
             inner = []
-        answers.update(_answers(inner, as_root))
+        answers.update(_answers(inner, list(root)))
     elif isinstance(group.status, int):
-        answers.update(dict.fromkeys(as_root, (group.status, b"", group.stderr)))
+        answers.update(dict.fromkeys(root, (group.status, b"", group.stderr)))
     return {command: answers[command] for command in commands if command in answers}
 
 
