@@ -4,6 +4,7 @@ and the compliance suite's prefetch (tests/compliance/reads.py), on a running la
 
     SPARKRIG_LAB_ID=1 uv run python -m benchmarks.host_reading [--runs 5] [--limit lab-deb12]
     SPARKRIG_LAB_ID=1 PYTHONPATH=/path/to/old/tree uv run python -m benchmarks.host_reading --tree /path/to/old/tree
+    SPARKRIG_LAB_ID=1 uv run python -m benchmarks.host_reading --runs 1 --suite-runs 3 --unit-reads 1
 
 Each run wraps the script the tree would send in ``date +%s%N`` on the host (the deploy's as
 root through sudo, the suite's as its login user, as each really runs), so the figure is the
@@ -38,6 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = "SPARKRIG_HOST_READING_OUT"
 RUNS = "SPARKRIG_HOST_READING_RUNS"
 PARTS = "SPARKRIG_HOST_READING_PARTS"
+UNIT_READS = "SPARKRIG_HOST_READING_UNIT_READS"
 TIMING = "sparkrig-timing"
 
 
@@ -101,6 +103,8 @@ def _deploy_reading() -> None:
 def pytest_configure(config):
     if not os.environ.get(OUT):
         return
+    if os.environ.get(UNIT_READS):
+        reads.UNIT_READS = int(os.environ[UNIT_READS])
     real = reads._ssh_output
 
     def timing(argv, name=""):
@@ -126,11 +130,14 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=REPO, help="the tree whose reading is timed")
     parser.add_argument("--suite-runs", type=int, default=2, help="runs of the read-only suite")
     parser.add_argument("--parts", action="store_true", help="also time each part of the deploy's reading alone")
+    parser.add_argument("--unit-reads", type=int, help="the suite's reads to a unit of the executor (reads.UNIT_READS)")
     args = parser.parse_args()
     out = Path(f"/tmp/sparkrig-host-reading-{os.getpid()}.jsonl")
     env = {**os.environ, OUT: str(out), RUNS: str(args.runs), "PYTHONPATH": f"{args.tree}:{REPO}"}
     if args.parts:
         env[PARTS] = "1"
+    if args.unit_reads:
+        env[UNIT_READS] = str(args.unit_reads)
     limit = ["--limit", args.limit] if args.limit else []
     started = time.monotonic()
     subprocess.run(

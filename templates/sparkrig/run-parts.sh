@@ -2,8 +2,10 @@
 # {% raw %} (this is jinja's: the script holds ${#...}, which jinja would take for a comment)
 # Runs the parts of one reading side by side and prints what each did, once all have ended
 # (sparkrig/parts.py writes the variables before it and reads what it prints).
-# Set before: n parts; c0.. their commands and t0.. their time limits (seconds); lanes (how
-# many run at once); blocks (the most a part may write to any file, in 512-byte blocks: a
+# Set before: n parts and c0.. their commands; u units, each m0.. (its parts' numbers, run one
+# after another by one shell: what a part costs to start, a timeout and a shell, paid once
+# for several cheap ones) and t0.. (its time limit, seconds); lanes (how many units run at
+# once); blocks (the most a part may write to any file, in 512-byte blocks: a
 # bound on the disk, above what apt writes to its cache); cap (each output's bytes at most:
 # a larger one is not sent, its status says "big"); reading_s (no part starts after this
 # many seconds); total (the reading's bytes at most); sh (the shell that runs a part).
@@ -25,29 +27,68 @@ for f in "/proc/$$/fd"/*; do
 done
 d=$(mktemp -d) || exit 1
 trap 'rm -rf "$d"' EXIT
-read -r u _ </proc/uptime
-end=$((${u%.*} + reading_s))
+read -r up _ </proc/uptime
+end=$((${up%.*} + reading_s))
 run() {
-  eval "c=\$c$1; t=\$t$1"
-  # The reading's time is spent: this part does not start (its answer says so).
-  read -r u _ </proc/uptime
-  if [ "${u%.*}" -ge "$end" ]; then echo late >"$d/$1.s"; return; fi
-  timeout -k 2 "$t" "$sh" -c "$c" </dev/null >"$d/$1.o" 2>"$d/$1.e" 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
+  eval "m=\$m$1; t=\$t$1"
+  # The reading's time is spent: this unit does not start (its answers say so).
+  read -r up _ </proc/uptime
+  if [ "${up%.*}" -ge "$end" ]; then
+    for i in $m; do echo late >"$d/$i.s"; done
+    return
+  fi
+  case $m in
+    *" "*)
+      # Several parts: one shell (its stdin /dev/null) runs each in a subshell of its own,
+      # its outputs and status its own (an empty status: started, not ended). The shell
+      # takes the parts' commands as arguments, never as text of its own.
+      set -- "$d"
+      for i in $m; do eval "set -- \"\$@\" $i \"\$c$i\""; done
+      timeout -k 2 "$t" "$sh" -c "$unit" sh "$@" </dev/null >/dev/null 2>&1 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
+      ;;
+    *)
+      eval "c=\$c$m"
+      timeout -k 2 "$t" "$sh" -c "$c" </dev/null >"$d/$m.o" 2>"$d/$m.e" 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
+      ;;
+  esac
   p=$!
   wait "$p"
-  echo "$?" >"$d/$1.s"
-  # What the part left in its process group (timeout's, which set it up) ends with it.
+  s=$?
+  # What the unit left in its process group (timeout's, which set it up) ends with it.
   kill -s KILL -- "-$p" 2>/dev/null
+  case $m in
+    *" "*)
+      for i in $m; do
+        # A part the unit's end cut short has the unit's status (its time limit's); one it
+        # never reached did not run.
+        if [ ! -e "$d/$i.s" ]; then
+          echo cut >"$d/$i.s"
+        elif [ ! -s "$d/$i.s" ]; then
+          echo "$s" >"$d/$i.s"
+        fi
+      done
+      ;;
+    *) echo "$s" >"$d/$m.s" ;;
+  esac
 }
+# shellcheck disable=SC2016 # the unit's own text, expanded by the unit's shell
+unit='d=$1
+shift
+while [ "$#" -gt 1 ]; do
+  : >"$d/$1.s"
+  (eval "$2") >"$d/$1.o" 2>"$d/$1.e"
+  echo "$?" >"$d/$1.s"
+  shift 2
+done'
 k=0
 l=
-while [ "$k" -lt "$lanes" ] && [ "$k" -lt "$n" ]; do
+while [ "$k" -lt "$lanes" ] && [ "$k" -lt "$units" ]; do
   (
     ulimit -f "$blocks"
-    i=$k
-    while [ "$i" -lt "$n" ]; do
-      run "$i"
-      i=$((i + lanes))
+    j=$k
+    while [ "$j" -lt "$units" ]; do
+      run "$j"
+      j=$((j + lanes))
     done
   ) </dev/null >/dev/null 2>&1 &
   l="$l $!"

@@ -100,7 +100,8 @@ def test_each_part_comes_back_as_it_printed_it(shell):
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-def test_a_hostile_part_neither_forges_nor_blocks_another_part_and_leaves_nothing_running(tmp_path, shell):
+@pytest.mark.parametrize("units", [None, [[0, 1, 2], [3, 4]]], ids=["alone", "in-units"])
+def test_a_hostile_part_neither_forges_nor_blocks_another_part_and_leaves_nothing_running(tmp_path, shell, units):
     program = tmp_path / "python"
     program.write_text(HOSTILE)
     commands = [
@@ -108,9 +109,9 @@ def test_a_hostile_part_neither_forges_nor_blocks_another_part_and_leaves_nothin
         f"{sys.executable} -I {program} {tmp_path}",
         "cat",  # reads stdin: the caller's pipe, never closed, would hold it for ever
         f"sleep 1000 >/dev/null 2>&1 & echo $! >{tmp_path}/bg; echo last",
-        'stat -c %a "$(dirname "$(readlink /proc/$$/fd/1)")"',
+        'stat -c %a "$(dirname "$(readlink /proc/self/fd/2)")"',
     ]
-    out, took = run(parts.script(commands, [20] * len(commands)), shell, extra_fd=5)
+    out, took = run(parts.script(commands, [20] * len(commands), units=units), shell, extra_fd=5)
     answers = parts.parse(out.splitlines(), len(commands))
     assert took < 19, took  # below the parts' 20 s: nothing waited for its limit
     assert answers[0] == parts.Answer(0, b"first\n", b"")
@@ -143,6 +144,43 @@ def test_a_part_past_its_time_or_its_bytes_is_killed_and_named(shell):
     assert answers[1].status == 137  # TERM ignored: KILL 2 s later
     assert parts.failure(answers[2], part_bytes=1 << 16) == "printed more than 65536 bytes"
     assert answers[3] == parts.Answer(0, b"fine\n", b"")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_parts_run_in_one_unit_answer_as_each_alone(shell):
+    """Several cheap parts share a unit's shell: each still has its own status and outputs,
+    and what one does to its shell (a directory, a variable, an exit, a trap) reaches no other."""
+    commands = [
+        "printf 'one\\n'; echo oops >&2",
+        "cd /tmp; x=set; trap 'echo trapped' EXIT; exit 3",
+        'pwd; echo "${x-unset}"',
+        "cat",  # stdin: /dev/null, as alone
+        "sh -c 'kill -s TERM $PPID'; echo unreached",
+        "echo after",
+    ]
+    out, _ = run(parts.script(commands, units=[list(range(len(commands)))]), shell)
+    answers = parts.parse(out.splitlines(), len(commands))
+    assert answers[:4] == [
+        parts.Answer(0, b"one\n", b"oops\n"),
+        parts.Answer(3, b"trapped\n", b""),
+        parts.Answer(0, b"/\nunset\n", b""),
+        parts.Answer(0, b"", b""),
+    ]
+    assert answers[4].status == 143 and answers[5] == parts.Answer(0, b"after\n", b"")
+    with pytest.raises(ValueError, match="every command"):
+        parts.script(commands, units=[[0, 1, 2], [2, 3, 4, 5]])
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_unit_past_its_time_answers_the_part_it_ran_as_killed_and_the_rest_as_cut(shell):
+    commands = ["echo a", "sleep 100", "echo c", "echo alone"]
+    out, took = run(parts.script(commands, [1, 2, 1, 1], units=[[0, 1, 2], [3]]), shell)
+    answers = parts.parse(out.splitlines(), len(commands))
+    assert took < 20, took  # below sleep's 100 s
+    assert answers[0] == parts.Answer(0, b"a\n", b"")
+    assert answers[1].status == 124 and "after 2 s" in parts.failure(answers[1], 2)  # the unit's limit: its largest
+    assert answers[2].status == "cut" and "not started" in parts.failure(answers[2])
+    assert answers[3] == parts.Answer(0, b"alone\n", b"")
 
 
 @pytest.mark.parametrize("shell", SHELLS)

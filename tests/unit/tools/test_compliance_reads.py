@@ -169,12 +169,13 @@ def test_a_read_that_prints_the_prefetchs_structure_or_writes_to_inherited_descr
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def _prefetched(commands: list[str]) -> dict:
-    """What the controller would hand a worker for these commands, read by a real shell here."""
+def _prefetched(commands: list[str], whole: bool = True) -> dict:
+    """What the controller would hand a worker for these commands, read by a real shell here
+    (with ``whole``, every one of them answered)."""
     script = reads.prefetch_script(commands)
     output = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
     found = reads.parse_prefetch(output, commands)
-    assert list(found) == commands
+    assert list(found) == commands or not whole
     return found
 
 
@@ -447,11 +448,30 @@ def test_a_sudo_refused_answers_each_of_roots_reads_with_its_refusal(tmp_path, m
 
 def test_roots_reads_are_each_killed_after_their_limit_and_the_others_answered(monkeypatch):
     monkeypatch.setattr(reads, "ROOT_READ_TIMEOUT_S", 1)
+    monkeypatch.setattr(reads, "UNIT_READS", 1)
     slow, quick = reads.command_text("sleep 30; echo never", sudo=True), reads.command_text("echo quick", sudo=True)
     started = time.monotonic()
     found = _prefetched([slow, quick])
     assert found[slow][0] == 124 and found[quick] == (0, b"quick\n", b"")
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("sudo", [False, True], ids=["mine", "roots"])
+def test_a_read_killed_in_its_unit_leaves_the_reads_after_it_to_their_controls(monkeypatch, sudo):
+    """Reads share a unit (one shell, one limit): the one past the limit is answered as
+    killed, those its unit never reached are not answered (their controls read them alone),
+    and the other units' are."""
+    monkeypatch.setattr(reads, "READ_TIMEOUT_S", 1)
+    monkeypatch.setattr(reads, "ROOT_READ_TIMEOUT_S", 1)
+    monkeypatch.setattr(reads, "UNIT_READS", 3)
+    first, slow, cut, other = (
+        reads.command_text(text, sudo=sudo) for text in ("echo first", "sleep 30", "echo cut", "echo other")
+    )
+    started = time.monotonic()
+    found = _prefetched([first, slow, cut, other], whole=False)
+    assert time.monotonic() - started < 10
+    assert found[first] == (0, b"first\n", b"") and found[slow][0] == 124 and found[other] == (0, b"other\n", b"")
+    assert cut not in found
 
 
 def test_a_root_group_whose_output_is_not_whole_answers_none_of_roots_reads():
