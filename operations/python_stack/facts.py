@@ -40,6 +40,13 @@ STACK_SCRIPT = rendering.script(
 _DIST_INFO = re.compile(r"([A-Za-z0-9][A-Za-z0-9._]*)-([A-Za-z0-9][A-Za-z0-9.+!_]{0,63})\.dist-info")
 
 
+def dist_info(entry: str) -> tuple[str, str] | None:
+    """The distribution (normalised) and version a ``.dist-info`` directory's name says; None
+    for a name that says none."""
+    match = _DIST_INFO.fullmatch(entry)
+    return (normalise(match[1]), match[2]) if match else None
+
+
 def major_minor(version: str | None) -> str | None:
     return ".".join(version.split(".")[:2]) if version else None
 
@@ -108,17 +115,17 @@ class PythonStack(FactBase):
                     continue
                 names = base64.b64decode(value, validate=True).decode("utf-8", "surrogateescape")
                 for entry in filter(None, names.split("\0")):
-                    match = _DIST_INFO.fullmatch(entry)
-                    if match:
-                        found["dists"][normalise(match[1])] = match[2]
+                    dist = dist_info(entry)
+                    if dist:
+                        found["dists"][dist[0]] = dist[1]
                     else:
                         found["bad_dists"].append(host_output.printable(entry[:200]))  # the owner's name, escaped
             elif key == "url":
                 entry, _, record = value.partition(" ")
                 name = base64.b64decode(entry, validate=True).decode("utf-8", "surrogateescape")
-                match = _DIST_INFO.fullmatch(name)  # another name is in bad_dists already
-                if match:
-                    found["urls"][normalise(match[1])] = _direct_url(base64.b64decode(record, validate=True))
+                dist = dist_info(name)  # another name is in bad_dists already
+                if dist:
+                    found["urls"][dist[0]] = _direct_url(base64.b64decode(record, validate=True))
             elif key == "python":  # pyvenv.cfg's, the venv owner's: escaped, then no version we want
                 found[key] = host_output.printable(value) or None
             elif key in found and key not in ("dists", "urls", "bad_dists", "dists_unreadable"):

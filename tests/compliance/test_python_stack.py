@@ -53,7 +53,7 @@ def pins(manifest, settings) -> dict[str, str]:
 
 
 def _installed(found: dict) -> dict[str, str]:
-    """Installed distributions by normalised name: their versions (read from METADATA)."""
+    """Installed distributions by normalised name: their versions (from their dist-info folders)."""
     return {_normal(name): d["version"] for name, d in found.items()}
 
 
@@ -75,7 +75,7 @@ def tooling(r) -> dict:
 
 @need
 def installed(r) -> dict[str, str]:
-    """The venv's distributions and their versions, read from their METADATA as files."""
+    """The venv's distributions and their versions, from their dist-info folders' names (as the deploy reads them)."""
     return _installed(distributions(r, r.settings["python_venv_path"]))
 
 

@@ -2,16 +2,15 @@
 How the compliance suite reads a venv a user owns, without running the user's programs
 with anyone else's rights.
 
-- The Python version is read from ``pyvenv.cfg``, and each distribution's name, version and
-  ``direct_url.json`` from its ``*.dist-info`` files, as files, through sparkrig's bounded
-  reader (``sparkrig.user_files.user_read``: no link, no blocking, capped in size and time),
-  as root; what they hold is untrusted text, parsed here.
-  The venv is capped as a whole, not only each file: at most :data:`DIST_INFO_LIMIT`
-  dist-infos, :data:`HEADERS_LIMIT` bytes of each METADATA's headers (Name and Version come
-  first), :data:`VENV_ANSWER_LIMIT` bytes of the whole answer and :data:`VENV_READ_TIMEOUT_S`
-  seconds; a venv past a cap fails its controls, naming the cap (many dist-infos hard-linked
-  to one large METADATA cost no disk to their owner, and would cost root and the controller
-  their size each time).
+- The Python version is read from ``pyvenv.cfg`` through sparkrig's bounded reader
+  (``sparkrig.user_files.user_read``: no link, no blocking, capped in size and time), as root;
+  each distribution's name and version from its ``*.dist-info`` folder's name and its
+  ``direct_url.json`` through the same reader, as the deploy's own reading reads them
+  (templates/python_stack/dists.sh: the suite and the deploy judge the venv on one record, a
+  few programs for the whole venv where each METADATA cost eight); what they hold is untrusted
+  text, parsed here. The venv is capped as a whole: :data:`VENV_ANSWER_LIMIT` bytes of the
+  answer, :data:`VENV_READ_TIMEOUT_S` seconds, at most :data:`DIST_INFO_LIMIT` dist-infos;
+  a venv past a cap, or holding two records of one distribution, fails its controls saying so.
 - Where only the venv's interpreter can answer (does torch import, what GPU does it see), it
   runs as the venv's owner named in the settings (never a user found by following a path),
   with ``-I``, from ``/``, killed after :data:`INTERPRETER_TIMEOUT_S` seconds; as ``nobody``
@@ -31,13 +30,11 @@ import binascii
 import json
 import re
 import shlex
-from email.parser import HeaderParser
 
-from sparkrig.user_files import user_read
+from sparkrig import rendering
+from sparkrig.operations.python_stack import facts as stack_facts
+from sparkrig.user_files import USER_READ
 
-METADATA_LIMIT = 4 * 1024 * 1024  # bytes of one METADATA file read at most (its headers are kept)
-HEADERS_LIMIT = 16 * 1024  # bytes of one METADATA's headers kept (torch's are about 2 KB)
-DIRECT_URL_LIMIT = 16 * 1024
 PYVENV_LIMIT = 64 * 1024
 DIST_INFO_LIMIT = 1000  # a Spark's vLLM venv holds about 200
 VENV_ANSWER_LIMIT = 8 * 1024 * 1024  # the whole venv's answer, base64 included
@@ -45,26 +42,15 @@ VENV_READ_TIMEOUT_S = 60
 INTERPRETER_TIMEOUT_S = 80  # torch's first import on a Spark takes seconds; a hang fails its control
 INTERPRETER_OUTPUT_LIMIT = 1024 * 1024  # of stdout and of stderr, each
 
-# One line per *.dist-info folder: its METADATA's headers (up to the first blank line,
-# capped) and its direct_url.json, each base64-encoded (no byte in them can forge a line),
-# and "end" once whole; "more" alone (nothing read) past DIST_INFO_LIMIT folders. The whole answer is
-# capped (head -c) and timed: a missing "end" says which cap was met.
+# The deploy's own reading of the venv (templates/python_stack/dists.sh, the PythonStack
+# fact's): every *.dist-info folder's name in one line, then each direct_url.json through
+# the one reader, base64-encoded (no byte of a name or a record can forge a line); "end"
+# once whole. The whole answer is capped (head -c) and timed: a missing "end" says a cap was met.
+# $1 the venv, $2 dists.sh, $3 the reader.
+_DISTS = rendering.script("python_stack/dists.sh")
 _DISTRIBUTIONS = (
-    f"{{ timeout -k 1 {VENV_READ_TIMEOUT_S} sh -c '"
-    + (
-        'set -- "$1"/lib/python3*/site-packages/*.dist-info; '
-        f'if [ "$#" -gt {DIST_INFO_LIMIT} ]; then echo more; exit 0; fi; '
-        'for d in "$@"; do test -d "$d" || continue; '
-        f'm=$({user_read(chr(34) + "$d/METADATA" + chr(34), METADATA_LIMIT)} | sed "/^\\r*$/q" '
-        f"| head -c {HEADERS_LIMIT} | base64 -w0); "
-        # Most dist-infos have no direct_url.json: the reader (five programs) only for one that
-        # may (its checks are the reader's; -f here only spares it the others).
-        f'u=; if [ -f "$d/direct_url.json" ]; then '
-        f"u=$({user_read(chr(34) + '$d/direct_url.json' + chr(34), DIRECT_URL_LIMIT)} 2>/dev/null | base64 -w0); fi; "
-        'printf "%s %s\\n" "$m" "$u"; '
-        "done; echo end"
-    ).replace("'", "'\\''")
-    + f'\' sparkrig-venv "$1"; }} | head -c {VENV_ANSWER_LIMIT}'
+    f'{{ timeout -k 1 {VENV_READ_TIMEOUT_S} sh -c "$2" sparkrig-dists "$1" "$3" {stack_facts.URL_LIMIT} '
+    f"&& echo end; }} | head -c {VENV_ANSWER_LIMIT}"
 )
 
 # Runs argv[3:] as a separate command: every descriptor but its own pipes closed (subprocess's
@@ -135,38 +121,45 @@ _INTERPRETER = (
 
 
 def distributions(r, venv: str) -> dict[str, dict]:
-    """The distributions of ``venv`` as its dist-info files say: {name: {"version", "direct"}}
-    (``direct``: direct_url.json's object, or None). A need's part: it reads through ``r``."""
-    answer = r.run("sh -c %s sparkrig-venv %s", _DISTRIBUTIONS, venv, sudo=True)
+    """The distributions of ``venv`` as its records say, read as the deploy reads them: {name
+    (normalised): {"version", "direct"}} from each ``*.dist-info`` folder's name
+    (``direct``: its direct_url.json's object, or None). A need's part: it reads through ``r``."""
+    answer = r.run("sh -c %s sparkrig-venv %s %s %s", _DISTRIBUTIONS, venv, _DISTS, USER_READ, sudo=True)
     lines = answer.check().splitlines()
-    if "more" in lines:
-        raise AssertionError(f"{venv} holds more than {DIST_INFO_LIMIT} *.dist-info folders: not read")
     if not lines or lines[-1] != "end":
         raise AssertionError(
             f"{venv}'s dist-info folders were not read whole: more than {VENV_ANSWER_LIMIT} bytes, "
             f"or more than {VENV_READ_TIMEOUT_S} s"
         )
-    found = {}
+    names, records = [], {}
     for line in lines[:-1]:
-        fields = line.split(" ")
-        if len(fields) != 2:
-            continue
+        key, _, value = line.partition(" ")
+        if key == "dists" and value == "unreadable":
+            raise AssertionError(f"{venv}: a link on the way to its site-packages: not read")
+        fields = value.split(" ")
         try:
-            metadata, direct = (base64.b64decode(f, validate=True).decode(errors="replace") for f in fields)
+            decoded = [base64.b64decode(f, validate=True).decode("utf-8", "surrogateescape") for f in fields]
         except (binascii.Error, ValueError):
             continue
-        headers = HeaderParser().parsestr(metadata)
-        name, version = headers.get("Name"), headers.get("Version")
-        if not name or not version:
-            continue
+        if key == "dists" and len(decoded) == 1:
+            names += filter(None, decoded[0].split("\0"))
+        elif key == "url" and len(decoded) == 2:
+            records[decoded[0]] = decoded[1]
+    if len(names) > DIST_INFO_LIMIT:
+        raise AssertionError(f"{venv} holds more than {DIST_INFO_LIMIT} *.dist-info folders: not read")
+    found: dict[str, dict] = {}
+    for entry in names:
+        dist = stack_facts.dist_info(entry)
+        if dist is None:
+            continue  # names no distribution (the deploy reports it)
+        name, version = dist
+        if name in found:
+            raise AssertionError(f"{venv} holds two records of {name}: {found[name]['version']} and {version}")
         try:
-            direct_url = json.loads(direct) if direct.strip() else None
+            direct = json.loads(records[entry]) if entry in records else None
         except ValueError:
-            direct_url = None
-        found[name.strip()] = {
-            "version": version.strip(),
-            "direct": direct_url if isinstance(direct_url, dict) else None,
-        }
+            direct = None
+        found[name] = {"version": version, "direct": direct if isinstance(direct, dict) else None}
     return found
 
 
