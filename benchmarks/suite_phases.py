@@ -1,7 +1,7 @@
 """
 Where the read-only compliance suite's wall time goes, beside the deploy's no-change run.
 
-    SPARKRIG_LAB_ID=8 uv run python -m benchmarks.suite_phases --fleets 1,8 --rtt-ms 0,50 --runs 3
+    SPARKRIG_LAB_ID=8 uv run python -m benchmarks.suite_phases --fleets 1,8 --rtt-ms 0,50 --runs 3 [--cold]
 
 On a running, converged lab (it boots nothing), for each added round-trip time (``benchmarks.relay``
 in front of each host's sshd) and each fleet (the lab's hosts, then aliases of them, as
@@ -113,6 +113,14 @@ def phases(marks: dict[str, float], started: float, ended: float) -> dict[str, f
     return {name: max(0.0, seconds) for name, seconds in found.items()}
 
 
+def cold(names: list[str]) -> None:
+    """End the suite's shared SSH connections to ``names`` (they persist 60 s after a run):
+    the next run connects as a run a minute after the last one does."""
+    for config in (REPO / ".pytest_cache").glob("sparkrig-ssh-config-*"):
+        for name in names:
+            subprocess.run(["ssh", "-F", str(config), "-O", "exit", name], capture_output=True, check=False)
+
+
 def suite(inventory: Path, names: list[str], tmp: Path) -> tuple[float, dict[str, float], str]:
     marks_file = tmp / "phases.json"
     marks_file.unlink(missing_ok=True)
@@ -166,7 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtt-ms", default="0,50")
     parser.add_argument("--fleets", default="1,8", help="inventory sizes (names cycle over the lab's hosts)")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--cold", action="store_true", help="each run connects anew (no SSH connection left from the run before)"
+    )
     args = parser.parse_args(argv)
+    # Python writes each module's bytecode once, and a user's runs read it after; with
+    # PYTHONDONTWRITEBYTECODE (set on this machine) every run compiled the checkout's modules
+    # again, half a second of the start-up. One run first, unmeasured, writes it.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     hosts = json.loads(lab.inventory_path().read_text())["hosts"]
     rows = [
         "| hosts | added RTT | suite wall (median) | runs | "
@@ -182,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                     inventory = fleet_inventory(Path(tmp), hosts, relays.ports, size)
                     names = fleet_names(hosts, size)
                     walls, parts, outcome, deploys = [], {p: [] for p in PHASES}, "", []
+                    suite(inventory, names, Path(tmp))  # unmeasured: bytecode written, connections open
                     for _ in range(args.runs):
+                        if args.cold:
+                            cold(names)
                         wall, split, outcome = suite(inventory, names, Path(tmp))
                         walls.append(wall)
                         for name, seconds in split.items():
