@@ -381,8 +381,9 @@ UNIT_READS = 8
 
 
 def units(count: int, size: int | None = None) -> list[list[int]]:
-    """``count`` reads in order, ``size`` (:data:`UNIT_READS`) to a unit."""
-    size = max(1, size or UNIT_READS)
+    """``count`` reads in order, ``size`` (:data:`UNIT_READS`) to a unit, fewer where that
+    leaves lanes idle (a round of 8 reads: each its own, side by side)."""
+    size = max(1, min(size or UNIT_READS, -(-count // PREFETCH_LANES)))
     return [list(range(i, min(i + size, count))) for i in range(0, count, size)]
 
 

@@ -83,11 +83,12 @@ def environments(r) -> dict:
 @need
 def toolkit(r) -> dict:
     """nvcc where CUDA_HOME says, and what a login shell's nvcc and Triton's ptxas say."""
-    return {
-        "nvcc": r.path(f"{cuda_home(r)}/bin/nvcc"),
+    # What needs no earlier answer first: read in the first round, beside cuda_home's reads.
+    found = {
         "version": r.run(system_login("nvcc --version")),
         "ptxas": r.run(system_login('"$TRITON_PTXAS_PATH" --version')),
     }
+    return {"nvcc": r.path(f"{cuda_home(r)}/bin/nvcc"), **found}
 
 
 @pytest.mark.parametrize("path_key", ["cuda_env_file", PROFILE_SCRIPT])

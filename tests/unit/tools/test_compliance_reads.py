@@ -456,6 +456,16 @@ def test_roots_reads_are_each_killed_after_their_limit_and_the_others_answered(m
     assert time.monotonic() - started < 10
 
 
+def test_reads_share_units_only_where_the_lanes_are_full():
+    """A round's first reading (about 160 reads) runs UNIT_READS to a unit; a small round
+    (the second: a few reads) keeps every lane busy with one read each."""
+    first = reads.units(159)
+    assert [len(u) for u in first] == [reads.UNIT_READS] * (159 // reads.UNIT_READS) + [159 % reads.UNIT_READS]
+    assert reads.units(reads.PREFETCH_LANES) == [[i] for i in range(reads.PREFETCH_LANES)]
+    assert [len(u) for u in reads.units(3 * reads.PREFETCH_LANES)] == [3] * reads.PREFETCH_LANES
+    assert sorted(i for u in reads.units(37) for i in u) == list(range(37))
+
+
 @pytest.mark.parametrize("sudo", [False, True], ids=["mine", "roots"])
 def test_a_read_killed_in_its_unit_leaves_the_reads_after_it_to_their_controls(monkeypatch, sudo):
     """Reads share a unit (one shell, one limit): the one past the limit is answered as
@@ -464,6 +474,7 @@ def test_a_read_killed_in_its_unit_leaves_the_reads_after_it_to_their_controls(m
     monkeypatch.setattr(reads, "READ_TIMEOUT_S", 1)
     monkeypatch.setattr(reads, "ROOT_READ_TIMEOUT_S", 1)
     monkeypatch.setattr(reads, "UNIT_READS", 3)
+    monkeypatch.setattr(reads, "PREFETCH_LANES", 1)
     first, slow, cut, other = (
         reads.command_text(text, sudo=sudo) for text in ("echo first", "sleep 30", "echo cut", "echo other")
     )
