@@ -8,6 +8,15 @@ fixtures say on the terminal what the lab is doing as they go (:func:`lab_says`)
 
 from __future__ import annotations
 
+import sys
+
+from tests.compliance import early
+
+# A compliance run's first round of each host goes out now, before the heavy imports below
+# (pyinfra, every concern's settings): tests/compliance/early.py.
+early.start(sys.argv[1:])
+
+# isort: split
 import contextlib
 import json
 import re

@@ -139,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _check(args, extra: Sequence[str]) -> int:
+    # Each host's first round goes out before the suite is loaded (the suite's early.py).
+    from sparkrig.compliance import early  # noqa: PLC0415 - imports nothing heavy
+
+    early.start(suite_args(args.inventory, args.limit))
     # Read once here: a refused inventory or settings value is one line before pytest starts.
     from sparkrig.compliance.targets import inventory_host_data  # noqa: PLC0415 - loads every concern
 

@@ -46,7 +46,7 @@ from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
 from sparkrig.tools import fleet_page, private
 
-from . import reads, results
+from . import early, reads, results
 from .targets import LAB_INVENTORY, REPO, inventory_host_data, lab_says, ssh_config_for
 
 # Action controls' testinfra hosts answer host-wide constants once and each path from one
@@ -319,7 +319,7 @@ def pytest_configure(config):
             # Read once here, for every worker, while the workers start (this also opens each
             # host's shared connection); constants(config) waits for it.
             config.sparkrig_prefetch = ThreadPoolExecutor(max_workers=1).submit(
-                reads.prefetch, str(ssh_config), names, reads.EVERY_HOST, readers(config, hosts)
+                _prefetch, config, str(ssh_config), names, readers(config, hosts)
             )
             if config.getoption("--fleet-page"):
                 read_versions(config)  # beside the controls
@@ -333,6 +333,16 @@ def pytest_configure(config):
     config.option.hosts = ",".join(testinfra_spec(name) for name in names)
     _TABLE.names = list(names)
     config.option.ssh_config = str(ssh_config)
+
+
+def _prefetch(config, ssh_config: str, names: list[str], readers_: dict) -> dict:
+    """The hosts' reading (:func:`reads.prefetch`); each host's first round kept for the next
+    run of this inventory and --limit, which sends it as it starts (early.py)."""
+    found = reads.prefetch(ssh_config, names, reads.EVERY_HOST, readers_)
+    control_dir()  # early.py's directory, made and checked
+    first = {name: reads.FIRST_ROUNDS[(ssh_config, name)] for name in names if (ssh_config, name) in reads.FIRST_ROUNDS}
+    early.remember(config.getoption("--inventory"), config.getoption("--limit"), ssh_config, first)
+    return found
 
 
 def testinfra_spec(name: str) -> str:

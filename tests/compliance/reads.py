@@ -56,6 +56,8 @@ from sparkrig import parts
 from sparkrig.tools.report import printable
 from sparkrig.user_files import user_read
 
+from . import early
+
 # testinfra's questions about one path (modules/file.py), its path shell-quoted as it quotes it.
 _PATH_QUESTION = re.compile(r"(?P<ask>test -[edfLSx]|stat -Lc %[UGaug]|readlink -f|realpath) (?P<path>\S+|'[^']*')")
 # Host-wide questions whose answer no control changes.
@@ -93,7 +95,7 @@ PREFETCH_OUTPUT_LIMIT = 64 * 1024 * 1024
 READ_TIMEOUT_S = 90  # each read on the host is killed after this long (a hung command fails its control)
 PREFETCH_LANES = 8  # reads run at once on a host (most wait on sudo's start or a program's)
 ROUNDS = 3  # rounds of a host's needs at most (a converged host needs two)
-CONNECT_TIMEOUT_S = 10  # an unreachable host delays the suite's start by this much at most
+CONNECT_TIMEOUT_S = early.CONNECT_TIMEOUT_S  # an unreachable host delays the suite's start by this much at most
 # Whether the control running in this process acts (``@pytest.mark.action``): its reads are
 # never answered from the prefetch (set by the suite's conftest).
 acting = False
@@ -101,6 +103,9 @@ acting = False
 # layer's is refused (set by the suite's conftest).
 guarded = False
 _sending = False  # the layer itself is sending (allowed while guarded)
+# Each host's first round as the prefetch sent it: (ssh config, host) -> its script (the next
+# run sends it early: early.py).
+FIRST_ROUNDS: dict[tuple[str, str], str] = {}
 # Answers read by the controller: inventory name -> command -> (exit status, stdout, stderr).
 _SEEDS: dict[str, dict[str, tuple[int, bytes, bytes]]] = {}
 # Every need, by its qualified name (module.function).
@@ -483,12 +488,11 @@ def _read(ssh_config: str, name: str, commands: list[str]) -> dict[str, tuple[in
                 + "\n"
             )
     script = prefetch_script(commands)
-    argv = (
-        ["sh", "-c", script]
-        if name == "@local"
-        else ["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", name, script]
-    )
-    output = _ssh_output(argv, name)
+    sent = early.take(ssh_config, name, script)  # this very round, sent as the run started
+    if sent is not None:
+        output = _output(sent, name)
+    else:
+        output = _ssh_output(["sh", "-c", script] if name == "@local" else early.argv(ssh_config, name, script), name)
     return {} if output is None else parse_prefetch(output, commands)
 
 
@@ -504,6 +508,11 @@ def _ssh_output(argv: list[str], name: str = "") -> str | None:
         )
     except OSError:
         return None
+    return _output(process, name)
+
+
+def _output(process: subprocess.Popen, name: str) -> str | None:
+    """:func:`_ssh_output` of a started process."""
     deadline = time.monotonic() + PREFETCH_TIMEOUT_S
     chunks, size = [], 0
     with process, selectors.DefaultSelector() as pick:
@@ -570,6 +579,8 @@ def prefetch(
             todo = [c for c in wanted if c not in answers]
             if not todo:
                 break
+            if _round == 0:
+                FIRST_ROUNDS[(ssh_config, name)] = prefetch_script(todo)
             found = _read(ssh_config, name, todo)
             if not found:
                 break

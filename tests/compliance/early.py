@@ -1,0 +1,182 @@
+"""
+Each host's first round of reads, sent as the suite starts, before it is loaded.
+
+Half a second of a read-only run went to importing the suite (pyinfra, every concern's
+settings) and loading the inventory before the first round of a host's reads could be planned
+and sent; the round then took a second more. A host's first round depends only on its settings
+and the suite's code, so it is the same run after run: each run leaves, per inventory and
+--limit, each host's first-round script and the SSH config it went through in the user's
+private directory (the one of the suite's SSH sockets, 0700), and the next run sends those
+scripts as soon as it starts (:func:`start`, from the first conftest, before any heavy
+import), when the inventory file and the SSH config are still byte for byte what they were.
+
+When the suite has planned its own first round (``reads._read``), it takes the early answer
+only if the script is the one it would send, byte for byte (the same reads, order and limits),
+through the same SSH config; else that answer's process is killed and the round sent as
+always. An early answer is read at the suite's start too: the prefetch's rule holds.
+``SPARKRIG_COMPLIANCE_EARLY=0`` sends nothing early (the benchmarks time the rounds alone).
+Residual: a host's address changed by its group data, not by the inventory file, receives one
+early read-only round at the old address before the run drops its answer.
+
+Imports nothing heavy: it runs before pytest loads the suite.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import stat
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+CONNECT_TIMEOUT_S = 10  # an unreachable host delays the suite's start by this much at most
+CACHE_BYTES = 16 << 20  # the first rounds' file at most (a host's script is tens of KB)
+# Sent early: (ssh config, host) -> (the script, its ssh process).
+_SENT: dict[tuple[str, str], tuple[str, subprocess.Popen]] = {}
+
+
+def argv(ssh_config: str, name: str, script: str) -> list[str]:
+    """ssh's command line for one round of ``name``'s reads."""
+    return ["ssh", "-F", ssh_config, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", name, script]
+
+
+def directory() -> Path:
+    """The user's private directory of the suite's SSH sockets and first rounds (the
+    conftest's ``control_dir`` makes and checks it)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "sparkrig-ssh" if runtime else Path.home() / ".cache" / "sparkrig" / "ssh"
+
+
+def _file(inventory: str, limit: Sequence[str]) -> Path:
+    key = json.dumps([os.path.realpath(inventory), list(limit)])
+    return directory() / f"first-round-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _digest(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _private(path: Path, directory: bool) -> bool:
+    """Whether ``path`` is this user's alone: a directory (or a regular file), no link, no
+    access for anyone else."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return False
+    kind = stat.S_ISDIR if directory else stat.S_ISREG
+    return kind(found.st_mode) and found.st_uid == os.geteuid() and not found.st_mode & 0o077
+
+
+def options(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The ``--inventory`` and the ``--limit``s of a pytest command line."""
+    inventory, limit, args = None, [], list(args)
+    for index, arg in enumerate(args):
+        for option in ("--inventory", "--limit"):
+            value = None
+            if arg == option and index + 1 < len(args):
+                value = args[index + 1]
+            elif arg.startswith(option + "="):
+                value = arg.split("=", 1)[1]
+            if value is None:
+                continue
+            if option == "--inventory":
+                inventory = value
+            else:
+                limit.append(value)
+    return inventory, limit
+
+
+def start(args: Sequence[str]) -> None:
+    """Send each host's first round as the last run of this inventory and --limit left it
+    (``args``: pytest's command line), where the inventory file and the SSH config are
+    unchanged; nothing for a run without --inventory, nor in an xdist worker."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("SPARKRIG_COMPLIANCE_EARLY") == "0":
+        return
+    inventory, limit = options(args)
+    if not inventory:
+        return
+    path = _file(inventory, limit)
+    if not _private(path.parent, directory=True) or not _private(path, directory=False):
+        return
+    try:
+        if path.stat().st_size > CACHE_BYTES:
+            return
+        found = json.loads(path.read_text())
+        ssh_config, hosts = str(found["ssh_config"]), dict(found["hosts"])
+        if found["inventory"] != _digest(inventory) or found["config"] != _digest(ssh_config):
+            return
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    for name, script in hosts.items():
+        if name == "@local" or not isinstance(script, str) or (ssh_config, name) in _SENT:
+            continue
+        try:
+            process = subprocess.Popen(
+                argv(ssh_config, name, script),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+                cwd="/",
+            )
+        except OSError:
+            return
+        if not _SENT:
+            atexit.register(drop)  # a run that never took them (stopped, or another suite's)
+        _SENT[(ssh_config, name)] = (script, process)
+
+
+def take(ssh_config: str, name: str, script: str) -> subprocess.Popen | None:
+    """The process that sent ``script`` to ``name`` early through ``ssh_config``, if that is
+    what was sent; any other early round of the host is ended."""
+    sent = _SENT.pop((ssh_config, name), None)
+    if sent is None:
+        return None
+    if sent[0] == script:
+        return sent[1]
+    _end(sent[1])
+    return None
+
+
+def drop(pairs: Iterable[tuple[str, str]] | None = None) -> None:
+    """End the early rounds no one took (all of them by default)."""
+    for key in list(_SENT if pairs is None else pairs):
+        sent = _SENT.pop(key, None)
+        if sent is not None:
+            _end(sent[1])
+
+
+def _end(process: subprocess.Popen) -> None:
+    process.kill()
+    process.wait()
+    process.stdout.close()
+
+
+def remember(inventory: str, limit: Sequence[str], ssh_config: str, scripts: Mapping[str, str]) -> None:
+    """Keep ``scripts`` (each host's first round) for the next run of this inventory and
+    --limit, written atomically, 0600, in :func:`directory` (made and checked by the
+    conftest's ``control_dir`` before)."""
+    path = _file(inventory, limit)
+    if not _private(path.parent, directory=True):
+        return
+    text = json.dumps(
+        {
+            "inventory": _digest(inventory),
+            "ssh_config": ssh_config,
+            "config": _digest(ssh_config),
+            "hosts": dict(scripts),
+        }
+    )
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)

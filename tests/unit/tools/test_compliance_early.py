@@ -1,0 +1,229 @@
+"""tests/compliance/early.py: each host's first round, sent as the run starts, is taken only
+when it is the round the suite planned, and only from a file of the user's alone. Played
+through the real prefetch and a STAND-IN for ssh (no sshd runs here; the lab's hosts are
+real): it logs the host it was asked for, then runs the command in a real shell here."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.compliance import early, reads
+
+REPO = Path(__file__).resolve().parents[3]
+
+STANDIN_SSH = r"""#!/bin/sh
+n=$#; i=0
+for a; do i=$((i+1)); [ "$i" -eq $((n-1)) ] && host=$a; [ "$i" -eq "$n" ] && cmd=$a; done
+echo "$host" >> "$SSH_LOG"
+exec sh -c "$cmd"
+"""
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    """A private directory for the first rounds, an inventory and an SSH config file, a
+    stand-in ssh logging each call."""
+    home = tmp_path / "runtime"
+    home.mkdir(mode=0o700)
+    (home / "sparkrig-ssh").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(home))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.delenv("SPARKRIG_COMPLIANCE_EARLY", raising=False)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(STANDIN_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SSH_LOG", str(tmp_path / "ssh.log"))
+    inventory, config = tmp_path / "inventory.py", tmp_path / "ssh_config"
+    inventory.write_text("hosts = ['box']\n")
+    config.write_text("Host box\n")
+    yield inventory, config, tmp_path / "ssh.log"
+    early.drop()
+
+
+def _calls(log: Path, at_least: int = 0) -> list[str]:
+    """The hosts the stand-in ssh was asked for (waiting, bounded, for ``at_least`` of them:
+    a process sent early logs when it starts)."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = log.read_text().split() if log.exists() else []
+        if len(found) >= at_least or time.monotonic() > deadline:
+            return found
+        time.sleep(0.02)
+
+
+def _prefetch(config: Path, marker: Path) -> dict:
+    """The real prefetch of one host, its reads made from ``marker`` (a file this test
+    changes between runs)."""
+    return reads.prefetch(
+        str(config), ["box"], [f"cat {marker}"], {"box": lambda answers: reads.Reader("box", {}, answers)}
+    )
+
+
+def _remember(inventory: Path, config: Path) -> None:
+    early.remember(str(inventory), ["box"], str(config), {"box": reads.FIRST_ROUNDS[(str(config), "box")]})
+
+
+def test_the_first_round_a_run_left_is_sent_as_the_next_starts_and_taken_when_planned_alike(setup, tmp_path):
+    inventory, config, log = setup
+    marker = tmp_path / "state"
+    marker.write_text("first\n")
+    _prefetch(config, marker)
+    _remember(inventory, config)
+    saved = early._file(str(inventory), ["box"])
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert _calls(log) == ["box"]
+    early.start(["tests/compliance", "--inventory", str(inventory), "--limit", "box"])
+    assert _calls(log, 2) == ["box", "box"]  # sent at once, before anything was planned
+    time.sleep(0.5)
+    marker.write_text("second\n")  # the host's state after the early round read it
+    found = _prefetch(config, marker)
+    assert _calls(log) == ["box", "box"]  # the round planned is the one sent: nothing sent again
+    rc, out, _err = found["box"][f"cat {marker}"]
+    assert rc == 0 and out == "Zmlyc3QK"  # base64 of "first\n": the state at the run's start
+
+
+def test_a_round_planned_otherwise_is_sent_again_and_the_early_one_ended(setup, tmp_path):
+    inventory, config, log = setup
+    _prefetch(config, tmp_path / "one")
+    _remember(inventory, config)
+    early.start(["--inventory", str(inventory), "--limit=box"])
+    (_script, process) = early._SENT[(str(config), "box")]
+    assert _calls(log, 2) == ["box", "box"]
+    found = _prefetch(config, tmp_path / "another")  # other reads: another script
+    assert _calls(log, 3) == ["box", "box", "box"]
+    assert process.poll() is not None  # the early round's ssh is gone
+    assert found["box"][f"cat {tmp_path / 'another'}"][0] == 1
+
+
+@pytest.mark.parametrize("change", ["inventory", "ssh_config", "worker", "off", "no inventory"])
+def test_nothing_is_sent_early_when_the_inventory_or_config_changed_or_in_a_worker(
+    setup, tmp_path, change, monkeypatch
+):
+    inventory, config, log = setup
+    _prefetch(config, tmp_path / "x")
+    _remember(inventory, config)
+    args = ["--inventory", str(inventory), "--limit", "box"]
+    if change == "inventory":
+        inventory.write_text("hosts = ['box', 'other']\n")
+    elif change == "ssh_config":
+        config.write_text("Host box\n  HostName elsewhere\n")
+    elif change == "worker":
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    elif change == "off":
+        monkeypatch.setenv("SPARKRIG_COMPLIANCE_EARLY", "0")
+    else:
+        args = ["tests/compliance", "--limit", "box"]
+    early.start(args)
+    assert early._SENT == {} and _calls(log) == ["box"]
+
+
+@pytest.mark.parametrize("how", ["group-writable", "another owner", "a link", "directory open"])
+def test_first_rounds_in_a_file_not_the_users_alone_are_never_sent(setup, tmp_path, how):
+    """Whoever can change the file chooses what runs on every host, root's reads included."""
+    inventory, config, log = setup
+    _prefetch(config, tmp_path / "x")
+    _remember(inventory, config)
+    saved = early._file(str(inventory), ["box"])
+    if how == "group-writable":
+        saved.chmod(0o620)
+    elif how == "another owner":
+        os.chown(saved, pwd.getpwnam("nobody").pw_uid, -1)
+    elif how == "a link":
+        real = tmp_path / "real.json"
+        saved.rename(real)
+        saved.symlink_to(real)
+    else:
+        saved.parent.chmod(0o750)
+    early.start(["--inventory", str(inventory), "--limit", "box"])
+    assert early._SENT == {} and _calls(log) == ["box"]
+
+
+def test_no_first_round_is_kept_in_a_directory_others_may_enter(setup, tmp_path):
+    inventory, config, _log = setup
+    saved = early._file(str(inventory), ["box"])
+    saved.parent.chmod(0o750)
+    early.remember(str(inventory), ["box"], str(config), {"box": "echo planted"})
+    assert not saved.exists()
+    saved.parent.chmod(0o700)
+    early.remember(str(inventory), ["box"], str(config), {"box": "echo kept"})
+    assert json.loads(saved.read_text())["hosts"] == {"box": "echo kept"} and saved.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_early_round_no_one_takes_ends_with_the_run(setup, tmp_path):
+    """A run stopped before its first round was planned leaves no ssh behind."""
+    inventory, config, _log = setup
+    pid_file = tmp_path / "pid"
+    reads.FIRST_ROUNDS[(str(config), "box")] = f"echo $$ > {pid_file}; exec sleep 60"
+    _remember(inventory, config)
+    code = f"from tests.compliance import early; early.start(['--inventory', {str(inventory)!r}, '--limit', 'box'])"
+    code += f"\nimport time, pathlib\nwhile not pathlib.Path({str(pid_file)!r}).exists(): time.sleep(0.05)"
+    subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60, check=True
+    )
+    pid = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_the_options_are_read_as_pytest_takes_them():
+    assert early.options(["x", "--inventory", "inv.py", "--limit", "a", "--limit=b,c", "-q"]) == (
+        "inv.py",
+        ["a", "b,c"],
+    )
+    assert early.options(["--inventory=inv.py"]) == ("inv.py", [])
+    assert early.options(["--limit", "a"]) == (None, ["a"])
+
+
+def test_a_real_pytest_run_sends_its_first_round_before_loading_the_suite(setup):
+    """tests/conftest.py calls start() with pytest's command line before its heavy imports."""
+    inventory, config, _log = setup
+    reads.FIRST_ROUNDS[(str(config), "box")] = "echo early"
+    _remember(inventory, config)
+    code = (
+        f"import sys; sys.argv = ['pytest', '--inventory', {str(inventory)!r}, '--limit', 'box']\n"
+        "import tests.conftest\nfrom tests.compliance import early\nprint(sorted(early._SENT))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert f"('{config}', 'box')" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_suite_run_keeps_each_hosts_first_round_for_the_next(tmp_path):
+    """The suite's conftest (its prefetch) leaves the first round of each host, as it sent
+    it, in the user's private directory: a real pytest run on @local."""
+    (tmp_path / "test_one.py").write_text("def test_nothing():\n    pass\n")
+    (tmp_path / "inv.py").write_text('here = [("@local", {})]\n')
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(runtime))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "test_one.py", "-p", "tests.compliance.conftest", "--inventory", "inv.py"]
+        + ["-n", "0", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    (saved,) = (runtime / "sparkrig-ssh").glob("first-round-*.json")
+    assert saved.stat().st_mode & 0o777 == 0o600
+    found = json.loads(saved.read_text())
+    assert list(found["hosts"]) == ["@local"] and "id -nu" in found["hosts"]["@local"]
