@@ -20,26 +20,45 @@ from .targets import LAB_INVENTORY, REPO, inventory_host_data
 
 SERVICE = "prometheus.service"
 JOB = "sparkrig"
-FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
 FILES = ("/etc/prometheus/prometheus.yml", "/etc/prometheus/sparkrig.rules.yml", "/etc/default/prometheus")
-# Prometheus' active targets of the job, from its API. Where one is not up, read them again
-# each second, at most argv[3] s, until every one is: one failed scrape (a node exporter the
-# converge just restarted, a host slow under load) is not yet a host down, as the fleet's own
-# SparkHostDown alert waits two minutes of it. A fleet that is all up is answered at once.
-TARGETS = """
+# What the controls ask Prometheus' HTTP API, in one python (its start is most of the read's
+# cost): the job's active targets and Prometheus' own metrics (it does not scrape itself),
+# each answered or failed on its own, as JSON. Where a target is not up, the targets are read
+# again each second, at most argv[3] s, until every one is: one failed scrape (a node exporter
+# the converge just restarted, a host slow under load) is not yet a host down, as the fleet's
+# own SparkHostDown alert waits two minutes of it. A fleet that is all up is answered at once.
+API = """
 import json, sys, time, urllib.request
 url, job, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
 def targets():
     with urllib.request.urlopen(url + "/api/v1/targets?state=active", timeout=10) as answer:
         found = json.load(answer)["data"]["activeTargets"]
     return [t for t in found if t.get("labels", {}).get("job") == job]
+def metrics():
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
+        return answer.read().decode()
+def answer(read):
+    try:
+        return read(), None
+    except Exception as error:
+        return None, f"{type(error).__name__}: {error}"
 started = time.monotonic()
-found = targets()
-while time.monotonic() - started < limit and any(t.get("health") != "up" for t in found):
+found, failed = answer(targets)
+while found is not None and time.monotonic() - started < limit and any(t.get("health") != "up" for t in found):
     time.sleep(1)
-    found = targets()
-json.dump(found, sys.stdout)
+    found, failed = answer(targets)
+own, own_failed = answer(metrics)
+json.dump({"targets": found, "targets_error": failed, "metrics": own, "metrics_error": own_failed}, sys.stdout)
 """
+
+
+def api_answer(answer, part: str):
+    """One part of :data:`API`'s answer (``targets``, ``metrics``); AssertionError saying why
+    Prometheus did not give it."""
+    found = json.loads(answer.check())
+    if found.get(part) is None:
+        raise AssertionError(f"Prometheus' API did not answer its {part}: {found.get(part + '_error')}")
+    return found[part]
 
 
 def api_url(listen: str) -> str:
@@ -72,9 +91,7 @@ def state(r) -> dict:
         "service": r.service("prometheus"),
         "files": {path: r.path(path) for path in FILES},
         "cmdline": r.run(f"tr '\\0' '\\n' < /proc/$(systemctl show --property MainPID --value {SERVICE})/cmdline"),
-        "targets": r.run("python3 -I -c %s %s %s %s", TARGETS, url, JOB, str(fresh_scrape_wait_s(r.settings))),
-        # Prometheus' own metrics (it does not scrape itself): read from its /metrics.
-        "own": r.run("python3 -I -c %s %s", FETCH, f"{url}/metrics"),
+        "api": r.run("python3 -I -c %s %s %s %s", API, url, JOB, str(fresh_scrape_wait_s(r.settings))),
     }
 
 
@@ -114,7 +131,7 @@ def test_prometheus_configuration_is_root_owned_and_not_writable_by_others(read,
 def test_prometheus_loaded_its_configuration(read, server):
     """Protects against a configuration on disk that the running Prometheus refused at its
     last reload (it then keeps the old targets and rules, silently)."""
-    own = read(state)["own"].check().splitlines()
+    own = api_answer(read(state)["api"], "metrics").splitlines()
     assert "prometheus_config_last_reload_successful 1" in own, [
         line for line in own if line.startswith("prometheus_config_last_reload")
     ]
@@ -128,7 +145,7 @@ def test_every_host_of_the_inventory_is_scraped_and_up(read, settings, server, i
     if not inventory_hosts:
         pytest.skip("the suite has no inventory (a --hosts target): which hosts to expect is unknown")
     serving = [name for name, data in inventory_hosts.items() if data.get("metrics_enabled", True)]
-    problems = scrape_problems(json.loads(read(state)["targets"].check()), serving)
+    problems = scrape_problems(api_answer(read(state)["api"], "targets"), serving)
     assert not problems, f"{settings['prometheus_server']}'s Prometheus: " + "; ".join(problems)
 
 

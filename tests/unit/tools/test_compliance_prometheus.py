@@ -30,19 +30,26 @@ def target(name, health="up", last="2026-11-28T10:00:00.1Z", error=""):
 
 
 class StandIn:
-    """Prometheus' /api/v1/targets: ``answers(seconds since start)`` says what it lists."""
+    """Prometheus' /api/v1/targets (``answers(seconds since start)`` says what it lists) and
+    its /metrics (``metrics``; None: an error 500)."""
 
-    def __init__(self, answers):
+    def __init__(self, answers, metrics: str | None = "prometheus_config_last_reload_successful 1\n"):
         self.asked, self.started = 0, time.monotonic()
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 - http.server's name
-                assert self.path == "/api/v1/targets?state=active"
-                stand_in.asked += 1
-                body = json.dumps(
-                    {"status": "success", "data": {"activeTargets": answers(time.monotonic() - stand_in.started)}}
-                ).encode()
+                if self.path == "/metrics":
+                    if metrics is None:
+                        self.send_error(500)
+                        return
+                    body = metrics.encode()
+                else:
+                    assert self.path == "/api/v1/targets?state=active"
+                    stand_in.asked += 1
+                    body = json.dumps(
+                        {"status": "success", "data": {"activeTargets": answers(time.monotonic() - stand_in.started)}}
+                    ).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -55,15 +62,19 @@ class StandIn:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def read(self, limit: int) -> list[dict]:
+    def answer(self, limit: int):
+        """The control's read (test_prometheus.API), run here against the stand-in."""
         said = subprocess.run(
-            [sys.executable, "-I", "-c", test_prometheus.TARGETS, self.url, JOB, str(limit)],
+            [sys.executable, "-I", "-c", test_prometheus.API, self.url, JOB, str(limit)],
             capture_output=True,
             text=True,
             timeout=60,
             check=True,
         )
-        return json.loads(said.stdout)
+        return type("Answer", (), {"check": lambda _self: said.stdout})()
+
+    def read(self, limit: int) -> list[dict]:
+        return test_prometheus.api_answer(self.answer(limit), "targets")
 
 
 def now() -> str:
@@ -114,11 +125,33 @@ def test_the_wait_is_several_intervals_at_least_half_a_minute_at_most_a_minute(i
     assert test_prometheus.fresh_scrape_wait_s({"prometheus_scrape_interval_s": interval}) == wait
 
 
+def test_one_read_answers_the_targets_and_the_metrics_each_failing_on_its_own():
+    both = StandIn(lambda _t: [target("a")]).answer(30)
+    assert [t["labels"]["instance"] for t in test_prometheus.api_answer(both, "targets")] == ["a"]
+    assert "prometheus_config_last_reload_successful 1" in test_prometheus.api_answer(both, "metrics")
+    no_metrics = StandIn(lambda _t: [target("a")], metrics=None).answer(30)
+    assert test_prometheus.api_answer(no_metrics, "targets")[0]["labels"]["instance"] == "a"
+    with pytest.raises(AssertionError, match="did not answer its metrics: HTTPError"):
+        test_prometheus.api_answer(no_metrics, "metrics")
+    with pytest.raises(AssertionError, match="did not answer its targets: URLError"):
+        test_prometheus.api_answer(_nowhere().answer(30), "targets")
+
+
+def _nowhere():
+    """A stand-in's address where nothing listens."""
+    stand_in = StandIn(lambda _t: [])
+    stand_in.server.shutdown()
+    stand_in.server.server_close()
+    return stand_in
+
+
 def test_the_control_s_message_names_the_server_and_each_host(monkeypatch):
-    answer = type("A", (), {"check": lambda self: json.dumps([target("a"), target("b", "down", error="refused")])})()
+    answer = type(
+        "A", (), {"check": lambda self: json.dumps({"targets": [target("a"), target("b", "down", error="refused")]})}
+    )()
     with pytest.raises(AssertionError) as error:
         test_prometheus.test_every_host_of_the_inventory_is_scraped_and_up(
-            lambda need: {"targets": answer},
+            lambda need: {"api": answer},
             {"prometheus_server": "a"},
             None,
             {"a": {}, "b": {}, "off": {"metrics_enabled": False}},
