@@ -81,6 +81,31 @@ def readers(config, hosts: dict[str, dict], every_host=None) -> dict:
     return found
 
 
+def peer_readers(hosts: dict[str, dict], everyone: dict[str, dict]) -> dict:
+    """How to read, of each host of ``everyone`` that ``hosts`` leaves out but that shares a
+    cluster with one of them, what controls ask of a peer (``reads.PEERS``)."""
+    clusters = set()
+    for data in hosts.values():
+        try:
+            clusters.add(resolve(all_settings(), data)["cluster_name"])
+        except Exception:  # noqa: BLE001 - reported by the controls' own settings fixture
+            continue
+    clusters.discard(None)
+    found = {}
+    for name, data in everyone.items():
+        if name in hosts or not clusters:
+            continue
+        try:
+            settings = resolve(all_settings(), data)
+        except Exception:  # noqa: BLE001 - the control reading it says so
+            continue
+        if settings["cluster_name"] in clusters:
+            found[name] = lambda answers, name=name, settings=settings: reads.Reader(
+                name, settings, answers, lambda: everyone, only=reads.PEERS
+            )
+    return found
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A control marked ``action`` is never answered from the prefetch (reads.py's rule)."""
@@ -318,8 +343,10 @@ def pytest_configure(config):
         else:
             # Read once here, for every worker, while the workers start (this also opens each
             # host's shared connection); constants(config) waits for it.
+            # And what controls ask of the cluster peers the --limit leaves out (read_node).
+            planned = {**readers(config, hosts), **peer_readers(hosts, everyone)}
             config.sparkrig_prefetch = ThreadPoolExecutor(max_workers=1).submit(
-                _prefetch, config, str(ssh_config), names, readers(config, hosts)
+                _prefetch, config, str(ssh_config), [*names, *(n for n in planned if n not in hosts)], planned
             )
             if config.getoption("--fleet-page"):
                 read_versions(config)  # beside the controls

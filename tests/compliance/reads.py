@@ -112,6 +112,9 @@ _SEEDS: dict[str, dict[str, tuple[int, bytes, bytes]]] = {}
 NEEDS: dict[str, Callable[[Reader], Any]] = {}
 # The needs the prefetch leaves out (``need(prefetch=False)``).
 LIVE: set[str] = set()
+# The needs a control asks of a cluster's peers too (``need(peers=True)``): the prefetch reads
+# them of each peer a --limit leaves out.
+PEERS: set[str] = set()
 
 
 class Pending(Exception):  # noqa: N818 - not an error: the answer comes in a later round
@@ -122,17 +125,22 @@ class OutsideTheLayer(RuntimeError):
     """A read-only control read the host another way than through its needs."""
 
 
-def need(function: Callable[[Reader], Any] | None = None, *, prefetch: bool = True):
+def need(function: Callable[[Reader], Any] | None = None, *, prefetch: bool = True, peers: bool = False):
     """Register ``function`` as a need: the prefetch reads what it asks of every host.
     ``@need(prefetch=False)``: a need only action controls ask, answered when they run and
     never in the prefetch (what runs the venv's interpreter: importing torch takes seconds,
-    which a read-only run would wait for)."""
+    which a read-only run would wait for). ``@need(peers=True)``: a control asks it of the
+    host's cluster peers too (``read_node``), and the prefetch reads it of each peer a --limit
+    leaves out, beside the hosts' own reading (else the control reads the peer then, a
+    connection of its own)."""
 
     def register(function: Callable[[Reader], Any]) -> Callable[[Reader], Any]:
         qualified = f"{function.__module__}.{function.__qualname__}"
         NEEDS[qualified] = function
         if not prefetch:
             LIVE.add(qualified)
+        if peers:
+            PEERS.add(qualified)
         return function
 
     return register if function is None else register(function)
@@ -296,9 +304,11 @@ class Reader:
         settings: Mapping,
         answers: Mapping[str, tuple[int, bytes, bytes]],
         inventory: Callable[[], Mapping[str, dict] | None] | None = None,
+        only: set[str] | None = None,
     ):
         self.name, self.settings, self.answers = name, settings, answers
         self._inventory = inventory
+        self.only = only  # the needs the prefetch plans with this reader (None: every one)
         self.wanted: dict[str, None] = {}
 
     @property
@@ -541,7 +551,7 @@ def _output(process: subprocess.Popen, name: str) -> str | None:
 def plan(reader: Reader) -> None:
     """Evaluate every need against ``reader`` (what they ask lands in ``reader.wanted``)."""
     for qualified, function in NEEDS.items():
-        if qualified in LIVE:
+        if qualified in LIVE or (reader.only is not None and qualified not in reader.only):
             continue
         try:
             function(reader)

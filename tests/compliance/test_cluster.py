@@ -261,7 +261,7 @@ def test_spark_cluster_check_passes(read, node):
         assert f"OK ssh {peer['name']}: " in result.stdout
 
 
-@need
+@need(peers=True)
 def nccl_builds(r) -> dict:
     """NCCL's builds on the host, as the deploy's reading reads them (sparkrig.nccl: each
     libnccl.so.2's sha256 and version line through the one bounded reader, as root, nothing

@@ -501,3 +501,34 @@ def test_only_what_command_text_made_joins_roots_group():
     assert reads._as_root(reads.command_text("echo $HOME", sudo=True)) == "cd / && echo $HOME"
     assert reads._as_root(reads.AS_ROOT + '"$HOME"') is None
     assert reads._as_root(reads.AS_ROOT + "'a' 'b'") is None
+
+
+@reads.need(peers=True)
+def peer_question(r):
+    """A test need a control asks of a cluster's peers too."""
+    return r.run("echo peer-%s", r.name)
+
+
+def test_a_peer_a_limit_leaves_out_is_read_for_what_controls_ask_of_peers_alone():
+    """read_node's questions of a cluster peer outside --limit come from the prefetch, which
+    plans of that peer only the needs marked peers=True."""
+    from sparkrig.settings import all_settings, defaults  # noqa: PLC0415 - every concern's settings
+    from tests.compliance import conftest  # noqa: PLC0415 - the suite's conftest, as a module
+
+    base = defaults(all_settings())
+    node = {**base, "cluster_name": "pair", "cluster_interfaces": {"cx7": "192.168.100.11/24"}}
+    everyone = {
+        "a": node,
+        "b": {**node, "cluster_interfaces": {"cx7": "192.168.100.12/24"}},
+        "c": {**node, "cluster_name": "other", "cluster_interfaces": {"cx7": "192.168.101.12/24"}},
+        "d": base,
+    }
+    peers = conftest.peer_readers({"a": everyone["a"]}, everyone)
+    assert list(peers) == ["b"]
+    reader = peers["b"]({})
+    reads.plan(reader)
+    assert reads.command_text("echo peer-%s", "b") in reader.wanted
+    assert reads.command_text("pwd") not in reader.wanted  # where_and_who: no peer's need
+    assert conftest.peer_readers({"d": base}, everyone) == {}  # in no cluster: no peer
+    found = reads.prefetch("", ["@local"], ["true"], {"@local": lambda answers: peers["b"](answers)})
+    assert reads.command_text("echo peer-%s", "b") in found["@local"]
