@@ -389,9 +389,9 @@ ROOT_BYTES = parts.PART_BYTES // 4 * 3 - (1 << 16)
 
 
 # Reads run UNIT_READS to a unit of the executor (one timeout and one shell, each read in a
-# subshell of its own): most reads cost less than starting them alone. The suite's 159 reads
-# of a converged lab host, by unit size (benchmarks/host_reading.py --unit-reads): 1, the
-# host's wall 1.26 s and CPU 1.72 s; 4, 0.99 and 1.46; 8, 0.95 and 1.29; 16, 1.00 and 1.33.
+# subshell of its own): most reads cost less than starting them alone. The suite's prefetch
+# of a converged lab host (benchmarks/host_reading.py --unit-reads, docs/performance.md):
+# 1.43 s and 1.85 s of its CPU one to a unit, 1.03 s and 1.38 s at 8.
 UNIT_READS = 8
 
 
