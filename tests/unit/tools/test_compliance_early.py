@@ -204,18 +204,19 @@ def test_a_real_pytest_run_sends_its_first_round_before_loading_the_suite(setup)
     assert f"('{config}', 'box')" in out.stdout, out.stderr[-2000:]
 
 
-def test_a_suite_run_keeps_each_hosts_first_round_for_the_next(tmp_path):
-    """The suite's conftest (its prefetch) leaves the first round of each host, as it sent
-    it, in the user's private directory: a real pytest run on @local."""
+def _suite(tmp_path: Path, inventory: str, *options: str) -> Path:
+    """A real pytest run of one control that reads nothing, with the suite's conftest and
+    ``inventory``'s hosts (its first rounds kept in the private directory it returns, every
+    command it sent logged in tmp_path/log)."""
     (tmp_path / "test_one.py").write_text("def test_nothing():\n    pass\n")
-    (tmp_path / "inv.py").write_text('here = [("@local", {})]\n')
+    (tmp_path / "inv.py").write_text(inventory)
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env.update(PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(runtime))
+    env.update(PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(runtime), SPARKRIG_COMPLIANCE_LOG=str(tmp_path / "log"))
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "test_one.py", "-p", "tests.compliance.conftest", "--inventory", "inv.py"]
-        + ["-n", "0", "-p", "no:cacheprovider"],
+        + [*options, "-n", "0", "-p", "no:cacheprovider"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -223,7 +224,13 @@ def test_a_suite_run_keeps_each_hosts_first_round_for_the_next(tmp_path):
         env=env,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    (saved,) = (runtime / "sparkrig-ssh").glob("first-round-*.json")
+    return runtime / "sparkrig-ssh"
+
+
+def test_a_suite_run_keeps_each_hosts_first_round_for_the_next(tmp_path):
+    """The suite's conftest (its prefetch) leaves the first round of each host, as it sent
+    it, in the user's private directory: a real pytest run on @local."""
+    (saved,) = _suite(tmp_path, 'here = [("@local", {})]\n').glob("first-round-*.json")
     assert saved.stat().st_mode & 0o777 == 0o600
     found = json.loads(saved.read_text())
     assert list(found["hosts"]) == ["@local"] and "id -nu" in found["hosts"]["@local"]
@@ -232,26 +239,12 @@ def test_a_suite_run_keeps_each_hosts_first_round_for_the_next(tmp_path):
 def test_a_limited_run_reads_its_cluster_peer_in_the_prefetch(tmp_path):
     """A real pytest run with --limit on one node of a pair: the peer's prefetch is sent (and
     refused here, nothing listens: its controls would then read it themselves)."""
-    (tmp_path / "test_one.py").write_text("def test_nothing():\n    pass\n")
     node = "{'cluster_name': 'pair', 'cluster_user': 'spark', 'cluster_interfaces': {'cx7': '%s/24'}}"
-    (tmp_path / "inv.py").write_text(
+    inventory = (
         f"peer = {{**{node % '192.168.100.12'}, 'ssh_hostname': '127.0.0.1', 'ssh_port': 1}}\n"
         f"here = [('@local', {node % '192.168.100.11'}), ('sparkrig-no-such-peer', peer)]\n"
     )
-    runtime = tmp_path / "runtime"
-    runtime.mkdir(mode=0o700)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env.update(PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(runtime), SPARKRIG_COMPLIANCE_LOG=str(tmp_path / "log"))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "test_one.py", "-p", "tests.compliance.conftest", "--inventory", "inv.py"]
-        + ["--limit=@local", "-n", "0", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    _suite(tmp_path, inventory, "--limit=@local")
     sent = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
     assert {(s["host"], s["control"]) for s in sent} >= {
         ("@local", "(prefetch)"),
