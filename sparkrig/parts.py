@@ -77,7 +77,8 @@ def script(
     (its own stdin, outputs and status), under one time limit, the largest of theirs: for
     cheap reads, whose start (a ``timeout`` and a shell, about 3 ms of a host's CPU) costs
     more than they do. A unit killed at its limit answers the command it was running with
-    the unit's status, and those it never reached with ``"cut"``."""
+    the unit's status, and those it never reached with ``"cut"``. In a unit, ``$$`` is the
+    unit's shell (a subshell's, as POSIX has it), not the command's own."""
     timeouts = list(timeouts) if timeouts is not None else [PART_TIMEOUT_S] * len(commands)
     if len(timeouts) != len(commands):
         raise ValueError("one time limit per command")
