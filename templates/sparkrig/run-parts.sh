@@ -2,7 +2,7 @@
 # {% raw %} (this is jinja's: the script holds ${#...}, which jinja would take for a comment)
 # Runs the parts of one reading side by side and prints what each did, once all have ended
 # (sparkrig/parts.py writes the variables before it and reads what it prints).
-# Set before: n parts and c0.. their commands; u units, each m0.. (its parts' numbers, run one
+# Set before: n parts and c0.. their commands; units (how many), each m0.. (its parts' numbers, run one
 # after another by one shell: what a part costs to start, a timeout and a shell, paid once
 # for several cheap ones) and t0.. (its time limit, seconds); lanes (how many units run at
 # once); blocks (the most a part may write to any file, in 512-byte blocks: a

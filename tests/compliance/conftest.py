@@ -273,13 +273,11 @@ def selection_acts(args) -> bool:
 # directory of the user's alone: in /tmp anyone could plant a master that answers
 # every control.
 def control_dir() -> Path:
-    """The private directory of the suite's SSH control sockets (made 0700 if missing):
-    ``$XDG_RUNTIME_DIR/sparkrig-ssh``, else ``~/.cache/sparkrig/ssh``. One that is a link,
-    not the user's, or open to others is refused."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    path = Path(runtime) / "sparkrig-ssh" if runtime else Path.home() / ".cache" / "sparkrig" / "ssh"
+    """The private directory of the suite's SSH control sockets and first rounds
+    (:func:`early.directory`), made 0700 if missing. One that is a link, not the user's, or
+    open to others is refused."""
     try:
-        return private.private_directory(path, "SSH control sockets", closed=True)
+        return private.private_directory(early.directory(), "SSH control sockets", closed=True)
     except ValueError as error:
         raise pytest.UsageError(f"{error}: remove it or fix it") from None
 
