@@ -58,11 +58,14 @@ def fleet_names(real: list[str], size: int) -> list[str]:
 
 def write_inventory(directory: Path, real: list[str], size: int) -> Path:
     """The lab inventory's data of the ``real`` hosts, under ``size`` alias names; the
-    cluster keys left out (a cluster is its members' own addresses: no alias joins it)."""
+    cluster keys left out (a cluster is its members' own addresses: no alias joins it), and
+    the Prometheus server (it names a lab host, which no alias is; its targets would be
+    every alias, so each fleet size would deploy another configuration)."""
     path = directory / f"fleet_{size}.py"
     path.write_text(
         "from inventory.lab import lab as _lab\n"
-        "_data = {_n: {_k: _v for _k, _v in _d.items() if not _k.startswith('cluster_')} for _n, _d in _lab}\n"
+        "_data = {_n: {_k: _v for _k, _v in _d.items() if not _k.startswith('cluster_') and _k != 'prometheus_server'}"
+        " for _n, _d in _lab}\n"
         f"lab = [(_name, _data[_name.split({ALIAS!r})[0]]) for _name in {fleet_names(real, size)!r}]\n"
     )
     return path

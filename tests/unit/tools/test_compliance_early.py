@@ -251,3 +251,39 @@ def test_a_limited_run_reads_its_cluster_peer_in_the_prefetch(tmp_path):
         ("@local", "(prefetch)"),
         ("sparkrig-no-such-peer", "(prefetch)"),
     }
+
+
+@pytest.mark.parametrize("replayed", [False, True])
+def test_a_replayed_suite_sends_nothing_early(setup, tmp_path, replayed):
+    """benchmarks/replay.py's hosts are a STAND-IN: its suite must read no real host early
+    (those rounds ran on the real lab hosts, beside the controller it measures)."""
+    inventory, config, log = setup
+    marker = tmp_path / "state"
+    marker.write_text("first\n")
+    _prefetch(config, marker)
+    _remember(inventory, config)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if replayed:
+        env["SPARKRIG_REPLAY"] = f"replay:{tmp_path / 'recording.json'}"
+    started = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, benchmarks.replay\n"
+            "from tests.compliance import early\n"
+            "early.start(sys.argv[1:])\n"
+            "print(len(early._SENT))\n",
+            "tests/compliance",
+            "--inventory",
+            str(inventory),
+            "--limit",
+            "box",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == ("0" if replayed else "1")

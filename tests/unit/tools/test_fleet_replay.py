@@ -179,11 +179,11 @@ def test_a_replayed_control_that_differs_from_the_recorded_host_is_named():
     assert fleet_names(["h", "g"], 3) == ["h~0", "g~0", "h~1"]
 
 
-def test_the_fleet_inventory_aliases_the_lab_hosts_out_of_any_cluster(tmp_path):
+def test_the_fleet_inventory_aliases_the_lab_hosts_out_of_any_cluster_and_prometheus(tmp_path):
     (tmp_path / "inventory").mkdir()
     (tmp_path / "inventory" / "__init__.py").write_text("")
     (tmp_path / "inventory" / "lab.py").write_text(
-        "lab = [('a', {'ssh_user': 'x', 'cluster_name': 'c'}), ('b', {'ssh_user': 'y'})]\n"
+        "lab = [('a', {'ssh_user': 'x', 'cluster_name': 'c', 'prometheus_server': 'a'}), ('b', {'ssh_user': 'y'})]\n"
     )
     path = write_inventory(tmp_path, ["a", "b"], 3)
     found = subprocess.run(
