@@ -91,6 +91,8 @@ _UNCLEAN_CONTENT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029
 def printable(text: str) -> str:
     """``text`` with every control, format and separator character, and every byte that is
     not UTF-8, escaped (``\\x1b``): for text a host wrote that is only shown."""
+    if text.isprintable():  # no C* or Z* character but the space: nothing to escape (most text)
+        return text
     return "".join(_escaped(ch) for ch in text)
 
 

@@ -61,6 +61,15 @@ def test_a_host_string_with_a_control_character_a_byte_not_utf8_or_overlong_is_r
     assert not UNCLEAN.search(host_output.printable(bad))
 
 
+def test_printable_escapes_every_character_as_its_slow_path_does():
+    """printable's fast path (text with nothing to escape returned as it is) answers as the
+    escaping of each character does, for every character of the first planes' start, the
+    surrogates that stand for bytes that are not UTF-8, and text that mixes them."""
+    every = [chr(c) for c in range(0x3100)] + [chr(c) for c in range(0xDC80, 0xDD00)] + ["\ufeff", "\U000e0001"]
+    for text in [*every, "NVIDIA GB10 \u00a0ok", "plain text, nothing to escape", "a\x1bb\u200bc\udcffd"]:
+        assert host_output.printable(text) == "".join(host_output._escaped(ch) for ch in text), repr(text)
+
+
 def test_a_tab_and_any_printable_text_pass_and_content_keeps_its_newlines():
     assert host_output.checked({"name": "NVIDIA GB10\tà ✓"}, "F") == {"name": "NVIDIA GB10\tà ✓"}
     body = host_output.Content('{\r\n  "a": 1\n}\n' * 2000)
