@@ -414,13 +414,24 @@ def _lab_ssh_config(request):
         lab_says(request.config, f"compliance suite: the hosts' reading in {time.monotonic() - started:.0f} s")
 
 
+@pytest.fixture(scope="session")
+def resolved_settings() -> dict:
+    """Each host's effective settings, resolved once a run (by inventory name)."""
+    return {}
+
+
 @pytest.fixture
-def settings(host, host_data) -> dict:
-    """The effective sparkrig settings of the host under test: its data over the defaults."""
-    data = host_data.get(inventory_name(host))
-    if data is None:  # a --hosts target: what group_data/all.py says for every host
-        data = {k: v for k, v in runpy.run_path(str(REPO / "group_data" / "all.py")).items() if not k.startswith("_")}
-    return resolve(all_settings(), data)
+def settings(host, host_data, resolved_settings) -> dict:
+    """The effective sparkrig settings of the host under test: its data over the defaults
+    (a copy: a control that changes it changes no other control's)."""
+    name = inventory_name(host)
+    if name not in resolved_settings:
+        data = host_data.get(name)
+        if data is None:  # a --hosts target: what group_data/all.py says for every host
+            found = runpy.run_path(str(REPO / "group_data" / "all.py"))
+            data = {k: v for k, v in found.items() if not k.startswith("_")}
+        resolved_settings[name] = resolve(all_settings(), data)
+    return dict(resolved_settings[name])
 
 
 @pytest.fixture
