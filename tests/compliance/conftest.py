@@ -20,6 +20,8 @@ and converges the lab fleet first.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import hashlib
 import importlib
 import json
@@ -316,6 +318,10 @@ def _given(config, option: str) -> bool:
 
 def pytest_configure(config):
     inventory = config.getoption("--inventory")
+    if inventory or config.option.hosts:
+        # Python's last collections at exit walk every object of the run: 0.18 s of a
+        # one-host read-only run of 2 s. Frozen, they are left to the OS, which frees the memory.
+        atexit.register(gc.freeze)
     if (inventory or config.option.hosts) and not _given(config, "--tb"):
         # Against a fleet, a failed control is one line under the per-host table (what it
         # found); its traceback only with --tb=short or --tb=long.

@@ -287,3 +287,16 @@ def test_a_replayed_suite_sends_nothing_early(setup, tmp_path, replayed):
     )
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == ("0" if replayed else "1")
+
+
+def test_a_suite_run_leaves_its_objects_to_the_os_at_exit(tmp_path, monkeypatch):
+    """The suite freezes the garbage collector as the process ends (the last collections
+    walked every object of the run): a real pytest run on @local, its exit seen by a handler
+    that runs after the suite's."""
+    (tmp_path / "exitprobe.py").write_text(
+        "import atexit, gc, os\n"
+        "atexit.register(lambda: open(os.environ['EXIT_PROBE'], 'w').write(str(gc.get_freeze_count())))\n"
+    )
+    monkeypatch.setenv("EXIT_PROBE", str(tmp_path / "frozen"))
+    _suite(tmp_path, 'here = [("@local", {})]\n', "-p", "exitprobe")
+    assert int((tmp_path / "frozen").read_text()) > 10000
