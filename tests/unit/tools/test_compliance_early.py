@@ -205,11 +205,11 @@ def test_a_real_pytest_run_sends_its_first_round_before_loading_the_suite(setup)
     assert f"('{config}', 'box')" in out.stdout, out.stderr[-2000:]
 
 
-def _suite(tmp_path: Path, inventory: str, *options: str) -> Path:
-    """A real pytest run of one control that reads nothing, with the suite's conftest and
-    ``inventory``'s hosts (its first rounds kept in the private directory it returns, every
-    command it sent logged in tmp_path/log)."""
-    (tmp_path / "test_one.py").write_text("def test_nothing():\n    pass\n")
+def _suite(tmp_path: Path, inventory: str, *options: str, control: str = "def test_nothing():\n    pass\n") -> Path:
+    """A real pytest run of one control (by default one that reads nothing), with the suite's
+    conftest and ``inventory``'s hosts (its first rounds kept in the private directory it
+    returns, every command it sent logged in tmp_path/log)."""
+    (tmp_path / "test_one.py").write_text(control)
     (tmp_path / "inv.py").write_text(inventory)
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
@@ -290,13 +290,20 @@ def test_a_replayed_suite_sends_nothing_early(setup, tmp_path, replayed):
 
 
 def test_a_suite_run_leaves_its_objects_to_the_os_at_exit(tmp_path, monkeypatch):
-    """The suite freezes the garbage collector as the process ends (the last collections
-    walked every object of the run): a real pytest run on @local, its exit seen by a handler
-    that runs after the suite's."""
+    """The suite freezes the garbage collector once the controls are collected (what the
+    imports made lives as long as the run) and again as the process ends (what the controls
+    made): a real pytest run on @local, its exit seen by a handler that runs after the suite's."""
     (tmp_path / "exitprobe.py").write_text(
         "import atexit, gc, os\n"
-        "atexit.register(lambda: open(os.environ['EXIT_PROBE'], 'w').write(str(gc.get_freeze_count())))\n"
+        "atexit.register(lambda: open(os.environ['EXIT_PROBE'], 'w').write(str(len(gc.get_objects()))))\n"
     )
-    monkeypatch.setenv("EXIT_PROBE", str(tmp_path / "frozen"))
-    _suite(tmp_path, 'here = [("@local", {})]\n', "-p", "exitprobe")
-    assert int((tmp_path / "frozen").read_text()) > 10000
+    control = (
+        "import gc\n"
+        "KEPT = []\n"
+        "def test_made_after_the_collection():\n"
+        "    assert gc.get_freeze_count() > 10000, gc.get_freeze_count()\n"
+        "    KEPT.extend([] for _ in range(50000))\n"
+    )
+    monkeypatch.setenv("EXIT_PROBE", str(tmp_path / "tracked"))
+    _suite(tmp_path, 'here = [("@local", {})]\n', "-p", "exitprobe", control=control)
+    assert int((tmp_path / "tracked").read_text()) < 50000  # the control's lists were frozen too
