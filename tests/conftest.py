@@ -15,6 +15,7 @@ from tests.compliance import early
 # A compliance run's first round of each host goes out now, before the heavy imports below
 # (pyinfra, every concern's settings): tests/compliance/early.py.
 early.start(sys.argv[1:])
+early.collect_later(sys.argv[1:])
 
 # isort: split
 import contextlib

@@ -143,6 +143,7 @@ def _check(args, extra: Sequence[str]) -> int:
     from sparkrig.compliance import early  # noqa: PLC0415 - imports nothing heavy
 
     early.start(suite_args(args.inventory, args.limit))
+    early.collect_later(suite_args(args.inventory, args.limit))
     # Read once here: a refused inventory or settings value is one line before pytest starts.
     from sparkrig.compliance.targets import inventory_host_data  # noqa: PLC0415 - loads every concern
 

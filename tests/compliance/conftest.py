@@ -211,8 +211,10 @@ def pytest_collection_finish(session):
     for once the controls are collected (the host's reading runs beside the collection)."""
     if session.config.getoption("--inventory") or session.config.option.hosts:
         # What the imports and the collection made lives as long as the run: frozen, pytest's
-        # own full collections at its end (two, 40 ms each) walk only what the controls made.
+        # own full collections at its end (two, 40 ms each) walk only what the controls made;
+        # collected again from here (early.collect_later held collections while the run started).
         gc.freeze()
+        gc.enable()
     constants(session.config)
 
 

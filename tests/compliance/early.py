@@ -24,6 +24,7 @@ Imports nothing heavy: it runs before pytest loads the suite.
 from __future__ import annotations
 
 import atexit
+import gc
 import hashlib
 import json
 import os
@@ -129,6 +130,17 @@ def start(args: Sequence[str]) -> None:
         if not _SENT:
             atexit.register(drop)  # a run that never took them (stopped, or another suite's)
         _SENT[(ssh_config, name)] = (script, process)
+
+
+def collect_later(args: Sequence[str]) -> None:
+    """A run against hosts (``--inventory`` or ``--hosts`` in ``args``: pytest's command line)
+    collects no garbage while it starts. Its imports and its collection make objects that live
+    as long as the run, and a full collection among them walked them all for little (82 ms
+    for 30 objects, in a one-host run of 1.7 s). The suite's conftest freezes what they made
+    and collects again once the controls are collected."""
+    inventory, _limit = options(args)
+    if inventory or any(arg == "--hosts" or arg.startswith("--hosts=") for arg in args):
+        gc.disable()
 
 
 def take(ssh_config: str, name: str, script: str) -> subprocess.Popen | None:

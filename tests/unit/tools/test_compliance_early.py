@@ -192,7 +192,7 @@ def test_a_real_pytest_run_sends_its_first_round_before_loading_the_suite(setup)
     _remember(inventory, config)
     code = (
         f"import sys; sys.argv = ['pytest', '--inventory', {str(inventory)!r}, '--limit', 'box']\n"
-        "import tests.conftest\nfrom tests.compliance import early\nprint(sorted(early._SENT))"
+        "import tests.conftest, gc\nfrom tests.compliance import early\nprint(sorted(early._SENT), gc.isenabled())"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -203,6 +203,53 @@ def test_a_real_pytest_run_sends_its_first_round_before_loading_the_suite(setup)
         timeout=120,
     )
     assert f"('{config}', 'box')" in out.stdout, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "False"  # and no garbage collected while the run starts
+
+
+@pytest.mark.parametrize(
+    ("args", "held"),
+    [
+        (["tests/compliance", "--inventory", "inv.py"], True),
+        (["--inventory=inv.py", "-m", "read"], True),
+        (["--hosts", "ssh://box"], True),
+        (["--hosts=local://"], True),
+        (["tests/unit", "-k", "inventory"], False),
+    ],
+)
+def test_a_run_against_hosts_collects_no_garbage_while_it_starts(args, held):
+    code = (
+        "import gc, sys\nfrom tests.compliance import early\nearly.collect_later(sys.argv[1:])\nprint(gc.isenabled())"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.stdout.strip() == str(not held), out.stderr
+
+
+def test_sparkrig_check_holds_collections_until_the_controls_are_collected(tmp_path):
+    """The installed tool's entry point (sparkrig check), a real run on @local: collections
+    are held while pytest configures, and run again once the controls are collected."""
+    (tmp_path / "gcprobe.py").write_text(
+        "import gc, os\n"
+        "def pytest_configure(config):\n"
+        "    open(os.environ['GC_PROBE'], 'a').write(f'configure {gc.isenabled()}\\n')\n"
+        "def pytest_runtest_call(item):\n"
+        "    open(os.environ['GC_PROBE'], 'a').write(f'control {gc.isenabled()}\\n')\n"
+    )
+    (tmp_path / "inv.py").write_text('here = [("@local", {})]\n')
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(PYTHONPATH=f"{REPO}:{tmp_path}", XDG_RUNTIME_DIR=str(runtime), GC_PROBE=str(tmp_path / "probe"))
+    subprocess.run(
+        [sys.executable, "-m", "sparkrig.tools", "check", str(tmp_path / "inv.py")]
+        + ["--", "-p", "gcprobe", "-m", "read", "-k", "test_no_swap_is_active", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    said = (tmp_path / "probe").read_text().splitlines()
+    assert said[0] == "configure False" and said[1:] and set(said[1:]) == {"control True"}, said
 
 
 def _suite(tmp_path: Path, inventory: str, *options: str, control: str = "def test_nothing():\n    pass\n") -> Path:
@@ -295,6 +342,7 @@ def test_a_suite_run_leaves_its_objects_to_the_os_at_exit(tmp_path, monkeypatch)
     made): a real pytest run on @local, its exit seen by a handler that runs after the suite's."""
     (tmp_path / "exitprobe.py").write_text(
         "import atexit, gc, os\n"
+        "gc.disable()\n"
         "atexit.register(lambda: open(os.environ['EXIT_PROBE'], 'w').write(str(len(gc.get_objects()))))\n"
     )
     control = (
@@ -302,6 +350,7 @@ def test_a_suite_run_leaves_its_objects_to_the_os_at_exit(tmp_path, monkeypatch)
         "KEPT = []\n"
         "def test_made_after_the_collection():\n"
         "    assert gc.get_freeze_count() > 10000, gc.get_freeze_count()\n"
+        "    assert gc.isenabled()  # held by the probe, as by early.collect_later: collected again\n"
         "    KEPT.extend([] for _ in range(50000))\n"
     )
     monkeypatch.setenv("EXIT_PROBE", str(tmp_path / "tracked"))
