@@ -374,12 +374,13 @@ def pytest_configure(config):
 
 
 def _prefetch(config, ssh_config: str, names: list[str], readers_: dict) -> dict:
-    """The hosts' reading (:func:`reads.prefetch`); each host's first round kept for the next
-    run of this inventory and --limit, which sends it as it starts (early.py)."""
+    """The hosts' reading (:func:`reads.prefetch`); each host's reads, every round's, kept
+    for the next run of this inventory and --limit, which sends them as it starts (early.py)."""
     found = reads.prefetch(ssh_config, names, reads.EVERY_HOST, readers_)
     control_dir()  # early.py's directory, made and checked
-    first = {name: reads.FIRST_ROUNDS[(ssh_config, name)] for name in names if (ssh_config, name) in reads.FIRST_ROUNDS}
-    early.remember(config.getoption("--inventory"), config.getoption("--limit"), ssh_config, first)
+    planned = {name: reads.PLANNED[(ssh_config, name)] for name in names if (ssh_config, name) in reads.PLANNED}
+    rounds = {name: (reads.prefetch_script(planned[name]), planned[name]) for name in planned}
+    early.remember(config.getoption("--inventory"), config.getoption("--limit"), ssh_config, rounds)
     return found
 
 

@@ -1,19 +1,25 @@
 """
-Each host's first round of reads, sent as the suite starts, before it is loaded.
+Each host's reads, every round of them, sent as the suite starts, before it is loaded.
 
 Half a second of a read-only run went to importing the suite (pyinfra, every concern's
 settings) and loading the inventory before the first round of a host's reads could be planned
-and sent; the round then took a second more. A host's first round depends only on its settings
-and the suite's code, so it is the same run after run: each run leaves, per inventory and
---limit, each host's first-round script and the SSH config it went through in the user's
-private directory (the one of the suite's SSH sockets, 0700), and the next run sends those
-scripts as soon as it starts (:func:`start`, from the first conftest, before any heavy
-import), when the inventory file and the SSH config are still byte for byte what they were.
+and sent; the round then took a second more, and a second round (reads planned from the
+first's answers: the unit sshd runs as, where CUDA_HOME points) another round trip. What a
+host's rounds read depends on its settings, the suite's code and, for the later rounds, the
+host's state, so on a converged host it is the same run after run: each run leaves, per
+inventory and --limit, each host's reads (all its rounds'), the one script that reads them
+and the SSH config it went through in the user's private directory (the one of the suite's
+SSH sockets, 0700), and the next run sends those scripts as soon as it starts (:func:`start`,
+from the first conftest, before any heavy import), when the inventory file and the SSH config
+are still byte for byte what they were.
 
 When the suite has planned its own first round (``reads._read``), it takes the early answer
-only if the script is the one it would send, byte for byte (the same reads, order and limits),
-through the same SSH config; else that answer's process is killed and the round sent as
-always. An early answer is read at the suite's start too: the prefetch's rule holds.
+only if the script is the one it would send for those reads, byte for byte (the same reads,
+order and limits), the reads include every read it planned, and it came through the same SSH
+config; else that answer's process is killed and the round sent as always. The answers to the
+reads it has not planned yet answer its later rounds where they plan the same reads; a read no
+round plans is left unused. An early answer is read at the suite's start too: the prefetch's
+rule holds.
 ``SPARKRIG_COMPLIANCE_EARLY=0`` sends nothing early (the benchmarks time the rounds alone).
 Residual: a host's address changed by its group data, not by the inventory file, receives one
 early read-only round at the old address before the run drops its answer.
@@ -30,13 +36,13 @@ import json
 import os
 import stat
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 CONNECT_TIMEOUT_S = 10  # an unreachable host delays the suite's start by this much at most
 CACHE_BYTES = 16 << 20  # the first rounds' file at most (a host's script is tens of KB)
-# Sent early: (ssh config, host) -> (the script, its ssh process).
-_SENT: dict[tuple[str, str], tuple[str, subprocess.Popen]] = {}
+# Sent early: (ssh config, host) -> (the script, the reads it answers, its ssh process).
+_SENT: dict[tuple[str, str], tuple[str, list[str], subprocess.Popen]] = {}
 
 
 def argv(ssh_config: str, name: str, script: str) -> list[str]:
@@ -53,7 +59,7 @@ def directory() -> Path:
 
 def _file(inventory: str, limit: Sequence[str]) -> Path:
     key = json.dumps([os.path.realpath(inventory), list(limit)])
-    return directory() / f"first-round-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return directory() / f"early-reads-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def _digest(path: str) -> str | None:
@@ -114,8 +120,11 @@ def start(args: Sequence[str]) -> None:
             return
     except (OSError, ValueError, KeyError, TypeError):
         return
-    for name, script in hosts.items():
-        if name == "@local" or not isinstance(script, str) or (ssh_config, name) in _SENT:
+    for name, sent in hosts.items():
+        script, reads = (sent.get("script"), sent.get("reads")) if isinstance(sent, dict) else (None, None)
+        if not isinstance(script, str) or not isinstance(reads, list) or not all(isinstance(r, str) for r in reads):
+            continue
+        if name == "@local" or (ssh_config, name) in _SENT:
             continue
         try:
             process = subprocess.Popen(
@@ -129,7 +138,7 @@ def start(args: Sequence[str]) -> None:
             return
         if not _SENT:
             atexit.register(drop)  # a run that never took them (stopped, or another suite's)
-        _SENT[(ssh_config, name)] = (script, process)
+        _SENT[(ssh_config, name)] = (script, reads, process)
 
 
 def collect_later(args: Sequence[str]) -> None:
@@ -143,15 +152,19 @@ def collect_later(args: Sequence[str]) -> None:
         gc.disable()
 
 
-def take(ssh_config: str, name: str, script: str) -> subprocess.Popen | None:
-    """The process that sent ``script`` to ``name`` early through ``ssh_config``, if that is
-    what was sent; any other early round of the host is ended."""
+def take(
+    ssh_config: str, name: str, covers: Callable[[str, list[str]], bool]
+) -> tuple[subprocess.Popen, list[str]] | None:
+    """The process that sent ``name`` its reads early through ``ssh_config``, and those reads,
+    where ``covers(script, reads)`` (the suite's judgement: the script is the one it sends for
+    those reads, and they include the round it planned); any other early round is ended."""
     sent = _SENT.pop((ssh_config, name), None)
     if sent is None:
         return None
-    if sent[0] == script:
-        return sent[1]
-    _end(sent[1])
+    script, reads, process = sent
+    if covers(script, reads):
+        return process, reads
+    _end(process)
     return None
 
 
@@ -160,7 +173,7 @@ def drop(pairs: Iterable[tuple[str, str]] | None = None) -> None:
     for key in list(_SENT if pairs is None else pairs):
         sent = _SENT.pop(key, None)
         if sent is not None:
-            _end(sent[1])
+            _end(sent[2])
 
 
 def _end(process: subprocess.Popen) -> None:
@@ -169,10 +182,12 @@ def _end(process: subprocess.Popen) -> None:
     process.stdout.close()
 
 
-def remember(inventory: str, limit: Sequence[str], ssh_config: str, scripts: Mapping[str, str]) -> None:
-    """Keep ``scripts`` (each host's first round) for the next run of this inventory and
-    --limit, written atomically, 0600, in :func:`directory` (made and checked by the
-    conftest's ``control_dir`` before)."""
+def remember(
+    inventory: str, limit: Sequence[str], ssh_config: str, rounds: Mapping[str, tuple[str, Sequence[str]]]
+) -> None:
+    """Keep ``rounds`` (each host's reads of this run, every round's, and the one script that
+    reads them) for the next run of this inventory and --limit, written atomically, 0600, in
+    :func:`directory` (made and checked by the conftest's ``control_dir`` before)."""
     path = _file(inventory, limit)
     if not _private(path.parent, directory=True):
         return
@@ -181,7 +196,7 @@ def remember(inventory: str, limit: Sequence[str], ssh_config: str, scripts: Map
             "inventory": _digest(inventory),
             "ssh_config": ssh_config,
             "config": _digest(ssh_config),
-            "hosts": dict(scripts),
+            "hosts": {name: {"script": script, "reads": list(reads)} for name, (script, reads) in rounds.items()},
         }
     )
     tmp = path.with_name(f".{path.name}.{os.getpid()}")

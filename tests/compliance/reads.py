@@ -103,9 +103,9 @@ acting = False
 # layer's is refused (set by the suite's conftest).
 guarded = False
 _sending = False  # the layer itself is sending (allowed while guarded)
-# Each host's first round as the prefetch sent it: (ssh config, host) -> its script (the next
-# run sends it early: early.py).
-FIRST_ROUNDS: dict[tuple[str, str], str] = {}
+# Every read each host's rounds planned, in order: (ssh config, host) -> the reads (the next
+# run sends them early, in one script: early.py).
+PLANNED: dict[tuple[str, str], list[str]] = {}
 # Answers read by the controller: inventory name -> command -> (exit status, stdout, stderr).
 _SEEDS: dict[str, dict[str, tuple[int, bytes, bytes]]] = {}
 # Every need, by its qualified name (module.function).
@@ -497,11 +497,16 @@ def _read(ssh_config: str, name: str, commands: list[str]) -> dict[str, tuple[in
                 )
                 + "\n"
             )
-    script = prefetch_script(commands)
-    sent = early.take(ssh_config, name, script)  # this very round, sent as the run started
+    # This round and the rounds after it, sent as the run started (early.py): taken where it is
+    # the script this suite sends for those reads and they hold every read of this round.
+    sent = early.take(
+        ssh_config, name, lambda script, reads: set(commands) <= set(reads) and prefetch_script(reads) == script
+    )
     if sent is not None:
-        output = _output(sent, name)
+        process, commands = sent
+        output = _output(process, name)
     else:
+        script = prefetch_script(commands)
         output = _ssh_output(["sh", "-c", script] if name == "@local" else early.argv(ssh_config, name, script), name)
     return {} if output is None else parse_prefetch(output, commands)
 
@@ -577,6 +582,7 @@ def prefetch(
 
     def one(name: str):
         answers: dict[str, tuple[int, bytes, bytes]] = {}
+        planned: dict[str, None] = {}
         for _round in range(ROUNDS):
             wanted = dict.fromkeys(commands)
             if name in readers:
@@ -586,11 +592,11 @@ def prefetch(
                     wanted.update(reader.wanted)
                 except Exception as error:  # noqa: BLE001 - a reader's bug must not stop the suite
                     print(f"sparkrig compliance: {name}: reads not planned ({error!r})", file=sys.stderr)
+            planned.update(wanted)
+            PLANNED[(ssh_config, name)] = list(planned)
             todo = [c for c in wanted if c not in answers]
             if not todo:
                 break
-            if _round == 0:
-                FIRST_ROUNDS[(ssh_config, name)] = prefetch_script(todo)
             found = _read(ssh_config, name, todo)
             if not found:
                 break

@@ -5,6 +5,7 @@ real): it logs the host it was asked for, then runs the command in a real shell 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pwd
@@ -71,7 +72,8 @@ def _prefetch(config: Path, marker: Path) -> dict:
 
 
 def _remember(inventory: Path, config: Path) -> None:
-    early.remember(str(inventory), ["box"], str(config), {"box": reads.FIRST_ROUNDS[(str(config), "box")]})
+    planned = reads.PLANNED[(str(config), "box")]
+    early.remember(str(inventory), ["box"], str(config), {"box": (reads.prefetch_script(planned), planned)})
 
 
 def test_the_first_round_a_run_left_is_sent_as_the_next_starts_and_taken_when_planned_alike(setup, tmp_path):
@@ -98,12 +100,13 @@ def test_a_round_planned_otherwise_is_sent_again_and_the_early_one_ended(setup, 
     _prefetch(config, tmp_path / "one")
     _remember(inventory, config)
     early.start(["--inventory", str(inventory), "--limit=box"])
-    (_script, process) = early._SENT[(str(config), "box")]
+    (_script, _reads, process) = early._SENT[(str(config), "box")]
     assert _calls(log, 2) == ["box", "box"]
     found = _prefetch(config, tmp_path / "another")  # other reads: another script
     assert _calls(log, 3) == ["box", "box", "box"]
     assert process.poll() is not None  # the early round's ssh is gone
     assert found["box"][f"cat {tmp_path / 'another'}"][0] == 1
+    assert f"cat {tmp_path / 'one'}" not in found["box"]  # not taken: it held none of this round's reads
 
 
 @pytest.mark.parametrize("change", ["inventory", "ssh_config", "worker", "off", "no inventory"])
@@ -153,19 +156,19 @@ def test_no_first_round_is_kept_in_a_directory_others_may_enter(setup, tmp_path)
     inventory, config, _log = setup
     saved = early._file(str(inventory), ["box"])
     saved.parent.chmod(0o750)
-    early.remember(str(inventory), ["box"], str(config), {"box": "echo planted"})
+    early.remember(str(inventory), ["box"], str(config), {"box": ("echo planted", ["echo planted"])})
     assert not saved.exists()
     saved.parent.chmod(0o700)
-    early.remember(str(inventory), ["box"], str(config), {"box": "echo kept"})
-    assert json.loads(saved.read_text())["hosts"] == {"box": "echo kept"} and saved.stat().st_mode & 0o777 == 0o600
+    early.remember(str(inventory), ["box"], str(config), {"box": ("echo kept", ["echo"])})
+    assert json.loads(saved.read_text())["hosts"] == {"box": {"script": "echo kept", "reads": ["echo"]}}
+    assert saved.stat().st_mode & 0o777 == 0o600
 
 
 def test_an_early_round_no_one_takes_ends_with_the_run(setup, tmp_path):
     """A run stopped before its first round was planned leaves no ssh behind."""
     inventory, config, _log = setup
     pid_file = tmp_path / "pid"
-    reads.FIRST_ROUNDS[(str(config), "box")] = f"echo $$ > {pid_file}; exec sleep 60"
-    _remember(inventory, config)
+    early.remember(str(inventory), ["box"], str(config), {"box": (f"echo $$ > {pid_file}; exec sleep 60", ["x"])})
     code = f"from tests.compliance import early; early.start(['--inventory', {str(inventory)!r}, '--limit', 'box'])"
     code += f"\nimport time, pathlib\nwhile not pathlib.Path({str(pid_file)!r}).exists(): time.sleep(0.05)"
     subprocess.run(
@@ -188,8 +191,7 @@ def test_the_options_are_read_as_pytest_takes_them():
 def test_a_real_pytest_run_sends_its_first_round_before_loading_the_suite(setup):
     """tests/conftest.py calls start() with pytest's command line before its heavy imports."""
     inventory, config, _log = setup
-    reads.FIRST_ROUNDS[(str(config), "box")] = "echo early"
-    _remember(inventory, config)
+    early.remember(str(inventory), ["box"], str(config), {"box": ("echo early", ["echo early"])})
     code = (
         f"import sys; sys.argv = ['pytest', '--inventory', {str(inventory)!r}, '--limit', 'box']\n"
         "import tests.conftest, gc\nfrom tests.compliance import early\nprint(sorted(early._SENT), gc.isenabled())"
@@ -275,13 +277,14 @@ def _suite(tmp_path: Path, inventory: str, *options: str, control: str = "def te
     return runtime / "sparkrig-ssh"
 
 
-def test_a_suite_run_keeps_each_hosts_first_round_for_the_next(tmp_path):
-    """The suite's conftest (its prefetch) leaves the first round of each host, as it sent
-    it, in the user's private directory: a real pytest run on @local."""
-    (saved,) = _suite(tmp_path, 'here = [("@local", {})]\n').glob("first-round-*.json")
+def test_a_suite_run_keeps_each_hosts_reads_for_the_next(tmp_path):
+    """The suite's conftest (its prefetch) leaves each host's reads, every round's, and the
+    script that reads them in the user's private directory: a real pytest run on @local."""
+    (saved,) = _suite(tmp_path, 'here = [("@local", {})]\n').glob("early-reads-*.json")
     assert saved.stat().st_mode & 0o777 == 0o600
-    found = json.loads(saved.read_text())
-    assert list(found["hosts"]) == ["@local"] and "id -nu" in found["hosts"]["@local"]
+    found = json.loads(saved.read_text())["hosts"]
+    assert list(found) == ["@local"] and "id -nu" in found["@local"]["reads"]
+    assert found["@local"]["script"] == reads.prefetch_script(found["@local"]["reads"])
 
 
 def test_a_limited_run_reads_its_cluster_peer_in_the_prefetch(tmp_path):
@@ -356,3 +359,70 @@ def test_a_suite_run_leaves_its_objects_to_the_os_at_exit(tmp_path, monkeypatch)
     monkeypatch.setenv("EXIT_PROBE", str(tmp_path / "tracked"))
     _suite(tmp_path, 'here = [("@local", {})]\n', "-p", "exitprobe", control=control)
     assert int((tmp_path / "tracked").read_text()) < 50000  # the control's lists were frozen too
+
+
+class _TwoRounds:
+    """A reader whose second round is planned from its first's answer (as the unit sshd runs
+    as, or CUDA_HOME, are): it reads ``marker``, then the file whose path that held."""
+
+    only: set = set()
+
+    def __init__(self, marker: Path, answers: dict):
+        self.wanted = {f"cat {marker}": None}
+        found = answers.get(f"cat {marker}")
+        if found is not None:
+            self.wanted[f"cat {found[1].decode().strip()}"] = None
+
+
+def _two_rounds(config: Path, marker: Path) -> dict:
+    return reads.prefetch(str(config), ["box"], [], {"box": lambda answers: _TwoRounds(marker, answers)})
+
+
+def test_every_round_a_run_read_goes_out_early_and_the_next_run_reads_its_host_once(setup, tmp_path):
+    inventory, config, log = setup
+    marker, second = tmp_path / "marker", tmp_path / "second"
+    marker.write_text(f"{second}\n")
+    second.write_text("at the start\n")
+    _two_rounds(config, marker)
+    assert _calls(log) == ["box", "box"]  # two rounds: the second planned from the first's answer
+    assert reads.PLANNED[(str(config), "box")] == [f"cat {marker}", f"cat {second}"]
+    _remember(inventory, config)
+    early.start(["--inventory", str(inventory), "--limit", "box"])
+    assert _calls(log, 3) == ["box", "box", "box"]
+    time.sleep(0.5)
+    second.write_text("later\n")
+    found = _two_rounds(config, marker)
+    assert _calls(log) == ["box", "box", "box"]  # the early one answered both rounds
+    rc, out, _err = found["box"][f"cat {second}"]
+    assert rc == 0 and base64.b64decode(out) == b"at the start\n"
+
+
+def test_an_early_script_that_is_not_the_one_its_reads_make_is_refused(setup, tmp_path):
+    """The reads named and the script sent must agree: a script the suite would not send for
+    those reads (another suite's, a hand-edited file) answers nothing."""
+    inventory, config, log = setup
+    marker = tmp_path / "state"
+    marker.write_text("real\n")
+    _prefetch(config, marker)
+    planned = reads.PLANNED[(str(config), "box")]
+    forged = reads.prefetch_script(planned).replace(f"cat {marker}", f"cat {marker}; echo forged", 1)
+    assert forged != reads.prefetch_script(planned)
+    early.remember(str(inventory), ["box"], str(config), {"box": (forged, planned)})
+    early.start(["--inventory", str(inventory), "--limit", "box"])
+    assert _calls(log, 2) == ["box", "box"]
+    found = _prefetch(config, marker)
+    assert _calls(log, 3) == ["box", "box", "box"]  # sent again
+    assert base64.b64decode(found["box"][f"cat {marker}"][1]) == b"real\n"
+
+
+@pytest.mark.parametrize("entry", ["echo a script alone", {"script": "echo"}, {"script": "echo", "reads": [1]}, None])
+def test_an_early_file_whose_entries_are_not_a_script_and_its_reads_sends_nothing(setup, tmp_path, entry):
+    inventory, config, log = setup
+    _prefetch(config, tmp_path / "x")
+    _remember(inventory, config)
+    saved = early._file(str(inventory), ["box"])
+    found = json.loads(saved.read_text())
+    found["hosts"]["box"] = entry
+    saved.write_text(json.dumps(found))
+    early.start(["--inventory", str(inventory), "--limit", "box"])
+    assert early._SENT == {} and _calls(log) == ["box"]
