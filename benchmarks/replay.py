@@ -41,7 +41,7 @@ from pathlib import Path
 
 ALIAS = "~"  # REAL~N: the N-th alias of the recorded host REAL
 
-# A replay contacts no host, so the first rounds a real run left for the next one
+# A replay contacts no host, so the reads a real run left for the next one
 # (tests/compliance/early.py) are not sent either: they would read the real lab hosts, on the
 # controller's cores, while the controller is measured (3.5 s of an 8-host run's wall). Set
 # here because a -p plugin is imported before the conftest that sends them.

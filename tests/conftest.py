@@ -12,7 +12,7 @@ import sys
 
 from tests.compliance import early
 
-# A compliance run's first round of each host goes out now, before the heavy imports below
+# A compliance run's reads of each host go out now, before the heavy imports below
 # (pyinfra, every concern's settings): tests/compliance/early.py.
 early.start(sys.argv[1:])
 early.collect_later(sys.argv[1:])

@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _check(args, extra: Sequence[str]) -> int:
-    # Each host's first round goes out before the suite is loaded (the suite's early.py).
+    # Each host's reads go out before the suite is loaded (the suite's early.py).
     from sparkrig.compliance import early  # noqa: PLC0415 - imports nothing heavy
 
     early.start(suite_args(args.inventory, args.limit))

@@ -215,6 +215,9 @@ def pytest_collection_finish(session):
         # collected again from here (early.collect_later held collections while the run started).
         gc.freeze()
         gc.enable()
+        # And as the process exits (Python's last collections walked every object of the run:
+        # 0.18 s of a one-host read-only run of 2 s): what the controls made is left to the OS.
+        atexit.register(gc.freeze)
     constants(session.config)
 
 
@@ -281,7 +284,7 @@ def selection_acts(args) -> bool:
 # directory of the user's alone: in /tmp anyone could plant a master that answers
 # every control.
 def control_dir() -> Path:
-    """The private directory of the suite's SSH control sockets and first rounds
+    """The private directory of the suite's SSH control sockets and early reads
     (:func:`early.directory`), made 0700 if missing. One that is a link, not the user's, or
     open to others is refused."""
     try:
@@ -324,11 +327,6 @@ def _given(config, option: str) -> bool:
 
 def pytest_configure(config):
     inventory = config.getoption("--inventory")
-    if inventory or config.option.hosts:
-        # Python's last collections at exit walk every object of the run: 0.18 s of a
-        # one-host read-only run of 2 s. Frozen, they are left to the OS, which frees the memory
-        # (what the controls made too: see pytest_collection_finish for the rest).
-        atexit.register(gc.freeze)
     if (inventory or config.option.hosts) and not _given(config, "--tb"):
         # Against a fleet, a failed control is one line under the per-host table (what it
         # found); its traceback only with --tb=short or --tb=long.

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 CONNECT_TIMEOUT_S = 10  # an unreachable host delays the suite's start by this much at most
-CACHE_BYTES = 16 << 20  # the first rounds' file at most (a host's script is tens of KB)
+CACHE_BYTES = 16 << 20  # the early reads' file at most (a host's reads and script: tens of KB)
 # Sent early: (ssh config, host) -> (the script, the reads it answers, its ssh process).
 _SENT: dict[tuple[str, str], tuple[str, list[str], subprocess.Popen]] = {}
 
@@ -51,7 +51,7 @@ def argv(ssh_config: str, name: str, script: str) -> list[str]:
 
 
 def directory() -> Path:
-    """The user's private directory of the suite's SSH sockets and first rounds (the
+    """The user's private directory of the suite's SSH sockets and early reads (the
     conftest's ``control_dir`` makes and checks it)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     return Path(runtime) / "sparkrig-ssh" if runtime else Path.home() / ".cache" / "sparkrig" / "ssh"
@@ -100,7 +100,7 @@ def options(args: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def start(args: Sequence[str]) -> None:
-    """Send each host's first round as the last run of this inventory and --limit left it
+    """Send each host's reads as the last run of this inventory and --limit left them
     (``args``: pytest's command line), where the inventory file and the SSH config are
     unchanged; nothing for a run without --inventory, nor in an xdist worker."""
     if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("SPARKRIG_COMPLIANCE_EARLY") == "0":

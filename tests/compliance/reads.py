@@ -593,7 +593,6 @@ def prefetch(
                 except Exception as error:  # noqa: BLE001 - a reader's bug must not stop the suite
                     print(f"sparkrig compliance: {name}: reads not planned ({error!r})", file=sys.stderr)
             planned.update(wanted)
-            PLANNED[(ssh_config, name)] = list(planned)
             todo = [c for c in wanted if c not in answers]
             if not todo:
                 break
@@ -601,6 +600,7 @@ def prefetch(
             if not found:
                 break
             answers.update(found)
+        PLANNED[(ssh_config, name)] = list(planned)
         return name, {
             c: [rc, base64.b64encode(out).decode(), base64.b64encode(err).decode()]
             for c, (rc, out, err) in answers.items()
