@@ -374,9 +374,15 @@ def test_stopping_a_job_that_ignores_sigterm_waits_a_bounded_time_saying_what_fo
     """Protects against `spark-jobs stop` holding its caller for as long as systemd takes (more
     than ten minutes once, on the emulated aarch64 host): a job that ignores SIGTERM is waited
     for --wait seconds at most, with what is awaited said, and is left stopping."""
-    host.check_output("spark-run --detach %s -- sh -c %s", job_name, "trap '' TERM; while :; do sleep 1; done")
+    host.check_output(
+        "spark-run --detach %s -- sh -c %s", job_name, "trap '' TERM; echo sigterm-ignored; while :; do sleep 1; done"
+    )
     unit = f"spark-job-{job_name}.service"
     assert _wait_for(lambda: (_row(host, job_name) or [None] * 3)[2] == "active", 30), _row(host, job_name)
+    # Active is when the shell started, not when it ignores SIGTERM: stopped before its trap, it
+    # ends at once (a fast controller met that, once, in a rollout's proof).
+    ignoring = _wait_for(lambda: "sigterm-ignored" in host.run("spark-jobs logs %s", job_name).stdout, 60)
+    assert ignoring, f"{job_name} never said it ignores SIGTERM: {host.run('spark-jobs logs %s', job_name).stdout}"
     started = time.monotonic()
     stop = host.run("spark-jobs stop --wait 3 %s", job_name)
     took = time.monotonic() - started
