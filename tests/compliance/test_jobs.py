@@ -31,6 +31,7 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 # The commands the action controls send more than once, written once.
 DROP_CACHES = "spark-drop-caches"
 STOP = "spark-jobs stop %s"
+LOGS = "spark-jobs logs %s"
 CAN_SUDO = "sudo -n true"
 
 
@@ -361,7 +362,7 @@ def test_a_detached_job_is_capped_oom_scored_and_runs_as_its_caller(host, read, 
     assert (shown["Slice"], shown["MemorySwapMax"], shown["User"]) == (SLICE, "0", job_user)
     assert shown["OOMScoreAdjust"] == str(settings["jobs_oom_score_adj"])
     _assert_bytes(read(physical), shown["MemoryMax"], _scope_bytes(read(physical), settings["jobs_memory_max"]))
-    output = host.check_output("spark-jobs logs %s", job_name).splitlines()
+    output = host.check_output(LOGS, job_name).splitlines()
     expected_env = settings["jobs_env"].get("PYTORCH_CUDA_ALLOC_CONF", "unset")
     assert output[:5] == [str(settings["jobs_oom_score_adj"]), job_user, "/tmp", "a b$c", expected_env], output
     assert host.run(STOP, job_name).rc == 0
@@ -381,8 +382,8 @@ def test_stopping_a_job_that_ignores_sigterm_waits_a_bounded_time_saying_what_fo
     assert _wait_for(lambda: (_row(host, job_name) or [None] * 3)[2] == "active", 30), _row(host, job_name)
     # Active is when the shell started, not when it ignores SIGTERM: stopped before its trap, it
     # ends at once (a fast controller met that, once, in a rollout's proof).
-    ignoring = _wait_for(lambda: "sigterm-ignored" in host.run("spark-jobs logs %s", job_name).stdout, 60)
-    assert ignoring, f"{job_name} never said it ignores SIGTERM: {host.run('spark-jobs logs %s', job_name).stdout}"
+    ignoring = _wait_for(lambda: "sigterm-ignored" in host.run(LOGS, job_name).stdout, 60)
+    assert ignoring, f"{job_name} never said it ignores SIGTERM: {host.run(LOGS, job_name).stdout}"
     started = time.monotonic()
     stop = host.run("spark-jobs stop --wait 3 %s", job_name)
     took = time.monotonic() - started
