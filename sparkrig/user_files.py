@@ -17,6 +17,9 @@ from . import rendering
 # 124 timed out.
 READ_TIMEOUT_S = 10
 USER_READ = rendering.script("sparkrig/user-read.sh")
+# What a status means where the reader says nothing: it names a link on the way, a file that
+# is not a regular one and a size on stderr, but not a file (or directory) that is not there.
+UNSAID = {1: "no such file, or its directory cannot be entered", 124: f"not read within {READ_TIMEOUT_S} s"}
 
 
 def user_read(path: str, limit: int, as_user: str | None = None, timeout_s: int | None = None) -> str:

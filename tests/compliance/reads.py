@@ -52,7 +52,7 @@ from typing import Any
 import pytest
 from testinfra.backend.base import BaseBackend, CommandResult
 
-from sparkrig import parts
+from sparkrig import parts, user_files
 from sparkrig.tools.report import printable
 from sparkrig.user_files import user_read
 
@@ -161,8 +161,15 @@ class Answer:
     """One command's answer, as testinfra's CommandResult reads (``rc``, ``stdout``,
     ``stderr``, ``succeeded``, ``check()``); :class:`Pending` until it is read."""
 
-    def __init__(self, answers: Mapping[str, tuple[int, bytes, bytes]], text: str, shown: str):
+    def __init__(
+        self,
+        answers: Mapping[str, tuple[int, bytes, bytes]],
+        text: str,
+        shown: str,
+        unsaid: Mapping[int, str] | None = None,
+    ):
         self._answers, self.text, self.shown = answers, text, shown
+        self._unsaid = unsaid or {}  # what a status means where the command says nothing
 
     def _found(self) -> tuple[int, bytes, bytes]:
         found = self._answers.get(self.text)
@@ -196,7 +203,7 @@ class Answer:
         never drive the terminal that shows the failure)."""
         if self.rc != 0:
             said = "\n".join(printable(line) for line in self.stderr.strip().splitlines())
-            raise AssertionError(f"{self.shown} failed (exit {self.rc}): {said}")
+            raise AssertionError(f"{self.shown} failed (exit {self.rc}): {said or self._unsaid.get(self.rc, '')}")
         return self.stdout.rstrip("\r\n")
 
 
@@ -316,11 +323,20 @@ class Reader:
         """Every host of the inventory with its data (a cluster's peers), None if unknown."""
         return self._inventory() if self._inventory else None
 
-    def run(self, command: str, *args: str, sudo: bool = False) -> Answer:
-        """``command`` (``%s`` filled with ``args``, quoted), as root when ``sudo``."""
+    def run(
+        self,
+        command: str,
+        *args: str,
+        sudo: bool = False,
+        shown: str | None = None,
+        unsaid: Mapping[int, str] | None = None,
+    ) -> Answer:
+        """``command`` (``%s`` filled with ``args``, quoted), as root when ``sudo``; a failure
+        names it as ``shown`` (the command itself unless given), and says what ``unsaid``
+        gives for its status where it said nothing."""
         text = command_text(command, *args, sudo=sudo)
         self.wanted[text] = None
-        return Answer(self.answers, text, BaseBackend.quote(command, *args) if args else command)
+        return Answer(self.answers, text, shown or (BaseBackend.quote(command, *args) if args else command), unsaid)
 
     def check_output(self, command: str, *args: str, sudo: bool = False) -> str:
         return self.run(command, *args, sudo=sudo).check()
@@ -334,8 +350,14 @@ class Reader:
 
     def user_file(self, path: str, limit: int, as_user: str | None = None) -> Answer:
         """A file a user controls, through sparkrig's bounded reader (``path`` is shell
-        syntax: ``shlex.quote`` a plain path), as root or as ``as_user`` (a plain name)."""
-        return self.run(user_read(path, limit, shlex.quote(as_user) if as_user else None), sudo=True)
+        syntax: ``shlex.quote`` a plain path), as root or as ``as_user`` (a plain name). A
+        failure names the file, not the reader's twenty lines of shell."""
+        return self.run(
+            user_read(path, limit, shlex.quote(as_user) if as_user else None),
+            sudo=True,
+            shown=f"reading {path}" + (f" as {as_user}" if as_user else "") + " (sparkrig's bounded reader)",
+            unsaid=user_files.UNSAID,
+        )
 
     def service(self, name: str, exists: bool = False) -> Service:
         return Service(self, name, exists)

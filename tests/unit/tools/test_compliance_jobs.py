@@ -5,6 +5,7 @@ control fails with spark-preflight's FAIL line, not its first line."""
 from __future__ import annotations
 
 import contextlib
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -36,6 +37,36 @@ def test_a_failed_preflight_says_which_check_failed_first():
 def test_a_preflight_that_exits_non_zero_with_every_check_ok_says_what_it_said():
     with pytest.raises(AssertionError, match="exited 2 with every check OK or SKIP: spark-preflight: bad option"):
         test_jobs.test_spark_preflight_passes_on_a_converged_host(_preflight(2, stderr="spark-preflight: bad option\n"))
+
+
+def _short(rc, stdout, stderr=""):
+    answer = SimpleNamespace(rc=rc, stdout=stdout, stderr=stderr)
+    return lambda need: {"preflight_short": answer}
+
+
+@pytest.mark.parametrize("rc", [4, 4 + 8 + 64])
+def test_a_threshold_above_the_memory_fails_the_memory_check(rc):
+    test_jobs.test_spark_preflight_fails_when_memory_is_short(_short(rc, "FAIL memory: MemAvailable 9 KiB < 1 KiB\n"))
+
+
+@pytest.mark.parametrize(
+    ("rc", "stdout", "stderr", "said"),
+    [
+        # 127 has the memory bit set: the program missing is no check's verdict (it passed once).
+        (
+            127,
+            "",
+            "sh: 1: eval: spark-preflight: not found\n",
+            "exited 127, not 4 (memory): sh: 1: eval: spark-preflight",
+        ),
+        (0, OUTPUT.format(watchdog="OK watchdog: on"), "", "exited 0, not 4 (memory): OK memory: MemAvailable 9 KiB"),
+        (8, "OK memory: MemAvailable 9 KiB >= 1 KiB\nFAIL swap: on\n", "", "exited 8, not 4 (memory): OK memory"),
+        (4, "", "", "exited 4, not 4 (memory): no memory line, nothing on stderr"),
+    ],
+)
+def test_a_preflight_that_is_not_the_memory_failure_says_what_it_was(rc, stdout, stderr, said):
+    with pytest.raises(AssertionError, match=re.escape(said)):
+        test_jobs.test_spark_preflight_fails_when_memory_is_short(_short(rc, stdout, stderr))
 
 
 class JobHost:

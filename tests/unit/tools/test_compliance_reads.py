@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -323,6 +324,32 @@ def test_an_answer_reads_as_testinfra_reads_and_says_what_failed():
         answer.check()
     with pytest.raises(reads.Pending):
         reads.Answer({}, "t", "false").rc
+
+
+def test_a_failed_bounded_read_names_the_file_and_why_not_the_readers_script(tmp_path):
+    """On a host sparkrig never converged (the lent GPU machine) a missing file's control
+    said `timeout -k 1 10 sh -c 'case $1 in /*) ...` and twenty lines of the reader's shell,
+    then nothing: the reader is silent about a file that is not there."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "file").write_text("xy")
+    os.symlink(tmp_path / "real", tmp_path / "via")
+    cases = {
+        tmp_path / "absent": (1, "no such file, or its directory cannot be entered"),
+        tmp_path / "no-dir" / "file": (1, "no such file, or its directory cannot be entered"),
+        tmp_path / "via" / "file": (1, f"sparkrig: {tmp_path}/via/file has a link on its way: read as missing"),
+        tmp_path / "real" / "file": (2, f"sparkrig: {tmp_path}/real/file is over 1 bytes: not read"),
+    }
+    found: dict = {}
+    reader = reads.Reader("@local", {}, found)
+    asked = {path: reader.user_file(shlex.quote(str(path)), 1) for path in cases}
+    found.update(_prefetched(list(reader.wanted)))
+    for path, (status, said) in cases.items():
+        with pytest.raises(AssertionError) as failed:
+            asked[path].check()
+        message = str(failed.value)
+        assert message == f"reading {path} (sparkrig's bounded reader) failed (exit {status}): {said}", message
+    shown = reader.user_file(shlex.quote(str(tmp_path / "absent")), 1, as_user="nobody").shown
+    assert shown == f"reading {tmp_path}/absent as nobody (sparkrig's bounded reader)"
 
 
 @reads.need
