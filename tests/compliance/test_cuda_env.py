@@ -86,7 +86,8 @@ def toolkit(r) -> dict:
     # What needs no earlier answer first: read in the first round, beside cuda_home's reads.
     found = {
         "version": r.run(system_login("nvcc --version")),
-        "ptxas": r.run(system_login('"$TRITON_PTXAS_PATH" --version')),
+        # Unset, it says so (it ran "" and said ": command not found").
+        "ptxas": r.run(system_login('"${TRITON_PTXAS_PATH:?is not set}" --version')),
     }
     return {"nvcc": r.path(f"{cuda_home(r)}/bin/nvcc"), **found}
 

@@ -342,7 +342,11 @@ def test_unattended_upgrades_are_as_the_owner_set_them(read, settings):
     found = read(state)
     dump = found["apt_config"].check()
     value = re.findall(r'^APT::Periodic::Unattended-Upgrade "([^"]*)";$', dump, re.MULTILINE)
-    assert value and value[-1] == ("0" if mode == "off" else "1"), f"updates_unattended is {mode!r}: {value}"
+    wanted = "0" if mode == "off" else "1"
+    assert value and value[-1] == wanted, (
+        f"updates_unattended is {mode!r}, so apt-config should say APT::Periodic::Unattended-Upgrade "
+        f'"{wanted}"; it says ' + (f'"{value[-1]}"' if value else "nothing (no file of apt.conf.d sets it)")
+    )
     if mode != "off":
         assert found["unattended"].is_installed, f"updates_unattended is {mode!r}: unattended-upgrades is not installed"
     for timer in TIMERS:

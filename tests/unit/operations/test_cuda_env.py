@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -274,3 +275,22 @@ def test_the_link_wins_over_a_newer_toolkit_beside_it_run_here(tmp_path, monkeyp
     assert ce_ops.resolve_cuda_home(ce_facts.CudaToolkits().process(result.stdout.splitlines()), "/x") == str(
         local / "cuda-13.1"
     )
+
+
+def test_the_ptxas_control_on_a_host_without_the_variable_says_it_is_not_set():
+    """A login shell here (this machine's /etc/profile sets no TRITON_PTXAS_PATH) runs the
+    control's own read: it said `bash: line 1: : command not found` on the lent GPU machine."""
+    from tests.compliance import reads, test_cuda_env  # noqa: PLC0415 - testinfra, only here
+
+    if (
+        "TRITON_PTXAS_PATH"
+        in subprocess.run(["sh", "-c", ". /etc/profile; env"], capture_output=True, text=True).stdout
+    ):
+        pytest.skip("this machine's /etc/profile sets TRITON_PTXAS_PATH")
+    asked = reads.Reader("spark", {}, {})
+    with contextlib.suppress(reads.Pending):  # CUDA_HOME's read is asked after the ptxas one
+        test_cuda_env.toolkit(asked)
+    text = next(command for command in asked.wanted if "TRITON_PTXAS_PATH" in command)
+    ran = subprocess.run(["sh", "-c", text], capture_output=True, cwd="/", env={"PATH": os.environ["PATH"]})
+    with pytest.raises(AssertionError, match="TRITON_PTXAS_PATH: is not set"):
+        reads.Answer({text: (ran.returncode, ran.stdout, ran.stderr)}, text, "ptxas").check()

@@ -470,3 +470,37 @@ def test_firmware_installed_and_awaiting_its_reboot_is_drift_until_then():
     ), text
     assert lines[-1] == f"{report.WAITING}: firmware installed by fwupd, running only after a reboot (drift until then)"
     assert "*: firmware differs" not in text
+
+
+def _unattended(mode: str, dump: str) -> str | None:
+    """What tests/compliance/test_updates.py's unattended-upgrades control says of a host whose
+    ``apt-config dump`` prints ``dump`` and whose timers are not there (None: it passed)."""
+    from tests.compliance import reads, test_updates  # noqa: PLC0415 - testinfra, only here
+
+    settings = {"updates_unattended": mode}
+    apt_config = test_updates.state(reads.Reader("spark", settings, {}))["apt_config"].text
+    asked = reads.Reader("spark", settings, {})
+    test_updates.state(asked)
+    answers = {command: (4, b"", b"") for command in asked.wanted}  # systemctl: no such unit
+    answers[apt_config] = (0, dump.encode(), b"")
+
+    def read(need):
+        return need(reads.Reader("spark", settings, answers))
+
+    try:
+        test_updates.test_unattended_upgrades_are_as_the_owner_set_them(read, settings)
+    except AssertionError as error:
+        return str(error).split("\n")[0]
+    return None
+
+
+def test_the_unattended_control_says_what_apt_says_and_what_it_should():
+    """On the lent GPU machine, never converged, it said `updates_unattended is 'off': []`."""
+    assert _unattended("off", 'APT::Periodic::Unattended-Upgrade "0";\n') is None
+    assert _unattended("off", 'APT::Periodic::Unattended-Upgrade "1";\n') == (
+        'updates_unattended is \'off\', so apt-config should say APT::Periodic::Unattended-Upgrade "0"; it says "1"'
+    )
+    assert _unattended("off", 'APT::Architecture "amd64";\n') == (
+        "updates_unattended is 'off', so apt-config should say APT::Periodic::Unattended-Upgrade \"0\"; "
+        "it says nothing (no file of apt.conf.d sets it)"
+    )
