@@ -16,6 +16,8 @@ import urllib.parse
 
 import pytest
 
+from sparkrig.tools.report import printable
+
 from .reads import need, system_login
 from .venv import distributions, interpreter, pyvenv_version
 
@@ -214,8 +216,13 @@ def test_uv_run_in_a_project_uses_the_managed_venv_as_it_is(host, read, settings
         'uv run python -c "import sys; print(sys.prefix)" && ls -A; rm -rf "$d"'
     )
     with host.sudo():
-        out = host.check_output(f"runuser -l {owner} -c {shlex.quote(script)}").splitlines()
-    assert out[-2:] == [venv, "pyproject.toml"], out
+        ran = host.run(f"runuser -l {owner} -c {shlex.quote(script)}")
+    out = ran.stdout.splitlines()
+    said = (ran.stderr.strip().splitlines() or ["nothing on stderr"])[-1]
+    assert out[-2:] == [venv, "pyproject.toml"], (
+        f"uv run in a scratch project of {settings['python_venv_owner']}'s (exit {ran.rc}) printed {out[-2:]}, not "
+        f"[{venv!r}, 'pyproject.toml'] (its Python's prefix, then the project's files): {printable(said)}"
+    )
     test_venv_holds_exactly_its_lock(read)
 
 
@@ -233,7 +240,12 @@ def _interpreter_answer(r, code: str, gpu: bool = False):
     for; the pins' versions are read from the venv's records instead (test_every_pin...)."""
     if not r.settings["python_stack"].get("torch"):
         return None
-    return r.run(("test -e /dev/nvidiactl && " if gpu else "") + interpreter(r.settings, code), sudo=True)
+    venv, owner = r.settings["python_venv_path"], r.settings["python_venv_owner"]
+    return r.run(
+        ("test -e /dev/nvidiactl && " if gpu else "") + interpreter(r.settings, code),
+        sudo=True,
+        shown=f"{venv}/bin/python, run as its owner {owner} (nobody where that is root), asked {code!r}",
+    )
 
 
 @need(prefetch=False)

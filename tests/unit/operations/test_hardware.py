@@ -125,3 +125,12 @@ def test_a_box_that_prints_nothing_fails_its_profile_check_instead_of_the_run():
     identity = profile.HardwareIdentity.default()
     problem = profile.contradiction("gb10", profile.DEFAULT_PROFILES["gb10"], identity)
     assert problem and "uname -m printed nothing" in problem
+
+
+def test_the_compliance_control_fails_with_the_contradiction_alone():
+    """Not `assert '...' is None` around it, as it read on the lent GPU machine."""
+    from tests.compliance import test_hardware  # noqa: PLC0415 - testinfra, only here
+
+    with pytest.raises(AssertionError) as failed:
+        test_hardware.test_the_box_is_the_hardware_its_profile_says({"hardware_profile": "gb10"}, RTX, PROFILES["gb10"])
+    assert str(failed.value).splitlines()[0] == profile.contradiction("gb10", PROFILES["gb10"], RTX)

@@ -3,6 +3,7 @@ and programs, read by the suite's real scripts (the bounded reader, runuser), as
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -242,3 +243,52 @@ def test_the_venvs_python_sees_a_proc_of_its_own_namespace(fake_venv):
     _python(root, 'ls /proc | grep -c "^[0-9]"')
     out = _interpreter(root)
     assert out.returncode == 0 and int(out.stdout) < 10, out
+
+
+def test_a_failed_interpreter_question_names_the_venvs_python_and_the_question(fake_venv):
+    """A venv with no python (the lent GPU machine, never converged): the control's failure
+    named the interpreter's runner, a screen of shell, and not the question."""
+    from tests.compliance import test_python_stack  # noqa: PLC0415 - the control module, only here
+
+    root, _ = fake_venv
+    settings = {"python_stack": {"torch": "2.11.0"}, "python_venv_path": str(root), "python_venv_owner": "nobody"}
+    answers: dict = {}
+    answer = test_python_stack._interpreter_answer(reads.Reader("spark", settings, answers), "import torch")
+    ran = subprocess.run(["sh", "-c", answer.text], capture_output=True, cwd="/")
+    answers[answer.text] = (ran.returncode, ran.stdout, ran.stderr)
+    with pytest.raises(AssertionError) as failed:
+        answer.check()
+    message = str(failed.value)
+    assert message.startswith(
+        f"{root}/bin/python, run as its owner nobody (nobody where that is root), asked 'import torch' failed (exit "
+    ), message
+    assert f"{root}/bin/python" in message.split(": ", 1)[1] and "exec python3" not in message, message
+
+
+class _UvHost:
+    """A host whose `uv run` in the owner's scratch project answers ``rc``, ``stdout``, ``stderr``."""
+
+    def __init__(self, rc: int, stdout: str, stderr: str):
+        self.answer = type("Answer", (), {"rc": rc, "stdout": stdout, "stderr": stderr})()
+
+    def sudo(self):
+        return contextlib.nullcontext()
+
+    def run(self, command):
+        assert command.startswith("runuser -l spark -c ")
+        return self.answer
+
+
+def test_uv_run_that_fails_in_the_scratch_project_says_how_and_why():
+    """It said `[]`: the script's `uv run ... && ls -A; rm -rf` printed nothing once uv was missing."""
+    from tests.compliance import test_python_stack  # noqa: PLC0415 - the control module, only here
+
+    host = _UvHost(0, "", "-bash: line 1: uv: command not found\n")
+    with pytest.raises(AssertionError) as failed:
+        test_python_stack.test_uv_run_in_a_project_uses_the_managed_venv_as_it_is(
+            host, None, {"python_venv_owner": "spark"}, "/opt/sparkrig/venv"
+        )
+    assert str(failed.value).splitlines()[0] == (
+        "uv run in a scratch project of spark's (exit 0) printed [], not ['/opt/sparkrig/venv', 'pyproject.toml'] "
+        "(its Python's prefix, then the project's files): -bash: line 1: uv: command not found"
+    )
