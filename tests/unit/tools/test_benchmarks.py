@@ -117,3 +117,18 @@ def test_the_suite_s_phases_are_read_from_its_own_marks(tmp_path):
     assert split["controls"] >= 0.2
     assert split["host's reading"] == 0  # no suite, no prefetch
     assert abs(sum(v for k, v in split.items() if k != "host's reading") - (ended - started)) < 0.05
+
+
+def test_reading_without_times_the_suites_own_script_on_the_host(tmp_path, monkeypatch):
+    """benchmarks.reading_without: the reads' one script (the suite's prefetch) timed where it
+    runs. A STAND-IN for ssh runs the command it is given here."""
+    from benchmarks import reading_without  # noqa: PLC0415 - imports the suite's reads
+
+    ssh = tmp_path / "ssh"
+    ssh.write_text('#!/bin/sh\nfor a; do last=$a; done\nexec sh -c "$last"\n')
+    ssh.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    wall, cpu = reading_without.timed(
+        "config", "host", ["sleep 0.3", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"]
+    )
+    assert 0.3 <= wall < 10 and cpu > 0, (wall, cpu)
