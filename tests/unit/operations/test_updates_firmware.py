@@ -392,12 +392,19 @@ def _control(expected: dict, stdout: str, rc: int = 0) -> str | None:
     asked = reads.Reader("spark", settings, {})
     test_updates.firmware(asked)
     answers = {command: (rc, stdout.encode(), b"") for command in asked.wanted}
+    return _said(test_updates.test_the_firmware_is_the_expected_version, settings, answers)
+
+
+def _said(control, settings: dict, answers: dict) -> str | None:
+    """The first line of what ``control`` fails with, its reads answered from ``answers``
+    through the suite's own reads layer (None: it passed)."""
+    from tests.compliance import reads  # noqa: PLC0415 - testinfra, only here
 
     def read(need):
         return need(reads.Reader("spark", settings, answers))
 
     try:
-        test_updates.test_the_firmware_is_the_expected_version(read, settings)
+        control(read, settings)
     except AssertionError as error:
         return str(error).split("\n")[0]
     return None
@@ -483,15 +490,7 @@ def _unattended(mode: str, dump: str) -> str | None:
     test_updates.state(asked)
     answers = {command: (4, b"", b"") for command in asked.wanted}  # systemctl: no such unit
     answers[apt_config] = (0, dump.encode(), b"")
-
-    def read(need):
-        return need(reads.Reader("spark", settings, answers))
-
-    try:
-        test_updates.test_unattended_upgrades_are_as_the_owner_set_them(read, settings)
-    except AssertionError as error:
-        return str(error).split("\n")[0]
-    return None
+    return _said(test_updates.test_unattended_upgrades_are_as_the_owner_set_them, settings, answers)
 
 
 def test_the_unattended_control_says_what_apt_says_and_what_it_should():
