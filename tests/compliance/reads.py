@@ -662,8 +662,13 @@ def answer(
     """What the need ``function`` returns for host ``name`` (reached through ``backend``):
     answered from the prefetch (unless the control acts), whatever is missing read in one
     command per round."""
-    if NEEDS.get(f"{function.__module__}.{function.__qualname__}") is not function:
+    qualified = f"{function.__module__}.{function.__qualname__}"
+    if NEEDS.get(qualified) is not function:
         raise OutsideTheLayer(f"{function.__qualname__} is not a need (decorate it with reads.need)")
+    if qualified in LIVE and not acting:
+        # Left out of the one reading for what it costs (an interpreter, a login to every
+        # peer): a read-only control asking it would cost that on every read-only run.
+        raise OutsideTheLayer(f"{function.__qualname__} is asked by action controls only (mark the control action)")
     answers = {} if acting else dict(_SEEDS.get(name, {}))
     for _round in range(ROUNDS + 1):
         reader = Reader(name, settings, answers, inventory)

@@ -246,6 +246,9 @@ def test_a_need_left_out_of_the_prefetch_is_planned_by_no_reading_and_answered_w
     finally:
         reads.acting = False
     assert len(ran) == 1
+    with pytest.raises(reads.OutsideTheLayer, match="asked by action controls only"):
+        _answer(host, asked_live, {"dir": str(tmp_path)})  # a read-only control: refused
+    assert len(ran) == 1
 
 
 def test_whatever_the_prefetch_lacks_is_read_in_one_command_per_round(tmp_path):
