@@ -199,8 +199,11 @@ def test_uv_run_never_resyncs_for_the_owner(read):
     """Protects against `uv run` silently replacing hand-built packages by re-syncing a
     project (seeds 001 to 003): UV_NO_SYNC=1 in the owner's login shell, as the system's
     profile sets it (the owner's own start-up files are theirs, and are not run here)."""
-    value = read(uv_checks)["no_sync"].check()
-    assert value.splitlines()[-1] == "UV_NO_SYNC=1"
+    value = (read(uv_checks)["no_sync"].check().splitlines() or [""])[-1]
+    assert value == "UV_NO_SYNC=1", (
+        f"a login shell of the venv's owner has {value or 'nothing'}, not UV_NO_SYNC=1, from the system's "
+        "profile (/etc/profile.d/sparkrig-cuda.sh, written by the cuda_env concern)"
+    )
 
 
 @pytest.mark.action

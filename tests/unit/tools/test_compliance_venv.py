@@ -292,3 +292,19 @@ def test_uv_run_that_fails_in_the_scratch_project_says_how_and_why():
         "uv run in a scratch project of spark's (exit 0) printed [], not ['/opt/sparkrig/venv', 'pyproject.toml'] "
         "(its Python's prefix, then the project's files): -bash: line 1: uv: command not found"
     )
+
+
+def test_uv_no_sync_missing_from_the_login_shell_says_what_it_found_and_where_it_comes_from():
+    """It said `assert 'UV_NO_SYNC=' == 'UV_NO_SYNC=1'` on the lent GPU machine."""
+    from tests.compliance import test_python_stack  # noqa: PLC0415 - the control module, only here
+
+    def read(found):
+        return lambda need: {"no_sync": type("Answer", (), {"check": lambda self: found})()}
+
+    test_python_stack.test_uv_run_never_resyncs_for_the_owner(read("motd\nUV_NO_SYNC=1"))
+    with pytest.raises(AssertionError) as failed:
+        test_python_stack.test_uv_run_never_resyncs_for_the_owner(read("UV_NO_SYNC="))
+    assert str(failed.value).splitlines()[0] == (
+        "a login shell of the venv's owner has UV_NO_SYNC=, not UV_NO_SYNC=1, from the system's profile "
+        "(/etc/profile.d/sparkrig-cuda.sh, written by the cuda_env concern)"
+    )
