@@ -62,6 +62,7 @@ def test_a_threshold_above_the_memory_fails_the_memory_check(rc):
         (0, OUTPUT.format(watchdog="OK watchdog: on"), "", "exited 0, not 4 (memory): OK memory: MemAvailable 9 KiB"),
         (8, "OK memory: MemAvailable 9 KiB >= 1 KiB\nFAIL swap: on\n", "", "exited 8, not 4 (memory): OK memory"),
         (4, "", "", "exited 4, not 4 (memory): no memory line, nothing on stderr"),
+        (4, "OK memory: MemAvailable 9 KiB >= 1 KiB\n", "", "exited 4, not 4 (memory): OK memory"),
     ],
 )
 def test_a_preflight_that_is_not_the_memory_failure_says_what_it_was(rc, stdout, stderr, said):
