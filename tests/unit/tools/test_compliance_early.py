@@ -170,7 +170,10 @@ def test_an_early_round_no_one_takes_ends_with_the_run(setup, tmp_path):
     pid_file = tmp_path / "pid"
     early.remember(str(inventory), ["box"], str(config), {"box": (f"echo $$ > {pid_file}; exec sleep 60", ["x"])})
     code = f"from tests.compliance import early; early.start(['--inventory', {str(inventory)!r}, '--limit', 'box'])"
-    code += f"\nimport time, pathlib\nwhile not pathlib.Path({str(pid_file)!r}).exists(): time.sleep(0.05)"
+    # Until the pid is written, not until the file is there: the shell creates it first, and a run
+    # that ended in between ended the round before its echo (CI, under load, read '').
+    code += f"\nimport time, pathlib\np = pathlib.Path({str(pid_file)!r})"
+    code += "\nwhile not (p.exists() and p.read_text().endswith(chr(10))): time.sleep(0.05)"
     subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60, check=True
     )
