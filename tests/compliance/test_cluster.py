@@ -110,13 +110,18 @@ def _unit_env(settings) -> str:
     )
 
 
+def _reader_node(r) -> dict | None:
+    """The ``node`` of the host a need reads (None off a cluster, or without its inventory)."""
+    if r.settings["cluster_name"] is None or r.inventory is None:
+        return None
+    return cluster_node(r.name, r.settings, r.inventory)
+
+
 @need
 def cluster(r) -> dict | None:
     """What the cluster controls read of a node (nothing off a cluster)."""
     settings = r.settings
-    if settings["cluster_name"] is None or r.inventory is None:
-        return None
-    node = cluster_node(r.name, settings, r.inventory)
+    node = _reader_node(r)
     if node is None:
         return None
     user = node["user"]
@@ -157,11 +162,7 @@ def cluster_check(r):
     """spark-cluster-check as root, run whole (nothing off a cluster): asked by its action
     control alone. It pings and logs in to every peer, each once more than the reads above:
     a second login per peer in every read-only run (docs/performance.md)."""
-    if r.settings["cluster_name"] is None or r.inventory is None:
-        return None
-    if cluster_node(r.name, r.settings, r.inventory) is None:
-        return None
-    return r.run("spark-cluster-check", sudo=True)
+    return None if _reader_node(r) is None else r.run("spark-cluster-check", sudo=True)
 
 
 def test_cluster_interfaces_carry_their_address_and_mtu(read, node):
