@@ -25,7 +25,7 @@ import lab
 from lab.config import HOSTS_DIR, KNOWN_HOSTS
 from sparkrig.operations.cluster import link as cl_link
 from tests.conftest import LAB_INVENTORY, write_stock_files
-from tests.support import PYINFRA, REPO, run_deploy
+from tests.support import PYINFRA, REPO, run_check, run_deploy
 
 pytestmark = pytest.mark.lab
 
@@ -347,11 +347,12 @@ def _host_keys(name: str) -> list[str]:
     return sorted(lab.run_ssh(name, "cat /etc/ssh/ssh_host_*_key.pub | cut -d' ' -f1,2").stdout.splitlines())
 
 
-def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(native_converge):
+def test_a_node_reinstalled_rejoins_and_passes_the_suite_in_one_run_and_its_old_key_is_refused(native_converge):
     """lab-deb13 installed afresh from its image at the same address (new host keys, no cluster
     files). The controller refuses it until its owner accepts the new host key (the lab reads it
     from the box's own files, as an owner reads it on the box's console); then one run re-pins it
-    on lab-deb12 and replaces its key pair everywhere."""
+    on lab-deb12, replaces its key pair everywhere, and leaves it passing the whole suite, its
+    controls that act included: the fleet's reinstalled box, on DGX OS's network stack."""
     assert native_converge.returncode == 0
     node, other, address = "lab-deb13", "lab-deb12", "192.168.100.12"
     for name in NODES:
@@ -393,6 +394,9 @@ def test_a_node_reinstalled_rejoins_in_one_run_and_its_old_key_is_refused(native
     assert rejoined.returncode == 0, rejoined.log[-3000:]
     for name in NODES:
         assert _check(name).returncode == 0, _check(name).stdout
+    suite = run_check(LAB_INVENTORY, [node], "-rfE")
+    assert suite.returncode == 0, (suite.stdout + suite.stderr)[-6000:]
+    assert f"\n{node} " in suite.stdout.split("sparkrig compliance, per host", 1)[1], suite.stdout[-3000:]
     new_host_keys = _host_keys(node)
     assert not set(new_host_keys) & set(old_host_keys)
     assert _pinned(other, address) == new_host_keys  # the new host keys alone
