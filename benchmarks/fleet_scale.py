@@ -282,7 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", default="1,8,64,256", help="sizes at which the suite runs ('' for none)")
     parser.add_argument("--marker", default="read", help="the controls the suite runs (-m): the read-only ones")
     parser.add_argument("--hosts", default="lab-deb12,lab-deb13", help="the lab hosts recorded")
-    parser.add_argument("--recording", type=Path, help="replay this recording instead of recording now")
+    parser.add_argument(
+        "--recording",
+        type=Path,
+        help="replay this recording instead of recording now; a path that does not exist yet is "
+        "recorded into first (kept, to replay later without the lab: --profile, another machine)",
+    )
     parser.add_argument(
         "--converge",
         action="store_true",
@@ -304,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             converge = measured(deploy_argv("record", tmp / "converge.json", base))
             if converge["rc"] != 0:
                 raise RuntimeError(f"the converge failed:\n{converge['stderr'][-3000:]}")
-        if args.recording is None:
+        if args.recording is None or not args.recording.exists():
             print(f"recording the lab's answers ({', '.join(real)})", file=sys.stderr, flush=True)
             deploy("record", recording, base)
             if args.suite:

@@ -83,13 +83,40 @@ def timed(ssh_config: str, host: str, commands: list[str]) -> tuple[float, float
     return int(lines[0]) / 1e9, sum(children)
 
 
+def each(ssh_config: str, host: str, commands: list[str], runs: int, shown: int) -> None:
+    """Every read timed alone, ``runs`` turns, less a read of ``true``: the ``shown`` costliest in CPU."""
+    found: dict[str, list[tuple[float, float]]] = {c: [] for c in ["true", *commands]}
+    for _ in range(runs):
+        for command in found:
+            found[command].append(timed(ssh_config, host, [command]))
+    medians = {c: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for c, ts in found.items()}
+    base_wall, base_cpu = medians.pop("true")
+    ranked = sorted(medians.items(), key=lambda item: item[1][1], reverse=True)
+    total = sum(max(0.0, cpu - base_cpu) for _wall, cpu in medians.values())
+    print(f"{host}: each read alone, medians of {runs}, less a read of true ({base_wall:.3f} s, {base_cpu:.3f} s CPU)")
+    print(f"  the {len(medians)} reads' CPU alone, summed: {total:.2f} s")
+    for command, (wall, cpu) in ranked[:shown]:
+        text = " ".join(command.split())
+        print(f"  {cpu - base_cpu:6.3f} s CPU {wall - base_wall:6.3f} s wall  {text[:150]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", required=True, help="the lab host whose reading is timed")
     parser.add_argument("--without", action="append", default=[], help="leave out the reads holding this text")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--each",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time every read alone (the script of that one read, less the script of a read of "
+        "`true`) and print the N that cost the host the most CPU",
+    )
     args = parser.parse_args()
     ssh_config, commands = recorded(args.limit)
+    if args.each:
+        each(ssh_config, args.limit, commands, args.runs, args.each)
     variants = {"every read": commands}
     for pattern in args.without:
         variants[f"without {pattern!r}"] = [c for c in commands if pattern not in c]
