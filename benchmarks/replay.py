@@ -39,6 +39,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pluggy  # pytest's marker without pytest: the measured pyinfra process imports this module
+
 ALIAS = "~"  # REAL~N: the N-th alias of the recorded host REAL
 
 # A replay contacts no host, so the reads a real run left for the next one
@@ -293,6 +295,9 @@ def install_testinfra(recording: Recording) -> None:
 _SUITE: Recording | None = None
 
 
+# First: the suite's conftest starts its prefetch in a thread from its own pytest_configure, and
+# a prefetch that began before the transport was cut read the real hosts (at times: a race).
+@pluggy.HookimplMarker("pytest")(tryfirst=True)
 def pytest_configure(config) -> None:
     global _SUITE
     mode, _, path = os.environ.get("SPARKRIG_REPLAY", "").partition(":")
