@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "--recording",
         type=Path,
         help="replay this recording instead of recording now; a path that does not exist yet is "
-        "recorded into first (kept, to replay later without the lab: --profile, another machine)",
+        "recorded into first and kept, for later runs against the same lab (its data is in the commands)",
     )
     parser.add_argument(
         "--converge",
