@@ -131,7 +131,12 @@ def test_a_gated_rollout_stops_at_a_host_failing_a_control_and_resume_finishes_t
         "--state",
         str(state),
     ]
-    fault = {"PYTEST_ADDOPTS": "-p tests.converge.rollout_fault", "SPARKRIG_TEST_FAULT_HOST": ROLLOUT_FAULTY}
+    fault = {
+        "PYTEST_ADDOPTS": "-p tests.converge.rollout_fault",
+        "SPARKRIG_TEST_FAULT_HOST": ROLLOUT_FAULTY,
+        # The fault goes in as the suite starts; a read sent before it (early.py) would miss it.
+        "SPARKRIG_COMPLIANCE_EARLY": "0",
+    }
     swap_control = f"control test_swap.py::test_fstab_has_no_active_swap_entry[ssh://{ROLLOUT_FAULTY}]"
     resumed = None
     try:
