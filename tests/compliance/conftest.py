@@ -74,8 +74,8 @@ def readers(config, hosts: dict[str, dict], every_host=None) -> dict:
             settings = resolve(all_settings(), data)
         except Exception:  # noqa: BLE001 - reported by the controls' own settings fixture
             continue
-        if settings["cluster_name"] is not None and everyone is None:
-            # A --limit may leave peers out.
+        if (settings["cluster_name"] is not None or settings["prometheus_server"] == name) and everyone is None:
+            # A --limit may leave peers out (and the hosts the fleet's Prometheus scrapes).
             everyone = every_host() if every_host else inventory_hosts(config, limit=[])
         found[name] = lambda answers, name=name, settings=settings: reads.Reader(
             name, settings, answers, lambda: everyone

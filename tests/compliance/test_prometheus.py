@@ -10,6 +10,7 @@ it through its own HTTP API (its active targets), not read from its files.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -23,13 +24,17 @@ JOB = "sparkrig"
 FILES = ("/etc/prometheus/prometheus.yml", "/etc/prometheus/sparkrig.rules.yml", "/etc/default/prometheus")
 # What the controls ask Prometheus' HTTP API, in one python (its start is most of the read's
 # cost): the job's active targets and Prometheus' own metrics (it does not scrape itself),
-# each answered or failed on its own, as JSON. Where a target is not up, the targets are read
-# again each second, at most argv[3] s, until every one is: one failed scrape (a node exporter
+# each answered or failed on its own, as JSON. Where a target is not up, or a host the
+# inventory serves (argv[4], comma-separated) is no target yet, the targets are read again each
+# second, at most argv[3] s, until every one is there and up: one failed scrape (a node exporter
 # the converge just restarted, a host slow under load) is not yet a host down, as the fleet's
-# own SparkHostDown alert waits two minutes of it. A fleet that is all up is answered at once.
+# own SparkHostDown alert waits two minutes of it, and a Prometheus the converge just started
+# lists no target until its first discovery (an empty list, seen in the lab seconds after the
+# first converge). A fleet that is all up is answered at once.
 API = """
 import json, sys, time, urllib.request
 url, job, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
+expected = set(filter(None, sys.argv[4].split(",")))
 def targets():
     with urllib.request.urlopen(url + "/api/v1/targets?state=active", timeout=10) as answer:
         found = json.load(answer)["data"]["activeTargets"]
@@ -44,7 +49,10 @@ def answer(read):
         return None, f"{type(error).__name__}: {error}"
 started = time.monotonic()
 found, failed = answer(targets)
-while found is not None and time.monotonic() - started < limit and any(t.get("health") != "up" for t in found):
+def waiting(found):
+    there = {t.get("labels", {}).get("instance") for t in found}
+    return bool(expected - there) or any(t.get("health") != "up" for t in found)
+while found is not None and time.monotonic() - started < limit and waiting(found):
     time.sleep(1)
     found, failed = answer(targets)
 own, own_failed = answer(metrics)
@@ -91,8 +99,21 @@ def state(r) -> dict:
         "service": r.service("prometheus"),
         "files": {path: r.path(path) for path in FILES},
         "cmdline": r.run(f"tr '\\0' '\\n' < /proc/$(systemctl show --property MainPID --value {SERVICE})/cmdline"),
-        "api": r.run("python3 -I -c %s %s %s %s", API, url, JOB, str(fresh_scrape_wait_s(r.settings))),
+        "api": r.run(
+            "python3 -I -c %s %s %s %s %s",
+            API,
+            url,
+            JOB,
+            str(fresh_scrape_wait_s(r.settings)),
+            ",".join(serving(r.inventory)),
+        ),
     }
+
+
+def serving(inventory: Mapping[str, dict] | None) -> list[str]:
+    """The hosts of the inventory whose metrics its Prometheus scrapes (none where the suite
+    has no inventory: a --hosts target)."""
+    return [name for name, data in (inventory or {}).items() if data.get("metrics_enabled", True)]
 
 
 def fresh_scrape_wait_s(settings) -> int:
@@ -140,12 +161,12 @@ def test_prometheus_loaded_its_configuration(read, server):
 def test_every_host_of_the_inventory_is_scraped_and_up(read, settings, server, inventory_hosts):
     """Protects against a host missing from the fleet's Prometheus, or one it cannot reach (a
     firewall, node exporter down or on loopback): its memory and kills would go unseen. A host
-    that is not up is given a bounded wait for a successful scrape, and a failure names the host
-    that is not up and Prometheus' reason."""
+    that is not up, or not listed yet (a Prometheus the converge just started), is given a
+    bounded wait for a successful scrape, and a failure names the host that is not up and
+    Prometheus' reason."""
     if not inventory_hosts:
         pytest.skip("the suite has no inventory (a --hosts target): which hosts to expect is unknown")
-    serving = [name for name, data in inventory_hosts.items() if data.get("metrics_enabled", True)]
-    problems = scrape_problems(api_answer(read(state)["api"], "targets"), serving)
+    problems = scrape_problems(api_answer(read(state)["api"], "targets"), serving(inventory_hosts))
     assert not problems, f"{settings['prometheus_server']}'s Prometheus: " + "; ".join(problems)
 
 

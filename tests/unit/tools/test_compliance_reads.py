@@ -562,3 +562,18 @@ def test_a_peer_a_limit_leaves_out_is_read_for_what_controls_ask_of_peers_alone(
     assert conftest.peer_readers({"d": base}, everyone) == {}  # in no cluster: no peer
     found = reads.prefetch("", ["@local"], ["true"], {"@local": lambda answers: peers["b"](answers)})
     assert reads.command_text("echo peer-%s", "b") in found["@local"]
+
+
+def test_the_prometheus_host_s_reading_asks_for_every_host_it_scrapes_outside_a_cluster_too():
+    """The fleet's Prometheus is asked to list every host the inventory serves (it waits,
+    bounded, for one not listed yet): the prefetch plans that read with the whole inventory,
+    a --limit and no cluster notwithstanding, or the control would read it again itself."""
+    from sparkrig.settings import all_settings, defaults  # noqa: PLC0415 - every concern's settings
+    from tests.compliance import conftest  # noqa: PLC0415 - the suite's conftest, as a module
+
+    base = {**defaults(all_settings()), "prometheus_server": "p"}
+    everyone = {"p": base, "q": base, "r": {**base, "metrics_enabled": False}}
+    reader = conftest.readers(None, {"p": base}, lambda: everyone)["p"]({})
+    reads.plan(reader)
+    asked = [text for text in reader.wanted if "/api/v1/targets" in text]
+    assert len(asked) == 1 and asked[0].endswith(" p,q"), asked
