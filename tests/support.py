@@ -170,6 +170,19 @@ def run_check(
     )
 
 
+TABLE_TITLE = "sparkrig compliance, per host"
+
+
+def host_table(output: str, context: str = "") -> list[str]:
+    """The lines after the title of the per-host table a compliance run ends with: the column
+    heads, a row per host, a line per failed control, then pytest's own. Fails showing the
+    end of ``output`` (and of ``context``: the run's stderr) where there is no table."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if TABLE_TITLE in line), None)
+    assert start is not None, f"no per-host table:\n{output[-3000:]}\n{context[-2000:]}"
+    return lines[start + 1 :]
+
+
 def build_wheel(out: Path) -> Path:
     """The wheel `uv build` makes of this checkout, into ``out``."""
     uv = shutil.which("uv")

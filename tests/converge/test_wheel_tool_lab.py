@@ -25,7 +25,7 @@ import lab
 from sparkrig.operations.metrics.deploy import COMPLIANCE_FILE
 from sparkrig.tools import check
 from tests.conftest import LAB_INVENTORY
-from tests.support import REPO, build_wheel, install_wheel, inventory_host_data
+from tests.support import REPO, build_wheel, host_table, install_wheel, inventory_host_data
 
 pytestmark = pytest.mark.lab
 
@@ -67,9 +67,7 @@ def outcomes(results: Path) -> dict[str, str]:
 
 def table(output: str) -> list[str]:
     """The per-host table the suite ends with (without where its results went and pytest's timing line)."""
-    lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines) if "sparkrig compliance, per host" in line)
-    return [line for line in lines[start + 1 :] if not line.startswith(("=", "results: "))]
+    return [line for line in host_table(output) if not line.startswith(("=", "results: "))]
 
 
 def run(argv: list[str], cwd: Path, bin_dir: Path | None = None) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ import pytest
 from sparkrig.tools.rollout import PYINFRA, failed_hosts, limit_hosts
 from tests.compliance import conftest
 from tests.compliance.conftest import HostTable, found, host_of, multiplexed
-from tests.support import REPO, inventory_host_data
+from tests.support import REPO, host_table, inventory_host_data
 
 GROUPS = {"spark-01": ["sparks"], "spark-02": ["sparks"], "ws-01": ["workstations"], "spark-03": ["sparks"]}
 
@@ -212,12 +212,11 @@ def _compliance(tmp_path, *options):
 def test_a_failed_control_is_one_line_under_the_table_that_ends_the_run(tmp_path):
     result = _compliance(tmp_path)
     assert result.returncode == 1, result.stdout
-    lines = result.stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if "sparkrig compliance, per host" in line)
-    failed = lines[start + 4 : -1]
-    assert lines[start + 1].split() == ["host", "passed", "failed", "skipped"]
-    assert lines[start + 2].split() == ["nobox", "0", "5", "0"]
-    assert lines[start + 3] == "failed controls:"
+    lines, table = result.stdout.splitlines(), host_table(result.stdout)
+    failed = table[3:-1]
+    assert table[0].split() == ["host", "passed", "failed", "skipped"]
+    assert table[1].split() == ["nobox", "0", "5", "0"]
+    assert table[2] == "failed controls:"
     assert len(failed) == 5 and all(line.startswith("  nobox: test_swap.py::test_") for line in failed), failed
     assert all(": ssh: connect to host 127.0.0.1 port 9: Connection refused (running: " in line for line in failed), (
         failed

@@ -18,7 +18,7 @@ from sparkrig.tools import fleet_page
 from sparkrig.tools.fleet_page import Control, Host
 from sparkrig.tools.report import COLUMNS, differing, page_hosts
 from tests.compliance.conftest import HostTable
-from tests.support import REPO, unavailable
+from tests.support import REPO, host_table, unavailable
 from tests.unit.tools.test_fleet import _compliance
 
 # Where the browser test leaves its screenshot and the page it took it of; CI keeps this folder.
@@ -442,11 +442,9 @@ def test_at_local_has_its_row_in_the_table_and_its_controls_and_versions_on_the_
         timeout=300,
         env={**env, "PYTHONPATH": str(REPO)},
     )
-    lines = result.stdout.splitlines()
-    start = next((i for i, line in enumerate(lines) if "sparkrig compliance, per host" in line), None)
-    assert start is not None, result.stdout[-3000:] + result.stderr[-2000:]
-    row = lines[start + 2].split()
-    assert row[0] == "@local" and sum(int(n) for n in row[1:4]) == 5, lines[start:]
+    table = host_table(result.stdout, result.stderr)
+    row = table[1].split()
+    assert row[0] == "@local" and sum(int(n) for n in row[1:4]) == 5, table
     parsed = Parsed((tmp_path / "fleet.html").read_text())
     controls = parsed.rows["controls"][1:]
     assert len(controls) == 5 and {r["cells"][0]["text"] for r in controls} == {"@local"}

@@ -20,7 +20,7 @@ import pytest
 from sparkrig.tools import fleet_page
 from sparkrig.tools.report import COLUMNS, GPU_COLUMNS
 from tests.compliance import results
-from tests.support import REPO
+from tests.support import REPO, host_table
 from tests.unit.tools.test_fleet_page import Parsed
 
 STAND_IN = '''"""Stand-in controls of tests/unit/tools/test_results.py (not the suite's)."""
@@ -107,12 +107,6 @@ def _controls(doc: dict) -> dict[str, dict]:
     return {c["id"]: c for c in host["controls"]}
 
 
-def _table(stdout: str) -> list[str]:
-    lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if "sparkrig compliance, per host" in line)
-    return lines[start + 1 :]
-
-
 def _waivers(tmp_path: Path, text: str) -> str:
     (tmp_path / "waivers.yaml").write_text(text)
     return str(tmp_path / "waivers.yaml")
@@ -168,7 +162,7 @@ def test_a_run_writes_one_json_document_with_each_controls_outcome_reason_protec
     assert set(host["versions"]) == {*COLUMNS, *GPU_COLUMNS} and host["versions"]["os"] not in ("", "-"), host
     assert host["versions_read"] and not host["versions_error"]
     # The reason is the table's line.
-    assert f"  @local: {FAULT}[local]: {tmp_path / 'flag'} is missing" in _table(result.stdout)
+    assert f"  @local: {FAULT}[local]: {tmp_path / 'flag'} is missing" in host_table(result.stdout)
 
 
 def test_a_waiver_accepts_a_failure_which_then_fails_nothing_and_shows_as_waived(tmp_path):
@@ -185,7 +179,7 @@ def test_a_waiver_accepts_a_failure_which_then_fails_nothing_and_shows_as_waived
         tmp_path, "--results", "out", "--waivers", waivers, "--fleet-page", "page.html", "--junitxml", "junit.xml"
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    table = _table(result.stdout)
+    table = host_table(result.stdout)
     assert table[1].split() == ["@local", "2", "0", "1"], table
     assert table[2:4] == [
         "waived controls (failed, accepted by --waivers):",
@@ -245,7 +239,7 @@ def test_an_expired_waiver_fails_again_saying_when_it_expired(tmp_path):
     )
     result = _suite(tmp_path, "--results", "out", "--waivers", waivers, workers="2")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
-    assert f"  @local: {FAULT}[local]: {tmp_path / 'flag'} is missing (its waiver expired on {_today()})" in _table(
+    assert f"  @local: {FAULT}[local]: {tmp_path / 'flag'} is missing (its waiver expired on {_today()})" in host_table(
         result.stdout
     ), result.stdout[-3000:]
     (doc,) = _documents(tmp_path / "out")
