@@ -102,7 +102,7 @@ def test_a_target_down_is_read_again_after_its_next_scrape():
     assert test_prometheus.scrape_problems(found, ["a", "b"]) == []
 
 
-def test_a_prometheus_that_lists_no_target_yet_is_read_again_until_the_inventory_s_hosts_are_there():
+def test_a_prometheus_that_lists_no_target_yet_is_read_again_until_it_lists_them():
     """Seconds after the converge started Prometheus, before its first discovery, it lists no
     target (seen in the lab on 2026-11-29): not yet a host unscraped."""
     stand_in = StandIn(lambda t: [] if t < 1.5 else [target("a"), target("b")])
@@ -111,14 +111,34 @@ def test_a_prometheus_that_lists_no_target_yet_is_read_again_until_the_inventory
     assert test_prometheus.scrape_problems(found, ["a", "b"]) == []
 
 
-def test_a_host_the_inventory_serves_that_never_becomes_a_target_fails_when_the_wait_ends():
-    stand_in = StandIn(lambda _t: [target("a")])
+def test_a_prometheus_that_never_lists_a_target_fails_every_host_when_the_wait_ends():
+    stand_in = StandIn(lambda _t: [])
     started = time.monotonic()
     found = stand_in.read(2, "a,c")
     assert 2 <= time.monotonic() - started < 6 and stand_in.asked >= 2
     assert test_prometheus.scrape_problems(found, ["a", "c"]) == [
+        "a is not scraped (no target: converge the Prometheus host again)",
+        "c is not scraped (no target: converge the Prometheus host again)",
+    ]
+
+
+def test_a_host_missing_from_a_job_that_lists_others_fails_at_once():
+    """Its configuration lacks the host (converged before the host joined the inventory):
+    waiting would change nothing."""
+    stand_in = StandIn(lambda _t: [target("a")])
+    started = time.monotonic()
+    found = stand_in.read(30, "a,c")
+    assert time.monotonic() - started < 5 and stand_in.asked == 1
+    assert test_prometheus.scrape_problems(found, ["a", "c"]) == [
         "c is not scraped (no target: converge the Prometheus host again)"
     ]
+
+
+def test_a_job_with_no_host_to_scrape_is_answered_at_once():
+    stand_in = StandIn(lambda _t: [])
+    started = time.monotonic()
+    assert stand_in.read(30, "") == []
+    assert time.monotonic() - started < 5 and stand_in.asked == 1
 
 
 def test_the_hosts_expected_are_the_inventory_s_that_serve_metrics():
