@@ -45,6 +45,7 @@ from pathlib import Path
 
 import lab
 from benchmarks.replay import ALIAS, recorded_host
+from tests.compliance import selection
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -184,6 +185,8 @@ def suite_argv(inventory: Path, junit: Path, marker: str) -> list[str]:
         str(inventory),
         "-m",
         marker,
+        # What sparkrig check adds to a read-only selection.
+        *selection.read_only_options(["-m", marker]),
         "--junitxml",
         str(junit),
     ]

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.compliance import selection
+
 # --- the plugin (-p benchmarks.suite_phases), in pytest's process -----------------------
 
 _MARKS: dict[str, float] = {}
@@ -142,6 +144,8 @@ def suite(inventory: Path, names: list[str], tmp: Path) -> tuple[float, dict[str
             ",".join(names),
             "-m",
             "read",
+            # What sparkrig check adds to a read-only selection.
+            *selection.read_only_options(["-m", "read"]),
         ],
         cwd=REPO,
         capture_output=True,

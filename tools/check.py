@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from sparkrig import compliance
+from sparkrig.compliance import selection
 from sparkrig.tools import cli
 
 SUITE = Path(compliance.__file__).parent
@@ -148,6 +149,7 @@ def _check(args, extra: Sequence[str]) -> int:
     from sparkrig.compliance.targets import inventory_host_data  # noqa: PLC0415 - loads every concern
 
     read = _Read(args.limit, inventory_host_data(args.inventory, args.limit))
+    extra = [*selection.read_only_options(extra), *extra]
     with tempfile.TemporaryDirectory(prefix="sparkrig-check-") as scratch:
         results = args.results or (scratch if args.metrics_push else None)
         before = set(Path(results).glob("*.json")) if results and Path(results).is_dir() else set()

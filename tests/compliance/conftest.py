@@ -39,7 +39,6 @@ from pathlib import Path
 
 import pytest
 import testinfra
-from _pytest.mark.expression import Expression
 from testinfra.backend.local import LocalBackend
 from testinfra.backend.ssh import SshBackend
 
@@ -49,6 +48,7 @@ from sparkrig.settings import all_settings, resolve
 from sparkrig.tools import fleet_page, private
 
 from . import early, reads, results
+from .selection import read_only_selection
 from .targets import LAB_INVENTORY, REPO, inventory_host_data, lab_says, ssh_config_for
 
 # Action controls' testinfra hosts answer host-wide constants once and each path from one
@@ -242,19 +242,6 @@ def pytest_cmdline_main(config):
     hosts = inventory_hosts(config)
     config.option.numprocesses = min(max(len(hosts), MIN_WORKERS), MAX_WORKERS)
     config.option.dist = "loadgroup"
-
-
-def read_only_selection(markexpr: str) -> bool:
-    """Whether ``-m markexpr`` leaves out every control marked action (``-m read``, ``-m "not
-    action"``): those controls read the prefetch, and workers would only cost their start."""
-    if not markexpr:
-        return False
-    expression = Expression.compile(markexpr)
-    # An action control's markers: action, and lab against the lab.
-    return not any(
-        expression.evaluate(lambda name, marks=marks, **_kwargs: name in marks)
-        for marks in ({"action"}, {"action", "lab"})
-    )
 
 
 def selection_acts(args) -> bool:
