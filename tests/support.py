@@ -183,6 +183,38 @@ def host_table(output: str, context: str = "") -> list[str]:
     return lines[start + 1 :]
 
 
+def check_on_local(tmp_path: Path, probe: str, *pytest_options: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """``sparkrig check`` (the installed tool's entry point) on an inventory of ``@local`` alone,
+    from ``tmp_path``, with ``probe`` (a pytest plugin's source, loaded as ``-p probe``) and
+    ``pytest_options``; the suite's private directory under ``tmp_path``. The probe writes to
+    the file named by ``$PROBE``: the run and that file."""
+    (tmp_path / "probe.py").write_text(probe)
+    (tmp_path / "inv.py").write_text('here = [("@local", {})]\n')
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(PYTHONPATH=f"{REPO}:{tmp_path}", XDG_RUNTIME_DIR=str(runtime), PROBE=str(tmp_path / "probe"))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparkrig.tools",
+            "check",
+            str(tmp_path / "inv.py"),
+            "--",
+            "-p",
+            "probe",
+            *pytest_options,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    return run, tmp_path / "probe"
+
+
 def build_wheel(out: Path) -> Path:
     """The wheel `uv build` makes of this checkout, into ``out``."""
     uv = shutil.which("uv")

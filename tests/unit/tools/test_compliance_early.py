@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.compliance import early, reads
+from tests.support import check_on_local
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -232,28 +233,17 @@ def test_a_run_against_hosts_collects_no_garbage_while_it_starts(args, held):
 def test_sparkrig_check_holds_collections_until_the_controls_are_collected(tmp_path):
     """The installed tool's entry point (sparkrig check), a real run on @local: collections
     are held while pytest configures, and run again once the controls are collected."""
-    (tmp_path / "gcprobe.py").write_text(
+    probe = (
         "import gc, os\n"
         "def pytest_configure(config):\n"
-        "    open(os.environ['GC_PROBE'], 'a').write(f'configure {gc.isenabled()}\\n')\n"
+        "    open(os.environ['PROBE'], 'a').write(f'configure {gc.isenabled()}\\n')\n"
         "def pytest_runtest_call(item):\n"
-        "    open(os.environ['GC_PROBE'], 'a').write(f'control {gc.isenabled()}\\n')\n"
+        "    open(os.environ['PROBE'], 'a').write(f'control {gc.isenabled()}\\n')\n"
     )
-    (tmp_path / "inv.py").write_text('here = [("@local", {})]\n')
-    runtime = tmp_path / "runtime"
-    runtime.mkdir(mode=0o700)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env.update(PYTHONPATH=f"{REPO}:{tmp_path}", XDG_RUNTIME_DIR=str(runtime), GC_PROBE=str(tmp_path / "probe"))
-    subprocess.run(
-        [sys.executable, "-m", "sparkrig.tools", "check", str(tmp_path / "inv.py")]
-        + ["--", "-p", "gcprobe", "-m", "read", "-k", "test_no_swap_is_active", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    _run, said_by = check_on_local(
+        tmp_path, probe, "-m", "read", "-k", "test_no_swap_is_active", "-p", "no:cacheprovider"
     )
-    said = (tmp_path / "probe").read_text().splitlines()
+    said = said_by.read_text().splitlines()
     assert said[0] == "configure False" and said[1:] and set(said[1:]) == {"control True"}, said
 
 

@@ -4,8 +4,6 @@ pure rules: each mechanism's test fails when its line is removed."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
@@ -13,7 +11,7 @@ import pytest
 
 from tests.compliance import conftest, reads, results, selection
 from tests.compliance.test_source_builds import target_problem
-from tests.support import REPO
+from tests.support import check_on_local
 
 
 def _item(action: bool):
@@ -122,28 +120,15 @@ def test_a_read_only_selection_runs_without_pytest_s_log_and_descriptor_capture(
 )
 def test_sparkrig_check_runs_a_read_only_selection_with_those_options(tmp_path, options, said):
     """The installed tool's entry point (sparkrig check), a real run of one control on @local."""
-    (tmp_path / "probe.py").write_text(
+    probe = (
         "import os\n"
         "def pytest_runtest_call(item):\n"
         "    config = item.config\n"
         "    logging = config.pluginmanager.has_plugin('logging-plugin')\n"
         "    open(os.environ['PROBE'], 'a').write(f'capture {config.option.capture}, logging {logging}\\n')\n"
     )
-    (tmp_path / "inv.py").write_text('here = [("@local", {})]\n')
-    runtime = tmp_path / "runtime"
-    runtime.mkdir(mode=0o700)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env.update(PYTHONPATH=f"{REPO}:{tmp_path}", XDG_RUNTIME_DIR=str(runtime), PROBE=str(tmp_path / "probe"))
-    run = subprocess.run(
-        [sys.executable, "-m", "sparkrig.tools", "check", str(tmp_path / "inv.py")]
-        + ["--", "-p", "probe", "-k", "test_no_swap_is_active", *options],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert (tmp_path / "probe").read_text().splitlines() == [said], run.stdout[-2000:] + run.stderr[-2000:]
+    run, said_by = check_on_local(tmp_path, probe, "-k", "test_no_swap_is_active", *options)
+    assert said_by.read_text().splitlines() == [said], run.stdout[-2000:] + run.stderr[-2000:]
 
 
 def test_the_read_only_controls_run_without_workers_and_the_whole_suite_with_them(monkeypatch):
