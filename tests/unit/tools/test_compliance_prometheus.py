@@ -62,11 +62,11 @@ class StandIn:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def answer(self, limit: int, expected: str = ""):
+    def answer(self, limit: int, expected: int = 0):
         """The control's read (test_prometheus.API), run here against the stand-in; ``expected``:
-        the hosts the inventory serves, comma-separated."""
+        how many hosts the inventory serves."""
         said = subprocess.run(
-            [sys.executable, "-I", "-c", test_prometheus.API, self.url, JOB, str(limit), expected],
+            [sys.executable, "-I", "-c", test_prometheus.API, self.url, JOB, str(limit), str(expected)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -74,7 +74,7 @@ class StandIn:
         )
         return type("Answer", (), {"check": lambda _self: said.stdout})()
 
-    def read(self, limit: int, expected: str = "") -> list[dict]:
+    def read(self, limit: int, expected: int = 0) -> list[dict]:
         return test_prometheus.api_answer(self.answer(limit, expected), "targets")
 
 
@@ -106,7 +106,7 @@ def test_a_prometheus_that_lists_no_target_yet_is_read_again_until_it_lists_them
     """Seconds after the converge started Prometheus, before its first discovery, it lists no
     target (seen in the lab on 2026-11-29): not yet a host unscraped."""
     stand_in = StandIn(lambda t: [] if t < 1.5 else [target("a"), target("b")])
-    found = stand_in.read(30, "a,b")
+    found = stand_in.read(30, 2)
     assert stand_in.asked >= 2
     assert test_prometheus.scrape_problems(found, ["a", "b"]) == []
 
@@ -114,7 +114,7 @@ def test_a_prometheus_that_lists_no_target_yet_is_read_again_until_it_lists_them
 def test_a_prometheus_that_never_lists_a_target_fails_every_host_when_the_wait_ends():
     stand_in = StandIn(lambda _t: [])
     started = time.monotonic()
-    found = stand_in.read(2, "a,c")
+    found = stand_in.read(2, 2)
     assert 2 <= time.monotonic() - started < 6 and stand_in.asked >= 2
     assert test_prometheus.scrape_problems(found, ["a", "c"]) == [
         "a is not scraped (no target: converge the Prometheus host again)",
@@ -127,7 +127,7 @@ def test_a_host_missing_from_a_job_that_lists_others_fails_at_once():
     waiting would change nothing."""
     stand_in = StandIn(lambda _t: [target("a")])
     started = time.monotonic()
-    found = stand_in.read(30, "a,c")
+    found = stand_in.read(30, 2)
     assert time.monotonic() - started < 5 and stand_in.asked == 1
     assert test_prometheus.scrape_problems(found, ["a", "c"]) == [
         "c is not scraped (no target: converge the Prometheus host again)"
@@ -137,7 +137,7 @@ def test_a_host_missing_from_a_job_that_lists_others_fails_at_once():
 def test_a_job_with_no_host_to_scrape_is_answered_at_once():
     stand_in = StandIn(lambda _t: [])
     started = time.monotonic()
-    assert stand_in.read(30, "") == []
+    assert stand_in.read(30, 0) == []
     assert time.monotonic() - started < 5 and stand_in.asked == 1
 
 
