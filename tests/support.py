@@ -195,17 +195,7 @@ def check_on_local(tmp_path: Path, probe: str, *pytest_options: str) -> tuple[su
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(PYTHONPATH=f"{REPO}:{tmp_path}", XDG_RUNTIME_DIR=str(runtime), PROBE=str(tmp_path / "probe"))
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sparkrig.tools",
-            "check",
-            str(tmp_path / "inv.py"),
-            "--",
-            "-p",
-            "probe",
-            *pytest_options,
-        ],
+        check.command(str(tmp_path / "inv.py"), extra=["-p", "probe", *pytest_options]),
         cwd=tmp_path,
         capture_output=True,
         text=True,
