@@ -512,8 +512,11 @@ def pytest_collection_modifyitems(config, items):
         # xdist's worker derives loadgroup from its own command line, which lacks the
         # --dist the controller was given in pytest_cmdline_main: read the groups here too.
         config.option.loadgroup = True
+    ours: dict[Path, bool] = {}  # each module's answer, asked once (items are per control and host)
     for item in items:
-        if here not in Path(item.fspath).parents:
+        if item.path not in ours:
+            ours[item.path] = here in item.path.parents
+        if not ours[item.path]:
             continue
         if item.get_closest_marker("action") is None:
             item.add_marker(pytest.mark.read)
@@ -521,7 +524,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.lab)
         callspec = getattr(item, "callspec", None)
         if callspec and "_testinfra_host" in callspec.params:
-            together = TOGETHER.get(Path(item.fspath).stem)
+            together = TOGETHER.get(item.path.stem)
             if together:
                 item.add_marker(
                     pytest.mark.xdist_group(f"{inventory_name(callspec.params['_testinfra_host'])}/{together}")
@@ -540,12 +543,21 @@ TOGETHER = {"test_containers": "containers", "test_ngc": "containers"}
 def host_of(nodeid: str, names) -> str | None:
     """The inventory name in a control's test id, or None. testinfra's id comes first in the
     brackets (``[ssh://NAME]``, ``[local]``), joined by "-" to other parameters, so the
-    longest of the known ``names`` that fits wins (host names contain "-" too)."""
+    longest of the known ``names`` that fits wins (host names contain "-" too). Each "]" or
+    "-" after ``[ssh://`` ends a candidate, looked up in ``names`` (a set where the caller
+    has one): the cost grows with the id, not with the fleet."""
     local = fleet_page.LOCAL_ID
     if "@local" in names and (f"[{local}]" in nodeid or f"[{local}-" in nodeid):
         return "@local"
-    fits = [name for name in names if f"[ssh://{name}]" in nodeid or f"[ssh://{name}-" in nodeid]
-    return max(fits, key=len) if fits else None
+    best = None
+    start = nodeid.find("[ssh://")
+    while start >= 0:
+        rest = nodeid[start + len("[ssh://") :]
+        for end, char in enumerate(rest):
+            if char in "]-" and (best is None or end > len(best)) and rest[:end] in names:
+                best = rest[:end]
+        start = nodeid.find("[ssh://", start + 1)
+    return best
 
 
 # testinfra's repr of a command's result, in its errors (a failed check_output, an
@@ -635,20 +647,35 @@ class HostTable:
     by its worst phase), and what each failed control found."""
 
     def __init__(self, names=()):
-        self.names = list(names)
+        self.names = names
         self.outcomes: dict[str, dict[str, str]] = {}
         self.findings: dict[tuple[str, str], str] = {}
         self.skips: dict[tuple[str, str], str] = {}  # why a control was skipped
         self.spans: dict[str, list[float]] = {}  # each host's first start and last stop (epoch)
 
+    @property
+    def names(self) -> list[str]:
+        return self._names
+
+    @names.setter
+    def names(self, names) -> None:
+        self._names, self._known, self._keys = list(names), set(names), {}
+
+    def key(self, nodeid: str) -> tuple[str | None, str]:
+        """A report's host (:func:`host_of`) and its control's key, ``module::control[params]``
+        (a parametrized control counts once per parameter, as pytest counts): read once per
+        control, whose three phases each report."""
+        found = self._keys.get(nodeid)
+        if found is None:
+            path, _, test = nodeid.partition("::")
+            test = test.rsplit("]@", 1)[0] + "]" if "]@" in test else test  # xdist's group suffix
+            found = self._keys[nodeid] = (host_of(nodeid, self._known), f"{path.rsplit('/', 1)[-1]}::{test}")
+        return found
+
     def add(self, report) -> None:
-        target = host_of(report.nodeid, self.names)
+        target, key = self.key(report.nodeid)
         if target is None:
             return
-        # module::control[params]: a parametrized control counts once per parameter, as pytest counts.
-        path, _, test = report.nodeid.partition("::")
-        test = test.rsplit("]@", 1)[0] + "]" if "]@" in test else test  # xdist's group suffix
-        key = f"{path.rsplit('/', 1)[-1]}::{test}"
         known = self.outcomes.setdefault(target, {})
         if getattr(report, "start", 0):
             span = self.spans.setdefault(target, [report.start, report.stop])

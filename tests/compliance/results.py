@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import inspect
 import json
 import os
@@ -154,6 +155,7 @@ def waiver_for(waivers, control: str, host: str) -> Waiver | None:
 # --- the report of one control ------------------------------------------------------------
 
 
+@functools.cache  # each phase of a control reports: its id read once
 def control_id(nodeid: str, host: str) -> str:
     """A control's id: its module file and name, testinfra's id of ``host`` left out
     (``test_swap.py::test_no_swap_is_active``, ``test_jobs.py::test_y[spark-run]``)."""
@@ -171,10 +173,10 @@ def pytest_runtest_makereport(item, call):
     waiver on it too (:func:`waived` and :func:`expired` read them, here and in xdist's
     controller, which gets the reports' attributes)."""
     report = yield
-    report.sparkrig_protects = fleet_page.protects(inspect.getdoc(getattr(item, "function", None)) or "")
+    report.sparkrig_protects = _protects(getattr(item, "function", None))
     waivers = getattr(item.config, "sparkrig_waivers", None)
-    host = _host(item)
-    if not (report.failed and waivers and host):
+    host = _host(item) if report.failed and waivers else None
+    if host is None:
         return report
     waiver = waiver_for(waivers, control_id(report.nodeid, host), host)
     if waiver is None:
@@ -189,6 +191,13 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "skipped"
         report.wasxfail = f"waived until {waiver.expires}: {waiver.justification}"
     return report
+
+
+@functools.cache
+def _protects(function) -> str:
+    """Its "protects against" line, read once per control function (each phase of each host's
+    control reports it)."""
+    return fleet_page.protects(inspect.getdoc(function) or "")
 
 
 def _host(item) -> str | None:
@@ -249,6 +258,8 @@ def pytest_configure(config):
     """Before conftest contacts any host: the waivers read and checked, DIR checked."""
     config.sparkrig_started = datetime.now(timezone.utc)
     RECORDS.clear()
+    global _RECORDING
+    _RECORDING = bool(config.getoption("--results"))
     if config.getoption("--waivers"):
         config.sparkrig_waivers = load_waivers(config.getoption("--waivers"))
     if config.getoption("--results") and not hasattr(config, "workerinput"):
@@ -266,16 +277,24 @@ def pytest_sessionstart(session):
 
 
 def pytest_runtest_logreport(report):
-    """Every report, also those xdist's workers send to the controller."""
-    from .conftest import _TABLE, host_of  # noqa: PLC0415
+    """Every report, also those xdist's workers send to the controller, where --results asks."""
+    if not _RECORDING:
+        return
+    from .conftest import _TABLE  # noqa: PLC0415
 
-    host = host_of(report.nodeid, _TABLE.names)
+    host, _key = _TABLE.key(report.nodeid)
     if host is not None:
-        RECORDS.setdefault((host, control_id(report.nodeid, host)), Record()).add(report)
+        key = (host, control_id(report.nodeid, host))
+        record = RECORDS.get(key)
+        if record is None:
+            record = RECORDS[key] = Record()
+        record.add(report)
 
 
-# This process's records, (host, control id): Record (logreport is not handed the config).
+# This process's records, (host, control id): Record (logreport is not handed the config),
+# kept where --results writes them.
 RECORDS: dict[tuple[str, str], Record] = {}
+_RECORDING = False
 
 
 def results_dir(given: str) -> Path:

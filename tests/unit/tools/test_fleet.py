@@ -85,6 +85,19 @@ def test_host_ids_are_read_from_testinfra_ids():
     assert host_of("tests/compliance/test_jobs.py::test_y[local-spark-run]", ["@local"]) == "@local"
     assert host_of("tests/compliance/test_swap.py::test_x[local]", names) is None  # no @local in the inventory
     assert host_of("tests/unit/test_swap.py::test_y[1]", names) is None
+    # A name that is only the start of another's, or one the id holds later, is not a fit.
+    assert host_of("tests/compliance/test_swap.py::test_x[ssh://lab-deb12x]", names) is None
+    assert host_of("tests/compliance/test_jobs.py::test_y[ssh://h-lab-deb12]", set(names)) is None
+
+
+def test_the_table_reads_a_report_s_host_from_the_names_it_has_now():
+    # Each control's host is read once (its three phases report): the names set later count.
+    table, nodeid = HostTable(["lab-deb12"]), "tests/compliance/test_jobs.py::test_y[ssh://lab-deb12-b-spark-run]"
+    assert table.key(nodeid) == ("lab-deb12", "test_jobs.py::test_y[ssh://lab-deb12-b-spark-run]")
+    table.names = ["lab-deb12", "lab-deb12-b"]
+    assert table.key(nodeid)[0] == "lab-deb12-b"
+    table.add(_report(nodeid, "call", "passed"))
+    assert list(table.outcomes) == ["lab-deb12-b"]
 
 
 def _report(nodeid, when, outcome, message=""):
