@@ -89,6 +89,24 @@ def test_cpu_times_grow_with_work():
     assert noop_run.machine_cpu_s() - machine > 0.1
 
 
+def test_the_phases_plugin_leaves_the_suite_unimported_until_its_early_reads_are_sent():
+    """The suite's first conftest sends the early reads: a plugin importing the suite before it
+    delayed them (benchmarks.suite_phases timed one host 0.2 s slower than it runs)."""
+    script = (
+        "import sys\n"
+        "import benchmarks.suite_phases as plugin\n"
+        "plugin.pytest_load_initial_conftests(None, None, [])\n"
+        "print('tests.compliance.reads' in sys.modules)\n"
+        "plugin.pytest_cmdline_main(None)\n"
+        "from tests.compliance import reads\n"
+        "print(reads.prefetch.__name__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert out == ["False", "timed"]
+
+
 def test_the_suite_s_phases_are_read_from_its_own_marks(tmp_path):
     """benchmarks.suite_phases as a plugin of a real pytest run: every mark is set, in order,
     and the phases split the run's wall time."""
