@@ -47,7 +47,7 @@ from sparkrig.profile import AUTO, HardwareIdentity, choose_profile
 from sparkrig.settings import all_settings, resolve
 from sparkrig.tools import fleet_page, private
 
-from . import early, reads, results
+from . import early, forks, reads, results
 from .selection import read_only_selection
 from .targets import LAB_INVENTORY, REPO, inventory_host_data, lab_says, ssh_config_for
 
@@ -166,6 +166,15 @@ def pytest_addoption(parser, pluginmanager):
         help="with --inventory: only these hosts, as pyinfra's --limit (group or host glob; "
         "comma-separated or repeated)",
     )
+    parser.addoption(
+        "--forks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a run of controls that only read, against several --inventory hosts, runs them in "
+        "N processes, this one and forks of it, a host's controls in one (default: one per core, "
+        "at most one per host; 0 or 1: this one alone): tests/compliance/forks.py",
+    )
 
 
 # Controls mostly wait on the network, so workers beyond the controller's cores still pay:
@@ -219,6 +228,21 @@ def pytest_collection_finish(session):
         # 0.18 s of a one-host read-only run of 2 s): what the controls made is left to the OS.
         atexit.register(gc.freeze)
     constants(session.config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """A run of controls that only read, against several hosts: their controls shared between
+    this process and forks of it, on the controller's other cores (forks.py); else pytest's
+    own loop."""
+    count = forks.wanted(session, _item_host)
+    return forks.run(session, count, _item_host) if count > 1 else None
+
+
+def _item_host(item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    host = callspec.params.get("_testinfra_host") if callspec else None
+    return inventory_name(host) if host is not None else None
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -85,10 +85,12 @@ def _assert_converged(result: DeployResult, hosts: set[str]) -> None:
 # --- the whole fleet ------------------------------------------------------------------
 
 
-def test_the_fleet_passes_the_read_only_suite_run_through_its_inventory_in_one_process(first_converge, tmp_path):
-    """Every host of the inventory, read side by side, its controls in the one process (a read-only
-    run starts no workers). The controls that act run in workers in the rollouts' and the drift's
-    runs below, and on every host in the session's own suite at the end: not a third time here."""
+def test_the_fleet_passes_the_read_only_suite_run_through_its_inventory_without_workers(first_converge, tmp_path):
+    """Every host of the inventory, read side by side, its controls shared between the run's
+    process and forks of it (a read-only run starts no xdist workers: tests/compliance/forks.py),
+    with the verdict of the same run in one process (--forks 0). The controls that act run in
+    workers in the rollouts' and the drift's runs below, and on every host in the session's own
+    suite at the end: not a third time here."""
     assert first_converge.returncode == 0, first_converge.log
     suite = run_suite(tmp_path, "-m", "not action")
     assert suite.returncode == 0, suite.output[-6000:]
@@ -99,6 +101,9 @@ def test_the_fleet_passes_the_read_only_suite_run_through_its_inventory_in_one_p
     assert "bringing up nodes" not in suite.output, suite.output[:2000]
     table = host_table(suite.output)
     assert FLEET <= {line.split()[0] for line in table if line[:1].strip()}, table
+    alone = run_suite(tmp_path, "-m", "not action", "--forks", "0")
+    assert alone.outcomes == suite.outcomes
+    assert host_table(alone.output)[: len(FLEET) + 1] == table[: len(FLEET) + 1]
 
 
 # The gated rollout's hosts: in the inventory's order (that of the default fleet, and of a lab
