@@ -146,6 +146,7 @@ class _Item:
 )
 def test_forks_only_where_nothing_can_differ(monkeypatch, why, session, expected):
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr(forks.threading, "active_count", lambda: 1)  # an xdist worker has its own
     assert forks.wanted(session, lambda item: item.host) == expected, why
 
 
