@@ -45,7 +45,7 @@ from pathlib import Path
 
 import lab
 from benchmarks.replay import ALIAS, recorded_host
-from tests.compliance import selection
+from benchmarks.suite_command import read_only_suite
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -171,25 +171,7 @@ def deploy(mode: str, recording: Path, inventory: Path) -> dict:
 
 
 def suite_argv(inventory: Path, junit: Path, marker: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "benchmarks.replay",
-        "-p",
-        "no:cacheprovider",
-        "tests/compliance",
-        "--inventory",
-        str(inventory),
-        "-m",
-        marker,
-        # What sparkrig check adds to a read-only selection.
-        *selection.read_only_options(["-m", marker]),
-        "--junitxml",
-        str(junit),
-    ]
+    return [*read_only_suite(inventory, plugins=["benchmarks.replay"], marker=marker), "--junitxml", str(junit)]
 
 
 def outcomes(junit: Path) -> dict[tuple[str, str], str]:

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.compliance import selection
+from benchmarks.suite_command import read_only_suite
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "benchmarks" / "standin-ssh"
@@ -81,29 +81,12 @@ def per_host(stdout: str) -> dict[str, tuple[int, int, int]]:
     return rows
 
 
-def suite_argv(inventory: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "tests/compliance",
-        "--inventory",
-        str(inventory),
-        "-m",
-        "read",
-        *selection.read_only_options(["-m", "read"]),  # what sparkrig check adds
-    ]
-
-
 def suite(inventory: Path, env: dict) -> tuple[float, float, subprocess.CompletedProcess]:
     """One run: its wall time, the controller's CPU (pytest and every process it started,
     the stand-in's included) and the run."""
     before = os.times()
     started = time.monotonic()
-    result = subprocess.run(suite_argv(inventory), cwd=REPO, capture_output=True, text=True, timeout=1800, env=env)
+    result = subprocess.run(read_only_suite(inventory), cwd=REPO, capture_output=True, text=True, timeout=1800, env=env)
     wall = time.monotonic() - started
     after = os.times()
     return wall, (after.children_user + after.children_system) - (before.children_user + before.children_system), result

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.compliance import selection
+from benchmarks.suite_command import read_only_suite
 
 # --- the plugin (-p benchmarks.suite_phases), in pytest's process -----------------------
 
@@ -135,25 +135,7 @@ def suite(inventory: Path, names: list[str], tmp: Path) -> tuple[float, dict[str
     marks_file.unlink(missing_ok=True)
     started = time.time()
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "benchmarks.suite_phases",
-            "-p",
-            "no:cacheprovider",
-            "tests/compliance",
-            "--inventory",
-            str(inventory),
-            "--limit",
-            ",".join(names),
-            "-m",
-            "read",
-            # What sparkrig check adds to a read-only selection.
-            *selection.read_only_options(["-m", "read"]),
-        ],
+        read_only_suite(inventory, plugins=["benchmarks.suite_phases"], limit=",".join(names)),
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -150,3 +150,15 @@ def test_reading_without_times_the_suites_own_script_on_the_host(tmp_path, monke
         "config", "host", ["sleep 0.3", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"]
     )
     assert 0.3 <= wall < 10 and cpu > 0, (wall, cpu)
+
+
+def test_the_benchmarks_run_the_read_only_suite_as_sparkrig_check_runs_it():
+    from benchmarks.suite_command import read_only_suite  # noqa: PLC0415
+
+    argv = read_only_suite("inv.py", plugins=["benchmarks.replay"], limit="a,b")
+    assert argv[:4] == [sys.executable, "-m", "pytest", "-q"]
+    assert argv[4:] == [
+        *("-p", "benchmarks.replay", "-p", "no:cacheprovider", "tests/compliance", "--inventory", "inv.py"),
+        *("--limit", "a,b", "-m", "read", "--capture=sys", "-p", "no:logging"),
+    ]
+    assert "--capture=sys" not in read_only_suite("inv.py", marker="not lab")  # the action controls too
