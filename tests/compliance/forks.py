@@ -28,6 +28,7 @@ import signal
 import struct
 import threading
 import time
+import traceback
 
 from _pytest.runner import TestReport
 
@@ -46,8 +47,11 @@ def wanted(session, hosts_of) -> int:
         return 0
     if hasattr(config, "workerinput") or getattr(config.option, "numprocesses", 0):
         return 0  # xdist runs them
-    if config.option.usepdb or config.option.maxfail or config.option.collectonly or session.testsfailed:
+    option = config.option
+    if option.usepdb or option.maxfail or option.collectonly or session.testsfailed:
         return 0
+    if any(getattr(option, name, False) for name in ("trace", "setuponly", "setupplan")):
+        return 0  # each stops or prints at every control, here
     if any(item.get_closest_marker("action") for item in session.items):
         return 0
     if threading.active_count() > 1:
@@ -137,6 +141,7 @@ def _child(session, mine, out: int) -> None:
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         pipe.flush()
     except BaseException:  # noqa: BLE001 - whatever it was, the parent names the controls left
+        traceback.print_exc()
         status = 1
     os._exit(status)
 

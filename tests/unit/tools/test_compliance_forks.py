@@ -141,6 +141,8 @@ class _Item:
         ("xdist's workers run them", _session([_Item("a"), _Item("b")], numprocesses=2), 0),
         ("--maxfail", _session([_Item("a"), _Item("b")], maxfail=1), 0),
         ("--pdb", _session([_Item("a"), _Item("b")], usepdb=True), 0),
+        ("--trace", _session([_Item("a"), _Item("b")], trace=True), 0),
+        ("--setup-only", _session([_Item("a"), _Item("b")], setuponly=True), 0),
         ("a control of no host", _session([_Item("a"), _Item(None)]), 0),
     ],
 )
