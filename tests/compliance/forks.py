@@ -11,7 +11,7 @@ is in: the suite imported, the inventory read, every answer seeded. Each fork ru
 controls in their order, through pytest's own protocol (fixtures, hooks, time limits, waivers),
 and sends each report to this process, which reports them, between its own controls, as if it
 had run them (the terminal, the per-host table, --results, --junitxml, --fleet-page): what a
-host's controls find is the same either way. A fork's warnings are not shown.
+host's controls find is the same either way, their warnings included.
 
 Only where nothing can differ: --inventory, no control that acts (nothing waits on a host,
 nothing is shared between hosts), more than one host and more than one core, no xdist, no
@@ -29,6 +29,7 @@ import struct
 import threading
 import time
 import traceback
+import warnings
 
 from _pytest.runner import TestReport
 
@@ -124,6 +125,12 @@ def _child(session, mine, out: int) -> None:
             pipe.write(_LENGTH.pack(len(blob)) + blob)
 
         class Relay:
+            def pytest_warning_recorded(self, warning_message, when, nodeid, location):
+                # A control's warning ("a warning, not a failure"); those of the collection and
+                # the configuration, replayed to this plugin as it registers, the parent has.
+                if nodeid in index:
+                    send("warning", index[nodeid], _portable(warning_message), location)
+
             def pytest_runtest_logstart(self, nodeid, location):
                 send("start", index[nodeid])
 
@@ -177,6 +184,15 @@ class Relay:
                 elif event == "report":
                     report = hook.pytest_report_from_serializable(config=config, data=data[0])
                     hook.pytest_runtest_logreport(report=report)
+                elif event == "warning":
+                    hook.pytest_warning_recorded.call_historic(
+                        kwargs={
+                            "warning_message": data[0],
+                            "when": "runtest",
+                            "nodeid": item.nodeid,
+                            "location": data[1],
+                        }
+                    )
                 else:
                     hook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
                     self.done.add(index)
@@ -208,6 +224,17 @@ class Relay:
             except (ProcessLookupError, ChildProcessError):
                 pass
         self.children.clear()
+
+
+def _portable(found: warnings.WarningMessage) -> warnings.WarningMessage:
+    """A warning as the parent can take it: its message, category and place (a warning that
+    does not pickle, as a UserWarning saying the same)."""
+    message = found.message
+    try:
+        pickle.dumps(message)
+    except Exception:  # noqa: BLE001 - any warning at all
+        message = UserWarning(str(message))
+    return warnings.WarningMessage(message, type(message), found.filename, found.lineno, None, found.line, None)
 
 
 def _frames(buffers: dict[int, bytes], fd: int):

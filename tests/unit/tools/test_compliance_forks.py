@@ -29,7 +29,10 @@ def pytest_runtestloop(session):
 """
 CONTROLS = """
 import os
+import warnings
 import pytest
+
+warnings.warn(UserWarning("said at collection"))
 
 @pytest.fixture(params=["a", "b", "c"], scope="module")
 def h(request):
@@ -50,6 +53,10 @@ def test_fails(h):
 def test_skips(h):
     _ran(h, "skips")
     pytest.skip(f"nothing to check on {h}")
+
+def test_warns(h):
+    _ran(h, "warns")
+    warnings.warn(UserWarning(f"careful on {h}"))
 
 def test_dies(h):
     _ran(h, "dies")
@@ -98,7 +105,13 @@ def test_each_host_runs_in_one_process_and_the_first_reports_every_control(tmp_p
     assert "SKIPPED [1] test_controls.py:" in run.stdout  # a skip's reason keeps its shape
     # One progress mark a control, from the first process alone (a fork prints nothing).
     progress = [sorted(out.splitlines()[0].split("[")[0].strip()) for out in (run.stdout, alone.stdout)]
-    assert progress[0] == progress[1] and len(progress[0]) == 12
+    assert progress[0] == progress[1] and len(progress[0]) == 15
+    # A control's warning is reported as where it ran alone: in the warnings' summary.
+    for host in "abc":
+        assert f"test_controls.py::test_warns[{host}]" in run.stdout and f"UserWarning: careful on {host}" in run.stdout
+    assert run.stdout.count("careful on") == alone.stdout.count("careful on")
+    assert run.stdout.count("said at collection") == alone.stdout.count("said at collection") > 0
+    assert "4 warnings" in run.stdout.splitlines()[-1]
     assert run.returncode == 1
 
 
