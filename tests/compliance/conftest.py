@@ -235,11 +235,12 @@ def pytest_runtestloop(session):
     """A run of controls that only read, against several hosts: their controls shared between
     this process and forks of it, on the controller's other cores (forks.py); else pytest's
     own loop."""
-    count = forks.wanted(session, _item_host)
-    return forks.run(session, count, _item_host) if count > 1 else None
+    count = forks.wanted(session, item_host)
+    return forks.run(session, count, item_host) if count > 1 else None
 
 
-def _item_host(item) -> str | None:
+def item_host(item) -> str | None:
+    """The inventory name of the host a control checks (None for a test of no host)."""
     callspec = getattr(item, "callspec", None)
     host = callspec.params.get("_testinfra_host") if callspec else None
     return inventory_name(host) if host is not None else None

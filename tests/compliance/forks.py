@@ -124,7 +124,7 @@ def _child(session, mine, out: int) -> None:
             blob = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
             pipe.write(_LENGTH.pack(len(blob)) + blob)
 
-        class Relay:
+        class Sender:
             def pytest_warning_recorded(self, warning_message, when, nodeid, location):
                 # A control's warning ("a warning, not a failure"); those of the collection and
                 # the configuration, replayed to this plugin as it registers, the parent has.
@@ -142,7 +142,7 @@ def _child(session, mine, out: int) -> None:
                 send("finish", index[nodeid])
                 pipe.flush()
 
-        pluginmanager.register(Relay(), "sparkrig-fork-relay")
+        pluginmanager.register(Sender(), "sparkrig-fork-sender")
         for i, item in enumerate(mine):
             nextitem = mine[i + 1] if i + 1 < len(mine) else None
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)

@@ -175,7 +175,9 @@ def pytest_runtest_makereport(item, call):
     report = yield
     report.sparkrig_protects = _protects(getattr(item, "function", None))
     waivers = getattr(item.config, "sparkrig_waivers", None)
-    host = _host(item) if report.failed and waivers else None
+    from .conftest import item_host  # noqa: PLC0415 - conftest imports this module
+
+    host = item_host(item) if report.failed and waivers else None
     if host is None:
         return report
     waiver = waiver_for(waivers, control_id(report.nodeid, host), host)
@@ -198,14 +200,6 @@ def _protects(function) -> str:
     """Its "protects against" line, read once per control function (each phase of each host's
     control reports it)."""
     return fleet_page.protects(inspect.getdoc(function) or "")
-
-
-def _host(item) -> str | None:
-    from .conftest import inventory_name  # noqa: PLC0415 - conftest imports this module
-
-    callspec = getattr(item, "callspec", None)
-    host = callspec.params.get("_testinfra_host") if callspec else None
-    return inventory_name(host) if host is not None else None
 
 
 def waived(report) -> str | None:

@@ -186,7 +186,7 @@ def test_the_suite_s_loop_shares_its_controls_where_forks_are_wanted(monkeypatch
     session = object()
     monkeypatch.setattr(forks, "wanted", lambda _session, _hosts_of: 2)
     assert conftest.pytest_runtestloop(session) is True
-    assert calls == [(session, 2, conftest._item_host)]
+    assert calls == [(session, 2, conftest.item_host)]
     monkeypatch.setattr(forks, "wanted", lambda _session, _hosts_of: 1)
     assert conftest.pytest_runtestloop(session) is None  # pytest's own loop
     assert len(calls) == 1
@@ -200,5 +200,5 @@ def test_a_control_s_host_is_its_inventory_name():
     item = SimpleNamespace(
         callspec=SimpleNamespace(params={"_testinfra_host": testinfra.get_host("ssh://lab-deb12~3")})
     )
-    assert conftest._item_host(item) == "lab-deb12~3"
-    assert conftest._item_host(SimpleNamespace()) is None
+    assert conftest.item_host(item) == "lab-deb12~3"
+    assert conftest.item_host(SimpleNamespace()) is None
