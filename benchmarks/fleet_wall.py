@@ -42,17 +42,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.fleet_scale import fleet_names
+from benchmarks.replay import ALIAS
 from benchmarks.suite_command import read_only_suite
+from tests.support import TABLE_TITLE
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "benchmarks" / "standin-ssh"
-ALIAS = "~"  # NAME~N: the N-th alias of the lab host NAME
-TABLE_TITLE = "sparkrig compliance, per host"
-
-
-def fleet_names(real: list[str], size: int) -> list[str]:
-    """``size`` aliases, cycling over the lab hosts: REAL~0, OTHER~0, REAL~1..."""
-    return [f"{real[i % len(real)]}{ALIAS}{i // len(real)}" for i in range(size)]
 
 
 def alias_inventory(base: Path, names: list[str], path: Path) -> Path:
